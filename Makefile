@@ -1,0 +1,120 @@
+# tandem's build. A plain Makefile: one file to read, no generator step, and the rules are
+# globs, so a new src/<subsystem>/x.c, tests/test_x.c, examples/<name>/ or bench/<name>.c
+# joins the build without editing this file.
+#
+#   make                 library (static + shared), tools, examples, benchmarks
+#   make test            the suite, then the suite again under ASan + UBSan
+#   make check           the suite once (BUILD=build)
+#   make check-long      the slower training tests
+#   make install PREFIX=/usr/local
+#
+# SAN=1 builds with AddressSanitizer and UndefinedBehaviorSanitizer into build-san/.
+
+SAN ?=
+BUILD ?= $(if $(SAN),build-san,build)
+PREFIX ?= /usr/local
+CC ?= cc
+
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -g -Iinclude -Isrc -MMD -MP
+ifeq ($(SAN),)
+OPT ?= -O2 -march=native
+else
+OPT ?= -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=address,undefined
+endif
+CFLAGS += $(CFLAGS_BASE) $(OPT)
+LIBS := -ldnnl -lz -lpthread -lm
+
+# The mpi backend is built when Open MPI's compiler wrapper is present.
+MPICC := $(shell command -v mpicc 2>/dev/null)
+ifneq ($(MPICC),)
+MPI_CFLAGS := $(shell mpicc --showme:compile) -DTD_HAVE_MPI
+MPI_LIBS := $(shell mpicc --showme:link)
+LIB_SRC_MPI := $(wildcard src/comm/mpi/*.c)
+endif
+
+LIB_SRC := $(wildcard src/*/*.c) $(LIB_SRC_MPI)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+ALL_LIBS := $(LIBS) $(MPI_LIBS)
+
+STATIC := $(BUILD)/lib/libtandem.a
+SHARED := $(BUILD)/lib/libtandem.so
+
+TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
+BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+EXAMPLES := $(patsubst examples/%/,$(BUILD)/examples/%,$(dir $(wildcard examples/*/main.c)))
+TOOLS := $(patsubst tools/%/,$(BUILD)/bin/%,$(dir $(wildcard tools/*/main.c)))
+
+all: $(STATIC) $(SHARED) $(TOOLS) $(EXAMPLES) $(BENCHES) $(BUILD)/tandem.pc
+
+$(BUILD)/obj/src/comm/mpi/%.o: src/comm/mpi/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(if $(MPICC),-DTD_HAVE_MPI) -c $< -o $@
+
+$(STATIC): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libtandem.so.0 -o $@ $^ $(ALL_LIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(STATIC) $(ALL_LIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(STATIC) $(ALL_LIBS)
+
+.SECONDEXPANSION:
+$(BUILD)/examples/%: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard examples/%/*.c)) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(STATIC) $(ALL_LIBS)
+
+$(BUILD)/bin/%: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard tools/%/*.c)) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(STATIC) $(ALL_LIBS)
+
+$(BUILD)/tandem.pc: Makefile
+	@mkdir -p $(dir $@)
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: tandem\nDescription: distributed training for C programs\nVersion: 0.1.0\nLibs: -L$${libdir} -ltandem\nLibs.private: %s\nCflags: -I$${includedir}\n' \
+	  '$(PREFIX)' '$(ALL_LIBS)' > $@
+
+tests: $(TESTS) $(TOOLS)
+
+# One pass of the suite in $(BUILD).
+check: all tests
+	sh tests/run.sh $(BUILD)
+
+# The README's test command: the suite, then the suite under the sanitizers.
+test:
+	$(MAKE) check
+	$(MAKE) check SAN=1
+
+check-long: all tests
+	TD_LONG=1 sh tests/run.sh $(BUILD)
+
+install: $(STATIC) $(SHARED) $(TOOLS) $(BUILD)/tandem.pc
+	install -d $(DESTDIR)$(PREFIX)/include/tandem $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/tandem/*.h $(DESTDIR)$(PREFIX)/include/tandem/
+	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/libtandem.so.0
+	ln -sf libtandem.so.0 $(DESTDIR)$(PREFIX)/lib/libtandem.so
+	install -m 644 $(BUILD)/tandem.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf build build-san
+
+.PHONY: all tests check test check-long install format clean
+.PRECIOUS: $(BUILD)/obj/%.o
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

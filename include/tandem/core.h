@@ -1,0 +1,137 @@
+/* tandem base layer: status codes, error messages, logging, dtypes, arena, clock, RNG.
+ *
+ * Everything else in tandem depends on this header; it depends on nothing but libc.
+ * It does not allocate behind the caller's back except where a function says so. */
+#ifndef TANDEM_CORE_H
+#define TANDEM_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes: 0 is success, every error is negative (libuv style). */
+#define TD_STATUS_MAP(X)                                                       \
+    X(OK, 0, "success")                                                        \
+    X(EINVAL, -1, "invalid argument")                                          \
+    X(ENOMEM, -2, "out of memory")                                             \
+    X(EIO, -3, "input/output error")                                           \
+    X(EFORMAT, -4, "malformed or truncated data")                              \
+    X(ESHAPE, -5, "shape mismatch")                                            \
+    X(EDTYPE, -6, "unsupported dtype")                                         \
+    X(ETIMEOUT, -7, "timed out")                                               \
+    X(EPEER, -8, "peer failed or disconnected")                                \
+    X(EMISMATCH, -9, "ranks called different collectives")                     \
+    X(ESTATE, -10, "operation not allowed in the current state")               \
+    X(EBACKEND, -11, "backend library error")                                  \
+    X(EUNSUPPORTED, -12, "not supported")                                      \
+    X(ENOTFOUND, -13, "not found")                                             \
+    X(EAUTH, -14, "authentication failed")                                     \
+    X(EUNUSED, -15, "parameters received no gradient")
+
+typedef enum {
+#define TD_STATUS_ENUM(name, value, text) TD_##name = value,
+    TD_STATUS_MAP(TD_STATUS_ENUM)
+#undef TD_STATUS_ENUM
+} td_status;
+
+/* Short fixed description of a status code ("timed out"). */
+const char *td_status_string(td_status status);
+
+/* The detailed message of the last error returned on this thread (names the file, rank,
+ * parameter, expected vs got). Valid until the next failing tandem call on the thread. */
+const char *td_last_error(void);
+
+/* Log levels, most severe first. */
+typedef enum { TD_LOG_ERROR = 0, TD_LOG_WARN = 1, TD_LOG_INFO = 2, TD_LOG_DEBUG = 3 } td_log_level;
+
+/* A log sink; the library is silent until one is installed. */
+typedef void (*td_log_fn)(td_log_level level, const char *message, void *ctx);
+
+/* Installs the process-wide log sink and the most verbose level passed to it. */
+void td_log_set_callback(td_log_fn fn, void *ctx, td_log_level max_level);
+
+/* A ready-made sink that writes "[tandem LEVEL] message" lines to stderr. */
+void td_log_stderr(td_log_level level, const char *message, void *ctx);
+
+/* Element types shared by tensors and collectives. */
+typedef enum {
+    TD_F32 = 0,
+    TD_F64 = 1,
+    TD_BF16 = 2,
+    TD_F16 = 3,
+    TD_I32 = 4,
+    TD_I64 = 5,
+    TD_U8 = 6,
+    TD_DTYPE_COUNT
+} td_dtype;
+
+/* Bytes per element, or 0 for an invalid dtype. */
+size_t td_dtype_size(td_dtype dtype);
+
+/* Lower-case name ("f32"), or "invalid". */
+const char *td_dtype_name(td_dtype dtype);
+
+/* bf16 and f16 conversions (round to nearest even). */
+uint16_t td_f32_to_bf16(float x);
+float td_bf16_to_f32(uint16_t x);
+uint16_t td_f32_to_f16(float x);
+float td_f16_to_f32(uint16_t x);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t td_time_ns(void);
+
+/* A bump allocator for per-graph activations: allocations live until reset or destroy. */
+typedef struct td_arena td_arena;
+
+/* Creates an arena whose blocks are at least block_bytes (0 picks 1 MiB). */
+td_status td_arena_create(td_arena **out, size_t block_bytes);
+
+/* Frees the arena and everything allocated from it. */
+void td_arena_destroy(td_arena *arena);
+
+/* 64-byte aligned memory from the arena, or NULL when out of memory. */
+void *td_arena_alloc(td_arena *arena, size_t bytes);
+
+/* Forgets every allocation but keeps the memory for reuse. */
+void td_arena_reset(td_arena *arena);
+
+/* Bytes currently handed out and the high-water mark since creation. */
+size_t td_arena_used(const td_arena *arena);
+size_t td_arena_peak(const td_arena *arena);
+
+/* A counter-based RNG (Philox4x32-10): the stream is a pure function of (seed, offset),
+ * so the same seed gives the same numbers on every rank and every machine, and saving
+ * the two fields saves the state. */
+typedef struct {
+    uint64_t seed;
+    uint64_t offset; /* number of 32-bit values drawn so far */
+} td_rng;
+
+/* Starts the stream of `seed` at offset 0. */
+void td_rng_init(td_rng *rng, uint64_t seed);
+
+/* Next 32 random bits. */
+uint32_t td_rng_u32(td_rng *rng);
+
+/* Uniform float in [0, 1). */
+float td_rng_uniform(td_rng *rng);
+
+/* Standard normal float (Box-Muller). */
+float td_rng_normal(td_rng *rng);
+
+/* Uniform integer in [0, n), n > 0, without modulo bias. */
+uint32_t td_rng_below(td_rng *rng, uint32_t n);
+
+/* Fills out[0..n) with uniform floats in [lo, hi). */
+void td_rng_fill_uniform(td_rng *rng, float *out, size_t n, float lo, float hi);
+
+/* The four 32-bit words of block `counter` of stream `seed`; the primitive the rest use. */
+void td_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,37 @@
+#!/bin/sh
+# Runs every test program in BUILD/tests, each under a time limit, and adds up their
+# closing "P passed, F failed" lines. A program that crashes, hangs or exits non-zero
+# without reporting a failure counts as one failed case. Ends with the suite's total.
+build=${1:-build}
+limit=${TD_TEST_TIMEOUT:-600}
+passed=0
+failed=0
+logdir="$build/test-logs"
+mkdir -p "$logdir"
+export PATH="$PWD/$build/bin:$PATH"
+export OMP_NUM_THREADS=1
+for t in "$build"/tests/test_*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    start=$(date +%s)
+    timeout -k 10 "$limit" "$t" > "$logdir/$name.log" 2>&1
+    rc=$?
+    secs=$(( $(date +%s) - start ))
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$logdir/$name.log" | tail -n 1)
+    p=0; f=0
+    if [ -n "$line" ]; then
+        p=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/')
+        f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+    fi
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+    if [ "$f" -eq 0 ]; then
+        printf '%-28s %4d passed  %3ds\n' "$name" "$p" "$secs"
+    else
+        printf '%-28s %4d passed, %d FAILED (exit %d)  %3ds\n' "$name" "$p" "$f" "$rc" "$secs"
+        grep -v '^ok  ' "$logdir/$name.log" | tail -n 40 | sed 's/^/    /'
+    fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
