@@ -1,0 +1,32 @@
+/* td_param: a named flat buffer as optimizers, checkpoints and DDP see it.
+ *
+ * The graph engine hands out its parameters and buffers as an array of these; a
+ * hand-written trainer can build the array itself. Whoever owns the array owns the
+ * memory the pointers refer to; consumers read `grad` afresh on every use, because DDP
+ * moves gradients into its bucket memory after construction. */
+#ifndef TANDEM_PARAM_H
+#define TANDEM_PARAM_H
+
+#include "tandem/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TD_MAX_DIMS 8
+
+/* One parameter (grad != NULL) or buffer / plain tensor (grad == NULL). */
+typedef struct {
+    const char *name;             /* unique and stable: "conv1.weight" */
+    void *data;                   /* (count) elements of dtype */
+    void *grad;                   /* (count) elements of dtype, or NULL */
+    size_t count;                 /* product of shape */
+    td_dtype dtype;               /* TD_F32 for trainable parameters today */
+    int ndim;                     /* 0..TD_MAX_DIMS */
+    int64_t shape[TD_MAX_DIMS];
+} td_param;
+
+#ifdef __cplusplus
+}
+#endif
+#endif
