@@ -33,5 +33,22 @@ for t in "$build"/tests/test_*; do
         grep -v '^ok  ' "$logdir/$name.log" | tail -n 40 | sed 's/^/    /'
     fi
 done
+# Every ```c block of the README must compile and link against the library as a whole
+# program, so the README cannot drift from the headers.
+libs=$(sed -n 's/^Libs.private: //p' "$build/tandem.pc")
+awk -v dir="$logdir" '/^```c$/ {n++; f=sprintf("%s/readme_%d.c", dir, n); on=1; next}
+    /^```/ {on=0} on {print > f}' README.md
+for snippet in "$logdir"/readme_*.c; do
+    [ -f "$snippet" ] || continue
+    if ${CC:-cc} -std=c11 -Wall -Wextra -Werror -Iinclude "$snippet" -o "${snippet%.c}" \
+        "$build/lib/libtandem.a" $libs > "${snippet%.c}.log" 2>&1; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "README snippet $(basename "$snippet") does not compile:"
+        sed 's/^/    /' "${snippet%.c}.log" | head -n 20
+    fi
+done
+rm -f "$logdir"/readme_*
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

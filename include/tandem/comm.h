@@ -1,0 +1,180 @@
+/* Process groups: point-to-point and collective communication between ranks.
+ *
+ * A td_comm is an opaque group of `size` ranks. Buffers are typed (`void *`, count, dtype);
+ * this layer knows nothing of tensors or graphs. Collectives follow NCCL/MPI: in place when
+ * send == recv, size_t counts, and every rank of the group must call the same collectives in
+ * the same order. Each collective carries (sequence number, op, dtype, count, root), so ranks
+ * that disagree get TD_EMISMATCH naming both calls instead of a hang, and every wait is
+ * bounded by the group's timeout: a dead peer becomes TD_EPEER or TD_ETIMEOUT on every
+ * surviving rank.
+ *
+ * Backends: "shm" (one host, POSIX shared memory; the default) and "mpi" (Open MPI, chosen
+ * automatically under mpirun/srun; spans hosts). The API is the same for both. */
+#ifndef TANDEM_COMM_H
+#define TANDEM_COMM_H
+
+#include "tandem/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An opaque process group. */
+typedef struct td_comm td_comm;
+
+/* A pending non-blocking operation, completed (and freed) by td_request_wait/test. */
+typedef struct td_request td_request;
+
+/* Reduction operators; bf16 and f16 are reduced in f32. AVG is SUM / size. */
+typedef enum { TD_OP_SUM = 0, TD_OP_PROD, TD_OP_MIN, TD_OP_MAX, TD_OP_AVG, TD_OP_COUNT } td_reduce_op;
+
+/* Which transport a group uses. */
+typedef enum { TD_BACKEND_AUTO = 0, TD_BACKEND_SHM, TD_BACKEND_MPI } td_backend;
+
+/* How to create the world group. Fields left at their defaults are read from the environment:
+ * torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus
+ * TANDEM_TOKEN (the rendezvous store's job token) and TANDEM_TIMEOUT (seconds); under mpirun
+ * or srun, Open MPI's OMPI_COMM_WORLD_* or Slurm's SLURM_* variables. */
+typedef struct {
+    td_backend backend;      /* TD_BACKEND_AUTO: mpi under an MPI launcher, else shm */
+    int rank;                /* -1: from the environment */
+    int world_size;          /* -1: from the environment */
+    int local_rank;          /* -1: from the environment (or rank, on one host) */
+    int local_world_size;    /* -1: from the environment (or world_size) */
+    const char *master_addr; /* NULL: MASTER_ADDR, else 127.0.0.1 */
+    int master_port;         /* 0: MASTER_PORT, else 29500 */
+    const char *token;       /* NULL: TANDEM_TOKEN, else no token */
+    double timeout_s;        /* 0: TANDEM_TIMEOUT, else 300 */
+} td_comm_params;
+
+/* Fills `params` with the defaults described above. */
+void td_comm_default_params(td_comm_params *params);
+
+/* Creates the world group; collective over all ranks of the job (rank 0 hosts the store). */
+td_status td_comm_create(td_comm **out, const td_comm_params *params);
+
+/* Waits for this rank's outstanding work, then frees the group; every member should call it. */
+void td_comm_destroy(td_comm *comm);
+
+/* Rank of the caller in the group, 0 .. size-1. */
+int td_comm_rank(const td_comm *comm);
+
+/* Number of ranks in the group. */
+int td_comm_size(const td_comm *comm);
+
+/* Rank among the group's ranks on this host. */
+int td_comm_local_rank(const td_comm *comm);
+
+/* Number of the group's ranks on this host. */
+int td_comm_local_size(const td_comm *comm);
+
+/* "shm" or "mpi". */
+const char *td_comm_backend_name(const td_comm *comm);
+
+/* Sets the bound on every wait of this group, in seconds (> 0). */
+td_status td_comm_set_timeout(td_comm *comm, double seconds);
+
+/* Splits the group by colour (MPI_Comm_split): ranks with the same colour >= 0 form a new
+ * group ordered by (key, old rank); a negative colour gets *out = NULL. Collective. */
+td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out);
+
+/* A sub-group of the listed ranks, in list order (torch.distributed.new_group). Collective
+ * over the parent; ranks not in the list get *out = NULL. */
+td_status td_comm_new_group(td_comm *comm, const int *ranks, int n, td_comm **out);
+
+/* Point-to-point. Messages between a pair with the same tag arrive in the order sent;
+ * the receiver's count and dtype must match the sender's. */
+td_status td_comm_send(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst, int tag);
+
+/* Receives a message sent with td_comm_send / td_comm_isend. */
+td_status td_comm_recv(td_comm *comm, void *buf, size_t count, td_dtype dtype, int src, int tag);
+
+/* Non-blocking send; `buf` must stay valid until the request completes. */
+td_status td_comm_isend(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst, int tag,
+                        td_request **req);
+
+/* Non-blocking receive. */
+td_status td_comm_irecv(td_comm *comm, void *buf, size_t count, td_dtype dtype, int src, int tag,
+                        td_request **req);
+
+/* recv[i] = op over ranks of send[i], on every rank. */
+td_status td_comm_allreduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                            td_reduce_op op);
+
+/* Like allreduce, with the result only on `root` (recv ignored elsewhere). */
+td_status td_comm_reduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                         td_reduce_op op, int root);
+
+/* Copies root's buf to every rank's buf. */
+td_status td_comm_broadcast(td_comm *comm, void *buf, size_t count, td_dtype dtype, int root);
+
+/* recv (size * count) = every rank's send (count), in rank order. */
+td_status td_comm_allgather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype);
+
+/* Like allgather, with the result only on `root`. */
+td_status td_comm_gather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                         int root);
+
+/* Rank i's recv (count) = root's send[i * count ..]. */
+td_status td_comm_scatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                          int root);
+
+/* Rank i's recv (count) = op over ranks of send[i * count ..] (send holds size * count). */
+td_status td_comm_reduce_scatter(td_comm *comm, const void *send, void *recv, size_t count,
+                                 td_dtype dtype, td_reduce_op op);
+
+/* Rank i's recv[j * count ..] = rank j's send[i * count ..]. */
+td_status td_comm_alltoall(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype);
+
+/* Returns once every rank has entered the barrier. */
+td_status td_comm_barrier(td_comm *comm);
+
+/* Non-blocking collectives: the same arguments, queued in call order and run by the group's
+ * progress thread; buffers must stay valid until the request completes. */
+td_status td_comm_iallreduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                             td_reduce_op op, td_request **req);
+
+/* Non-blocking td_comm_reduce. */
+td_status td_comm_ireduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                          td_reduce_op op, int root, td_request **req);
+
+/* Non-blocking td_comm_broadcast. */
+td_status td_comm_ibroadcast(td_comm *comm, void *buf, size_t count, td_dtype dtype, int root,
+                             td_request **req);
+
+/* Non-blocking td_comm_allgather. */
+td_status td_comm_iallgather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                             td_request **req);
+
+/* Non-blocking td_comm_gather. */
+td_status td_comm_igather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                          int root, td_request **req);
+
+/* Non-blocking td_comm_scatter. */
+td_status td_comm_iscatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                           int root, td_request **req);
+
+/* Non-blocking td_comm_reduce_scatter. */
+td_status td_comm_ireduce_scatter(td_comm *comm, const void *send, void *recv, size_t count,
+                                  td_dtype dtype, td_reduce_op op, td_request **req);
+
+/* Non-blocking td_comm_alltoall. */
+td_status td_comm_ialltoall(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                            td_request **req);
+
+/* Non-blocking td_comm_barrier. */
+td_status td_comm_ibarrier(td_comm *comm, td_request **req);
+
+/* Blocks until `req` completes, frees it and returns its status. */
+td_status td_request_wait(td_request *req);
+
+/* Sets *done; when done, frees `req` and returns its status (otherwise TD_OK). */
+td_status td_request_test(td_request *req, int *done);
+
+/* "sum", "prod", "min", "max", "avg". */
+const char *td_reduce_op_name(td_reduce_op op);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

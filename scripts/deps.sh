@@ -1,0 +1,22 @@
+#!/bin/sh
+# Makes sure the Debian packages tandem needs are installed: installs the missing ones when
+# run as root, otherwise prints the exact command to run and fails.
+#   sh scripts/deps.sh          build, test and train
+#   sh scripts/deps.sh bench    also PyTorch and OpenBLAS, the benchmarks' peer
+set -e
+pkgs="gcc make libc6-dev libdnnl-dev zlib1g-dev dataset-fashion-mnist libopenmpi-dev openmpi-bin"
+[ "${1:-}" = bench ] && pkgs="$pkgs python3-torch libopenblas0-pthread"
+missing=""
+for p in $pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+    echo "tandem needs these Debian packages:$missing" >&2
+    echo "install them with: sudo apt-get update && sudo apt-get install -y$missing" >&2
+    exit 1
+fi
+echo "installing:$missing"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends $missing

@@ -1,0 +1,75 @@
+/* The private contract between the generic process-group layer (comm.c: parameters,
+ * environment, request queue, progress thread, sub-groups) and a backend (shm, mpi).
+ * Not installed. A backend fills a td__backend_ops table; the generic layer owns the
+ * td_comm and calls the table. Backends run one operation at a time per group for
+ * collectives (the generic layer serialises them on the progress thread in call order);
+ * point-to-point may run concurrently with a collective. */
+#ifndef TANDEM_COMM_IMPL_H
+#define TANDEM_COMM_IMPL_H
+
+#include "tandem/comm.h"
+
+/* The collectives, in the words of their error messages. */
+typedef enum {
+    TD__COLL_ALLREDUCE = 0,
+    TD__COLL_REDUCE,
+    TD__COLL_BROADCAST,
+    TD__COLL_ALLGATHER,
+    TD__COLL_GATHER,
+    TD__COLL_SCATTER,
+    TD__COLL_REDUCE_SCATTER,
+    TD__COLL_ALLTOALL,
+    TD__COLL_BARRIER,
+    TD__COLL_COUNT
+} td__coll_kind;
+
+/* One collective call as every rank must agree on it. `count` is the per-rank count for
+ * allgather, gather, scatter, reduce_scatter and alltoall, the total otherwise. */
+typedef struct {
+    td__coll_kind kind;
+    uint64_t seq;     /* 0, 1, 2, ... per group, in call order */
+    const void *send; /* == recv for in place */
+    void *recv;
+    size_t count;
+    td_dtype dtype;
+    td_reduce_op op;  /* reductions only */
+    int root;         /* rooted collectives only */
+} td__coll;
+
+/* What the backend learned about the job when it was created. */
+typedef struct {
+    int rank, size, local_rank, local_size;
+} td__group_shape;
+
+/* A backend: a table of functions over an opaque per-group context. Every function
+ * returns a td_status and sets td__fail's message on error; `timeout_s` bounds every wait. */
+typedef struct td__backend_ops {
+    const char *name;
+    /* Runs one collective to completion. Must detect a mismatched peer call (compare kind,
+     * seq, dtype, count, op, root) and report both calls and ranks with TD_EMISMATCH. */
+    td_status (*collective)(void *ctx, const td__coll *coll, double timeout_s);
+    /* Starts a point-to-point transfer of `bytes`; *req is the backend's handle. */
+    td_status (*isend)(void *ctx, const void *buf, size_t bytes, int dst, int tag, void **req);
+    td_status (*irecv)(void *ctx, void *buf, size_t bytes, int src, int tag, void **req);
+    /* Completes a p2p handle (and frees it); test sets *done and frees only when done. */
+    td_status (*p2p_wait)(void *ctx, void *req, double timeout_s);
+    td_status (*p2p_test)(void *ctx, void *req, int *done);
+    /* MPI_Comm_split semantics; a negative colour yields *child = NULL. Collective. */
+    td_status (*split)(void *ctx, int color, int key, double timeout_s, void **child,
+                       td__group_shape *child_shape);
+    /* Frees the context and everything it holds (shared memory is unlinked). */
+    void (*destroy)(void *ctx);
+} td__backend_ops;
+
+/* Shared-memory backend for the ranks of one host. */
+td_status td__shm_create(const td_comm_params *params, void **ctx, td__group_shape *shape,
+                         const td__backend_ops **ops);
+
+/* Open MPI backend; returns TD_EUNSUPPORTED when the library was built without MPI. */
+td_status td__mpi_create(const td_comm_params *params, void **ctx, td__group_shape *shape,
+                         const td__backend_ops **ops);
+
+/* "allreduce", "broadcast", ... */
+const char *td__coll_name(td__coll_kind kind);
+
+#endif
