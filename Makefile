@@ -15,7 +15,7 @@ BUILD ?= $(if $(SAN),build-san,build)
 PREFIX ?= /usr/local
 CC ?= cc
 
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -fPIC -g -Iinclude -Isrc -MMD -MP
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -fno-math-errno -Wall -Wextra -Werror -fPIC -g -Iinclude -Isrc -MMD -MP
 ifeq ($(SAN),)
 OPT ?= -O2 -march=native
 else

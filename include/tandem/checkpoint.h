@@ -1,0 +1,60 @@
+/* Checkpoints in the safetensors format: an 8-byte little-endian header length, a JSON
+ * header {"name": {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}, then the raw
+ * little-endian tensor bytes. Files load in Python's safetensors package and vice versa.
+ *
+ * Saves are atomic (temp file in the same directory, fsync, rename). Loads validate the
+ * whole header before touching the caller's memory. It does not memory-map or convert dtypes. */
+#ifndef TANDEM_CHECKPOINT_H
+#define TANDEM_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "tandem/core.h"
+#include "tandem/param.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One string entry of the header's "__metadata__" (epoch, step, rng state, ...). */
+typedef struct {
+    const char *key;
+    const char *value;
+} td_checkpoint_meta;
+
+/* Writes tensors[0..n) (by name, data only) and meta[0..n_meta) to path, replacing any file
+ * there only once the new one is complete on disk. */
+td_status td_checkpoint_save(const char *path, const td_param *tensors, size_t n,
+                             const td_checkpoint_meta *meta, size_t n_meta);
+
+/* An opened, fully validated checkpoint file. */
+typedef struct td_checkpoint td_checkpoint;
+
+/* Opens path and validates its header: length vs file size, JSON syntax, known dtypes,
+ * shape x dtype size == byte span, offsets in bounds, contiguous and non-overlapping. */
+td_status td_checkpoint_open(td_checkpoint **out, const char *path);
+
+/* Closes the file and frees the parsed header; NULL-safe. */
+void td_checkpoint_close(td_checkpoint *checkpoint);
+
+/* Number of tensors in the file. */
+size_t td_checkpoint_count(const td_checkpoint *checkpoint);
+
+/* Description of the i-th tensor (in header order); name is owned by the checkpoint and data,
+ * grad are NULL. */
+td_status td_checkpoint_tensor(const td_checkpoint *checkpoint, size_t i, td_param *info);
+
+/* Reads each tensors[i] by name into tensors[i].data, after checking that every one exists
+ * with the same dtype and shape; tensors the file has beyond these are ignored. */
+td_status td_checkpoint_read(td_checkpoint *checkpoint, td_param *tensors, size_t n);
+
+/* The metadata value of key, or NULL when absent; owned by the checkpoint. */
+const char *td_checkpoint_get_meta(const td_checkpoint *checkpoint, const char *key);
+
+/* Open, read, close in one call. */
+td_status td_checkpoint_load(const char *path, td_param *tensors, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,120 @@
+/* Optimizers (SGD with momentum / nesterov / weight decay, AdamW), learning-rate schedules
+ * and gradient-norm clipping over td_param arrays, with PyTorch's update rules.
+ *
+ * An optimizer keeps a pointer to the caller's td_param array and reads params[i].grad
+ * afresh at every step (DDP moves gradients after construction); a parameter whose grad is
+ * NULL at a step is skipped, as PyTorch skips p.grad is None. fp32 parameters only. */
+#ifndef TANDEM_OPTIM_H
+#define TANDEM_OPTIM_H
+
+#include <stdint.h>
+
+#include "tandem/core.h"
+#include "tandem/param.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* torch.optim.SGD's options (doubles, as PyTorch's Python floats are); fill with td_sgd_default_params. */
+typedef struct {
+    double lr;
+    double momentum;      /* 0 disables the momentum buffer */
+    double dampening;
+    double weight_decay;  /* L2 added to the gradient (coupled) */
+    int nesterov;        /* needs momentum > 0 and dampening == 0 */
+} td_sgd_params;
+
+/* lr 0.01, no momentum, no dampening, no weight decay, no nesterov. */
+td_sgd_params td_sgd_default_params(void);
+
+/* torch.optim.AdamW's options; fill with td_adamw_default_params. */
+typedef struct {
+    double lr;
+    double beta1, beta2;
+    double eps;
+    double weight_decay;  /* decoupled: p *= 1 - lr * weight_decay */
+} td_adamw_params;
+
+/* PyTorch's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2. */
+td_adamw_params td_adamw_default_params(void);
+
+/* An optimizer over a caller-owned td_param array. */
+typedef struct td_optim td_optim;
+
+/* SGD over params[0..n); the array must outlive the optimizer. */
+td_status td_optim_create_sgd(td_optim **out, td_param *params, size_t n, const td_sgd_params *hp);
+
+/* AdamW over params[0..n); the array must outlive the optimizer. */
+td_status td_optim_create_adamw(td_optim **out, td_param *params, size_t n, const td_adamw_params *hp);
+
+/* Frees the optimizer and its state; NULL-safe. */
+void td_optim_destroy(td_optim *optim);
+
+/* One update of every parameter that has a gradient. */
+td_status td_optim_step(td_optim *optim);
+
+/* Sets every parameter's gradient to zero (parameters with grad == NULL are left alone). */
+void td_optim_zero_grad(td_optim *optim);
+
+/* The learning rate the next step uses (a schedule sets it before each step). */
+void td_optim_set_lr(td_optim *optim, double lr);
+
+/* The current learning rate. */
+double td_optim_get_lr(const td_optim *optim);
+
+/* The optimizer's state as named tensors owned by the optimizer, for checkpoints: "optim.step"
+ * (i64, (n): steps each parameter has taken) and per parameter "optim.<name>.momentum_buffer"
+ * (SGD with momentum) or "optim.<name>.exp_avg" / "optim.<name>.exp_avg_sq" (AdamW). Loading
+ * saved values into these buffers resumes bit for bit. Valid until destroy. */
+void td_optim_state(td_optim *optim, td_param **state, size_t *n_state);
+
+/* ---- Learning-rate schedules -------------------------------------------------------- */
+
+/* The main schedule after warm-up. */
+typedef enum {
+    TD_LR_CONSTANT = 0,
+    TD_LR_STEP = 1,    /* torch StepLR: base * gamma^(t / step_size) */
+    TD_LR_COSINE = 2,  /* torch CosineAnnealingLR: eta_min + (base - eta_min)(1 + cos(pi t / T_max)) / 2 */
+} td_lr_kind;
+
+/* A schedule as a value: a linear warm-up (torch LinearLR from warmup_start_factor to 1 over
+ * warmup_steps) followed by the main schedule, whose t counts from the end of warm-up (torch
+ * SequentialLR with milestone warmup_steps). */
+typedef struct {
+    td_lr_kind kind;
+    double base_lr;
+    int64_t step_size;          /* TD_LR_STEP */
+    double gamma;               /* TD_LR_STEP */
+    int64_t t_max;              /* TD_LR_COSINE, > 0 */
+    double eta_min;             /* TD_LR_COSINE */
+    int64_t warmup_steps;       /* 0: no warm-up */
+    double warmup_start_factor; /* in (0, 1] */
+} td_lr_schedule;
+
+/* A constant schedule at base_lr with no warm-up; set the other fields as needed. */
+td_lr_schedule td_lr_schedule_default(double base_lr);
+
+/* The learning rate at step t (0-based: the value for the (t+1)-th scheduler position). */
+double td_lr_schedule_at(const td_lr_schedule *schedule, int64_t t);
+
+/* torch StepLR's value at epoch t. */
+double td_lr_step(double base_lr, int64_t step_size, double gamma, int64_t t);
+
+/* torch CosineAnnealingLR's closed form at epoch t (t may exceed T_max: it goes on as a cosine). */
+double td_lr_cosine(double base_lr, double eta_min, int64_t t_max, int64_t t);
+
+/* torch LinearLR's factor at step t, from start_factor to end_factor over total_steps. */
+double td_lr_linear_factor(double start_factor, double end_factor, int64_t total_steps, int64_t t);
+
+/* ---- Gradient clipping -------------------------------------------------------------- */
+
+/* torch.nn.utils.clip_grad_norm_: the L2 norm of all gradients together; when it exceeds
+ * max_norm every gradient is scaled by max_norm / (norm + 1e-6). Parameters with grad ==
+ * NULL are skipped. total_norm may be NULL. */
+td_status td_clip_grad_norm(td_param *params, size_t n, double max_norm, double *total_norm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,223 @@
+/* The batch loader: turns a sampler's per-rank index list into contiguous batches, with one
+ * prefetch thread filling the next batch while the caller trains on the current one.
+ *
+ * Two slots (double buffering): the caller holds at most one, the thread fills the other in
+ * batch order. It does no shuffling of its own (the sampler does) and no transforms. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core_impl.h"
+#include "tandem/data.h"
+
+enum { SLOT_FREE, SLOT_FILLING, SLOT_FULL, SLOT_HELD };
+
+typedef struct {
+    float *x;     /* (batch_size, sample_shape...) */
+    int64_t *y;   /* (batch_size) */
+    size_t size;
+    size_t index;
+    int state;
+} slot;
+
+struct td_loader {
+    td_dataset *dataset;  /* read-only here; the accessor wants a mutable pointer */
+    td_loader_params p;
+    td_sampler *sampler;
+    size_t numel;         /* floats per sample */
+    size_t per_rank;      /* sampler indices per epoch */
+    size_t nb;            /* batches per epoch */
+    slot slots[2];
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    int busy;             /* the thread is copying into a slot outside the lock */
+    uint64_t epoch;
+    size_t next_fill;     /* next batch the thread fills */
+    size_t next_take;     /* next batch the caller gets */
+    int held;             /* slot the caller holds, or -1 */
+};
+
+td_loader_params td_loader_default_params(void) {
+    td_loader_params p = {0};
+    p.batch_size = 64;
+    p.shuffle = 1;
+    p.seed = 0;
+    p.drop_last = 0;
+    p.sampler_drop_last = 0;
+    p.rank = 0;
+    p.world_size = 1;
+    return p;
+}
+
+static void fill(td_loader *l, slot *s, size_t b) {
+    const size_t *idx = td_sampler_indices(l->sampler);
+    const float *x = td_dataset_x(l->dataset);
+    const int64_t *y = td_dataset_y(l->dataset);
+    size_t start = b * l->p.batch_size;
+    size_t size = l->per_rank - start;
+    if (size > l->p.batch_size) size = l->p.batch_size;
+    for (size_t i = 0; i < size; i++) {
+        size_t j = idx[start + i];
+        memcpy(s->x + i * l->numel, x + j * l->numel, l->numel * sizeof(float));
+        s->y[i] = y[j];
+    }
+    s->size = size;
+    s->index = b;
+}
+
+static int free_slot(const td_loader *l) {
+    for (int i = 0; i < 2; i++)
+        if (l->slots[i].state == SLOT_FREE) return i;
+    return -1;
+}
+
+static void *prefetch_main(void *arg) {
+    td_loader *l = arg;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        while (!l->stop && !(l->next_fill < l->nb && free_slot(l) >= 0)) pthread_cond_wait(&l->cv, &l->mu);
+        if (l->stop) break;
+        int si = free_slot(l);
+        slot *s = &l->slots[si];
+        size_t b = l->next_fill++;
+        s->state = SLOT_FILLING;
+        l->busy = 1;
+        pthread_mutex_unlock(&l->mu);
+        fill(l, s, b);
+        pthread_mutex_lock(&l->mu);
+        l->busy = 0;
+        s->state = SLOT_FULL;
+        pthread_cond_broadcast(&l->cv);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+td_status td_loader_create(td_loader **out, const td_dataset *dataset, const td_loader_params *params) {
+    if (!out || !dataset || !params)
+        return td__fail(TD_EINVAL, "td_loader_create: out, dataset and params must not be NULL");
+    *out = NULL;
+    if (params->batch_size < 1) return td__fail(TD_EINVAL, "td_loader_create: batch_size is 0, expected >= 1");
+    td_loader *l = calloc(1, sizeof *l);
+    if (!l) return td__fail(TD_ENOMEM, "td_loader_create: out of memory");
+    l->dataset = (td_dataset *)dataset;
+    l->p = *params;
+    l->held = -1;
+    td_sampler_params sp = td_sampler_default_params();
+    sp.rank = params->rank;
+    sp.world_size = params->world_size;
+    sp.shuffle = params->shuffle;
+    sp.seed = params->seed;
+    sp.drop_last = params->sampler_drop_last;
+    td_status st = td_sampler_create(&l->sampler, td_dataset_size(dataset), &sp);
+    if (st != TD_OK) {
+        free(l);
+        return st;
+    }
+    l->numel = td_dataset_sample_numel(dataset);
+    l->per_rank = td_sampler_size(l->sampler);
+    size_t bs = params->batch_size;
+    l->nb = params->drop_last ? l->per_rank / bs : (l->per_rank + bs - 1) / bs;
+    for (int i = 0; i < 2; i++) {
+        l->slots[i].x = malloc(bs * l->numel * sizeof(float) + 1);
+        l->slots[i].y = malloc(bs * sizeof(int64_t));
+        if (!l->slots[i].x || !l->slots[i].y) {
+            for (int k = 0; k <= i; k++) {
+                free(l->slots[k].x);
+                free(l->slots[k].y);
+            }
+            td_sampler_destroy(l->sampler);
+            free(l);
+            return td__fail(TD_ENOMEM, "td_loader_create: cannot allocate batches of %zu samples", bs);
+        }
+    }
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    if (pthread_create(&l->thread, NULL, prefetch_main, l) != 0) {
+        pthread_cond_destroy(&l->cv);
+        pthread_mutex_destroy(&l->mu);
+        for (int k = 0; k < 2; k++) {
+            free(l->slots[k].x);
+            free(l->slots[k].y);
+        }
+        td_sampler_destroy(l->sampler);
+        free(l);
+        return td__fail(TD_ENOMEM, "td_loader_create: cannot start the prefetch thread");
+    }
+    *out = l;
+    return TD_OK;
+}
+
+void td_loader_destroy(td_loader *l) {
+    if (!l) return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = 1;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->thread, NULL);
+    pthread_cond_destroy(&l->cv);
+    pthread_mutex_destroy(&l->mu);
+    for (int k = 0; k < 2; k++) {
+        free(l->slots[k].x);
+        free(l->slots[k].y);
+    }
+    td_sampler_destroy(l->sampler);
+    free(l);
+}
+
+td_status td_loader_seek(td_loader *l, uint64_t epoch, size_t batch) {
+    if (!l) return td__fail(TD_EINVAL, "td_loader_seek: loader is NULL");
+    if (batch > l->nb)
+        return td__fail(TD_EINVAL, "td_loader_seek: batch %zu, the epoch has %zu batches", batch, l->nb);
+    pthread_mutex_lock(&l->mu);
+    /* The thread reads the sampler's indices while it copies, so wait for it to finish. */
+    while (l->busy) pthread_cond_wait(&l->cv, &l->mu);
+    td_sampler_set_epoch(l->sampler, epoch);
+    l->epoch = epoch;
+    for (int i = 0; i < 2; i++) l->slots[i].state = SLOT_FREE;
+    l->held = -1;
+    l->next_fill = l->next_take = batch;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    return TD_OK;
+}
+
+td_status td_loader_set_epoch(td_loader *l, uint64_t epoch) { return td_loader_seek(l, epoch, 0); }
+
+size_t td_loader_batches_per_epoch(const td_loader *l) { return l ? l->nb : 0; }
+
+td_status td_loader_next(td_loader *l, td_batch *batch) {
+    if (!l || !batch) return td__fail(TD_EINVAL, "td_loader_next: loader and batch must not be NULL");
+    memset(batch, 0, sizeof *batch);
+    pthread_mutex_lock(&l->mu);
+    batch->epoch = l->epoch;
+    if (l->held >= 0) {
+        l->slots[l->held].state = SLOT_FREE;
+        l->held = -1;
+        pthread_cond_broadcast(&l->cv);
+    }
+    if (l->next_take >= l->nb) {
+        batch->index = l->nb;
+        pthread_mutex_unlock(&l->mu);
+        return TD_OK;
+    }
+    int si = -1;
+    for (;;) {
+        for (int i = 0; i < 2; i++)
+            if (l->slots[i].state == SLOT_FULL && l->slots[i].index == l->next_take) si = i;
+        if (si >= 0) break;
+        pthread_cond_wait(&l->cv, &l->mu);
+    }
+    slot *s = &l->slots[si];
+    s->state = SLOT_HELD;
+    l->held = si;
+    l->next_take++;
+    batch->x = s->x;
+    batch->y = s->y;
+    batch->size = s->size;
+    batch->index = s->index;
+    pthread_mutex_unlock(&l->mu);
+    return TD_OK;
+}

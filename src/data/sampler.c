@@ -1,0 +1,93 @@
+/* DistributedSampler: which dataset indices each rank visits in an epoch, with the rules of
+ * torch.utils.data.DistributedSampler (seed + epoch permutation, pad by repeating from the
+ * start or truncate, rank r takes indices[r::world]).
+ *
+ * The permutation comes from td_rng (Fisher-Yates), so it cannot equal torch's; every rank
+ * computes the same one without communicating. */
+#include <stdlib.h>
+
+#include "core/core_impl.h"
+#include "tandem/data.h"
+
+struct td_sampler {
+    td_sampler_params p;
+    size_t n;            /* dataset size */
+    size_t num_samples;  /* per rank */
+    size_t total_size;   /* num_samples * world_size */
+    size_t *perm;        /* (n) scratch for the permutation */
+    size_t *indices;     /* (num_samples) this rank's share */
+    uint64_t epoch;
+};
+
+td_sampler_params td_sampler_default_params(void) {
+    td_sampler_params p = {0};
+    p.rank = 0;
+    p.world_size = 1;
+    p.shuffle = 1;
+    p.seed = 0;
+    p.drop_last = 0;
+    return p;
+}
+
+td_status td_sampler_create(td_sampler **out, size_t n, const td_sampler_params *params) {
+    if (!out || !params) return td__fail(TD_EINVAL, "td_sampler_create: out and params must not be NULL");
+    *out = NULL;
+    if (params->world_size < 1)
+        return td__fail(TD_EINVAL, "td_sampler_create: world_size %d, expected >= 1", params->world_size);
+    if (params->rank < 0 || params->rank >= params->world_size)
+        return td__fail(TD_EINVAL, "td_sampler_create: rank %d, expected 0..%d", params->rank,
+                        params->world_size - 1);
+    if (n == 0) return td__fail(TD_EINVAL, "td_sampler_create: the dataset is empty");
+    if (n > UINT32_MAX) return td__fail(TD_EINVAL, "td_sampler_create: %zu samples, at most 2^32-1 supported", n);
+    size_t world = (size_t)params->world_size;
+    td_sampler *s = calloc(1, sizeof *s);
+    if (!s) return td__fail(TD_ENOMEM, "td_sampler_create: out of memory");
+    s->p = *params;
+    s->n = n;
+    /* torch: ceil((N - world) / world) when dropping an uneven tail, else ceil(N / world). */
+    if (params->drop_last && n % world != 0)
+        s->num_samples = n < world ? 0 : (n - world + world - 1) / world;
+    else
+        s->num_samples = (n + world - 1) / world;
+    s->total_size = s->num_samples * world;
+    s->perm = malloc(n * sizeof *s->perm);
+    s->indices = malloc((s->num_samples ? s->num_samples : 1) * sizeof *s->indices);
+    if (!s->perm || !s->indices) {
+        td_sampler_destroy(s);
+        return td__fail(TD_ENOMEM, "td_sampler_create: cannot allocate %zu indices", n);
+    }
+    td_sampler_set_epoch(s, 0);
+    *out = s;
+    return TD_OK;
+}
+
+void td_sampler_destroy(td_sampler *s) {
+    if (!s) return;
+    free(s->perm);
+    free(s->indices);
+    free(s);
+}
+
+void td_sampler_set_epoch(td_sampler *s, uint64_t epoch) {
+    if (!s) return;
+    s->epoch = epoch;
+    size_t n = s->n;
+    for (size_t i = 0; i < n; i++) s->perm[i] = i;
+    if (s->p.shuffle) {
+        td_rng rng;
+        td_rng_init(&rng, s->p.seed + epoch);
+        for (size_t i = n - 1; i > 0; i--) {
+            size_t j = td_rng_below(&rng, (uint32_t)(i + 1));
+            size_t t = s->perm[i];
+            s->perm[i] = s->perm[j];
+            s->perm[j] = t;
+        }
+    }
+    /* Position k of the padded list is perm[k mod n]: torch repeats the list from its start
+     * (as often as needed) up to total_size, or truncates to it. */
+    size_t world = (size_t)s->p.world_size, rank = (size_t)s->p.rank;
+    for (size_t i = 0; i < s->num_samples; i++) s->indices[i] = s->perm[(rank + i * world) % n];
+}
+
+size_t td_sampler_size(const td_sampler *s) { return s ? s->num_samples : 0; }
+const size_t *td_sampler_indices(const td_sampler *s) { return s ? s->indices : NULL; }

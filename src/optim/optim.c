@@ -1,0 +1,276 @@
+/* SGD and AdamW with torch.optim's update rules (single-tensor, non-fused paths of PyTorch
+ * 1.13), over fp32 td_param arrays, plus the state they expose for checkpoints.
+ *
+ * Scalars follow PyTorch: hyperparameters and bias corrections are computed in double (as
+ * Python floats) and cast to float where PyTorch passes them into a float kernel. It does
+ * not handle sparse gradients, amsgrad, maximize or per-group hyperparameters. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core_impl.h"
+#include "tandem/optim.h"
+
+/* The update loops are the hot part and -O2's cheapest vectorizer cost model leaves them
+ * scalar. (AdamW's sqrtf vectorizes only when the build passes -fno-math-errno.) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define TD__VECTORIZE __attribute__((optimize("O3")))
+#else
+#define TD__VECTORIZE
+#endif
+
+enum { KIND_SGD, KIND_ADAMW };
+
+struct td_optim {
+    int kind;
+    td_param *params;   /* caller's array, (n) */
+    size_t n;
+    double lr;
+    td_sgd_params sgd;
+    td_adamw_params adamw;
+    int64_t *steps;     /* (n) steps taken by each parameter */
+    float **buf1;       /* (n) momentum_buffer or exp_avg, each (params[i].count), or NULL */
+    float **buf2;       /* (n) exp_avg_sq, each (params[i].count), or NULL */
+    td_param *state;    /* (n_state) */
+    size_t n_state;
+    char **names;       /* (n_state) owned strings behind state[].name */
+};
+
+td_sgd_params td_sgd_default_params(void) {
+    td_sgd_params p = {0};
+    p.lr = 0.01;
+    return p;
+}
+
+td_adamw_params td_adamw_default_params(void) {
+    td_adamw_params p = {0};
+    p.lr = 1e-3;
+    p.beta1 = 0.9;
+    p.beta2 = 0.999;
+    p.eps = 1e-8;
+    p.weight_decay = 1e-2;
+    return p;
+}
+
+void td_optim_destroy(td_optim *o) {
+    if (!o) return;
+    for (size_t i = 0; i < o->n; i++) {
+        if (o->buf1) free(o->buf1[i]);
+        if (o->buf2) free(o->buf2[i]);
+    }
+    for (size_t i = 0; i < o->n_state; i++) free(o->names[i]);
+    free(o->names);
+    free(o->state);
+    free(o->buf1);
+    free(o->buf2);
+    free(o->steps);
+    free(o);
+}
+
+static td_status check_params(const char *who, const td_param *params, size_t n) {
+    if (!params && n) return td__fail(TD_EINVAL, "%s: params is NULL with n = %zu", who, n);
+    for (size_t i = 0; i < n; i++) {
+        const td_param *p = &params[i];
+        if (!p->name) return td__fail(TD_EINVAL, "%s: params[%zu] has no name", who, i);
+        if (p->dtype != TD_F32)
+            return td__fail(TD_EDTYPE, "%s: parameter %s is %s, expected f32", who, p->name, td_dtype_name(p->dtype));
+        if (!p->data && p->count) return td__fail(TD_EINVAL, "%s: parameter %s has no data", who, p->name);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(params[j].name, p->name) == 0)
+                return td__fail(TD_EINVAL, "%s: parameter name %s appears twice (params[%zu] and [%zu])", who,
+                                p->name, j, i);
+    }
+    return TD_OK;
+}
+
+static td_status add_state(td_optim *o, const char *param_name, const char *suffix, void *data,
+                           size_t count, td_dtype dtype, int ndim, const int64_t *shape) {
+    size_t len = strlen(param_name) + strlen(suffix) + 8;
+    char *name = malloc(len);
+    if (!name) return td__fail(TD_ENOMEM, "optimizer state: out of memory");
+    if (param_name[0])
+        snprintf(name, len, "optim.%s.%s", param_name, suffix);
+    else
+        snprintf(name, len, "optim.%s", suffix);
+    td_param *s = &o->state[o->n_state];
+    memset(s, 0, sizeof *s);
+    o->names[o->n_state] = name;
+    o->n_state++;
+    s->name = name;
+    s->data = data;
+    s->count = count;
+    s->dtype = dtype;
+    s->ndim = ndim;
+    for (int d = 0; d < ndim; d++) s->shape[d] = shape[d];
+    return TD_OK;
+}
+
+/* Allocates the per-parameter buffers (zeros, so a fresh state saves deterministically). */
+static td_status create_common(td_optim **out, int kind, td_param *params, size_t n, int nbufs,
+                               const char *suffix1, const char *suffix2) {
+    td_optim *o = calloc(1, sizeof *o);
+    if (!o) return td__fail(TD_ENOMEM, "optimizer: out of memory");
+    o->kind = kind;
+    o->params = params;
+    o->n = n;
+    o->steps = calloc(n ? n : 1, sizeof *o->steps);
+    o->buf1 = calloc(n ? n : 1, sizeof *o->buf1);
+    o->buf2 = calloc(n ? n : 1, sizeof *o->buf2);
+    o->state = calloc(1 + 2 * n, sizeof *o->state);
+    o->names = calloc(1 + 2 * n, sizeof *o->names);
+    if (!o->steps || !o->buf1 || !o->buf2 || !o->state || !o->names) {
+        td_optim_destroy(o);
+        return td__fail(TD_ENOMEM, "optimizer: out of memory");
+    }
+    td_status st;
+    int64_t nshape[1] = {(int64_t)n};
+    if ((st = add_state(o, "", "step", o->steps, n, TD_I64, 1, nshape)) != TD_OK) goto fail;
+    for (size_t i = 0; i < n && nbufs > 0; i++) {
+        size_t c = params[i].count;
+        o->buf1[i] = calloc(c ? c : 1, sizeof(float));
+        if (nbufs > 1) o->buf2[i] = calloc(c ? c : 1, sizeof(float));
+        if (!o->buf1[i] || (nbufs > 1 && !o->buf2[i])) {
+            st = td__fail(TD_ENOMEM, "optimizer: cannot allocate state for %s (%zu floats)", params[i].name, c);
+            goto fail;
+        }
+        st = add_state(o, params[i].name, suffix1, o->buf1[i], c, TD_F32, params[i].ndim, params[i].shape);
+        if (st != TD_OK) goto fail;
+        if (nbufs > 1) {
+            st = add_state(o, params[i].name, suffix2, o->buf2[i], c, TD_F32, params[i].ndim, params[i].shape);
+            if (st != TD_OK) goto fail;
+        }
+    }
+    *out = o;
+    return TD_OK;
+fail:
+    td_optim_destroy(o);
+    return st;
+}
+
+td_status td_optim_create_sgd(td_optim **out, td_param *params, size_t n, const td_sgd_params *hp) {
+    if (!out || !hp) return td__fail(TD_EINVAL, "td_optim_create_sgd: out and hp must not be NULL");
+    *out = NULL;
+    td_status st = check_params("td_optim_create_sgd", params, n);
+    if (st != TD_OK) return st;
+    if (!(hp->lr >= 0)) return td__fail(TD_EINVAL, "td_optim_create_sgd: lr %g, expected >= 0", hp->lr);
+    if (!(hp->momentum >= 0))
+        return td__fail(TD_EINVAL, "td_optim_create_sgd: momentum %g, expected >= 0", hp->momentum);
+    if (!(hp->weight_decay >= 0))
+        return td__fail(TD_EINVAL, "td_optim_create_sgd: weight_decay %g, expected >= 0", hp->weight_decay);
+    if (hp->nesterov && (hp->momentum <= 0 || hp->dampening != 0))
+        return td__fail(TD_EINVAL, "td_optim_create_sgd: nesterov needs momentum > 0 and dampening 0, got momentum %g dampening %g",
+                        hp->momentum, hp->dampening);
+    td_optim *o = NULL;
+    st = create_common(&o, KIND_SGD, params, n, hp->momentum != 0 ? 1 : 0, "momentum_buffer", NULL);
+    if (st != TD_OK) return st;
+    o->sgd = *hp;
+    o->lr = hp->lr;
+    *out = o;
+    return TD_OK;
+}
+
+td_status td_optim_create_adamw(td_optim **out, td_param *params, size_t n, const td_adamw_params *hp) {
+    if (!out || !hp) return td__fail(TD_EINVAL, "td_optim_create_adamw: out and hp must not be NULL");
+    *out = NULL;
+    td_status st = check_params("td_optim_create_adamw", params, n);
+    if (st != TD_OK) return st;
+    if (!(hp->lr >= 0)) return td__fail(TD_EINVAL, "td_optim_create_adamw: lr %g, expected >= 0", hp->lr);
+    if (!(hp->eps >= 0)) return td__fail(TD_EINVAL, "td_optim_create_adamw: eps %g, expected >= 0", hp->eps);
+    if (!(hp->beta1 >= 0 && hp->beta1 < 1) || !(hp->beta2 >= 0 && hp->beta2 < 1))
+        return td__fail(TD_EINVAL, "td_optim_create_adamw: betas (%g, %g), expected each in [0, 1)", hp->beta1,
+                        hp->beta2);
+    if (!(hp->weight_decay >= 0))
+        return td__fail(TD_EINVAL, "td_optim_create_adamw: weight_decay %g, expected >= 0", hp->weight_decay);
+    td_optim *o = NULL;
+    st = create_common(&o, KIND_ADAMW, params, n, 2, "exp_avg", "exp_avg_sq");
+    if (st != TD_OK) return st;
+    o->adamw = *hp;
+    o->lr = hp->lr;
+    *out = o;
+    return TD_OK;
+}
+
+TD__VECTORIZE static void sgd_update(const td_sgd_params *hp, double lr, float *restrict p, const float *restrict g,
+                       float *restrict buf, size_t count, int first) {
+    const float wd = (float)hp->weight_decay, mom = (float)hp->momentum;
+    const float keep = (float)(1.0 - hp->dampening), neg_lr = (float)(-lr);
+    if (!buf) {
+        for (size_t j = 0; j < count; j++) {
+            float d = wd != 0 ? g[j] + wd * p[j] : g[j];
+            p[j] = p[j] + neg_lr * d;
+        }
+        return;
+    }
+    if (first) { /* torch: buf = clone(d_p) on a parameter's first step */
+        for (size_t j = 0; j < count; j++) buf[j] = wd != 0 ? g[j] + wd * p[j] : g[j];
+    } else {
+        for (size_t j = 0; j < count; j++) {
+            float d = wd != 0 ? g[j] + wd * p[j] : g[j];
+            buf[j] = buf[j] * mom + keep * d;
+        }
+    }
+    if (hp->nesterov) {
+        for (size_t j = 0; j < count; j++) {
+            float d = wd != 0 ? g[j] + wd * p[j] : g[j];
+            p[j] = p[j] + neg_lr * (d + mom * buf[j]);
+        }
+    } else {
+        for (size_t j = 0; j < count; j++) p[j] = p[j] + neg_lr * buf[j];
+    }
+}
+
+TD__VECTORIZE static void adamw_update(const td_adamw_params *hp, double lr, int64_t step, float *restrict p,
+                         const float *restrict g, float *restrict m, float *restrict v, size_t count) {
+    const float decay = (float)(1.0 - lr * hp->weight_decay);
+    const float b1 = (float)hp->beta1, b2 = (float)hp->beta2;
+    const float one_b1 = (float)(1.0 - hp->beta1), one_b2 = (float)(1.0 - hp->beta2);
+    const double bc1 = 1.0 - pow(hp->beta1, (double)step), bc2 = 1.0 - pow(hp->beta2, (double)step);
+    const float neg_step_size = (float)(-(lr / bc1));
+    const float bc2_sqrt = (float)sqrt(bc2), eps = (float)hp->eps;
+    for (size_t j = 0; j < count; j++) {
+        float pj = p[j] * decay;
+        float mj = m[j] * b1 + one_b1 * g[j];
+        float vj = v[j] * b2 + one_b2 * g[j] * g[j];
+        float denom = sqrtf(vj) / bc2_sqrt + eps;
+        m[j] = mj;
+        v[j] = vj;
+        p[j] = pj + neg_step_size * (mj / denom);
+    }
+}
+
+td_status td_optim_step(td_optim *o) {
+    if (!o) return td__fail(TD_EINVAL, "td_optim_step: optimizer is NULL");
+    for (size_t i = 0; i < o->n; i++) {
+        td_param *p = &o->params[i];
+        if (!p->grad) continue;
+        if (o->steps[i] < 0)
+            return td__fail(TD_ESTATE, "td_optim_step: optim.step of %s is %lld (a bad checkpoint?)", p->name,
+                            (long long)o->steps[i]);
+        if (o->kind == KIND_SGD) {
+            sgd_update(&o->sgd, o->lr, p->data, p->grad, o->buf1[i], p->count, o->steps[i] == 0);
+            o->steps[i]++;
+        } else {
+            o->steps[i]++;
+            adamw_update(&o->adamw, o->lr, o->steps[i], p->data, p->grad, o->buf1[i], o->buf2[i], p->count);
+        }
+    }
+    return TD_OK;
+}
+
+void td_optim_zero_grad(td_optim *o) {
+    if (!o) return;
+    for (size_t i = 0; i < o->n; i++)
+        if (o->params[i].grad) memset(o->params[i].grad, 0, o->params[i].count * sizeof(float));
+}
+
+void td_optim_set_lr(td_optim *o, double lr) {
+    if (o) o->lr = lr;
+}
+
+double td_optim_get_lr(const td_optim *o) { return o ? o->lr : 0.0; }
+
+void td_optim_state(td_optim *o, td_param **state, size_t *n_state) {
+    if (state) *state = o ? o->state : NULL;
+    if (n_state) *n_state = o ? o->n_state : 0;
+}

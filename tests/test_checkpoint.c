@@ -1,0 +1,399 @@
+/* safetensors checkpoints: round trips of every dtype, metadata, files written by Python,
+ * strict rejection of damaged headers and data, and atomic replacement on a failed save. */
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tandem/checkpoint.h"
+#include "test.h"
+
+static char dir[256];
+
+/* The fixture path from the repository root, or found relative to this executable
+ * (BUILD/tests/test_x) when the test runs from elsewhere. */
+static const char *fixture_path(const char *rel) {
+    static char buf[4096];
+    if (access(rel, R_OK) == 0) return rel;
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) return rel;
+    buf[n] = '\0';
+    for (int up = 0; up < 3; up++) {
+        char *slash = strrchr(buf, '/');
+        if (!slash) return rel;
+        *slash = '\0';
+    }
+    size_t len = strlen(buf);
+    snprintf(buf + len, sizeof buf - len, "/%s", rel);
+    return access(buf, R_OK) == 0 ? buf : rel;
+}
+
+static void path_in_dir(char *out, size_t len, const char *name) { snprintf(out, len, "%s/%s", dir, name); }
+
+static void write_bytes(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (!f) return;
+    CHECK_EQ(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+/* A safetensors file from a header string and a data blob, header padded to 8 bytes. */
+static void write_st(const char *path, const char *header, const void *data, size_t data_len) {
+    size_t hl = strlen(header), padded = (hl + 7) / 8 * 8;
+    unsigned char *buf = calloc(1, 8 + padded + data_len + 1);
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    memcpy(buf + 8, header, hl);
+    memset(buf + 8 + hl, ' ', padded - hl);
+    if (data_len) memcpy(buf + 8 + padded, data, data_len);
+    write_bytes(path, buf, 8 + padded + data_len);
+    free(buf);
+}
+
+static unsigned char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)n + 1);
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+static int count_files(void) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] != '.') n++;
+    if (d) closedir(d);
+    return n;
+}
+
+static void round_trip_every_dtype_and_metadata(void) {
+    float f32[6] = {1.5f, -2.25f, 3.0f, 0.0f, -0.0f, 1e-30f};
+    double f64[4] = {3.141592653589793, -1e300, 0.5, 2.0};
+    int64_t i64[1] = {-((int64_t)1 << 40)};
+    int32_t i32[4] = {1, -2, 2147483647, -2147483647};
+    uint16_t bf16[3] = {td_f32_to_bf16(1.0f), td_f32_to_bf16(-3.5f), td_f32_to_bf16(0.15625f)};
+    uint16_t f16[3] = {td_f32_to_f16(1.0f), td_f32_to_f16(65504.0f), td_f32_to_f16(-0.5f)};
+    uint8_t u8[5] = {0, 1, 127, 128, 255};
+    float empty[1];
+    td_param t[] = {
+        {.name = "layer.weight", .data = f32, .count = 6, .dtype = TD_F32, .ndim = 2, .shape = {2, 3}},
+        {.name = "f64", .data = f64, .count = 4, .dtype = TD_F64, .ndim = 1, .shape = {4}},
+        {.name = "scalar", .data = i64, .count = 1, .dtype = TD_I64, .ndim = 0},
+        {.name = "i32", .data = i32, .count = 4, .dtype = TD_I32, .ndim = 2, .shape = {2, 2}},
+        {.name = "bf16", .data = bf16, .count = 3, .dtype = TD_BF16, .ndim = 1, .shape = {3}},
+        {.name = "f16", .data = f16, .count = 3, .dtype = TD_F16, .ndim = 1, .shape = {3}},
+        {.name = "u8 \"quoted\" \\ name", .data = u8, .count = 5, .dtype = TD_U8, .ndim = 3, .shape = {5, 1, 1}},
+        {.name = "empty", .data = empty, .count = 0, .dtype = TD_F32, .ndim = 2, .shape = {0, 4}},
+    };
+    size_t n = sizeof t / sizeof *t;
+    td_checkpoint_meta meta[] = {{"epoch", "3"}, {"rng", "seed=42 offset=1000"},
+                                 {"odd", "line\nbreak \"q\" \\ tab\t \xc3\xa9"}};
+    char path[300];
+    path_in_dir(path, sizeof path, "round.safetensors");
+    CHECK_OK(td_checkpoint_save(path, t, n, meta, 3));
+
+    /* The layout the spec fixes: u64 LE header size, '{', header padded to 8, data follows. */
+    size_t len = 0;
+    unsigned char *raw = slurp(path, &len);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | raw[i];
+    size_t data_bytes = 24 + 32 + 8 + 16 + 6 + 6 + 5;
+    CHECK_EQ(hl % 8, 0);
+    CHECK_EQ(len, 8 + hl + data_bytes);
+    CHECK_EQ(raw[8], '{');
+    CHECK(memcmp(raw + 8 + hl, f32, 24) == 0); /* tensors stored in order, raw bytes */
+    CHECK(memcmp(raw + len - 5, u8, 5) == 0);
+    free(raw);
+
+    td_checkpoint *c = NULL;
+    CHECK_OK(td_checkpoint_open(&c, path));
+    if (!c) return;
+    CHECK_EQ(td_checkpoint_count(c), n);
+    td_param info;
+    CHECK_OK(td_checkpoint_tensor(c, 6, &info));
+    CHECK(strcmp(info.name, t[6].name) == 0);
+    CHECK_EQ(info.dtype, TD_U8);
+    CHECK_EQ(info.ndim, 3);
+    CHECK_EQ(info.shape[0], 5);
+    CHECK_OK(td_checkpoint_tensor(c, 2, &info));
+    CHECK_EQ(info.ndim, 0);
+    CHECK_EQ(info.count, 1);
+    CHECK(strcmp(td_checkpoint_get_meta(c, "epoch"), "3") == 0);
+    CHECK(strcmp(td_checkpoint_get_meta(c, "rng"), "seed=42 offset=1000") == 0);
+    CHECK(strcmp(td_checkpoint_get_meta(c, "odd"), meta[2].value) == 0);
+    CHECK(td_checkpoint_get_meta(c, "missing") == NULL);
+
+    float f32b[6];
+    double f64b[4];
+    int64_t i64b[1];
+    int32_t i32b[4];
+    uint16_t bf16b[3], f16b[3];
+    uint8_t u8b[5];
+    void *bufs[] = {f32b, f64b, i64b, i32b, bf16b, f16b, u8b, empty};
+    td_param back[8];
+    memcpy(back, t, sizeof back);
+    for (size_t i = 0; i < n; i++) back[i].data = bufs[i];
+    /* Reading a subset in another order works; the file's other tensors are ignored. */
+    td_param rev[2] = {back[3], back[0]};
+    CHECK_OK(td_checkpoint_read(c, rev, 2));
+    CHECK(memcmp(i32b, i32, sizeof i32) == 0);
+    CHECK_OK(td_checkpoint_read(c, back, n));
+    for (size_t i = 0; i < n; i++)
+        CHECK(memcmp(bufs[i], t[i].data, t[i].count * td_dtype_size(t[i].dtype)) == 0);
+    td_checkpoint_close(c);
+}
+
+static void reads_files_written_by_other_writers(void) {
+    /* As Python's safetensors lays a file out, keys in its own order and "format": "pt". */
+    const char *h = "{\"__metadata__\":{\"format\":\"pt\"},\"b\":{\"dtype\":\"I64\",\"shape\":[1],"
+                    "\"data_offsets\":[8,16]},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    unsigned char data[16];
+    float a[2] = {0.25f, -8.0f};
+    int64_t b = 123456789012345LL;
+    memcpy(data, a, 8);
+    memcpy(data + 8, &b, 8);
+    char path[300];
+    path_in_dir(path, sizeof path, "other.safetensors");
+    write_st(path, h, data, 16);
+    float a2[2] = {0};
+    int64_t b2 = 0;
+    td_param t[2] = {{.name = "a", .data = a2, .count = 2, .dtype = TD_F32, .ndim = 1, .shape = {2}},
+                     {.name = "b", .data = &b2, .count = 1, .dtype = TD_I64, .ndim = 1, .shape = {1}}};
+    CHECK_OK(td_checkpoint_load(path, t, 2));
+    CHECK(a2[0] == 0.25f && a2[1] == -8.0f);
+    CHECK_EQ(b2, b);
+    /* The optimizer fixture was written by hand in Python from the spec. */
+    td_checkpoint *c = NULL;
+    CHECK_OK(td_checkpoint_open(&c, fixture_path("tests/fixtures/optim/optim_ref.safetensors")));
+    if (c) {
+        CHECK(td_checkpoint_get_meta(c, "generator") &&
+              strcmp(td_checkpoint_get_meta(c, "generator"), "make_optim_ref.py") == 0);
+        CHECK(td_checkpoint_count(c) > 50);
+    }
+    td_checkpoint_close(c);
+}
+
+/* Opening path must fail with `status` and a message that contains `what`. */
+static void expect_open_error(const char *path, td_status status, const char *what) {
+    td_checkpoint *c = NULL;
+    td_status st = td_checkpoint_open(&c, path);
+    CHECK(c == NULL);
+    if (st != status || !strstr(td_last_error(), what) || !strstr(td_last_error(), path))
+        TEST_FAIL_AT("open -> %s \"%s\", expected %s and \"%s\"", td_status_string(st), td_last_error(),
+                     td_status_string(status), what);
+    td_checkpoint_close(c);
+}
+
+static void damaged_headers_are_errors_naming_the_problem(void) {
+    char path[300];
+    path_in_dir(path, sizeof path, "bad.safetensors");
+    unsigned char data[64] = {0};
+    const struct {
+        const char *header;
+        size_t data_len;
+        td_status status;
+        const char *what;
+    } cases[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},}", 8, TD_EFORMAT, "not valid JSON: byte"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8, TD_EFORMAT, "not valid JSON"},
+        {"{\"a\":{\"dtype\":\"F32,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, TD_EFORMAT, "not valid JSON"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}} x", 8, TD_EFORMAT, "trailing"},
+        {"[1]", 0, TD_EFORMAT, "start with '{'"},
+        {"{\"a\":{\"dtype\":\"F8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, TD_EDTYPE, "tensor a: dtype \"F8\""},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", 20, TD_EFORMAT,
+         "tensor w: shape needs 24 bytes of F32 but data_offsets span 20"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, TD_EFORMAT, "overlap"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", 20, TD_EFORMAT, "belong to no tensor"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 12, TD_EFORMAT, "cover 8 data bytes"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, TD_EFORMAT, "tensor a: data_offsets [0, 16] beyond"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8, TD_EFORMAT, "end before"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, TD_EFORMAT, "shape[0]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8, TD_EFORMAT, "shape[0]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8, TD_EFORMAT, "data_offsets must be"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8, TD_EFORMAT, "unknown field \"x\""},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, TD_EFORMAT, "duplicate key \"a\""},
+        {"{\"__metadata__\":{\"epoch\":3}}", 0, TD_EFORMAT, "value of \"epoch\" is not a string"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,99999999999999999999]}}", 8, TD_EFORMAT,
+         "data_offsets must be"},
+        {"{\"a\":\"\\x\"}", 0, TD_EFORMAT, "bad escape"},
+        {"{\"a\":\"tab\there\"}", 0, TD_EFORMAT, "control character"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        write_st(path, cases[i].header, data, cases[i].data_len);
+        expect_open_error(path, cases[i].status, cases[i].what);
+    }
+    /* Nesting far deeper than any header needs is refused, not a stack overflow. */
+    char deep[2100] = "{\"a\":";
+    for (int i = 0; i < 1000; i++) strcat(deep, "[");
+    for (int i = 0; i < 1000; i++) strcat(deep, "]");
+    strcat(deep, "}");
+    write_st(path, deep, data, 0);
+    expect_open_error(path, TD_EFORMAT, "nesting deeper");
+    /* Header length fields that do not fit the file. */
+    unsigned char raw[32] = {200, 0, 0, 0, 0, 0, 0, 0, '{', '}'};
+    write_bytes(path, raw, 16);
+    expect_open_error(path, TD_EFORMAT, "header length 200");
+    write_bytes(path, raw, 5);
+    expect_open_error(path, TD_EFORMAT, "too short");
+    memset(raw, 0xff, 8);
+    write_bytes(path, raw, 32);
+    expect_open_error(path, TD_EFORMAT, "header length");
+    path_in_dir(path, sizeof path, "missing.safetensors");
+    expect_open_error(path, TD_ENOTFOUND, "cannot open");
+}
+
+static void every_truncation_and_byte_flip_fails_cleanly(void) {
+    float w[6] = {1, 2, 3, 4, 5, 6};
+    int64_t s[2] = {7, 8};
+    td_param t[2] = {{.name = "w", .data = w, .count = 6, .dtype = TD_F32, .ndim = 2, .shape = {3, 2}},
+                     {.name = "s", .data = s, .count = 2, .dtype = TD_I64, .ndim = 1, .shape = {2}}};
+    td_checkpoint_meta meta[1] = {{"step", "10"}};
+    char good[300], bad[300];
+    path_in_dir(good, sizeof good, "good.safetensors");
+    path_in_dir(bad, sizeof bad, "cut.safetensors");
+    CHECK_OK(td_checkpoint_save(good, t, 2, meta, 1));
+    size_t len = 0;
+    unsigned char *raw = slurp(good, &len);
+    for (size_t cut = 0; cut < len; cut++) {
+        write_bytes(bad, raw, cut);
+        td_checkpoint *c = NULL;
+        td_status st = td_checkpoint_open(&c, bad);
+        if (st == TD_OK) TEST_FAIL_AT("a file cut to %zu of %zu bytes opened", cut, len);
+        else CHECK(strstr(td_last_error(), bad) != NULL);
+        td_checkpoint_close(c);
+    }
+    /* Flipped header bytes: the file either still parses to something consistent or is an
+     * error; the sanitizers check that neither path touches memory it should not. */
+    td_rng rng;
+    td_rng_init(&rng, 5);
+    int rejected = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        size_t at = 8 + td_rng_below(&rng, (uint32_t)(len - 8 - 64));
+        unsigned char old = raw[at];
+        raw[at] = (unsigned char)td_rng_u32(&rng);
+        write_bytes(bad, raw, len);
+        raw[at] = old;
+        td_checkpoint *c = NULL;
+        if (td_checkpoint_open(&c, bad) != TD_OK) rejected++;
+        td_checkpoint_close(c);
+    }
+    CHECK(rejected > 200);
+    free(raw);
+}
+
+static void load_checks_names_dtypes_and_shapes(void) {
+    float w[6] = {1, 2, 3, 4, 5, 6};
+    td_param t[1] = {{.name = "conv.weight", .data = w, .count = 6, .dtype = TD_F32, .ndim = 2, .shape = {2, 3}}};
+    char path[300];
+    path_in_dir(path, sizeof path, "shapes.safetensors");
+    CHECK_OK(td_checkpoint_save(path, t, 1, NULL, 0));
+    float into[6] = {9, 9, 9, 9, 9, 9};
+    td_param want = {.name = "conv.weight", .data = into, .count = 6, .dtype = TD_F32, .ndim = 2, .shape = {3, 2}};
+    CHECK_STATUS(td_checkpoint_load(path, &want, 1), TD_ESHAPE);
+    CHECK(strstr(td_last_error(), "conv.weight: expected shape (3, 2), file has (2, 3)") != NULL);
+    want.shape[0] = 2;
+    want.shape[1] = 3;
+    want.dtype = TD_BF16;
+    CHECK_STATUS(td_checkpoint_load(path, &want, 1), TD_EDTYPE);
+    CHECK(strstr(td_last_error(), "conv.weight: expected dtype BF16, file has F32") != NULL);
+    want.dtype = TD_F32;
+    td_param two[2] = {want, want};
+    two[1].name = "conv.bias";
+    CHECK_STATUS(td_checkpoint_load(path, two, 2), TD_ENOTFOUND);
+    CHECK(strstr(td_last_error(), "conv.bias is not in the file") != NULL);
+    CHECK_EQ(into[0], 9); /* nothing is written until every tensor checks out */
+    CHECK_OK(td_checkpoint_load(path, &want, 1));
+    CHECK_EQ(into[5], 6);
+}
+
+static void failed_save_keeps_the_previous_checkpoint(void) {
+    char path[300];
+    path_in_dir(path, sizeof path, "atomic.safetensors");
+    int before = count_files();
+    float small[4] = {1, 2, 3, 4};
+    td_param good = {.name = "w", .data = small, .count = 4, .dtype = TD_F32, .ndim = 1, .shape = {4}};
+    td_checkpoint_meta meta[1] = {{"step", "1"}};
+    CHECK_OK(td_checkpoint_save(path, &good, 1, meta, 1));
+    CHECK_EQ(count_files(), before + 1);
+
+    /* A write that fails half way: the file size limit stops it after 64 KiB of 4 MiB. */
+    size_t big_n = 1 << 20;
+    float *big = calloc(big_n, sizeof(float));
+    td_param huge = {.name = "w", .data = big, .count = big_n, .dtype = TD_F32, .ndim = 1, .shape = {(int64_t)big_n}};
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    lim = old;
+    lim.rlim_cur = 64 << 10;
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    td_checkpoint_meta meta2[1] = {{"step", "2"}};
+    td_status st = td_checkpoint_save(path, &huge, 1, meta2, 1);
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, prev);
+    CHECK_EQ(st, TD_EIO);
+    CHECK(strstr(td_last_error(), path) && strstr(td_last_error(), "unchanged"));
+    free(big);
+
+    /* Bad arguments fail before any file is made. */
+    td_param dup[2] = {good, good};
+    CHECK_STATUS(td_checkpoint_save(path, dup, 2, NULL, 0), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "w appears twice") != NULL);
+    td_param wrong = good;
+    wrong.count = 5;
+    CHECK_STATUS(td_checkpoint_save(path, &wrong, 1, NULL, 0), TD_ESHAPE);
+    char nodir[300];
+    path_in_dir(nodir, sizeof nodir, "no/such/dir/x.safetensors");
+    CHECK_STATUS(td_checkpoint_save(nodir, &good, 1, NULL, 0), TD_EIO);
+    CHECK(strstr(td_last_error(), nodir) != NULL);
+
+    CHECK_EQ(count_files(), before + 1); /* no temporary file left behind */
+    float back[4] = {0};
+    td_param r = good;
+    r.data = back;
+    td_checkpoint *c = NULL;
+    CHECK_OK(td_checkpoint_open(&c, path));
+    if (c) {
+        CHECK(strcmp(td_checkpoint_get_meta(c, "step"), "1") == 0);
+        CHECK_OK(td_checkpoint_read(c, &r, 1));
+        CHECK(memcmp(back, small, sizeof small) == 0);
+    }
+    td_checkpoint_close(c);
+    /* A successful save then replaces it. */
+    small[0] = 42;
+    CHECK_OK(td_checkpoint_save(path, &good, 1, meta2, 1));
+    CHECK_OK(td_checkpoint_load(path, &r, 1));
+    CHECK_EQ(back[0], 42);
+    CHECK_EQ(count_files(), before + 1);
+}
+
+int main(void) {
+    snprintf(dir, sizeof dir, "/tmp/td_test_ckpt_XXXXXX");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    RUN(round_trip_every_dtype_and_metadata);
+    RUN(reads_files_written_by_other_writers);
+    RUN(damaged_headers_are_errors_naming_the_problem);
+    RUN(every_truncation_and_byte_flip_fails_cleanly);
+    RUN(load_checks_names_dtypes_and_shapes);
+    RUN(failed_save_keeps_the_previous_checkpoint);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    TEST_END();
+}
