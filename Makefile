@@ -71,12 +71,15 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $< $(STATIC) $(ALL_LIBS)
 
+# The objects of every .c file in folder $(1).
+objects_in = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard $(1)/*.c))
+
 .SECONDEXPANSION:
-$(BUILD)/examples/%: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard examples/%/*.c)) $(STATIC)
+$(BUILD)/examples/%: $$(call objects_in,examples/$$*) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(STATIC) $(ALL_LIBS)
 
-$(BUILD)/bin/%: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard tools/%/*.c)) $(STATIC)
+$(BUILD)/bin/%: $$(call objects_in,tools/$$*) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(STATIC) $(ALL_LIBS)
 

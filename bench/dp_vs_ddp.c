@@ -1,0 +1,456 @@
+/* The seeds' DataParallel vs DistributedDataParallel experiment on this machine.
+ *
+ * DP: one process, td_dp with one replica thread per device. DDP: one process per device
+ * (fork), each with its own graph, a shm process group and td_ddp hung on the graph's
+ * grad-ready hook. Same model, same global batch, same synthetic data, one oneDNN thread per
+ * device, each device pinned to its own core. Prints cumulative wall time every 20 iterations
+ * (seed 001's table), samples/s, the DDP/DP ratio, where DP's time goes, and the peak memory
+ * of every DP replica and DDP rank. Every run happens in a child process so that the parent
+ * never starts an OpenMP runtime before forking. It does not load Fashion-MNIST: data
+ * loading is not what is being compared. */
+#include <errno.h>
+#include <getopt.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tandem/comm.h"
+#include "tandem/ddp.h"
+#include "tandem/dp.h"
+#include "tandem/graph.h"
+#include "tandem/nn.h"
+#include "tandem/optim.h"
+#include "tandem/tensor.h"
+
+#define CHECK(call)                                                                          \
+    do {                                                                                     \
+        td_status check_s_ = (call);                                                         \
+        if (check_s_ != TD_OK) {                                                             \
+            fprintf(stderr, "dp_vs_ddp: %s failed: %s: %s\n", #call,                         \
+                    td_status_string(check_s_), td_last_error());                            \
+            _exit(1);                                                                        \
+        }                                                                                    \
+    } while (0)
+
+#define SAMPLE (28 * 28)
+#define N_BATCHES 4   /* distinct synthetic batches, cycled */
+#define MAX_POINTS 64 /* cumulative-time points (every 20 iterations) */
+#define MAX_DEV 8
+
+typedef struct {
+    td_model_kind model;
+    int iters, devices, json;
+    int pin; /* 1: each device (DP replica thread, DDP rank) pinned to its own core */
+    int64_t batch;
+    double lr, momentum;
+} options;
+
+/* What one process sends back through its pipe. */
+typedef struct {
+    int ok;
+    int n_points;
+    double cum_s[MAX_POINTS]; /* wall seconds after 20, 40, ... iterations */
+    double total_s;
+    float last_loss;
+    size_t mem[MAX_DEV];      /* DP: every replica; DDP: this rank in mem[0] */
+    size_t mem_detail[MAX_DEV][6];
+    double phase_s[TD_DP_PHASE_COUNT];
+} result;
+
+static float *g_x;
+static int64_t *g_y;
+
+static void make_data(const options *o) {
+    size_t B = (size_t)o->batch;
+    g_x = malloc(N_BATCHES * B * SAMPLE * sizeof(float));
+    g_y = malloc(N_BATCHES * B * sizeof(int64_t));
+    if (!g_x || !g_y) {
+        fprintf(stderr, "dp_vs_ddp: out of memory\n");
+        exit(1);
+    }
+    td_rng rng;
+    td_rng_init(&rng, 1234);
+    for (size_t i = 0; i < N_BATCHES * B * SAMPLE; i++) g_x[i] = td_rng_normal(&rng);
+    for (size_t i = 0; i < N_BATCHES * B; i++) g_y[i] = (int64_t)td_rng_below(&rng, 10);
+}
+
+static void pin_process(int core_index) {
+    cpu_set_t allowed, one;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+    int n = CPU_COUNT(&allowed), want = core_index % (n > 0 ? n : 1), seen = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &allowed) && seen++ == want) {
+            CPU_ZERO(&one);
+            CPU_SET(c, &one);
+            sched_setaffinity(0, sizeof one, &one);
+            return;
+        }
+}
+
+static void record(result *r, int it, uint64_t t0) {
+    if (it % 20 == 0 && r->n_points < MAX_POINTS)
+        r->cum_s[r->n_points++] = (double)(td_time_ns() - t0) * 1e-9;
+}
+
+static void send_result(int fd, const result *r) {
+    const char *p = (const char *)r;
+    size_t left = sizeof *r;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) _exit(1);
+        p += w;
+        left -= (size_t)w;
+    }
+}
+
+static int recv_result(int fd, result *r) {
+    char *p = (char *)r;
+    size_t left = sizeof *r;
+    while (left > 0) {
+        ssize_t n = read(fd, p, left);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return 0;
+        p += n;
+        left -= (size_t)n;
+    }
+    return r->ok;
+}
+
+static size_t param_bytes(const td_param *p, size_t n) {
+    size_t s = 0;
+    for (size_t i = 0; i < n; i++) s += p[i].count * td_dtype_size(p[i].dtype);
+    return s;
+}
+
+/* ---- DP: one process, one replica thread per device ------------------------------------ */
+
+static void run_dp(const options *o, int fd) {
+    result r;
+    memset(&r, 0, sizeof r);
+    td_dp_params p = td_dp_default_params();
+    p.n_devices = o->devices;
+    p.global_batch = o->batch;
+    p.model = o->model;
+    p.pin_threads = o->pin;
+    p.sgd.lr = o->lr;
+    p.sgd.momentum = o->momentum;
+    td_dp *dp = NULL;
+    CHECK(td_dp_create(&dp, &p));
+    uint64_t t0 = td_time_ns();
+    for (int it = 1; it <= o->iters; it++) {
+        size_t k = (size_t)(it % N_BATCHES);
+        CHECK(td_dp_step(dp, g_x + k * (size_t)o->batch * SAMPLE, g_y + k * (size_t)o->batch,
+                         &r.last_loss));
+        record(&r, it, t0);
+    }
+    r.total_s = (double)(td_time_ns() - t0) * 1e-9;
+    for (int d = 0; d < o->devices; d++) {
+        td_dp_memory m;
+        CHECK(td_dp_memory_stats(dp, d, &m));
+        r.mem[d] = m.total_bytes;
+        size_t det[6] = {m.param_bytes, m.graph_bytes, m.input_bytes, m.output_bytes,
+                         m.reduce_bytes, m.optimizer_bytes};
+        memcpy(r.mem_detail[d], det, sizeof det);
+    }
+    td_dp_phase_seconds(dp, r.phase_s);
+    td_dp_destroy(dp);
+    r.ok = 1;
+    send_result(fd, &r);
+}
+
+/* ---- DDP: one process per device -------------------------------------------------------- */
+
+typedef struct {
+    td_ddp *ddp;
+    td_status status;
+} hook_ctx;
+
+static void on_grad_ready(size_t i, void *arg) {
+    hook_ctx *h = arg;
+    td_status s = td_ddp_grad_ready(h->ddp, i);
+    if (s != TD_OK && h->status == TD_OK) h->status = s;
+}
+
+static void run_ddp_rank(const options *o, int rank, int port, const char *token, int fd) {
+    result r;
+    memset(&r, 0, sizeof r);
+    if (o->pin) pin_process(rank);
+    int64_t b = o->batch / o->devices;
+    td_graph *g = NULL;
+    td_model m;
+    CHECK(td_graph_create(&g, NULL));
+    CHECK(td_model_build(g, o->model, b, 0, &m));
+    td_param *params, *buffers;
+    size_t n, nb;
+    CHECK(td_graph_params(g, &params, &n));
+    CHECK(td_graph_buffers(g, &buffers, &nb));
+
+    td_comm_params cp;
+    td_comm_default_params(&cp);
+    cp.backend = TD_BACKEND_SHM;
+    cp.rank = rank;
+    cp.world_size = o->devices;
+    cp.local_rank = rank;
+    cp.local_world_size = o->devices;
+    cp.master_addr = "127.0.0.1";
+    cp.master_port = port;
+    cp.token = token;
+    cp.timeout_s = 120;
+    td_comm *comm = NULL;
+    CHECK(td_comm_create(&comm, &cp));
+
+    td_ddp_params dpp;
+    td_ddp_default_params(&dpp);
+    /* The graph writes gradients through its own pointers, re-pointed once below; a rebuild
+     * would free the buckets they point to. For these sequential models the ready order is
+     * the reverse registration order the first layout already uses. */
+    dpp.rebuild_buckets = 0;
+    td_ddp *ddp = NULL;
+    CHECK(td_ddp_create(&ddp, comm, params, n, buffers, nb, &dpp));
+    for (size_t i = 0; i < n; i++) CHECK(td_graph_set_grad_buffer(g, i, params[i].grad));
+    hook_ctx h = {ddp, TD_OK};
+    td_graph_set_grad_ready_hook(g, on_grad_ready, &h);
+    td_sgd_params sp = td_sgd_default_params();
+    sp.lr = o->lr;
+    sp.momentum = o->momentum;
+    td_optim *opt = NULL;
+    CHECK(td_optim_create_sgd(&opt, params, n, &sp));
+
+    CHECK(td_comm_barrier(comm));
+    uint64_t t0 = td_time_ns();
+    for (int it = 1; it <= o->iters; it++) {
+        size_t k = (size_t)(it % N_BATCHES);
+        size_t first = k * (size_t)o->batch + (size_t)(rank * b);
+        CHECK(td_ddp_prepare_forward(ddp));
+        CHECK(td_tensor_write(m.input, g_x + first * SAMPLE));
+        CHECK(td_tensor_write(m.labels, g_y + first));
+        CHECK(td_graph_zero_grad(g));
+        CHECK(td_graph_forward(g));
+        CHECK(td_graph_backward(g, m.loss));
+        CHECK(h.status);
+        CHECK(td_ddp_finish_backward(ddp));
+        CHECK(td_optim_step(opt));
+        CHECK(td_tensor_read(m.loss, &r.last_loss));
+        record(&r, it, t0);
+    }
+    r.total_s = (double)(td_time_ns() - t0) * 1e-9;
+    for (size_t i = 0; i < n; i++)
+        if (td_tensor_grad(td_graph_param_tensor(g, i)) != params[i].grad) {
+            fprintf(stderr, "dp_vs_ddp: rank %d: gradient of '%s' no longer in DDP's bucket\n", rank,
+                    params[i].name);
+            _exit(1);
+        }
+    /* Parameters and buffers, the graph's arena (activations and gradients), DDP's buckets
+     * (exactly the gradients), the optimizer's momentum and this rank's slice of the batch. */
+    td_param *state;
+    size_t n_state;
+    td_optim_state(opt, &state, &n_state);
+    size_t det[6] = {param_bytes(params, n) + param_bytes(buffers, nb), td_graph_memory_bytes(g),
+                     (size_t)b * (SAMPLE * sizeof(float) + sizeof(int64_t)), 0,
+                     param_bytes(params, n), param_bytes(state, n_state)};
+    memcpy(r.mem_detail[0], det, sizeof det);
+    for (int j = 0; j < 6; j++) r.mem[0] += det[j];
+    td_optim_destroy(opt);
+    td_ddp_destroy(ddp);
+    td_comm_destroy(comm);
+    td_graph_destroy(g);
+    r.ok = 1;
+    send_result(fd, &r);
+}
+
+/* ---- driver ------------------------------------------------------------------------------ */
+
+static int spawn(int *fd_out, pid_t *pid_out) {
+    int pfd[2];
+    if (pipe(pfd) != 0) return 0;
+    pid_t pid = fork();
+    if (pid < 0) return 0;
+    if (pid == 0) {
+        close(pfd[0]);
+        *fd_out = pfd[1];
+        *pid_out = 0;
+        return 1;
+    }
+    close(pfd[1]);
+    *fd_out = pfd[0];
+    *pid_out = pid;
+    return 1;
+}
+
+static int reap(pid_t pid) {
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+static int measure_dp(const options *o, result *r) {
+    int fd;
+    pid_t pid;
+    if (!spawn(&fd, &pid)) return 0;
+    if (pid == 0) {
+        run_dp(o, fd);
+        _exit(0);
+    }
+    int ok = recv_result(fd, r);
+    close(fd);
+    return reap(pid) && ok;
+}
+
+static int measure_ddp(const options *o, result *r) {
+    int fd[MAX_DEV];
+    pid_t pid[MAX_DEV];
+    int port = 20000 + (int)(getpid() % 20000);
+    char token[64];
+    snprintf(token, sizeof token, "dp-vs-ddp-%d-%llu", (int)getpid(), (unsigned long long)td_time_ns());
+    int ok = 1;
+    double loss_sum = 0;
+    for (int rank = 0; rank < o->devices; rank++) {
+        if (!spawn(&fd[rank], &pid[rank])) return 0;
+        if (pid[rank] == 0) {
+            run_ddp_rank(o, rank, port, token, fd[rank]);
+            _exit(0);
+        }
+    }
+    for (int rank = 0; rank < o->devices; rank++) {
+        result rr;
+        memset(&rr, 0, sizeof rr);
+        ok &= recv_result(fd[rank], &rr);
+        close(fd[rank]);
+        if (rank == 0) *r = rr;
+        loss_sum += rr.last_loss;
+        r->mem[rank] = rr.mem[0];
+        memcpy(r->mem_detail[rank], rr.mem_detail[0], sizeof rr.mem_detail[0]);
+    }
+    for (int rank = 0; rank < o->devices; rank++) ok &= reap(pid[rank]);
+    r->last_loss = (float)(loss_sum / o->devices); /* the global-batch mean, as DP reports */
+    return ok;
+}
+
+static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+static void print_row(const char *name, const result *r, const options *o) {
+    printf("%-5s", name);
+    for (int i = 0; i < r->n_points; i++) printf(" %8.2f", r->cum_s[i]);
+    printf("   %9.1f\n", (double)o->batch * o->iters / r->total_s);
+}
+
+static void print_json(const char *method, const result *r, const options *o) {
+    printf("{\"bench\":\"dp_vs_ddp\",\"model\":\"%s\",\"method\":\"%s\",\"devices\":%d,"
+           "\"global_batch\":%lld,\"iters\":%d,\"cumulative_s\":[",
+           td_model_name(o->model), method, o->devices, (long long)o->batch, o->iters);
+    for (int i = 0; i < r->n_points; i++) printf("%s%.4f", i ? "," : "", r->cum_s[i]);
+    printf("],\"samples_per_s\":%.2f,\"peak_bytes\":[", (double)o->batch * o->iters / r->total_s);
+    for (int d = 0; d < o->devices; d++) printf("%s%zu", d ? "," : "", r->mem[d]);
+    printf("],\"final_loss\":%.5f}\n", (double)r->last_loss);
+}
+
+static int run_model(const options *o) {
+    result dp, ddp;
+    memset(&dp, 0, sizeof dp);
+    memset(&ddp, 0, sizeof ddp);
+    int dp_ok = measure_dp(o, &dp);
+    int ddp_ok = measure_ddp(o, &ddp);
+    if (o->json) {
+        if (dp_ok) print_json("dp", &dp, o);
+        if (ddp_ok) print_json("ddp", &ddp, o);
+        if (dp_ok && ddp_ok)
+            printf("{\"bench\":\"dp_vs_ddp\",\"model\":\"%s\",\"ddp_over_dp\":%.3f}\n",
+                   td_model_name(o->model), dp.total_s / ddp.total_s);
+        return dp_ok && ddp_ok;
+    }
+    printf("\nmodel %s, global batch %lld, %d devices (1 core and 1 oneDNN thread each), %d iterations\n",
+           td_model_name(o->model), (long long)o->batch, o->devices, o->iters);
+    printf("cumulative wall seconds after iteration:\n%-5s", "");
+    for (int i = 20; i <= o->iters && i / 20 <= MAX_POINTS; i += 20) printf(" %8d", i);
+    printf("   samples/s\n");
+    if (dp_ok) print_row("DP", &dp, o);
+    else printf("DP    failed (see the error above)\n");
+    if (ddp_ok) print_row("DDP", &ddp, o);
+    else printf("DDP   unavailable or failed (see the error above)\n");
+    if (dp_ok && ddp_ok)
+        printf("DDP/DP throughput: %.2fx   final loss DP %.4f, DDP %.4f\n", dp.total_s / ddp.total_s,
+               (double)dp.last_loss, (double)ddp.last_loss);
+    if (dp_ok) {
+        double sum = 0;
+        for (int i = 0; i < TD_DP_PHASE_COUNT; i++) sum += dp.phase_s[i];
+        printf("DP time per step:");
+        for (int i = 0; i < TD_DP_PHASE_COUNT; i++)
+            printf(" %s %.1f%%", td_dp_phase_name((td_dp_phase)i), 100.0 * dp.phase_s[i] / sum);
+        printf("\n");
+    }
+    static const char *parts[6] = {"params", "graph", "inputs", "outputs", "reduce/buckets", "optim"};
+    for (int m = 0; m < 2; m++) {
+        const result *r = m == 0 ? &dp : &ddp;
+        if (!(m == 0 ? dp_ok : ddp_ok)) continue;
+        for (int d = 0; d < o->devices; d++) {
+            printf("peak memory %s %s %d: %7.2f MiB (", m == 0 ? "DP " : "DDP", m == 0 ? "replica" : "rank   ",
+                   d, mib(r->mem[d]));
+            for (int j = 0; j < 6; j++) printf("%s%s %.2f", j ? ", " : "", parts[j], mib(r->mem_detail[d][j]));
+            printf(")\n");
+        }
+    }
+    return dp_ok && ddp_ok;
+}
+
+int main(int argc, char **argv) {
+    /* One oneDNN thread per device for both methods. The OpenMP runtime reads the variable
+     * when it is loaded, before main, so setting it here needs a fresh image of ourselves:
+     * two spinning OpenMP threads per pinned core otherwise make everything ~30x slower. */
+    const char *omp = getenv("OMP_NUM_THREADS");
+    if (!omp || strcmp(omp, "1") != 0) {
+        setenv("OMP_NUM_THREADS", "1", 1);
+        execv("/proc/self/exe", argv);
+        fprintf(stderr, "dp_vs_ddp: cannot re-exec with OMP_NUM_THREADS=1 (%s); set it and rerun\n",
+                strerror(errno));
+        return 2;
+    }
+    options o = {TD_MODEL_CNN, 100, 2, 0, 1, 128, 0.01, 0.9};
+    int both = 1;
+    static const struct option longopts[] = {{"iters", required_argument, 0, 'i'},
+                                             {"model", required_argument, 0, 'm'},
+                                             {"devices", required_argument, 0, 'd'},
+                                             {"batch", required_argument, 0, 'b'},
+                                             {"json", no_argument, 0, 'j'},
+                                             {"no-pin", no_argument, 0, 'n'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "i:m:d:b:jnh", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'i': o.iters = atoi(optarg); break;
+        case 'm':
+            both = 0;
+            if (td_model_kind_parse(optarg, &o.model) != TD_OK) {
+                fprintf(stderr, "dp_vs_ddp: %s\n", td_last_error());
+                return 2;
+            }
+            break;
+        case 'd': o.devices = atoi(optarg); break;
+        case 'b': o.batch = atoll(optarg); break;
+        case 'j': o.json = 1; break;
+        case 'n': o.pin = 0; break;
+        default:
+            fprintf(stderr, "usage: %s [--iters N (100)] [--model cnn|mlp|net (cnn and mlp)] "
+                            "[--devices D (2)] [--batch B (128)] [--json] [--no-pin]\n", argv[0]);
+            return c == 'h' ? 0 : 2;
+        }
+    }
+    if (o.iters < 1 || o.devices < 1 || o.devices > MAX_DEV || o.batch % o.devices != 0) {
+        fprintf(stderr, "dp_vs_ddp: need iters >= 1, 1 <= devices <= %d and batch divisible by devices\n",
+                MAX_DEV);
+        return 2;
+    }
+    make_data(&o);
+    int ok = run_model(&o);
+    if (both) {
+        o.model = TD_MODEL_MLP;
+        ok &= run_model(&o);
+    }
+    free(g_x);
+    free(g_y);
+    return ok ? 0 : 1;
+}

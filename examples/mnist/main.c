@@ -1,0 +1,352 @@
+/* Trains the seeds' Net, an MLP or a CNN on Fashion-MNIST, in one process or data-parallel.
+ *
+ *   build/examples/mnist --model net --epochs 2
+ *   build/bin/tandemrun --nproc-per-node 2 build/examples/mnist --model cnn --epochs 3
+ *
+ * Under a launcher (WORLD_SIZE in the environment) every rank builds the same model, DDP
+ * broadcasts rank 0's parameters and averages gradients bucket by bucket during backward,
+ * and each rank trains on its DistributedSampler shard with global_batch / world_size
+ * samples per step. Only rank 0 prints and writes checkpoints. Test accuracy is computed
+ * each epoch with the test set split across ranks. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tandem/tandem.h"
+
+#define CHECK(call)                                                                          \
+    do {                                                                                     \
+        td_status s_ = (call);                                                               \
+        if (s_ != TD_OK) {                                                                   \
+            fprintf(stderr, "mnist: %s: %s\n", td_status_string(s_), td_last_error());      \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+typedef struct {
+    td_model_kind model;
+    int epochs;
+    int batch; /* global */
+    double lr, momentum;
+    uint64_t seed;
+    long max_steps; /* per epoch, 0 = all */
+    int eval;       /* test accuracy after each epoch */
+    int cosine;     /* anneal the learning rate to 0 over the run */
+    const char *data_dir, *checkpoint, *resume, *trace;
+} options;
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: mnist [--model net|mlp|cnn] [--epochs N] [--batch GLOBAL] [--lr X]\n"
+            "             [--momentum X] [--seed N] [--max-steps N] [--data DIR]\n"
+            "             [--checkpoint PATH] [--resume PATH] [--trace PREFIX] [--no-eval]\n"
+            "             [--cosine | --constant-lr]\n");
+    exit(2);
+}
+
+static options parse(int argc, char **argv) {
+    options o = {TD_MODEL_NET, 2, 128, -1, -1, 1, 0, 1, -1, NULL, NULL, NULL, NULL};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--no-eval") || !strcmp(a, "--cosine") || !strcmp(a, "--constant-lr")) {
+            if (!strcmp(a, "--no-eval")) o.eval = 0;
+            else o.cosine = !strcmp(a, "--cosine");
+            continue;
+        }
+        if (!v) usage();
+        if (!strcmp(a, "--model")) CHECK(td_model_kind_parse(v, &o.model));
+        else if (!strcmp(a, "--epochs")) o.epochs = atoi(v);
+        else if (!strcmp(a, "--batch")) o.batch = atoi(v);
+        else if (!strcmp(a, "--lr")) o.lr = atof(v);
+        else if (!strcmp(a, "--momentum")) o.momentum = atof(v);
+        else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--max-steps")) o.max_steps = atol(v);
+        else if (!strcmp(a, "--data")) o.data_dir = v;
+        else if (!strcmp(a, "--checkpoint")) o.checkpoint = v;
+        else if (!strcmp(a, "--resume")) o.resume = v;
+        else if (!strcmp(a, "--trace")) o.trace = v;
+        else usage();
+        i++;
+    }
+    if (o.epochs < 1 || o.batch < 1) usage();
+    /* The seeds' SGD for their Net; the MLP and CNN train faster with more momentum. */
+    if (o.lr < 0) o.lr = o.model == TD_MODEL_NET ? 0.01 : 0.05;
+    if (o.momentum < 0) o.momentum = o.model == TD_MODEL_NET ? 0.5 : 0.9;
+    if (o.cosine < 0) o.cosine = o.model != TD_MODEL_NET;
+    return o;
+}
+
+/* Everything one rank trains with. */
+typedef struct {
+    options opt;
+    td_comm *comm; /* NULL in a single process */
+    int rank, world;
+    td_graph *train, *eval;
+    td_model model, eval_model;
+    td_param *params, *buffers;
+    size_t n_params, n_buffers;
+    td_optim *optim;
+    td_ddp *ddp;
+    td_trace *trace;
+    int first_epoch;
+} trainer;
+
+static void on_grad_ready(size_t index, void *ctx) {
+    /* An error here resurfaces from td_ddp_finish_backward, which reports it. */
+    (void)td_ddp_grad_ready(ctx, index);
+}
+
+/* Parameters, buffers and optimizer state: what a checkpoint holds. */
+static td_param *checkpoint_tensors(trainer *t, size_t *n) {
+    td_param *state;
+    size_t n_state;
+    td_optim_state(t->optim, &state, &n_state);
+    *n = t->n_params + t->n_buffers + n_state;
+    td_param *all = malloc(*n * sizeof *all);
+    if (!all) CHECK(TD_ENOMEM);
+    memcpy(all, t->params, t->n_params * sizeof *all);
+    memcpy(all + t->n_params, t->buffers, t->n_buffers * sizeof *all);
+    memcpy(all + t->n_params + t->n_buffers, state, n_state * sizeof *all);
+    return all;
+}
+
+static void save(trainer *t, int epochs_done) {
+    size_t n;
+    td_param *all = checkpoint_tensors(t, &n);
+    td_rng *rng = td_graph_rng(t->train);
+    char epoch[32], seed[32], offset[32];
+    snprintf(epoch, sizeof epoch, "%d", epochs_done);
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)rng->seed);
+    snprintf(offset, sizeof offset, "%llu", (unsigned long long)rng->offset);
+    td_checkpoint_meta meta[] = {{"model", td_model_name(t->opt.model)},
+                                 {"epoch", epoch},
+                                 {"dropout_rng_seed", seed},
+                                 {"dropout_rng_offset", offset}};
+    CHECK(td_checkpoint_save(t->opt.checkpoint, all, n, meta, sizeof meta / sizeof *meta));
+    free(all);
+}
+
+static void resume(trainer *t) {
+    td_checkpoint *ck;
+    CHECK(td_checkpoint_open(&ck, t->opt.resume));
+    const char *model = td_checkpoint_get_meta(ck, "model");
+    if (!model || strcmp(model, td_model_name(t->opt.model))) {
+        fprintf(stderr, "mnist: %s holds model %s, but --model is %s\n", t->opt.resume,
+                model ? model : "(none)", td_model_name(t->opt.model));
+        exit(1);
+    }
+    size_t n;
+    td_param *all = checkpoint_tensors(t, &n);
+    CHECK(td_checkpoint_read(ck, all, n));
+    free(all);
+    const char *epoch = td_checkpoint_get_meta(ck, "epoch");
+    const char *seed = td_checkpoint_get_meta(ck, "dropout_rng_seed");
+    const char *offset = td_checkpoint_get_meta(ck, "dropout_rng_offset");
+    if (!epoch || !seed || !offset) {
+        fprintf(stderr, "mnist: %s lacks the epoch or RNG metadata of a training checkpoint\n",
+                t->opt.resume);
+        exit(1);
+    }
+    t->first_epoch = atoi(epoch);
+    td_rng *rng = td_graph_rng(t->train);
+    rng->seed = strtoull(seed, NULL, 10);
+    rng->offset = strtoull(offset, NULL, 10);
+    td_checkpoint_close(ck);
+}
+
+static void setup(trainer *t) {
+    t->rank = 0;
+    t->world = 1;
+    if (getenv("WORLD_SIZE")) {
+        td_comm_params cp;
+        td_comm_default_params(&cp);
+        CHECK(td_comm_create(&t->comm, &cp));
+        t->rank = td_comm_rank(t->comm);
+        t->world = td_comm_size(t->comm);
+    }
+    if (t->opt.batch % t->world) {
+        fprintf(stderr, "mnist: --batch %d does not split evenly over %d ranks\n", t->opt.batch,
+                t->world);
+        exit(2);
+    }
+    td_graph_options go = td_graph_default_options();
+    go.seed = t->opt.seed;
+    CHECK(td_graph_create(&t->train, &go));
+    CHECK(td_model_build(t->train, t->opt.model, t->opt.batch / t->world, t->opt.seed, &t->model));
+    CHECK(td_graph_compile(t->train));
+    go.grad_enabled = 0;
+    CHECK(td_graph_create(&t->eval, &go));
+    CHECK(td_model_build(t->eval, t->opt.model, t->opt.batch / t->world, t->opt.seed,
+                         &t->eval_model));
+    CHECK(td_graph_compile(t->eval));
+    CHECK(td_graph_share_params(t->eval, t->train));
+    td_graph_set_training(t->eval, 0);
+
+    CHECK(td_graph_params(t->train, &t->params, &t->n_params));
+    CHECK(td_graph_buffers(t->train, &t->buffers, &t->n_buffers));
+    td_sgd_params sp = td_sgd_default_params();
+    sp.lr = t->opt.lr;
+    sp.momentum = t->opt.momentum;
+    CHECK(td_optim_create_sgd(&t->optim, t->params, t->n_params, &sp));
+    if (t->opt.resume) resume(t);
+    if (t->opt.trace) CHECK(td_trace_create(&t->trace, t->rank));
+    if (t->comm) {
+        td_ddp_params dp;
+        td_ddp_default_params(&dp);
+        dp.trace = t->trace;
+        CHECK(td_ddp_create(&t->ddp, t->comm, t->params, t->n_params, t->buffers, t->n_buffers, &dp));
+        td_graph_set_grad_ready_hook(t->train, on_grad_ready, t->ddp);
+    }
+}
+
+static void progress(const trainer *t, int epoch, size_t step, size_t steps, double loss,
+                     double samples_per_s) {
+    if (t->rank != 0) return;
+    if (isatty(STDOUT_FILENO)) {
+        int width = 30, filled = (int)(width * (step + 1) / steps);
+        printf("\repoch %d [%.*s%*s] %zu/%zu loss %.4f %.0f samples/s", epoch + 1, filled,
+               "==============================", width - filled, "", step + 1, steps, loss,
+               samples_per_s);
+        if (step + 1 == steps) printf("\n");
+        fflush(stdout);
+    } else if ((step + 1) % 100 == 0 || step + 1 == steps) {
+        printf("epoch %d step %zu/%zu loss %.4f %.0f samples/s\n", epoch + 1, step + 1, steps,
+               loss, samples_per_s);
+        fflush(stdout);
+    }
+}
+
+/* One epoch of training; returns samples/s over the epoch (all ranks). */
+static double train_epoch(trainer *t, td_loader *loader, int epoch) {
+    CHECK(td_loader_set_epoch(loader, (uint64_t)epoch));
+    size_t steps = td_loader_batches_per_epoch(loader);
+    if (t->opt.max_steps > 0 && (size_t)t->opt.max_steps < steps) steps = (size_t)t->opt.max_steps;
+    uint64_t start = td_time_ns();
+    for (size_t step = 0; step < steps; step++) {
+        if (t->opt.cosine) {
+            int64_t total = (int64_t)(steps * (size_t)t->opt.epochs);
+            td_optim_set_lr(t->optim, td_lr_cosine(t->opt.lr, 0.0, total,
+                                                   (int64_t)((size_t)epoch * steps + step)));
+        }
+        td_batch batch;
+        CHECK(td_loader_next(loader, &batch));
+        uint64_t t0 = td_time_ns();
+        if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
+        CHECK(td_tensor_write(t->model.input, batch.x));
+        CHECK(td_tensor_write(t->model.labels, batch.y));
+        CHECK(td_graph_forward(t->train));
+        uint64_t t1 = td_time_ns();
+        CHECK(td_graph_backward(t->train, t->model.loss));
+        if (t->ddp) CHECK(td_ddp_finish_backward(t->ddp));
+        uint64_t t2 = td_time_ns();
+        CHECK(td_optim_step(t->optim));
+        CHECK(td_graph_zero_grad(t->train));
+        uint64_t t3 = td_time_ns();
+        if (t->trace) {
+            CHECK(td_trace_span(t->trace, "forward", "compute", t0, t1));
+            CHECK(td_trace_span(t->trace, "backward", "compute", t1, t2));
+            CHECK(td_trace_span(t->trace, "optimizer", "compute", t2, t3));
+        }
+        float loss = *(float *)td_tensor_data(t->model.loss);
+        double secs = (double)(td_time_ns() - start) * 1e-9;
+        progress(t, epoch, step, steps, loss, (double)(step + 1) * t->opt.batch / secs);
+    }
+    return (double)steps * t->opt.batch / ((double)(td_time_ns() - start) * 1e-9);
+}
+
+/* Test accuracy and mean loss, the test set split across ranks batch by batch. */
+static void evaluate(trainer *t, td_loader *test, double *accuracy, double *loss) {
+    CHECK(td_loader_set_epoch(test, 0));
+    int64_t cap = td_tensor_shape(t->eval_model.input).dim[0];
+    size_t sample = (size_t)td_tensor_numel(t->eval_model.input) / (size_t)cap;
+    float *x = calloc((size_t)cap * sample, sizeof *x);
+    int64_t *y = calloc((size_t)cap, sizeof *y);
+    float *logp = malloc((size_t)td_tensor_numel(t->eval_model.output) * sizeof *logp);
+    if (!x || !y || !logp) CHECK(TD_ENOMEM);
+    double sums[3] = {0, 0, 0}; /* correct, loss sum, samples */
+    td_batch b;
+    for (size_t i = 0;; i++) {
+        CHECK(td_loader_next(test, &b));
+        if (b.size == 0) break;
+        if ((int)(i % (size_t)t->world) != t->rank) continue;
+        memcpy(x, b.x, b.size * sample * sizeof *x);
+        memcpy(y, b.y, b.size * sizeof *y);
+        CHECK(td_tensor_write(t->eval_model.input, x));
+        CHECK(td_tensor_write(t->eval_model.labels, y));
+        CHECK(td_graph_forward(t->eval));
+        CHECK(td_tensor_read(t->eval_model.output, logp));
+        for (size_t r = 0; r < b.size; r++) {
+            const float *row = logp + r * 10;
+            int best = 0;
+            for (int c = 1; c < 10; c++)
+                if (row[c] > row[best]) best = c;
+            sums[0] += best == y[r];
+            sums[1] -= row[y[r]];
+        }
+        sums[2] += (double)b.size;
+    }
+    if (t->comm) CHECK(td_comm_allreduce(t->comm, sums, sums, 3, TD_F64, TD_OP_SUM));
+    *accuracy = sums[0] / sums[2];
+    *loss = sums[1] / sums[2];
+    free(x);
+    free(y);
+    free(logp);
+}
+
+int main(int argc, char **argv) {
+    trainer t = {.opt = parse(argc, argv)};
+    setup(&t);
+
+    td_dataset *train_set, *test_set;
+    CHECK(td_dataset_load_fashion_mnist(&train_set, t.opt.data_dir, TD_SPLIT_TRAIN));
+    CHECK(td_dataset_load_fashion_mnist(&test_set, t.opt.data_dir, TD_SPLIT_TEST));
+    td_loader_params lp = td_loader_default_params();
+    lp.batch_size = (size_t)(t.opt.batch / t.world);
+    lp.seed = t.opt.seed;
+    lp.drop_last = 1; /* the graph is built for one batch size */
+    lp.rank = t.rank;
+    lp.world_size = t.world;
+    td_loader *loader, *test_loader;
+    CHECK(td_loader_create(&loader, train_set, &lp));
+    td_loader_params tp = td_loader_default_params();
+    tp.batch_size = lp.batch_size;
+    tp.shuffle = 0;
+    CHECK(td_loader_create(&test_loader, test_set, &tp));
+
+    if (t.rank == 0)
+        printf("training %s on Fashion-MNIST: %d rank(s), global batch %d, %d epoch(s)%s\n",
+               td_model_name(t.opt.model), t.world, t.opt.batch, t.opt.epochs,
+               t.first_epoch ? " (resumed)" : "");
+    double accuracy = 0, test_loss = 0, rate = 0;
+    for (int epoch = t.first_epoch; epoch < t.opt.epochs; epoch++) {
+        rate = train_epoch(&t, loader, epoch);
+        if (t.opt.eval) evaluate(&t, test_loader, &accuracy, &test_loss);
+        if (t.rank == 0) {
+            printf("epoch %d: test accuracy %.4f, test loss %.4f, %.0f samples/s\n", epoch + 1,
+                   accuracy, test_loss, rate);
+            if (t.opt.checkpoint) save(&t, epoch + 1);
+        }
+    }
+    if (t.rank == 0)
+        printf("final: model %s ranks %d epochs %d test_accuracy %.4f test_loss %.4f "
+               "samples_per_s %.0f\n",
+               td_model_name(t.opt.model), t.world, t.opt.epochs, accuracy, test_loss, rate);
+    if (t.trace) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.rank%d.json", t.opt.trace, t.rank);
+        CHECK(td_trace_write(t.trace, path));
+    }
+    td_loader_destroy(loader);
+    td_loader_destroy(test_loader);
+    td_dataset_destroy(train_set);
+    td_dataset_destroy(test_set);
+    td_ddp_destroy(t.ddp);
+    td_optim_destroy(t.optim);
+    td_graph_destroy(t.eval);
+    td_graph_destroy(t.train);
+    td_trace_destroy(t.trace);
+    td_comm_destroy(t.comm);
+    return 0;
+}

@@ -1,0 +1,113 @@
+/* td_ddp: DistributedDataParallel's reducer, for any trainer that can say "the gradient of
+ * parameter i is final".
+ *
+ * At creation DDP checks that every rank registered the same parameters (names, dtypes,
+ * shapes), broadcasts rank 0's parameters and buffers, and moves every gradient into flat
+ * buckets it owns: params[i].grad is re-pointed into bucket memory (existing values are
+ * copied in). From then on the owner of the params array (a hand-written trainer or the graph
+ * engine) must read and write gradients only through params[i].grad, re-reading the pointer
+ * after every synchronised step, because the buckets are rebuilt once, after the first
+ * synchronised step, in the order gradients actually became ready.
+ *
+ * One training step:
+ *     td_ddp_prepare_forward(ddp);               // buffers from rank 0, new iteration
+ *     forward; zero grads (td_ddp_zero_grad) when not accumulating;
+ *     backward, accumulating (+=) into params[i].grad and calling td_ddp_grad_ready(ddp, i)
+ *         the moment parameter i's gradient is final;
+ *     td_ddp_finish_backward(ddp);               // grads now averaged over ranks
+ *     optimizer step.
+ * A bucket whose parameters are all ready is all-reduced on the comm's progress thread while
+ * backward goes on. Buckets are launched in bucket order on every rank, whatever order the
+ * gradients arrive in, so ranks always issue the same collectives.
+ *
+ * Not thread-safe: call every td_ddp function from one thread (the one running backward).
+ * It does not own the comm, the params/buffers arrays or their data; the arrays must outlive
+ * the td_ddp. Trainable parameters must be f32; buffers may be of any dtype. */
+#ifndef TANDEM_DDP_H
+#define TANDEM_DDP_H
+
+#include "tandem/comm.h"
+#include "tandem/core.h"
+#include "tandem/param.h"
+#include "tandem/trace.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An opaque reducer over one process group. */
+typedef struct td_ddp td_ddp;
+
+/* Options; fill with td_ddp_default_params and change what you need. */
+typedef struct {
+    size_t first_bucket_bytes;  /* 1 MiB: the first bucket is small so communication starts early */
+    size_t bucket_bytes;        /* 25 MiB: the cap of every later bucket */
+    int average;                /* 1: gradients are averaged over ranks; 0: summed */
+    int find_unused_parameters; /* 0: a parameter without grad_ready is TD_EUNUSED; 1: zero grad */
+    int broadcast_buffers;      /* 1: td_ddp_prepare_forward broadcasts buffers from rank 0 */
+    int rebuild_buckets;        /* 1: rebuild once from the observed ready order */
+    td_trace *trace;            /* NULL, or where each bucket's all-reduce span is recorded */
+    /* NULL, or called for every parameter whose gradient memory moves (creation, the rebuild,
+     * destroy), with the new params[i].grad, so an engine that writes gradients through its
+     * own pointers can follow (the graph: td_graph_set_grad_buffer). Values are already there. */
+    void (*grad_moved)(size_t param_index, float *grad, void *ctx);
+    void *grad_moved_ctx;
+} td_ddp_params;
+
+/* Counters for tests, logs and benchmarks. */
+typedef struct {
+    size_t n_buckets;       /* current number of buckets */
+    size_t rebuilds;        /* 0 before the first synchronised step, then 1 */
+    uint64_t sync_steps;    /* synchronised backwards finished */
+    uint64_t buckets_early; /* buckets launched from td_ddp_grad_ready (overlapping backward) */
+} td_ddp_stats;
+
+/* Fills `params` with the defaults above. */
+void td_ddp_default_params(td_ddp_params *params);
+
+/* Collective over `comm`: checks registrations agree on every rank (TD_ESHAPE naming the
+ * first differing parameter, the ranks and both shapes, on every rank), broadcasts rank 0's
+ * parameters and buffers, and moves gradients into buckets. `p` may be NULL (defaults). */
+td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_params,
+                        td_param *buffers, size_t n_buffers, const td_ddp_params *p);
+
+/* Waits for in-flight all-reduces, points params[i].grad back at the buffers it had at
+ * creation (with the current values; NULL if it had none) and frees the reducer. */
+void td_ddp_destroy(td_ddp *ddp);
+
+/* Starts an iteration: broadcasts buffers from rank 0 (when broadcast_buffers and the
+ * iteration is synchronised). Collective when it broadcasts. */
+td_status td_ddp_prepare_forward(td_ddp *ddp);
+
+/* Sets every gradient (all bucket memory) to zero; the usual zero_grad before a backward. */
+void td_ddp_zero_grad(td_ddp *ddp);
+
+/* Declares parameter `param_index` (registration order) final for this backward; launches
+ * every bucket that became complete, in bucket order. */
+td_status td_ddp_grad_ready(td_ddp *ddp, size_t param_index);
+
+/* td_ddp_grad_ready in the shape of the graph's td_grad_ready_fn (ctx is the td_ddp): an
+ * error is kept and returned by td_ddp_finish_backward. */
+void td_ddp_grad_ready_hook(size_t param_index, void *ddp);
+
+/* Ends the backward: launches the remaining buckets (unready parameters contribute zeros),
+ * waits for them, and leaves the rank average (or sum) in params[i].grad. Returns TD_EUNUSED
+ * naming the parameters that got no grad_ready unless find_unused_parameters; every rank
+ * still runs the same collectives, so none hangs. Peer errors come back as TD_EPEER etc. */
+td_status td_ddp_finish_backward(td_ddp *ddp);
+
+/* sync = 0 is PyTorch's no_sync: backwards only accumulate locally (no communication, no
+ * unused check) until a backward with sync = 1 reduces the sum. Not allowed mid-backward. */
+td_status td_ddp_set_sync(td_ddp *ddp, int sync);
+
+/* Current counters. */
+td_ddp_stats td_ddp_get_stats(const td_ddp *ddp);
+
+/* Writes up to `max` parameter indices of bucket `bucket` in layout order into `indices`;
+ * returns how many parameters the bucket holds (0 for a bucket index out of range). */
+size_t td_ddp_bucket_params(const td_ddp *ddp, size_t bucket, size_t *indices, size_t max);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

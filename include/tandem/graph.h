@@ -1,0 +1,216 @@
+/* The define-then-run graph: build once for a fixed batch shape, compile, then run forward
+ * and backward sweeps over the node list every step.
+ *
+ * Building adds leaves (inputs, parameters, buffers) and op nodes; td_graph_compile creates
+ * every oneDNN primitive once and allocates every activation and gradient from the graph's
+ * arena, so a training step neither mallocs nor creates primitives. Gradients accumulate
+ * across backward calls until td_graph_zero_grad. A per-parameter hook fires the moment a
+ * parameter's gradient is final in a backward sweep (DDP hangs its buckets there).
+ * The graph is single-threaded: one graph is driven by one thread at a time (each thread
+ * of a DataParallel may drive its own graph). It does not optimise (see optim.h) or
+ * communicate (see parallel/).
+ *
+ * Compile fuses a batch norm whose output feeds only a ReLU into one primitive: that batch
+ * norm's output tensor then holds the ReLU'd values (read the ReLU's output instead).
+ * Activations between convolutions may live in a oneDNN blocked layout; td_tensor_read
+ * and td_tensor_read_grad always copy out in plain row-major order. */
+#ifndef TANDEM_GRAPH_H
+#define TANDEM_GRAPH_H
+
+#include "tandem/core.h"
+#include "tandem/param.h"
+#include "tandem/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A graph (opaque): owns its tensors, nodes, primitives and arena. */
+typedef struct td_graph td_graph;
+
+/* Options for td_graph_create. */
+typedef struct {
+    int grad_enabled;         /* 0: inference only, no gradient memory, backward refused */
+    uint64_t seed;            /* initial state of the dropout RNG (td_graph_rng) */
+    size_t arena_block_bytes; /* 0 picks a default */
+} td_graph_options;
+
+/* grad_enabled = 1, seed = 0, default arena blocks. */
+td_graph_options td_graph_default_options(void);
+
+/* Creates an empty graph in training mode; options may be NULL for the defaults. */
+td_status td_graph_create(td_graph **out, const td_graph_options *options);
+
+/* Frees the graph and every tensor, primitive and buffer it owns. */
+void td_graph_destroy(td_graph *g);
+
+/* ---- leaves --------------------------------------------------------------------------- */
+
+/* A data input (e.g. images f32, labels i64). requires_grad asks for its gradient
+ * (td_tensor_grad after backward), as op tests need; data inputs normally pass 0. */
+td_status td_graph_input(td_graph *g, const char *name, td_shape shape, td_dtype dtype,
+                         int requires_grad, td_tensor **out);
+
+/* A trainable f32 parameter, zero-filled; its data is writable at once (for init). */
+td_status td_graph_param(td_graph *g, const char *name, td_shape shape, td_tensor **out);
+
+/* A non-trainable f32 state buffer (BatchNorm running stats), zero-filled. */
+td_status td_graph_buffer(td_graph *g, const char *name, td_shape shape, td_tensor **out);
+
+/* ---- ops (each adds one node and returns its output tensor) ----------------------------- */
+
+/* Convolution geometry; groups are always 1. */
+typedef struct {
+    int stride[2];   /* (h, w) */
+    int padding[2];  /* zeros on both sides */
+    int dilation[2]; /* 1 = dense kernel, as PyTorch */
+} td_conv2d_params;
+
+/* stride 1, padding 0, dilation 1. */
+td_conv2d_params td_conv2d_default_params(void);
+
+/* Pooling geometry. */
+typedef struct {
+    int kernel[2];
+    int stride[2];  /* PyTorch's default is the kernel size */
+    int padding[2];
+} td_pool2d_params;
+
+/* kernel k x k, stride k, padding 0. */
+td_pool2d_params td_pool2d_default_params(int k);
+
+/* Batch norm options. */
+typedef struct {
+    float eps;      /* 1e-5 */
+    float momentum; /* 0.1: running = (1 - m) * running + m * batch (unbiased var) */
+} td_batch_norm_params;
+
+/* eps 1e-5, momentum 0.1 (PyTorch's defaults). */
+td_batch_norm_params td_batch_norm_default_params(void);
+
+/* Loss reduction over the batch. */
+typedef enum { TD_REDUCTION_MEAN = 0, TD_REDUCTION_SUM = 1 } td_reduction;
+
+/* y = x W^T + b; x (N, IN), w (OUT, IN), b (OUT) or NULL, y (N, OUT). */
+td_status td_graph_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
+                          td_tensor **y);
+
+/* x (N, C, H, W), w (OC, C, KH, KW), b (OC) or NULL; y (N, OC, OH, OW). */
+td_status td_graph_conv2d(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
+                          const td_conv2d_params *p, td_tensor **y);
+
+/* Max pooling over (N, C, H, W); backward routes through the recorded argmax. */
+td_status td_graph_max_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p,
+                              td_tensor **y);
+
+/* Average pooling; padded zeros count in the divisor (PyTorch's count_include_pad). */
+td_status td_graph_avg_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p,
+                              td_tensor **y);
+
+/* max(x, 0), any shape. */
+td_status td_graph_relu(td_graph *g, td_tensor *x, td_tensor **y);
+
+/* x * Phi(x) with the exact erf form (PyTorch's default GELU), any shape. */
+td_status td_graph_gelu(td_graph *g, td_tensor *x, td_tensor **y);
+
+/* Training: zero each element with probability p, scale the rest by 1/(1-p); eval: copy.
+ * Masks come from td_graph_rng. */
+td_status td_graph_dropout(td_graph *g, td_tensor *x, float p, td_tensor **y);
+
+/* Like dropout, but one draw per (n, c) channel of an (N, C, H, W) tensor. */
+td_status td_graph_dropout2d(td_graph *g, td_tensor *x, float p, td_tensor **y);
+
+/* Batch norm over (N, C, H, W). weight/bias (C) parameters, running_mean/var (C) buffers.
+ * Training normalises with batch statistics and updates the running ones; eval uses the
+ * running ones. */
+td_status td_graph_batch_norm2d(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
+                                td_tensor *running_mean, td_tensor *running_var,
+                                const td_batch_norm_params *p, td_tensor **y);
+
+/* Flattens dims start_dim.. into one (start_dim 1 is nn.Flatten). */
+td_status td_graph_flatten(td_graph *g, td_tensor *x, int start_dim, td_tensor **y);
+
+/* Same elements, new shape (equal numel). */
+td_status td_graph_reshape(td_graph *g, td_tensor *x, td_shape shape, td_tensor **y);
+
+/* a + b, same shape (a residual connection). */
+td_status td_graph_add(td_graph *g, td_tensor *a, td_tensor *b, td_tensor **y);
+
+/* Concatenates n tensors of (N, C_i, ...) along dim 1 (channels). */
+td_status td_graph_concat(td_graph *g, td_tensor *const *xs, int n, td_tensor **y);
+
+/* log softmax over the last dim of (N, C). */
+td_status td_graph_log_softmax(td_graph *g, td_tensor *x, td_tensor **y);
+
+/* softmax over the last dim of (N, C). */
+td_status td_graph_softmax(td_graph *g, td_tensor *x, td_tensor **y);
+
+/* -logp[i, label_i], reduced; logp (N, C) f32, labels (N) i64; loss is a scalar. */
+td_status td_graph_nll_loss(td_graph *g, td_tensor *logp, td_tensor *labels,
+                            td_reduction reduction, td_tensor **loss);
+
+/* nll_loss(log_softmax(logits)); adds both nodes. logp (optional) receives the log-probs. */
+td_status td_graph_cross_entropy(td_graph *g, td_tensor *logits, td_tensor *labels,
+                                 td_reduction reduction, td_tensor **loss, td_tensor **logp);
+
+/* ---- running ------------------------------------------------------------------------- */
+
+/* Creates primitives, picks layouts and allocates activations; no nodes may be added
+ * afterwards. Compiling a compiled graph does nothing. */
+td_status td_graph_compile(td_graph *g);
+
+/* Runs every node forward. */
+td_status td_graph_forward(td_graph *g);
+
+/* Backward from a scalar tensor (the loss) with d loss = 1; gradients accumulate. */
+td_status td_graph_backward(td_graph *g, td_tensor *loss);
+
+/* Backward from any tensor with a given output gradient (numel floats, plain order), for
+ * op tests and for custom losses; gradients accumulate. */
+td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy);
+
+/* Zeroes every parameter gradient (and the gradients of inputs that take one). */
+td_status td_graph_zero_grad(td_graph *g);
+
+/* Training (1, the default) or eval (0) mode: dropout and batch norm behave accordingly. */
+void td_graph_set_training(td_graph *g, int training);
+
+/* 1 in training mode. */
+int td_graph_training(const td_graph *g);
+
+/* The dropout RNG: save its two fields and restore them to replay masks bit for bit. */
+td_rng *td_graph_rng(td_graph *g);
+
+/* The parameters in registration order; the array is owned by the graph and its address
+ * is stable after td_graph_compile (grad pointers are valid after compile). */
+td_status td_graph_params(td_graph *g, td_param **params, size_t *n);
+
+/* The buffers (grad == NULL) in registration order; same ownership rules. */
+td_status td_graph_buffers(td_graph *g, td_param **buffers, size_t *n);
+
+/* The tensor of parameter i (for td_tensor_* access). */
+td_tensor *td_graph_param_tensor(td_graph *g, size_t index);
+
+/* Makes backward write parameter i's gradient into `grad` (count floats, caller-owned, must
+ * outlive the graph or be replaced); the current gradient is copied there first and
+ * params[i].grad is updated. */
+td_status td_graph_set_grad_buffer(td_graph *g, size_t param_index, float *grad);
+
+/* Called once per parameter per backward, as soon as that gradient is final. Parameters
+ * that no node reached in this sweep are reported at the end of the sweep. */
+typedef void (*td_grad_ready_fn)(size_t param_index, void *ctx);
+
+/* Installs (or with NULL removes) the grad-ready hook. */
+void td_graph_set_grad_ready_hook(td_graph *g, td_grad_ready_fn fn, void *ctx);
+
+/* Makes `dst` use `src`'s parameter and buffer storage (same names, shapes, order), e.g.
+ * an eval graph of another batch size that always sees the training weights. */
+td_status td_graph_share_params(td_graph *dst, td_graph *src);
+
+/* Bytes of activation/gradient memory the graph holds (arena high-water mark). */
+size_t td_graph_memory_bytes(const td_graph *g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,19 @@
+/* tandem: distributed training for C programs. The umbrella header: include this one. */
+#ifndef TANDEM_TANDEM_H
+#define TANDEM_TANDEM_H
+
+#include "tandem/core.h"
+#include "tandem/param.h"
+#include "tandem/tensor.h"
+#include "tandem/graph.h"
+#include "tandem/nn.h"
+#include "tandem/optim.h"
+#include "tandem/data.h"
+#include "tandem/checkpoint.h"
+#include "tandem/comm.h"
+#include "tandem/store.h"
+#include "tandem/trace.h"
+#include "tandem/ddp.h"
+#include "tandem/dp.h"
+
+#endif

@@ -1,0 +1,78 @@
+/* Tensors as the graph engine sees them: a shape, a dtype and contiguous storage.
+ *
+ * A td_tensor is created by and owned by a td_graph (inputs, parameters, buffers and every
+ * op's output); it lives until the graph is destroyed. The engine may keep an activation in
+ * a blocked layout chosen by oneDNN (nChw16c and the like) between convolutions; inputs,
+ * parameters, buffers and graph outputs are always plain row-major (PyTorch's contiguous
+ * layout). td_tensor_read copies any tensor out in plain order. This header does no math. */
+#ifndef TANDEM_TENSOR_H
+#define TANDEM_TENSOR_H
+
+#include "tandem/core.h"
+#include "tandem/param.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A shape descriptor: ndim sizes, outermost first (N, C, H, W). */
+typedef struct {
+    int ndim;                   /* 0..TD_MAX_DIMS; 0 is a scalar */
+    int64_t dim[TD_MAX_DIMS];
+} td_shape;
+
+/* A graph-owned tensor (opaque). */
+typedef struct td_tensor td_tensor;
+
+/* A shape from ndim sizes (ndim is clamped to 0..TD_MAX_DIMS). */
+td_shape td_shape_make(int ndim, const int64_t *dims);
+
+/* Convenience constructors for the common ranks. */
+td_shape td_shape_1d(int64_t d0);
+td_shape td_shape_2d(int64_t d0, int64_t d1);
+td_shape td_shape_4d(int64_t d0, int64_t d1, int64_t d2, int64_t d3);
+
+/* Number of elements (1 for a scalar). */
+int64_t td_shape_numel(const td_shape *shape);
+
+/* 1 when both shapes have the same rank and sizes. */
+int td_shape_equal(const td_shape *a, const td_shape *b);
+
+/* The tensor's name: "input", "conv1.weight", or "<op>:<index>" for activations. */
+const char *td_tensor_name(const td_tensor *t);
+
+/* The tensor's logical shape. */
+td_shape td_tensor_shape(const td_tensor *t);
+
+/* The tensor's element type. */
+td_dtype td_tensor_dtype(const td_tensor *t);
+
+/* Number of elements of the logical shape. */
+int64_t td_tensor_numel(const td_tensor *t);
+
+/* Plain row-major storage, or NULL while the graph is not compiled or when the engine
+ * keeps this activation in a blocked layout (then use td_tensor_read). */
+void *td_tensor_data(const td_tensor *t);
+
+/* Plain row-major gradient storage (same rules as td_tensor_data); NULL when the tensor
+ * takes no gradient. For parameters this is td_param.grad. */
+float *td_tensor_grad(const td_tensor *t);
+
+/* Copies the tensor's values out in plain row-major order (numel elements of its dtype). */
+td_status td_tensor_read(const td_tensor *t, void *dst);
+
+/* Copies the gradient out in plain row-major order (numel floats); TD_ESTATE when the
+ * tensor takes no gradient. */
+td_status td_tensor_read_grad(const td_tensor *t, float *dst);
+
+/* Copies numel elements (plain row-major) into an input, parameter or buffer. */
+td_status td_tensor_write(td_tensor *t, const void *src);
+
+/* Points a graph input at caller memory (numel elements, plain, kept alive by the caller)
+ * so that feeding a batch copies nothing. NULL goes back to the graph's own storage. */
+td_status td_tensor_set_data(td_tensor *t, void *data);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

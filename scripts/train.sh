@@ -1,0 +1,9 @@
+#!/bin/sh
+# The README's main job: installs what is missing, builds, and trains the seeds' Net on
+# Fashion-MNIST with two data-parallel ranks on this host. Extra arguments go to the
+# example (e.g. --model cnn --epochs 3).
+set -e
+cd "$(dirname "$0")/.."
+sh scripts/deps.sh
+make -j"$(nproc)"
+exec build/bin/tandemrun --nproc-per-node 2 build/examples/mnist --model net --epochs 2 "$@"

@@ -1,0 +1,515 @@
+/* The generic process-group layer behind tandem/comm.h: argument checks, sequence numbers,
+ * the per-group progress thread that runs queued non-blocking collectives in call order,
+ * requests, sub-groups, and the poisoning that makes a failed group fail fast. It moves no
+ * data itself: every transfer goes through the backend's td__backend_ops table.
+ *
+ * A blocking collective runs inline on the caller's thread when nothing is queued or
+ * running (the low-latency path) and otherwise queues behind the pending ones and waits, so
+ * the order of calls is the order of execution on every rank. Integer reductions: SUM and
+ * PROD wrap, AVG truncates toward zero (see reduce.c); every op is defined for every dtype. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_impl.h"
+#include "core/core_impl.h"
+
+typedef enum { ITEM_COLL, ITEM_SPLIT, ITEM_P2P } item_kind;
+
+struct td_request {
+    item_kind kind;
+    td_comm *comm;
+    td__coll coll;
+    int color, key;      /* split */
+    td_comm **split_out; /* split */
+    void *p2p;           /* backend handle */
+    int done;
+    td_status status;
+    char error[1024];
+    td_request *next;
+};
+
+struct td_comm {
+    const td__backend_ops *ops;
+    void *ctx;
+    td__group_shape shape;
+    double timeout_s;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    uint64_t next_seq;
+    td_request *head, *tail; /* queued collectives */
+    int busy;                /* a collective is running (inline or on the thread) */
+    int thread_started, stop;
+    pthread_t thread;
+    td_status failed; /* the group is poisoned */
+    char failed_msg[512];
+};
+
+static const char *const coll_names[TD__COLL_COUNT] = {
+    "allreduce", "reduce", "broadcast", "allgather", "gather", "scatter", "reduce_scatter", "alltoall", "barrier",
+};
+
+const char *td__coll_name(td__coll_kind kind) {
+    return (unsigned)kind < TD__COLL_COUNT ? coll_names[kind] : "unknown collective";
+}
+
+const char *td_reduce_op_name(td_reduce_op op) {
+    static const char *const names[TD_OP_COUNT] = {"sum", "prod", "min", "max", "avg"};
+    return (unsigned)op < TD_OP_COUNT ? names[op] : "invalid";
+}
+
+void td__coll_describe(char *out, size_t cap, td__coll_kind kind, uint64_t seq, td_dtype dtype, size_t count,
+                       td_reduce_op op, int root) {
+    const char *name = td__coll_name(kind);
+    unsigned long long s = (unsigned long long)seq;
+    switch (kind) {
+    case TD__COLL_BARRIER:
+        snprintf(out, cap, "%s #%llu", name, s);
+        break;
+    case TD__COLL_ALLREDUCE:
+    case TD__COLL_REDUCE_SCATTER:
+        snprintf(out, cap, "%s #%llu (%s, %zu elements, %s)", name, s, td_dtype_name(dtype), count, td_reduce_op_name(op));
+        break;
+    case TD__COLL_REDUCE:
+        snprintf(out, cap, "%s #%llu (%s, %zu elements, %s, root %d)", name, s, td_dtype_name(dtype), count,
+                 td_reduce_op_name(op), root);
+        break;
+    case TD__COLL_BROADCAST:
+    case TD__COLL_GATHER:
+    case TD__COLL_SCATTER:
+        snprintf(out, cap, "%s #%llu (%s, %zu elements, root %d)", name, s, td_dtype_name(dtype), count, root);
+        break;
+    default:
+        snprintf(out, cap, "%s #%llu (%s, %zu elements)", name, s, td_dtype_name(dtype), count);
+    }
+}
+
+/* ---------------------------------------------------------------- life cycle */
+
+static td_status comm_wrap(td_comm **out, const td__backend_ops *ops, void *ctx, td__group_shape shape, double timeout) {
+    td_comm *c = calloc(1, sizeof *c);
+    if (!c) {
+        ops->destroy(ctx);
+        return td__fail(TD_ENOMEM, "td_comm: out of memory");
+    }
+    c->ops = ops;
+    c->ctx = ctx;
+    c->shape = shape;
+    c->timeout_s = timeout;
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    *out = c;
+    return TD_OK;
+}
+
+td_status td_comm_create(td_comm **out, const td_comm_params *params) {
+    if (!out) return td__fail(TD_EINVAL, "td_comm_create: out is NULL");
+    *out = NULL;
+    td_comm_params defaults, p;
+    if (!params) {
+        td_comm_default_params(&defaults);
+        params = &defaults;
+    }
+    td_status s = td__comm_resolve_params(params, &p);
+    if (s) return s;
+    void *ctx = NULL;
+    td__group_shape shape;
+    const td__backend_ops *ops = NULL;
+    s = p.backend == TD_BACKEND_MPI ? td__mpi_create(&p, &ctx, &shape, &ops) : td__shm_create(&p, &ctx, &shape, &ops);
+    if (s) return s;
+    return comm_wrap(out, ops, ctx, shape, p.timeout_s);
+}
+
+void td_comm_destroy(td_comm *comm) {
+    if (!comm) return;
+    pthread_mutex_lock(&comm->lock);
+    while (comm->head || comm->busy) pthread_cond_wait(&comm->cond, &comm->lock);
+    comm->stop = 1;
+    pthread_cond_broadcast(&comm->cond);
+    pthread_mutex_unlock(&comm->lock);
+    if (comm->thread_started) pthread_join(comm->thread, NULL);
+    comm->ops->destroy(comm->ctx);
+    pthread_cond_destroy(&comm->cond);
+    pthread_mutex_destroy(&comm->lock);
+    free(comm);
+}
+
+int td_comm_rank(const td_comm *comm) { return comm ? comm->shape.rank : -1; }
+int td_comm_size(const td_comm *comm) { return comm ? comm->shape.size : 0; }
+int td_comm_local_rank(const td_comm *comm) { return comm ? comm->shape.local_rank : -1; }
+int td_comm_local_size(const td_comm *comm) { return comm ? comm->shape.local_size : 0; }
+const char *td_comm_backend_name(const td_comm *comm) { return comm ? comm->ops->name : "none"; }
+
+td_status td_comm_set_timeout(td_comm *comm, double seconds) {
+    if (!comm || !(seconds > 0)) return td__fail(TD_EINVAL, "td_comm_set_timeout: need a group and seconds > 0");
+    pthread_mutex_lock(&comm->lock);
+    comm->timeout_s = seconds;
+    pthread_mutex_unlock(&comm->lock);
+    return TD_OK;
+}
+
+/* ---------------------------------------------------------------- running work */
+
+static void poison(td_comm *comm, td_status s) {
+    pthread_mutex_lock(&comm->lock);
+    if (!comm->failed) {
+        comm->failed = s;
+        snprintf(comm->failed_msg, sizeof comm->failed_msg, "%s", td_last_error());
+    }
+    pthread_mutex_unlock(&comm->lock);
+}
+
+static td_status run_item(td_comm *comm, td_request *r) {
+    pthread_mutex_lock(&comm->lock);
+    td_status failed = comm->failed;
+    double timeout = comm->timeout_s;
+    char msg[sizeof comm->failed_msg];
+    memcpy(msg, comm->failed_msg, sizeof msg);
+    pthread_mutex_unlock(&comm->lock);
+    if (failed) return td__fail(failed, "rank %d: the group failed earlier: %s", comm->shape.rank, msg);
+    td_status s;
+    if (r->kind == ITEM_SPLIT) {
+        void *child = NULL;
+        td__group_shape shape = {0};
+        s = comm->ops->split(comm->ctx, r->color, r->key, timeout, &child, &shape);
+        if (!s && child) s = comm_wrap(r->split_out, comm->ops, child, shape, timeout);
+    } else {
+        s = comm->ops->collective(comm->ctx, &r->coll, timeout);
+    }
+    if (s && s != TD_ENOMEM) poison(comm, s);
+    return s;
+}
+
+static void *progress_main(void *arg) {
+    td_comm *comm = arg;
+    pthread_mutex_lock(&comm->lock);
+    for (;;) {
+        while (!comm->stop && (!comm->head || comm->busy)) pthread_cond_wait(&comm->cond, &comm->lock);
+        if (!comm->head) break;
+        td_request *r = comm->head;
+        comm->head = r->next;
+        if (!comm->head) comm->tail = NULL;
+        comm->busy = 1;
+        pthread_mutex_unlock(&comm->lock);
+        td_status s = run_item(comm, r);
+        if (s) snprintf(r->error, sizeof r->error, "%s", td_last_error());
+        pthread_mutex_lock(&comm->lock);
+        r->status = s;
+        r->done = 1;
+        comm->busy = 0;
+        pthread_cond_broadcast(&comm->cond);
+    }
+    pthread_mutex_unlock(&comm->lock);
+    return NULL;
+}
+
+/* Gives `r` its sequence number and either runs it now (blocking, nothing pending) or
+ * queues it; a queued blocking call then waits for it. */
+static td_status submit(td_comm *comm, td_request *r, int blocking) {
+    pthread_mutex_lock(&comm->lock);
+    if (comm->failed) {
+        td_status f = comm->failed;
+        pthread_mutex_unlock(&comm->lock);
+        return td__fail(f, "rank %d: the group failed earlier: %s", comm->shape.rank, comm->failed_msg);
+    }
+    r->coll.seq = comm->next_seq++;
+    if (blocking && !comm->head && !comm->busy) {
+        comm->busy = 1;
+        pthread_mutex_unlock(&comm->lock);
+        td_status s = run_item(comm, r);
+        pthread_mutex_lock(&comm->lock);
+        comm->busy = 0;
+        pthread_cond_broadcast(&comm->cond);
+        pthread_mutex_unlock(&comm->lock);
+        return s;
+    }
+    if (!comm->thread_started) {
+        if (pthread_create(&comm->thread, NULL, progress_main, comm) != 0) {
+            comm->next_seq--;
+            pthread_mutex_unlock(&comm->lock);
+            return td__fail(TD_ESTATE, "rank %d: cannot start the progress thread", comm->shape.rank);
+        }
+        comm->thread_started = 1;
+    }
+    r->next = NULL;
+    if (comm->tail) comm->tail->next = r;
+    else comm->head = r;
+    comm->tail = r;
+    pthread_cond_broadcast(&comm->cond);
+    if (!blocking) {
+        pthread_mutex_unlock(&comm->lock);
+        return TD_OK;
+    }
+    while (!r->done) pthread_cond_wait(&comm->cond, &comm->lock);
+    pthread_mutex_unlock(&comm->lock);
+    return r->status ? td__fail(r->status, "%s", r->error) : TD_OK;
+}
+
+/* ---------------------------------------------------------------- argument checks */
+
+static int is_reduction(td__coll_kind k) {
+    return k == TD__COLL_ALLREDUCE || k == TD__COLL_REDUCE || k == TD__COLL_REDUCE_SCATTER;
+}
+
+static int is_rooted(td__coll_kind k) {
+    return k == TD__COLL_REDUCE || k == TD__COLL_BROADCAST || k == TD__COLL_GATHER || k == TD__COLL_SCATTER;
+}
+
+static td_status check_coll(const td_comm *comm, const td__coll *k) {
+    const char *name = td__coll_name(k->kind);
+    if (!comm) return td__fail(TD_EINVAL, "%s: the group is NULL", name);
+    int rank = comm->shape.rank, n = comm->shape.size;
+    if (k->kind == TD__COLL_BARRIER) return TD_OK;
+    if ((unsigned)k->dtype >= TD_DTYPE_COUNT)
+        return td__fail(TD_EDTYPE, "%s: rank %d: invalid dtype %d", name, rank, (int)k->dtype);
+    if (is_reduction(k->kind) && (unsigned)k->op >= TD_OP_COUNT)
+        return td__fail(TD_EINVAL, "%s: rank %d: invalid reduce op %d", name, rank, (int)k->op);
+    if (is_rooted(k->kind) && (k->root < 0 || k->root >= n))
+        return td__fail(TD_EINVAL, "%s: rank %d: root %d is outside the group of %d ranks", name, rank, k->root, n);
+    size_t es = td_dtype_size(k->dtype);
+    if (k->count > SIZE_MAX / es / (size_t)n)
+        return td__fail(TD_EINVAL, "%s: rank %d: count %zu overflows", name, rank, k->count);
+    if (k->count == 0) return TD_OK;
+    int root = rank == k->root;
+    int need_send = k->kind != TD__COLL_BROADCAST && (k->kind != TD__COLL_SCATTER || root);
+    int need_recv = (k->kind != TD__COLL_REDUCE && k->kind != TD__COLL_GATHER) || root;
+    if (need_send && !k->send)
+        return td__fail(TD_EINVAL, "%s: rank %d: send buffer is NULL with count %zu", name, rank, k->count);
+    if (need_recv && !k->recv)
+        return td__fail(TD_EINVAL, "%s: rank %d: %s buffer is NULL with count %zu", name, rank,
+                        k->kind == TD__COLL_BROADCAST ? "the" : "receive", k->count);
+    return TD_OK;
+}
+
+static td_status coll(td_comm *comm, td__coll_kind kind, const void *send, void *recv, size_t count, td_dtype dtype,
+                      td_reduce_op op, int root, td_request **req) {
+    td__coll k = {.kind = kind, .send = send, .recv = recv, .count = count, .dtype = dtype, .op = op, .root = root};
+    if (req) *req = NULL;
+    td_status s = check_coll(comm, &k);
+    if (s) return s;
+    if (!req) {
+        td_request r = {.kind = ITEM_COLL, .comm = comm, .coll = k};
+        return submit(comm, &r, 1);
+    }
+    td_request *r = calloc(1, sizeof *r);
+    if (!r) return td__fail(TD_ENOMEM, "%s: out of memory", td__coll_name(kind));
+    *r = (td_request){.kind = ITEM_COLL, .comm = comm, .coll = k};
+    s = submit(comm, r, 0);
+    if (s) free(r);
+    else *req = r;
+    return s;
+}
+
+/* ---------------------------------------------------------------- collectives */
+
+td_status td_comm_allreduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                            td_reduce_op op) {
+    return coll(comm, TD__COLL_ALLREDUCE, send, recv, count, dtype, op, 0, NULL);
+}
+
+td_status td_comm_reduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                         td_reduce_op op, int root) {
+    return coll(comm, TD__COLL_REDUCE, send, recv, count, dtype, op, root, NULL);
+}
+
+td_status td_comm_broadcast(td_comm *comm, void *buf, size_t count, td_dtype dtype, int root) {
+    return coll(comm, TD__COLL_BROADCAST, buf, buf, count, dtype, TD_OP_SUM, root, NULL);
+}
+
+td_status td_comm_allgather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype) {
+    return coll(comm, TD__COLL_ALLGATHER, send, recv, count, dtype, TD_OP_SUM, 0, NULL);
+}
+
+td_status td_comm_gather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype, int root) {
+    return coll(comm, TD__COLL_GATHER, send, recv, count, dtype, TD_OP_SUM, root, NULL);
+}
+
+td_status td_comm_scatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype, int root) {
+    return coll(comm, TD__COLL_SCATTER, send, recv, count, dtype, TD_OP_SUM, root, NULL);
+}
+
+td_status td_comm_reduce_scatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                                 td_reduce_op op) {
+    return coll(comm, TD__COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, NULL);
+}
+
+td_status td_comm_alltoall(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype) {
+    return coll(comm, TD__COLL_ALLTOALL, send, recv, count, dtype, TD_OP_SUM, 0, NULL);
+}
+
+td_status td_comm_barrier(td_comm *comm) {
+    return coll(comm, TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, TD_OP_SUM, 0, NULL);
+}
+
+static td_status need_req(td_request **req, const char *fn) {
+    return req ? TD_OK : td__fail(TD_EINVAL, "%s: req is NULL", fn);
+}
+
+td_status td_comm_iallreduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                             td_reduce_op op, td_request **req) {
+    td_status s = need_req(req, "td_comm_iallreduce");
+    return s ? s : coll(comm, TD__COLL_ALLREDUCE, send, recv, count, dtype, op, 0, req);
+}
+
+td_status td_comm_ireduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                          td_reduce_op op, int root, td_request **req) {
+    td_status s = need_req(req, "td_comm_ireduce");
+    return s ? s : coll(comm, TD__COLL_REDUCE, send, recv, count, dtype, op, root, req);
+}
+
+td_status td_comm_ibroadcast(td_comm *comm, void *buf, size_t count, td_dtype dtype, int root, td_request **req) {
+    td_status s = need_req(req, "td_comm_ibroadcast");
+    return s ? s : coll(comm, TD__COLL_BROADCAST, buf, buf, count, dtype, TD_OP_SUM, root, req);
+}
+
+td_status td_comm_iallgather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                             td_request **req) {
+    td_status s = need_req(req, "td_comm_iallgather");
+    return s ? s : coll(comm, TD__COLL_ALLGATHER, send, recv, count, dtype, TD_OP_SUM, 0, req);
+}
+
+td_status td_comm_igather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype, int root,
+                          td_request **req) {
+    td_status s = need_req(req, "td_comm_igather");
+    return s ? s : coll(comm, TD__COLL_GATHER, send, recv, count, dtype, TD_OP_SUM, root, req);
+}
+
+td_status td_comm_iscatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype, int root,
+                           td_request **req) {
+    td_status s = need_req(req, "td_comm_iscatter");
+    return s ? s : coll(comm, TD__COLL_SCATTER, send, recv, count, dtype, TD_OP_SUM, root, req);
+}
+
+td_status td_comm_ireduce_scatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                                  td_reduce_op op, td_request **req) {
+    td_status s = need_req(req, "td_comm_ireduce_scatter");
+    return s ? s : coll(comm, TD__COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, req);
+}
+
+td_status td_comm_ialltoall(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                            td_request **req) {
+    td_status s = need_req(req, "td_comm_ialltoall");
+    return s ? s : coll(comm, TD__COLL_ALLTOALL, send, recv, count, dtype, TD_OP_SUM, 0, req);
+}
+
+td_status td_comm_ibarrier(td_comm *comm, td_request **req) {
+    td_status s = need_req(req, "td_comm_ibarrier");
+    return s ? s : coll(comm, TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, TD_OP_SUM, 0, req);
+}
+
+/* ---------------------------------------------------------------- sub-groups */
+
+td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out) {
+    if (!comm || !out) return td__fail(TD_EINVAL, "td_comm_split: NULL group or out");
+    *out = NULL;
+    td_request r = {.kind = ITEM_SPLIT, .comm = comm, .color = color, .key = key, .split_out = out};
+    return submit(comm, &r, 1);
+}
+
+td_status td_comm_new_group(td_comm *comm, const int *ranks, int n, td_comm **out) {
+    if (!comm || !out || (!ranks && n > 0) || n < 0)
+        return td__fail(TD_EINVAL, "td_comm_new_group: NULL group, out or ranks, or n < 0");
+    *out = NULL;
+    int size = comm->shape.size, me = comm->shape.rank, index = -1;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= size)
+            return td__fail(TD_EINVAL, "td_comm_new_group: ranks[%d] = %d is outside the group of %d", i, ranks[i], size);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                return td__fail(TD_EINVAL, "td_comm_new_group: rank %d is listed twice", ranks[i]);
+        if (ranks[i] == me) index = i;
+    }
+    return td_comm_split(comm, index >= 0 ? 0 : -1, index, out);
+}
+
+/* ---------------------------------------------------------------- point-to-point */
+
+static td_status p2p_post(td_comm *comm, int is_send, void *buf, size_t count, td_dtype dtype, int peer, int tag,
+                          td_request **req) {
+    const char *fn = is_send ? "send" : "recv";
+    if (req) *req = NULL;
+    if (!comm || !req) return td__fail(TD_EINVAL, "%s: NULL group or request", fn);
+    int rank = comm->shape.rank, n = comm->shape.size;
+    if ((unsigned)dtype >= TD_DTYPE_COUNT) return td__fail(TD_EDTYPE, "%s: rank %d: invalid dtype %d", fn, rank, (int)dtype);
+    if (peer < 0 || peer >= n || peer == rank)
+        return td__fail(TD_EINVAL, "%s: rank %d: peer %d is not another rank of the group of %d", fn, rank, peer, n);
+    if (!buf && count) return td__fail(TD_EINVAL, "%s: rank %d: buffer is NULL with count %zu", fn, rank, count);
+    size_t es = td_dtype_size(dtype);
+    if (count > SIZE_MAX / es) return td__fail(TD_EINVAL, "%s: rank %d: count %zu overflows", fn, rank, count);
+    pthread_mutex_lock(&comm->lock);
+    td_status failed = comm->failed;
+    pthread_mutex_unlock(&comm->lock);
+    if (failed) return td__fail(failed, "%s: rank %d: the group failed earlier: %s", fn, rank, comm->failed_msg);
+    td_request *r = calloc(1, sizeof *r);
+    if (!r) return td__fail(TD_ENOMEM, "%s: out of memory", fn);
+    r->kind = ITEM_P2P;
+    r->comm = comm;
+    td_status s = is_send ? comm->ops->isend(comm->ctx, buf, count * es, peer, tag, &r->p2p)
+                          : comm->ops->irecv(comm->ctx, buf, count * es, peer, tag, &r->p2p);
+    if (s) {
+        free(r);
+        return s;
+    }
+    *req = r;
+    return TD_OK;
+}
+
+td_status td_comm_isend(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst, int tag,
+                        td_request **req) {
+    return p2p_post(comm, 1, (void *)buf, count, dtype, dst, tag, req);
+}
+
+td_status td_comm_irecv(td_comm *comm, void *buf, size_t count, td_dtype dtype, int src, int tag, td_request **req) {
+    return p2p_post(comm, 0, buf, count, dtype, src, tag, req);
+}
+
+td_status td_comm_send(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst, int tag) {
+    td_request *r;
+    td_status s = td_comm_isend(comm, buf, count, dtype, dst, tag, &r);
+    return s ? s : td_request_wait(r);
+}
+
+td_status td_comm_recv(td_comm *comm, void *buf, size_t count, td_dtype dtype, int src, int tag) {
+    td_request *r;
+    td_status s = td_comm_irecv(comm, buf, count, dtype, src, tag, &r);
+    return s ? s : td_request_wait(r);
+}
+
+/* ---------------------------------------------------------------- requests */
+
+static td_status p2p_result(td_request *req, td_status s) {
+    td_comm *comm = req->comm;
+    if (s == TD_EPEER || s == TD_ETIMEOUT) poison(comm, s);
+    free(req);
+    return s;
+}
+
+td_status td_request_wait(td_request *req) {
+    if (!req) return td__fail(TD_EINVAL, "td_request_wait: req is NULL");
+    td_comm *comm = req->comm;
+    if (req->kind == ITEM_P2P) return p2p_result(req, comm->ops->p2p_wait(comm->ctx, req->p2p, comm->timeout_s));
+    pthread_mutex_lock(&comm->lock);
+    while (!req->done) pthread_cond_wait(&comm->cond, &comm->lock);
+    pthread_mutex_unlock(&comm->lock);
+    td_status s = req->status ? td__fail(req->status, "%s", req->error) : TD_OK;
+    free(req);
+    return s;
+}
+
+td_status td_request_test(td_request *req, int *done) {
+    if (!req || !done) return td__fail(TD_EINVAL, "td_request_test: NULL req or done");
+    td_comm *comm = req->comm;
+    if (req->kind == ITEM_P2P) {
+        td_status s = comm->ops->p2p_test(comm->ctx, req->p2p, done);
+        if (*done) return p2p_result(req, s);
+        return s;
+    }
+    pthread_mutex_lock(&comm->lock);
+    *done = req->done;
+    pthread_mutex_unlock(&comm->lock);
+    if (!*done) return TD_OK;
+    td_status s = req->status ? td__fail(req->status, "%s", req->error) : TD_OK;
+    free(req);
+    return s;
+}

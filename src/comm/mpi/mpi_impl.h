@@ -1,0 +1,44 @@
+/* Private to the Open MPI backend: its per-group context and the helpers that its two files
+ * (mpi_backend.c: life cycle, point-to-point, split; mpi_collective.c: collectives) share.
+ * Compiled only when the build found mpicc (TD_HAVE_MPI). */
+#ifndef TANDEM_MPI_IMPL_H
+#define TANDEM_MPI_IMPL_H
+
+#include <mpi.h>
+
+#include "comm/comm_impl.h"
+
+/* One process group: a communicator of our own (a duplicate or a split), never the
+ * user's MPI_COMM_WORLD, so our traffic cannot match theirs. */
+typedef struct {
+    MPI_Comm comm;
+    int rank, size;
+    int check;  /* exchange call headers before every collective (TANDEM_MPI_CHECK, default 1) */
+    int broken; /* a collective timed out and may still be in flight: the group is unusable */
+} td__mpi_ctx;
+
+/* Serialises MPI calls when the library gave us less than MPI_THREAD_MULTIPLE. */
+void td__mpi_lock(void);
+void td__mpi_unlock(void);
+
+/* An MPI error code turned into TD_EBACKEND with MPI's own words. */
+td_status td__mpi_error(int code, const char *call);
+
+/* Completes `req` by polling (spin, then sleep) within timeout_s (<= 0: no bound);
+ * TD_ETIMEOUT names `what` and the rank. */
+td_status td__mpi_wait(td__mpi_ctx *ctx, MPI_Request *req, MPI_Status *status, double timeout_s,
+                       const char *what);
+
+/* The backend's collective entry (mpi_collective.c). */
+td_status td__mpi_collective(void *ctx, const td__coll *coll, double timeout_s);
+
+/* Kind code used in the header exchange of a split, so that a split against a collective
+ * is reported as a mismatch too. */
+#define TD__MPI_KIND_SPLIT 100
+
+/* Exchanges this rank's call header with every rank and fails with TD_EMISMATCH naming
+ * both calls when any rank disagrees. `hdr` is {kind, seq, dtype, count, op, root}, with
+ * -1 in the fields the kind does not use. */
+td_status td__mpi_agree(td__mpi_ctx *ctx, const int64_t hdr[6], double timeout_s);
+
+#endif

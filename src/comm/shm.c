@@ -1,0 +1,451 @@
+/* The shm backend's life cycle and synchronisation: creating, opening and unlinking a group's
+ * POSIX shared-memory segment, splitting groups, the phase barrier with spin-then-futex waits,
+ * dead-peer detection and poisoning. The collective algorithms live in shm_coll.c and the
+ * mailboxes in shm_p2p.c; this file moves no user data.
+ *
+ * A segment is unlinked as soon as every rank of the group has mapped it, so a crash later
+ * cannot leave it behind in /dev/shm. A peer is dead when kill(pid, 0) says so or /proc shows
+ * it a zombie; any rank that sees a death, a timeout or a mismatch poisons the segment, and
+ * every other rank then fails fast with TD_EPEER. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/shm_impl.h"
+
+#define SHM_COLL_CREATE 101u
+#define SHM_LIVENESS_NS 5000000ull /* how often a waiter checks that missing peers live */
+#define SHM_SLEEP_NS 10000000ull   /* longest futex sleep between checks */
+
+static _Atomic unsigned segment_counter;
+
+void td__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t max_ns) {
+    struct timespec ts = {(time_t)(max_ns / 1000000000ull), (long)(max_ns % 1000000000ull)};
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &ts, NULL, 0);
+}
+
+void td__shm_futex_wake(_Atomic uint32_t *word) { syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+
+int td__shm_pid_dead(int pid) {
+    if (pid <= 0) return 0;
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
+    /* A killed child stays a zombie until its parent reaps it; it is dead all the same. */
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+static void ring_all(shm_ctx *c) {
+    for (int r = 0; r < c->size; r++) {
+        atomic_fetch_add(&c->ranks[r].bell, 1);
+        td__shm_futex_wake(&c->ranks[r].bell);
+        atomic_fetch_add(&c->ranks[r].p2p_bell, 1);
+        td__shm_futex_wake(&c->ranks[r].p2p_bell);
+    }
+}
+
+td_status td__shm_poison(shm_ctx *c, td_status status, const char *fmt, ...) {
+    char msg[sizeof c->head->poison_msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    uint32_t zero = 0;
+    if (atomic_compare_exchange_strong(&c->head->poison, &zero, (uint32_t)c->rank + 1)) {
+        memcpy(c->head->poison_msg, msg, sizeof msg);
+        atomic_store(&c->head->poison_ready, 1);
+    }
+    ring_all(c);
+    return td__fail(status, "%s", msg);
+}
+
+td_status td__shm_poisoned(shm_ctx *c, const char *what) {
+    uint32_t by = atomic_load(&c->head->poison);
+    /* The poisoner writes its message right after winning the flag. */
+    for (int i = 0; i < 1000 && !atomic_load(&c->head->poison_ready); i++) sched_yield();
+    return td__fail(TD_EPEER, "%s: rank %d: the group was aborted by rank %u: %s", what, c->rank, by - 1,
+                    atomic_load(&c->head->poison_ready) ? c->head->poison_msg : "(no message)");
+}
+
+static void describe(char *out, size_t cap, const shm_call *k) {
+    if (k->kind == SHM_COLL_SPLIT || k->kind == SHM_COLL_CREATE)
+        snprintf(out, cap, "%s #%llu", k->kind == SHM_COLL_SPLIT ? "split" : "create", (unsigned long long)k->seq);
+    else
+        td__coll_describe(out, cap, (td__coll_kind)k->kind, k->seq, (td_dtype)k->dtype, (size_t)k->count,
+                          (td_reduce_op)k->op, k->root);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static int first_missing(shm_ctx *c, uint32_t target) {
+    for (int r = 0; r < c->size; r++)
+        if (r != c->rank && (int32_t)(atomic_load_explicit(&c->ranks[r].phase, memory_order_acquire) - target) < 0)
+            return r;
+    return -1;
+}
+
+/* Waits until every peer has posted phase `target`. */
+static td_status wait_peers(shm_ctx *c, uint32_t target, const shm_call *call, uint64_t timeout_ns) {
+    uint64_t start = td_time_ns(), next_check = start + SHM_LIVENESS_NS, deadline = start + timeout_ns;
+    char what[160];
+    unsigned spins = 0;
+    for (;;) {
+        int missing = first_missing(c, target);
+        if (missing < 0) return TD_OK;
+        if (atomic_load_explicit(&c->head->poison, memory_order_relaxed)) {
+            describe(what, sizeof what, call);
+            return td__shm_poisoned(c, what);
+        }
+        uint64_t now = td_time_ns();
+        if (now - start < c->spin_ns) {
+            /* A peer that shares our core cannot arrive while we spin: let it run now and
+             * then (a no-op when no one else waits for the core). */
+            if (++spins % 64 == 0) sched_yield();
+            else cpu_relax();
+            continue;
+        }
+        if (now >= next_check) {
+            next_check = now + SHM_LIVENESS_NS;
+            for (int r = missing; r < c->size; r++) {
+                if (r == c->rank || (int32_t)(atomic_load(&c->ranks[r].phase) - target) >= 0) continue;
+                int pid = c->ranks[r].pid;
+                if (td__shm_pid_dead(pid)) {
+                    describe(what, sizeof what, call);
+                    return td__shm_poison(c, TD_EPEER, "%s: rank %d: peer rank %d (pid %d) died", what, c->rank, r,
+                                          pid);
+                }
+            }
+            if (now >= deadline) {
+                describe(what, sizeof what, call);
+                return td__shm_poison(c, TD_ETIMEOUT, "%s: rank %d: rank %d did not arrive within %.1f s", what,
+                                      c->rank, missing, (double)timeout_ns / 1e9);
+            }
+        }
+        shm_rank *me = &c->ranks[c->rank];
+        atomic_fetch_add(&me->sleeping, 1);
+        uint32_t bell = atomic_load(&me->bell);
+        if (first_missing(c, target) >= 0 && !atomic_load(&c->head->poison)) {
+            uint64_t left = deadline > now ? deadline - now : 0;
+            td__shm_futex_wait(&me->bell, bell, left < SHM_SLEEP_NS ? left + 1000 : SHM_SLEEP_NS);
+        }
+        atomic_fetch_sub(&me->sleeping, 1);
+    }
+}
+
+static void post(shm_ctx *c) {
+    uint32_t ph = ++c->phase;
+    atomic_store(&c->ranks[c->rank].phase, ph);
+    for (int r = 0; r < c->size; r++) {
+        if (r == c->rank || !atomic_load(&c->ranks[r].sleeping)) continue;
+        atomic_fetch_add(&c->ranks[r].bell, 1);
+        td__shm_futex_wake(&c->ranks[r].bell);
+    }
+}
+
+static int call_equal(const shm_call *a, const shm_call *b) {
+    return a->kind == b->kind && a->seq == b->seq && a->dtype == b->dtype && a->count == b->count &&
+           a->op == b->op && a->root == b->root;
+}
+
+td_status td__shm_step(shm_ctx *c, const shm_call *call, uint64_t timeout_ns) {
+    static const shm_call none = {0};
+    if (c->size == 1) {
+        c->phase++;
+        return TD_OK;
+    }
+    unsigned parity = (c->phase + 1) & 1;
+    if (call) c->ranks[c->rank].call[parity] = *call;
+    post(c);
+    td_status s = wait_peers(c, c->phase, call ? call : &none, timeout_ns);
+    if (s || !call) return s;
+    for (int r = 0; r < c->size; r++) {
+        const shm_call *theirs = &c->ranks[r].call[parity];
+        if (r == c->rank || call_equal(call, theirs)) continue;
+        char a[160], b[160];
+        describe(a, sizeof a, call);
+        describe(b, sizeof b, theirs);
+        return td__shm_poison(c, TD_EMISMATCH, "rank %d called %s but rank %d called %s", c->rank, a, r, b);
+    }
+    return TD_OK;
+}
+
+/* ---------------------------------------------------------------- segments */
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+typedef struct {
+    size_t ranks, rings, staging, result, ring_data, total;
+} layout;
+
+static layout layout_for(int n, size_t chunk) {
+    layout l;
+    l.ranks = align_up(sizeof(shm_head), 4096);
+    l.rings = align_up(l.ranks + (size_t)n * sizeof(shm_rank), 64);
+    l.staging = align_up(l.rings + (size_t)n * n * sizeof(shm_ring), 4096);
+    l.result = l.staging + (size_t)n * 2 * chunk;
+    l.ring_data = l.result + 2 * chunk;
+    l.total = l.ring_data + (n > 1 ? (size_t)n * n * SHM_RING : 0);
+    return l;
+}
+
+static void attach(shm_ctx *c, void *base, size_t bytes) {
+    layout l = layout_for(c->size, c->chunk);
+    c->base = base;
+    c->bytes = bytes;
+    c->head = base;
+    c->ranks = (shm_rank *)((char *)base + l.ranks);
+    c->rings = (shm_ring *)((char *)base + l.rings);
+    c->staging = (unsigned char *)base + l.staging;
+    c->result = (unsigned char *)base + l.result;
+    c->ring_data = (unsigned char *)base + l.ring_data;
+    c->ranks[c->rank].pid = (int32_t)getpid();
+}
+
+static shm_ctx *ctx_new(int rank, int size) {
+    shm_ctx *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->rank = rank;
+    c->size = size;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    /* Spinning only pays when every rank has a core; otherwise it steals the peer's. */
+    c->spin_ns = size <= cpus ? 50000 : 2000;
+    /* The chunk trades cache fit against barriers per byte; the creator's choice wins. */
+    const char *v = getenv("TANDEM_SHM_CHUNK");
+    long long want = v ? atoll(v) : 0;
+    c->chunk = want >= 65536 && want <= (64ll << 20) ? (size_t)want / 4096 * 4096 : SHM_CHUNK;
+    pthread_mutex_init(&c->p2p_lock, NULL);
+    return c;
+}
+
+static void ctx_free(shm_ctx *c) {
+    if (!c) return;
+    td__shm_p2p_free(c);
+    if (c->unlink_pending) shm_unlink(c->name);
+    if (c->base) munmap(c->base, c->bytes);
+    td_store_destroy(c->store);
+    pthread_mutex_destroy(&c->p2p_lock);
+    free(c);
+}
+
+static td_status segment_create(shm_ctx *c, const char *tag) {
+    layout l = layout_for(c->size, c->chunk);
+    snprintf(c->name, sizeof c->name, "/tandem-%s-%d-%u", tag, (int)getpid(), atomic_fetch_add(&segment_counter, 1));
+    int fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return td__fail(TD_EIO, "shm: cannot create %s: %s", c->name, strerror(errno));
+    c->unlink_pending = 1;
+    void *base = MAP_FAILED;
+    if (ftruncate(fd, (off_t)l.total) == 0)
+        base = mmap(NULL, l.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd);
+    if (base == MAP_FAILED) return td__fail(TD_EIO, "shm: cannot size or map %s (%zu bytes): %s", c->name, l.total, strerror(e));
+    shm_head *h = base;
+    h->size = (uint32_t)c->size;
+    h->bytes = l.total;
+    h->chunk = c->chunk;
+    attach(c, base, l.total);
+    atomic_thread_fence(memory_order_release);
+    h->magic = SHM_MAGIC;
+    return TD_OK;
+}
+
+static td_status segment_open(shm_ctx *c, const char *name) {
+    snprintf(c->name, sizeof c->name, "%s", name);
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) return td__fail(TD_EIO, "shm: rank %d cannot open %s: %s", c->rank, name, strerror(errno));
+    struct stat sb;
+    void *base = MAP_FAILED;
+    size_t bytes = 0;
+    if (fstat(fd, &sb) == 0 && (size_t)sb.st_size >= sizeof(shm_head)) {
+        bytes = (size_t)sb.st_size;
+        base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    close(fd);
+    if (base == MAP_FAILED) return td__fail(TD_EIO, "shm: rank %d cannot map %s", c->rank, name);
+    shm_head *h = base;
+    if (h->magic != SHM_MAGIC || h->size != (uint32_t)c->size || h->chunk == 0 || h->chunk > (64u << 20) ||
+        layout_for(c->size, (size_t)h->chunk).total != bytes) {
+        uint32_t size = h->size;
+        munmap(base, bytes);
+        return td__fail(TD_EMISMATCH, "shm: %s holds a group of %u ranks, rank %d expected %d", name, size, c->rank,
+                        c->size);
+    }
+    c->chunk = (size_t)h->chunk;
+    attach(c, base, bytes);
+    return TD_OK;
+}
+
+/* After every rank has passed this barrier, every rank has the segment mapped. */
+static td_status mapped_barrier(shm_ctx *c, uint32_t kind, uint64_t seq, uint64_t timeout_ns) {
+    shm_call call = {.kind = kind, .seq = seq};
+    td_status s = td__shm_step(c, &call, timeout_ns);
+    if (!s && c->unlink_pending) {
+        shm_unlink(c->name);
+        c->unlink_pending = 0;
+    }
+    return s;
+}
+
+static void shm_destroy(void *ctx) { ctx_free(ctx); }
+
+static td_status shm_split(void *ctx, int color, int key, double timeout_s, void **child, td__group_shape *shape);
+
+static const td__backend_ops shm_ops = {
+    .name = "shm",
+    .collective = td__shm_collective,
+    .isend = td__shm_isend,
+    .irecv = td__shm_irecv,
+    .p2p_wait = td__shm_p2p_wait,
+    .p2p_test = td__shm_p2p_test,
+    .split = shm_split,
+    .destroy = shm_destroy,
+};
+
+td_status td__shm_create(const td_comm_params *p, void **ctx, td__group_shape *shape, const td__backend_ops **ops) {
+    int n = p->world_size, rank = p->rank;
+    if (n < 1 || rank < 0 || rank >= n)
+        return td__fail(TD_EINVAL, "shm: rank %d / world_size %d out of range", rank, n);
+    if (p->local_world_size != n)
+        return td__fail(TD_EUNSUPPORTED, "shm: the shm backend needs every rank on one host (world_size %d, local_world_size %d); use the mpi backend",
+                        n, p->local_world_size);
+    uint64_t timeout_ns = (uint64_t)(p->timeout_s * 1e9);
+    shm_ctx *c = ctx_new(rank, n);
+    if (!c) return td__fail(TD_ENOMEM, "shm: out of memory");
+    td_status s = TD_OK;
+    char tag[32];
+    snprintf(tag, sizeof tag, "%d", p->master_port);
+    if (n == 1) {
+        s = segment_create(c, tag);
+        if (!s) s = mapped_barrier(c, SHM_COLL_CREATE, 0, timeout_ns);
+    } else {
+        td_store_params sp;
+        td_store_default_params(&sp);
+        sp.host = p->master_addr;
+        sp.port = p->master_port;
+        sp.is_server = rank == 0;
+        sp.token = p->token;
+        sp.timeout_s = p->timeout_s;
+        s = td_store_create(&c->store, &sp);
+        if (!s && rank == 0) {
+            s = segment_create(c, tag);
+            if (!s) s = td_store_set(c->store, "tandem/shm/world", c->name, strlen(c->name) + 1);
+        } else if (!s) {
+            char name[sizeof c->name] = {0};
+            size_t len = 0;
+            s = td_store_get(c->store, "tandem/shm/world", name, sizeof name - 1, &len);
+            if (!s) s = segment_open(c, name);
+        }
+        if (!s) s = mapped_barrier(c, SHM_COLL_CREATE, 0, timeout_ns);
+    }
+    if (s) {
+        ctx_free(c);
+        return s;
+    }
+    *shape = (td__group_shape){rank, n, rank, n};
+    *ctx = c;
+    *ops = &shm_ops;
+    return TD_OK;
+}
+
+/* What each rank tells the others during a split. */
+typedef struct {
+    int32_t color, key, ok;
+    char name[96];
+} split_rec;
+
+static td_status shm_split(void *ctx, int color, int key, double timeout_s, void **child, td__group_shape *shape) {
+    shm_ctx *c = ctx;
+    uint64_t timeout_ns = (uint64_t)(timeout_s * 1e9);
+    *child = NULL;
+    if (atomic_load(&c->head->poison)) return td__shm_poisoned(c, "split");
+    int n = c->size;
+    split_rec mine = {.color = color < 0 ? -1 : color, .key = key, .ok = 1};
+    split_rec *all = calloc((size_t)n, sizeof *all);
+    int *members = calloc((size_t)n, sizeof *members);
+    if (!all || !members) {
+        free(all);
+        free(members);
+        return td__fail(TD_ENOMEM, "split: out of memory");
+    }
+    shm_call call = {.kind = SHM_COLL_SPLIT, .seq = c->next_seq++};
+    td_status s = td__shm_allgather_bytes(c, &call, &mine, all, sizeof mine, timeout_ns);
+    /* Members ordered by (key, old rank), as MPI_Comm_split orders them. */
+    int m = 0, me = -1;
+    for (int r = 0; !s && mine.color >= 0 && r < n; r++) {
+        if (all[r].color != mine.color) continue;
+        int i = m++;
+        while (i > 0 && all[members[i - 1]].key > all[r].key) {
+            members[i] = members[i - 1];
+            i--;
+        }
+        members[i] = r;
+    }
+    for (int i = 0; i < m; i++)
+        if (members[i] == c->rank) me = i;
+    shm_ctx *k = NULL;
+    td_status local = TD_OK;
+    if (!s && me >= 0) {
+        k = ctx_new(me, m);
+        if (!k) local = td__fail(TD_ENOMEM, "split: out of memory");
+        if (!local && me == 0) {
+            local = segment_create(k, "g");
+            if (!local) snprintf(mine.name, sizeof mine.name, "%s", k->name);
+        }
+        mine.ok = local == TD_OK;
+    }
+    /* Second round: leaders publish names; third: members report whether they mapped. */
+    call.seq = c->next_seq++;
+    if (!s) s = td__shm_allgather_bytes(c, &call, &mine, all, sizeof mine, timeout_ns);
+    if (!s && me > 0) {
+        const split_rec *leader = &all[members[0]];
+        local = leader->ok ? segment_open(k, leader->name)
+                           : td__fail(TD_EIO, "split: the new group's rank 0 (rank %d here) could not create its segment",
+                                      members[0]);
+        mine.ok = local == TD_OK;
+    }
+    call.seq = c->next_seq++;
+    if (!s) s = td__shm_allgather_bytes(c, &call, &mine, all, sizeof mine, timeout_ns);
+    int group_ok = 1;
+    for (int i = 0; !s && i < m; i++) group_ok &= all[members[i]].ok;
+    if (!s && me >= 0 && !group_ok && !local)
+        local = td__fail(TD_EIO, "split: another rank of the new group (colour %d) could not map its segment", color);
+    if (!s && !local && k && k->unlink_pending) {
+        shm_unlink(k->name); /* every member has mapped it */
+        k->unlink_pending = 0;
+    }
+    free(all);
+    free(members);
+    if (!s) s = local;
+    if (s) {
+        ctx_free(k);
+        return s;
+    }
+    if (k) {
+        /* Every member's phase counter in the new segment starts at 0. */
+        *child = k;
+        *shape = (td__group_shape){me, m, me, m};
+    }
+    return TD_OK;
+}

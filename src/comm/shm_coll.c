@@ -1,0 +1,266 @@
+/* The shm backend's collective algorithms, built on the phase barrier of shm.c (see the
+ * buffer-parity rule in shm_impl.h). It does not order, queue or validate calls: the generic
+ * layer hands it one checked collective at a time.
+ *
+ *  - reductions (allreduce, reduce, reduce_scatter): small buffers are copied whole into each
+ *    rank's staging slot and every rank reduces all of them (one barrier); large buffers go in
+ *    chunk-sized pieces, pipelined: in phase p a rank copies chunk p into its slot, reduces its
+ *    1/n share of chunk p-1 straight from its own buffer and the peers' slots into the shared
+ *    result area (and its own output), and copies the other shares of chunk p-2 out;
+ *  - broadcast and scatter stream the root's buffer through the root's slot;
+ *  - allgather and gather stream every rank's buffer through its slot;
+ *  - alltoall gives every destination a 1/n column of each slot.
+ * The last phase of an operation needs no barrier of its own: the next operation's first
+ * phase protects what it reads. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/shm_impl.h"
+
+#define SHM_SMALL (16u * 1024u) /* below this an allreduce reduces everything on every rank */
+
+/* Copies the elements [lo, hi) of a stream (src holds element lo) that fall in the window
+ * [wlo, whi) into out (which holds element wlo). */
+static void copy_window(unsigned char *out, size_t wlo, size_t whi, const unsigned char *src, size_t lo, size_t hi,
+                        size_t es) {
+    size_t a = lo > wlo ? lo : wlo, b = hi < whi ? hi : whi;
+    if (a >= b) return;
+    memcpy(out + (a - wlo) * es, src + (a - lo) * es, (b - a) * es);
+}
+
+/* Share [*lo, *hi) of rank j in a chunk of len elements, in 64-byte multiples. */
+static void share_of(size_t len, int n, int j, size_t es, size_t *lo, size_t *hi) {
+    size_t a = 64 / es;
+    size_t per = ((len + (size_t)n - 1) / (size_t)n + a - 1) / a * a;
+    *lo = (size_t)j * per < len ? (size_t)j * per : len;
+    *hi = *lo + per < len ? *lo + per : len;
+}
+
+/* Reduces N elements of every rank's `send`; this rank receives [wlo, whi) in `out`. */
+static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned char *send, unsigned char *out,
+                               size_t N, size_t wlo, size_t whi, td_dtype dt, td_reduce_op op, uint64_t tmo) {
+    size_t es = td_dtype_size(dt);
+    int n = c->size, me = c->rank;
+    const void *srcs[64];
+    const void **src = n <= 64 ? srcs : malloc((size_t)n * sizeof *src);
+    if (!src) return td__fail(TD_ENOMEM, "shm: out of memory");
+    td_status s = TD_OK;
+    if (n == 1 || N * es <= SHM_SMALL) {
+        unsigned wp = (c->phase + 1) & 1;
+        if (n > 1 && N) memcpy(shm_staging(c, me, wp), send, N * es);
+        s = td__shm_step(c, call, tmo);
+        if (!s && whi > wlo) {
+            for (int j = 0; j < n; j++) src[j] = (j == me ? send : shm_staging(c, j, wp)) + wlo * es;
+            td__reduce(out, src, n, whi - wlo, dt, op, n);
+        }
+        if (src != srcs) free(src);
+        return s;
+    }
+    size_t E = c->chunk / es, nch = (N + E - 1) / E;
+    for (size_t p = 0; !s && p <= nch + 1; p++) {
+        unsigned wp = (c->phase + 1) & 1, rp = wp ^ 1;
+        size_t lo, hi;
+        if (p < nch) { /* copy in chunk p, all but my share */
+            size_t base = p * E, len = N - base < E ? N - base : E;
+            share_of(len, n, me, es, &lo, &hi);
+            unsigned char *slot = shm_staging(c, me, wp);
+            memcpy(slot, send + base * es, lo * es);
+            memcpy(slot + hi * es, send + (base + hi) * es, (len - hi) * es);
+        }
+        if (p >= 1 && p <= nch) { /* reduce my share of chunk p-1 */
+            size_t base = (p - 1) * E, len = N - base < E ? N - base : E;
+            share_of(len, n, me, es, &lo, &hi);
+            for (int j = 0; j < n; j++)
+                src[j] = j == me ? send + (base + lo) * es : shm_staging(c, j, rp) + lo * es;
+            unsigned char *res = c->result + (size_t)wp * c->chunk + lo * es;
+            td__reduce(res, src, n, hi - lo, dt, op, n);
+            copy_window(out, wlo, whi, res, base + lo, base + hi, es);
+        }
+        if (p >= 2) { /* copy out the other shares of chunk p-2 */
+            size_t base = (p - 2) * E, len = N - base < E ? N - base : E;
+            share_of(len, n, me, es, &lo, &hi);
+            const unsigned char *res = c->result + (size_t)rp * c->chunk;
+            copy_window(out, wlo, whi, res, base, base + lo, es);
+            copy_window(out, wlo, whi, res + hi * es, base + hi, base + len, es);
+        }
+        if (p <= nch) s = td__shm_step(c, p == 0 ? call : NULL, tmo);
+    }
+    if (src != srcs) free(src);
+    return s;
+}
+
+/* Streams the root's N elements; this rank receives [wlo, whi) in `out`. */
+static td_status bcast_window(shm_ctx *c, const shm_call *call, const unsigned char *send, unsigned char *out,
+                              size_t N, size_t wlo, size_t whi, size_t es, int root, uint64_t tmo) {
+    size_t E = c->chunk / es, nch = (N + E - 1) / E;
+    int me = c->rank;
+    if (me == root && whi > wlo && out != send + wlo * es) memmove(out, send + wlo * es, (whi - wlo) * es);
+    td_status s = TD_OK;
+    for (size_t p = 0; !s && p <= nch; p++) {
+        unsigned wp = (c->phase + 1) & 1, rp = wp ^ 1;
+        if (me == root && p < nch) {
+            size_t base = p * E, len = N - base < E ? N - base : E;
+            memcpy(shm_staging(c, root, wp), send + base * es, len * es);
+        }
+        if (me != root && p >= 1) {
+            size_t base = (p - 1) * E, len = N - base < E ? N - base : E;
+            copy_window(out, wlo, whi, shm_staging(c, root, rp), base, base + len, es);
+        }
+        if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, tmo);
+    }
+    return s;
+}
+
+/* Every rank's `count` elements into out[rank * count] on the ranks with out != NULL. */
+static td_status gather_all(shm_ctx *c, const shm_call *call, const unsigned char *send, unsigned char *out,
+                            size_t count, size_t es, uint64_t tmo) {
+    size_t E = c->chunk / es, nch = (count + E - 1) / E;
+    int me = c->rank, n = c->size;
+    if (out && count && out + (size_t)me * count * es != send) memmove(out + (size_t)me * count * es, send, count * es);
+    td_status s = TD_OK;
+    for (size_t p = 0; !s && p <= nch; p++) {
+        unsigned wp = (c->phase + 1) & 1, rp = wp ^ 1;
+        if (p < nch) {
+            size_t base = p * E, len = count - base < E ? count - base : E;
+            memcpy(shm_staging(c, me, wp), send + base * es, len * es);
+        }
+        if (out && p >= 1) {
+            size_t base = (p - 1) * E, len = count - base < E ? count - base : E;
+            for (int j = 0; j < n; j++)
+                if (j != me) memcpy(out + ((size_t)j * count + base) * es, shm_staging(c, j, rp), len * es);
+        }
+        if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, tmo);
+    }
+    return s;
+}
+
+static td_status alltoall(shm_ctx *c, const shm_call *call, const unsigned char *send, unsigned char *out,
+                          size_t count, size_t es, uint64_t tmo) {
+    int me = c->rank, n = c->size;
+    size_t E = c->chunk / (size_t)n / es, nch = (count + E - 1) / E;
+    if (count) memcpy(out + (size_t)me * count * es, send + (size_t)me * count * es, count * es);
+    td_status s = TD_OK;
+    for (size_t p = 0; !s && p <= nch; p++) {
+        unsigned wp = (c->phase + 1) & 1, rp = wp ^ 1;
+        if (p < nch) {
+            size_t base = p * E, len = count - base < E ? count - base : E;
+            for (int d = 0; d < n; d++)
+                if (d != me)
+                    memcpy(shm_staging(c, me, wp) + (size_t)d * E * es, send + ((size_t)d * count + base) * es, len * es);
+        }
+        if (p >= 1) {
+            size_t base = (p - 1) * E, len = count - base < E ? count - base : E;
+            for (int j = 0; j < n; j++)
+                if (j != me)
+                    memcpy(out + ((size_t)j * count + base) * es, shm_staging(c, j, rp) + (size_t)me * E * es, len * es);
+        }
+        if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, tmo);
+    }
+    return s;
+}
+
+td_status td__shm_allgather_bytes(shm_ctx *c, const shm_call *call, const void *mine, void *all, size_t bytes,
+                                  uint64_t timeout_ns) {
+    return gather_all(c, call, mine, all, bytes, 1, timeout_ns);
+}
+
+/* a == b + off, without forming b + off (b may be NULL when nothing moves). */
+static int at(const void *a, const void *b, size_t off) { return (uintptr_t)a == (uintptr_t)b + off; }
+
+static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
+    const char *x = a, *y = b;
+    return na && nb && x < y + nb && y < x + na;
+}
+
+td_status td__shm_collective(void *ctx, const td__coll *k, double timeout_s) {
+    shm_ctx *c = ctx;
+    char what[160];
+    if (atomic_load(&c->head->poison)) {
+        td__coll_describe(what, sizeof what, k->kind, k->seq, k->dtype, k->count, k->op, k->root);
+        return td__shm_poisoned(c, what);
+    }
+    c->next_seq = k->seq + 1;
+    uint64_t tmo = (uint64_t)(timeout_s * 1e9);
+    shm_call call = {.kind = (uint32_t)k->kind, .seq = k->seq, .count = k->count, .root = -1};
+    int n = c->size, me = c->rank;
+    size_t es = td_dtype_size(k->dtype), cnt = k->count;
+    if (k->kind != TD__COLL_BARRIER) call.dtype = (uint32_t)k->dtype;
+    if (k->kind == TD__COLL_ALLREDUCE || k->kind == TD__COLL_REDUCE || k->kind == TD__COLL_REDUCE_SCATTER)
+        call.op = (uint32_t)k->op;
+    if (k->kind == TD__COLL_REDUCE || k->kind == TD__COLL_BROADCAST || k->kind == TD__COLL_GATHER ||
+        k->kind == TD__COLL_SCATTER)
+        call.root = k->root;
+    const unsigned char *send = k->send;
+    unsigned char *recv = k->recv, *tmp = NULL;
+    /* Sizes of the send and receive sides, to spot overlaps the algorithms cannot take. */
+    size_t sbytes = 0, rbytes = 0;
+    int safe = 0;
+    switch (k->kind) {
+    case TD__COLL_ALLREDUCE:
+    case TD__COLL_REDUCE:
+        sbytes = rbytes = cnt * es;
+        safe = send == recv;
+        break;
+    case TD__COLL_REDUCE_SCATTER:
+        sbytes = (size_t)n * cnt * es, rbytes = cnt * es;
+        safe = at(recv, send, (size_t)me * cnt * es);
+        break;
+    case TD__COLL_ALLGATHER:
+    case TD__COLL_GATHER:
+        sbytes = cnt * es, rbytes = (size_t)n * cnt * es;
+        safe = at(send, recv, (size_t)me * cnt * es);
+        break;
+    case TD__COLL_SCATTER:
+        sbytes = (size_t)n * cnt * es, rbytes = cnt * es;
+        safe = !send || at(recv, send, (size_t)me * cnt * es);
+        break;
+    case TD__COLL_ALLTOALL:
+        sbytes = rbytes = (size_t)n * cnt * es;
+        break;
+    default:
+        break;
+    }
+    if (!safe && send && recv && overlaps(send, sbytes, recv, rbytes)) {
+        tmp = malloc(sbytes);
+        if (!tmp) return td__fail(TD_ENOMEM, "shm: out of memory for an overlapping %s", td__coll_name(k->kind));
+        memcpy(tmp, send, sbytes);
+        send = tmp;
+    }
+    td_status s;
+    switch (k->kind) {
+    case TD__COLL_ALLREDUCE:
+        s = reduce_window(c, &call, send, recv, cnt, 0, cnt, k->dtype, k->op, tmo);
+        break;
+    case TD__COLL_REDUCE:
+        s = reduce_window(c, &call, send, recv, cnt, 0, me == k->root ? cnt : 0, k->dtype, k->op, tmo);
+        break;
+    case TD__COLL_REDUCE_SCATTER:
+        s = reduce_window(c, &call, send, recv, (size_t)n * cnt, (size_t)me * cnt, (size_t)(me + 1) * cnt, k->dtype,
+                          k->op, tmo);
+        break;
+    case TD__COLL_BROADCAST:
+        s = bcast_window(c, &call, recv, recv, cnt, 0, cnt, es, k->root, tmo);
+        break;
+    case TD__COLL_SCATTER:
+        s = bcast_window(c, &call, send, recv, (size_t)n * cnt, (size_t)me * cnt, (size_t)(me + 1) * cnt, es, k->root,
+                         tmo);
+        break;
+    case TD__COLL_ALLGATHER:
+        s = gather_all(c, &call, send, recv, cnt, es, tmo);
+        break;
+    case TD__COLL_GATHER:
+        s = gather_all(c, &call, send, me == k->root ? recv : NULL, cnt, es, tmo);
+        break;
+    case TD__COLL_ALLTOALL:
+        s = alltoall(c, &call, send, recv, cnt, es, tmo);
+        break;
+    case TD__COLL_BARRIER:
+        s = td__shm_step(c, &call, tmo);
+        break;
+    default:
+        s = td__fail(TD_EINVAL, "shm: unknown collective %d", (int)k->kind);
+    }
+    free(tmp);
+    return s;
+}

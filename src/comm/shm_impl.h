@@ -1,0 +1,120 @@
+/* Private to the shm backend (shm.c: segment, waits, collectives; shm_p2p.c: mailboxes).
+ * The layout of one group's shared-memory segment and the per-process context.
+ *
+ * Segment: [head][rank control x n][ring control x n*n][staging: n ranks x 2 parities x
+ * chunk][result: 2 parities x chunk][ring data: n*n x SHM_RING].
+ *
+ * Collectives advance in phases. A phase is: write into buffers of parity (phase & 1), post
+ * (my phase counter = phase), wait until every peer has posted it, then read what peers wrote
+ * in that phase. A buffer of parity p is rewritten two phases later, which no rank can reach
+ * before every reader has posted the phase in which it read: so one barrier per phase is the
+ * only synchronisation. Each collective's first phase carries its call (kind, seq, dtype,
+ * count, op, root) for the mismatch check. */
+#ifndef TANDEM_SHM_IMPL_H
+#define TANDEM_SHM_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "comm/comm_impl.h"
+#include "core/core_impl.h"
+#include "tandem/store.h"
+
+#define SHM_MAGIC 0x31736474u
+#define SHM_CHUNK (512u * 1024u) /* default staging bytes per rank per parity (TANDEM_SHM_CHUNK) */
+#define SHM_RING (256u * 1024u)  /* p2p mailbox bytes per ordered pair */
+#define SHM_COLL_SPLIT 100u      /* internal kind: the rendezvous inside td_comm_split */
+
+/* One call as posted in the segment. */
+typedef struct {
+    uint32_t kind, dtype, op;
+    int32_t root;
+    uint64_t seq, count;
+} shm_call;
+
+/* Per-rank control block. Counters are futex words: waiters sleep on their own `bell`,
+ * posters ring the bells of peers whose `sleeping` count is non-zero. */
+typedef struct {
+    _Alignas(64) _Atomic uint32_t phase;
+    _Alignas(64) _Atomic uint32_t sleeping;
+    _Atomic uint32_t bell;
+    _Atomic uint32_t p2p_sleeping;
+    _Atomic uint32_t p2p_bell;
+    int32_t pid;
+    _Alignas(64) shm_call call[2];
+} shm_rank;
+
+/* A single-producer single-consumer byte ring from one rank to another. */
+typedef struct {
+    _Alignas(64) _Atomic uint64_t head; /* bytes written by the sender */
+    _Alignas(64) _Atomic uint64_t tail; /* bytes consumed by the receiver */
+} shm_ring;
+
+typedef struct {
+    uint32_t magic, size;
+    uint64_t bytes, chunk;
+    _Atomic uint32_t poison; /* 0, or 1 + the rank that aborted the group */
+    _Atomic uint32_t poison_ready;
+    char poison_msg[384];
+} shm_head;
+
+typedef struct shm_p2p_req shm_p2p_req;
+
+typedef struct shm_ctx {
+    int rank, size;
+    char name[96];
+    void *base;
+    size_t bytes, chunk; /* chunk: staging bytes per rank per parity, fixed by the creator */
+    shm_head *head;
+    shm_rank *ranks;
+    shm_ring *rings;  /* [src * size + dst] */
+    unsigned char *staging, *result, *ring_data;
+    int unlink_pending; /* this process created the segment and has not unlinked it yet */
+    uint32_t phase;   /* phases this rank has posted */
+    uint64_t next_seq; /* the sequence number a split uses */
+    uint64_t spin_ns;
+    td_store *store;  /* world group only */
+    pthread_mutex_t p2p_lock;
+    shm_p2p_req *sends, *recvs; /* pending, in posting order */
+    struct shm_unexpected *unexpected;
+    struct shm_incoming *incoming; /* [src]: the message being read from each ring */
+} shm_ctx;
+
+/* Staging buffer of `rank` for `parity`. */
+static inline unsigned char *shm_staging(shm_ctx *c, int rank, unsigned parity) {
+    return c->staging + ((size_t)rank * 2 + parity) * c->chunk;
+}
+
+/* Futex wrappers over shared (not process-private) words. */
+void td__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t max_ns);
+void td__shm_futex_wake(_Atomic uint32_t *word);
+
+/* Non-zero when process `pid` has exited (or is a zombie). */
+int td__shm_pid_dead(int pid);
+
+/* Marks the group failed for every rank (first caller's message wins) and wakes everyone;
+ * returns `status` with td__fail's message set. */
+td_status td__shm_poison(shm_ctx *c, td_status status, const char *fmt, ...) TD__PRINTF(3, 4);
+
+/* The TD_EPEER error a rank reports after another rank aborted the group. */
+td_status td__shm_poisoned(shm_ctx *c, const char *what);
+
+/* One phase: publishes `call` (first phase of a collective, else NULL), posts, waits for
+ * every peer to post, then checks that every peer published the same call. */
+td_status td__shm_step(shm_ctx *c, const shm_call *call, uint64_t timeout_ns);
+
+/* Every rank's `bytes` of `mine` into all[rank * bytes], as one internal collective `call`. */
+td_status td__shm_allgather_bytes(shm_ctx *c, const shm_call *call, const void *mine, void *all, size_t bytes,
+                                  uint64_t timeout_ns);
+
+/* Runs one user collective (shm_coll.c). */
+td_status td__shm_collective(void *ctx, const td__coll *coll, double timeout_s);
+
+/* Point-to-point (shm_p2p.c). */
+td_status td__shm_isend(void *ctx, const void *buf, size_t bytes, int dst, int tag, void **req);
+td_status td__shm_irecv(void *ctx, void *buf, size_t bytes, int src, int tag, void **req);
+td_status td__shm_p2p_wait(void *ctx, void *req, double timeout_s);
+td_status td__shm_p2p_test(void *ctx, void *req, int *done);
+void td__shm_p2p_free(shm_ctx *c);
+
+#endif

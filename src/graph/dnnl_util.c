@@ -1,0 +1,164 @@
+/* Small oneDNN helpers the ops share: memory objects bound lazily, primitive creation and
+ * execution with errors that name the op, reorders between layouts, and gradient
+ * accumulation through scratch. No op logic lives here. */
+#include <string.h>
+
+#include "graph/graph_impl.h"
+
+void td__md_plain(dnnl_memory_desc_t *md, const td_shape *shape) {
+    dnnl_dims_t dims;
+    static const dnnl_format_tag_t tags[] = {dnnl_a, dnnl_a, dnnl_ab, dnnl_abc, dnnl_abcd,
+                                             dnnl_abcde, dnnl_abcdef, dnnl_abcdefg,
+                                             dnnl_abcdefgh};
+    int nd = shape->ndim;
+    if (nd == 0) {
+        dims[0] = 1;
+        nd = 1;
+    } else {
+        for (int i = 0; i < nd; i++) dims[i] = shape->dim[i];
+    }
+    dnnl_memory_desc_init_by_tag(md, nd, dims, dnnl_f32, tags[nd]);
+}
+
+td_status td__mem_init(td_graph *g, td__mem *m, const dnnl_memory_desc_t *md) {
+    m->ptr = NULL;
+    TD__DNNL(dnnl_memory_create(&m->mem, md, g->engine, DNNL_MEMORY_NONE), "memory");
+    return TD_OK;
+}
+
+void td__mem_free(td__mem *m) {
+    if (m->mem) dnnl_memory_destroy(m->mem);
+    m->mem = NULL;
+    m->ptr = NULL;
+}
+
+td_status td__pd_create(td_graph *g, dnnl_primitive_desc_t *pd, const_dnnl_op_desc_t desc,
+                        const_dnnl_primitive_desc_t hint, const char *what) {
+    TD__DNNL(dnnl_primitive_desc_create(pd, desc, NULL, g->engine, hint), what);
+    return TD_OK;
+}
+
+int td__pd_is_reference(const_dnnl_primitive_desc_t pd) {
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
+        return 0;
+    return strncmp(impl, "ref", 3) == 0;
+}
+
+dnnl_memory_desc_t td__pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what) {
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
+    dnnl_memory_desc_t copy;
+    if (md) copy = *md;
+    else memset(&copy, 0, sizeof copy);
+    return copy;
+}
+
+int td__md_is_plain(const dnnl_memory_desc_t *md, const td_shape *shape) {
+    dnnl_memory_desc_t plain;
+    td__md_plain(&plain, shape);
+    return dnnl_memory_desc_equal(md, &plain);
+}
+
+void *td__graph_alloc(td_graph *g, size_t bytes) {
+    void *p = td_arena_alloc(g->arena, bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+td_status td__prim_create(dnnl_primitive_t *prim, const_dnnl_primitive_desc_t pd,
+                          const char *what) {
+    TD__DNNL(dnnl_primitive_create(prim, pd), what);
+    return TD_OK;
+}
+
+td_status td__exec(td_graph *g, dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t *args,
+                   const char *what) {
+    TD__DNNL(dnnl_primitive_execute(prim, g->stream, nargs, args), what);
+    return TD_OK;
+}
+
+td_status td__reorder_init(td_graph *g, td__reorder *r, const dnnl_memory_desc_t *src,
+                           const dnnl_memory_desc_t *dst) {
+    memset(r, 0, sizeof *r);
+    dnnl_primitive_desc_t pd;
+    TD__DNNL(dnnl_reorder_primitive_desc_create(&pd, src, g->engine, dst, g->engine, NULL),
+             "reorder");
+    td_status s = td__prim_create(&r->prim, pd, "reorder");
+    dnnl_primitive_desc_destroy(pd);
+    if (s != TD_OK) return s;
+    TD__TRY(td__mem_init(g, &r->src, src));
+    return td__mem_init(g, &r->dst, dst);
+}
+
+td_status td__reorder_run(td_graph *g, td__reorder *r, const void *src, void *dst) {
+    td__mem_bind(&r->src, (void *)src);
+    td__mem_bind(&r->dst, dst);
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, r->src.mem}, {DNNL_ARG_TO, r->dst.mem}};
+    return td__exec(g, r->prim, 2, args, "reorder");
+}
+
+void td__reorder_free(td__reorder *r) {
+    if (r->prim) dnnl_primitive_destroy(r->prim);
+    td__mem_free(&r->src);
+    td__mem_free(&r->dst);
+    r->prim = NULL;
+}
+
+td_status td__adapt_init(td_graph *g, td__adapt *a, const dnnl_memory_desc_t *from,
+                         const dnnl_memory_desc_t *to) {
+    memset(a, 0, sizeof *a);
+    if (dnnl_memory_desc_equal(from, to)) return TD_OK;
+    a->need = 1;
+    size_t bytes = dnnl_memory_desc_get_size(to);
+    size_t fb = dnnl_memory_desc_get_size(from);
+    a->buf = td__graph_alloc(g, bytes > fb ? bytes : fb);
+    if (!a->buf) return td__fail(TD_ENOMEM, "reorder: out of memory (%zu bytes)", bytes);
+    return td__reorder_init(g, &a->r, from, to);
+}
+
+void *td__adapt_in(td_graph *g, td__adapt *a, const void *src) {
+    if (!a->need) return (void *)src;
+    return td__reorder_run(g, &a->r, src, a->buf) == TD_OK ? a->buf : NULL;
+}
+
+void *td__adapt_out_ptr(td__adapt *a, void *dst) { return a->need ? a->buf : dst; }
+
+td_status td__adapt_out(td_graph *g, td__adapt *a, void *dst) {
+    return a->need ? td__reorder_run(g, &a->r, a->buf, dst) : TD_OK;
+}
+
+void td__adapt_free(td__adapt *a) {
+    if (a->need) td__reorder_free(&a->r);
+    a->need = 0;
+}
+
+float *td__grad_begin(td_graph *g, td_tensor *t, int slot) {
+    if (t->grad_zero) {
+        t->grad_scratch = 0;
+        return t->grad;
+    }
+    t->grad_scratch = slot + 1;
+    return g->scratch[slot];
+}
+
+void td__grad_end(td_graph *g, td_tensor *t) {
+    if (t->grad_scratch) {
+        const float *s = g->scratch[t->grad_scratch - 1];
+        float *d = t->grad;
+        size_t n = td__nfloats(t);
+        for (size_t i = 0; i < n; i++) d[i] += s[i];
+        t->grad_scratch = 0;
+    }
+    t->grad_zero = 0;
+}
+
+int64_t td__md_offset4(const dnnl_memory_desc_t *md, int64_t n, int64_t c, int64_t h,
+                       int64_t w) {
+    if (md->ndims != 4 || md->format_kind != dnnl_blocked) return -1;
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    int64_t blk = 1;
+    if (b->inner_nblks == 1 && b->inner_idxs[0] == 1) blk = b->inner_blks[0];
+    else if (b->inner_nblks != 0) return -1;
+    return n * b->strides[0] + (c / blk) * b->strides[1] + h * b->strides[2] +
+           w * b->strides[3] + (c % blk);
+}

@@ -1,0 +1,493 @@
+/* The graph itself: leaves and nodes, compile (layout choice, primitives, one-time
+ * allocation), the forward and backward sweeps, gradient zeroing and relocation, the
+ * grad-ready hook, and parameter sharing between graphs. The ops' math is in src/ops. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/graph_impl.h"
+
+td_graph_options td_graph_default_options(void) {
+    td_graph_options o = {.grad_enabled = 1, .seed = 0, .arena_block_bytes = 0};
+    return o;
+}
+
+td_status td_graph_create(td_graph **out, const td_graph_options *options) {
+    if (!out) return td__fail(TD_EINVAL, "td_graph_create: out is NULL");
+    *out = NULL;
+    td_graph *g = calloc(1, sizeof *g);
+    if (!g) return td__fail(TD_ENOMEM, "td_graph_create: out of memory");
+    g->opt = options ? *options : td_graph_default_options();
+    g->training = 1;
+    td_rng_init(&g->rng, g->opt.seed);
+    if (dnnl_engine_create(&g->engine, dnnl_cpu, 0) != dnnl_success ||
+        dnnl_stream_create(&g->stream, g->engine, dnnl_stream_default_flags) != dnnl_success) {
+        td_graph_destroy(g);
+        return td__fail(TD_EBACKEND, "td_graph_create: cannot create the oneDNN cpu engine");
+    }
+    td_status s = td_arena_create(&g->arena, g->opt.arena_block_bytes ? g->opt.arena_block_bytes
+                                                                      : (size_t)8 << 20);
+    if (s != TD_OK) {
+        td_graph_destroy(g);
+        return s;
+    }
+    *out = g;
+    return TD_OK;
+}
+
+void td_graph_destroy(td_graph *g) {
+    if (!g) return;
+    for (int i = 0; i < g->nnodes; i++) {
+        td__node *n = g->nodes[i];
+        if (n->op->destroy) n->op->destroy(n);
+        free(n);
+    }
+    for (int i = 0; i < g->ntensors; i++) {
+        if (g->tensors[i]->kind != TD__ACT) free(g->tensors[i]->own);
+        free(g->tensors[i]);
+    }
+    free(g->nodes);
+    free(g->tensors);
+    free(g->params);
+    free(g->param_t);
+    free(g->buffers);
+    free(g->buffer_t);
+    free(g->param_last_node);
+    free(g->fired);
+    td_arena_destroy(g->arena);
+    if (g->stream) dnnl_stream_destroy(g->stream);
+    if (g->engine) dnnl_engine_destroy(g->engine);
+    free(g);
+}
+
+/* Grows *arr (elements of `size` bytes) to hold at least n + 1. */
+static int grow(void **arr, int *cap, int n, size_t size) {
+    if (n < *cap) return 1;
+    int nc = *cap ? *cap * 2 : 16;
+    void *p = realloc(*arr, (size_t)nc * size);
+    if (!p) return 0;
+    *arr = p;
+    *cap = nc;
+    return 1;
+}
+
+static td_status tensor_new(td_graph *g, const char *name, td_shape shape, td_dtype dtype,
+                            td__tensor_kind kind, td_tensor **out) {
+    if (!g || !out) return td__fail(TD_EINVAL, "graph: NULL argument creating tensor '%s'",
+                                    name ? name : "?");
+    if (g->compiled)
+        return td__fail(TD_ESTATE, "graph: cannot add '%s' after td_graph_compile",
+                        name ? name : "?");
+    if (shape.ndim < 0 || shape.ndim > TD_MAX_DIMS)
+        return td__fail(TD_ESHAPE, "graph: tensor '%s' has %d dims (0..%d allowed)",
+                        name ? name : "?", shape.ndim, TD_MAX_DIMS);
+    for (int i = 0; i < shape.ndim; i++)
+        if (shape.dim[i] <= 0)
+            return td__fail(TD_ESHAPE, "graph: tensor '%s' dim %d is %lld (must be > 0)",
+                            name ? name : "?", i, (long long)shape.dim[i]);
+    if (td_dtype_size(dtype) == 0)
+        return td__fail(TD_EDTYPE, "graph: tensor '%s' has invalid dtype %d", name ? name : "?",
+                        (int)dtype);
+    if (kind != TD__INPUT && dtype != TD_F32)
+        return td__fail(TD_EDTYPE, "graph: tensor '%s' must be f32, got %s", name ? name : "?",
+                        td_dtype_name(dtype));
+    if (!grow((void **)&g->tensors, &g->cap_tensors, g->ntensors, sizeof *g->tensors))
+        return td__fail(TD_ENOMEM, "graph: out of memory adding '%s'", name ? name : "?");
+    td_tensor *t = calloc(1, sizeof *t);
+    if (!t) return td__fail(TD_ENOMEM, "graph: out of memory adding '%s'", name ? name : "?");
+    t->g = g;
+    snprintf(t->name, sizeof t->name, "%s", name ? name : "");
+    t->shape = shape;
+    t->dtype = dtype;
+    t->kind = kind;
+    t->producer = -1;
+    t->grad_zero = 1;
+    if (dtype == TD_F32) td__md_plain(&t->md, &shape);
+    t->bytes = (size_t)td_shape_numel(&shape) * td_dtype_size(dtype);
+    if (kind != TD__ACT) {
+        size_t alloc = (t->bytes + 63) & ~(size_t)63;
+        t->own = aligned_alloc(64, alloc);
+        if (!t->own) {
+            td_status s = td__fail(TD_ENOMEM, "graph: out of memory for '%s' (%zu bytes)",
+                                   t->name, t->bytes);
+            free(t);
+            return s;
+        }
+        memset(t->own, 0, alloc);
+        t->data = t->own;
+    }
+    g->tensors[g->ntensors++] = t;
+    *out = t;
+    return TD_OK;
+}
+
+static int name_taken(td_graph *g, const char *name) {
+    for (int i = 0; i < g->ntensors; i++)
+        if (g->tensors[i]->kind != TD__ACT && strcmp(g->tensors[i]->name, name) == 0) return 1;
+    return 0;
+}
+
+static td_status leaf(td_graph *g, const char *name, td_shape shape, td_dtype dtype,
+                      td__tensor_kind kind, td_tensor **out) {
+    if (!name || !*name) return td__fail(TD_EINVAL, "graph: a leaf tensor needs a name");
+    if (strlen(name) >= sizeof((td_tensor *)0)->name)
+        return td__fail(TD_EINVAL, "graph: name '%s' is longer than 63 characters", name);
+    if (g && name_taken(g, name))
+        return td__fail(TD_EINVAL, "graph: the name '%s' is already used", name);
+    return tensor_new(g, name, shape, dtype, kind, out);
+}
+
+static void fill_param(td_param *p, td_tensor *t) {
+    p->name = t->name;
+    p->data = t->data;
+    p->grad = t->grad;
+    p->count = (size_t)td_shape_numel(&t->shape);
+    p->dtype = t->dtype;
+    p->ndim = t->shape.ndim;
+    for (int i = 0; i < TD_MAX_DIMS; i++) p->shape[i] = i < t->shape.ndim ? t->shape.dim[i] : 0;
+}
+
+td_status td_graph_input(td_graph *g, const char *name, td_shape shape, td_dtype dtype,
+                         int requires_grad, td_tensor **out) {
+    if (requires_grad && dtype != TD_F32)
+        return td__fail(TD_EDTYPE, "td_graph_input: '%s' asks for a gradient but is %s",
+                        name ? name : "?", td_dtype_name(dtype));
+    TD__TRY(leaf(g, name, shape, dtype, TD__INPUT, out));
+    (*out)->requires_grad = requires_grad && g->opt.grad_enabled;
+    return TD_OK;
+}
+
+td_status td_graph_param(td_graph *g, const char *name, td_shape shape, td_tensor **out) {
+    if (g) {
+        int cap = g->cap_params;
+        if (!grow((void **)&g->params, &g->cap_params, g->nparams, sizeof *g->params))
+            return td__fail(TD_ENOMEM, "td_graph_param: out of memory for '%s'", name);
+        if (cap != g->cap_params || !g->param_t) {
+            td_tensor **pt = realloc(g->param_t, (size_t)g->cap_params * sizeof *pt);
+            if (!pt) return td__fail(TD_ENOMEM, "td_graph_param: out of memory for '%s'", name);
+            g->param_t = pt;
+        }
+    }
+    TD__TRY(leaf(g, name, shape, TD_F32, TD__PARAM, out));
+    td_tensor *t = *out;
+    t->requires_grad = g->opt.grad_enabled;
+    t->index = g->nparams;
+    g->param_t[g->nparams] = t;
+    fill_param(&g->params[g->nparams], t);
+    g->nparams++;
+    return TD_OK;
+}
+
+td_status td_graph_buffer(td_graph *g, const char *name, td_shape shape, td_tensor **out) {
+    if (g) {
+        int cap = g->cap_buffers;
+        if (!grow((void **)&g->buffers, &g->cap_buffers, g->nbuffers, sizeof *g->buffers))
+            return td__fail(TD_ENOMEM, "td_graph_buffer: out of memory for '%s'", name);
+        if (cap != g->cap_buffers || !g->buffer_t) {
+            td_tensor **bt = realloc(g->buffer_t, (size_t)g->cap_buffers * sizeof *bt);
+            if (!bt) return td__fail(TD_ENOMEM, "td_graph_buffer: out of memory for '%s'", name);
+            g->buffer_t = bt;
+        }
+    }
+    TD__TRY(leaf(g, name, shape, TD_F32, TD__BUFFER, out));
+    td_tensor *t = *out;
+    t->index = g->nbuffers;
+    g->buffer_t[g->nbuffers] = t;
+    fill_param(&g->buffers[g->nbuffers], t);
+    g->nbuffers++;
+    return TD_OK;
+}
+
+td_status td__check_input(td_graph *g, const td_tensor *t, const char *op) {
+    if (!g) return td__fail(TD_EINVAL, "%s: graph is NULL", op);
+    if (!t) return td__fail(TD_EINVAL, "%s: an input tensor is NULL", op);
+    if (t->g != g) return td__fail(TD_EINVAL, "%s: tensor '%s' belongs to another graph", op, t->name);
+    if (g->compiled) return td__fail(TD_ESTATE, "%s: the graph is already compiled", op);
+    return TD_OK;
+}
+
+td_status td__graph_add_node(td_graph *g, const td__op *op, td_tensor *const *ins, int nin,
+                             td_shape shape, td__node **out) {
+    if (nin > TD__MAX_IN)
+        return td__fail(TD_EINVAL, "%s: %d inputs (at most %d)", op->name, nin, TD__MAX_IN);
+    if (!grow((void **)&g->nodes, &g->cap_nodes, g->nnodes, sizeof *g->nodes))
+        return td__fail(TD_ENOMEM, "%s: out of memory", op->name);
+    char name[64];
+    snprintf(name, sizeof name, "%s:%d", op->name, g->nnodes);
+    td_tensor *y;
+    TD__TRY(tensor_new(g, name, shape, TD_F32, TD__ACT, &y));
+    td__node *n = calloc(1, sizeof *n);
+    if (!n) return td__fail(TD_ENOMEM, "%s: out of memory", op->name);
+    n->op = op;
+    n->index = g->nnodes;
+    n->nin = nin;
+    for (int i = 0; i < nin; i++) {
+        n->in[i] = ins[i];
+        if (ins[i]) {
+            ins[i]->nconsumers++;
+            if (ins[i]->requires_grad) y->requires_grad = 1;
+        }
+    }
+    y->producer = n->index;
+    n->out = y;
+    g->nodes[g->nnodes++] = n;
+    *out = n;
+    return TD_OK;
+}
+
+td_status td_graph_compile(td_graph *g) {
+    if (!g) return td__fail(TD_EINVAL, "td_graph_compile: graph is NULL");
+    if (g->compiled) return TD_OK; /* td_model_build compiles; a second call is harmless */
+    for (int k = 0; k < g->nnodes; k++)
+        if (g->nodes[k]->state)
+            return td__fail(TD_ESTATE, "td_graph_compile: an earlier compile failed; build a new graph");
+    /* batch norm -> ReLU becomes one oneDNN primitive: one pass less over the activation
+     * forward and backward. */
+    for (int k = 0; k < g->nnodes; k++) {
+        td__node *n = g->nodes[k];
+        td_tensor *x = n->nin > 0 ? n->in[0] : NULL;
+        if (n->op == &td__op_eltwise && n->variant == 0 && x && x->producer >= 0 &&
+            x->nconsumers == 1 && g->nodes[x->producer]->op == &td__op_batch_norm)
+            td__fuse_bn_relu(g->nodes[x->producer], n);
+    }
+    /* Any other ReLU may overwrite its input when nothing else reads it and its producer's
+     * backward does not read its own output (softmax does). */
+    for (int k = 0; k < g->nnodes; k++) {
+        td__node *n = g->nodes[k];
+        td_tensor *x = n->nin > 0 ? n->in[0] : NULL;
+        if (n->op == &td__op_eltwise && n->variant == 0 && x && x->kind == TD__ACT &&
+            x->producer >= 0 && x->nconsumers == 1 && g->nodes[x->producer]->op != &td__op_softmax)
+            td__relu_in_place(n);
+    }
+    /* A tensor may stay in a oneDNN-chosen layout only when every consumer copes. */
+    for (int i = 0; i < g->ntensors; i++) {
+        td_tensor *t = g->tensors[i];
+        t->may_block = t->kind == TD__ACT && t->nconsumers > 0;
+    }
+    for (int k = g->nnodes - 1; k >= 0; k--) {
+        td__node *n = g->nodes[k];
+        int ok = n->op->accepts_blocked || (n->op->propagates_layout && n->out->may_block);
+        for (int i = 0; i < n->nin; i++)
+            if (n->in[i] && !ok) n->in[i]->may_block = 0;
+    }
+    for (int k = 0; k < g->nnodes; k++) TD__TRY(g->nodes[k]->op->compile(g, g->nodes[k]));
+    size_t scratch = 64;
+    for (int i = 0; i < g->ntensors; i++) {
+        td_tensor *t = g->tensors[i];
+        if (t->alias_of) { /* allocated earlier: producers come before consumers */
+            t->bytes = t->alias_of->bytes;
+            t->own = NULL;
+            t->data = t->alias_of->data;
+            t->grad = t->alias_of->grad;
+            t->grad_zero = 1;
+            continue;
+        }
+        if (t->kind == TD__ACT) {
+            if (t->dtype == TD_F32) t->bytes = dnnl_memory_desc_get_size(&t->md);
+            t->own = td_arena_alloc(g->arena, t->bytes);
+            if (!t->own) return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for %s", t->name);
+            memset(t->own, 0, t->bytes); /* blocked layouts rely on zero padding */
+            t->data = t->own;
+        }
+        if (t->dtype == TD_F32 && t->bytes > scratch) scratch = t->bytes;
+        if (t->requires_grad && g->opt.grad_enabled) {
+            t->grad = td_arena_alloc(g->arena, t->bytes);
+            if (!t->grad) return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for the gradient of %s", t->name);
+            memset(t->grad, 0, t->bytes);
+            t->grad_zero = 1;
+        } else {
+            t->requires_grad = 0;
+        }
+    }
+    g->scratch_bytes = scratch;
+    if (g->opt.grad_enabled)
+        for (int s = 0; s < TD__SCRATCH_SLOTS; s++) {
+            g->scratch[s] = td_arena_alloc(g->arena, scratch);
+            if (!g->scratch[s]) return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for scratch");
+            memset(g->scratch[s], 0, scratch);
+        }
+    g->param_last_node = malloc(((size_t)g->nparams + 1) * sizeof *g->param_last_node);
+    g->fired = calloc((size_t)g->nparams + 1, 1);
+    if (!g->param_last_node || !g->fired) return td__fail(TD_ENOMEM, "td_graph_compile: out of memory");
+    for (int i = 0; i < g->nparams; i++) g->param_last_node[i] = -1;
+    for (int k = 0; k < g->nnodes; k++)
+        for (int i = 0; i < g->nodes[k]->nin; i++) {
+            td_tensor *t = g->nodes[k]->in[i];
+            if (t && t->kind == TD__PARAM && g->param_last_node[t->index] < 0)
+                g->param_last_node[t->index] = k;
+        }
+    for (int i = 0; i < g->nparams; i++) fill_param(&g->params[i], g->param_t[i]);
+    for (int i = 0; i < g->nbuffers; i++) fill_param(&g->buffers[i], g->buffer_t[i]);
+    g->compiled = 1;
+    return TD_OK;
+}
+
+/* The td_param arrays are the source of truth for storage: DDP re-points params[i].grad
+ * into its buckets, a checkpoint loader may re-point data, and the graph follows. */
+void td__graph_sync_storage(td_graph *g) {
+    for (int i = 0; i < g->nparams; i++) {
+        td_tensor *t = g->param_t[i];
+        if (g->params[i].data && g->params[i].data != t->data) t->data = g->params[i].data;
+        if (g->params[i].grad && (float *)g->params[i].grad != t->grad) t->grad = g->params[i].grad;
+    }
+    for (int i = 0; i < g->nbuffers; i++) {
+        td_tensor *t = g->buffer_t[i];
+        if (g->buffers[i].data && g->buffers[i].data != t->data) t->data = g->buffers[i].data;
+    }
+}
+
+td_status td_graph_forward(td_graph *g) {
+    if (!g) return td__fail(TD_EINVAL, "td_graph_forward: graph is NULL");
+    if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_forward: call td_graph_compile first");
+    td__graph_sync_storage(g);
+    for (int k = 0; k < g->nnodes; k++) TD__TRY(g->nodes[k]->op->forward(g, g->nodes[k]));
+    return TD_OK;
+}
+
+static void fire(td_graph *g, int i) {
+    g->fired[i] = 1;
+    if (g->hook) g->hook((size_t)i, g->hook_ctx);
+}
+
+void td__node_params_ready(td_graph *g, td__node *n) {
+    for (int i = 0; i < n->nin; i++) {
+        td_tensor *t = n->in[i];
+        if (t && t->kind == TD__PARAM && g->param_last_node[t->index] == n->index &&
+            !g->fired[t->index])
+            fire(g, t->index);
+    }
+}
+
+td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
+    if (!g || !y || !dy) return td__fail(TD_EINVAL, "td_graph_backward: NULL argument");
+    if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_backward: call td_graph_compile first");
+    if (!g->opt.grad_enabled)
+        return td__fail(TD_ESTATE, "td_graph_backward: the graph was created with grad_enabled = 0");
+    if (y->g != g) return td__fail(TD_EINVAL, "td_graph_backward: '%s' belongs to another graph", y->name);
+    if (!y->requires_grad)
+        return td__fail(TD_ESTATE, "td_graph_backward: '%s' depends on no parameter or input that takes a gradient", y->name);
+    for (int k = 0; k < g->nnodes; k++)
+        if (g->nodes[k]->out->alias_of == y)
+            return td__fail(TD_EUNSUPPORTED, "td_graph_backward: '%s' shares storage with the ReLU after it (fused or in place); start from the ReLU's output", y->name);
+    td__graph_sync_storage(g);
+    for (int i = 0; i < g->ntensors; i++)
+        if (g->tensors[i]->kind == TD__ACT) g->tensors[i]->grad_zero = 1;
+    float *d = td__grad_begin(g, y, 0);
+    if (y->blocked) {
+        td__reorder r;
+        dnnl_memory_desc_t plain;
+        td__md_plain(&plain, &y->shape);
+        TD__TRY(td__reorder_init(g, &r, &plain, &y->md));
+        td_status s = td__reorder_run(g, &r, dy, d);
+        td__reorder_free(&r);
+        TD__TRY(s);
+    } else {
+        memcpy(d, dy, (size_t)td_shape_numel(&y->shape) * sizeof(float));
+    }
+    td__grad_end(g, y);
+    memset(g->fired, 0, (size_t)g->nparams);
+    for (int k = g->nnodes - 1; k >= 0; k--) {
+        td__node *n = g->nodes[k];
+        if (n->out->requires_grad && !n->out->grad_zero) TD__TRY(n->op->backward(g, n));
+        td__node_params_ready(g, n);
+    }
+    for (int i = 0; i < g->nparams; i++)
+        if (!g->fired[i]) fire(g, i);
+    return TD_OK;
+}
+
+td_status td_graph_backward(td_graph *g, td_tensor *loss) {
+    if (!g || !loss) return td__fail(TD_EINVAL, "td_graph_backward: NULL argument");
+    if (td_shape_numel(&loss->shape) != 1)
+        return td__fail(TD_ESHAPE, "td_graph_backward: '%s' has %lld elements, expected a scalar loss",
+                        loss->name, (long long)td_shape_numel(&loss->shape));
+    const float one = 1.0f;
+    return td_graph_backward_from(g, loss, &one);
+}
+
+td_status td_graph_zero_grad(td_graph *g) {
+    if (!g) return td__fail(TD_EINVAL, "td_graph_zero_grad: graph is NULL");
+    if (!g->compiled) return TD_OK;
+    td__graph_sync_storage(g);
+    for (int i = 0; i < g->ntensors; i++) {
+        td_tensor *t = g->tensors[i];
+        if (t->grad && t->kind != TD__ACT) {
+            memset(t->grad, 0, t->bytes);
+            t->grad_zero = 1;
+        }
+    }
+    return TD_OK;
+}
+
+void td_graph_set_training(td_graph *g, int training) {
+    if (g) g->training = training != 0;
+}
+
+int td_graph_training(const td_graph *g) { return g ? g->training : 0; }
+
+td_rng *td_graph_rng(td_graph *g) { return g ? &g->rng : NULL; }
+
+td_status td_graph_params(td_graph *g, td_param **params, size_t *n) {
+    if (!g || !params || !n) return td__fail(TD_EINVAL, "td_graph_params: NULL argument");
+    *params = g->params;
+    *n = (size_t)g->nparams;
+    return TD_OK;
+}
+
+td_status td_graph_buffers(td_graph *g, td_param **buffers, size_t *n) {
+    if (!g || !buffers || !n) return td__fail(TD_EINVAL, "td_graph_buffers: NULL argument");
+    *buffers = g->buffers;
+    *n = (size_t)g->nbuffers;
+    return TD_OK;
+}
+
+td_tensor *td_graph_param_tensor(td_graph *g, size_t index) {
+    if (!g || index >= (size_t)g->nparams) return NULL;
+    return g->param_t[index];
+}
+
+td_status td_graph_set_grad_buffer(td_graph *g, size_t param_index, float *grad) {
+    if (!g || !grad) return td__fail(TD_EINVAL, "td_graph_set_grad_buffer: NULL argument");
+    if (param_index >= (size_t)g->nparams)
+        return td__fail(TD_EINVAL, "td_graph_set_grad_buffer: parameter index %zu, the graph has %d",
+                        param_index, g->nparams);
+    if (!g->compiled || !g->opt.grad_enabled)
+        return td__fail(TD_ESTATE, "td_graph_set_grad_buffer: graph not compiled with gradients");
+    td_tensor *t = g->param_t[param_index];
+    /* A caller that already re-pointed params[i].grad (DDP) has copied the values. */
+    float *current = g->params[param_index].grad ? g->params[param_index].grad : t->grad;
+    if (current != grad) memmove(grad, current, t->bytes);
+    t->grad = grad;
+    g->params[param_index].grad = grad;
+    return TD_OK;
+}
+
+void td_graph_set_grad_ready_hook(td_graph *g, td_grad_ready_fn fn, void *ctx) {
+    if (!g) return;
+    g->hook = fn;
+    g->hook_ctx = ctx;
+}
+
+static td_status share(td_tensor **dst, td_param *dp, td_tensor **src, int n, int nsrc,
+                       const char *what) {
+    if (n != nsrc)
+        return td__fail(TD_EMISMATCH, "td_graph_share_params: %d %s in dst, %d in src", n, what, nsrc);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(dst[i]->name, src[i]->name) != 0 || !td_shape_equal(&dst[i]->shape, &src[i]->shape))
+            return td__fail(TD_EMISMATCH, "td_graph_share_params: %s %d is '%s' in dst but '%s' in src (or shapes differ)",
+                            what, i, dst[i]->name, src[i]->name);
+    }
+    for (int i = 0; i < n; i++) {
+        dst[i]->data = src[i]->data;
+        dp[i].data = src[i]->data;
+    }
+    return TD_OK;
+}
+
+td_status td_graph_share_params(td_graph *dst, td_graph *src) {
+    if (!dst || !src) return td__fail(TD_EINVAL, "td_graph_share_params: NULL graph");
+    TD__TRY(share(dst->param_t, dst->params, src->param_t, dst->nparams, src->nparams, "parameters"));
+    return share(dst->buffer_t, dst->buffers, src->buffer_t, dst->nbuffers, src->nbuffers, "buffers");
+}
+
+size_t td_graph_memory_bytes(const td_graph *g) { return g ? td_arena_peak(g->arena) : 0; }

@@ -1,0 +1,141 @@
+/* Dropout and channel-wise dropout (dropout2d) nodes, PyTorch semantics: in training each
+ * element (or each (n, c) channel) is kept with probability 1 - p and scaled by 1/(1-p);
+ * in eval the node copies. Masks are drawn from the graph's td_rng, so saving that state
+ * replays them exactly. Plain C (no oneDNN primitive does this); blocked layouts are
+ * handled through td__md_offset4. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/graph_impl.h"
+
+typedef struct {
+    float *mask;    /* (physical floats of x): 0 or 1/(1-p), element-wise dropout */
+    float *cmask;   /* (N, C): channel-wise dropout */
+    int trained;    /* last forward ran in training mode */
+} drop_state;
+
+static td_status drop_compile(td_graph *g, td__node *n) {
+    drop_state *s = calloc(1, sizeof *s);
+    if (!s) return td__fail(TD_ENOMEM, "dropout: out of memory");
+    n->state = s;
+    td_tensor *x = n->in[0], *y = n->out;
+    y->md = x->md;
+    y->blocked = x->blocked;
+    size_t bytes = dnnl_memory_desc_get_size(&x->md);
+    if (n->variant) {
+        if (x->blocked && td__md_offset4(&x->md, 0, 0, 0, 0) < 0)
+            return td__fail(TD_EUNSUPPORTED, "dropout2d: unsupported input layout for '%s'", x->name);
+        bytes = (size_t)(x->shape.dim[0] * x->shape.dim[1]) * sizeof(float);
+        s->cmask = td__graph_alloc(g, bytes);
+        if (!s->cmask) return td__fail(TD_ENOMEM, "dropout2d: out of memory");
+    } else {
+        s->mask = td__graph_alloc(g, bytes);
+        if (!s->mask) return td__fail(TD_ENOMEM, "dropout: out of memory");
+    }
+    return TD_OK;
+}
+
+/* mask[i] = 0 with probability p, else keep: the same numbers as n calls of
+ * td_rng_uniform, drawn four per Philox block instead of one. */
+static void draw_mask(td_rng *rng, float *mask, size_t n, float p, float keep) {
+    size_t i = 0;
+    uint32_t block[4];
+    while (i < n) {
+        td_philox4x32(rng->seed, rng->offset >> 2, block);
+        for (unsigned k = (unsigned)(rng->offset & 3); k < 4 && i < n; k++, i++, rng->offset++) {
+            float u = (float)(block[k] >> 8) * (1.0f / 16777216.0f);
+            mask[i] = u < p ? 0.f : keep;
+        }
+    }
+}
+
+/* out = in * cmask[n, c] over every logical element of a 4-d tensor in layout md. */
+static void apply_channels(const dnnl_memory_desc_t *md, const td_shape *sh, const float *cm,
+                           const float *in, float *out, int accumulate) {
+    int64_t N = sh->dim[0], C = sh->dim[1], H = sh->dim[2], W = sh->dim[3];
+    for (int64_t nn = 0; nn < N; nn++)
+        for (int64_t c = 0; c < C; c++) {
+            float m = cm[nn * C + c];
+            for (int64_t h = 0; h < H; h++) {
+                int64_t o = td__md_offset4(md, nn, c, h, 0);
+                int64_t step = td__md_offset4(md, nn, c, h, W > 1 ? 1 : 0) - o;
+                for (int64_t w = 0; w < W; w++) {
+                    float v = in[o + w * step] * m;
+                    if (accumulate) out[o + w * step] += v;
+                    else out[o + w * step] = v;
+                }
+            }
+        }
+}
+
+static td_status drop_forward(td_graph *g, td__node *n) {
+    drop_state *s = n->state;
+    td_tensor *x = n->in[0], *y = n->out;
+    const float *in = x->data;
+    float *out = y->data;
+    size_t total = td__nfloats(x);
+    float p = n->attr.p;
+    s->trained = g->training && p > 0.f;
+    if (!s->trained) {
+        memcpy(out, in, x->bytes);
+        return TD_OK;
+    }
+    float keep = p >= 1.f ? 0.f : 1.f / (1.f - p);
+    if (n->variant) {
+        int64_t nc = x->shape.dim[0] * x->shape.dim[1];
+        draw_mask(&g->rng, s->cmask, (size_t)nc, p, keep);
+        apply_channels(&x->md, &x->shape, s->cmask, in, out, 0);
+    } else {
+        draw_mask(&g->rng, s->mask, total, p, keep);
+        for (size_t i = 0; i < total; i++) out[i] = in[i] * s->mask[i];
+    }
+    return TD_OK;
+}
+
+static td_status drop_backward(td_graph *g, td__node *n) {
+    drop_state *s = n->state;
+    td_tensor *x = n->in[0];
+    const float *dy = n->out->grad;
+    size_t total = td__nfloats(x);
+    int acc = !x->grad_zero;
+    float *dx = x->grad;
+    if (!s->trained) {
+        for (size_t i = 0; i < total; i++) dx[i] = acc ? dx[i] + dy[i] : dy[i];
+    } else if (n->variant) {
+        apply_channels(&x->md, &x->shape, s->cmask, dy, dx, acc);
+    } else {
+        for (size_t i = 0; i < total; i++) dx[i] = (acc ? dx[i] : 0.f) + dy[i] * s->mask[i];
+    }
+    x->grad_zero = 0;
+    (void)g;
+    return TD_OK;
+}
+
+static void drop_destroy(td__node *n) { free(n->state); }
+
+const td__op td__op_dropout = {"dropout", 1, 0, drop_compile, drop_forward, drop_backward,
+                               drop_destroy};
+
+static td_status drop_add(td_graph *g, td_tensor *x, float p, int channelwise, td_tensor **y) {
+    const char *name = channelwise ? "dropout2d" : "dropout";
+    TD__TRY(td__check_input(g, x, name));
+    if (!y) return td__fail(TD_EINVAL, "%s: y is NULL", name);
+    if (!(p >= 0.f && p <= 1.f)) return td__fail(TD_EINVAL, "%s: p = %g, must be in [0, 1]", name, (double)p);
+    if (x->dtype != TD_F32) return td__fail(TD_EDTYPE, "%s: input '%s' must be f32", name, x->name);
+    if (channelwise && x->shape.ndim != 4)
+        return td__fail(TD_ESHAPE, "dropout2d: input '%s' must be (N, C, H, W), got %d dims", x->name, x->shape.ndim);
+    td__node *n;
+    TD__TRY(td__graph_add_node(g, &td__op_dropout, &x, 1, x->shape, &n));
+    n->attr.p = p;
+    n->variant = channelwise;
+    *y = n->out;
+    return TD_OK;
+}
+
+td_status td_graph_dropout(td_graph *g, td_tensor *x, float p, td_tensor **y) {
+    return drop_add(g, x, p, 0, y);
+}
+
+td_status td_graph_dropout2d(td_graph *g, td_tensor *x, float p, td_tensor **y) {
+    return drop_add(g, x, p, 1, y);
+}

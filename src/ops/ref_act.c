@@ -1,0 +1,53 @@
+/* Reference element-wise activations and dropout: relu, exact (erf) gelu, and dropout /
+ * dropout2d applied with a mask the caller supplies. Generating the mask belongs to the
+ * graph (it owns the RNG stream); here it is an input so results are reproducible. */
+#include <math.h>
+
+#include "ops/ref.h"
+
+void td__ref_relu_forward(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void td__ref_relu_backward(float *dx, const float *dy, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+void td__ref_gelu_forward(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i];
+        y[i] = (float)(0.5 * v * (1.0 + erf(v * M_SQRT1_2)));
+    }
+}
+
+void td__ref_gelu_backward(float *dx, const float *dy, const float *x, size_t n) {
+    /* d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density. */
+    const double inv_sqrt_2pi = 0.5 * M_2_SQRTPI * M_SQRT1_2;
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i];
+        double cdf = 0.5 * (1.0 + erf(v * M_SQRT1_2));
+        double pdf = inv_sqrt_2pi * exp(-0.5 * v * v);
+        dx[i] = (float)(dy[i] * (cdf + v * pdf));
+    }
+}
+
+void td__ref_dropout_forward(float *y, const float *x, const uint8_t *mask, float scale, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = mask[i] ? x[i] * scale : 0.0f;
+}
+
+void td__ref_dropout_backward(float *dx, const float *dy, const uint8_t *mask, float scale,
+                              size_t n) {
+    for (size_t i = 0; i < n; i++) dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+}
+
+void td__ref_dropout2d_forward(float *y, const float *x, const uint8_t *mask, float scale, int N,
+                               int C, size_t plane) {
+    for (size_t nc = 0; nc < (size_t)N * C; nc++)
+        for (size_t i = 0; i < plane; i++)
+            y[nc * plane + i] = mask[nc] ? x[nc * plane + i] * scale : 0.0f;
+}
+
+void td__ref_dropout2d_backward(float *dx, const float *dy, const uint8_t *mask, float scale, int N,
+                                int C, size_t plane) {
+    td__ref_dropout2d_forward(dx, dy, mask, scale, N, C, plane);
+}

@@ -1,0 +1,653 @@
+/* td_ddp: the reducer. Registration check and rank 0 broadcast at creation, gradient
+ * buckets (layout, launch in bucket order, rebuild from the observed ready order), the
+ * unused-parameter rule, no_sync and the all-reduce trace spans.
+ *
+ * It does not compute gradients or step the optimizer, and it knows nothing of graphs: the
+ * caller says when a gradient is final. Collectives go through comm.h only. */
+#include "core/core_impl.h"
+#include "tandem/ddp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DDP_ALIGN_FLOATS 16                 /* 64-byte offsets inside a bucket */
+#define DDP_BCAST_CHUNK ((size_t)8 << 20)   /* staging size of the coalesced broadcasts */
+#define DDP_UNUSED_NAMES 10                 /* names listed in a TD_EUNUSED message */
+#define DDP_TRACE_TID_BASE 0x7f000000       /* one trace track per bucket, apart from threads */
+
+typedef struct {
+    float *buf;       /* (count + 1): gradients at their offsets, then the unready-count slot */
+    size_t count;     /* gradient floats, alignment padding included */
+    size_t *members;  /* (n_members) parameter indices in layout order */
+    size_t n_members;
+    size_t pending;   /* members not yet ready in this backward */
+    td_request *req;  /* non-NULL while the all-reduce is in flight */
+    uint64_t t_launch;
+} ddp_bucket;
+
+struct td_ddp {
+    td_comm *comm;
+    int rank, size;
+    td_param *params; /* (n_params), the caller's array */
+    size_t n_params;
+    td_param *buffers; /* (n_buffers), the caller's array */
+    size_t n_buffers;
+    td_ddp_params opt;
+    void **orig_grad; /* (n_params) grad pointers at creation, restored by destroy */
+    ddp_bucket *buckets; /* (n_buckets) */
+    size_t n_buckets;
+    size_t *bucket_of;      /* (n_params) */
+    size_t *offset_of;      /* (n_params) float offset inside its bucket */
+    unsigned char *ready;   /* (n_params) grad_ready seen in this synchronised backward */
+    unsigned char *touched; /* (n_params) grad_ready seen since the last reduction */
+    size_t *order;          /* (n_params) ready order of the first synchronised backward */
+    size_t n_order;
+    size_t next_bucket; /* buckets [0, next_bucket) are launched */
+    size_t n_ready;
+    int sync;
+    td_status err; /* first error of this backward, message kept in err_msg */
+    char err_msg[768];
+    td_ddp_stats stats;
+};
+
+void td_ddp_default_params(td_ddp_params *p) {
+    memset(p, 0, sizeof *p);
+    p->first_bucket_bytes = (size_t)1 << 20;
+    p->bucket_bytes = (size_t)25 << 20;
+    p->average = 1;
+    p->find_unused_parameters = 0;
+    p->broadcast_buffers = 1;
+    p->rebuild_buckets = 1;
+    p->trace = NULL;
+}
+
+/* ---- helpers ----------------------------------------------------------------------- */
+
+static void ddp_shape_str(char *out, size_t cap, int64_t ndim, const int64_t *shape) {
+    size_t n = (size_t)snprintf(out, cap, "[");
+    for (int64_t d = 0; d < ndim && d < TD_MAX_DIMS && n < cap; d++)
+        n += (size_t)snprintf(out + n, cap - n, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (n < cap) snprintf(out + n, cap - n, "]");
+}
+
+/* Keeps the first error of a backward; later ones (usually consequences) are dropped. */
+static void ddp_note_error(td_ddp *d, td_status s) {
+    if (s == TD_OK || d->err != TD_OK) return;
+    d->err = s;
+    snprintf(d->err_msg, sizeof d->err_msg, "%s", td_last_error());
+}
+
+/* Broadcasts the listed byte ranges from rank 0 through one staging buffer, so a model with
+ * hundreds of small tensors costs a few collectives, not hundreds. */
+typedef struct {
+    void *ptr;
+    size_t bytes;
+} ddp_segment;
+
+static td_status ddp_broadcast_segments(td_ddp *d, const ddp_segment *seg, size_t n_seg) {
+    size_t total = 0;
+    for (size_t i = 0; i < n_seg; i++) total += seg[i].bytes;
+    if (d->size == 1 || total == 0) return TD_OK;
+    size_t cap = total < DDP_BCAST_CHUNK ? total : DDP_BCAST_CHUNK;
+    unsigned char *stage = malloc(cap);
+    if (!stage) return td__fail(TD_ENOMEM, "ddp rank %d: out of memory for a %zu-byte broadcast buffer", d->rank, cap);
+    td_status s = TD_OK;
+    size_t si = 0, so = 0; /* read position: segment, offset */
+    for (size_t done = 0; done < total && s == TD_OK;) {
+        size_t len = total - done < cap ? total - done : cap;
+        size_t gi = si, go = so;
+        if (d->rank == 0) {
+            for (size_t k = 0; k < len;) {
+                size_t take = seg[gi].bytes - go < len - k ? seg[gi].bytes - go : len - k;
+                memcpy(stage + k, (unsigned char *)seg[gi].ptr + go, take);
+                k += take;
+                go += take;
+                if (go == seg[gi].bytes) gi++, go = 0;
+                while (gi < n_seg && seg[gi].bytes == 0) gi++;
+            }
+        }
+        s = td_comm_broadcast(d->comm, stage, len, TD_U8, 0);
+        if (s == TD_OK) {
+            for (size_t k = 0; k < len;) {
+                while (si < n_seg && seg[si].bytes == 0) si++;
+                size_t take = seg[si].bytes - so < len - k ? seg[si].bytes - so : len - k;
+                if (d->rank != 0) memcpy((unsigned char *)seg[si].ptr + so, stage + k, take);
+                k += take;
+                so += take;
+                if (so == seg[si].bytes) si++, so = 0;
+            }
+        }
+        done += len;
+    }
+    free(stage);
+    return s;
+}
+
+static td_status ddp_broadcast_tensors(td_ddp *d, td_param *t, size_t n) {
+    if (n == 0 || d->size == 1) return TD_OK;
+    ddp_segment *seg = calloc(n, sizeof *seg);
+    if (!seg) return td__fail(TD_ENOMEM, "ddp rank %d: out of memory", d->rank);
+    for (size_t i = 0; i < n; i++) seg[i] = (ddp_segment){t[i].data, t[i].count * td_dtype_size(t[i].dtype)};
+    td_status s = ddp_broadcast_segments(d, seg, n);
+    free(seg);
+    return s;
+}
+
+/* ---- registration check ------------------------------------------------------------ */
+
+typedef struct {
+    char name[96];
+    int64_t kind; /* 0 parameter, 1 buffer */
+    int64_t dtype, ndim, shape[TD_MAX_DIMS];
+} ddp_sig;
+
+typedef struct {
+    int64_t index; /* first position that differs from rank 0, -1 when none */
+    int64_t n_params, n_buffers;
+    ddp_sig mine, rank0;
+} ddp_diff;
+
+static void ddp_sig_fill(ddp_sig *s, const td_param *p, int kind) {
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", p->name ? p->name : "");
+    s->kind = kind;
+    s->dtype = p->dtype;
+    s->ndim = p->ndim;
+    for (int d = 0; d < p->ndim && d < TD_MAX_DIMS; d++) s->shape[d] = p->shape[d];
+}
+
+static uint64_t ddp_fnv(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static const char *ddp_kind(int64_t kind) { return kind ? "buffer" : "parameter"; }
+
+/* Local checks whose failure every rank must learn about, or the others would wait. */
+static td_status ddp_check_local(td_ddp *d) {
+    for (size_t i = 0; i < d->n_params; i++) {
+        const td_param *p = &d->params[i];
+        if (!p->name) return td__fail(TD_EINVAL, "ddp rank %d: parameter %zu has no name", d->rank, i);
+        if (p->dtype != TD_F32)
+            return td__fail(TD_EDTYPE, "ddp rank %d: parameter '%s' is %s; DDP reduces f32 parameters", d->rank,
+                            p->name, td_dtype_name(p->dtype));
+        if (!p->data && p->count)
+            return td__fail(TD_EINVAL, "ddp rank %d: parameter '%s' has no data", d->rank, p->name);
+        if (p->ndim < 0 || p->ndim > TD_MAX_DIMS)
+            return td__fail(TD_EINVAL, "ddp rank %d: parameter '%s' has ndim %d", d->rank, p->name, p->ndim);
+    }
+    for (size_t i = 0; i < d->n_buffers; i++) {
+        const td_param *b = &d->buffers[i];
+        if (!b->name || (!b->data && b->count) || td_dtype_size(b->dtype) == 0)
+            return td__fail(TD_EINVAL, "ddp rank %d: buffer %zu (%s) has no name, no data or a bad dtype", d->rank,
+                            i, b->name ? b->name : "unnamed");
+    }
+    return TD_OK;
+}
+
+static td_status ddp_check_registration(td_ddp *d) {
+    td_status local = ddp_check_local(d);
+    char local_msg[512];
+    snprintf(local_msg, sizeof local_msg, "%s", local ? td_last_error() : "");
+    size_t n = d->n_params + d->n_buffers;
+    ddp_sig *mine = calloc(n ? n : 1, sizeof *mine);
+    if (!mine) return td__fail(TD_ENOMEM, "ddp rank %d: out of memory", d->rank);
+    uint64_t hash = 14695981039346656037ull;
+    for (size_t i = 0; i < n; i++) {
+        if (i < d->n_params) ddp_sig_fill(&mine[i], &d->params[i], 0);
+        else ddp_sig_fill(&mine[i], &d->buffers[i - d->n_params], 1);
+        hash = ddp_fnv(hash, &mine[i], sizeof mine[i]);
+    }
+    int64_t summary[4] = {(int64_t)d->n_params, (int64_t)d->n_buffers, (int64_t)hash, local};
+    int64_t *all = calloc((size_t)d->size * 4, sizeof *all);
+    ddp_sig *theirs = NULL;
+    ddp_diff *diffs = NULL;
+    td_status s = all ? td_comm_allgather(d->comm, summary, all, 4, TD_I64) : TD_ENOMEM;
+    if (s != TD_OK) {
+        if (s == TD_ENOMEM) td__fail(s, "ddp rank %d: out of memory", d->rank);
+        goto done;
+    }
+    for (int r = 0; r < d->size; r++) {
+        if (all[r * 4 + 3] != 0) {
+            s = (td_status)all[r * 4 + 3];
+            if (r == d->rank) td__fail(s, "%s", local_msg);
+            else td__fail(s, "ddp rank %d: rank %d rejected its parameters (%s; its error names the problem)",
+                          d->rank, r, td_status_string(s));
+            goto done;
+        }
+    }
+    int same = 1;
+    for (int r = 1; r < d->size; r++)
+        same &= memcmp(&all[r * 4], &all[0], 3 * sizeof *all) == 0;
+    if (same) goto done;
+
+    /* Names and shapes differ somewhere: each rank compares itself with rank 0's list and
+     * the first difference found in rank order is reported, identically, on every rank. */
+    size_t n0 = (size_t)(all[0] + all[1]);
+    theirs = calloc(n0 ? n0 : 1, sizeof *theirs);
+    diffs = calloc((size_t)d->size, sizeof *diffs);
+    if (!theirs || !diffs) {
+        s = td__fail(TD_ENOMEM, "ddp rank %d: out of memory", d->rank);
+        goto done;
+    }
+    if (d->rank == 0) memcpy(theirs, mine, n0 * sizeof *mine);
+    s = td_comm_broadcast(d->comm, theirs, n0 * sizeof *theirs, TD_U8, 0);
+    if (s != TD_OK) goto done;
+    ddp_diff me;
+    memset(&me, 0, sizeof me);
+    me.index = -1;
+    me.n_params = (int64_t)d->n_params;
+    me.n_buffers = (int64_t)d->n_buffers;
+    size_t common = n < n0 ? n : n0;
+    for (size_t i = 0; i < common && me.index < 0; i++)
+        if (memcmp(&mine[i], &theirs[i], sizeof *mine) != 0) me.index = (int64_t)i;
+    if (me.index < 0 && (n != n0 || me.n_params != all[0])) me.index = (int64_t)common;
+    if (me.index >= 0 && (size_t)me.index < n) me.mine = mine[me.index];
+    if (me.index >= 0 && (size_t)me.index < n0) me.rank0 = theirs[me.index];
+    s = td_comm_allgather(d->comm, &me, diffs, sizeof me, TD_U8);
+    if (s != TD_OK) goto done;
+    for (int r = 1; r < d->size; r++) {
+        const ddp_diff *x = &diffs[r];
+        if (x->index < 0) continue;
+        size_t nr = (size_t)(x->n_params + x->n_buffers);
+        if ((size_t)x->index < nr && (size_t)x->index < n0) {
+            char a[160], b[160];
+            ddp_shape_str(a, sizeof a, x->rank0.ndim, x->rank0.shape);
+            ddp_shape_str(b, sizeof b, x->mine.ndim, x->mine.shape);
+            s = td__fail(TD_ESHAPE,
+                         "ddp rank %d: registrations differ at %s %lld: rank 0 has '%s' %s %s but rank %d has "
+                         "'%s' %s %s; every rank must register the same parameters in the same order",
+                         d->rank, ddp_kind(x->rank0.kind), (long long)x->index, x->rank0.name,
+                         td_dtype_name((td_dtype)x->rank0.dtype), a, r, x->mine.name,
+                         td_dtype_name((td_dtype)x->mine.dtype), b);
+        } else {
+            const ddp_sig *extra = (size_t)x->index < n0 ? &x->rank0 : &x->mine;
+            s = td__fail(TD_ESHAPE,
+                         "ddp rank %d: rank 0 registered %lld parameters and %lld buffers but rank %d registered "
+                         "%lld and %lld (first unmatched: %s '%s' on rank %d)",
+                         d->rank, (long long)all[0], (long long)all[1], r, (long long)x->n_params,
+                         (long long)x->n_buffers, ddp_kind(extra->kind), extra->name,
+                         (size_t)x->index < n0 ? 0 : r);
+        }
+        goto done;
+    }
+    s = td__fail(TD_ESHAPE, "ddp rank %d: parameter signatures differ between ranks but no difference was found",
+                 d->rank);
+done:
+    free(mine);
+    free(all);
+    free(theirs);
+    free(diffs);
+    return s;
+}
+
+/* ---- buckets ----------------------------------------------------------------------- */
+
+static void ddp_free_buckets(ddp_bucket *b, size_t n) {
+    for (size_t k = 0; k < n; k++) {
+        free(b[k].buf);
+        free(b[k].members);
+    }
+    free(b);
+}
+
+/* Lays the parameters out in `order` (first bucket first_bucket_bytes, then bucket_bytes;
+ * a bucket closes once it reaches its cap), copies the current gradients in and re-points
+ * params[i].grad. The old buckets are freed only after the copy. */
+static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
+    size_t n = d->n_params;
+    size_t *bucket_of = malloc((n ? n : 1) * sizeof *bucket_of);
+    size_t *offset_of = malloc((n ? n : 1) * sizeof *offset_of);
+    ddp_bucket *nb = calloc(n ? n : 1, sizeof *nb);
+    if (!bucket_of || !offset_of || !nb) goto oom;
+    size_t k = 0, fill = 0;
+    for (size_t j = 0; j < n; j++) {
+        size_t i = order[j];
+        size_t off = (fill + DDP_ALIGN_FLOATS - 1) / DDP_ALIGN_FLOATS * DDP_ALIGN_FLOATS;
+        bucket_of[i] = k;
+        offset_of[i] = off;
+        fill = off + d->params[i].count;
+        nb[k].n_members++;
+        size_t cap = k == 0 ? d->opt.first_bucket_bytes : d->opt.bucket_bytes;
+        if (fill * sizeof(float) >= cap || j + 1 == n) {
+            nb[k].count = fill;
+            k++;
+            fill = 0;
+        }
+    }
+    size_t n_buckets = k;
+    for (k = 0; k < n_buckets; k++) {
+        size_t bytes = ((nb[k].count + 1) * sizeof(float) + 63) / 64 * 64;
+        nb[k].buf = aligned_alloc(64, bytes);
+        nb[k].members = malloc(nb[k].n_members * sizeof(size_t));
+        if (!nb[k].buf || !nb[k].members) goto oom;
+        memset(nb[k].buf, 0, bytes);
+        nb[k].n_members = 0;
+    }
+    for (size_t j = 0; j < n; j++) {
+        size_t i = order[j];
+        ddp_bucket *b = &nb[bucket_of[i]];
+        b->members[b->n_members++] = i;
+        float *dst = b->buf + offset_of[i];
+        if (d->params[i].grad) memcpy(dst, d->params[i].grad, d->params[i].count * sizeof(float));
+        d->params[i].grad = dst;
+    }
+    /* Told before the old buckets go, so a follower may still copy from its old pointer. */
+    if (d->opt.grad_moved)
+        for (size_t i = 0; i < n; i++) d->opt.grad_moved(i, d->params[i].grad, d->opt.grad_moved_ctx);
+    for (k = 0; k < n_buckets; k++) nb[k].pending = nb[k].n_members;
+    ddp_free_buckets(d->buckets, d->n_buckets);
+    free(d->bucket_of);
+    free(d->offset_of);
+    d->buckets = nb;
+    d->n_buckets = n_buckets;
+    d->bucket_of = bucket_of;
+    d->offset_of = offset_of;
+    d->stats.n_buckets = n_buckets;
+    return TD_OK;
+oom:
+    if (nb) ddp_free_buckets(nb, n);
+    free(bucket_of);
+    free(offset_of);
+    return td__fail(TD_ENOMEM, "ddp rank %d: out of memory laying out gradient buckets", d->rank);
+}
+
+/* ---- creation ---------------------------------------------------------------------- */
+
+td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_params, td_param *buffers,
+                        size_t n_buffers, const td_ddp_params *p) {
+    if (!out || !comm || (n_params && !params) || (n_buffers && !buffers))
+        return td__fail(TD_EINVAL, "td_ddp_create: out, comm, params or buffers is NULL");
+    *out = NULL;
+    td_ddp *d = calloc(1, sizeof *d);
+    if (!d) return td__fail(TD_ENOMEM, "td_ddp_create: out of memory");
+    d->comm = comm;
+    d->rank = td_comm_rank(comm);
+    d->size = td_comm_size(comm);
+    d->params = params;
+    d->n_params = n_params;
+    d->buffers = buffers;
+    d->n_buffers = n_buffers;
+    if (p) d->opt = *p;
+    else td_ddp_default_params(&d->opt);
+    d->sync = 1;
+    size_t n = n_params ? n_params : 1;
+    d->orig_grad = calloc(n, sizeof *d->orig_grad);
+    d->ready = calloc(n, 1);
+    d->touched = calloc(n, 1);
+    d->order = calloc(n, sizeof *d->order);
+    if (!d->orig_grad || !d->ready || !d->touched || !d->order) {
+        td_ddp_destroy(d);
+        return td__fail(TD_ENOMEM, "td_ddp_create: out of memory");
+    }
+    for (size_t i = 0; i < n_params; i++) d->orig_grad[i] = params[i].grad;
+
+    td_status s = ddp_check_registration(d);
+    if (s == TD_OK) s = ddp_broadcast_tensors(d, params, n_params);
+    if (s == TD_OK) s = ddp_broadcast_tensors(d, buffers, n_buffers);
+    if (s == TD_OK) {
+        /* Reverse registration order: the last layers' gradients are ready first. */
+        for (size_t i = 0; i < n_params; i++) d->order[i] = n_params - 1 - i;
+        s = ddp_build_buckets(d, d->order);
+    }
+    if (s != TD_OK) {
+        char msg[768];
+        snprintf(msg, sizeof msg, "%s", td_last_error());
+        td_ddp_destroy(d);
+        return td__fail(s, "%s", msg);
+    }
+    td__log(TD_LOG_INFO, "ddp rank %d/%d: %zu parameters, %zu buffers, %zu buckets", d->rank, d->size, n_params,
+            n_buffers, d->n_buckets);
+    *out = d;
+    return TD_OK;
+}
+
+/* ---- one backward ------------------------------------------------------------------ */
+
+static void ddp_trace_done(td_ddp *d, size_t k) {
+    if (!d->opt.trace) return;
+    char name[64];
+    snprintf(name, sizeof name, "allreduce bucket %zu (%zu bytes)", k, d->buckets[k].count * sizeof(float));
+    (void)td_trace_span_on(d->opt.trace, name, "ddp", DDP_TRACE_TID_BASE + (int)k, d->buckets[k].t_launch,
+                           td_time_ns());
+}
+
+static void ddp_launch(td_ddp *d, size_t k, float unready) {
+    ddp_bucket *b = &d->buckets[k];
+    b->buf[b->count] = unready;
+    b->t_launch = td_time_ns();
+    td_status s = td_comm_iallreduce(d->comm, b->buf, b->buf, b->count + 1, TD_F32, TD_OP_SUM, &b->req);
+    if (s != TD_OK) {
+        b->req = NULL;
+        ddp_note_error(d, s);
+    }
+}
+
+/* Notices finished all-reduces, so their trace spans end close to the real completion. */
+static void ddp_poll(td_ddp *d) {
+    for (size_t k = 0; k < d->next_bucket; k++) {
+        ddp_bucket *b = &d->buckets[k];
+        if (!b->req) continue;
+        int done = 0;
+        td_status s = td_request_test(b->req, &done);
+        if (!done && s == TD_OK) break; /* they complete in launch order */
+        b->req = NULL;
+        ddp_trace_done(d, k);
+        ddp_note_error(d, s);
+    }
+}
+
+static void ddp_wait_all(td_ddp *d) {
+    for (size_t k = 0; k < d->n_buckets; k++) {
+        ddp_bucket *b = &d->buckets[k];
+        if (!b->req) continue;
+        td_status s = td_request_wait(b->req);
+        b->req = NULL;
+        ddp_trace_done(d, k);
+        ddp_note_error(d, s);
+    }
+}
+
+static void ddp_reset_iteration(td_ddp *d) {
+    memset(d->ready, 0, d->n_params ? d->n_params : 1);
+    memset(d->touched, 0, d->n_params ? d->n_params : 1);
+    for (size_t k = 0; k < d->n_buckets; k++) d->buckets[k].pending = d->buckets[k].n_members;
+    d->next_bucket = 0;
+    d->n_ready = 0;
+    d->n_order = 0;
+    d->err = TD_OK;
+    d->err_msg[0] = 0;
+}
+
+td_status td_ddp_grad_ready(td_ddp *d, size_t i) {
+    if (!d) return td__fail(TD_EINVAL, "td_ddp_grad_ready: ddp is NULL");
+    if (i >= d->n_params)
+        return td__fail(TD_EINVAL, "ddp rank %d: grad_ready for parameter index %zu, but %zu are registered", d->rank,
+                        i, d->n_params);
+    d->touched[i] = 1;
+    if (!d->sync) return TD_OK; /* no_sync: the gradient just accumulates where it is */
+    if (d->ready[i])
+        return td__fail(TD_ESTATE,
+                        "ddp rank %d: parameter '%s' (index %zu) was marked ready twice in one backward; call "
+                        "td_ddp_finish_backward after every backward",
+                        d->rank, d->params[i].name, i);
+    d->ready[i] = 1;
+    d->n_ready++;
+    if (d->opt.rebuild_buckets && d->stats.rebuilds == 0) d->order[d->n_order++] = i;
+    d->buckets[d->bucket_of[i]].pending--;
+    /* Launch strictly in bucket order: a complete bucket waits for the ones before it, so
+     * every rank queues the same all-reduces in the same order. */
+    while (d->next_bucket < d->n_buckets && d->buckets[d->next_bucket].pending == 0) {
+        ddp_launch(d, d->next_bucket++, 0.0f);
+        d->stats.buckets_early++;
+    }
+    ddp_poll(d);
+    if (d->err != TD_OK) return td__fail(d->err, "%s", d->err_msg);
+    return TD_OK;
+}
+
+void td_ddp_grad_ready_hook(size_t param_index, void *ddp) {
+    if (ddp) ddp_note_error(ddp, td_ddp_grad_ready(ddp, param_index));
+}
+
+static td_status ddp_rebuild(td_ddp *d) {
+    size_t n = d->n_params;
+    unsigned char *seen = calloc(n ? n : 1, 1);
+    int64_t *order = malloc((n ? n : 1) * sizeof *order);
+    if (!seen || !order) {
+        free(seen);
+        free(order);
+        return td__fail(TD_ENOMEM, "ddp rank %d: out of memory rebuilding buckets", d->rank);
+    }
+    size_t m = 0;
+    for (size_t j = 0; j < d->n_order; j++) {
+        order[m++] = (int64_t)d->order[j];
+        seen[d->order[j]] = 1;
+    }
+    for (size_t i = n; i-- > 0;)
+        if (!seen[i]) order[m++] = (int64_t)i;
+    /* Ranks may have seen different orders; rank 0's decides, as the layout must match. */
+    td_status s = d->size > 1 ? td_comm_broadcast(d->comm, order, n, TD_I64, 0) : TD_OK;
+    if (s == TD_OK) {
+        memset(seen, 0, n ? n : 1);
+        for (size_t j = 0; j < n; j++) {
+            if (order[j] < 0 || (size_t)order[j] >= n || seen[order[j]]) {
+                s = td__fail(TD_EFORMAT, "ddp rank %d: rank 0's bucket order is not a permutation at %zu", d->rank, j);
+                break;
+            }
+            seen[order[j]] = 1;
+            d->order[j] = (size_t)order[j];
+        }
+    }
+    if (s == TD_OK) s = ddp_build_buckets(d, d->order);
+    if (s == TD_OK) d->stats.rebuilds++;
+    free(seen);
+    free(order);
+    return s;
+}
+
+td_status td_ddp_finish_backward(td_ddp *d) {
+    if (!d) return td__fail(TD_EINVAL, "td_ddp_finish_backward: ddp is NULL");
+    if (!d->sync) return TD_OK;
+    /* Unready parameters go in as zeros (or as what no_sync micro-batches accumulated), and
+     * every remaining bucket is launched anyway: all ranks run the same all-reduces even
+     * when one of them missed a gradient, so the error below never becomes a hang. */
+    size_t n_unready = 0;
+    for (size_t i = 0; i < d->n_params; i++) {
+        if (d->ready[i]) continue;
+        n_unready++;
+        if (!d->touched[i]) memset(d->params[i].grad, 0, d->params[i].count * sizeof(float));
+    }
+    while (d->next_bucket < d->n_buckets) {
+        size_t k = d->next_bucket++;
+        ddp_launch(d, k, k + 1 == d->n_buckets ? (float)n_unready : 0.0f);
+    }
+    ddp_wait_all(d);
+    if (d->err != TD_OK) {
+        td_status s = d->err;
+        char msg[768];
+        snprintf(msg, sizeof msg, "%s", d->err_msg);
+        ddp_reset_iteration(d);
+        return td__fail(s, "%s", msg);
+    }
+    /* The last bucket is always launched last, so its slot holds every rank's count. */
+    double unready_all = d->n_buckets ? d->buckets[d->n_buckets - 1].buf[d->buckets[d->n_buckets - 1].count] : 0;
+    if (d->opt.average && d->size > 1) {
+        float scale = 1.0f / (float)d->size;
+        for (size_t k = 0; k < d->n_buckets; k++) {
+            float *g = d->buckets[k].buf;
+            for (size_t j = 0; j < d->buckets[k].count; j++) g[j] *= scale;
+        }
+    }
+    d->stats.sync_steps++;
+    td_status s = TD_OK;
+    if (unready_all > 0.5 && !d->opt.find_unused_parameters) {
+        char names[512];
+        size_t len = 0, listed = 0;
+        names[0] = 0;
+        for (size_t i = 0; i < d->n_params && len < sizeof names; i++) {
+            if (d->ready[i]) continue;
+            if (listed == DDP_UNUSED_NAMES) {
+                len += (size_t)snprintf(names + len, sizeof names - len, ", ... (%zu in all)", n_unready);
+                break;
+            }
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", listed ? ", " : "", d->params[i].name);
+            listed++;
+        }
+        if (n_unready)
+            s = td__fail(TD_EUNUSED,
+                         "ddp rank %d: %zu parameter(s) received no gradient (no td_ddp_grad_ready) in this "
+                         "backward: %s; set find_unused_parameters = 1 if parts of the model are unused in some "
+                         "iterations",
+                         d->rank, n_unready, names);
+        else
+            s = td__fail(TD_EUNUSED,
+                         "ddp rank %d: %.0f parameter(s) on other ranks received no gradient in this backward (their "
+                         "errors name them); set find_unused_parameters = 1 if parts of the model are unused in some "
+                         "iterations",
+                         d->rank, unready_all);
+    } else if (d->opt.rebuild_buckets && d->stats.rebuilds == 0) {
+        s = ddp_rebuild(d);
+    }
+    ddp_reset_iteration(d);
+    return s;
+}
+
+/* ---- iteration control ------------------------------------------------------------- */
+
+td_status td_ddp_prepare_forward(td_ddp *d) {
+    if (!d) return td__fail(TD_EINVAL, "td_ddp_prepare_forward: ddp is NULL");
+    if (d->sync && (d->n_ready > 0 || d->next_bucket > 0))
+        return td__fail(TD_ESTATE, "ddp rank %d: the previous backward was not ended with td_ddp_finish_backward",
+                        d->rank);
+    if (!d->sync || !d->opt.broadcast_buffers) return TD_OK;
+    return ddp_broadcast_tensors(d, d->buffers, d->n_buffers);
+}
+
+void td_ddp_zero_grad(td_ddp *d) {
+    if (!d) return;
+    for (size_t k = 0; k < d->n_buckets; k++) memset(d->buckets[k].buf, 0, d->buckets[k].count * sizeof(float));
+}
+
+td_status td_ddp_set_sync(td_ddp *d, int sync) {
+    if (!d) return td__fail(TD_EINVAL, "td_ddp_set_sync: ddp is NULL");
+    if (d->sync && (d->n_ready > 0 || d->next_bucket > 0))
+        return td__fail(TD_ESTATE, "ddp rank %d: td_ddp_set_sync in the middle of a backward", d->rank);
+    d->sync = sync != 0;
+    return TD_OK;
+}
+
+td_ddp_stats td_ddp_get_stats(const td_ddp *d) {
+    td_ddp_stats none = {0, 0, 0, 0};
+    return d ? d->stats : none;
+}
+
+size_t td_ddp_bucket_params(const td_ddp *d, size_t bucket, size_t *indices, size_t max) {
+    if (!d || bucket >= d->n_buckets) return 0;
+    const ddp_bucket *b = &d->buckets[bucket];
+    for (size_t j = 0; j < b->n_members && j < max && indices; j++) indices[j] = b->members[j];
+    return b->n_members;
+}
+
+void td_ddp_destroy(td_ddp *d) {
+    if (!d) return;
+    if (d->buckets) {
+        ddp_wait_all(d);
+        for (size_t i = 0; i < d->n_params; i++) {
+            void *orig = d->orig_grad[i];
+            if (orig && d->params[i].grad) memcpy(orig, d->params[i].grad, d->params[i].count * sizeof(float));
+            d->params[i].grad = orig;
+            if (d->opt.grad_moved) d->opt.grad_moved(i, orig, d->opt.grad_moved_ctx);
+        }
+    }
+    ddp_free_buckets(d->buckets, d->n_buckets);
+    free(d->bucket_of);
+    free(d->offset_of);
+    free(d->orig_grad);
+    free(d->ready);
+    free(d->touched);
+    free(d->order);
+    free(d);
+}

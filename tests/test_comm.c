@@ -1,0 +1,554 @@
+/* Process groups on the shm backend, with real forked ranks: every collective against a serial
+ * reference over dtypes, ops, odd sizes (0, 1, 7, 1009, larger than a shared-memory chunk)
+ * and world sizes 1-4; in-place calls; non-blocking calls with several outstanding;
+ * point-to-point ordering, tags and large two-way isend/irecv; sub-groups working
+ * concurrently with their parent; parameter checks and the environment contract. */
+#include <stdlib.h>
+
+#include "test_comm_util.h"
+
+#define BIG_BYTES (1100u * 1024u) /* over two of the backend's 512 KiB chunks */
+
+static const td_dtype all_dtypes[] = {TD_F32, TD_F64, TD_BF16, TD_F16, TD_I32, TD_I64, TD_U8};
+
+/* The test value of rank r at element i: small integers, so float sums are exact. */
+static double gen(int r, size_t i, td_reduce_op op) {
+    if (op == TD_OP_PROD) return (double)((r * 7 + i * 13) % 5) - 2.0 + (((r + i) % 5) == 2 ? 0.5 : 0.0);
+    return (double)((r * 37 + i * 11) % 61) - 30.0;
+}
+
+static int is_float(td_dtype t) { return t == TD_F32 || t == TD_F64 || t == TD_BF16 || t == TD_F16; }
+
+static void put(td_dtype t, void *buf, size_t i, double v) {
+    switch (t) {
+    case TD_F32: ((float *)buf)[i] = (float)v; break;
+    case TD_F64: ((double *)buf)[i] = v; break;
+    case TD_BF16: ((uint16_t *)buf)[i] = td_f32_to_bf16((float)v); break;
+    case TD_F16: ((uint16_t *)buf)[i] = td_f32_to_f16((float)v); break;
+    case TD_I32: ((int32_t *)buf)[i] = (int32_t)(int64_t)v; break;
+    case TD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case TD_U8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break; /* wraps, like the data */
+    default: break;
+    }
+}
+
+static double get(td_dtype t, const void *buf, size_t i) {
+    switch (t) {
+    case TD_F32: return ((const float *)buf)[i];
+    case TD_F64: return ((const double *)buf)[i];
+    case TD_BF16: return td_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case TD_F16: return td_f16_to_f32(((const uint16_t *)buf)[i]);
+    case TD_I32: return ((const int32_t *)buf)[i];
+    case TD_I64: return (double)((const int64_t *)buf)[i];
+    case TD_U8: return ((const uint8_t *)buf)[i];
+    default: return 0;
+    }
+}
+
+/* The element as the collective sees it (after rounding to the dtype). */
+static double input(td_dtype t, int r, size_t i, td_reduce_op op) {
+    unsigned char tmp[8];
+    put(t, tmp, 0, gen(r, i, op));
+    return get(t, tmp, 0);
+}
+
+/* Serial reference of op over ranks 0..n-1 at element i, folded in rank order with the
+ * documented semantics: floats in f32 (f64 for f64), integers wrapping, AVG truncating. */
+static double reference(td_dtype t, td_reduce_op op, int n, size_t i) {
+    if (is_float(t) && t != TD_F64) {
+        float acc = (float)input(t, 0, i, op);
+        for (int r = 1; r < n; r++) {
+            float x = (float)input(t, r, i, op);
+            acc = op == TD_OP_PROD ? acc * x : op == TD_OP_MIN ? (x < acc ? x : acc) : op == TD_OP_MAX ? (x > acc ? x : acc) : acc + x;
+        }
+        if (op == TD_OP_AVG) acc /= (float)n;
+        unsigned char tmp[8];
+        put(t, tmp, 0, acc);
+        return get(t, tmp, 0);
+    }
+    if (t == TD_F64) {
+        double acc = input(t, 0, i, op);
+        for (int r = 1; r < n; r++) {
+            double x = input(t, r, i, op);
+            acc = op == TD_OP_PROD ? acc * x : op == TD_OP_MIN ? (x < acc ? x : acc) : op == TD_OP_MAX ? (x > acc ? x : acc) : acc + x;
+        }
+        return op == TD_OP_AVG ? acc / n : acc;
+    }
+    int64_t acc = (int64_t)input(t, 0, i, op);
+    for (int r = 1; r < n; r++) {
+        int64_t x = (int64_t)input(t, r, i, op);
+        acc = op == TD_OP_PROD ? acc * x : op == TD_OP_MIN ? (x < acc ? x : acc) : op == TD_OP_MAX ? (x > acc ? x : acc) : acc + x;
+    }
+    if (op == TD_OP_AVG) acc /= n;
+    unsigned char tmp[8];
+    put(t, tmp, 0, (double)acc);
+    return get(t, tmp, 0);
+}
+
+static double tolerance(td_dtype t, double ref) {
+    double mag = ref < 0 ? -ref : ref;
+    if (t == TD_F32) return 1e-5 * (1 + mag);
+    if (t == TD_F64) return 1e-12 * (1 + mag);
+    if (t == TD_BF16 || t == TD_F16) return 1e-2 * (1 + mag);
+    return 0;
+}
+
+static size_t big_count(td_dtype t) { return BIG_BYTES / td_dtype_size(t) + 7; }
+
+static void *fill(td_dtype t, size_t count, int rank, td_reduce_op op, size_t offset) {
+    unsigned char *b = malloc(count * td_dtype_size(t) + 1);
+    for (size_t i = 0; i < count; i++) put(t, b, i, gen(rank, offset + i, op));
+    return b;
+}
+
+/* Returns 1 when every element matches (and reports only the first miss). */
+static int compare(const char *what, td_dtype t, td_reduce_op op, int n, const void *got, size_t count,
+                   size_t offset) {
+    for (size_t i = 0; i < count; i++) {
+        double ref = reference(t, op, n, offset + i), g = get(t, got, i);
+        if (!(g - ref <= tolerance(t, ref) && ref - g <= tolerance(t, ref))) {
+            TEST_FAIL_AT("%s %s %s n=%d count=%zu: element %zu is %.9g, expected %.9g", what, td_dtype_name(t),
+                         td_reduce_op_name(op), n, count, i, g, ref);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void check_allreduce(td_comm *c, td_dtype t, td_reduce_op op, size_t count, int in_place) {
+    int r = td_comm_rank(c), n = td_comm_size(c);
+    void *send = fill(t, count, r, op, 0);
+    void *recv = in_place ? send : malloc(count * td_dtype_size(t) + 1);
+    CHECK_OK(td_comm_allreduce(c, send, recv, count, t, op));
+    compare(in_place ? "allreduce in place" : "allreduce", t, op, n, recv, count, 0);
+    if (!in_place) {
+        /* The send buffer is left alone. */
+        void *again = fill(t, count, r, op, 0);
+        CHECK(memcmp(again, send, count * td_dtype_size(t)) == 0);
+        free(again);
+        free(recv);
+    }
+    free(send);
+}
+
+static void check_reductions(td_comm *c, td_dtype t, td_reduce_op op, size_t count) {
+    int r = td_comm_rank(c), n = td_comm_size(c);
+    size_t es = td_dtype_size(t);
+    /* reduce to the last rank */
+    int root = n - 1;
+    void *send = fill(t, count, r, op, 0), *recv = malloc(count * es + 1);
+    CHECK_OK(td_comm_reduce(c, send, r == root ? recv : NULL, count, t, op, root));
+    if (r == root) compare("reduce", t, op, n, recv, count, 0);
+    free(send);
+    free(recv);
+    /* reduce_scatter: rank r gets block r of the n * count reduction */
+    send = fill(t, (size_t)n * count, r, op, 0);
+    recv = malloc(count * es + 1);
+    CHECK_OK(td_comm_reduce_scatter(c, send, recv, count, t, op));
+    compare("reduce_scatter", t, op, n, recv, count, (size_t)r * count);
+    /* and in place, NCCL style: recv is this rank's block of send */
+    void *send2 = fill(t, (size_t)n * count, r, op, 0);
+    CHECK_OK(td_comm_reduce_scatter(c, send2, (char *)send2 + (size_t)r * count * es, count, t, op));
+    compare("reduce_scatter in place", t, op, n, (char *)send2 + (size_t)r * count * es, count, (size_t)r * count);
+    free(send);
+    free(send2);
+    free(recv);
+}
+
+/* Data movers: the value of rank r's element i is gen(r, i) regardless of dtype. */
+static void check_movers(td_comm *c, td_dtype t, size_t count) {
+    int r = td_comm_rank(c), n = td_comm_size(c);
+    size_t es = td_dtype_size(t);
+    unsigned char tmp[8];
+    for (int root = 0; root < n; root += (n > 2 ? n - 1 : 1)) {
+        /* broadcast */
+        void *buf = r == root ? fill(t, count, root, TD_OP_SUM, 0) : calloc(count + 1, es);
+        CHECK_OK(td_comm_broadcast(c, buf, count, t, root));
+        void *want = fill(t, count, root, TD_OP_SUM, 0);
+        CHECK(memcmp(buf, want, count * es) == 0);
+        free(buf);
+        free(want);
+        /* scatter: root's block i goes to rank i */
+        void *send = r == root ? fill(t, (size_t)n * count, root, TD_OP_SUM, 0) : NULL;
+        void *recv = calloc(count + 1, es);
+        CHECK_OK(td_comm_scatter(c, send, recv, count, t, root));
+        for (size_t i = 0; i < count; i++) {
+            put(t, tmp, 0, gen(root, (size_t)r * count + i, TD_OP_SUM));
+            if (memcmp(tmp, (char *)recv + i * es, es) != 0) {
+                TEST_FAIL_AT("scatter %s count %zu root %d: rank %d element %zu wrong", td_dtype_name(t), count, root, r, i);
+                break;
+            }
+        }
+        free(send);
+        free(recv);
+        /* gather */
+        send = fill(t, count, r, TD_OP_SUM, 0);
+        recv = r == root ? calloc((size_t)n * count + 1, es) : NULL;
+        CHECK_OK(td_comm_gather(c, send, recv, count, t, root));
+        for (int j = 0; r == root && j < n; j++) {
+            void *w = fill(t, count, j, TD_OP_SUM, 0);
+            if (memcmp(w, (char *)recv + (size_t)j * count * es, count * es) != 0)
+                TEST_FAIL_AT("gather %s count %zu root %d: block %d wrong", td_dtype_name(t), count, root, j);
+            free(w);
+        }
+        free(send);
+        free(recv);
+    }
+    /* allgather, then in place (send is this rank's block of recv) */
+    void *send = fill(t, count, r, TD_OP_SUM, 0);
+    void *recv = calloc((size_t)n * count + 1, es), *recv2 = calloc((size_t)n * count + 1, es);
+    CHECK_OK(td_comm_allgather(c, send, recv, count, t));
+    memcpy((char *)recv2 + (size_t)r * count * es, send, count * es);
+    CHECK_OK(td_comm_allgather(c, (char *)recv2 + (size_t)r * count * es, recv2, count, t));
+    for (int j = 0; j < n; j++) {
+        void *w = fill(t, count, j, TD_OP_SUM, 0);
+        if (memcmp(w, (char *)recv + (size_t)j * count * es, count * es) != 0)
+            TEST_FAIL_AT("allgather %s count %zu: rank %d block %d wrong", td_dtype_name(t), count, r, j);
+        if (memcmp(w, (char *)recv2 + (size_t)j * count * es, count * es) != 0)
+            TEST_FAIL_AT("allgather in place %s count %zu: rank %d block %d wrong", td_dtype_name(t), count, r, j);
+        free(w);
+    }
+    free(send);
+    free(recv);
+    free(recv2);
+    /* alltoall: rank r's recv block j = rank j's send block r; and in place */
+    send = fill(t, (size_t)n * count, r, TD_OP_SUM, 0);
+    recv = calloc((size_t)n * count + 1, es);
+    CHECK_OK(td_comm_alltoall(c, send, recv, count, t));
+    CHECK_OK(td_comm_alltoall(c, send, send, count, t));
+    for (int j = 0; j < n; j++) {
+        void *w = fill(t, count, j, TD_OP_SUM, (size_t)r * count);
+        if (memcmp(w, (char *)recv + (size_t)j * count * es, count * es) != 0)
+            TEST_FAIL_AT("alltoall %s count %zu: rank %d block %d wrong", td_dtype_name(t), count, r, j);
+        if (memcmp(w, (char *)send + (size_t)j * count * es, count * es) != 0)
+            TEST_FAIL_AT("alltoall in place %s count %zu: rank %d block %d wrong", td_dtype_name(t), count, r, j);
+        free(w);
+    }
+    free(send);
+    free(recv);
+    CHECK_OK(td_comm_barrier(c));
+}
+
+typedef struct {
+    int full; /* every dtype x op for allreduce */
+} matrix_arg;
+
+static void matrix_rank(int rank, int size, int port, void *arg) {
+    const matrix_arg *m = arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 30));
+    if (!c) return;
+    CHECK_EQ(td_comm_rank(c), rank);
+    CHECK_EQ(td_comm_size(c), size);
+    CHECK(strcmp(td_comm_backend_name(c), "shm") == 0);
+    size_t sizes[] = {0, 1, 7, 1009, 0};
+    for (size_t d = 0; d < sizeof all_dtypes / sizeof *all_dtypes; d++) {
+        td_dtype t = all_dtypes[d];
+        sizes[4] = big_count(t);
+        int small_dtype = t == TD_F32 || t == TD_I32 || t == TD_BF16;
+        for (int op = 0; op < TD_OP_COUNT; op++) {
+            if (!m->full && !(small_dtype && (op == TD_OP_SUM || op == TD_OP_MAX || op == TD_OP_AVG))) continue;
+            for (size_t s = 0; s < 5; s++) {
+                /* The big size runs SUM and AVG for every dtype, the rest of the ops at 1009. */
+                if (s == 4 && op != TD_OP_SUM && op != TD_OP_AVG && !(op == TD_OP_MAX && t == TD_F32)) continue;
+                check_allreduce(c, t, (td_reduce_op)op, sizes[s], 0);
+            }
+            check_allreduce(c, t, (td_reduce_op)op, 1009, 1);
+        }
+    }
+    check_allreduce(c, TD_F32, TD_OP_SUM, big_count(TD_F32), 1);
+    td_dtype red_types[] = {TD_F32, TD_I64, TD_BF16, TD_U8};
+    for (int d = 0; d < 4; d++)
+        for (int op = 0; op < TD_OP_COUNT; op += (m->full ? 1 : 2)) {
+            size_t counts[] = {0, 1, 1009, big_count(red_types[d]) / (size_t)size};
+            for (int s = 0; s < 4; s++) {
+                if (s == 3 && op != TD_OP_SUM) continue;
+                check_reductions(c, red_types[d], (td_reduce_op)op, counts[s]);
+            }
+        }
+    td_dtype move_types[] = {TD_F32, TD_U8, TD_F64};
+    for (int d = 0; d < 3; d++) {
+        size_t counts[] = {0, 1, 7, 1009, big_count(move_types[d]) / (size_t)size};
+        for (int s = 0; s < 5; s++) check_movers(c, move_types[d], counts[s]);
+    }
+    td_comm_destroy(c);
+}
+
+static void run_matrix(int n, int full) {
+    matrix_arg m = {full};
+    CHECK_EQ(test_run_ranks(n, matrix_rank, &m, 120, 0), 0);
+    CHECK_EQ(test_shm_leftovers(n, test_last_port), 0);
+}
+
+static void world_1(void) { run_matrix(1, 1); }
+static void world_2_full_matrix(void) { run_matrix(2, 1); }
+static void world_3_full_matrix(void) { run_matrix(3, 1); }
+static void world_4(void) { run_matrix(4, 0); }
+
+/* Several non-blocking collectives outstanding at once, completed out of order. */
+static void nonblocking_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 30));
+    if (!c) return;
+    enum { K = 6 };
+    size_t count = 100003;
+    float *bufs[K];
+    td_request *reqs[K];
+    for (int k = 0; k < K; k++) {
+        bufs[k] = malloc(count * sizeof(float));
+        for (size_t i = 0; i < count; i++) bufs[k][i] = (float)(rank + k + (i % 7));
+        CHECK_OK(td_comm_iallreduce(c, bufs[k], bufs[k], count, TD_F32, TD_OP_SUM, &reqs[k]));
+    }
+    int32_t gathered[8] = {0}, mine = 100 + rank;
+    td_request *g, *b;
+    CHECK_OK(td_comm_iallgather(c, &mine, gathered, 1, TD_I32, &g));
+    CHECK_OK(td_comm_ibarrier(c, &b));
+    /* A blocking call queues behind the pending ones. */
+    double x = rank, sum = 0;
+    CHECK_OK(td_comm_allreduce(c, &x, &sum, 1, TD_F64, TD_OP_SUM));
+    CHECK_NEAR(sum, size * (size - 1) / 2.0, 0);
+    int done = 0;
+    for (int spins = 0; !done && spins < 100000; spins++) {
+        CHECK_OK(td_request_test(b, &done));
+        if (!done) test_sleep_ms(1);
+    }
+    CHECK(done);
+    CHECK_OK(td_request_wait(g));
+    for (int j = 0; j < size; j++) CHECK_EQ(gathered[j], 100 + j);
+    for (int k = K - 1; k >= 0; k--) {
+        CHECK_OK(td_request_wait(reqs[k]));
+        for (size_t i = 0; i < count; i += 997) {
+            float want = 0;
+            for (int r = 0; r < size; r++) want += (float)(r + k + (i % 7));
+            CHECK_NEAR(bufs[k][i], want, 0);
+        }
+        free(bufs[k]);
+    }
+    /* Destroy waits for work still queued. */
+    float last = 1, out = 0;
+    td_request *tail;
+    CHECK_OK(td_comm_iallreduce(c, &last, &out, 1, TD_F32, TD_OP_SUM, &tail));
+    CHECK_OK(td_request_wait(tail));
+    CHECK_NEAR(out, size, 0);
+    td_comm_destroy(c);
+}
+
+static void nonblocking(void) {
+    CHECK_EQ(test_run_ranks(3, nonblocking_rank, NULL, 60, 0), 0);
+    CHECK_EQ(test_run_ranks(2, nonblocking_rank, NULL, 60, 0), 0);
+}
+
+static void p2p_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 30));
+    if (!c) return;
+    /* Ordering and tags: rank 0 sends tag 1 five times, then tag 2 three times; rank 1 takes
+     * tag 2 first (so tag 1 waits as unexpected data), then tag 1 in order. */
+    if (rank == 0) {
+        for (int i = 0; i < 5; i++) CHECK_OK(td_comm_send(c, &i, 1, TD_I32, 1, 1));
+        for (int i = 0; i < 3; i++) {
+            int v = 100 + i;
+            CHECK_OK(td_comm_send(c, &v, 1, TD_I32, 1, 2));
+        }
+    } else if (rank == 1) {
+        for (int i = 0; i < 3; i++) {
+            int v = -1;
+            CHECK_OK(td_comm_recv(c, &v, 1, TD_I32, 0, 2));
+            CHECK_EQ(v, 100 + i);
+        }
+        for (int i = 0; i < 5; i++) {
+            int v = -1;
+            CHECK_OK(td_comm_recv(c, &v, 1, TD_I32, 0, 1));
+            CHECK_EQ(v, i);
+        }
+    }
+    /* Large messages both ways at once, isend before irecv on every rank (a ring). */
+    size_t count = 3 * 1000 * 1000 + 7; /* 12 MB: much larger than a mailbox */
+    float *out = malloc(count * sizeof(float)), *in = malloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) out[i] = (float)(rank * 1000003 + i % 65536);
+    int to = (rank + 1) % size, from = (rank + size - 1) % size;
+    td_request *s, *r;
+    CHECK_OK(td_comm_isend(c, out, count, TD_F32, to, 7, &s));
+    CHECK_OK(td_comm_irecv(c, in, count, TD_F32, from, 7, &r));
+    CHECK_OK(td_request_wait(s));
+    CHECK_OK(td_request_wait(r));
+    size_t bad = 0;
+    for (size_t i = 0; i < count; i++) bad += in[i] != (float)(from * 1000003 + i % 65536);
+    CHECK_EQ(bad, 0);
+    /* Zero-byte messages and a size mismatch that the receiver reports. */
+    if (rank == 0) {
+        CHECK_OK(td_comm_send(c, NULL, 0, TD_F32, 1, 9));
+        int64_t two[2] = {1, 2};
+        CHECK_OK(td_comm_send(c, two, 2, TD_I64, 1, 10));
+    } else if (rank == 1) {
+        CHECK_OK(td_comm_recv(c, NULL, 0, TD_F32, 0, 9));
+        int64_t one;
+        CHECK_STATUS(td_comm_recv(c, &one, 1, TD_I64, 0, 10), TD_EMISMATCH);
+        CHECK(strstr(td_last_error(), "16") != NULL);
+    }
+    CHECK_STATUS(td_comm_send(c, out, 1, TD_F32, rank, 0), TD_EINVAL);
+    CHECK_STATUS(td_comm_send(c, out, 1, TD_F32, size, 0), TD_EINVAL);
+    CHECK_OK(td_comm_barrier(c));
+    free(out);
+    free(in);
+    td_comm_destroy(c);
+}
+
+static void point_to_point(void) {
+    CHECK_EQ(test_run_ranks(2, p2p_rank, NULL, 60, 0), 0);
+    CHECK_EQ(test_run_ranks(3, p2p_rank, NULL, 60, 0), 0);
+}
+
+static void subgroup_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *world = NULL, *half = NULL, *pair = NULL, *none = NULL;
+    CHECK_OK(test_comm_create(&world, rank, size, port, 30));
+    if (!world) return;
+    /* Split by parity, ordered by descending key. */
+    CHECK_OK(td_comm_split(world, rank % 2, -rank, &half));
+    CHECK(half != NULL);
+    if (!half) return;
+    CHECK_EQ(td_comm_size(half), size / 2);
+    CHECK_EQ(td_comm_rank(half), (size - 1 - rank) / 2);
+    /* new_group in list order; the ranks outside get NULL. */
+    int list[2] = {3, 1};
+    CHECK_OK(td_comm_new_group(world, list, 2, &pair));
+    CHECK((pair != NULL) == (rank == 1 || rank == 3));
+    if (pair) CHECK_EQ(td_comm_rank(pair), rank == 3 ? 0 : 1);
+    CHECK_OK(td_comm_split(world, -1, 0, &none));
+    CHECK(none == NULL);
+    /* The parent and the child groups run at the same time. */
+    size_t count = 400000;
+    float *a = malloc(count * sizeof(float)), *b = malloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) {
+        a[i] = (float)(rank + 1);
+        b[i] = (float)(rank * 2);
+    }
+    td_request *ra;
+    CHECK_OK(td_comm_iallreduce(world, a, a, count, TD_F32, TD_OP_SUM, &ra));
+    CHECK_OK(td_comm_allreduce(half, b, b, count, TD_F32, TD_OP_MAX));
+    int32_t v = rank, got = -1;
+    if (pair) {
+        CHECK_OK(td_comm_allreduce(pair, &v, &got, 1, TD_I32, TD_OP_MIN));
+        CHECK_EQ(got, 1);
+    }
+    CHECK_OK(td_request_wait(ra));
+    float want_a = (float)(size * (size + 1) / 2);
+    float want_b = (float)(2 * (rank % 2 ? size - 1 : size - 2));
+    size_t bad = 0;
+    for (size_t i = 0; i < count; i++) bad += a[i] != want_a || b[i] != want_b;
+    CHECK_EQ(bad, 0);
+    /* A grandchild group, and destroying children before the parent. */
+    td_comm *solo = NULL;
+    CHECK_OK(td_comm_split(half, td_comm_rank(half), 0, &solo));
+    CHECK(solo && td_comm_size(solo) == 1);
+    double one = 2.5, out = 0;
+    CHECK_OK(td_comm_allreduce(solo, &one, &out, 1, TD_F64, TD_OP_AVG));
+    CHECK_NEAR(out, 2.5, 0);
+    td_comm_destroy(solo);
+    td_comm_destroy(pair);
+    td_comm_destroy(half);
+    CHECK_OK(td_comm_barrier(world));
+    td_comm_destroy(world);
+    free(a);
+    free(b);
+}
+
+static void subgroups(void) {
+    CHECK_EQ(test_run_ranks(4, subgroup_rank, NULL, 60, 0), 0);
+    CHECK_EQ(test_shm_leftovers(4, test_last_port), 0);
+}
+
+static void bad_arguments_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 30));
+    if (!c) return;
+    float x[4] = {0};
+    CHECK_STATUS(td_comm_allreduce(c, NULL, x, 4, TD_F32, TD_OP_SUM), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "send") != NULL);
+    CHECK_STATUS(td_comm_allreduce(c, x, x, 4, (td_dtype)42, TD_OP_SUM), TD_EDTYPE);
+    CHECK_STATUS(td_comm_allreduce(c, x, x, 4, TD_F32, (td_reduce_op)9), TD_EINVAL);
+    CHECK_STATUS(td_comm_broadcast(c, x, 4, TD_F32, size), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "root") != NULL);
+    CHECK_STATUS(td_comm_reduce(c, x, x, 4, TD_F32, TD_OP_SUM, -1), TD_EINVAL);
+    CHECK_STATUS(td_comm_iallreduce(c, x, x, 4, TD_F32, TD_OP_SUM, NULL), TD_EINVAL);
+    /* Zero elements need no buffers; failed checks used no sequence number, so the ranks
+     * still agree afterwards. */
+    CHECK_OK(td_comm_allreduce(c, NULL, NULL, 0, TD_F32, TD_OP_SUM));
+    CHECK_OK(td_comm_set_timeout(c, 10));
+    CHECK_STATUS(td_comm_set_timeout(c, 0), TD_EINVAL);
+    td_comm_destroy(c);
+}
+
+static void argument_checks(void) { CHECK_EQ(test_run_ranks(2, bad_arguments_rank, NULL, 30, 0), 0); }
+
+/* The env contract: torchrun's variables give the shape; a missing one is named. */
+static void env_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    char v[32];
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    unsetenv("PMIX_RANK");
+    snprintf(v, sizeof v, "%d", rank);
+    setenv("RANK", v, 1);
+    setenv("LOCAL_RANK", v, 1);
+    snprintf(v, sizeof v, "%d", size);
+    setenv("WORLD_SIZE", v, 1);
+    setenv("LOCAL_WORLD_SIZE", v, 1);
+    snprintf(v, sizeof v, "%d", port);
+    setenv("MASTER_PORT", v, 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("TANDEM_TOKEN", "env-token", 1);
+    setenv("TANDEM_TIMEOUT", "20", 1);
+    td_comm *c = NULL;
+    CHECK_OK(td_comm_create(&c, NULL));
+    if (!c) return;
+    CHECK_EQ(td_comm_rank(c), rank);
+    CHECK_EQ(td_comm_size(c), size);
+    CHECK_EQ(td_comm_local_rank(c), rank);
+    CHECK_EQ(td_comm_local_size(c), size);
+    int32_t one = 1, total = 0;
+    CHECK_OK(td_comm_allreduce(c, &one, &total, 1, TD_I32, TD_OP_SUM));
+    CHECK_EQ(total, size);
+    td_comm_destroy(c);
+    /* Missing and malformed variables are named. */
+    unsetenv("RANK");
+    unsetenv("SLURM_PROCID");
+    unsetenv("OMPI_COMM_WORLD_RANK");
+    CHECK_STATUS(td_comm_create(&c, NULL), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "RANK") != NULL);
+    setenv("RANK", "zero", 1);
+    CHECK_STATUS(td_comm_create(&c, NULL), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "RANK='zero'") != NULL);
+    setenv("RANK", "0", 1);
+    setenv("TANDEM_TIMEOUT", "-3", 1);
+    CHECK_STATUS(td_comm_create(&c, NULL), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "TANDEM_TIMEOUT") != NULL);
+    td_comm_params p;
+    td_comm_default_params(&p);
+    p.backend = TD_BACKEND_MPI;
+    p.rank = 0;
+    p.world_size = 1;
+    p.timeout_s = 5;
+#ifndef TD_HAVE_MPI
+    CHECK_STATUS(td_comm_create(&c, &p), TD_EUNSUPPORTED);
+#endif
+}
+
+static void environment(void) { CHECK_EQ(test_run_ranks(2, env_rank, NULL, 30, 0), 0); }
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    RUN(argument_checks);
+    RUN(environment);
+    RUN(world_1);
+    RUN(world_2_full_matrix);
+    RUN(world_3_full_matrix);
+    RUN(world_4);
+    RUN(nonblocking);
+    RUN(point_to_point);
+    RUN(subgroups);
+    TEST_END();
+}

@@ -1,0 +1,513 @@
+/* Graph mechanics: gradient accumulation and zeroing, the grad-ready hook, relocated
+ * gradient buffers, train/eval behaviour of dropout and batch norm, RNG replay, parameter
+ * sharing between graphs, a few SGD steps, and a finite-difference gradient check of a
+ * conv + bn + relu + pool + linear + log_softmax + nll graph. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tandem/nn.h"
+#include "test.h"
+
+/* A small MLP classifier on fixed data: x (N, IN) -> fc1 -> relu -> fc2 -> CE. */
+typedef struct {
+    td_graph *g;
+    td_tensor *x, *y, *logp, *loss;
+} tiny;
+
+enum { TN = 8, TIN = 6, THID = 12, TOUT = 4 };
+
+static int tiny_make(tiny *t, uint64_t seed) {
+    memset(t, 0, sizeof *t);
+    if (td_graph_create(&t->g, NULL) != TD_OK) return 0;
+    td_rng rng;
+    td_rng_init(&rng, seed);
+    td_tensor *h;
+    if (td_graph_input(t->g, "x", td_shape_2d(TN, TIN), TD_F32, 0, &t->x) ||
+        td_graph_input(t->g, "y", td_shape_1d(TN), TD_I64, 0, &t->y) ||
+        td_nn_linear(t->g, "fc1", t->x, THID, 1, &rng, &h) || td_graph_relu(t->g, h, &h) ||
+        td_nn_linear(t->g, "fc2", h, TOUT, 1, &rng, &h) ||
+        td_graph_cross_entropy(t->g, h, t->y, TD_REDUCTION_MEAN, &t->loss, &t->logp) ||
+        td_graph_compile(t->g))
+        return 0;
+    float *x = td_tensor_data(t->x);
+    int64_t *y = td_tensor_data(t->y);
+    td_rng data;
+    td_rng_init(&data, 99);
+    for (int i = 0; i < TN * TIN; i++) x[i] = td_rng_normal(&data);
+    for (int i = 0; i < TN; i++) y[i] = i % TOUT;
+    return 1;
+}
+
+/* Concatenation of every parameter gradient. */
+static size_t grads_copy(td_graph *g, float *out) {
+    td_param *p;
+    size_t n, k = 0;
+    td_graph_params(g, &p, &n);
+    for (size_t i = 0; i < n; i++) {
+        memcpy(out + k, p[i].grad, p[i].count * sizeof(float));
+        k += p[i].count;
+    }
+    return k;
+}
+
+static void accumulation_and_zero_grad(void) {
+    tiny t;
+    CHECK(tiny_make(&t, 1));
+    float one[1024], two[1024], again[1024];
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK_OK(td_graph_backward(t.g, t.loss));
+    size_t n = grads_copy(t.g, one);
+    CHECK(n == (size_t)(TIN * THID + THID + THID * TOUT + TOUT));
+    double norm = 0;
+    for (size_t i = 0; i < n; i++) norm += fabs(one[i]);
+    CHECK(norm > 1e-3);
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK_OK(td_graph_backward(t.g, t.loss));
+    grads_copy(t.g, two);
+    for (size_t i = 0; i < n; i++) CHECK_NEAR(two[i], 2 * one[i], 1e-6 + 1e-5 * fabs(one[i]));
+    CHECK_OK(td_graph_zero_grad(t.g));
+    grads_copy(t.g, again);
+    for (size_t i = 0; i < n; i++) CHECK(again[i] == 0.0f);
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK_OK(td_graph_backward(t.g, t.loss));
+    grads_copy(t.g, again);
+    for (size_t i = 0; i < n; i++) CHECK(again[i] == one[i]);
+    td_graph_destroy(t.g);
+}
+
+typedef struct {
+    td_graph *g;
+    int calls[16];
+    int order[16];
+    int ncalls;
+    float seen[16][64]; /* first values of the gradient when the hook ran */
+} hook_log;
+
+static void on_ready(size_t i, void *ctx) {
+    hook_log *h = ctx;
+    td_param *p;
+    size_t n;
+    td_graph_params(h->g, &p, &n);
+    h->calls[i]++;
+    h->order[h->ncalls++] = (int)i;
+    size_t k = p[i].count < 64 ? p[i].count : 64;
+    memcpy(h->seen[i], p[i].grad, k * sizeof(float));
+}
+
+static void grad_ready_hook_fires_once_with_final_values(void) {
+    /* fc1.weight feeds two nodes (a shared weight), so its gradient is final only after
+     * the first of them has run backward. */
+    td_graph *g;
+    CHECK_OK(td_graph_create(&g, NULL));
+    td_rng rng;
+    td_rng_init(&rng, 5);
+    td_tensor *x, *y, *w, *b, *h1, *h2, *s, *loss, *out;
+    CHECK_OK(td_graph_input(g, "x", td_shape_2d(4, 8), TD_F32, 0, &x));
+    CHECK_OK(td_graph_input(g, "y", td_shape_1d(4), TD_I64, 0, &y));
+    CHECK_OK(td_graph_param(g, "shared.weight", td_shape_2d(8, 8), &w));
+    CHECK_OK(td_graph_param(g, "shared.bias", td_shape_1d(8), &b));
+    td_rng_fill_uniform(&rng, td_tensor_data(w), 64, -0.3f, 0.3f);
+    CHECK_OK(td_graph_linear(g, x, w, b, &h1));
+    CHECK_OK(td_graph_relu(g, h1, &h1));
+    CHECK_OK(td_graph_linear(g, h1, w, NULL, &h2));
+    CHECK_OK(td_graph_add(g, h1, h2, &s));
+    CHECK_OK(td_nn_linear(g, "head", s, 3, 1, &rng, &out));
+    CHECK_OK(td_graph_cross_entropy(g, out, y, TD_REDUCTION_SUM, &loss, NULL));
+    CHECK_OK(td_graph_compile(g));
+    td_rng_fill_uniform(&rng, td_tensor_data(x), 32, -1, 1);
+    int64_t *lab = td_tensor_data(y);
+    for (int i = 0; i < 4; i++) lab[i] = i % 3;
+    hook_log h;
+    memset(&h, 0, sizeof h);
+    h.g = g;
+    td_graph_set_grad_ready_hook(g, on_ready, &h);
+    td_param *p;
+    size_t n;
+    CHECK_OK(td_graph_params(g, &p, &n));
+    CHECK_EQ(n, 4);
+    for (int step = 1; step <= 2; step++) {
+        CHECK_OK(td_graph_forward(g));
+        CHECK_OK(td_graph_backward(g, loss));
+        for (size_t i = 0; i < n; i++) {
+            CHECK_EQ(h.calls[i], step);
+            size_t k = p[i].count < 64 ? p[i].count : 64;
+            for (size_t j = 0; j < k; j++) CHECK(h.seen[i][j] == ((float *)p[i].grad)[j]);
+        }
+    }
+    /* head (params 2, 3) is reached first in backward, the shared weight last. */
+    CHECK(h.order[0] == 2 || h.order[0] == 3);
+    CHECK_EQ(h.order[2] + h.order[3], 1);
+    td_graph_destroy(g);
+}
+
+static void relocated_grad_buffers_are_written(void) {
+    tiny t;
+    CHECK(tiny_make(&t, 2));
+    float ref[1024], mine[1024];
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK_OK(td_graph_backward(t.g, t.loss));
+    size_t n = grads_copy(t.g, ref);
+    CHECK_OK(td_graph_zero_grad(t.g));
+    float *bucket = calloc(n + 16, sizeof(float));
+    td_param *p;
+    size_t np;
+    CHECK_OK(td_graph_params(t.g, &p, &np));
+    size_t off = 0;
+    for (size_t i = np; i-- > 0;) { /* reverse order, as DDP lays out its buckets */
+        CHECK_OK(td_graph_set_grad_buffer(t.g, i, bucket + off));
+        CHECK(p[i].grad == bucket + off);
+        CHECK(td_tensor_grad(td_graph_param_tensor(t.g, i)) == bucket + off);
+        off += p[i].count;
+    }
+    CHECK_STATUS(td_graph_set_grad_buffer(t.g, np, bucket), TD_EINVAL);
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK_OK(td_graph_backward(t.g, t.loss));
+    grads_copy(t.g, mine);
+    for (size_t i = 0; i < n; i++) CHECK(mine[i] == ref[i]);
+    /* The bucket holds them too, in the layout we chose. */
+    off = 0;
+    size_t k = n;
+    for (size_t i = np; i-- > 0;) {
+        k -= p[i].count;
+        CHECK(memcmp(bucket + off, ref + k, p[i].count * sizeof(float)) == 0);
+        off += p[i].count;
+    }
+    td_graph_destroy(t.g);
+    free(bucket);
+}
+
+/* DDP re-points params[i].grad itself (td_param's contract); the graph must follow. */
+static void graph_follows_repointed_param_grads(void) {
+    tiny t;
+    CHECK(tiny_make(&t, 2));
+    float ref[1024], mine[1024];
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK_OK(td_graph_backward(t.g, t.loss));
+    size_t n = grads_copy(t.g, ref);
+    td_param *p;
+    size_t np;
+    CHECK_OK(td_graph_params(t.g, &p, &np));
+    float *bucket = calloc(n, sizeof(float));
+    size_t off = 0;
+    for (size_t i = 0; i < np; i++) {
+        memcpy(bucket + off, p[i].grad, p[i].count * sizeof(float));
+        p[i].grad = bucket + off;
+        off += p[i].count;
+    }
+    CHECK(td_tensor_grad(td_graph_param_tensor(t.g, 0)) == bucket);
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK_OK(td_graph_backward(t.g, t.loss)); /* accumulates onto the copied values */
+    for (size_t i = 0; i < n; i++) CHECK_NEAR(bucket[i], 2 * ref[i], 1e-6 + 1e-5 * fabs(ref[i]));
+    CHECK_OK(td_graph_zero_grad(t.g));
+    for (size_t i = 0; i < n; i++) CHECK(bucket[i] == 0.0f);
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK_OK(td_graph_backward(t.g, t.loss));
+    grads_copy(t.g, mine);
+    CHECK(memcmp(mine, ref, n * sizeof(float)) == 0);
+    CHECK(memcmp(bucket, ref, n * sizeof(float)) == 0);
+    td_graph_destroy(t.g);
+    free(bucket);
+}
+
+static void dropout_train_eval_and_replay(void) {
+    td_graph *g;
+    td_graph_options o = td_graph_default_options();
+    o.seed = 1234;
+    CHECK_OK(td_graph_create(&g, &o));
+    td_tensor *x, *y, *x4, *y4;
+    CHECK_OK(td_graph_input(g, "x", td_shape_2d(64, 64), TD_F32, 1, &x));
+    CHECK_OK(td_graph_dropout(g, x, 0.25f, &y));
+    CHECK_OK(td_graph_input(g, "x4", td_shape_4d(4, 32, 3, 3), TD_F32, 1, &x4));
+    CHECK_OK(td_graph_dropout2d(g, x4, 0.5f, &y4));
+    CHECK_OK(td_graph_compile(g));
+    float *xd = td_tensor_data(x), *x4d = td_tensor_data(x4);
+    for (int i = 0; i < 64 * 64; i++) xd[i] = 1.0f + (float)(i % 7);
+    for (int i = 0; i < 4 * 32 * 9; i++) x4d[i] = 1.0f + (float)(i % 5);
+    td_rng saved = *td_graph_rng(g);
+    CHECK_OK(td_graph_forward(g));
+    const float *yd = td_tensor_data(y), *y4d = td_tensor_data(y4);
+    static float first[64 * 64];
+    memcpy(first, yd, sizeof first);
+    int zeros = 0;
+    for (int i = 0; i < 64 * 64; i++) {
+        if (yd[i] == 0.0f) zeros++;
+        else CHECK_NEAR(yd[i], xd[i] / 0.75f, 1e-5);
+    }
+    CHECK(zeros > 64 * 64 / 4 - 200 && zeros < 64 * 64 / 4 + 200);
+    int dropped = 0;
+    for (int c = 0; c < 4 * 32; c++) { /* whole channels are dropped or scaled by 2 */
+        int z = 0;
+        for (int k = 0; k < 9; k++) z += y4d[c * 9 + k] == 0.0f;
+        CHECK(z == 0 || z == 9);
+        if (z == 0)
+            for (int k = 0; k < 9; k++) CHECK_NEAR(y4d[c * 9 + k], 2 * x4d[c * 9 + k], 1e-5);
+        dropped += z == 9;
+    }
+    CHECK(dropped > 30 && dropped < 98);
+    /* backward: dx = mask * scale * dy */
+    static float dy[64 * 64], dx[64 * 64];
+    for (int i = 0; i < 64 * 64; i++) dy[i] = 1.0f;
+    CHECK_OK(td_graph_backward_from(g, y, dy));
+    CHECK_OK(td_tensor_read_grad(x, dx));
+    for (int i = 0; i < 64 * 64; i++) CHECK_NEAR(dx[i], yd[i] == 0.0f ? 0.0f : 1.0f / 0.75f, 1e-6);
+    /* replay from the saved RNG state gives the same masks; a second draw differs */
+    CHECK_OK(td_graph_forward(g));
+    CHECK(memcmp(first, yd, sizeof first) != 0);
+    *td_graph_rng(g) = saved;
+    CHECK_OK(td_graph_forward(g));
+    CHECK(memcmp(first, yd, sizeof first) == 0);
+    /* eval is the identity */
+    td_graph_set_training(g, 0);
+    CHECK_EQ(td_graph_training(g), 0);
+    CHECK_OK(td_graph_forward(g));
+    CHECK(memcmp(xd, yd, sizeof first) == 0);
+    for (int i = 0; i < 4 * 32 * 9; i++) CHECK(y4d[i] == x4d[i]);
+    td_graph_destroy(g);
+}
+
+static void batch_norm_train_and_eval(void) {
+    enum { N = 6, C = 3, H = 4, W = 5 };
+    td_graph *g;
+    CHECK_OK(td_graph_create(&g, NULL));
+    td_tensor *x, *y;
+    CHECK_OK(td_graph_input(g, "x", td_shape_4d(N, C, H, W), TD_F32, 0, &x));
+    CHECK_OK(td_nn_batch_norm2d(g, "bn", x, &y));
+    CHECK_OK(td_graph_compile(g));
+    td_param *buf, *par;
+    size_t nb, np;
+    CHECK_OK(td_graph_buffers(g, &buf, &nb));
+    CHECK_OK(td_graph_params(g, &par, &np));
+    CHECK_EQ(nb, 2);
+    CHECK_EQ(np, 2);
+    CHECK(strcmp(buf[0].name, "bn.running_mean") == 0);
+    CHECK(strcmp(buf[1].name, "bn.running_var") == 0);
+    CHECK(strcmp(par[0].name, "bn.weight") == 0 && par[0].grad != NULL);
+    CHECK(buf[0].grad == NULL);
+    float *xd = td_tensor_data(x);
+    td_rng r;
+    td_rng_init(&r, 3);
+    for (int i = 0; i < N * C * H * W; i++) xd[i] = 2.0f + 3.0f * td_rng_normal(&r);
+    float *w = par[0].data, *b = par[1].data;
+    w[1] = 2.0f;
+    b[2] = -1.0f;
+    CHECK_OK(td_graph_forward(g));
+    static float out[N * C * H * W];
+    CHECK_OK(td_tensor_read(y, out));
+    const float *rm = buf[0].data, *rv = buf[1].data;
+    for (int c = 0; c < C; c++) {
+        double s = 0, s2 = 0, ys = 0, ys2 = 0, m = N * H * W;
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < H * W; k++) {
+                double v = xd[(n * C + c) * H * W + k], o = out[(n * C + c) * H * W + k];
+                s += v, s2 += v * v, ys += o, ys2 += o * o;
+            }
+        double mean = s / m, var = s2 / m - mean * mean;
+        double ym = ys / m, yv = ys2 / m - ym * ym;
+        CHECK_NEAR(ym, b[c], 1e-4);
+        CHECK_NEAR(sqrt(yv), w[c] * sqrt(var / (var + 1e-5)), 1e-3);
+        CHECK_NEAR(rm[c], 0.1 * mean, 1e-4);
+        CHECK_NEAR(rv[c], 0.9 + 0.1 * var * m / (m - 1), 1e-3); /* unbiased, as PyTorch */
+    }
+    td_graph_set_training(g, 0);
+    float rm0 = rm[0];
+    CHECK_OK(td_graph_forward(g));
+    CHECK_OK(td_tensor_read(y, out));
+    CHECK(rm[0] == rm0); /* eval leaves the running stats alone */
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++)
+            for (int k = 0; k < H * W; k++) {
+                int i = (n * C + c) * H * W + k;
+                double e = (xd[i] - rm[c]) / sqrt(rv[c] + 1e-5) * w[c] + b[c];
+                CHECK_NEAR(out[i], e, 1e-4 * (1 + fabs(e)));
+            }
+    td_graph_destroy(g);
+}
+
+static void sgd_steps_reduce_the_loss(void) {
+    tiny t;
+    CHECK(tiny_make(&t, 3));
+    td_param *p;
+    size_t n;
+    CHECK_OK(td_graph_params(t.g, &p, &n));
+    float first = 0, last = 0;
+    for (int step = 0; step < 60; step++) {
+        CHECK_OK(td_graph_zero_grad(t.g));
+        CHECK_OK(td_graph_forward(t.g));
+        CHECK_OK(td_graph_backward(t.g, t.loss));
+        float l = *(float *)td_tensor_data(t.loss);
+        if (step == 0) first = l;
+        last = l;
+        for (size_t i = 0; i < n; i++) {
+            float *d = p[i].data, *gr = p[i].grad;
+            for (size_t j = 0; j < p[i].count; j++) d[j] -= 0.5f * gr[j];
+        }
+    }
+    CHECK(first > 1.0f);
+    CHECK(last < 0.5f * first);
+    td_graph_destroy(t.g);
+}
+
+/* conv(1->3, k3, pad 1) + bn + relu + maxpool 2 + flatten + linear(27->5) + CE; every
+ * parameter and the input checked against central differences. */
+static void finite_difference_gradients(void) {
+    enum { N = 4 };
+    td_graph *g;
+    CHECK_OK(td_graph_create(&g, NULL));
+    td_rng rng;
+    td_rng_init(&rng, 11);
+    td_tensor *x, *y, *t, *loss;
+    CHECK_OK(td_graph_input(g, "x", td_shape_4d(N, 1, 6, 6), TD_F32, 1, &x));
+    CHECK_OK(td_graph_input(g, "y", td_shape_1d(N), TD_I64, 0, &y));
+    td_conv2d_params cp = td_conv2d_default_params();
+    cp.padding[0] = cp.padding[1] = 1;
+    td_pool2d_params pp = td_pool2d_default_params(2);
+    CHECK_OK(td_nn_conv2d(g, "conv", x, 3, 3, &cp, 1, &rng, &t));
+    CHECK_OK(td_nn_batch_norm2d(g, "bn", t, &t));
+    CHECK_OK(td_graph_relu(g, t, &t));
+    CHECK_OK(td_graph_max_pool2d(g, t, &pp, &t));
+    CHECK_OK(td_graph_flatten(g, t, 1, &t));
+    CHECK_OK(td_nn_linear(g, "fc", t, 5, 1, &rng, &t));
+    CHECK_OK(td_graph_cross_entropy(g, t, y, TD_REDUCTION_MEAN, &loss, NULL));
+    CHECK_OK(td_graph_compile(g));
+    td_rng_fill_uniform(&rng, td_tensor_data(x), N * 36, -1, 1);
+    int64_t *lab = td_tensor_data(y);
+    for (int i = 0; i < N; i++) lab[i] = (i * 3) % 5;
+    td_param *p;
+    size_t np;
+    CHECK_OK(td_graph_params(g, &p, &np));
+    CHECK_EQ(np, 6);
+    /* make BN's affine parameters non-trivial */
+    for (int c = 0; c < 3; c++) {
+        ((float *)p[2].data)[c] = 0.5f + 0.3f * (float)c;
+        ((float *)p[3].data)[c] = 0.1f * (float)c;
+    }
+    CHECK_OK(td_graph_forward(g));
+    CHECK_OK(td_graph_backward(g, loss));
+    int checked = 0, bad = 0;
+    const float eps = 1e-3f;
+    for (size_t i = 0; i <= np; i++) {
+        td_tensor *pt = i < np ? td_graph_param_tensor(g, i) : x;
+        float *d = td_tensor_data(pt), *gr = td_tensor_grad(pt);
+        int64_t count = td_tensor_numel(pt);
+        for (int64_t j = 0; j < count; j++) {
+            float keep = d[j];
+            d[j] = keep + eps;
+            td_graph_forward(g);
+            double lp = *(float *)td_tensor_data(loss);
+            d[j] = keep - eps;
+            td_graph_forward(g);
+            double lm = *(float *)td_tensor_data(loss);
+            d[j] = keep;
+            double num = (lp - lm) / (2 * eps), ana = gr[j];
+            checked++;
+            if (fabs(num - ana) > 1e-2 * fmax(fabs(num), fabs(ana)) + 2e-3) {
+                bad++;
+                if (bad < 8)
+                    fprintf(stderr, "%s[%lld]: analytic %.6g numeric %.6g\n", td_tensor_name(pt),
+                            (long long)j, ana, num);
+            }
+        }
+    }
+    CHECK(checked == 30 + 6 + 135 + 5 + N * 36);
+    /* a kink of relu or max pool inside +-eps can spoil a handful of entries */
+    CHECK(bad <= 2);
+    td_graph_destroy(g);
+}
+
+static void models_build_and_share_params(void) {
+    for (int k = 0; k < TD_MODEL_COUNT; k++) {
+        td_graph *g, *e;
+        td_model m, me;
+        CHECK_OK(td_graph_create(&g, NULL));
+        CHECK_OK(td_model_build(g, (td_model_kind)k, 8, 7, &m));
+        td_graph_options o = td_graph_default_options();
+        o.grad_enabled = 0;
+        CHECK_OK(td_graph_create(&e, &o));
+        CHECK_OK(td_model_build(e, (td_model_kind)k, 3, 8, &me));
+        CHECK_OK(td_graph_share_params(e, g));
+        td_graph_set_training(e, 0);
+        td_graph_set_training(g, 0);
+        float *x = td_tensor_data(m.input);
+        int64_t *lab = td_tensor_data(m.labels);
+        td_rng r;
+        td_rng_init(&r, 4);
+        for (int i = 0; i < 8 * 784; i++) x[i] = td_rng_uniform(&r);
+        for (int i = 0; i < 8; i++) lab[i] = i;
+        CHECK_OK(td_tensor_write(me.input, x + 2 * 784));
+        memcpy(td_tensor_data(me.labels), lab + 2, 3 * sizeof(int64_t));
+        CHECK_OK(td_graph_forward(g));
+        CHECK_OK(td_graph_forward(e));
+        float l = *(float *)td_tensor_data(m.loss);
+        CHECK(l > 1.5f && l < 3.5f); /* about ln(10) at init */
+        const float *a = td_tensor_data(m.output), *b = td_tensor_data(me.output);
+        for (int i = 0; i < 30; i++) CHECK_NEAR(a[20 + i], b[i], 1e-4);
+        int64_t correct = -1, pred[8];
+        CHECK_OK(td_model_predict(&m, pred, &correct));
+        CHECK(correct >= 0 && correct <= 8);
+        CHECK_STATUS(td_graph_backward(e, me.loss), TD_ESTATE);
+        td_param *p;
+        size_t n;
+        CHECK_OK(td_graph_params(g, &p, &n));
+        CHECK(strcmp(p[0].name, k == TD_MODEL_MLP ? "fc1.weight" : "conv1.weight") == 0);
+        CHECK_EQ(n, k == TD_MODEL_NET ? 8 : k == TD_MODEL_MLP ? 6 : 18);
+        td_graph_destroy(e);
+        td_graph_destroy(g);
+    }
+    td_model_kind kind;
+    CHECK_OK(td_model_kind_parse("cnn", &kind));
+    CHECK_EQ(kind, TD_MODEL_CNN);
+    CHECK_STATUS(td_model_kind_parse("resnet", &kind), TD_EINVAL);
+}
+
+static void input_gradient_and_errors(void) {
+    td_graph *g;
+    CHECK_OK(td_graph_create(&g, NULL));
+    td_tensor *x, *w, *y, *lab, *loss, *lp;
+    CHECK_OK(td_graph_input(g, "x", td_shape_2d(2, 3), TD_F32, 1, &x));
+    CHECK_OK(td_graph_param(g, "w", td_shape_2d(4, 3), &w));
+    CHECK_STATUS(td_graph_param(g, "w", td_shape_2d(4, 3), &y), TD_EINVAL);
+    td_tensor *wbad;
+    CHECK_OK(td_graph_param(g, "w_bad", td_shape_2d(4, 5), &wbad));
+    CHECK_STATUS(td_graph_linear(g, x, wbad, NULL, &y), TD_ESHAPE);
+    CHECK_OK(td_graph_linear(g, x, w, NULL, &y));
+    CHECK_OK(td_graph_input(g, "labels", td_shape_1d(2), TD_I64, 0, &lab));
+    CHECK_OK(td_graph_log_softmax(g, y, &lp));
+    CHECK_OK(td_graph_nll_loss(g, lp, lab, TD_REDUCTION_SUM, &loss));
+    CHECK_OK(td_graph_compile(g));
+    CHECK_STATUS(td_graph_relu(g, y, &y), TD_ESTATE);
+    float *xd = td_tensor_data(x), *wd = td_tensor_data(w);
+    for (int i = 0; i < 6; i++) xd[i] = (float)i - 2.5f;
+    for (int i = 0; i < 12; i++) wd[i] = 0.1f * (float)(i % 5) - 0.2f;
+    int64_t *l = td_tensor_data(lab);
+    l[0] = 1;
+    l[1] = 7;
+    CHECK_STATUS(td_graph_forward(g), TD_EINVAL); /* label 7 of 4 classes */
+    CHECK(strstr(td_last_error(), "label 7") != NULL);
+    l[1] = 3;
+    CHECK_OK(td_graph_forward(g));
+    float dy[8] = {1, 0, -1, 2, 0.5f, 0.5f, 0, -2}, dx[6];
+    CHECK_OK(td_graph_backward_from(g, y, dy));
+    CHECK_OK(td_tensor_read_grad(x, dx));
+    for (int n = 0; n < 2; n++)
+        for (int i = 0; i < 3; i++) {
+            float e = 0;
+            for (int o = 0; o < 4; o++) e += dy[n * 4 + o] * wd[o * 3 + i];
+            CHECK_NEAR(dx[n * 3 + i], e, 1e-5);
+        }
+    td_graph_destroy(g);
+}
+
+int main(void) {
+    RUN(accumulation_and_zero_grad);
+    RUN(grad_ready_hook_fires_once_with_final_values);
+    RUN(relocated_grad_buffers_are_written);
+    RUN(graph_follows_repointed_param_grads);
+    RUN(dropout_train_eval_and_replay);
+    RUN(batch_norm_train_and_eval);
+    RUN(sgd_steps_reduce_the_loss);
+    RUN(finite_difference_gradients);
+    RUN(models_build_and_share_params);
+    RUN(input_gradient_and_errors);
+    TEST_END();
+}

@@ -1,0 +1,436 @@
+/* The launcher, end to end: runs tandemrun (found on PATH; tests/run.sh puts build/bin
+ * there) on small sh scripts and checks the env contract of every rank, the output
+ * prefixes, --devices, exit statuses of failing and killed ranks, that no rank outlives
+ * a failed job, signal forwarding, torchrun's spellings and usage errors, and that ranks
+ * started by it form a tandem process group from the env contract alone. */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tandem/comm.h"
+#include "test.h"
+
+typedef struct {
+    int status;  /* the launcher's exit status, or 128 + signal */
+    char *out;   /* its stdout */
+    char *err;   /* its stderr */
+    double secs; /* wall time */
+} run_result;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static char *slurp(int fd) {
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    lseek(fd, 0, SEEK_SET);
+    for (;;) {
+        if (len + 1024 > cap) buf = realloc(buf, cap *= 2);
+        ssize_t n = read(fd, buf + len, cap - len - 1);
+        if (n <= 0) break;
+        len += (size_t)n;
+    }
+    buf[len] = '\0';
+    close(fd);
+    return buf;
+}
+
+static int temp_file(void) {
+    char path[] = "/tmp/td_tandemrun_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd >= 0) unlink(path);
+    return fd;
+}
+
+/* Starts "tandemrun argv..." with stdout/stderr going to temp files; OMP_NUM_THREADS is
+ * removed from its environment so that the launcher's default shows. */
+static pid_t start(char *const argv[], int *out_fd, int *err_fd) {
+    *out_fd = temp_file();
+    *err_fd = temp_file();
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(*out_fd, 1);
+        dup2(*err_fd, 2);
+        unsetenv("OMP_NUM_THREADS");
+        execvp("tandemrun", argv);
+        _exit(126);
+    }
+    return pid;
+}
+
+static run_result finish(pid_t pid, int out_fd, int err_fd, double t0) {
+    run_result r;
+    int st = 0;
+    waitpid(pid, &st, 0);
+    r.secs = now_s() - t0;
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    r.out = slurp(out_fd);
+    r.err = slurp(err_fd);
+    return r;
+}
+
+static run_result run(char *const argv[]) {
+    int o, e;
+    double t0 = now_s();
+    pid_t pid = start(argv, &o, &e);
+    return finish(pid, o, e, t0);
+}
+
+static void release(run_result *r) {
+    free(r->out);
+    free(r->err);
+}
+
+static int count_lines_with(const char *text, const char *needle) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p++) n++;
+    return n;
+}
+
+/* Every "PID <n>" in text names a process that must no longer exist. */
+static void check_pids_gone(const char *text, int expected) {
+    int seen = 0;
+    for (const char *p = text; (p = strstr(p, "PID ")); p += 4) {
+        int pid = atoi(p + 4);
+        CHECK(pid > 1);
+        if (pid <= 1) continue;
+        seen++;
+        errno = 0;
+        int alive = kill(pid, 0) == 0;
+        if (alive) TEST_FAIL_AT("rank process %d is still alive", pid);
+        else CHECK_EQ(errno, ESRCH);
+    }
+    CHECK_EQ(seen, expected);
+}
+
+static const char env_script[] =
+    "echo \"ENV $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
+    "$TANDEM_TOKEN $OMP_NUM_THREADS ${CUDA_VISIBLE_DEVICES:-none}\"; echo \"ERR $RANK\" >&2";
+
+typedef struct {
+    int rank, world, local_rank, local_world, port, omp;
+    char addr[64], token[128], cuda[32];
+} rank_env;
+
+/* Parses the "[rank K] ENV ..." lines; returns how many ranks were seen (each once). */
+static int parse_env(const char *out, rank_env *envs, int max) {
+    int seen = 0;
+    for (int k = 0; k < max; k++) envs[k].rank = -1;
+    for (const char *p = out; (p = strstr(p, "[rank ")); p++) {
+        int k;
+        rank_env e;
+        if (sscanf(p, "[rank %d] ENV %d %d %d %d %63s %d %127s %d %31s", &k, &e.rank, &e.world,
+                   &e.local_rank, &e.local_world, e.addr, &e.port, e.token, &e.omp, e.cuda) != 10)
+            continue;
+        if (k < 0 || k >= max || envs[k].rank != -1) {
+            TEST_FAIL_AT("unexpected or repeated line for rank %d", k);
+            continue;
+        }
+        envs[k] = e;
+        seen++;
+    }
+    return seen;
+}
+
+static void env_contract_for_every_rank(void) {
+    char *argv[] = {"tandemrun", "--nproc-per-node", "4", "sh", "-c", (char *)env_script, NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 0);
+    rank_env e[4];
+    CHECK_EQ(parse_env(r.out, e, 4), 4);
+    for (int k = 0; k < 4; k++) {
+        CHECK_EQ(e[k].rank, k);
+        CHECK_EQ(e[k].world, 4);
+        CHECK_EQ(e[k].local_rank, k);
+        CHECK_EQ(e[k].local_world, 4);
+        CHECK(strcmp(e[k].addr, "127.0.0.1") == 0);
+        CHECK(e[k].port > 0 && e[k].port < 65536);
+        CHECK_EQ(e[k].port, e[0].port);
+        CHECK_EQ(strlen(e[k].token), 32);
+        CHECK(strspn(e[k].token, "0123456789abcdef") == 32);
+        CHECK(strcmp(e[k].token, e[0].token) == 0);
+        CHECK(e[k].omp >= 1);
+        CHECK(strcmp(e[k].cuda, "none") == 0);
+    }
+    /* stderr is relayed to stderr, prefixed, and not to stdout */
+    for (int k = 0; k < 4; k++) {
+        char line[32];
+        snprintf(line, sizeof line, "[rank %d] ERR %d\n", k, k);
+        CHECK(strstr(r.err, line) != NULL);
+    }
+    CHECK(strstr(r.out, "ERR") == NULL);
+    /* every output line carries a prefix */
+    for (const char *p = r.out; *p; p = strchr(p, '\n') + 1) {
+        CHECK(strncmp(p, "[rank ", 6) == 0);
+        if (!strchr(p, '\n')) break;
+    }
+    /* a second job gets a different token */
+    run_result r2 = run(argv);
+    rank_env e2[4];
+    CHECK_EQ(parse_env(r2.out, e2, 4), 4);
+    CHECK(strcmp(e2[0].token, e[0].token) != 0);
+    release(&r);
+    release(&r2);
+}
+
+static void ranks_get_disjoint_cores(void) {
+    cpu_set_t set;
+    CHECK_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+    int ncpus = CPU_COUNT(&set);
+    int nproc = ncpus >= 2 ? 2 : 1;
+    char n[8];
+    snprintf(n, sizeof n, "%d", nproc);
+    char *argv[] = {"tandemrun", "--nproc-per-node", n, "sh", "-c",
+                    "echo \"CPUS $(grep Cpus_allowed_list /proc/self/status | cut -f2) $OMP_NUM_THREADS\"",
+                    NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 0);
+    char cpus[2][64] = {"", ""};
+    int omp[2] = {0, 0};
+    for (int k = 0; k < nproc; k++) {
+        char head[32];
+        snprintf(head, sizeof head, "[rank %d] CPUS ", k);
+        const char *p = strstr(r.out, head);
+        CHECK(p != NULL);
+        if (p) CHECK_EQ(sscanf(p + strlen(head), "%63s %d", cpus[k], &omp[k]), 2);
+    }
+    if (nproc == 2) {
+        CHECK(strcmp(cpus[0], cpus[1]) != 0); /* the halves of the allowed cores */
+        CHECK_EQ(omp[0] + omp[1], ncpus);
+    }
+    release(&r);
+}
+
+static void torchrun_spellings_and_explicit_master(void) {
+    char *argv[] = {"tandemrun", "--standalone", "--nproc_per_node=2", "--master_port", "29555",
+                    "--master-addr=10.1.2.3", "--nnodes=1", "sh", "-c", (char *)env_script, NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 0);
+    rank_env e[2];
+    CHECK_EQ(parse_env(r.out, e, 2), 2);
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ(e[k].port, 29555);
+        CHECK(strcmp(e[k].addr, "10.1.2.3") == 0);
+        CHECK_EQ(e[k].world, 2);
+    }
+    release(&r);
+}
+
+static void devices_map_to_cuda_visible_devices(void) {
+    char *argv[] = {"tandemrun", "--devices", "0,1,3", "sh", "-c", (char *)env_script, NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 0);
+    rank_env e[3];
+    CHECK_EQ(parse_env(r.out, e, 3), 3);
+    const char *want[3] = {"0", "1", "3"};
+    for (int k = 0; k < 3; k++) {
+        CHECK_EQ(e[k].local_rank, k);
+        CHECK_EQ(e[k].world, 3);
+        CHECK(strcmp(e[k].cuda, want[k]) == 0);
+    }
+    release(&r);
+    char *bad[] = {"tandemrun", "--nproc-per-node", "2", "--devices", "0,1,3", "true", NULL};
+    r = run(bad);
+    CHECK_EQ(r.status, 2);
+    CHECK(strstr(r.err, "--devices") != NULL);
+    release(&r);
+}
+
+static void no_prefix_passes_lines_through(void) {
+    char *argv[] = {"tandemrun", "--no-prefix", "--nproc-per-node", "2", "sh", "-c", "echo plain", NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 0);
+    CHECK(strcmp(r.out, "plain\nplain\n") == 0);
+    release(&r);
+}
+
+/* Rank 1 fails; the others sleep and must be stopped, not waited for. */
+static void failing_rank_sets_the_exit_status(void) {
+    char *argv[] = {"tandemrun", "--nproc-per-node", "3", "sh", "-c",
+                    "echo PID $$; if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 30", NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 3);
+    CHECK(strstr(r.err, "rank 1 (pid ") != NULL);
+    CHECK(strstr(r.err, "exited with status 3") != NULL);
+    CHECK(strstr(r.err, "stopping the other 2 ranks") != NULL);
+    CHECK(r.secs < 5);
+    check_pids_gone(r.out, 3);
+    release(&r);
+}
+
+static void killed_rank_is_named_with_its_signal(void) {
+    char *argv[] = {"tandemrun", "--nproc-per-node", "4", "sh", "-c",
+                    "echo PID $$; if [ $RANK = 2 ]; then sleep 0.3; kill -9 $$; fi; exec sleep 30", NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 128 + SIGKILL);
+    CHECK(strstr(r.err, "rank 2 (pid ") != NULL);
+    CHECK(strstr(r.err, "killed by signal 9 (SIGKILL)") != NULL);
+    CHECK(r.secs < 5);
+    check_pids_gone(r.out, 4);
+    release(&r);
+}
+
+/* Ranks that ignore SIGTERM get SIGKILL after the grace period. */
+static void stubborn_ranks_get_sigkill(void) {
+    char *argv[] = {"tandemrun", "--grace-period", "1", "--nproc-per-node", "3", "sh", "-c",
+                    "trap '' TERM; echo PID $$; if [ $RANK = 0 ]; then sleep 0.3; exit 5; fi; "
+                    "while :; do sleep 0.05; done",
+                    NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 5);
+    CHECK(r.secs >= 1.0 && r.secs < 5);
+    check_pids_gone(r.out, 3);
+    release(&r);
+}
+
+/* Waits until `fd` holds `n` occurrences of needle (the ranks have started). */
+static int wait_for(int fd, const char *needle, int n, double limit_s) {
+    double t0 = now_s();
+    while (now_s() - t0 < limit_s) {
+        char buf[8192];
+        ssize_t got = pread(fd, buf, sizeof buf - 1, 0);
+        buf[got > 0 ? got : 0] = '\0';
+        if (count_lines_with(buf, needle) >= n) return 1;
+        usleep(20000);
+    }
+    return 0;
+}
+
+static void sigterm_to_launcher_stops_everything(void) {
+    char *argv[] = {"tandemrun", "--nproc-per-node", "3", "sh", "-c", "echo PID $$; exec sleep 30", NULL};
+    int o, e;
+    double t0 = now_s();
+    pid_t pid = start(argv, &o, &e);
+    CHECK(wait_for(o, "PID ", 3, 10));
+    kill(pid, SIGTERM);
+    run_result r = finish(pid, o, e, t0);
+    CHECK_EQ(r.status, 128 + SIGTERM);
+    CHECK(strstr(r.err, "received SIGTERM") != NULL);
+    CHECK(r.secs < 8);
+    check_pids_gone(r.out, 3);
+    release(&r);
+}
+
+static void job_timeout_exits_124(void) {
+    char *argv[] = {"tandemrun", "--timeout", "0.5", "--nproc-per-node", "2", "sh", "-c",
+                    "echo PID $$; exec sleep 30", NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 124);
+    CHECK(strstr(r.err, "timed out") != NULL);
+    CHECK(r.secs < 5);
+    check_pids_gone(r.out, 2);
+    release(&r);
+}
+
+static void usage_errors_exit_2_and_say_why(void) {
+    struct {
+        char *argv[6];
+        const char *message;
+    } cases[] = {
+        {{"tandemrun", "--nproc-per-node", "2", NULL}, "no program"},
+        {{"tandemrun", "--nproc-per-node", "0", "true", NULL}, "--nproc-per-node"},
+        {{"tandemrun", "--nproc-per-node", "x", "true", NULL}, "'x'"},
+        {{"tandemrun", "--nproc-per-node", NULL}, "needs a value"},
+        {{"tandemrun", "td_no_such_program_x", NULL}, "td_no_such_program_x"},
+        {{"tandemrun", "--bogus", "true", NULL}, "--bogus"},
+        {{"tandemrun", "--nnodes", "2", "true", NULL}, "mpirun"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        run_result r = run(cases[k].argv);
+        CHECK_EQ(r.status, 2);
+        if (!strstr(r.err, cases[k].message))
+            TEST_FAIL_AT("case %zu: stderr lacks '%s': %s", k, cases[k].message, r.err);
+        release(&r);
+    }
+    char *help[] = {"tandemrun", "--help", NULL};
+    run_result r = run(help);
+    CHECK_EQ(r.status, 0);
+    CHECK(strstr(r.out, "--nproc-per-node") != NULL);
+    release(&r);
+}
+
+static void tee_writes_per_rank_logs(void) {
+    char dir[] = "/tmp/td_tandemrun_logs_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char opt[64];
+    snprintf(opt, sizeof opt, "--log-dir=%s", dir);
+    char *argv[] = {"tandemrun", "--tee", opt, "--nproc-per-node", "2", "sh", "-c", "echo hello $RANK", NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 0);
+    for (int k = 0; k < 2; k++) {
+        char path[128], want[32];
+        snprintf(path, sizeof path, "%s/rank_%d.log", dir, k);
+        snprintf(want, sizeof want, "hello %d\n", k);
+        int fd = open(path, O_RDONLY);
+        CHECK(fd >= 0);
+        if (fd < 0) continue;
+        char *text = slurp(fd);
+        CHECK(strcmp(text, want) == 0);
+        free(text);
+        unlink(path);
+    }
+    rmdir(dir);
+    release(&r);
+}
+
+/* Rank side of ranks_form_a_process_group: the library's own rendezvous, from the env
+ * contract alone. */
+static int rank_main(void) {
+    td_comm *comm = NULL;
+    td_status st = td_comm_create(&comm, NULL);
+    if (st != TD_OK) {
+        printf("create failed: %s\n", td_last_error());
+        return 1;
+    }
+    int64_t mine = td_comm_rank(comm) + 1, sum = 0;
+    st = td_comm_allreduce(comm, &mine, &sum, 1, TD_I64, TD_OP_SUM);
+    printf("GROUP %d %d %lld %s\n", td_comm_rank(comm), td_comm_size(comm), (long long)sum,
+           st == TD_OK ? td_comm_backend_name(comm) : td_last_error());
+    td_comm_destroy(comm);
+    return st == TD_OK ? 0 : 1;
+}
+
+static void ranks_form_a_process_group(void) {
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    CHECK(len > 0);
+    if (len <= 0) return;
+    self[len] = '\0';
+    char *argv[] = {"tandemrun", "--nproc-per-node", "3", "--timeout", "60", self, "--rank", NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 0);
+    for (int k = 0; k < 3; k++) {
+        char want[64];
+        snprintf(want, sizeof want, "[rank %d] GROUP %d 3 6 ", k, k);
+        if (!strstr(r.out, want)) TEST_FAIL_AT("no '%s' in: %s %s", want, r.out, r.err);
+    }
+    release(&r);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--rank") == 0) return rank_main();
+    RUN(env_contract_for_every_rank);
+    RUN(ranks_get_disjoint_cores);
+    RUN(torchrun_spellings_and_explicit_master);
+    RUN(devices_map_to_cuda_visible_devices);
+    RUN(no_prefix_passes_lines_through);
+    RUN(failing_rank_sets_the_exit_status);
+    RUN(killed_rank_is_named_with_its_signal);
+    RUN(stubborn_ranks_get_sigkill);
+    RUN(sigterm_to_launcher_stops_everything);
+    RUN(job_timeout_exits_124);
+    RUN(usage_errors_exit_2_and_say_why);
+    RUN(tee_writes_per_rank_logs);
+    RUN(ranks_form_a_process_group);
+    TEST_END();
+}

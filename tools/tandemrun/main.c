@@ -1,0 +1,248 @@
+/* tandemrun: starts the ranks of a job on one host, torchrun style.
+ *
+ *   tandemrun --nproc-per-node 4 ./train --epochs 3
+ *
+ * This file reads and checks the command line (torchrun's spellings included) and hands
+ * the job to supervise.c. It does not span hosts: for several hosts use mpirun or srun,
+ * whose environment the library reads directly (docs/launching.md). */
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tandemrun.h"
+
+static const char usage_text[] =
+    "usage: tandemrun [options] program [args...]\n"
+    "\n"
+    "Starts N ranks of `program` on this host with the env contract RANK, WORLD_SIZE,\n"
+    "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TANDEM_TOKEN, OMP_NUM_THREADS.\n"
+    "\n"
+    "  --nproc-per-node N   ranks to start (default 1, or one per --devices entry;\n"
+    "                       'auto': one per device, else one per allowed CPU core)\n"
+    "  --devices 0,1,3      GPU ids: local rank i gets CUDA_VISIBLE_DEVICES=<i-th id>\n"
+    "  --master-addr A      rendezvous address (default 127.0.0.1)\n"
+    "  --master-port P      rendezvous port (default: a free port)\n"
+    "  --timeout S          stop the job after S seconds and exit 124\n"
+    "  --grace-period S     seconds between SIGTERM and SIGKILL when stopping (default 5)\n"
+    "  --tee                also write rank K's output to <log-dir>/rank_K.log\n"
+    "  --log-dir DIR        directory for --tee (default tandemrun-logs)\n"
+    "  --prefix, --no-prefix  prefix each output line with \"[rank K] \" (default on)\n"
+    "  --standalone, --nnodes 1, --node-rank 0, --no-python  accepted for torchrun users\n"
+    "\n"
+    "Options also take torchrun's forms: --nproc_per_node=4, --master_port 29500.\n"
+    "When a rank fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
+    "tandemrun exits with the failed rank's status (128 + signal when it was killed).\n";
+
+static int usage_error(const char *fmt, const char *arg) {
+    fputs("tandemrun: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs("\nrun 'tandemrun --help' for usage\n", stderr);
+    return 2;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out) {
+    if (!s || !*s) return 0;
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+static int parse_seconds(const char *s, double *out) {
+    if (!s || !*s) return 0;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !(v > 0) || v > 1e9) return 0;
+    *out = v;
+    return 1;
+}
+
+/* "0,1,3" -> devices; every id a non-negative integer, no duplicates. */
+static int parse_devices(const char *s, tr_options *o) {
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        if (!isdigit((unsigned char)*p)) return -1;
+        char *end = NULL;
+        long v = strtol(p, &end, 10);
+        if (v > INT_MAX || n == TR_MAX_RANKS) return -1;
+        for (int i = 0; i < n; i++)
+            if (o->devices[i] == v) return -1;
+        o->devices[n++] = (int)v;
+        p = end;
+        if (*p == ',') {
+            p++;
+            if (!*p) return -1;
+        } else if (*p) {
+            return -1;
+        }
+    }
+    return n;
+}
+
+static int allowed_cpu_count(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+    int n = CPU_COUNT(&set);
+    return n > 0 ? n : 1;
+}
+
+/* Finds `name` the way execvp would; NULL when there is no executable of that name. */
+static char *resolve_program(const char *name) {
+    if (!*name) return NULL;
+    if (strchr(name, '/')) return access(name, X_OK) == 0 ? strdup(name) : NULL;
+    const char *path = getenv("PATH");
+    if (!path || !*path) path = "/usr/local/bin:/usr/bin:/bin";
+    size_t nlen = strlen(name);
+    while (*path) {
+        const char *colon = strchr(path, ':');
+        size_t dlen = colon ? (size_t)(colon - path) : strlen(path);
+        char *full = malloc(dlen + nlen + 3);
+        if (!full) return NULL;
+        if (dlen == 0) {
+            snprintf(full, nlen + 3, "./%s", name);
+        } else {
+            memcpy(full, path, dlen);
+            full[dlen] = '/';
+            memcpy(full + dlen + 1, name, nlen + 1);
+        }
+        if (access(full, X_OK) == 0) return full;
+        free(full);
+        if (!colon) break;
+        path = colon + 1;
+    }
+    return NULL;
+}
+
+int tr_parse_args(int argc, char **argv, tr_options *o) {
+    memset(o, 0, sizeof *o);
+    o->master_addr = "127.0.0.1";
+    o->prefix = 1;
+    o->log_dir = "tandemrun-logs";
+    o->grace_s = 5.0;
+    const char *nproc_arg = NULL;
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--") == 0) {
+            i++;
+            break;
+        }
+        if (arg[0] != '-' || arg[1] == '\0') break; /* the program */
+        /* Normalise "--nproc_per_node=4" to name "nproc-per-node", value "4". */
+        const char *body = arg + (arg[1] == '-' ? 2 : 1);
+        char name[64];
+        const char *eq = strchr(body, '=');
+        size_t nlen = eq ? (size_t)(eq - body) : strlen(body);
+        if (nlen >= sizeof name) return usage_error("unknown option '%s'", arg);
+        for (size_t k = 0; k < nlen; k++) name[k] = body[k] == '_' ? '-' : body[k];
+        name[nlen] = '\0';
+        const char *value = eq ? eq + 1 : NULL;
+#define TAKES_VALUE()                                                                    \
+    do {                                                                                 \
+        if (!value) {                                                                    \
+            if (i + 1 >= argc) return usage_error("option '%s' needs a value", arg);     \
+            value = argv[++i];                                                           \
+        }                                                                                \
+    } while (0)
+        if (strcmp(name, "h") == 0 || strcmp(name, "help") == 0) {
+            fputs(usage_text, stdout);
+            return 1;
+        } else if (strcmp(name, "nproc-per-node") == 0) {
+            TAKES_VALUE();
+            nproc_arg = value;
+        } else if (strcmp(name, "devices") == 0) {
+            TAKES_VALUE();
+            int n = parse_devices(value, o);
+            if (n <= 0)
+                return usage_error("--devices wants distinct GPU ids like 0,1,3, got '%s'", value);
+            o->have_devices = n;
+        } else if (strcmp(name, "master-addr") == 0) {
+            TAKES_VALUE();
+            if (!*value) return usage_error("--master-addr is empty%s", "");
+            o->master_addr = value;
+        } else if (strcmp(name, "master-port") == 0) {
+            TAKES_VALUE();
+            long v;
+            if (!parse_int(value, 1, 65535, &v))
+                return usage_error("--master-port must be a port from 1 to 65535, got '%s'", value);
+            o->master_port = (int)v;
+        } else if (strcmp(name, "timeout") == 0) {
+            TAKES_VALUE();
+            if (!parse_seconds(value, &o->timeout_s))
+                return usage_error("--timeout must be a positive number of seconds, got '%s'", value);
+        } else if (strcmp(name, "grace-period") == 0) {
+            TAKES_VALUE();
+            if (!parse_seconds(value, &o->grace_s))
+                return usage_error("--grace-period must be a positive number of seconds, got '%s'",
+                                   value);
+        } else if (strcmp(name, "log-dir") == 0) {
+            TAKES_VALUE();
+            o->log_dir = value;
+        } else if (strcmp(name, "tee") == 0) {
+            o->tee = 1; /* torchrun's --tee=3 picks streams; we always tee both */
+        } else if (strcmp(name, "prefix") == 0) {
+            o->prefix = 1;
+        } else if (strcmp(name, "no-prefix") == 0) {
+            o->prefix = 0;
+        } else if (strcmp(name, "standalone") == 0 || strcmp(name, "no-python") == 0) {
+            /* one host is all tandemrun does, and it always runs the program directly */
+        } else if (strcmp(name, "nnodes") == 0) {
+            TAKES_VALUE();
+            if (strcmp(value, "1") != 0 && strcmp(value, "1:1") != 0)
+                return usage_error("--nnodes %s: tandemrun runs one host; use mpirun or srun for "
+                                   "several (see docs/launching.md)", value);
+        } else if (strcmp(name, "node-rank") == 0) {
+            TAKES_VALUE();
+            if (strcmp(value, "0") != 0)
+                return usage_error("--node-rank %s: tandemrun runs one host (node rank 0)", value);
+        } else {
+            return usage_error("unknown option '%s'", arg);
+        }
+#undef TAKES_VALUE
+    }
+    if (nproc_arg) {
+        long v;
+        if (strcmp(nproc_arg, "auto") == 0) {
+            o->nproc = o->have_devices ? o->have_devices : allowed_cpu_count();
+        } else if (parse_int(nproc_arg, 1, TR_MAX_RANKS, &v)) {
+            o->nproc = (int)v;
+        } else {
+            return usage_error("--nproc-per-node must be an integer from 1 to 1024 or 'auto', "
+                               "got '%s'", nproc_arg);
+        }
+    } else {
+        o->nproc = o->have_devices ? o->have_devices : 1;
+    }
+    if (o->have_devices && o->have_devices != o->nproc) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%d", o->have_devices);
+        fprintf(stderr, "tandemrun: --nproc-per-node %d but --devices lists %s devices; "
+                        "give one device per rank\n", o->nproc, msg);
+        return 2;
+    }
+    if (i >= argc) return usage_error("no program to run%s", "");
+    char *path = resolve_program(argv[i]);
+    if (!path) return usage_error("program '%s' not found or not executable", argv[i]);
+    o->program = path;
+    o->argv = argv + i;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    tr_options opts;
+    int rc = tr_parse_args(argc, argv, &opts);
+    if (rc == 1) return 0;
+    if (rc != 0) return rc;
+    rc = tr_run_job(&opts);
+    free((char *)opts.program);
+    return rc;
+}
