@@ -51,6 +51,11 @@ $(BUILD)/obj/src/comm/mpi/%.o: src/comm/mpi/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
+# Benchmarks may call Open MPI directly to measure it side by side.
+$(BUILD)/obj/bench/%.o: bench/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(if $(MPICC),-DTD_HAVE_MPI) -c $< -o $@

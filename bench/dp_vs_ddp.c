@@ -57,8 +57,13 @@ typedef struct {
     float last_loss;
     size_t mem[MAX_DEV];      /* DP: every replica; DDP: this rank in mem[0] */
     size_t mem_detail[MAX_DEV][6];
-    double phase_s[TD_DP_PHASE_COUNT];
+    double phase_s[TD_DP_PHASE_COUNT]; /* DP: td_dp_phase_seconds; DDP: the first 4 below */
 } result;
+
+/* DDP's parts of a step, in result.phase_s. */
+enum { DDP_FORWARD = 0, DDP_BACKWARD, DDP_WAIT, DDP_OPTIMIZER, DDP_PARTS };
+static const char *const ddp_part_names[DDP_PARTS] = {"forward", "backward", "allreduce wait",
+                                                      "optimizer"};
 
 static float *g_x;
 static int64_t *g_y;
@@ -225,16 +230,27 @@ static void run_ddp_rank(const options *o, int rank, int port, const char *token
     for (int it = 1; it <= o->iters; it++) {
         size_t k = (size_t)(it % N_BATCHES);
         size_t first = k * (size_t)o->batch + (size_t)(rank * b);
+        uint64_t t = td_time_ns(), u;
         CHECK(td_ddp_prepare_forward(ddp));
         CHECK(td_tensor_write(m.input, g_x + first * SAMPLE));
         CHECK(td_tensor_write(m.labels, g_y + first));
         CHECK(td_graph_zero_grad(g));
         CHECK(td_graph_forward(g));
+        u = td_time_ns();
+        r.phase_s[DDP_FORWARD] += (double)(u - t) * 1e-9;
+        t = u;
         CHECK(td_graph_backward(g, m.loss));
         CHECK(h.status);
+        u = td_time_ns();
+        r.phase_s[DDP_BACKWARD] += (double)(u - t) * 1e-9;
+        t = u;
         CHECK(td_ddp_finish_backward(ddp));
+        u = td_time_ns();
+        r.phase_s[DDP_WAIT] += (double)(u - t) * 1e-9;
+        t = u;
         CHECK(td_optim_step(opt));
         CHECK(td_tensor_read(m.loss, &r.last_loss));
+        r.phase_s[DDP_OPTIMIZER] += (double)(td_time_ns() - t) * 1e-9;
         record(&r, it, t0);
     }
     r.total_s = (double)(td_time_ns() - t0) * 1e-9;
@@ -380,6 +396,14 @@ static int run_model(const options *o) {
         printf("DP time per step:");
         for (int i = 0; i < TD_DP_PHASE_COUNT; i++)
             printf(" %s %.1f%%", td_dp_phase_name((td_dp_phase)i), 100.0 * dp.phase_s[i] / sum);
+        printf("\n");
+    }
+    if (ddp_ok) {
+        double sum = 0;
+        for (int i = 0; i < DDP_PARTS; i++) sum += ddp.phase_s[i];
+        printf("DDP time per step (rank 0):");
+        for (int i = 0; i < DDP_PARTS; i++)
+            printf(" %s %.1f%%", ddp_part_names[i], 100.0 * ddp.phase_s[i] / sum);
         printf("\n");
     }
     static const char *parts[6] = {"params", "graph", "inputs", "outputs", "reduce/buckets", "optim"};

@@ -3,6 +3,7 @@
  * and world sizes 1-4; in-place calls; non-blocking calls with several outstanding;
  * point-to-point ordering, tags and large two-way isend/irecv; sub-groups working
  * concurrently with their parent; parameter checks and the environment contract. */
+#include <sched.h>
 #include <stdlib.h>
 
 #include "test_comm_util.h"
@@ -388,6 +389,23 @@ static void p2p_rank(int rank, int size, int port, void *arg) {
         CHECK_STATUS(td_comm_recv(c, &one, 1, TD_I64, 0, 10), TD_EMISMATCH);
         CHECK(strstr(td_last_error(), "16") != NULL);
     }
+    /* Point-to-point while a collective runs on the progress thread, completed by polling. */
+    td_request *coll;
+    CHECK_OK(td_comm_iallreduce(c, out, in, count, TD_F32, TD_OP_MAX, &coll));
+    int64_t token = rank * 10, got = -1;
+    CHECK_OK(td_comm_isend(c, &token, 1, TD_I64, to, 11, &s));
+    CHECK_OK(td_comm_irecv(c, &got, 1, TD_I64, from, 11, &r));
+    int sent = 0, recvd = 0;
+    uint64_t give_up = td_time_ns() + 20000000000ull;
+    while ((!sent || !recvd) && td_time_ns() < give_up) {
+        if (!sent) CHECK_OK(td_request_test(s, &sent));
+        if (!recvd) CHECK_OK(td_request_test(r, &recvd));
+        if (!sent || !recvd) sched_yield();
+    }
+    CHECK(sent && recvd);
+    CHECK_EQ(got, from * 10);
+    CHECK_OK(td_request_wait(coll));
+    CHECK_NEAR(in[5], (float)((size - 1) * 1000003 + 5), 0);
     CHECK_STATUS(td_comm_send(c, out, 1, TD_F32, rank, 0), TD_EINVAL);
     CHECK_STATUS(td_comm_send(c, out, 1, TD_F32, size, 0), TD_EINVAL);
     CHECK_OK(td_comm_barrier(c));

@@ -33,11 +33,11 @@ static void killed_rank(int rank, int size, int port, void *arg) {
     char want[32];
     snprintf(want, sizeof want, "rank %d", size - 1);
     if (!strstr(td_last_error(), want)) TEST_FAIL_AT("the error does not name %s: %s", want, td_last_error());
-    CHECK(took < 2.5);
+    CHECK(took < 3.0);
     /* The group is poisoned: the next call fails at once. */
     t0 = td_time_ns();
     CHECK(td_comm_barrier(c) != TD_OK);
-    CHECK(seconds_since(t0) < 0.1);
+    CHECK(seconds_since(t0) < 0.5);
     int32_t x = 1;
     CHECK(td_comm_send(c, &x, 1, TD_I32, 0 == rank ? 1 : 0, 0) != TD_OK);
     td_comm_destroy(c);
@@ -65,7 +65,7 @@ static void killed_sender(int rank, int size, int port, void *arg) {
     uint64_t t0 = td_time_ns();
     CHECK_STATUS(td_comm_recv(c, &v, 1, TD_I32, 1, 0), TD_EPEER);
     CHECK(strstr(td_last_error(), "rank 1") != NULL);
-    CHECK(seconds_since(t0) < 2.5);
+    CHECK(seconds_since(t0) < 3.0);
     td_comm_destroy(c);
 }
 
@@ -108,7 +108,7 @@ static void mismatch_rank(int rank, int size, int port, void *arg) {
     /* Later calls fail fast. */
     uint64_t t0 = td_time_ns();
     CHECK(td_comm_barrier(c) != TD_OK);
-    CHECK(seconds_since(t0) < 0.1);
+    CHECK(seconds_since(t0) < 0.5);
     td_comm_destroy(c);
 }
 
@@ -135,7 +135,7 @@ static void late_rank(int rank, int size, int port, void *arg) {
         uint64_t t0 = td_time_ns();
         CHECK_STATUS(td_comm_barrier(c), TD_ETIMEOUT);
         double took = seconds_since(t0);
-        CHECK(took >= 0.45 && took < 1.2);
+        CHECK(took >= 0.45 && took < 2.0);
         CHECK(strstr(td_last_error(), "rank 1") != NULL);
     }
     td_comm_destroy(c);

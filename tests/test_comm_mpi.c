@@ -2,11 +2,11 @@
  *
  * Run plainly (as tests/run.sh does), the program re-executes itself under
  * `mpirun -np N` for N = 1..4 and checks what every rank reported. Under mpirun, each rank
- * runs every collective x dtype x op x size (0, 1, 7, 1009; 100003 for f32 and bf16 with SUM
- * and AVG) against a serial reference computed from the same generator, plus point-to-point order and tags, split by
- * parity, mismatched collectives and timeouts. Built without MPI, it checks that asking for
- * the mpi backend says so. */
-#include <errno.h>
+ * runs every collective x dtype x op x size (0, 1, 7, 1009; 100003 for f32 and bf16 with
+ * SUM and AVG) against a serial reference computed from the same generator, plus in-place
+ * variants, non-blocking collectives, point-to-point order and tags, split by parity,
+ * mismatched collectives and timeouts. Built without MPI, it checks that asking for the
+ * mpi backend says so. */
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -263,11 +263,13 @@ static void p2p_keeps_order_per_tag(void) {
     if (rank == 0) {
         CHECK_OK(td_comm_send(world, x, 3, TD_F64, 1, 11));
         CHECK_OK(td_comm_send(world, x, 3, TD_F64, 1, 12));
+        CHECK_OK(td_comm_send(world, x, 3, TD_F64, 1, 13));
     } else if (rank == 1) {
         CHECK_OK(td_comm_recv(world, y, 3, TD_F64, 0, 11));
         CHECK(y[0] == 1.5 && y[2] == 3.5);
         CHECK_STATUS(td_comm_recv(world, y, 4, TD_F64, 0, 12), TD_EMISMATCH);
         CHECK(strstr(td_last_error(), "rank 0") != NULL);
+        CHECK_STATUS(td_comm_recv(world, y, 2, TD_F64, 0, 13), TD_EMISMATCH); /* too short */
     }
     CHECK_OK(td_comm_barrier(world));
 }
@@ -352,6 +354,24 @@ static void waits_are_bounded(void) {
     CHECK_OK(td_comm_barrier(world));
 }
 
+/* A collective that the other ranks never join ends in TD_ETIMEOUT naming it. */
+static void collective_timeout_names_the_collective(void) {
+    if (size < 2) return;
+    td_comm *g = scratch_group();
+    if (!g) return;
+    if (rank == 0) {
+        CHECK_OK(td_comm_set_timeout(g, 0.3));
+        uint64_t t0 = td_time_ns();
+        CHECK_STATUS(td_comm_barrier(g), TD_ETIMEOUT);
+        double secs = (double)(td_time_ns() - t0) * 1e-9;
+        CHECK(secs >= 0.25 && secs < 10);
+        CHECK(strstr(td_last_error(), "barrier") != NULL);
+        CHECK(strstr(td_last_error(), "rank 0") != NULL);
+    }
+    td_comm_destroy(g);
+    CHECK_OK(td_comm_barrier(world));
+}
+
 static int run_rank(void) {
     td_comm_params p;
     td_comm_default_params(&p);
@@ -373,6 +393,7 @@ static int run_rank(void) {
     RUN(split_by_parity);
     RUN(mismatched_collectives_are_reported);
     RUN(waits_are_bounded);
+    RUN(collective_timeout_names_the_collective);
     td_comm_destroy(world);
     /* Not "P passed, F failed" at the start of a line: only the parent's counts count. */
     printf("rank %d of %d: %d passed, %d failed\n", rank, size, test_passed, test_failed);
@@ -408,6 +429,9 @@ static void run_under_mpirun(int np) {
         setenv("OMPI_MCA_mpi_yield_when_idle", "1", 1);
         setenv("OMPI_MCA_btl", "self,vader", 1); /* one host: no network probing */
         setenv("TD_TEST_MPI_CHILD", "1", 1);
+        /* ranks take their place from MPI, not from a torchrun-style outer environment */
+        const char *outer[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+        for (size_t k = 0; k < sizeof outer / sizeof *outer; k++) unsetenv(outer[k]);
         /* Open MPI frees little at exit, from components it has already unloaded, so leak
          * reports under AddressSanitizer would name MPI, not us. */
         const char *asan = getenv("ASAN_OPTIONS");
@@ -451,7 +475,7 @@ static void run_under_mpirun(int np) {
         int passed = -1, failed = -1;
         if (line && sscanf(line + strlen(want), "%d passed, %d failed", &passed, &failed) == 2) reported++;
         CHECK_EQ(failed, 0);
-        CHECK(passed >= 9);
+        CHECK(passed >= 10);
     }
     CHECK_EQ(reported, np);
     printf("--- mpirun -np %d (%.1f s) ---\n", np, now_s() - t0);

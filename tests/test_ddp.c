@@ -14,6 +14,7 @@
 
 #include "tandem/ddp.h"
 #include "test.h"
+#include "test_comm_util.h" /* test_free_port, test_comm_create */
 
 /* ---- the model --------------------------------------------------------------------- */
 
@@ -246,30 +247,15 @@ typedef void (*rank_fn)(td_comm *comm, int rank, int world, void *arg);
 /* Runs fn on `world` forked ranks joined by a fresh shm world group; any rank failing,
  * crashing or running past 25 s fails the case. */
 static void run_world(int world, rank_fn fn, void *arg) {
-    static int counter;
-    counter++;
-    int port = 20000 + (int)(((unsigned)getpid() * 131u + (unsigned)counter * 7u) % 40000u);
-    char token[64];
-    snprintf(token, sizeof token, "ddp-test-%d-%d", (int)getpid(), counter);
+    int port = test_free_port();
     fflush(stdout);
     fflush(stderr);
     pid_t pids[8];
     for (int r = 0; r < world; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
-            td_comm_params cp;
-            td_comm_default_params(&cp);
-            cp.backend = TD_BACKEND_SHM;
-            cp.rank = r;
-            cp.world_size = world;
-            cp.local_rank = r;
-            cp.local_world_size = world;
-            cp.master_addr = "127.0.0.1";
-            cp.master_port = port;
-            cp.token = token;
-            cp.timeout_s = 20;
             td_comm *comm = NULL;
-            if (td_comm_create(&comm, &cp) != TD_OK) {
+            if (test_comm_create(&comm, r, world, port, 20) != TD_OK) {
                 fprintf(stderr, "rank %d/%d: td_comm_create: %s\n", r, world, td_last_error());
                 _exit(2);
             }
@@ -309,13 +295,14 @@ static void run_world(int world, rank_fn fn, void *arg) {
         }
         if (left > 0) usleep(2000);
     }
+    CHECK_EQ(test_shm_leftovers(0, port), 0); /* even a rank that died leaves no segment */
 }
 
 /* ---- DDP training helpers ------------------------------------------------------------ */
 
 /* `steps` DDP steps; rank r trains on its B/world slice of [0, B). */
-static void ddp_train(td_ddp *ddp, model *m, int rank, int world, int B, int steps, const size_t *order,
-                      size_t n_order) {
+static void ddp_train_lr(td_ddp *ddp, model *m, int rank, int world, int B, int steps, const size_t *order,
+                         size_t n_order, float lr) {
     int b = B / world;
     for (int s = 0; s < steps; s++) {
         CHECK_OK(td_ddp_prepare_forward(ddp));
@@ -323,8 +310,13 @@ static void ddp_train(td_ddp *ddp, model *m, int rank, int world, int B, int ste
         hooks h = {ddp, order, n_order, 0, -1, 0};
         forward_backward(m, GX + rank * b * D0, GT + rank * b * DO, b, 1.0f, &h);
         CHECK_OK(td_ddp_finish_backward(ddp));
-        sgd(m, LR);
+        sgd(m, lr);
     }
+}
+
+static void ddp_train(td_ddp *ddp, model *m, int rank, int world, int B, int steps, const size_t *order,
+                      size_t n_order) {
+    ddp_train_lr(ddp, m, rank, world, B, steps, order, n_order, LR);
 }
 
 typedef struct {
@@ -375,6 +367,20 @@ static void equivalence_rank(td_comm *comm, int rank, int world, void *arg) {
         CHECK(m.p[0].grad == (void *)m.grad);
         model_free(&m);
     }
+    /* average = 0 sums: the same steps with the learning rate divided by world_size. */
+    model m;
+    model_init(&m, (uint64_t)rank, 0);
+    td_ddp_params dp;
+    td_ddp_default_params(&dp);
+    dp.average = 0;
+    td_ddp *ddp = NULL;
+    CHECK_OK(td_ddp_create(&ddp, comm, m.p, m.n, NULL, 0, &dp));
+    if (ddp) {
+        ddp_train_lr(ddp, &m, rank, world, B, STEPS, NULL, 0, LR / (float)world);
+        params_close(&m, &ref, rank, "summed gradients");
+        td_ddp_destroy(ddp);
+    }
+    model_free(&m);
     model_free(&ref);
 }
 

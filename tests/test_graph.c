@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "tandem/nn.h"
+
 #include "test.h"
 
 /* A small MLP classifier on fixed data: x (N, IN) -> fc1 -> relu -> fc2 -> CE. */
@@ -141,6 +142,46 @@ static void grad_ready_hook_fires_once_with_final_values(void) {
     td_graph_destroy(g);
 }
 
+/* A parameter fed to a linear node as its data input (an embedding table, say) is final only
+ * after that node's data gradient, which comes after the weight gradient. */
+static void grad_ready_hook_waits_for_data_gradients(void) {
+    td_graph *g;
+    CHECK_OK(td_graph_create(&g, NULL));
+    td_rng rng;
+    td_rng_init(&rng, 9);
+    td_tensor *table, *w, *y, *out, *loss;
+    CHECK_OK(td_graph_param(g, "table", td_shape_2d(4, 8), &table));
+    CHECK_OK(td_graph_param(g, "head.weight", td_shape_2d(3, 8), &w));
+    CHECK_OK(td_graph_input(g, "y", td_shape_1d(4), TD_I64, 0, &y));
+    td_rng_fill_uniform(&rng, td_tensor_data(table), 32, -1, 1);
+    td_rng_fill_uniform(&rng, td_tensor_data(w), 24, -1, 1);
+    CHECK_OK(td_graph_linear(g, table, w, NULL, &out));
+    CHECK_OK(td_graph_cross_entropy(g, out, y, TD_REDUCTION_MEAN, &loss, NULL));
+    CHECK_OK(td_graph_compile(g));
+    int64_t *lab = td_tensor_data(y);
+    for (int i = 0; i < 4; i++) lab[i] = i % 3;
+    hook_log h;
+    memset(&h, 0, sizeof h);
+    h.g = g;
+    td_graph_set_grad_ready_hook(g, on_ready, &h);
+    CHECK_OK(td_graph_forward(g));
+    CHECK_OK(td_graph_backward(g, loss));
+    td_param *p;
+    size_t n;
+    CHECK_OK(td_graph_params(g, &p, &n));
+    double norm = 0;
+    for (size_t i = 0; i < n; i++) {
+        CHECK_EQ(h.calls[i], 1);
+        for (size_t j = 0; j < p[i].count; j++) {
+            CHECK(h.seen[i][j] == ((float *)p[i].grad)[j]);
+            norm += fabs(((float *)p[i].grad)[j]);
+        }
+    }
+    CHECK(norm > 1e-3);
+    CHECK_EQ(h.order[0], 1); /* the weight first, the table after its data gradient */
+    td_graph_destroy(g);
+}
+
 static void relocated_grad_buffers_are_written(void) {
     tiny t;
     CHECK(tiny_make(&t, 2));
@@ -231,8 +272,10 @@ static void dropout_train_eval_and_replay(void) {
     memcpy(first, yd, sizeof first);
     int zeros = 0;
     for (int i = 0; i < 64 * 64; i++) {
-        if (yd[i] == 0.0f) zeros++;
-        else CHECK_NEAR(yd[i], xd[i] / 0.75f, 1e-5);
+        if (yd[i] == 0.0f)
+            zeros++;
+        else
+            CHECK_NEAR(yd[i], xd[i] / 0.75f, 1e-5);
     }
     CHECK(zeros > 64 * 64 / 4 - 200 && zeros < 64 * 64 / 4 + 200);
     int dropped = 0;
@@ -348,6 +391,44 @@ static void sgd_steps_reduce_the_loss(void) {
     td_graph_destroy(t.g);
 }
 
+/* Backward once, then compares every parameter's (and x's, when given) gradient with
+ * central differences of the loss; returns how many entries disagree. */
+static int fd_check(td_graph *g, td_tensor *loss, td_tensor *x, int *checked) {
+    td_param *p;
+    size_t np;
+    td_graph_params(g, &p, &np);
+    CHECK_OK(td_graph_zero_grad(g));
+    CHECK_OK(td_graph_forward(g));
+    CHECK_OK(td_graph_backward(g, loss));
+    int bad = 0;
+    const float eps = 1e-3f;
+    for (size_t i = 0; i <= np; i++) {
+        td_tensor *pt = i < np ? td_graph_param_tensor(g, i) : x;
+        if (!pt) break;
+        float *d = td_tensor_data(pt), *gr = td_tensor_grad(pt);
+        int64_t count = td_tensor_numel(pt);
+        for (int64_t j = 0; j < count; j++) {
+            float keep = d[j];
+            d[j] = keep + eps;
+            td_graph_forward(g);
+            double lp = *(float *)td_tensor_data(loss);
+            d[j] = keep - eps;
+            td_graph_forward(g);
+            double lm = *(float *)td_tensor_data(loss);
+            d[j] = keep;
+            double num = (lp - lm) / (2 * eps), ana = gr[j];
+            (*checked)++;
+            if (fabs(num - ana) > 1e-2 * fmax(fabs(num), fabs(ana)) + 2e-3) {
+                bad++;
+                if (bad < 8)
+                    fprintf(stderr, "%s[%lld]: analytic %.6g numeric %.6g\n", td_tensor_name(pt),
+                            (long long)j, ana, num);
+            }
+        }
+    }
+    return bad;
+}
+
 /* conv(1->3, k3, pad 1) + bn + relu + maxpool 2 + flatten + linear(27->5) + CE; every
  * parameter and the input checked against central differences. */
 static void finite_difference_gradients(void) {
@@ -382,37 +463,21 @@ static void finite_difference_gradients(void) {
         ((float *)p[2].data)[c] = 0.5f + 0.3f * (float)c;
         ((float *)p[3].data)[c] = 0.1f * (float)c;
     }
-    CHECK_OK(td_graph_forward(g));
-    CHECK_OK(td_graph_backward(g, loss));
-    int checked = 0, bad = 0;
-    const float eps = 1e-3f;
-    for (size_t i = 0; i <= np; i++) {
-        td_tensor *pt = i < np ? td_graph_param_tensor(g, i) : x;
-        float *d = td_tensor_data(pt), *gr = td_tensor_grad(pt);
-        int64_t count = td_tensor_numel(pt);
-        for (int64_t j = 0; j < count; j++) {
-            float keep = d[j];
-            d[j] = keep + eps;
-            td_graph_forward(g);
-            double lp = *(float *)td_tensor_data(loss);
-            d[j] = keep - eps;
-            td_graph_forward(g);
-            double lm = *(float *)td_tensor_data(loss);
-            d[j] = keep;
-            double num = (lp - lm) / (2 * eps), ana = gr[j];
-            checked++;
-            if (fabs(num - ana) > 1e-2 * fmax(fabs(num), fabs(ana)) + 2e-3) {
-                bad++;
-                if (bad < 8)
-                    fprintf(stderr, "%s[%lld]: analytic %.6g numeric %.6g\n", td_tensor_name(pt),
-                            (long long)j, ana, num);
-            }
-        }
-    }
+    int checked = 0, bad = fd_check(g, loss, x, &checked);
     CHECK(checked == 30 + 6 + 135 + 5 + N * 36);
     /* a kink of relu or max pool inside +-eps can spoil a handful of entries */
     CHECK(bad <= 2);
     td_graph_destroy(g);
+}
+
+/* The tiny MLP runs its ReLU in place over the linear output; check its gradients too. */
+static void finite_difference_in_place_relu(void) {
+    tiny t;
+    CHECK(tiny_make(&t, 8));
+    int checked = 0, bad = fd_check(t.g, t.loss, NULL, &checked);
+    CHECK(checked == TIN * THID + THID + THID * TOUT + TOUT);
+    CHECK(bad <= 1);
+    td_graph_destroy(t.g);
 }
 
 static void models_build_and_share_params(void) {
@@ -498,16 +563,77 @@ static void input_gradient_and_errors(void) {
     td_graph_destroy(g);
 }
 
+/* Winograd (oneDNN's choice for 3x3) and direct convolution agree on the CNN's loss and
+ * gradients to f32 rounding. */
+static void winograd_matches_direct(void) {
+    td_graph *g[2];
+    td_model m[2];
+    for (int k = 0; k < 2; k++) {
+        td_graph_options o = td_graph_default_options();
+        o.conv_winograd = k;
+        CHECK_OK(td_graph_create(&g[k], &o));
+        CHECK_OK(td_model_build(g[k], TD_MODEL_CNN, 16, 21, &m[k]));
+        td_rng r;
+        td_rng_init(&r, 6);
+        td_rng_fill_uniform(&r, td_tensor_data(m[k].input), 16 * 784, 0, 1);
+        int64_t *lab = td_tensor_data(m[k].labels);
+        for (int i = 0; i < 16; i++) lab[i] = (i * 7) % 10;
+        CHECK_OK(td_graph_forward(g[k]));
+        CHECK_OK(td_graph_backward(g[k], m[k].loss));
+    }
+    CHECK_NEAR(*(float *)td_tensor_data(m[0].loss), *(float *)td_tensor_data(m[1].loss), 1e-4);
+    td_param *p0, *p1;
+    size_t n0, n1;
+    CHECK_OK(td_graph_params(g[0], &p0, &n0));
+    CHECK_OK(td_graph_params(g[1], &p1, &n1));
+    CHECK_EQ(n0, n1);
+    for (size_t i = 0; i < n0 && i < n1; i++) {
+        const float *a = p0[i].grad, *b = p1[i].grad;
+        double scale = 0;
+        for (size_t j = 0; j < p0[i].count; j++) scale = fmax(scale, fabs(a[j]));
+        /* the absolute term covers conv biases before BN, whose true gradient is 0 */
+        for (size_t j = 0; j < p0[i].count; j++) CHECK_NEAR(a[j], b[j], 1e-3 * scale + 1e-5);
+    }
+    td_graph_destroy(g[0]);
+    td_graph_destroy(g[1]);
+}
+
+static void inputs_point_at_caller_memory(void) {
+    tiny t;
+    CHECK(tiny_make(&t, 4));
+    CHECK_OK(td_graph_compile(t.g)); /* compiling twice is a no-op */
+    CHECK_OK(td_graph_forward(t.g));
+    float own_loss = *(float *)td_tensor_data(t.loss);
+    float mine[TN * TIN];
+    memcpy(mine, td_tensor_data(t.x), sizeof mine);
+    CHECK_OK(td_tensor_set_data(t.x, mine));
+    CHECK(td_tensor_data(t.x) == mine);
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK(*(float *)td_tensor_data(t.loss) == own_loss);
+    for (int i = 0; i < TN * TIN; i++) mine[i] *= 3.0f;
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK(*(float *)td_tensor_data(t.loss) != own_loss);
+    CHECK_OK(td_tensor_set_data(t.x, NULL));
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK(*(float *)td_tensor_data(t.loss) == own_loss);
+    CHECK_STATUS(td_tensor_set_data(td_graph_param_tensor(t.g, 0), mine), TD_EINVAL);
+    td_graph_destroy(t.g);
+}
+
 int main(void) {
     RUN(accumulation_and_zero_grad);
     RUN(grad_ready_hook_fires_once_with_final_values);
+    RUN(grad_ready_hook_waits_for_data_gradients);
     RUN(relocated_grad_buffers_are_written);
     RUN(graph_follows_repointed_param_grads);
     RUN(dropout_train_eval_and_replay);
     RUN(batch_norm_train_and_eval);
     RUN(sgd_steps_reduce_the_loss);
     RUN(finite_difference_gradients);
+    RUN(finite_difference_in_place_relu);
     RUN(models_build_and_share_params);
     RUN(input_gradient_and_errors);
+    RUN(inputs_point_at_caller_memory);
+    RUN(winograd_matches_direct);
     TEST_END();
 }

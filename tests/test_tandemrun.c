@@ -164,7 +164,7 @@ static void env_contract_for_every_rank(void) {
     }
     /* stderr is relayed to stderr, prefixed, and not to stdout */
     for (int k = 0; k < 4; k++) {
-        char line[32];
+        char line[64];
         snprintf(line, sizeof line, "[rank %d] ERR %d\n", k, k);
         CHECK(strstr(r.err, line) != NULL);
     }
@@ -321,6 +321,38 @@ static void sigterm_to_launcher_stops_everything(void) {
     release(&r);
 }
 
+/* Even a launcher killed outright leaves no rank behind (PR_SET_PDEATHSIG). */
+static void sigkill_to_launcher_takes_the_ranks_along(void) {
+    char *argv[] = {"tandemrun", "--nproc-per-node", "2", "sh", "-c", "echo PID $$; exec sleep 30", NULL};
+    int o, e;
+    double t0 = now_s();
+    pid_t pid = start(argv, &o, &e);
+    CHECK(wait_for(o, "PID ", 2, 10));
+    kill(pid, SIGKILL);
+    run_result r = finish(pid, o, e, t0);
+    CHECK_EQ(r.status, 128 + SIGKILL);
+    /* the ranks are now orphans that init reaps; give it a moment */
+    double t1 = now_s();
+    int alive = 1;
+    while (alive && now_s() - t1 < 5) {
+        alive = 0;
+        for (const char *p = r.out; (p = strstr(p, "PID ")); p += 4) {
+            int rank_pid = atoi(p + 4);
+            char path[64], state = 0;
+            snprintf(path, sizeof path, "/proc/%d/stat", rank_pid);
+            FILE *f = fopen(path, "r");
+            if (!f) continue;
+            /* a zombie nobody has reaped yet is dead too */
+            if (fscanf(f, "%*d %*s %c", &state) == 1 && state != 'Z') alive = 1;
+            fclose(f);
+        }
+        if (alive) usleep(20000);
+    }
+    CHECK(!alive);
+    CHECK_EQ(count_lines_with(r.out, "PID "), 2);
+    release(&r);
+}
+
 static void job_timeout_exits_124(void) {
     char *argv[] = {"tandemrun", "--timeout", "0.5", "--nproc-per-node", "2", "sh", "-c",
                     "echo PID $$; exec sleep 30", NULL};
@@ -428,6 +460,7 @@ int main(int argc, char **argv) {
     RUN(killed_rank_is_named_with_its_signal);
     RUN(stubborn_ranks_get_sigkill);
     RUN(sigterm_to_launcher_stops_everything);
+    RUN(sigkill_to_launcher_takes_the_ranks_along);
     RUN(job_timeout_exits_124);
     RUN(usage_errors_exit_2_and_say_why);
     RUN(tee_writes_per_rank_logs);

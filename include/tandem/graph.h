@@ -10,8 +10,9 @@
  * of a DataParallel may drive its own graph). It does not optimise (see optim.h) or
  * communicate (see parallel/).
  *
- * Compile fuses a batch norm whose output feeds only a ReLU into one primitive: that batch
- * norm's output tensor then holds the ReLU'd values (read the ReLU's output instead).
+ * Compile fuses a batch norm whose output feeds only a ReLU into one primitive, and runs
+ * any other ReLU in place when nothing else reads its input: such an input tensor then
+ * holds the ReLU'd values (read the ReLU's output instead).
  * Activations between convolutions may live in a oneDNN blocked layout; td_tensor_read
  * and td_tensor_read_grad always copy out in plain row-major order. */
 #ifndef TANDEM_GRAPH_H
@@ -30,12 +31,17 @@ typedef struct td_graph td_graph;
 
 /* Options for td_graph_create. */
 typedef struct {
-    int grad_enabled;         /* 0: inference only, no gradient memory, backward refused */
+    int grad_enabled;         /* 0: inference only: no gradient memory, backward refused, and
+                                 activations reuse each other's memory, so after forward
+                                 only outputs and the last node's inputs hold values */
     uint64_t seed;            /* initial state of the dropout RNG (td_graph_rng) */
     size_t arena_block_bytes; /* 0 picks a default */
+    int conv_winograd;        /* 1: oneDNN may pick Winograd for 3x3 convolutions where it is
+                                 faster (f32 results differ from direct in the last bits);
+                                 0: direct convolution only */
 } td_graph_options;
 
-/* grad_enabled = 1, seed = 0, default arena blocks. */
+/* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1. */
 td_graph_options td_graph_default_options(void);
 
 /* Creates an empty graph in training mode; options may be NULL for the defaults. */
@@ -72,7 +78,7 @@ td_conv2d_params td_conv2d_default_params(void);
 /* Pooling geometry. */
 typedef struct {
     int kernel[2];
-    int stride[2];  /* PyTorch's default is the kernel size */
+    int stride[2]; /* PyTorch's default is the kernel size */
     int padding[2];
 } td_pool2d_params;
 
@@ -92,20 +98,17 @@ td_batch_norm_params td_batch_norm_default_params(void);
 typedef enum { TD_REDUCTION_MEAN = 0, TD_REDUCTION_SUM = 1 } td_reduction;
 
 /* y = x W^T + b; x (N, IN), w (OUT, IN), b (OUT) or NULL, y (N, OUT). */
-td_status td_graph_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
-                          td_tensor **y);
+td_status td_graph_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b, td_tensor **y);
 
 /* x (N, C, H, W), w (OC, C, KH, KW), b (OC) or NULL; y (N, OC, OH, OW). */
 td_status td_graph_conv2d(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
                           const td_conv2d_params *p, td_tensor **y);
 
 /* Max pooling over (N, C, H, W); backward routes through the recorded argmax. */
-td_status td_graph_max_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p,
-                              td_tensor **y);
+td_status td_graph_max_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p, td_tensor **y);
 
 /* Average pooling; padded zeros count in the divisor (PyTorch's count_include_pad). */
-td_status td_graph_avg_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p,
-                              td_tensor **y);
+td_status td_graph_avg_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p, td_tensor **y);
 
 /* max(x, 0), any shape. */
 td_status td_graph_relu(td_graph *g, td_tensor *x, td_tensor **y);
@@ -146,8 +149,8 @@ td_status td_graph_log_softmax(td_graph *g, td_tensor *x, td_tensor **y);
 td_status td_graph_softmax(td_graph *g, td_tensor *x, td_tensor **y);
 
 /* -logp[i, label_i], reduced; logp (N, C) f32, labels (N) i64; loss is a scalar. */
-td_status td_graph_nll_loss(td_graph *g, td_tensor *logp, td_tensor *labels,
-                            td_reduction reduction, td_tensor **loss);
+td_status td_graph_nll_loss(td_graph *g, td_tensor *logp, td_tensor *labels, td_reduction reduction,
+                            td_tensor **loss);
 
 /* nll_loss(log_softmax(logits)); adds both nodes. logp (optional) receives the log-probs. */
 td_status td_graph_cross_entropy(td_graph *g, td_tensor *logits, td_tensor *labels,
@@ -182,7 +185,9 @@ int td_graph_training(const td_graph *g);
 td_rng *td_graph_rng(td_graph *g);
 
 /* The parameters in registration order; the array is owned by the graph and its address
- * is stable after td_graph_compile (grad pointers are valid after compile). */
+ * is stable after td_graph_compile (grad pointers are valid after compile). A caller may
+ * re-point params[i].grad (or .data) itself, values already copied, as DDP does: the graph
+ * follows from its next forward, backward or zero_grad. */
 td_status td_graph_params(td_graph *g, td_param **params, size_t *n);
 
 /* The buffers (grad == NULL) in registration order; same ownership rules. */
@@ -192,8 +197,8 @@ td_status td_graph_buffers(td_graph *g, td_param **buffers, size_t *n);
 td_tensor *td_graph_param_tensor(td_graph *g, size_t index);
 
 /* Makes backward write parameter i's gradient into `grad` (count floats, caller-owned, must
- * outlive the graph or be replaced); the current gradient is copied there first and
- * params[i].grad is updated. */
+ * outlive the graph or be replaced); the current gradient is copied there first (unless
+ * params[i].grad already points there) and params[i].grad is updated. */
 td_status td_graph_set_grad_buffer(td_graph *g, size_t param_index, float *grad);
 
 /* Called once per parameter per backward, as soon as that gradient is final. Parameters

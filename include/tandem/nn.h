@@ -15,13 +15,12 @@ extern "C" {
 #endif
 
 /* nn.Linear(in = x's last dim, out_features, bias). */
-td_status td_nn_linear(td_graph *g, const char *name, td_tensor *x, int64_t out_features,
-                       int bias, td_rng *rng, td_tensor **y);
+td_status td_nn_linear(td_graph *g, const char *name, td_tensor *x, int64_t out_features, int bias,
+                       td_rng *rng, td_tensor **y);
 
 /* nn.Conv2d(in = x's channels, out_channels, kernel k x k, geometry p, bias). */
 td_status td_nn_conv2d(td_graph *g, const char *name, td_tensor *x, int64_t out_channels,
-                       int kernel, const td_conv2d_params *p, int bias, td_rng *rng,
-                       td_tensor **y);
+                       int kernel, const td_conv2d_params *p, int bias, td_rng *rng, td_tensor **y);
 
 /* nn.BatchNorm2d(x's channels), eps 1e-5, momentum 0.1. */
 td_status td_nn_batch_norm2d(td_graph *g, const char *name, td_tensor *x, td_tensor **y);

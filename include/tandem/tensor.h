@@ -17,7 +17,7 @@ extern "C" {
 
 /* A shape descriptor: ndim sizes, outermost first (N, C, H, W). */
 typedef struct {
-    int ndim;                   /* 0..TD_MAX_DIMS; 0 is a scalar */
+    int ndim; /* 0..TD_MAX_DIMS; 0 is a scalar */
     int64_t dim[TD_MAX_DIMS];
 } td_shape;
 

@@ -234,6 +234,8 @@ static shm_ctx *ctx_new(int rank, int size) {
     /* The chunk trades cache fit against barriers per byte; the creator's choice wins. */
     const char *v = getenv("TANDEM_SHM_CHUNK");
     long long want = v ? atoll(v) : 0;
+    const char *nt = getenv("TANDEM_SHM_NT");
+    c->stream_min = nt && *nt ? (size_t)atoll(nt) : (size_t)16 << 20;
     c->chunk = want >= 65536 && want <= (64ll << 20) ? (size_t)want / 4096 * 4096 : SHM_CHUNK;
     pthread_mutex_init(&c->p2p_lock, NULL);
     return c;

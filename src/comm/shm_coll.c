@@ -15,6 +15,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include "comm/shm_impl.h"
 
@@ -23,10 +26,26 @@
 /* Copies the elements [lo, hi) of a stream (src holds element lo) that fall in the window
  * [wlo, whi) into out (which holds element wlo). */
 static void copy_window(unsigned char *out, size_t wlo, size_t whi, const unsigned char *src, size_t lo, size_t hi,
-                        size_t es) {
+                        size_t es, int stream) {
     size_t a = lo > wlo ? lo : wlo, b = hi < whi ? hi : whi;
     if (a >= b) return;
-    memcpy(out + (a - wlo) * es, src + (a - lo) * es, (b - a) * es);
+    unsigned char *d = out + (a - wlo) * es;
+    const unsigned char *s = src + (a - lo) * es;
+    size_t bytes = (b - a) * es;
+#ifdef __AVX512F__
+    /* Streaming stores skip the read-for-ownership of an output that will not fit in cache
+     * anyway: a third less memory traffic on large collectives. */
+    if (stream && bytes >= 4096) {
+        size_t head = (64 - ((uintptr_t)d & 63)) & 63;
+        memcpy(d, s, head);
+        d += head, s += head, bytes -= head;
+        for (; bytes >= 64; bytes -= 64, d += 64, s += 64)
+            _mm512_stream_si512((void *)d, _mm512_loadu_si512((const void *)s));
+    }
+#else
+    (void)stream;
+#endif
+    memcpy(d, s, bytes);
 }
 
 /* Share [*lo, *hi) of rank j in a chunk of len elements, in 64-byte multiples. */
@@ -58,6 +77,7 @@ static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned 
         return s;
     }
     size_t E = c->chunk / es, nch = (N + E - 1) / E;
+    int stream = (whi - wlo) * es >= c->stream_min;
     for (size_t p = 0; !s && p <= nch + 1; p++) {
         unsigned wp = (c->phase + 1) & 1, rp = wp ^ 1;
         size_t lo, hi;
@@ -75,17 +95,20 @@ static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned 
                 src[j] = j == me ? send + (base + lo) * es : shm_staging(c, j, rp) + lo * es;
             unsigned char *res = c->result + (size_t)wp * c->chunk + lo * es;
             td__reduce(res, src, n, hi - lo, dt, op, n);
-            copy_window(out, wlo, whi, res, base + lo, base + hi, es);
+            copy_window(out, wlo, whi, res, base + lo, base + hi, es, stream);
         }
         if (p >= 2) { /* copy out the other shares of chunk p-2 */
             size_t base = (p - 2) * E, len = N - base < E ? N - base : E;
             share_of(len, n, me, es, &lo, &hi);
             const unsigned char *res = c->result + (size_t)rp * c->chunk;
-            copy_window(out, wlo, whi, res, base, base + lo, es);
-            copy_window(out, wlo, whi, res + hi * es, base + hi, base + len, es);
+            copy_window(out, wlo, whi, res, base, base + lo, es, stream);
+            copy_window(out, wlo, whi, res + hi * es, base + hi, base + len, es, stream);
         }
         if (p <= nch) s = td__shm_step(c, p == 0 ? call : NULL, tmo);
     }
+#ifdef __AVX512F__
+    if (stream) _mm_sfence();
+#endif
     if (src != srcs) free(src);
     return s;
 }
@@ -105,7 +128,7 @@ static td_status bcast_window(shm_ctx *c, const shm_call *call, const unsigned c
         }
         if (me != root && p >= 1) {
             size_t base = (p - 1) * E, len = N - base < E ? N - base : E;
-            copy_window(out, wlo, whi, shm_staging(c, root, rp), base, base + len, es);
+            copy_window(out, wlo, whi, shm_staging(c, root, rp), base, base + len, es, 0);
         }
         if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, tmo);
     }

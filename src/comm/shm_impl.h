@@ -9,7 +9,11 @@
  * in that phase. A buffer of parity p is rewritten two phases later, which no rank can reach
  * before every reader has posted the phase in which it read: so one barrier per phase is the
  * only synchronisation. Each collective's first phase carries its call (kind, seq, dtype,
- * count, op, root) for the mismatch check. */
+ * count, op, root) for the mismatch check.
+ *
+ * Tuning knobs, read when a group is created (the creator's chunk wins for the whole group):
+ * TANDEM_SHM_CHUNK (staging bytes per rank, default 512 KiB) and TANDEM_SHM_NT (outputs of at
+ * least this many bytes are written with streaming stores on AVX-512 builds, default 16 MiB). */
 #ifndef TANDEM_SHM_IMPL_H
 #define TANDEM_SHM_IMPL_H
 
@@ -65,6 +69,7 @@ typedef struct shm_ctx {
     char name[96];
     void *base;
     size_t bytes, chunk; /* chunk: staging bytes per rank per parity, fixed by the creator */
+    size_t stream_min;   /* outputs this large are written with streaming stores (TANDEM_SHM_NT) */
     shm_head *head;
     shm_rank *ranks;
     shm_ring *rings;  /* [src * size + dst] */

@@ -7,9 +7,9 @@
 
 void td__md_plain(dnnl_memory_desc_t *md, const td_shape *shape) {
     dnnl_dims_t dims;
-    static const dnnl_format_tag_t tags[] = {dnnl_a, dnnl_a, dnnl_ab, dnnl_abc, dnnl_abcd,
-                                             dnnl_abcde, dnnl_abcdef, dnnl_abcdefg,
-                                             dnnl_abcdefgh};
+    static const dnnl_format_tag_t tags[] = {dnnl_a,      dnnl_a,       dnnl_ab,
+                                             dnnl_abc,    dnnl_abcd,    dnnl_abcde,
+                                             dnnl_abcdef, dnnl_abcdefg, dnnl_abcdefgh};
     int nd = shape->ndim;
     if (nd == 0) {
         dims[0] = 1;
@@ -48,8 +48,10 @@ int td__pd_is_reference(const_dnnl_primitive_desc_t pd) {
 dnnl_memory_desc_t td__pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what) {
     const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
     dnnl_memory_desc_t copy;
-    if (md) copy = *md;
-    else memset(&copy, 0, sizeof copy);
+    if (md)
+        copy = *md;
+    else
+        memset(&copy, 0, sizeof copy);
     return copy;
 }
 
@@ -152,13 +154,14 @@ void td__grad_end(td_graph *g, td_tensor *t) {
     t->grad_zero = 0;
 }
 
-int64_t td__md_offset4(const dnnl_memory_desc_t *md, int64_t n, int64_t c, int64_t h,
-                       int64_t w) {
+int64_t td__md_offset4(const dnnl_memory_desc_t *md, int64_t n, int64_t c, int64_t h, int64_t w) {
     if (md->ndims != 4 || md->format_kind != dnnl_blocked) return -1;
     const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
     int64_t blk = 1;
-    if (b->inner_nblks == 1 && b->inner_idxs[0] == 1) blk = b->inner_blks[0];
-    else if (b->inner_nblks != 0) return -1;
-    return n * b->strides[0] + (c / blk) * b->strides[1] + h * b->strides[2] +
-           w * b->strides[3] + (c % blk);
+    if (b->inner_nblks == 1 && b->inner_idxs[0] == 1)
+        blk = b->inner_blks[0];
+    else if (b->inner_nblks != 0)
+        return -1;
+    return n * b->strides[0] + (c / blk) * b->strides[1] + h * b->strides[2] + w * b->strides[3] +
+           (c % blk);
 }

@@ -8,7 +8,7 @@
 #include "graph/graph_impl.h"
 
 td_graph_options td_graph_default_options(void) {
-    td_graph_options o = {.grad_enabled = 1, .seed = 0, .arena_block_bytes = 0};
+    td_graph_options o = {.grad_enabled = 1, .seed = 0, .arena_block_bytes = 0, .conv_winograd = 1};
     return o;
 }
 
@@ -73,8 +73,8 @@ static int grow(void **arr, int *cap, int n, size_t size) {
 
 static td_status tensor_new(td_graph *g, const char *name, td_shape shape, td_dtype dtype,
                             td__tensor_kind kind, td_tensor **out) {
-    if (!g || !out) return td__fail(TD_EINVAL, "graph: NULL argument creating tensor '%s'",
-                                    name ? name : "?");
+    if (!g || !out)
+        return td__fail(TD_EINVAL, "graph: NULL argument creating tensor '%s'", name ? name : "?");
     if (g->compiled)
         return td__fail(TD_ESTATE, "graph: cannot add '%s' after td_graph_compile",
                         name ? name : "?");
@@ -96,6 +96,7 @@ static td_status tensor_new(td_graph *g, const char *name, td_shape shape, td_dt
     td_tensor *t = calloc(1, sizeof *t);
     if (!t) return td__fail(TD_ENOMEM, "graph: out of memory adding '%s'", name ? name : "?");
     t->g = g;
+    t->id = g->ntensors;
     snprintf(t->name, sizeof t->name, "%s", name ? name : "");
     t->shape = shape;
     t->dtype = dtype;
@@ -108,8 +109,8 @@ static td_status tensor_new(td_graph *g, const char *name, td_shape shape, td_dt
         size_t alloc = (t->bytes + 63) & ~(size_t)63;
         t->own = aligned_alloc(64, alloc);
         if (!t->own) {
-            td_status s = td__fail(TD_ENOMEM, "graph: out of memory for '%s' (%zu bytes)",
-                                   t->name, t->bytes);
+            td_status s =
+                td__fail(TD_ENOMEM, "graph: out of memory for '%s' (%zu bytes)", t->name, t->bytes);
             free(t);
             return s;
         }
@@ -201,7 +202,8 @@ td_status td_graph_buffer(td_graph *g, const char *name, td_shape shape, td_tens
 td_status td__check_input(td_graph *g, const td_tensor *t, const char *op) {
     if (!g) return td__fail(TD_EINVAL, "%s: graph is NULL", op);
     if (!t) return td__fail(TD_EINVAL, "%s: an input tensor is NULL", op);
-    if (t->g != g) return td__fail(TD_EINVAL, "%s: tensor '%s' belongs to another graph", op, t->name);
+    if (t->g != g)
+        return td__fail(TD_EINVAL, "%s: tensor '%s' belongs to another graph", op, t->name);
     if (g->compiled) return td__fail(TD_ESTATE, "%s: the graph is already compiled", op);
     return TD_OK;
 }
@@ -240,7 +242,8 @@ td_status td_graph_compile(td_graph *g) {
     if (g->compiled) return TD_OK; /* td_model_build compiles; a second call is harmless */
     for (int k = 0; k < g->nnodes; k++)
         if (g->nodes[k]->state)
-            return td__fail(TD_ESTATE, "td_graph_compile: an earlier compile failed; build a new graph");
+            return td__fail(TD_ESTATE,
+                            "td_graph_compile: an earlier compile failed; build a new graph");
     /* batch norm -> ReLU becomes one oneDNN primitive: one pass less over the activation
      * forward and backward. */
     for (int k = 0; k < g->nnodes; k++) {
@@ -274,6 +277,11 @@ td_status td_graph_compile(td_graph *g) {
     size_t scratch = 64;
     for (int i = 0; i < g->ntensors; i++) {
         td_tensor *t = g->tensors[i];
+        if (!g->opt.grad_enabled && t->kind == TD__ACT) {
+            if (t->dtype == TD_F32) t->bytes = dnnl_memory_desc_get_size(&t->md);
+            t->requires_grad = 0;
+            continue; /* td__plan_inference_memory below */
+        }
         if (t->alias_of) { /* allocated earlier: producers come before consumers */
             t->bytes = t->alias_of->bytes;
             t->own = NULL;
@@ -285,30 +293,36 @@ td_status td_graph_compile(td_graph *g) {
         if (t->kind == TD__ACT) {
             if (t->dtype == TD_F32) t->bytes = dnnl_memory_desc_get_size(&t->md);
             t->own = td_arena_alloc(g->arena, t->bytes);
-            if (!t->own) return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for %s", t->name);
+            if (!t->own)
+                return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for %s", t->name);
             memset(t->own, 0, t->bytes); /* blocked layouts rely on zero padding */
             t->data = t->own;
         }
         if (t->dtype == TD_F32 && t->bytes > scratch) scratch = t->bytes;
         if (t->requires_grad && g->opt.grad_enabled) {
             t->grad = td_arena_alloc(g->arena, t->bytes);
-            if (!t->grad) return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for the gradient of %s", t->name);
+            if (!t->grad)
+                return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for the gradient of %s",
+                                t->name);
             memset(t->grad, 0, t->bytes);
             t->grad_zero = 1;
         } else {
             t->requires_grad = 0;
         }
     }
+    if (!g->opt.grad_enabled) TD__TRY(td__plan_inference_memory(g));
     g->scratch_bytes = scratch;
     if (g->opt.grad_enabled)
         for (int s = 0; s < TD__SCRATCH_SLOTS; s++) {
             g->scratch[s] = td_arena_alloc(g->arena, scratch);
-            if (!g->scratch[s]) return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for scratch");
+            if (!g->scratch[s])
+                return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for scratch");
             memset(g->scratch[s], 0, scratch);
         }
     g->param_last_node = malloc(((size_t)g->nparams + 1) * sizeof *g->param_last_node);
     g->fired = calloc((size_t)g->nparams + 1, 1);
-    if (!g->param_last_node || !g->fired) return td__fail(TD_ENOMEM, "td_graph_compile: out of memory");
+    if (!g->param_last_node || !g->fired)
+        return td__fail(TD_ENOMEM, "td_graph_compile: out of memory");
     for (int i = 0; i < g->nparams; i++) g->param_last_node[i] = -1;
     for (int k = 0; k < g->nnodes; k++)
         for (int i = 0; i < g->nodes[k]->nin; i++) {
@@ -349,9 +363,10 @@ static void fire(td_graph *g, int i) {
     if (g->hook) g->hook((size_t)i, g->hook_ctx);
 }
 
-void td__node_params_ready(td_graph *g, td__node *n) {
+void td__node_params_ready(td_graph *g, td__node *n, int weights_only) {
     for (int i = 0; i < n->nin; i++) {
         td_tensor *t = n->in[i];
+        if (weights_only && t == n->in[0]) continue; /* its data gradient is still to come */
         if (t && t->kind == TD__PARAM && g->param_last_node[t->index] == n->index &&
             !g->fired[t->index])
             fire(g, t->index);
@@ -362,13 +377,21 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     if (!g || !y || !dy) return td__fail(TD_EINVAL, "td_graph_backward: NULL argument");
     if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_backward: call td_graph_compile first");
     if (!g->opt.grad_enabled)
-        return td__fail(TD_ESTATE, "td_graph_backward: the graph was created with grad_enabled = 0");
-    if (y->g != g) return td__fail(TD_EINVAL, "td_graph_backward: '%s' belongs to another graph", y->name);
+        return td__fail(TD_ESTATE,
+                        "td_graph_backward: the graph was created with grad_enabled = 0");
+    if (y->g != g)
+        return td__fail(TD_EINVAL, "td_graph_backward: '%s' belongs to another graph", y->name);
     if (!y->requires_grad)
-        return td__fail(TD_ESTATE, "td_graph_backward: '%s' depends on no parameter or input that takes a gradient", y->name);
+        return td__fail(
+            TD_ESTATE,
+            "td_graph_backward: '%s' depends on no parameter or input that takes a gradient",
+            y->name);
     for (int k = 0; k < g->nnodes; k++)
         if (g->nodes[k]->out->alias_of == y)
-            return td__fail(TD_EUNSUPPORTED, "td_graph_backward: '%s' shares storage with the ReLU after it (fused or in place); start from the ReLU's output", y->name);
+            return td__fail(TD_EUNSUPPORTED,
+                            "td_graph_backward: '%s' shares storage with the ReLU after it (fused "
+                            "or in place); start from the ReLU's output",
+                            y->name);
     td__graph_sync_storage(g);
     for (int i = 0; i < g->ntensors; i++)
         if (g->tensors[i]->kind == TD__ACT) g->tensors[i]->grad_zero = 1;
@@ -389,7 +412,7 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     for (int k = g->nnodes - 1; k >= 0; k--) {
         td__node *n = g->nodes[k];
         if (n->out->requires_grad && !n->out->grad_zero) TD__TRY(n->op->backward(g, n));
-        td__node_params_ready(g, n);
+        td__node_params_ready(g, n, 0);
     }
     for (int i = 0; i < g->nparams; i++)
         if (!g->fired[i]) fire(g, i);
@@ -399,7 +422,8 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
 td_status td_graph_backward(td_graph *g, td_tensor *loss) {
     if (!g || !loss) return td__fail(TD_EINVAL, "td_graph_backward: NULL argument");
     if (td_shape_numel(&loss->shape) != 1)
-        return td__fail(TD_ESHAPE, "td_graph_backward: '%s' has %lld elements, expected a scalar loss",
+        return td__fail(TD_ESHAPE,
+                        "td_graph_backward: '%s' has %lld elements, expected a scalar loss",
                         loss->name, (long long)td_shape_numel(&loss->shape));
     const float one = 1.0f;
     return td_graph_backward_from(g, loss, &one);
@@ -449,7 +473,8 @@ td_tensor *td_graph_param_tensor(td_graph *g, size_t index) {
 td_status td_graph_set_grad_buffer(td_graph *g, size_t param_index, float *grad) {
     if (!g || !grad) return td__fail(TD_EINVAL, "td_graph_set_grad_buffer: NULL argument");
     if (param_index >= (size_t)g->nparams)
-        return td__fail(TD_EINVAL, "td_graph_set_grad_buffer: parameter index %zu, the graph has %d",
+        return td__fail(TD_EINVAL,
+                        "td_graph_set_grad_buffer: parameter index %zu, the graph has %d",
                         param_index, g->nparams);
     if (!g->compiled || !g->opt.grad_enabled)
         return td__fail(TD_ESTATE, "td_graph_set_grad_buffer: graph not compiled with gradients");
@@ -471,11 +496,15 @@ void td_graph_set_grad_ready_hook(td_graph *g, td_grad_ready_fn fn, void *ctx) {
 static td_status share(td_tensor **dst, td_param *dp, td_tensor **src, int n, int nsrc,
                        const char *what) {
     if (n != nsrc)
-        return td__fail(TD_EMISMATCH, "td_graph_share_params: %d %s in dst, %d in src", n, what, nsrc);
+        return td__fail(TD_EMISMATCH, "td_graph_share_params: %d %s in dst, %d in src", n, what,
+                        nsrc);
     for (int i = 0; i < n; i++) {
-        if (strcmp(dst[i]->name, src[i]->name) != 0 || !td_shape_equal(&dst[i]->shape, &src[i]->shape))
-            return td__fail(TD_EMISMATCH, "td_graph_share_params: %s %d is '%s' in dst but '%s' in src (or shapes differ)",
-                            what, i, dst[i]->name, src[i]->name);
+        if (strcmp(dst[i]->name, src[i]->name) != 0 ||
+            !td_shape_equal(&dst[i]->shape, &src[i]->shape))
+            return td__fail(
+                TD_EMISMATCH,
+                "td_graph_share_params: %s %d is '%s' in dst but '%s' in src (or shapes differ)",
+                what, i, dst[i]->name, src[i]->name);
     }
     for (int i = 0; i < n; i++) {
         dst[i]->data = src[i]->data;
@@ -486,8 +515,10 @@ static td_status share(td_tensor **dst, td_param *dp, td_tensor **src, int n, in
 
 td_status td_graph_share_params(td_graph *dst, td_graph *src) {
     if (!dst || !src) return td__fail(TD_EINVAL, "td_graph_share_params: NULL graph");
-    TD__TRY(share(dst->param_t, dst->params, src->param_t, dst->nparams, src->nparams, "parameters"));
-    return share(dst->buffer_t, dst->buffers, src->buffer_t, dst->nbuffers, src->nbuffers, "buffers");
+    TD__TRY(
+        share(dst->param_t, dst->params, src->param_t, dst->nparams, src->nparams, "parameters"));
+    return share(dst->buffer_t, dst->buffers, src->buffer_t, dst->nbuffers, src->nbuffers,
+                 "buffers");
 }
 
 size_t td_graph_memory_bytes(const td_graph *g) { return g ? td_arena_peak(g->arena) : 0; }

@@ -6,8 +6,9 @@
 
 #include <dnnl.h>
 
-#include "core/core_impl.h"
 #include "tandem/graph.h"
+
+#include "core/core_impl.h"
 
 #define TD__MAX_IN 16 /* inputs of one node (concat is the widest) */
 #define TD__SCRATCH_SLOTS 3
@@ -20,20 +21,21 @@ struct td_tensor {
     td_shape shape;
     td_dtype dtype;
     td__tensor_kind kind;
-    int index;          /* position in params/buffers/inputs of its kind */
-    int requires_grad;  /* a gradient is computed and stored for it */
-    int producer;       /* node index, -1 for leaves */
+    int index;         /* position in params/buffers/inputs of its kind */
+    int requires_grad; /* a gradient is computed and stored for it */
+    int producer;      /* node index, -1 for leaves */
     int nconsumers;
-    int may_block;      /* every consumer accepts a oneDNN-chosen layout */
-    int blocked;        /* md is not the plain row-major layout */
+    int may_block;         /* every consumer accepts a oneDNN-chosen layout */
+    int blocked;           /* md is not the plain row-major layout */
     dnnl_memory_desc_t md; /* layout of data and grad (f32 only) */
-    size_t bytes;       /* storage size of md (>= numel * dtype size with padding) */
-    void *own;          /* storage the graph owns (leaves: malloc, activations: arena) */
-    void *data;         /* current storage: own, or caller memory for inputs */
-    float *grad;        /* (bytes / 4) in md's layout, or NULL */
-    int grad_zero;      /* nothing has been written to grad since it was last zeroed */
-    int grad_scratch;   /* slot + 1 while td__grad_begin handed out scratch, else 0 */
-    td_tensor *alias_of; /* shares data and grad storage with this tensor (fused ops) */
+    size_t bytes;          /* storage size of md (>= numel * dtype size with padding) */
+    void *own;             /* storage the graph owns (leaves: malloc, activations: arena) */
+    void *data;            /* current storage: own, or caller memory for inputs */
+    float *grad;           /* (bytes / 4) in md's layout, or NULL */
+    int grad_zero;         /* nothing has been written to grad since it was last zeroed */
+    int grad_scratch;      /* slot + 1 while td__grad_begin handed out scratch, else 0 */
+    td_tensor *alias_of;   /* shares data and grad storage with this tensor (fused ops) */
+    int id;                /* position in g->tensors */
 };
 
 typedef struct td__node td__node;
@@ -105,18 +107,18 @@ typedef struct {
     td__mem src, dst;
 } td__reorder;
 
-#define TD__DNNL(call, what)                                                                  \
-    do {                                                                                      \
-        dnnl_status_t td_s_ = (call);                                                         \
-        if (td_s_ != dnnl_success)                                                            \
-            return td__fail(TD_EBACKEND, "%s: oneDNN call %s failed (status %d)", (what),      \
-                            #call, (int)td_s_);                                               \
+#define TD__DNNL(call, what)                                                                     \
+    do {                                                                                         \
+        dnnl_status_t td_s_ = (call);                                                            \
+        if (td_s_ != dnnl_success)                                                               \
+            return td__fail(TD_EBACKEND, "%s: oneDNN call %s failed (status %d)", (what), #call, \
+                            (int)td_s_);                                                         \
     } while (0)
 
-#define TD__TRY(call)                                                                         \
-    do {                                                                                      \
-        td_status td_t_ = (call);                                                             \
-        if (td_t_ != TD_OK) return td_t_;                                                     \
+#define TD__TRY(call)                     \
+    do {                                  \
+        td_status td_t_ = (call);         \
+        if (td_t_ != TD_OK) return td_t_; \
     } while (0)
 
 /* Adds a node with inputs ins and a fresh f32 activation output of `shape`. */
@@ -125,8 +127,13 @@ td_status td__graph_add_node(td_graph *g, const td__op *op, td_tensor *const *in
 
 /* Fires the grad-ready hook for n's parameters whose gradient is final once n's weight
  * gradients are written (n is their last consumer in backward); ops call it before their
- * data gradient so that DDP's all-reduce overlaps that work. Idempotent. */
-void td__node_params_ready(td_graph *g, td__node *n);
+ * data gradient so that DDP's all-reduce overlaps that work (weights_only: not the data
+ * input in[0], whose gradient comes later). Idempotent. */
+void td__node_params_ready(td_graph *g, td__node *n, int weights_only);
+
+/* Inference graphs (grad_enabled = 0): gives every activation its storage, letting an
+ * activation reuse the memory of one whose consumers have all run. */
+td_status td__plan_inference_memory(td_graph *g);
 
 /* Follows params[i].data/.grad and buffers[i].data when a caller re-pointed them. */
 void td__graph_sync_storage(td_graph *g);
@@ -205,8 +212,7 @@ static inline size_t td__nfloats(const td_tensor *t) { return t->bytes / sizeof(
 
 /* Offset in floats of logical element (n, c, h, w) of a 4-d md, plain or with one inner
  * channel block (nChw8c / nChw16c); -1 for other layouts. */
-int64_t td__md_offset4(const dnnl_memory_desc_t *md, int64_t n, int64_t c, int64_t h,
-                       int64_t w);
+int64_t td__md_offset4(const dnnl_memory_desc_t *md, int64_t n, int64_t c, int64_t h, int64_t w);
 
 /* Compile-time fusion: a ReLU whose input is a batch norm output used by nothing else
  * runs inside the batch norm primitive (variants below); returns 1 when it fused. */
@@ -220,8 +226,7 @@ void td__relu_in_place(td__node *relu);
 #define TD__BN_FUSED_RELU 1 /* batch norm variant: applies ReLU itself */
 
 /* The op tables (src/ops). */
-extern const td__op td__op_linear, td__op_conv2d, td__op_pool2d, td__op_eltwise,
-    td__op_dropout, td__op_batch_norm, td__op_reshape, td__op_add, td__op_concat,
-    td__op_softmax, td__op_nll;
+extern const td__op td__op_linear, td__op_conv2d, td__op_pool2d, td__op_eltwise, td__op_dropout,
+    td__op_batch_norm, td__op_reshape, td__op_add, td__op_concat, td__op_softmax, td__op_nll;
 
 #endif

@@ -5,8 +5,9 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "graph/graph_impl.h"
 #include "tandem/nn.h"
+
+#include "graph/graph_impl.h"
 
 /* kaiming_uniform_(a = sqrt(5)) reduces to U(+-1/sqrt(fan_in)); bias uses the same bound. */
 static void init_uniform(td_tensor *t, td_rng *rng, int64_t fan_in) {
@@ -22,11 +23,12 @@ static td_status param_named(td_graph *g, const char *layer, const char *what, t
     return td_graph_param(g, name, s, out);
 }
 
-td_status td_nn_linear(td_graph *g, const char *name, td_tensor *x, int64_t out_features,
-                       int bias, td_rng *rng, td_tensor **y) {
+td_status td_nn_linear(td_graph *g, const char *name, td_tensor *x, int64_t out_features, int bias,
+                       td_rng *rng, td_tensor **y) {
     if (!g || !name || !x || !rng || !y) return td__fail(TD_EINVAL, "td_nn_linear: NULL argument");
     if (x->shape.ndim != 2 || out_features < 1)
-        return td__fail(TD_ESHAPE, "td_nn_linear '%s': input must be (N, IN) and out_features >= 1", name);
+        return td__fail(TD_ESHAPE, "td_nn_linear '%s': input must be (N, IN) and out_features >= 1",
+                        name);
     int64_t in = x->shape.dim[1];
     td_tensor *w, *b = NULL;
     TD__TRY(param_named(g, name, "weight", td_shape_2d(out_features, in), &w));
@@ -43,7 +45,9 @@ td_status td_nn_conv2d(td_graph *g, const char *name, td_tensor *x, int64_t out_
                        td_tensor **y) {
     if (!g || !name || !x || !rng || !y) return td__fail(TD_EINVAL, "td_nn_conv2d: NULL argument");
     if (x->shape.ndim != 4 || out_channels < 1 || kernel < 1)
-        return td__fail(TD_ESHAPE, "td_nn_conv2d '%s': input must be (N, C, H, W), out_channels and kernel >= 1", name);
+        return td__fail(
+            TD_ESHAPE,
+            "td_nn_conv2d '%s': input must be (N, C, H, W), out_channels and kernel >= 1", name);
     int64_t c = x->shape.dim[1], fan_in = c * kernel * kernel;
     td_tensor *w, *b = NULL;
     TD__TRY(param_named(g, name, "weight", td_shape_4d(out_channels, c, kernel, kernel), &w));
@@ -57,7 +61,8 @@ td_status td_nn_conv2d(td_graph *g, const char *name, td_tensor *x, int64_t out_
 
 td_status td_nn_batch_norm2d(td_graph *g, const char *name, td_tensor *x, td_tensor **y) {
     if (!g || !name || !x || !y) return td__fail(TD_EINVAL, "td_nn_batch_norm2d: NULL argument");
-    if (x->shape.ndim != 4) return td__fail(TD_ESHAPE, "td_nn_batch_norm2d '%s': input must be (N, C, H, W)", name);
+    if (x->shape.ndim != 4)
+        return td__fail(TD_ESHAPE, "td_nn_batch_norm2d '%s': input must be (N, C, H, W)", name);
     int64_t c = x->shape.dim[1];
     td_tensor *w, *b, *rm, *rv;
     TD__TRY(param_named(g, name, "weight", td_shape_1d(c), &w));

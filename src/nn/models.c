@@ -4,8 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "graph/graph_impl.h"
 #include "tandem/nn.h"
+
+#include "graph/graph_impl.h"
 
 static const char *const model_names[TD_MODEL_COUNT] = {"net", "mlp", "cnn"};
 
@@ -82,8 +83,10 @@ static td_status build_cnn(td_graph *g, td_tensor *x, td_rng *rng, td_tensor **l
 td_status td_model_build(td_graph *g, td_model_kind kind, int64_t batch, uint64_t seed,
                          td_model *out) {
     if (!g || !out) return td__fail(TD_EINVAL, "td_model_build: NULL argument");
-    if ((unsigned)kind >= TD_MODEL_COUNT) return td__fail(TD_EINVAL, "td_model_build: unknown model kind %d", (int)kind);
-    if (batch < 1) return td__fail(TD_EINVAL, "td_model_build: batch %lld (must be >= 1)", (long long)batch);
+    if ((unsigned)kind >= TD_MODEL_COUNT)
+        return td__fail(TD_EINVAL, "td_model_build: unknown model kind %d", (int)kind);
+    if (batch < 1)
+        return td__fail(TD_EINVAL, "td_model_build: batch %lld (must be >= 1)", (long long)batch);
     if (g->ntensors) return td__fail(TD_ESTATE, "td_model_build: the graph is not empty");
     memset(out, 0, sizeof *out);
     out->kind = kind;
@@ -94,11 +97,18 @@ td_status td_model_build(td_graph *g, td_model_kind kind, int64_t batch, uint64_
     TD__TRY(td_graph_input(g, "input", td_shape_4d(batch, 1, 28, 28), TD_F32, 0, &out->input));
     TD__TRY(td_graph_input(g, "labels", td_shape_1d(batch), TD_I64, 0, &out->labels));
     switch (kind) {
-    case TD_MODEL_NET: TD__TRY(build_net(g, out->input, &rng, &logits)); break;
-    case TD_MODEL_MLP: TD__TRY(build_mlp(g, out->input, &rng, &logits)); break;
-    default: TD__TRY(build_cnn(g, out->input, &rng, &logits)); break;
+    case TD_MODEL_NET:
+        TD__TRY(build_net(g, out->input, &rng, &logits));
+        break;
+    case TD_MODEL_MLP:
+        TD__TRY(build_mlp(g, out->input, &rng, &logits));
+        break;
+    default:
+        TD__TRY(build_cnn(g, out->input, &rng, &logits));
+        break;
     }
-    TD__TRY(td_graph_cross_entropy(g, logits, out->labels, TD_REDUCTION_MEAN, &out->loss, &out->output));
+    TD__TRY(td_graph_cross_entropy(g, logits, out->labels, TD_REDUCTION_MEAN, &out->loss,
+                                   &out->output));
     return td_graph_compile(g);
 }
 

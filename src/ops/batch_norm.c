@@ -8,9 +8,9 @@
 
 typedef struct {
     dnnl_primitive_t fwd_train, fwd_eval, bwd_train, bwd_eval;
-    float *mean, *var; /* (C) batch statistics of the last training forward */
+    float *mean, *var;        /* (C) batch statistics of the last training forward */
     void *ws_train, *ws_eval; /* fused ReLU's masks, from the arena */
-    int trained;       /* last forward ran in training mode */
+    int trained;              /* last forward ran in training mode */
     td__mem ws_train_m, ws_eval_m;
     td__mem x, y, scale, shift, mean_m, var_m, rmean_m, rvar_m, dy, dx, dscale, dshift;
 } bn_state;
@@ -21,8 +21,10 @@ static td_status make(td_graph *g, dnnl_primitive_t *prim, dnnl_primitive_desc_t
     dnnl_primitive_desc_t pd;
     TD__TRY(td__pd_create(g, &pd, d, hint, what));
     td_status st = td__prim_create(prim, pd, what);
-    if (pd_out && st == TD_OK) *pd_out = pd;
-    else dnnl_primitive_desc_destroy(pd);
+    if (pd_out && st == TD_OK)
+        *pd_out = pd;
+    else
+        dnnl_primitive_desc_destroy(pd);
     return st;
 }
 
@@ -38,8 +40,9 @@ static td_status bn_compile(td_graph *g, td__node *n) {
     if (n->variant == TD__BN_FUSED_RELU) flags |= dnnl_fuse_norm_relu;
     dnnl_batch_normalization_desc_t d;
     dnnl_primitive_desc_t tpd = NULL, epd = NULL;
-    TD__DNNL(dnnl_batch_normalization_forward_desc_init(&d, dnnl_forward_training, &x->md, eps, flags),
-             "batch_norm2d forward");
+    TD__DNNL(
+        dnnl_batch_normalization_forward_desc_init(&d, dnnl_forward_training, &x->md, eps, flags),
+        "batch_norm2d forward");
     TD__TRY(make(g, &s->fwd_train, &tpd, &d, NULL, "batch_norm2d forward"));
     td_status st = TD_OK;
     if (dnnl_batch_normalization_forward_desc_init(&d, dnnl_forward_training, &x->md, eps,
@@ -47,12 +50,13 @@ static td_status bn_compile(td_graph *g, td__node *n) {
         st = td__fail(TD_EBACKEND, "batch_norm2d: eval descriptor");
     if (st == TD_OK) st = make(g, &s->fwd_eval, &epd, &d, NULL, "batch_norm2d eval forward");
     if (st == TD_OK && y->requires_grad) {
-        if (dnnl_batch_normalization_backward_desc_init(&d, dnnl_backward, &y->md, &x->md, eps, flags) != dnnl_success)
+        if (dnnl_batch_normalization_backward_desc_init(&d, dnnl_backward, &y->md, &x->md, eps,
+                                                        flags) != dnnl_success)
             st = td__fail(TD_EBACKEND, "batch_norm2d: backward descriptor");
         if (st == TD_OK) st = make(g, &s->bwd_train, NULL, &d, tpd, "batch_norm2d backward");
-        if (st == TD_OK &&
-            dnnl_batch_normalization_backward_desc_init(&d, dnnl_backward, &y->md, &x->md, eps,
-                                                        flags | dnnl_use_global_stats) != dnnl_success)
+        if (st == TD_OK && dnnl_batch_normalization_backward_desc_init(
+                               &d, dnnl_backward, &y->md, &x->md, eps,
+                               flags | dnnl_use_global_stats) != dnnl_success)
             st = td__fail(TD_EBACKEND, "batch_norm2d: eval backward descriptor");
         if (st == TD_OK) st = make(g, &s->bwd_eval, NULL, &d, epd, "batch_norm2d eval backward");
     }
@@ -65,12 +69,14 @@ static td_status bn_compile(td_graph *g, td__node *n) {
     if (n->variant == TD__BN_FUSED_RELU) {
         size_t bt = dnnl_memory_desc_get_size(&wst), be = dnnl_memory_desc_get_size(&wse);
         if (bt) {
-            if (!(s->ws_train = td__graph_alloc(g, bt))) return td__fail(TD_ENOMEM, "batch_norm2d: out of memory");
+            if (!(s->ws_train = td__graph_alloc(g, bt)))
+                return td__fail(TD_ENOMEM, "batch_norm2d: out of memory");
             TD__TRY(td__mem_init(g, &s->ws_train_m, &wst));
             td__mem_bind(&s->ws_train_m, s->ws_train);
         }
         if (be) {
-            if (!(s->ws_eval = td__graph_alloc(g, be))) return td__fail(TD_ENOMEM, "batch_norm2d: out of memory");
+            if (!(s->ws_eval = td__graph_alloc(g, be)))
+                return td__fail(TD_ENOMEM, "batch_norm2d: out of memory");
             TD__TRY(td__mem_init(g, &s->ws_eval_m, &wse));
             td__mem_bind(&s->ws_eval_m, s->ws_eval);
         }
@@ -82,8 +88,8 @@ static td_status bn_compile(td_graph *g, td__node *n) {
     dnnl_memory_desc_t cmd;
     td_shape cs = td_shape_1d(C);
     td__md_plain(&cmd, &cs);
-    td__mem *vec[] = {&s->scale, &s->shift, &s->mean_m, &s->var_m, &s->rmean_m, &s->rvar_m,
-                      &s->dscale, &s->dshift};
+    td__mem *vec[] = {&s->scale,   &s->shift,  &s->mean_m, &s->var_m,
+                      &s->rmean_m, &s->rvar_m, &s->dscale, &s->dshift};
     for (size_t i = 0; i < sizeof vec / sizeof *vec; i++) TD__TRY(td__mem_init(g, vec[i], &cmd));
     td__mem *act[] = {&s->x, &s->y, &s->dy, &s->dx};
     for (size_t i = 0; i < sizeof act / sizeof *act; i++) TD__TRY(td__mem_init(g, act[i], &x->md));
@@ -103,15 +109,21 @@ static td_status bn_forward(td_graph *g, td__node *n) {
     if (!g->training) {
         td__mem_bind(&s->rmean_m, rm->data);
         td__mem_bind(&s->rvar_m, rv->data);
-        dnnl_exec_arg_t a[7] = {{DNNL_ARG_SRC, s->x.mem},         {DNNL_ARG_DST, s->y.mem},
-                                {DNNL_ARG_SCALE, s->scale.mem},   {DNNL_ARG_SHIFT, s->shift.mem},
-                                {DNNL_ARG_MEAN, s->rmean_m.mem},  {DNNL_ARG_VARIANCE, s->rvar_m.mem},
+        dnnl_exec_arg_t a[7] = {{DNNL_ARG_SRC, s->x.mem},
+                                {DNNL_ARG_DST, s->y.mem},
+                                {DNNL_ARG_SCALE, s->scale.mem},
+                                {DNNL_ARG_SHIFT, s->shift.mem},
+                                {DNNL_ARG_MEAN, s->rmean_m.mem},
+                                {DNNL_ARG_VARIANCE, s->rvar_m.mem},
                                 {DNNL_ARG_WORKSPACE, s->ws_eval_m.mem}};
         return td__exec(g, s->fwd_eval, s->ws_eval ? 7 : 6, a, "batch_norm2d eval forward");
     }
-    dnnl_exec_arg_t a[7] = {{DNNL_ARG_SRC, s->x.mem},       {DNNL_ARG_DST, s->y.mem},
-                            {DNNL_ARG_SCALE, s->scale.mem}, {DNNL_ARG_SHIFT, s->shift.mem},
-                            {DNNL_ARG_MEAN, s->mean_m.mem}, {DNNL_ARG_VARIANCE, s->var_m.mem},
+    dnnl_exec_arg_t a[7] = {{DNNL_ARG_SRC, s->x.mem},
+                            {DNNL_ARG_DST, s->y.mem},
+                            {DNNL_ARG_SCALE, s->scale.mem},
+                            {DNNL_ARG_SHIFT, s->shift.mem},
+                            {DNNL_ARG_MEAN, s->mean_m.mem},
+                            {DNNL_ARG_VARIANCE, s->var_m.mem},
                             {DNNL_ARG_WORKSPACE, s->ws_train_m.mem}};
     TD__TRY(td__exec(g, s->fwd_train, s->ws_train ? 7 : 6, a, "batch_norm2d forward"));
     int64_t C = x->shape.dim[1];
@@ -135,19 +147,26 @@ static td_status bn_backward(td_graph *g, td__node *n) {
     td__mem_bind(&s->dx, x->requires_grad ? td__grad_begin(g, x, 0) : g->scratch[0]);
     td__mem_bind(&s->dscale, w->requires_grad ? td__grad_begin(g, w, 1) : g->scratch[1]);
     td__mem_bind(&s->dshift, b->requires_grad ? td__grad_begin(g, b, 2) : g->scratch[2]);
-    td__mem *mean = s->trained ? &s->mean_m : &s->rmean_m, *var = s->trained ? &s->var_m : &s->rvar_m;
+    td__mem *mean = s->trained ? &s->mean_m : &s->rmean_m,
+            *var = s->trained ? &s->var_m : &s->rvar_m;
     if (!s->trained) {
         td__mem_bind(&s->rmean_m, n->in[3]->data);
         td__mem_bind(&s->rvar_m, n->in[4]->data);
     }
     void *ws = s->trained ? s->ws_train : s->ws_eval;
-    dnnl_exec_arg_t a[10] = {{DNNL_ARG_SHIFT, s->shift.mem},    {DNNL_ARG_SRC, s->x.mem},
-                            {DNNL_ARG_MEAN, mean->mem},
-                            {DNNL_ARG_VARIANCE, var->mem},     {DNNL_ARG_DIFF_DST, s->dy.mem},
-                            {DNNL_ARG_SCALE, s->scale.mem},    {DNNL_ARG_DIFF_SRC, s->dx.mem},
-                            {DNNL_ARG_DIFF_SCALE, s->dscale.mem}, {DNNL_ARG_DIFF_SHIFT, s->dshift.mem},
-                            {DNNL_ARG_WORKSPACE, s->trained ? s->ws_train_m.mem : s->ws_eval_m.mem}};
-    TD__TRY(td__exec(g, s->trained ? s->bwd_train : s->bwd_eval, ws ? 10 : 9, a, "batch_norm2d backward"));
+    dnnl_exec_arg_t a[10] = {
+        {DNNL_ARG_SHIFT, s->shift.mem},
+        {DNNL_ARG_SRC, s->x.mem},
+        {DNNL_ARG_MEAN, mean->mem},
+        {DNNL_ARG_VARIANCE, var->mem},
+        {DNNL_ARG_DIFF_DST, s->dy.mem},
+        {DNNL_ARG_SCALE, s->scale.mem},
+        {DNNL_ARG_DIFF_SRC, s->dx.mem},
+        {DNNL_ARG_DIFF_SCALE, s->dscale.mem},
+        {DNNL_ARG_DIFF_SHIFT, s->dshift.mem},
+        {DNNL_ARG_WORKSPACE, s->trained ? s->ws_train_m.mem : s->ws_eval_m.mem}};
+    TD__TRY(td__exec(g, s->trained ? s->bwd_train : s->bwd_eval, ws ? 10 : 9, a,
+                     "batch_norm2d backward"));
     if (x->requires_grad) td__grad_end(g, x);
     if (w->requires_grad) td__grad_end(g, w);
     if (b->requires_grad) td__grad_end(g, b);
@@ -162,14 +181,14 @@ static void bn_destroy(td__node *n) {
         if (p[i]) dnnl_primitive_destroy(p[i]);
     td__mem_free(&s->ws_train_m);
     td__mem_free(&s->ws_eval_m);
-    td__mem *m[] = {&s->x, &s->y, &s->scale, &s->shift, &s->mean_m, &s->var_m, &s->rmean_m,
-                    &s->rvar_m, &s->dy, &s->dx, &s->dscale, &s->dshift};
+    td__mem *m[] = {&s->x,       &s->y,      &s->scale, &s->shift, &s->mean_m, &s->var_m,
+                    &s->rmean_m, &s->rvar_m, &s->dy,    &s->dx,    &s->dscale, &s->dshift};
     for (size_t i = 0; i < sizeof m / sizeof *m; i++) td__mem_free(m[i]);
     free(s);
 }
 
-const td__op td__op_batch_norm = {"batch_norm2d", 1, 0, bn_compile, bn_forward, bn_backward,
-                                  bn_destroy};
+const td__op td__op_batch_norm = {"batch_norm2d", 1,           0,         bn_compile,
+                                  bn_forward,     bn_backward, bn_destroy};
 
 td_batch_norm_params td_batch_norm_default_params(void) {
     td_batch_norm_params p = {1e-5f, 0.1f};

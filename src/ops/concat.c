@@ -47,7 +47,8 @@ static td_status concat_backward(td_graph *g, td__node *n) {
     return TD_OK;
 }
 
-const td__op td__op_concat = {"concat", 0, 0, concat_compile, concat_forward, concat_backward, NULL};
+const td__op td__op_concat = {"concat",        0,   0, concat_compile, concat_forward,
+                              concat_backward, NULL};
 
 td_status td_graph_concat(td_graph *g, td_tensor *const *xs, int n, td_tensor **y) {
     if (!xs || n < 1 || n > TD__MAX_IN || !y)
@@ -63,7 +64,8 @@ td_status td_graph_concat(td_graph *g, td_tensor *const *xs, int n, td_tensor **
         for (int d = 0; ok && d < s.ndim; d++)
             if (d != 1 && t->dim[d] != s.dim[d]) ok = 0;
         if (!ok)
-            return td__fail(TD_ESHAPE, "concat: '%s' does not match '%s' outside dim 1", xs[i]->name, xs[0]->name);
+            return td__fail(TD_ESHAPE, "concat: '%s' does not match '%s' outside dim 1",
+                            xs[i]->name, xs[0]->name);
         s.dim[1] += t->dim[1];
     }
     td__node *node;

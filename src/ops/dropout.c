@@ -9,9 +9,9 @@
 #include "graph/graph_impl.h"
 
 typedef struct {
-    float *mask;    /* (physical floats of x): 0 or 1/(1-p), element-wise dropout */
-    float *cmask;   /* (N, C): channel-wise dropout */
-    int trained;    /* last forward ran in training mode */
+    float *mask;  /* (physical floats of x): 0 or 1/(1-p), element-wise dropout */
+    float *cmask; /* (N, C): channel-wise dropout */
+    int trained;  /* last forward ran in training mode */
 } drop_state;
 
 static td_status drop_compile(td_graph *g, td__node *n) {
@@ -24,7 +24,8 @@ static td_status drop_compile(td_graph *g, td__node *n) {
     size_t bytes = dnnl_memory_desc_get_size(&x->md);
     if (n->variant) {
         if (x->blocked && td__md_offset4(&x->md, 0, 0, 0, 0) < 0)
-            return td__fail(TD_EUNSUPPORTED, "dropout2d: unsupported input layout for '%s'", x->name);
+            return td__fail(TD_EUNSUPPORTED, "dropout2d: unsupported input layout for '%s'",
+                            x->name);
         bytes = (size_t)(x->shape.dim[0] * x->shape.dim[1]) * sizeof(float);
         s->cmask = td__graph_alloc(g, bytes);
         if (!s->cmask) return td__fail(TD_ENOMEM, "dropout2d: out of memory");
@@ -61,8 +62,10 @@ static void apply_channels(const dnnl_memory_desc_t *md, const td_shape *sh, con
                 int64_t step = td__md_offset4(md, nn, c, h, W > 1 ? 1 : 0) - o;
                 for (int64_t w = 0; w < W; w++) {
                     float v = in[o + w * step] * m;
-                    if (accumulate) out[o + w * step] += v;
-                    else out[o + w * step] = v;
+                    if (accumulate)
+                        out[o + w * step] += v;
+                    else
+                        out[o + w * step] = v;
                 }
             }
         }
@@ -113,17 +116,19 @@ static td_status drop_backward(td_graph *g, td__node *n) {
 
 static void drop_destroy(td__node *n) { free(n->state); }
 
-const td__op td__op_dropout = {"dropout", 1, 0, drop_compile, drop_forward, drop_backward,
-                               drop_destroy};
+const td__op td__op_dropout = {"dropout",     1,           0, drop_compile, drop_forward,
+                               drop_backward, drop_destroy};
 
 static td_status drop_add(td_graph *g, td_tensor *x, float p, int channelwise, td_tensor **y) {
     const char *name = channelwise ? "dropout2d" : "dropout";
     TD__TRY(td__check_input(g, x, name));
     if (!y) return td__fail(TD_EINVAL, "%s: y is NULL", name);
-    if (!(p >= 0.f && p <= 1.f)) return td__fail(TD_EINVAL, "%s: p = %g, must be in [0, 1]", name, (double)p);
+    if (!(p >= 0.f && p <= 1.f))
+        return td__fail(TD_EINVAL, "%s: p = %g, must be in [0, 1]", name, (double)p);
     if (x->dtype != TD_F32) return td__fail(TD_EDTYPE, "%s: input '%s' must be f32", name, x->name);
     if (channelwise && x->shape.ndim != 4)
-        return td__fail(TD_ESHAPE, "dropout2d: input '%s' must be (N, C, H, W), got %d dims", x->name, x->shape.ndim);
+        return td__fail(TD_ESHAPE, "dropout2d: input '%s' must be (N, C, H, W), got %d dims",
+                        x->name, x->shape.ndim);
     td__node *n;
     TD__TRY(td__graph_add_node(g, &td__op_dropout, &x, 1, x->shape, &n));
     n->attr.p = p;

@@ -19,9 +19,9 @@ static td_status elt_compile(td_graph *g, td__node *n) {
     y->md = x->md;
     y->blocked = x->blocked;
     if (n->variant == TD__ELT_ALIAS) return TD_OK;
-    dnnl_alg_kind_t alg = n->variant == ELT_RELU      ? dnnl_eltwise_relu
-                          : n->variant == ELT_GELU    ? dnnl_eltwise_gelu_erf
-                                                      : dnnl_eltwise_relu_use_dst_for_bwd;
+    dnnl_alg_kind_t alg = n->variant == ELT_RELU   ? dnnl_eltwise_relu
+                          : n->variant == ELT_GELU ? dnnl_eltwise_gelu_erf
+                                                   : dnnl_eltwise_relu_use_dst_for_bwd;
     dnnl_eltwise_desc_t d;
     dnnl_primitive_desc_t fpd = NULL, bpd = NULL;
     TD__DNNL(dnnl_eltwise_forward_desc_init(&d, dnnl_forward_training, alg, &x->md, 0.f, 0.f),
@@ -75,7 +75,8 @@ static td_status elt_backward(td_graph *g, td__node *n) {
         td__mem_bind(&s->y, n->out->data);
         td__mem_bind(&s->dy, n->out->grad);
         td__mem_bind(&s->dx, n->out->grad);
-        dnnl_exec_arg_t a[3] = {{DNNL_ARG_DST, s->y.mem}, {DNNL_ARG_DIFF_DST, s->dy.mem},
+        dnnl_exec_arg_t a[3] = {{DNNL_ARG_DST, s->y.mem},
+                                {DNNL_ARG_DIFF_DST, s->dy.mem},
                                 {DNNL_ARG_DIFF_SRC, s->dx.mem}};
         TD__TRY(td__exec(g, s->bwd, 3, a, "relu backward"));
         x->grad_zero = 0;
@@ -84,8 +85,8 @@ static td_status elt_backward(td_graph *g, td__node *n) {
     td__mem_bind(&s->x, x->data);
     td__mem_bind(&s->dy, n->out->grad);
     td__mem_bind(&s->dx, td__grad_begin(g, x, 0));
-    dnnl_exec_arg_t a[3] = {{DNNL_ARG_SRC, s->x.mem}, {DNNL_ARG_DIFF_DST, s->dy.mem},
-                            {DNNL_ARG_DIFF_SRC, s->dx.mem}};
+    dnnl_exec_arg_t a[3] = {
+        {DNNL_ARG_SRC, s->x.mem}, {DNNL_ARG_DIFF_DST, s->dy.mem}, {DNNL_ARG_DIFF_SRC, s->dx.mem}};
     TD__TRY(td__exec(g, s->bwd, 3, a, "eltwise backward"));
     td__grad_end(g, x);
     return TD_OK;
@@ -101,8 +102,8 @@ static void elt_destroy(td__node *n) {
     free(s);
 }
 
-const td__op td__op_eltwise = {"eltwise", 1, 0, elt_compile, elt_forward, elt_backward,
-                               elt_destroy};
+const td__op td__op_eltwise = {"eltwise",    1,          0, elt_compile, elt_forward,
+                               elt_backward, elt_destroy};
 
 static td_status elt_add(td_graph *g, td_tensor *x, int variant, td_tensor **y) {
     const char *name = variant == ELT_RELU ? "relu" : "gelu";
@@ -116,6 +117,10 @@ static td_status elt_add(td_graph *g, td_tensor *x, int variant, td_tensor **y) 
     return TD_OK;
 }
 
-td_status td_graph_relu(td_graph *g, td_tensor *x, td_tensor **y) { return elt_add(g, x, ELT_RELU, y); }
+td_status td_graph_relu(td_graph *g, td_tensor *x, td_tensor **y) {
+    return elt_add(g, x, ELT_RELU, y);
+}
 
-td_status td_graph_gelu(td_graph *g, td_tensor *x, td_tensor **y) { return elt_add(g, x, ELT_GELU, y); }
+td_status td_graph_gelu(td_graph *g, td_tensor *x, td_tensor **y) {
+    return elt_add(g, x, ELT_GELU, y);
+}

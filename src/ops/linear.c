@@ -34,8 +34,8 @@ static td_status linear_compile(td_graph *g, td__node *n) {
         pd = NULL;
     }
     if (st == TD_OK && w->requires_grad) {
-        if (dnnl_inner_product_backward_weights_desc_init(&d, &xmd, &wmd, b ? &bmd : NULL,
-                                                          &ymd) != dnnl_success)
+        if (dnnl_inner_product_backward_weights_desc_init(&d, &xmd, &wmd, b ? &bmd : NULL, &ymd) !=
+            dnnl_success)
             st = td__fail(TD_EBACKEND, "linear: backward-weights descriptor");
         if (st == TD_OK) st = td__pd_create(g, &pd, &d, fpd, "linear backward weights");
         if (st == TD_OK) st = td__prim_create(&s->bwd_w, pd, "linear backward weights");
@@ -83,7 +83,7 @@ static td_status linear_backward(td_graph *g, td__node *n) {
         if (b) td__grad_end(g, b);
     }
     /* Final weight gradients go to DDP before the data gradient is computed. */
-    td__node_params_ready(g, n);
+    td__node_params_ready(g, n, 1);
     if (s->bwd_data) {
         td__mem_bind(&s->w, w->data);
         td__mem_bind(&s->dx, td__grad_begin(g, x, 0));
@@ -107,7 +107,7 @@ static void linear_destroy(td__node *n) {
     free(s);
 }
 
-const td__op td__op_linear = {"linear", 0, 0, linear_compile, linear_forward, linear_backward,
+const td__op td__op_linear = {"linear",      0, 0, linear_compile, linear_forward, linear_backward,
                               linear_destroy};
 
 td_status td_graph_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b, td_tensor **y) {
@@ -116,14 +116,18 @@ td_status td_graph_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
     if (b) TD__TRY(td__check_input(g, b, "linear"));
     if (!y) return td__fail(TD_EINVAL, "linear: y is NULL");
     if (x->dtype != TD_F32 || x->shape.ndim != 2)
-        return td__fail(TD_ESHAPE, "linear: input '%s' must be f32 (N, IN), got %d dims", x->name, x->shape.ndim);
+        return td__fail(TD_ESHAPE, "linear: input '%s' must be f32 (N, IN), got %d dims", x->name,
+                        x->shape.ndim);
     if (w->shape.ndim != 2 || w->shape.dim[1] != x->shape.dim[1])
-        return td__fail(TD_ESHAPE, "linear: weight '%s' must be (OUT, %lld)", w->name, (long long)x->shape.dim[1]);
+        return td__fail(TD_ESHAPE, "linear: weight '%s' must be (OUT, %lld)", w->name,
+                        (long long)x->shape.dim[1]);
     if (b && (b->shape.ndim != 1 || b->shape.dim[0] != w->shape.dim[0]))
-        return td__fail(TD_ESHAPE, "linear: bias '%s' must be (%lld)", b->name, (long long)w->shape.dim[0]);
+        return td__fail(TD_ESHAPE, "linear: bias '%s' must be (%lld)", b->name,
+                        (long long)w->shape.dim[0]);
     td__node *n;
     td_tensor *ins[3] = {x, w, b};
-    TD__TRY(td__graph_add_node(g, &td__op_linear, ins, 3, td_shape_2d(x->shape.dim[0], w->shape.dim[0]), &n));
+    TD__TRY(td__graph_add_node(g, &td__op_linear, ins, 3,
+                               td_shape_2d(x->shape.dim[0], w->shape.dim[0]), &n));
     *y = n->out;
     return TD_OK;
 }

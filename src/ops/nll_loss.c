@@ -46,14 +46,15 @@ static td_status nll_backward(td_graph *g, td__node *n) {
 
 const td__op td__op_nll = {"nll_loss", 0, 0, nll_compile, nll_forward, nll_backward, NULL};
 
-td_status td_graph_nll_loss(td_graph *g, td_tensor *logp, td_tensor *labels,
-                            td_reduction reduction, td_tensor **loss) {
+td_status td_graph_nll_loss(td_graph *g, td_tensor *logp, td_tensor *labels, td_reduction reduction,
+                            td_tensor **loss) {
     TD__TRY(td__check_input(g, logp, "nll_loss"));
     TD__TRY(td__check_input(g, labels, "nll_loss"));
     if (!loss) return td__fail(TD_EINVAL, "nll_loss: loss is NULL");
     if (logp->dtype != TD_F32 || logp->shape.ndim != 2)
         return td__fail(TD_ESHAPE, "nll_loss: '%s' must be f32 (N, C)", logp->name);
-    if (labels->dtype != TD_I64 || labels->shape.ndim != 1 || labels->shape.dim[0] != logp->shape.dim[0])
+    if (labels->dtype != TD_I64 || labels->shape.ndim != 1 ||
+        labels->shape.dim[0] != logp->shape.dim[0])
         return td__fail(TD_ESHAPE, "nll_loss: labels '%s' must be i64 (%lld)", labels->name,
                         (long long)logp->shape.dim[0]);
     if (reduction != TD_REDUCTION_MEAN && reduction != TD_REDUCTION_SUM)

@@ -37,11 +37,12 @@ static td_status pool_compile(td_graph *g, td__node *n) {
         dnnl_dims_t yd = {y->shape.dim[0], y->shape.dim[1], y->shape.dim[2], y->shape.dim[3]};
         dnnl_memory_desc_init_by_tag(&ymd, 4, yd, dnnl_f32, dnnl_format_tag_any);
     }
-    dnnl_alg_kind_t alg = n->variant == POOL_MAX ? dnnl_pooling_max : dnnl_pooling_avg_include_padding;
+    dnnl_alg_kind_t alg =
+        n->variant == POOL_MAX ? dnnl_pooling_max : dnnl_pooling_avg_include_padding;
     dnnl_pooling_v2_desc_t d;
     dnnl_primitive_desc_t fpd = NULL, bpd = NULL;
-    TD__DNNL(dnnl_pooling_v2_forward_desc_init(&d, dnnl_forward_training, alg, &x->md, &ymd, st,
-                                               k, dil, pl, pr),
+    TD__DNNL(dnnl_pooling_v2_forward_desc_init(&d, dnnl_forward_training, alg, &x->md, &ymd, st, k,
+                                               dil, pl, pr),
              "pool2d forward");
     TD__TRY(td__pd_create(g, &fpd, &d, NULL, "pool2d forward"));
     y->md = td__pd_md(fpd, dnnl_query_dst_md);
@@ -74,8 +75,8 @@ static td_status pool_forward(td_graph *g, td__node *n) {
     pool_state *s = n->state;
     td__mem_bind(&s->x, n->in[0]->data);
     td__mem_bind(&s->y, n->out->data);
-    dnnl_exec_arg_t a[3] = {{DNNL_ARG_SRC, s->x.mem}, {DNNL_ARG_DST, s->y.mem},
-                            {DNNL_ARG_WORKSPACE, s->wsm.mem}};
+    dnnl_exec_arg_t a[3] = {
+        {DNNL_ARG_SRC, s->x.mem}, {DNNL_ARG_DST, s->y.mem}, {DNNL_ARG_WORKSPACE, s->wsm.mem}};
     return td__exec(g, s->fwd, s->ws ? 3 : 2, a, "pool2d forward");
 }
 
@@ -84,7 +85,8 @@ static td_status pool_backward(td_graph *g, td__node *n) {
     td_tensor *x = n->in[0];
     td__mem_bind(&s->dy, n->out->grad);
     td__mem_bind(&s->dx, td__grad_begin(g, x, 0));
-    dnnl_exec_arg_t a[3] = {{DNNL_ARG_DIFF_DST, s->dy.mem}, {DNNL_ARG_DIFF_SRC, s->dx.mem},
+    dnnl_exec_arg_t a[3] = {{DNNL_ARG_DIFF_DST, s->dy.mem},
+                            {DNNL_ARG_DIFF_SRC, s->dx.mem},
                             {DNNL_ARG_WORKSPACE, s->wsm.mem}};
     TD__TRY(td__exec(g, s->bwd, s->ws ? 3 : 2, a, "pool2d backward"));
     td__grad_end(g, x);
@@ -101,8 +103,8 @@ static void pool_destroy(td__node *n) {
     free(s);
 }
 
-const td__op td__op_pool2d = {"pool2d", 1, 0, pool_compile, pool_forward, pool_backward,
-                              pool_destroy};
+const td__op td__op_pool2d = {"pool2d",      1,           0, pool_compile, pool_forward,
+                              pool_backward, pool_destroy};
 
 td_pool2d_params td_pool2d_default_params(int k) {
     td_pool2d_params p = {{k, k}, {k, k}, {0, 0}};
@@ -118,8 +120,10 @@ static td_status pool_add(td_graph *g, td_tensor *x, const td_pool2d_params *p, 
         return td__fail(TD_ESHAPE, "%s: input '%s' must be f32 (N, C, H, W)", name, x->name);
     int64_t out[2];
     for (int i = 0; i < 2; i++) {
-        if (p->kernel[i] < 1 || p->stride[i] < 1 || p->padding[i] < 0 || 2 * p->padding[i] > p->kernel[i])
-            return td__fail(TD_EINVAL, "%s: kernel %d stride %d padding %d (padding must be <= kernel/2)",
+        if (p->kernel[i] < 1 || p->stride[i] < 1 || p->padding[i] < 0 ||
+            2 * p->padding[i] > p->kernel[i])
+            return td__fail(TD_EINVAL,
+                            "%s: kernel %d stride %d padding %d (padding must be <= kernel/2)",
                             name, p->kernel[i], p->stride[i], p->padding[i]);
         out[i] = (x->shape.dim[2 + i] + 2 * p->padding[i] - p->kernel[i]) / p->stride[i] + 1;
         if (out[i] < 1)
@@ -135,12 +139,10 @@ static td_status pool_add(td_graph *g, td_tensor *x, const td_pool2d_params *p, 
     return TD_OK;
 }
 
-td_status td_graph_max_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p,
-                              td_tensor **y) {
+td_status td_graph_max_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p, td_tensor **y) {
     return pool_add(g, x, p, POOL_MAX, y);
 }
 
-td_status td_graph_avg_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p,
-                              td_tensor **y) {
+td_status td_graph_avg_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p, td_tensor **y) {
     return pool_add(g, x, p, POOL_AVG, y);
 }

@@ -35,8 +35,10 @@ static td_status reshape_backward(td_graph *g, td__node *n) {
     reshape_state *s = n->state;
     td_tensor *x = n->in[0];
     float *dx = td__grad_begin(g, x, 0);
-    if (x->blocked) TD__TRY(td__reorder_run(g, &s->from_plain, n->out->grad, dx));
-    else memcpy(dx, n->out->grad, x->bytes);
+    if (x->blocked)
+        TD__TRY(td__reorder_run(g, &s->from_plain, n->out->grad, dx));
+    else
+        memcpy(dx, n->out->grad, x->bytes);
     td__grad_end(g, x);
     return TD_OK;
 }
@@ -49,16 +51,17 @@ static void reshape_destroy(td__node *n) {
     free(s);
 }
 
-const td__op td__op_reshape = {"reshape", 0, 1, reshape_compile, reshape_forward,
-                               reshape_backward, reshape_destroy};
+const td__op td__op_reshape = {
+    "reshape", 0, 1, reshape_compile, reshape_forward, reshape_backward, reshape_destroy};
 
 td_status td_graph_reshape(td_graph *g, td_tensor *x, td_shape shape, td_tensor **y) {
     TD__TRY(td__check_input(g, x, "reshape"));
     if (!y) return td__fail(TD_EINVAL, "reshape: y is NULL");
     if (x->dtype != TD_F32) return td__fail(TD_EDTYPE, "reshape: input '%s' must be f32", x->name);
-    if (shape.ndim < 0 || shape.ndim > TD_MAX_DIMS || td_shape_numel(&shape) != td_shape_numel(&x->shape))
-        return td__fail(TD_ESHAPE, "reshape: '%s' has %lld elements, the new shape %lld",
-                        x->name, (long long)td_shape_numel(&x->shape), (long long)td_shape_numel(&shape));
+    if (shape.ndim < 0 || shape.ndim > TD_MAX_DIMS ||
+        td_shape_numel(&shape) != td_shape_numel(&x->shape))
+        return td__fail(TD_ESHAPE, "reshape: '%s' has %lld elements, the new shape %lld", x->name,
+                        (long long)td_shape_numel(&x->shape), (long long)td_shape_numel(&shape));
     td__node *n;
     TD__TRY(td__graph_add_node(g, &td__op_reshape, &x, 1, shape, &n));
     *y = n->out;
@@ -68,7 +71,8 @@ td_status td_graph_reshape(td_graph *g, td_tensor *x, td_shape shape, td_tensor 
 td_status td_graph_flatten(td_graph *g, td_tensor *x, int start_dim, td_tensor **y) {
     TD__TRY(td__check_input(g, x, "flatten"));
     if (start_dim < 0 || start_dim >= (x->shape.ndim > 0 ? x->shape.ndim : 1))
-        return td__fail(TD_EINVAL, "flatten: start_dim %d out of range for %d dims", start_dim, x->shape.ndim);
+        return td__fail(TD_EINVAL, "flatten: start_dim %d out of range for %d dims", start_dim,
+                        x->shape.ndim);
     td_shape s = x->shape;
     int64_t rest = 1;
     for (int i = start_dim; i < x->shape.ndim; i++) rest *= x->shape.dim[i];

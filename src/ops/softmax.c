@@ -21,7 +21,8 @@ static td_status sm_compile(td_graph *g, td__node *n) {
     td_status st;
     if (n->variant == SM_LOG) {
         dnnl_logsoftmax_desc_t d;
-        TD__DNNL(dnnl_logsoftmax_forward_desc_init(&d, dnnl_forward_training, &x->md, axis), "log_softmax forward");
+        TD__DNNL(dnnl_logsoftmax_forward_desc_init(&d, dnnl_forward_training, &x->md, axis),
+                 "log_softmax forward");
         TD__TRY(td__pd_create(g, &fpd, &d, NULL, "log_softmax forward"));
         st = td__prim_create(&s->fwd, fpd, "log_softmax forward");
         if (st == TD_OK && n->out->requires_grad) {
@@ -31,7 +32,8 @@ static td_status sm_compile(td_graph *g, td__node *n) {
         }
     } else {
         dnnl_softmax_desc_t d;
-        TD__DNNL(dnnl_softmax_forward_desc_init(&d, dnnl_forward_training, &x->md, axis), "softmax forward");
+        TD__DNNL(dnnl_softmax_forward_desc_init(&d, dnnl_forward_training, &x->md, axis),
+                 "softmax forward");
         TD__TRY(td__pd_create(g, &fpd, &d, NULL, "softmax forward"));
         st = td__prim_create(&s->fwd, fpd, "softmax forward");
         if (st == TD_OK && n->out->requires_grad) {
@@ -63,8 +65,8 @@ static td_status sm_backward(td_graph *g, td__node *n) {
     td__mem_bind(&s->y, n->out->data);
     td__mem_bind(&s->dy, n->out->grad);
     td__mem_bind(&s->dx, td__grad_begin(g, x, 0));
-    dnnl_exec_arg_t a[3] = {{DNNL_ARG_DST, s->y.mem}, {DNNL_ARG_DIFF_DST, s->dy.mem},
-                            {DNNL_ARG_DIFF_SRC, s->dx.mem}};
+    dnnl_exec_arg_t a[3] = {
+        {DNNL_ARG_DST, s->y.mem}, {DNNL_ARG_DIFF_DST, s->dy.mem}, {DNNL_ARG_DIFF_SRC, s->dx.mem}};
     TD__TRY(td__exec(g, s->bwd, 3, a, "softmax backward"));
     td__grad_end(g, x);
     return TD_OK;
@@ -87,7 +89,8 @@ static td_status sm_add(td_graph *g, td_tensor *x, int variant, td_tensor **y) {
     TD__TRY(td__check_input(g, x, name));
     if (!y) return td__fail(TD_EINVAL, "%s: y is NULL", name);
     if (x->dtype != TD_F32 || x->shape.ndim != 2)
-        return td__fail(TD_ESHAPE, "%s: input '%s' must be f32 (N, C), got %d dims", name, x->name, x->shape.ndim);
+        return td__fail(TD_ESHAPE, "%s: input '%s' must be f32 (N, C), got %d dims", name, x->name,
+                        x->shape.ndim);
     td__node *n;
     TD__TRY(td__graph_add_node(g, &td__op_softmax, &x, 1, x->shape, &n));
     n->variant = variant;
@@ -95,6 +98,10 @@ static td_status sm_add(td_graph *g, td_tensor *x, int variant, td_tensor **y) {
     return TD_OK;
 }
 
-td_status td_graph_softmax(td_graph *g, td_tensor *x, td_tensor **y) { return sm_add(g, x, SM_SOFTMAX, y); }
+td_status td_graph_softmax(td_graph *g, td_tensor *x, td_tensor **y) {
+    return sm_add(g, x, SM_SOFTMAX, y);
+}
 
-td_status td_graph_log_softmax(td_graph *g, td_tensor *x, td_tensor **y) { return sm_add(g, x, SM_LOG, y); }
+td_status td_graph_log_softmax(td_graph *g, td_tensor *x, td_tensor **y) {
+    return sm_add(g, x, SM_LOG, y);
+}

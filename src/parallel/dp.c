@@ -334,7 +334,7 @@ static td_status gather(td_dp *dp) {
 }
 
 /* (5) Mean NLL over the gathered batch and its gradient: -1/B at each sample's label. */
-static td_status loss_on_replica0(td_dp *dp, float *loss) {
+static void loss_on_replica0(td_dp *dp, float *loss) {
     int64_t B = dp->p.global_batch, C = dp->classes;
     memset(dp->gathered_dy, 0, (size_t)(B * C) * sizeof(float));
     double sum = 0.0;
@@ -345,7 +345,6 @@ static td_status loss_on_replica0(td_dp *dp, float *loss) {
         dp->gathered_dy[i * C + y] = g;
     }
     if (loss) *loss = (float)(sum / (double)B);
-    return TD_OK;
 }
 
 /* (7) Each other replica's gradients are copied onto replica 0, then added to its own. */
@@ -386,8 +385,9 @@ td_status td_dp_step(td_dp *dp, const float *images, const int64_t *labels, floa
     lap(dp, TD_DP_FORWARD, &t);
     TRY(gather(dp));
     lap(dp, TD_DP_GATHER, &t);
-    TRY(loss_on_replica0(dp, loss));
+    loss_on_replica0(dp, loss);
     lap(dp, TD_DP_LOSS, &t);
+    /* (6) The output gradient goes back out before the parallel backward. */
     for (int d = 0; d < dp->n; d++)
         memcpy(dp->r[d].dy, dp->gathered_dy + (size_t)(d * dp->b * dp->classes),
                (size_t)(dp->b * dp->classes) * sizeof(float));

@@ -75,7 +75,9 @@ static td_status copy_blocked(const td_tensor *t, const void *src, void *dst, in
 td_status td_tensor_read(const td_tensor *t, void *dst) {
     if (!t || !dst) return td__fail(TD_EINVAL, "td_tensor_read: NULL argument");
     if (t->kind != TD__ACT && t->g->compiled) td__graph_sync_storage(t->g);
-    if (!t->data) return td__fail(TD_ESTATE, "td_tensor_read: '%s' has no storage before td_graph_compile", t->name);
+    if (!t->data)
+        return td__fail(TD_ESTATE, "td_tensor_read: '%s' has no storage before td_graph_compile",
+                        t->name);
     if (t->blocked) return copy_blocked(t, t->data, dst, 1);
     memcpy(dst, t->data, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype));
     return TD_OK;
@@ -84,7 +86,10 @@ td_status td_tensor_read(const td_tensor *t, void *dst) {
 td_status td_tensor_read_grad(const td_tensor *t, float *dst) {
     if (!t || !dst) return td__fail(TD_EINVAL, "td_tensor_read_grad: NULL argument");
     if (t->kind == TD__PARAM && t->g->compiled) td__graph_sync_storage(t->g);
-    if (!t->grad) return td__fail(TD_ESTATE, "td_tensor_read_grad: '%s' takes no gradient (or the graph is not compiled)", t->name);
+    if (!t->grad)
+        return td__fail(
+            TD_ESTATE, "td_tensor_read_grad: '%s' takes no gradient (or the graph is not compiled)",
+            t->name);
     if (t->blocked) return copy_blocked(t, t->grad, dst, 1);
     memcpy(dst, t->grad, (size_t)td_shape_numel(&t->shape) * sizeof(float));
     return TD_OK;
@@ -93,7 +98,9 @@ td_status td_tensor_read_grad(const td_tensor *t, float *dst) {
 td_status td_tensor_write(td_tensor *t, const void *src) {
     if (!t || !src) return td__fail(TD_EINVAL, "td_tensor_write: NULL argument");
     if (t->kind != TD__ACT && t->g->compiled) td__graph_sync_storage(t->g);
-    if (!t->data) return td__fail(TD_ESTATE, "td_tensor_write: '%s' has no storage before td_graph_compile", t->name);
+    if (!t->data)
+        return td__fail(TD_ESTATE, "td_tensor_write: '%s' has no storage before td_graph_compile",
+                        t->name);
     if (t->blocked) return copy_blocked(t, src, t->data, 0);
     memcpy(t->data, src, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype));
     return TD_OK;

@@ -223,10 +223,8 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
         o->nproc = o->have_devices ? o->have_devices : 1;
     }
     if (o->have_devices && o->have_devices != o->nproc) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "%d", o->have_devices);
-        fprintf(stderr, "tandemrun: --nproc-per-node %d but --devices lists %s devices; "
-                        "give one device per rank\n", o->nproc, msg);
+        fprintf(stderr, "tandemrun: --nproc-per-node %d but --devices lists %d devices; "
+                        "give one device per rank\n", o->nproc, o->have_devices);
         return 2;
     }
     if (i >= argc) return usage_error("no program to run%s", "");

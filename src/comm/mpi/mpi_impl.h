@@ -5,6 +5,7 @@
 #define TANDEM_MPI_IMPL_H
 
 #include <mpi.h>
+#include <stdatomic.h>
 
 #include "comm/comm_impl.h"
 
@@ -14,7 +15,7 @@ typedef struct {
     MPI_Comm comm;
     int rank, size;
     int check;  /* exchange call headers before every collective (TANDEM_MPI_CHECK, default 1) */
-    int broken; /* a collective timed out and may still be in flight: the group is unusable */
+    _Atomic int broken; /* a collective timed out and may still be in flight: unusable */
 } td__mpi_ctx;
 
 /* Serialises MPI calls when the library gave us less than MPI_THREAD_MULTIPLE. */

@@ -1,0 +1,223 @@
+/* Training throughput, tandem vs PyTorch, side by side in one run.
+ *
+ * For each model (the seeds' Net, the MLP, the CNN) at global batch 128 and one thread per
+ * rank: samples/s of forward + backward + SGD step, at world size 1 (one process) and 2
+ * (two processes, DDP over the shm backend, each rank pinned to its own core), as the median
+ * of several timed windows after warm-up. The PyTorch peer (bench/train_torch.py under
+ * Debian's python3-torch, torch.set_num_threads(1), DDP over gloo for world 2) runs in the
+ * same invocation and the table prints the ratios.
+ *
+ *   build/bench/train [--models net,mlp,cnn] [--worlds 1,2] [--iters 20] [--windows 5]
+ *                     [--no-torch] [--json]
+ *
+ * Every measurement runs in fresh child processes, so no oneDNN or OpenMP state crosses a
+ * fork. */
+
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tandem/tandem.h"
+
+#define CHECK(call)                                                                          \
+    do {                                                                                     \
+        td_status s_ = (call);                                                               \
+        if (s_ != TD_OK) {                                                                   \
+            fprintf(stderr, "bench/train: %s: %s: %s\n", #call, td_status_string(s_),       \
+                    td_last_error());                                                        \
+            _exit(1);                                                                        \
+        }                                                                                    \
+    } while (0)
+
+#define GLOBAL_BATCH 128
+
+typedef struct {
+    int iters, windows, warmup;
+} timing;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One rank of a run: returns the median samples/s (global) on rank 0. */
+static double rank_main(td_model_kind kind, int rank, int world, int port, const char *token,
+                        const timing *tm) {
+    td_comm *comm = NULL;
+    if (world > 1) {
+        td_comm_params cp;
+        td_comm_default_params(&cp);
+        cp.backend = TD_BACKEND_SHM;
+        cp.rank = rank;
+        cp.world_size = world;
+        cp.local_rank = rank;
+        cp.local_world_size = world;
+        cp.master_port = port;
+        cp.token = token;
+        CHECK(td_comm_create(&comm, &cp));
+    }
+    int64_t local = GLOBAL_BATCH / world;
+    td_graph *g;
+    td_model m;
+    CHECK(td_graph_create(&g, NULL));
+    CHECK(td_model_build(g, kind, local, 1, &m));
+    CHECK(td_graph_compile(g));
+    td_dataset *data;
+    CHECK(td_dataset_load_fashion_mnist(&data, NULL, TD_SPLIT_TEST));
+    CHECK(td_tensor_write(m.input, td_dataset_x(data) + (size_t)(rank * local) * 784));
+    CHECK(td_tensor_write(m.labels, td_dataset_y(data) + rank * local));
+    td_dataset_destroy(data);
+    td_param *params, *buffers;
+    size_t n_params, n_buffers;
+    CHECK(td_graph_params(g, &params, &n_params));
+    CHECK(td_graph_buffers(g, &buffers, &n_buffers));
+    td_sgd_params sp = td_sgd_default_params();
+    sp.lr = 0.01;
+    sp.momentum = 0.5;
+    td_optim *opt;
+    CHECK(td_optim_create_sgd(&opt, params, n_params, &sp));
+    td_ddp *ddp = NULL;
+    if (comm) {
+        CHECK(td_ddp_create(&ddp, comm, params, n_params, buffers, n_buffers, NULL));
+        td_graph_set_grad_ready_hook(g, td_ddp_grad_ready_hook, ddp);
+    }
+    double *rates = malloc((size_t)tm->windows * sizeof *rates);
+    for (int w = -1; w < tm->windows; w++) { /* window -1 is the warm-up */
+        int iters = w < 0 ? tm->warmup : tm->iters;
+        if (comm) CHECK(td_comm_barrier(comm));
+        uint64_t t0 = td_time_ns();
+        for (int i = 0; i < iters; i++) {
+            if (ddp) CHECK(td_ddp_prepare_forward(ddp));
+            CHECK(td_graph_forward(g));
+            CHECK(td_graph_backward(g, m.loss));
+            if (ddp) CHECK(td_ddp_finish_backward(ddp));
+            CHECK(td_optim_step(opt));
+            CHECK(td_graph_zero_grad(g));
+        }
+        if (w >= 0) rates[w] = (double)GLOBAL_BATCH * iters / ((double)(td_time_ns() - t0) * 1e-9);
+    }
+    qsort(rates, (size_t)tm->windows, sizeof *rates, cmp_double);
+    double median = rates[tm->windows / 2];
+    free(rates);
+    td_ddp_destroy(ddp);
+    td_optim_destroy(opt);
+    td_graph_destroy(g);
+    td_comm_destroy(comm);
+    return median;
+}
+
+/* Runs `world` ranks in child processes; returns rank 0's samples/s, or -1 on failure. */
+static double run_tandem(td_model_kind kind, int world, const timing *tm) {
+    int fds[2];
+    if (pipe(fds)) return -1;
+    int port = 20000 + (int)(getpid() * 7 + kind * 131 + world) % 30000;
+    char token[32];
+    snprintf(token, sizeof token, "bench-%d-%d", (int)getpid(), port);
+    pid_t pids[8];
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            close(fds[0]);
+            if (world > 1) {
+                cpu_set_t set;
+                CPU_ZERO(&set);
+                CPU_SET(r % (int)sysconf(_SC_NPROCESSORS_ONLN), &set);
+                sched_setaffinity(0, sizeof set, &set);
+            }
+            double rate = rank_main(kind, r, world, port, token, tm);
+            if (r == 0 && write(fds[1], &rate, sizeof rate) != sizeof rate) _exit(1);
+            _exit(0);
+        }
+    }
+    close(fds[1]);
+    double rate = -1;
+    if (read(fds[0], &rate, sizeof rate) != sizeof rate) rate = -1;
+    close(fds[0]);
+    for (int r = 0; r < world; r++) {
+        int status;
+        waitpid(pids[r], &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status)) rate = -1;
+    }
+    return rate;
+}
+
+/* The PyTorch peer's samples/s, or -1 when it could not run. */
+static double run_torch(const char *model, int world, const timing *tm) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/train_torch.py "
+             "--model %s --world %d --iters %d --windows %d --warmup %d 2>/dev/null",
+             model, world, tm->iters, tm->windows, tm->warmup);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    char line[4096];
+    double rate = -1;
+    while (fgets(line, sizeof line, p)) {
+        const char *k = strstr(line, "\"samples_per_s\":");
+        if (k) rate = atof(k + strlen("\"samples_per_s\":"));
+    }
+    if (pclose(p) != 0) return -1;
+    return rate;
+}
+
+int main(int argc, char **argv) {
+    const char *models = "net,mlp,cnn", *worlds = "1,2";
+    timing tm = {20, 5, 5};
+    int torch = 1, json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--models") && i + 1 < argc) models = argv[++i];
+        else if (!strcmp(argv[i], "--worlds") && i + 1 < argc) worlds = argv[++i];
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) tm.iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--windows") && i + 1 < argc) tm.windows = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--no-torch")) torch = 0;
+        else if (!strcmp(argv[i], "--json")) json = 1;
+        else {
+            fprintf(stderr, "usage: train [--models net,mlp,cnn] [--worlds 1,2] [--iters N] "
+                            "[--windows N] [--no-torch] [--json]\n");
+            return 2;
+        }
+    }
+    if (tm.iters < 1 || tm.windows < 1) return 2;
+    setenv("OMP_NUM_THREADS", "1", 1);
+    printf("samples/s at global batch %d, one thread per rank, median of %d windows of %d steps\n",
+           GLOBAL_BATCH, tm.windows, tm.iters);
+    printf("%-6s %5s %12s %12s %8s %14s\n", "model", "world", "tandem", "pytorch", "ratio",
+           "scaling vs w1");
+    char mlist[64];
+    snprintf(mlist, sizeof mlist, "%s", models);
+    int failed = 0;
+    for (char *save = NULL, *name = strtok_r(mlist, ",", &save); name;
+         name = strtok_r(NULL, ",", &save)) {
+        td_model_kind kind;
+        if (td_model_kind_parse(name, &kind)) {
+            fprintf(stderr, "bench/train: unknown model %s\n", name);
+            return 2;
+        }
+        double ours_w1 = 0;
+        char wlist[32];
+        snprintf(wlist, sizeof wlist, "%s", worlds);
+        for (char *wsave = NULL, *w = strtok_r(wlist, ",", &wsave); w; w = strtok_r(NULL, ",", &wsave)) {
+            int world = atoi(w);
+            if (world < 1 || world > 8 || GLOBAL_BATCH % world) return 2;
+            double ours = run_tandem(kind, world, &tm);
+            double theirs = torch ? run_torch(name, world, &tm) : -1;
+            if (world == 1) ours_w1 = ours;
+            failed |= ours < 0;
+            char ratio[16] = "-", scaling[16] = "-", peer[16] = "-";
+            if (theirs > 0) snprintf(peer, sizeof peer, "%.0f", theirs);
+            if (theirs > 0 && ours > 0) snprintf(ratio, sizeof ratio, "%.2fx", ours / theirs);
+            if (world > 1 && ours_w1 > 0 && ours > 0)
+                snprintf(scaling, sizeof scaling, "%.2fx", ours / ours_w1);
+            printf("%-6s %5d %12.0f %12s %8s %14s\n", name, world, ours, peer, ratio, scaling);
+            if (json)
+                printf("{\"model\": \"%s\", \"world\": %d, \"tandem\": %.1f, \"pytorch\": %.1f}\n",
+                       name, world, ours, theirs);
+            fflush(stdout);
+        }
+    }
+    return failed;
+}

@@ -1,0 +1,94 @@
+/* Activation memory for inference graphs (grad_enabled = 0): nothing is needed after the
+ * forward sweep except what the last node reads and writes, so an activation may take over
+ * the storage of one whose consumers have all run. Training graphs keep every activation
+ * (backward reads them) and do not come here. Only layouts without padding share memory:
+ * a padded blocked layout relies on zeros that another tensor's values would spoil. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/graph_impl.h"
+
+typedef struct {
+    void *p;
+    size_t bytes;
+} free_block;
+
+static td_tensor *root_of(td_tensor *t) {
+    while (t->alias_of) t = t->alias_of;
+    return t;
+}
+
+/* No padding: the storage holds exactly the logical elements. */
+static int shareable(const td_tensor *t) {
+    return t->dtype == TD_F32 && t->bytes == (size_t)td_shape_numel(&t->shape) * sizeof(float);
+}
+
+td_status td__plan_inference_memory(td_graph *g) {
+    int n = g->ntensors;
+    int *last = malloc((size_t)(n ? n : 1) * sizeof *last);
+    unsigned char *released = calloc((size_t)(n ? n : 1), 1);
+    free_block *pool = malloc((size_t)(n ? n : 1) * sizeof *pool);
+    int npool = 0;
+    td_status st = TD_OK;
+    if (!last || !released || !pool) {
+        st = td__fail(TD_ENOMEM, "td_graph_compile: out of memory planning activations");
+        goto done;
+    }
+    /* The last node that reads or writes each storage; tensors nobody reads are outputs. */
+    for (int i = 0; i < n; i++) last[i] = -1;
+    for (int k = 0; k < g->nnodes; k++) {
+        td__node *nd = g->nodes[k];
+        for (int i = 0; i < nd->nin; i++)
+            if (nd->in[i] && nd->in[i]->kind == TD__ACT) {
+                td_tensor *r = root_of(nd->in[i]);
+                if (last[r->id] < k) last[r->id] = k;
+            }
+        td_tensor *r = root_of(nd->out);
+        if (last[r->id] < k) last[r->id] = k;
+        if (nd->out->nconsumers == 0) last[r->id] = INT_MAX;
+    }
+    for (int k = 0; k < g->nnodes && st == TD_OK; k++) {
+        td_tensor *t = g->nodes[k]->out;
+        if (t->alias_of) {
+            td_tensor *r = root_of(t);
+            t->bytes = r->bytes;
+            t->own = NULL;
+            t->data = r->data;
+        } else {
+            int best = -1;
+            if (shareable(t))
+                for (int b = 0; b < npool; b++)
+                    if (pool[b].bytes >= t->bytes && (best < 0 || pool[b].bytes < pool[best].bytes))
+                        best = b;
+            if (best >= 0) {
+                t->own = pool[best].p;
+                pool[best] = pool[--npool];
+            } else {
+                t->own = td__graph_alloc(g, t->bytes);
+                if (!t->own) {
+                    st = td__fail(TD_ENOMEM, "td_graph_compile: out of memory for %s", t->name);
+                    break;
+                }
+            }
+            t->data = t->own;
+        }
+        /* Storage whose last reader is this node goes back to the pool. */
+        td__node *nd = g->nodes[k];
+        for (int i = 0; i < nd->nin; i++) {
+            if (!nd->in[i] || nd->in[i]->kind != TD__ACT) continue;
+            td_tensor *r = root_of(nd->in[i]);
+            if (last[r->id] == k && !released[r->id] && shareable(r) && r->own) {
+                released[r->id] = 1;
+                pool[npool].p = r->own;
+                pool[npool].bytes = r->bytes;
+                npool++;
+            }
+        }
+    }
+done:
+    free(last);
+    free(released);
+    free(pool);
+    return st;
+}

@@ -1,0 +1,213 @@
+/* End to end through the real programs: examples/mnist trains on the real Fashion-MNIST
+ * files, alone and under tandemrun with DDP over shared memory. Checks accuracy, bitwise
+ * resume from a checkpoint, N-rank DDP == one process on the same global batch, the trace's
+ * overlap of all-reduce and backward, and the refusal of a corrupt checkpoint.
+ * TD_LONG=1 (make check-long) adds the CNN's 90% within three epochs. */
+#include <libgen.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tandem/tandem.h"
+#include "test.h"
+
+static char example[PATH_MAX], launcher[PATH_MAX], dir[64];
+static char output[1 << 16];
+
+/* Runs a shell command, keeping its output in `output`; returns its exit status. */
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    strcat(cmd, " 2>&1");
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(output, 1, sizeof output - 1, p);
+    output[n] = 0;
+    int status = pclose(p);
+    if (!WIFEXITED(status) || WEXITSTATUS(status)) fprintf(stderr, "$ %s\n%s\n", cmd, output);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static double field(const char *name) {
+    const char *at = strstr(output, name);
+    return at ? atof(at + strlen(name)) : -1;
+}
+
+static void mlp_reaches_85_percent_in_one_epoch(void) {
+    CHECK_EQ(run("%s --model mlp --epochs 1", example), 0);
+    double accuracy = field("test_accuracy ");
+    printf("    mlp, 1 epoch: test accuracy %.4f\n", accuracy);
+    CHECK(accuracy >= 0.85);
+}
+
+static void cnn_reaches_90_percent_in_three_epochs(void) {
+    if (!getenv("TD_LONG")) return;
+    CHECK_EQ(run("%s --nproc-per-node 2 %s --model cnn --epochs 3", launcher, example), 0);
+    double accuracy = field("test_accuracy ");
+    printf("    cnn, 3 epochs, 2 ranks: test accuracy %.4f\n", accuracy);
+    CHECK(accuracy >= 0.90);
+}
+
+static long file_bytes(const char *path, char **data) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    *data = malloc((size_t)n);
+    if (fread(*data, 1, (size_t)n, f) != (size_t)n) n = -1;
+    fclose(f);
+    return n;
+}
+
+static void resume_continues_bit_for_bit(void) {
+    /* The Net has dropout, so this also checks that the RNG state travels. */
+    const char *args = "--model net --max-steps 25 --no-eval";
+    CHECK_EQ(run("%s %s --epochs 2 --checkpoint %s/straight.st", example, args, dir), 0);
+    CHECK_EQ(run("%s %s --epochs 1 --checkpoint %s/half.st", example, args, dir), 0);
+    CHECK_EQ(run("%s %s --epochs 2 --resume %s/half.st --checkpoint %s/resumed.st", example, args,
+                 dir, dir), 0);
+    char path[128], *a = NULL, *b = NULL, *h = NULL;
+    snprintf(path, sizeof path, "%s/straight.st", dir);
+    long na = file_bytes(path, &a);
+    snprintf(path, sizeof path, "%s/resumed.st", dir);
+    long nb = file_bytes(path, &b);
+    snprintf(path, sizeof path, "%s/half.st", dir);
+    long nh = file_bytes(path, &h);
+    CHECK(na > 0 && na == nb && nh == na);
+    if (na > 0 && na == nb && nh == na) {
+        CHECK(memcmp(a, b, (size_t)na) == 0);
+        CHECK(memcmp(a, h, (size_t)na) != 0); /* the second epoch did change something */
+    }
+    free(a);
+    free(b);
+    free(h);
+}
+
+/* Largest relative difference between the f32 tensors of two checkpoints. */
+static double checkpoint_difference(const char *pa, const char *pb) {
+    td_checkpoint *a, *b;
+    CHECK_OK(td_checkpoint_open(&a, pa));
+    CHECK_OK(td_checkpoint_open(&b, pb));
+    double worst = 0;
+    size_t n = td_checkpoint_count(a), compared = 0;
+    CHECK_EQ(n, td_checkpoint_count(b));
+    for (size_t i = 0; i < n; i++) {
+        td_param info;
+        CHECK_OK(td_checkpoint_tensor(a, i, &info));
+        if (info.dtype != TD_F32) continue;
+        float *x = malloc(info.count * sizeof *x), *y = malloc(info.count * sizeof *y);
+        td_param ta = info, tb = info;
+        ta.data = x;
+        tb.data = y;
+        CHECK_OK(td_checkpoint_read(a, &ta, 1));
+        CHECK_OK(td_checkpoint_read(b, &tb, 1));
+        double num = 0, den = 0;
+        for (size_t k = 0; k < info.count; k++) {
+            num += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
+            den += (double)x[k] * x[k];
+        }
+        double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+        if (rel > worst) worst = rel;
+        compared++;
+        free(x);
+        free(y);
+    }
+    CHECK(compared >= 6);
+    td_checkpoint_close(a);
+    td_checkpoint_close(b);
+    return worst;
+}
+
+static void ddp_equals_one_process_on_the_global_batch(void) {
+    const char *args = "--model mlp --epochs 1 --max-steps 4 --no-eval";
+    CHECK_EQ(run("%s %s --checkpoint %s/w1.st", example, args, dir), 0);
+    int worlds[] = {2, 4};
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(run("%s --nproc-per-node %d %s %s --checkpoint %s/w%d.st", launcher, worlds[i],
+                     example, args, dir, worlds[i]), 0);
+        char pa[128], pb[128];
+        snprintf(pa, sizeof pa, "%s/w1.st", dir);
+        snprintf(pb, sizeof pb, "%s/w%d.st", dir, worlds[i]);
+        double diff = checkpoint_difference(pa, pb);
+        printf("    world %d vs 1: largest relative difference %.2e\n", worlds[i], diff);
+        CHECK(diff <= 1e-5);
+    }
+}
+
+static void trace_shows_allreduce_during_backward(void) {
+    CHECK_EQ(run("%s --nproc-per-node 2 %s --model cnn --epochs 1 --max-steps 3 --no-eval "
+                 "--bucket-kb 64 --trace %s/trace",
+                 launcher, example, dir), 0);
+    char path[128], *json = NULL;
+    snprintf(path, sizeof path, "%s/trace.rank0.json", dir);
+    long n = file_bytes(path, &json);
+    CHECK(n > 0);
+    if (n <= 0) return;
+    json = realloc(json, (size_t)n + 1);
+    json[n] = 0;
+    /* Spans are {"name": ..., "cat": ..., "ph": "X", "ts": us, "dur": us, ...}, in any order. */
+    double bw_start[16], bw_end[16], ar_start[256];
+    int n_bw = 0, n_ar = 0, overlapping = 0;
+    for (char *at = json; (at = strstr(at, "\"name\":")); at++) {
+        char name[64] = "";
+        sscanf(at, "\"name\": \"%63[^\"]", name);
+        char *ts = strstr(at, "\"ts\":"), *dur = strstr(at, "\"dur\":");
+        if (!ts || !dur) break;
+        double t0 = atof(ts + 5), d = atof(dur + 6);
+        if (!strcmp(name, "backward") && n_bw < 16) {
+            bw_start[n_bw] = t0;
+            bw_end[n_bw++] = t0 + d;
+        } else if (strstr(name, "allreduce") && n_ar < 256) {
+            ar_start[n_ar++] = t0;
+        }
+    }
+    for (int a = 0; a < n_ar; a++)
+        for (int b = 0; b < n_bw; b++)
+            if (ar_start[a] >= bw_start[b] && ar_start[a] < bw_end[b]) overlapping++;
+    printf("    %d backward spans, %d bucket all-reduces started inside one\n", n_bw, overlapping);
+    CHECK(n_bw == 3);
+    CHECK(overlapping >= 1);
+    free(json);
+}
+
+static void corrupt_checkpoint_is_refused_by_name(void) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/corrupt.st", dir);
+    /* A header that promises 64 bytes of JSON and stops in the middle of it. */
+    static const char bytes[] = "\x40\0\0\0\0\0\0\0{\"w\": {\"dtype\": \"F32\", \"shape\": [9";
+    FILE *f = fopen(path, "wb");
+    fwrite(bytes, 1, sizeof bytes - 1, f);
+    fclose(f);
+    CHECK_EQ(run("%s --model mlp --epochs 1 --resume %s", example, path), 1);
+    CHECK(strstr(output, path) != NULL);
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    char self[PATH_MAX];
+    if (!realpath(argv[0], self)) return 1;
+    char *bin = dirname(dirname(self)); /* BUILD/tests/x -> BUILD */
+    snprintf(example, sizeof example, "%s/examples/mnist", bin);
+    snprintf(launcher, sizeof launcher, "%s/bin/tandemrun", bin);
+    snprintf(dir, sizeof dir, "/tmp/tandem-training-XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    RUN(mlp_reaches_85_percent_in_one_epoch);
+    RUN(resume_continues_bit_for_bit);
+    RUN(ddp_equals_one_process_on_the_global_batch);
+    RUN(trace_shows_allreduce_during_backward);
+    RUN(corrupt_checkpoint_is_refused_by_name);
+    RUN(cnn_reaches_90_percent_in_three_epochs);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) return 1;
+    TEST_END();
+}
