@@ -97,7 +97,7 @@ tests: $(TESTS) $(TOOLS)
 
 # One pass of the suite in $(BUILD).
 check: all tests
-	sh tests/run.sh $(BUILD)
+	TD_LDFLAGS='$(LDFLAGS)' sh tests/run.sh $(BUILD)
 
 # The README's test command: the suite, then the suite under the sanitizers.
 test:
@@ -105,7 +105,7 @@ test:
 	$(MAKE) check SAN=1
 
 check-long: all tests
-	TD_LONG=1 sh tests/run.sh $(BUILD)
+	TD_LONG=1 TD_LDFLAGS='$(LDFLAGS)' sh tests/run.sh $(BUILD)
 
 install: $(STATIC) $(SHARED) $(TOOLS) $(BUILD)/tandem.pc
 	install -d $(DESTDIR)$(PREFIX)/include/tandem $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin

@@ -40,7 +40,7 @@ awk -v dir="$logdir" '/^```c$/ {n++; f=sprintf("%s/readme_%d.c", dir, n); on=1; 
     /^```/ {on=0} on {print > f}' README.md
 for snippet in "$logdir"/readme_*.c; do
     [ -f "$snippet" ] || continue
-    if ${CC:-cc} -std=c11 -Wall -Wextra -Werror -Iinclude "$snippet" -o "${snippet%.c}" \
+    if ${CC:-cc} -std=c11 -Wall -Wextra -Werror -Iinclude ${TD_LDFLAGS:-} "$snippet" -o "${snippet%.c}" \
         "$build/lib/libtandem.a" $libs > "${snippet%.c}.log" 2>&1; then
         passed=$((passed + 1))
     else

@@ -509,9 +509,12 @@ static void mpi_backend_is_unsupported(void) {
     td_comm_params p;
     td_comm_default_params(&p);
     p.backend = TD_BACKEND_MPI;
+    p.rank = 0; /* a complete job description, so that only the backend can refuse */
+    p.world_size = 1;
     td_comm *comm = NULL;
     CHECK_STATUS(td_comm_create(&comm, &p), TD_EUNSUPPORTED);
     CHECK(comm == NULL);
+    CHECK(strstr(td_last_error(), "mpi") != NULL);
 }
 
 int main(void) {

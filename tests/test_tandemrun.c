@@ -254,6 +254,37 @@ static void no_prefix_passes_lines_through(void) {
     release(&r);
 }
 
+/* Lines of different ranks never mix; a last line without a newline still arrives, and a
+ * huge line arrives in prefixed pieces. */
+static void lines_stay_whole(void) {
+    char *argv[] = {"tandemrun", "--nproc-per-node", "3", "sh", "-c",
+                    "i=0; while [ $i -lt 300 ]; do echo \"line $RANK $i end\"; i=$((i+1)); done; "
+                    "head -c 100000 /dev/zero | tr '\\0' x; echo; printf 'tail'",
+                    NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 0);
+    int lines = 0, bad = 0, tails = 0;
+    size_t xs = 0;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
+        int k = -1, k2 = -1, i = -1, end = 0;
+        if (sscanf(line, "[rank %d] line %d %d end%n", &k, &k2, &i, &end) == 3 && end > 0 &&
+            line[end] == '\0' && k == k2)
+            lines++;
+        else if (sscanf(line, "[rank %d] tail%n", &k, &end) == 1 && end > 0 && line[end] == '\0')
+            tails++;
+        else if (strncmp(line, "[rank ", 6) == 0 && strchr(line, ']') && strspn(strchr(line, ']') + 2, "x") ==
+                 strlen(strchr(line, ']') + 2))
+            xs += strlen(strchr(line, ']') + 2);
+        else if (bad++ == 0)
+            TEST_FAIL_AT("malformed line: %.80s", line);
+    }
+    CHECK_EQ(lines, 900);
+    CHECK_EQ(tails, 3);
+    CHECK_EQ(xs, 300000);
+    CHECK_EQ(bad, 0);
+    release(&r);
+}
+
 /* Rank 1 fails; the others sleep and must be stopped, not waited for. */
 static void failing_rank_sets_the_exit_status(void) {
     char *argv[] = {"tandemrun", "--nproc-per-node", "3", "sh", "-c",
@@ -456,6 +487,7 @@ int main(int argc, char **argv) {
     RUN(torchrun_spellings_and_explicit_master);
     RUN(devices_map_to_cuda_visible_devices);
     RUN(no_prefix_passes_lines_through);
+    RUN(lines_stay_whole);
     RUN(failing_rank_sets_the_exit_status);
     RUN(killed_rank_is_named_with_its_signal);
     RUN(stubborn_ranks_get_sigkill);

@@ -103,9 +103,10 @@ static td_param *checkpoint_tensors(trainer *t, size_t *n) {
     *n = t->n_params + t->n_buffers + n_state;
     td_param *all = malloc(*n * sizeof *all);
     if (!all) CHECK(TD_ENOMEM);
-    memcpy(all, t->params, t->n_params * sizeof *all);
-    memcpy(all + t->n_params, t->buffers, t->n_buffers * sizeof *all);
-    memcpy(all + t->n_params + t->n_buffers, state, n_state * sizeof *all);
+    td_param *at = all;
+    for (size_t i = 0; i < t->n_params; i++) *at++ = t->params[i];
+    for (size_t i = 0; i < t->n_buffers; i++) *at++ = t->buffers[i];
+    for (size_t i = 0; i < n_state; i++) *at++ = state[i];
     return all;
 }
 
