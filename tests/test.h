@@ -1,12 +1,15 @@
-/* The test harness: CHECK macros that print file, line and both values, and a runner
- * that prints one line per case and a closing "P passed, F failed" line that
- * tests/run.sh adds up. Header-only; every tests/test_*.c includes it once. */
+/* The test harness: CHECK macros that print file, line and both values, a runner that
+ * prints one line per case and a closing "P passed, F failed" line that tests/run.sh adds
+ * up, and the few file helpers several tests share (source paths, a temporary directory,
+ * whole-file reads and writes). Header-only; every tests/test_*.c includes it once. */
 #ifndef TANDEM_TEST_H
 #define TANDEM_TEST_H
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "tandem/core.h"
 
@@ -75,5 +78,68 @@ static int test_passed, test_failed;
         printf("%d passed, %d failed\n", test_passed, test_failed);                          \
         return test_failed ? 1 : 0;                                                          \
     } while (0)
+
+/* A path below the repository root, as given when it is readable from the current directory
+ * (tests run from the root), else found from this executable (BUILD/tests/test_x). The
+ * result may live in a static buffer that the next call overwrites. */
+static inline const char *test_source_path(const char *rel) {
+    static char buf[4096];
+    if (access(rel, R_OK) == 0) return rel;
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) return rel;
+    buf[n] = '\0';
+    for (int up = 0; up < 3; up++) {
+        char *slash = strrchr(buf, '/');
+        if (!slash) return rel;
+        *slash = '\0';
+    }
+    size_t len = strlen(buf);
+    snprintf(buf + len, sizeof buf - len, "/%s", rel);
+    return access(buf, R_OK) == 0 ? buf : rel;
+}
+
+/* Makes a fresh /tmp/td_test_<name>_XXXXXX into dir (cap bytes); exits the test program
+ * when it cannot, since no case could run without it. */
+static inline void test_temp_dir(char *dir, size_t cap, const char *name) {
+    snprintf(dir, cap, "/tmp/td_test_%s_XXXXXX", name);
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+}
+
+/* Removes a directory made by test_temp_dir and everything in it. */
+static inline void test_remove_dir(const char *dir) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+/* Writes len bytes to path, failing the case when it cannot. */
+static inline void test_write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (!f) return;
+    CHECK_EQ(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+/* The bytes of a whole file (malloc'd, the caller frees), or NULL when it cannot be read. */
+static inline unsigned char *test_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    *len = 0;
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) *len = (size_t)n;
+    return buf;
+}
 
 #endif

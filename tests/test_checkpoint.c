@@ -14,33 +14,7 @@
 
 static char dir[256];
 
-/* The fixture path from the repository root, or found relative to this executable
- * (BUILD/tests/test_x) when the test runs from elsewhere. */
-static const char *fixture_path(const char *rel) {
-    static char buf[4096];
-    if (access(rel, R_OK) == 0) return rel;
-    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-    if (n <= 0) return rel;
-    buf[n] = '\0';
-    for (int up = 0; up < 3; up++) {
-        char *slash = strrchr(buf, '/');
-        if (!slash) return rel;
-        *slash = '\0';
-    }
-    size_t len = strlen(buf);
-    snprintf(buf + len, sizeof buf - len, "/%s", rel);
-    return access(buf, R_OK) == 0 ? buf : rel;
-}
-
 static void path_in_dir(char *out, size_t len, const char *name) { snprintf(out, len, "%s/%s", dir, name); }
-
-static void write_bytes(const char *path, const void *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL);
-    if (!f) return;
-    CHECK_EQ(fwrite(data, 1, len, f), len);
-    fclose(f);
-}
 
 /* A safetensors file from a header string and a data blob, header padded to 8 bytes. */
 static void write_st(const char *path, const char *header, const void *data, size_t data_len) {
@@ -50,21 +24,8 @@ static void write_st(const char *path, const char *header, const void *data, siz
     memcpy(buf + 8, header, hl);
     memset(buf + 8 + hl, ' ', padded - hl);
     if (data_len) memcpy(buf + 8 + padded, data, data_len);
-    write_bytes(path, buf, 8 + padded + data_len);
+    test_write_file(path, buf, 8 + padded + data_len);
     free(buf);
-}
-
-static unsigned char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
 }
 
 static int count_files(void) {
@@ -105,7 +66,7 @@ static void round_trip_every_dtype_and_metadata(void) {
 
     /* The layout the spec fixes: u64 LE header size, '{', header padded to 8, data follows. */
     size_t len = 0;
-    unsigned char *raw = slurp(path, &len);
+    unsigned char *raw = test_read_file(path, &len);
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--) hl = (hl << 8) | raw[i];
     size_t data_bytes = 24 + 32 + 8 + 16 + 6 + 6 + 5;
@@ -175,7 +136,8 @@ static void reads_files_written_by_other_writers(void) {
     CHECK_EQ(b2, b);
     /* The optimizer fixture was written by hand in Python from the spec. */
     td_checkpoint *c = NULL;
-    CHECK_OK(td_checkpoint_open(&c, fixture_path("tests/fixtures/optim/optim_ref.safetensors")));
+    const char *fixture = test_source_path("tests/fixtures/optim/optim_ref.safetensors");
+    CHECK_OK(td_checkpoint_open(&c, fixture));
     if (c) {
         CHECK(td_checkpoint_get_meta(c, "generator") &&
               strcmp(td_checkpoint_get_meta(c, "generator"), "make_optim_ref.py") == 0);
@@ -245,12 +207,12 @@ static void damaged_headers_are_errors_naming_the_problem(void) {
     expect_open_error(path, TD_EFORMAT, "nesting deeper");
     /* Header length fields that do not fit the file. */
     unsigned char raw[32] = {200, 0, 0, 0, 0, 0, 0, 0, '{', '}'};
-    write_bytes(path, raw, 16);
+    test_write_file(path, raw, 16);
     expect_open_error(path, TD_EFORMAT, "header length 200");
-    write_bytes(path, raw, 5);
+    test_write_file(path, raw, 5);
     expect_open_error(path, TD_EFORMAT, "too short");
     memset(raw, 0xff, 8);
-    write_bytes(path, raw, 32);
+    test_write_file(path, raw, 32);
     expect_open_error(path, TD_EFORMAT, "header length");
     path_in_dir(path, sizeof path, "missing.safetensors");
     expect_open_error(path, TD_ENOTFOUND, "cannot open");
@@ -267,9 +229,9 @@ static void every_truncation_and_byte_flip_fails_cleanly(void) {
     path_in_dir(bad, sizeof bad, "cut.safetensors");
     CHECK_OK(td_checkpoint_save(good, t, 2, meta, 1));
     size_t len = 0;
-    unsigned char *raw = slurp(good, &len);
+    unsigned char *raw = test_read_file(good, &len);
     for (size_t cut = 0; cut < len; cut++) {
-        write_bytes(bad, raw, cut);
+        test_write_file(bad, raw, cut);
         td_checkpoint *c = NULL;
         td_status st = td_checkpoint_open(&c, bad);
         if (st == TD_OK) TEST_FAIL_AT("a file cut to %zu of %zu bytes opened", cut, len);
@@ -285,7 +247,7 @@ static void every_truncation_and_byte_flip_fails_cleanly(void) {
         size_t at = 8 + td_rng_below(&rng, (uint32_t)(len - 8 - 64));
         unsigned char old = raw[at];
         raw[at] = (unsigned char)td_rng_u32(&rng);
-        write_bytes(bad, raw, len);
+        test_write_file(bad, raw, len);
         raw[at] = old;
         td_checkpoint *c = NULL;
         if (td_checkpoint_open(&c, bad) != TD_OK) rejected++;
@@ -381,19 +343,13 @@ static void failed_save_keeps_the_previous_checkpoint(void) {
 }
 
 int main(void) {
-    snprintf(dir, sizeof dir, "/tmp/td_test_ckpt_XXXXXX");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    test_temp_dir(dir, sizeof dir, "ckpt");
     RUN(round_trip_every_dtype_and_metadata);
     RUN(reads_files_written_by_other_writers);
     RUN(damaged_headers_are_errors_naming_the_problem);
     RUN(every_truncation_and_byte_flip_fails_cleanly);
     RUN(load_checks_names_dtypes_and_shapes);
     RUN(failed_save_keeps_the_previous_checkpoint);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    test_remove_dir(dir);
     TEST_END();
 }

@@ -20,37 +20,11 @@ static double gen(int r, size_t i, td_reduce_op op) {
 
 static int is_float(td_dtype t) { return t == TD_F32 || t == TD_F64 || t == TD_BF16 || t == TD_F16; }
 
-static void put(td_dtype t, void *buf, size_t i, double v) {
-    switch (t) {
-    case TD_F32: ((float *)buf)[i] = (float)v; break;
-    case TD_F64: ((double *)buf)[i] = v; break;
-    case TD_BF16: ((uint16_t *)buf)[i] = td_f32_to_bf16((float)v); break;
-    case TD_F16: ((uint16_t *)buf)[i] = td_f32_to_f16((float)v); break;
-    case TD_I32: ((int32_t *)buf)[i] = (int32_t)(int64_t)v; break;
-    case TD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case TD_U8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break; /* wraps, like the data */
-    default: break;
-    }
-}
-
-static double get(td_dtype t, const void *buf, size_t i) {
-    switch (t) {
-    case TD_F32: return ((const float *)buf)[i];
-    case TD_F64: return ((const double *)buf)[i];
-    case TD_BF16: return td_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case TD_F16: return td_f16_to_f32(((const uint16_t *)buf)[i]);
-    case TD_I32: return ((const int32_t *)buf)[i];
-    case TD_I64: return (double)((const int64_t *)buf)[i];
-    case TD_U8: return ((const uint8_t *)buf)[i];
-    default: return 0;
-    }
-}
-
 /* The element as the collective sees it (after rounding to the dtype). */
 static double input(td_dtype t, int r, size_t i, td_reduce_op op) {
     unsigned char tmp[8];
-    put(t, tmp, 0, gen(r, i, op));
-    return get(t, tmp, 0);
+    test_elem_put(t, tmp, 0, gen(r, i, op));
+    return test_elem_get(t, tmp, 0);
 }
 
 /* Serial reference of op over ranks 0..n-1 at element i, folded in rank order with the
@@ -64,8 +38,8 @@ static double reference(td_dtype t, td_reduce_op op, int n, size_t i) {
         }
         if (op == TD_OP_AVG) acc /= (float)n;
         unsigned char tmp[8];
-        put(t, tmp, 0, acc);
-        return get(t, tmp, 0);
+        test_elem_put(t, tmp, 0, acc);
+        return test_elem_get(t, tmp, 0);
     }
     if (t == TD_F64) {
         double acc = input(t, 0, i, op);
@@ -82,8 +56,8 @@ static double reference(td_dtype t, td_reduce_op op, int n, size_t i) {
     }
     if (op == TD_OP_AVG) acc /= n;
     unsigned char tmp[8];
-    put(t, tmp, 0, (double)acc);
-    return get(t, tmp, 0);
+    test_elem_put(t, tmp, 0, (double)acc);
+    return test_elem_get(t, tmp, 0);
 }
 
 static double tolerance(td_dtype t, double ref) {
@@ -98,7 +72,7 @@ static size_t big_count(td_dtype t) { return BIG_BYTES / td_dtype_size(t) + 7; }
 
 static void *fill(td_dtype t, size_t count, int rank, td_reduce_op op, size_t offset) {
     unsigned char *b = malloc(count * td_dtype_size(t) + 1);
-    for (size_t i = 0; i < count; i++) put(t, b, i, gen(rank, offset + i, op));
+    for (size_t i = 0; i < count; i++) test_elem_put(t, b, i, gen(rank, offset + i, op));
     return b;
 }
 
@@ -106,7 +80,7 @@ static void *fill(td_dtype t, size_t count, int rank, td_reduce_op op, size_t of
 static int compare(const char *what, td_dtype t, td_reduce_op op, int n, const void *got, size_t count,
                    size_t offset) {
     for (size_t i = 0; i < count; i++) {
-        double ref = reference(t, op, n, offset + i), g = get(t, got, i);
+        double ref = reference(t, op, n, offset + i), g = test_elem_get(t, got, i);
         if (!(g - ref <= tolerance(t, ref) && ref - g <= tolerance(t, ref))) {
             TEST_FAIL_AT("%s %s %s n=%d count=%zu: element %zu is %.9g, expected %.9g", what, td_dtype_name(t),
                          td_reduce_op_name(op), n, count, i, g, ref);
@@ -174,7 +148,7 @@ static void check_movers(td_comm *c, td_dtype t, size_t count) {
         void *recv = calloc(count + 1, es);
         CHECK_OK(td_comm_scatter(c, send, recv, count, t, root));
         for (size_t i = 0; i < count; i++) {
-            put(t, tmp, 0, gen(root, (size_t)r * count + i, TD_OP_SUM));
+            test_elem_put(t, tmp, 0, gen(root, (size_t)r * count + i, TD_OP_SUM));
             if (memcmp(tmp, (char *)recv + i * es, es) != 0) {
                 TEST_FAIL_AT("scatter %s count %zu root %d: rank %d element %zu wrong", td_dtype_name(t), count, root, r, i);
                 break;

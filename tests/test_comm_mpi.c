@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "tandem/comm.h"
-#include "test.h"
+#include "test_comm_util.h"
 
 #ifdef TD_HAVE_MPI
 
@@ -35,32 +35,6 @@ static double gen(int r, size_t i, td_reduce_op op, td_dtype dt) {
     double v = (double)((i * 7 + (size_t)r * 13) % 51);
     if (dt != TD_U8 && (i + (size_t)r) % 3 == 0) v = -v;
     return v;
-}
-
-static void put(void *buf, td_dtype dt, size_t i, double v) {
-    switch (dt) {
-    case TD_F32: ((float *)buf)[i] = (float)v; break;
-    case TD_F64: ((double *)buf)[i] = v; break;
-    case TD_BF16: ((uint16_t *)buf)[i] = td_f32_to_bf16((float)v); break;
-    case TD_F16: ((uint16_t *)buf)[i] = td_f32_to_f16((float)v); break;
-    case TD_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case TD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case TD_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    default: break;
-    }
-}
-
-static double get(const void *buf, td_dtype dt, size_t i) {
-    switch (dt) {
-    case TD_F32: return ((const float *)buf)[i];
-    case TD_F64: return ((const double *)buf)[i];
-    case TD_BF16: return td_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case TD_F16: return td_f16_to_f32(((const uint16_t *)buf)[i]);
-    case TD_I32: return ((const int32_t *)buf)[i];
-    case TD_I64: return (double)((const int64_t *)buf)[i];
-    case TD_U8: return ((const uint8_t *)buf)[i];
-    default: return 0;
-    }
 }
 
 /* The reduction of element i over all ranks, rounded to dt the way the result must be. */
@@ -81,8 +55,8 @@ static double reference(size_t i, td_dtype dt, td_reduce_op op) {
         else acc = (double)((int64_t)acc / size); /* integer division truncates */
     }
     unsigned char tmp[8];
-    put(tmp, dt, 0, acc);
-    return get(tmp, dt, 0);
+    test_elem_put(dt, tmp, 0, acc);
+    return test_elem_get(dt, tmp, 0);
 }
 
 /* Fails the case once, naming the first wrong element. */
@@ -115,22 +89,28 @@ static void allreduce_reduce_every_dtype_op_size(void) {
                 size_t n = sizes[s];
                 if (n > 10000 && !big_case(dt, op)) continue; /* time */
                 void *send = alloc(n, dt), *recv = alloc(n, dt);
-                for (size_t i = 0; i < n; i++) put(send, dt, i, gen(rank, i, op, dt));
+                for (size_t i = 0; i < n; i++) test_elem_put(dt, send, i, gen(rank, i, op, dt));
                 CHECK_OK(td_comm_allreduce(world, send, recv, n, dt, op));
                 for (size_t i = 0; i < n; i++)
-                    if (!expect("allreduce", dt, op, n, i, get(recv, dt, i), reference(i, dt, op))) break;
+                    if (!expect("allreduce", dt, op, n, i, test_elem_get(dt, recv, i),
+                                reference(i, dt, op)))
+                        break;
                 /* in place */
                 CHECK_OK(td_comm_allreduce(world, send, send, n, dt, op));
                 for (size_t i = 0; i < n; i++)
-                    if (!expect("allreduce in place", dt, op, n, i, get(send, dt, i), reference(i, dt, op))) break;
+                    if (!expect("allreduce in place", dt, op, n, i, test_elem_get(dt, send, i),
+                                reference(i, dt, op)))
+                        break;
                 /* reduce to a root that moves around */
                 int root = (int)((s + (size_t)op) % (size_t)size);
-                for (size_t i = 0; i < n; i++) put(send, dt, i, gen(rank, i, op, dt));
+                for (size_t i = 0; i < n; i++) test_elem_put(dt, send, i, gen(rank, i, op, dt));
                 memset(recv, 0, n * td_dtype_size(dt));
                 CHECK_OK(td_comm_reduce(world, send, recv, n, dt, op, root));
                 if (rank == root)
                     for (size_t i = 0; i < n; i++)
-                        if (!expect("reduce", dt, op, n, i, get(recv, dt, i), reference(i, dt, op))) break;
+                        if (!expect("reduce", dt, op, n, i, test_elem_get(dt, recv, i),
+                                    reference(i, dt, op)))
+                            break;
                 free(send);
                 free(recv);
             }
@@ -143,17 +123,20 @@ static void reduce_scatter_every_dtype_op_size(void) {
                 size_t n = sizes[s], total = n * (size_t)size;
                 if (n > 10000 && !big_case(dt, op)) continue; /* time */
                 void *send = alloc(total, dt), *recv = alloc(n, dt);
-                for (size_t i = 0; i < total; i++) put(send, dt, i, gen(rank, i, op, dt));
+                for (size_t i = 0; i < total; i++) test_elem_put(dt, send, i, gen(rank, i, op, dt));
                 CHECK_OK(td_comm_reduce_scatter(world, send, recv, n, dt, op));
                 for (size_t i = 0; i < n; i++) {
                     size_t g = (size_t)rank * n + i;
-                    if (!expect("reduce_scatter", dt, op, n, i, get(recv, dt, i), reference(g, dt, op))) break;
+                    if (!expect("reduce_scatter", dt, op, n, i, test_elem_get(dt, recv, i),
+                                reference(g, dt, op)))
+                        break;
                 }
                 /* in place: the result lands at the front of the buffer */
                 CHECK_OK(td_comm_reduce_scatter(world, send, send, n, dt, op));
                 for (size_t i = 0; i < n; i++) {
                     size_t g = (size_t)rank * n + i;
-                    if (!expect("reduce_scatter in place", dt, op, n, i, get(send, dt, i), reference(g, dt, op)))
+                    if (!expect("reduce_scatter in place", dt, op, n, i, test_elem_get(dt, send, i),
+                                reference(g, dt, op)))
                         break;
                 }
                 free(send);
@@ -172,40 +155,51 @@ static void data_movement_every_dtype_size(void) {
             int root = (int)(s % (size_t)size);
             void *a = alloc(total, dt), *b = alloc(total, dt);
             /* broadcast */
-            for (size_t i = 0; i < n; i++) put(a, dt, i, rank == root ? mv(root, i) : -1);
+            for (size_t i = 0; i < n; i++) test_elem_put(dt, a, i, rank == root ? mv(root, i) : -1);
             CHECK_OK(td_comm_broadcast(world, a, n, dt, root));
             for (size_t i = 0; i < n; i++)
-                if (!expect("broadcast", dt, 0, n, i, get(a, dt, i), mv(root, i))) break;
+                if (!expect("broadcast", dt, 0, n, i, test_elem_get(dt, a, i), mv(root, i))) break;
             /* allgather, then NCCL-style in place (own part already at rank * n) */
-            for (size_t i = 0; i < n; i++) put(a, dt, i, mv(rank, i));
+            for (size_t i = 0; i < n; i++) test_elem_put(dt, a, i, mv(rank, i));
             CHECK_OK(td_comm_allgather(world, a, b, n, dt));
             for (size_t i = 0; i < total; i++)
-                if (!expect("allgather", dt, 0, n, i, get(b, dt, i), mv((int)(i / n), i % n))) break;
+                if (!expect("allgather", dt, 0, n, i, test_elem_get(dt, b, i),
+                            mv((int)(i / n), i % n)))
+                    break;
             memset(b, 0, total * td_dtype_size(dt));
-            for (size_t i = 0; i < n; i++) put(b, dt, (size_t)rank * n + i, mv(rank, i));
+            for (size_t i = 0; i < n; i++) test_elem_put(dt, b, (size_t)rank * n + i, mv(rank, i));
             CHECK_OK(td_comm_allgather(world, (char *)b + (size_t)rank * n * td_dtype_size(dt), b, n, dt));
             for (size_t i = 0; i < total; i++)
-                if (!expect("allgather in place", dt, 0, n, i, get(b, dt, i), mv((int)(i / n), i % n))) break;
+                if (!expect("allgather in place", dt, 0, n, i, test_elem_get(dt, b, i),
+                            mv((int)(i / n), i % n)))
+                    break;
             /* gather */
             memset(b, 0, total * td_dtype_size(dt));
             CHECK_OK(td_comm_gather(world, a, b, n, dt, root));
             if (rank == root)
                 for (size_t i = 0; i < total; i++)
-                    if (!expect("gather", dt, 0, n, i, get(b, dt, i), mv((int)(i / n), i % n))) break;
+                    if (!expect("gather", dt, 0, n, i, test_elem_get(dt, b, i),
+                                mv((int)(i / n), i % n)))
+                        break;
             /* scatter: root's part j goes to rank j */
-            for (size_t i = 0; i < total; i++) put(b, dt, i, mv((int)(i / n) + 5, i % n));
+            for (size_t i = 0; i < total; i++) test_elem_put(dt, b, i, mv((int)(i / n) + 5, i % n));
             memset(a, 0, total * td_dtype_size(dt));
             CHECK_OK(td_comm_scatter(world, b, a, n, dt, root));
             for (size_t i = 0; i < n; i++)
-                if (!expect("scatter", dt, 0, n, i, get(a, dt, i), mv(rank + 5, i))) break;
+                if (!expect("scatter", dt, 0, n, i, test_elem_get(dt, a, i), mv(rank + 5, i)))
+                    break;
             /* alltoall: my part for rank j is mv(rank * size + j); then in place */
-            for (size_t i = 0; i < total; i++) put(a, dt, i, mv(rank * size + (int)(i / n), i % n));
+            for (size_t i = 0; i < total; i++)
+                test_elem_put(dt, a, i, mv(rank * size + (int)(i / n), i % n));
             CHECK_OK(td_comm_alltoall(world, a, b, n, dt));
             for (size_t i = 0; i < total; i++)
-                if (!expect("alltoall", dt, 0, n, i, get(b, dt, i), mv((int)(i / n) * size + rank, i % n))) break;
+                if (!expect("alltoall", dt, 0, n, i, test_elem_get(dt, b, i),
+                            mv((int)(i / n) * size + rank, i % n)))
+                    break;
             CHECK_OK(td_comm_alltoall(world, a, a, n, dt));
             for (size_t i = 0; i < total; i++)
-                if (!expect("alltoall in place", dt, 0, n, i, get(a, dt, i), mv((int)(i / n) * size + rank, i % n)))
+                if (!expect("alltoall in place", dt, 0, n, i, test_elem_get(dt, a, i),
+                            mv((int)(i / n) * size + rank, i % n)))
                     break;
             CHECK_OK(td_comm_barrier(world));
             free(a);

@@ -1,6 +1,7 @@
-/* Helpers for the multi-process comm and store tests: a free TCP port, and running a
- * function as N real ranks in forked children. A child's failed CHECKs make it exit non-zero,
- * which fails the case in the parent; a child that hangs is killed at the deadline. */
+/* Helpers for the multi-process comm and store tests: a free TCP port, running a function
+ * as N real ranks in forked children, and elements of any dtype as doubles. A child's failed
+ * CHECKs make it exit non-zero, which fails the case in the parent; a child that hangs is
+ * killed at the deadline. */
 #ifndef TANDEM_TEST_COMM_UTIL_H
 #define TANDEM_TEST_COMM_UTIL_H
 
@@ -121,6 +122,34 @@ static inline td_status test_comm_create(td_comm **out, int rank, int size, int 
     p.token = "test-token";
     p.timeout_s = timeout_s;
     return td_comm_create(out, &p);
+}
+
+/* Stores v as element i of a td_dtype buffer; integers go through int64, so u8 wraps. */
+static inline void test_elem_put(td_dtype t, void *buf, size_t i, double v) {
+    switch (t) {
+    case TD_F32: ((float *)buf)[i] = (float)v; break;
+    case TD_F64: ((double *)buf)[i] = v; break;
+    case TD_BF16: ((uint16_t *)buf)[i] = td_f32_to_bf16((float)v); break;
+    case TD_F16: ((uint16_t *)buf)[i] = td_f32_to_f16((float)v); break;
+    case TD_I32: ((int32_t *)buf)[i] = (int32_t)(int64_t)v; break;
+    case TD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case TD_U8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
+    default: break;
+    }
+}
+
+/* Element i of a td_dtype buffer as a double. */
+static inline double test_elem_get(td_dtype t, const void *buf, size_t i) {
+    switch (t) {
+    case TD_F32: return ((const float *)buf)[i];
+    case TD_F64: return ((const double *)buf)[i];
+    case TD_BF16: return td_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case TD_F16: return td_f16_to_f32(((const uint16_t *)buf)[i]);
+    case TD_I32: return ((const int32_t *)buf)[i];
+    case TD_I64: return (double)((const int64_t *)buf)[i];
+    case TD_U8: return ((const uint8_t *)buf)[i];
+    default: return 0;
+    }
 }
 
 #endif

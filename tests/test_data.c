@@ -13,51 +13,12 @@
 
 static char tmpdir[256];
 
-static void make_tmpdir(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/td_test_data_XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        exit(1);
-    }
-}
-
-static void remove_tmpdir(void) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
-}
-
-static void write_file(const char *path, const void *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL);
-    if (!f) return;
-    CHECK_EQ(fwrite(data, 1, len, f), len);
-    fclose(f);
-}
-
 static void write_gz(const char *path, const void *data, size_t len) {
     gzFile f = gzopen(path, "wb");
     CHECK(f != NULL);
     if (!f) return;
     CHECK_EQ(gzwrite(f, data, (unsigned)len), (long long)len);
     gzclose(f);
-}
-
-/* Bytes of a whole file, for making damaged copies. */
-static unsigned char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc((size_t)n);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
 }
 
 /* An IDX u8 header for the given dims. */
@@ -155,7 +116,7 @@ static void idx_reads_plain_files_and_converts_byte_order(void) {
     }
     char path[300];
     snprintf(path, sizeof path, "%s/plain-i32.idx", tmpdir);
-    write_file(path, buf, h + 24);
+    test_write_file(path, buf, h + 24);
     td_idx idx;
     CHECK_OK(td_idx_read(path, &idx));
     CHECK_EQ(idx.dtype, TD_I32);
@@ -178,69 +139,62 @@ static void expect_format_error(const char *path, const char *what) {
         TEST_FAIL_AT("message \"%s\" should name %s and say \"%s\"", td_last_error(), path, what);
 }
 
-static void idx_damaged_files_are_errors_naming_the_file(void) {
+/* Writes len bytes of buf to <tmpdir>/name, gzip-compressed when gz, and expects the
+ * format error `what` for it. */
+static void expect_damaged(const char *name, int gz, const void *buf, size_t len,
+                           const char *what) {
     char path[300];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    if (gz)
+        write_gz(path, buf, len);
+    else
+        test_write_file(path, buf, len);
+    expect_format_error(path, what);
+}
+
+static void idx_damaged_files_are_errors_naming_the_file(void) {
     unsigned char buf[4096];
     uint32_t dims[3] = {10, 28, 28};
     size_t h = idx_header(buf, 3, dims, 0x08);
     memset(buf + h, 7, sizeof buf - h);
 
-    snprintf(path, sizeof path, "%s/short-images-idx3-ubyte.gz", tmpdir);
-    write_gz(path, buf, h + 1234); /* header promises 7840 bytes */
-    expect_format_error(path, "expected 7840 bytes of data, file ends after 1234");
-
-    snprintf(path, sizeof path, "%s/short-plain-idx3-ubyte", tmpdir);
-    write_file(path, buf, h + 100);
-    expect_format_error(path, "file ends after 100");
+    /* the header promises 7840 bytes */
+    expect_damaged("short-images-idx3-ubyte.gz", 1, buf, h + 1234,
+                   "expected 7840 bytes of data, file ends after 1234");
+    expect_damaged("short-plain-idx3-ubyte", 0, buf, h + 100, "file ends after 100");
 
     uint32_t small[1] = {5};
     h = idx_header(buf, 1, small, 0x08);
-    snprintf(path, sizeof path, "%s/extra-idx1-ubyte.gz", tmpdir);
-    write_gz(path, buf, h + 9);
-    expect_format_error(path, "extra bytes");
+    expect_damaged("extra-idx1-ubyte.gz", 1, buf, h + 9, "extra bytes");
 
     h = idx_header(buf, 1, small, 0x08);
     buf[0] = 0x1f;
-    snprintf(path, sizeof path, "%s/magic.idx", tmpdir);
-    write_file(path, buf, h + 5);
-    expect_format_error(path, "magic");
+    expect_damaged("magic.idx", 0, buf, h + 5, "magic");
 
     h = idx_header(buf, 1, small, 0x0B); /* i16: not accepted */
-    snprintf(path, sizeof path, "%s/type.idx", tmpdir);
-    write_file(path, buf, h + 10);
-    expect_format_error(path, "type byte 0x0b");
+    expect_damaged("type.idx", 0, buf, h + 10, "type byte 0x0b");
 
     h = idx_header(buf, 1, small, 0x08);
     buf[3] = 0;
-    snprintf(path, sizeof path, "%s/ndim.idx", tmpdir);
-    write_file(path, buf, h + 5);
-    expect_format_error(path, "ndim 0");
+    expect_damaged("ndim.idx", 0, buf, h + 5, "ndim 0");
 
-    snprintf(path, sizeof path, "%s/tiny.idx", tmpdir);
-    write_file(path, buf, 2);
-    expect_format_error(path, "4-byte IDX magic");
+    expect_damaged("tiny.idx", 0, buf, 2, "4-byte IDX magic");
 
     h = idx_header(buf, 3, dims, 0x08);
-    snprintf(path, sizeof path, "%s/dims.idx", tmpdir);
-    write_file(path, buf, 4 + 6); /* ends inside the dims */
-    expect_format_error(path, "dims");
+    expect_damaged("dims.idx", 0, buf, 4 + 6, "dims"); /* ends inside the dims */
 
     /* Damaged copies of the real compressed file: cut short, and bytes flipped inside the
      * deflate stream (zlib then reports a data or CRC error, or the length comes out wrong). */
     char src[300];
     snprintf(src, sizeof src, "%s/t10k-labels-idx1-ubyte.gz", fmnist_dir());
     size_t len = 0;
-    unsigned char *gz = slurp(src, &len);
+    unsigned char *gz = test_read_file(src, &len);
     CHECK(gz != NULL && len > 1000);
     if (!gz) return;
-    snprintf(path, sizeof path, "%s/t10k-labels-cut.gz", tmpdir);
-    write_file(path, gz, len / 2);
-    expect_format_error(path, "t10k-labels-cut.gz");
+    expect_damaged("t10k-labels-cut.gz", 0, gz, len / 2, "t10k-labels-cut.gz");
     for (size_t at = 100; at < len - 20; at += len / 7) {
         for (int k = 0; k < 16; k++) gz[at + k] ^= 0x5a;
-        snprintf(path, sizeof path, "%s/t10k-labels-flip.gz", tmpdir);
-        write_file(path, gz, len);
-        expect_format_error(path, "t10k-labels-flip.gz");
+        expect_damaged("t10k-labels-flip.gz", 0, gz, len, "t10k-labels-flip.gz");
         for (int k = 0; k < 16; k++) gz[at + k] ^= 0x5a;
     }
     free(gz);
@@ -570,7 +524,7 @@ static void loader_over_fashion_mnist_two_ranks(void) {
 }
 
 int main(void) {
-    make_tmpdir();
+    test_temp_dir(tmpdir, sizeof tmpdir, "data");
     RUN(fashion_mnist_train_and_test);
     RUN(fashion_mnist_dir_from_env_and_missing_dir);
     RUN(idx_reads_plain_files_and_converts_byte_order);
@@ -584,6 +538,6 @@ int main(void) {
     RUN(loader_seek_resumes_bit_for_bit);
     RUN(loader_destroy_mid_epoch);
     RUN(loader_over_fashion_mnist_two_ranks);
-    remove_tmpdir();
+    test_remove_dir(tmpdir);
     TEST_END();
 }

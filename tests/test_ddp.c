@@ -319,6 +319,19 @@ static void ddp_train(td_ddp *ddp, model *m, int rank, int world, int B, int ste
     ddp_train_lr(ddp, m, rank, world, B, steps, order, n_order, LR);
 }
 
+/* A DDP with one parameter per bucket that records its communication in *trace (made here;
+ * the caller destroys both); NULL, with the case failed, when the DDP cannot be made. */
+static td_ddp *ddp_create_traced(td_comm *comm, model *m, int rank, td_trace **trace) {
+    CHECK_OK(td_trace_create(trace, rank));
+    td_ddp_params dp;
+    td_ddp_default_params(&dp);
+    dp.first_bucket_bytes = dp.bucket_bytes = 1;
+    dp.trace = *trace;
+    td_ddp *ddp = NULL;
+    CHECK_OK(td_ddp_create(&ddp, comm, m->p, m->n, NULL, 0, &dp));
+    return ddp;
+}
+
 typedef struct {
     size_t first, bucket;
     const char *label;
@@ -465,13 +478,7 @@ static void no_sync_rank(td_comm *comm, int rank, int world, void *arg) {
     reference_train(&ref, M * BM, 2);
     model_init(&m, (uint64_t)rank, 0);
     td_trace *trace = NULL;
-    CHECK_OK(td_trace_create(&trace, rank));
-    td_ddp_params dp;
-    td_ddp_default_params(&dp);
-    dp.first_bucket_bytes = dp.bucket_bytes = 1;
-    dp.trace = trace;
-    td_ddp *ddp = NULL;
-    CHECK_OK(td_ddp_create(&ddp, comm, m.p, m.n, NULL, 0, &dp));
+    td_ddp *ddp = ddp_create_traced(comm, &m, rank, &trace);
     if (!ddp) return;
     int b = BM / world;
     for (int step = 0; step < 2; step++) {
@@ -636,13 +643,7 @@ static void overlap_rank(td_comm *comm, int rank, int world, void *arg) {
     model m;
     model_init(&m, 0, 0);
     td_trace *trace = NULL;
-    CHECK_OK(td_trace_create(&trace, rank));
-    td_ddp_params dp;
-    td_ddp_default_params(&dp);
-    dp.first_bucket_bytes = dp.bucket_bytes = 1;
-    dp.trace = trace;
-    td_ddp *ddp = NULL;
-    CHECK_OK(td_ddp_create(&ddp, comm, m.p, m.n, NULL, 0, &dp));
+    td_ddp *ddp = ddp_create_traced(comm, &m, rank, &trace);
     if (!ddp) return;
     uint64_t t0 = td_trace_begin(trace);
     CHECK_OK(td_ddp_prepare_forward(ddp));

@@ -81,6 +81,13 @@ static void rig_free(rig *r) {
     r->g = NULL;
 }
 
+/* Ends a one-op run: frees the graph and says whether every call succeeded. */
+static int rig_done(rig *r) {
+    int ok = r->ok;
+    rig_free(r);
+    return ok;
+}
+
 static void rig_keep(rig *r, td_tensor *t, const void *src) {
     if (r->n < RIG_MAX) {
         r->t[r->n] = t;
@@ -141,9 +148,7 @@ static int graph_linear(int N, int IN, int OUT, const float *x, const float *w, 
         rig_grad(&r, tw, dw);
         if (b) rig_grad(&r, tb, db);
     }
-    int ok = r.ok;
-    rig_free(&r);
-    return ok;
+    return rig_done(&r);
 }
 
 static void linear_matches_reference(void) {
@@ -215,9 +220,7 @@ static int graph_conv2d(const td__ref_conv2d_dims *d, const float *x, const floa
         rig_grad(&r, tw, dw);
         if (b) rig_grad(&r, tb, db);
     }
-    int ok = r.ok;
-    rig_free(&r);
-    return ok;
+    return rig_done(&r);
 }
 
 static void conv2d_case(td__ref_conv2d_dims d, int with_bias) {
@@ -303,9 +306,7 @@ static int graph_pool(int is_max, const td__ref_pool2d_dims *d, const float *x, 
         rig_read(&r, ty, y);
         rig_grad(&r, tx, dx);
     }
-    int ok = r.ok;
-    rig_free(&r);
-    return ok;
+    return rig_done(&r);
 }
 
 static void pool_case(int is_max, td__ref_pool2d_dims d, const float *x_in, const float *dy_in,
@@ -401,9 +402,7 @@ static int graph_unary(int op, td_shape s, const float *x, const float *dy, floa
         rig_read(&r, ty, y);
         rig_grad(&r, tx, dx);
     }
-    int ok = r.ok;
-    rig_free(&r);
-    return ok;
+    return rig_done(&r);
 }
 
 static void ref_unary(int op, size_t rows, int D, const float *x, const float *dy, float *y,
@@ -550,9 +549,7 @@ static int graph_bn(int training, int N, int C, int H, int W, const float *x, co
         rig_grad(&r, tw, dw);
         rig_grad(&r, tb, db);
     }
-    int ok = r.ok;
-    rig_free(&r);
-    return ok;
+    return rig_done(&r);
 }
 
 static void batch_norm_matches_reference(void) {
@@ -659,9 +656,7 @@ static int graph_concat(int N, const int *C, int H, int W, const float *const *x
         rig_read(&r, ty, y);
         for (int j = 0; j < 3; j++) rig_grad(&r, t[j], dxs[j]);
     }
-    int ok = r.ok;
-    rig_free(&r);
-    return ok;
+    return rig_done(&r);
 }
 
 static void concat_matches_reference_and_pytorch(void) {
@@ -724,9 +719,7 @@ static int graph_loss(int ce, td_reduction red, int N, int C, const float *x, co
         rig_read(&r, ty, loss);
         rig_grad(&r, tx, dx);
     }
-    int ok = r.ok;
-    rig_free(&r);
-    return ok;
+    return rig_done(&r);
 }
 
 static void losses_match_reference(void) {

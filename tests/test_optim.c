@@ -15,23 +15,6 @@
 
 static td_checkpoint *ref;
 
-/* The fixture path from the repository root, or found relative to this executable
- * (BUILD/tests/test_x) when the test runs from elsewhere. */
-static const char *fixture_path(const char *rel) {
-    static char buf[4096];
-    if (access(rel, R_OK) == 0) return rel;
-    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-    if (n <= 0) return rel;
-    buf[n] = '\0';
-    for (int up = 0; up < 3; up++) {
-        char *slash = strrchr(buf, '/');
-        if (!slash) return rel;
-        *slash = '\0';
-    }
-    size_t len = strlen(buf);
-    snprintf(buf + len, sizeof buf - len, "/%s", rel);
-    return access(buf, R_OK) == 0 ? buf : rel;
-}
 static const char *pnames[NP] = {"w1", "b1", "w2"};
 static const int64_t pshapes[NP][2] = {{4, 3}, {3, 0}, {5, 0}};
 static const int pndim[NP] = {2, 1, 1};
@@ -392,7 +375,7 @@ static void bad_options_are_errors_naming_the_problem(void) {
 }
 
 int main(void) {
-    td_status st = td_checkpoint_open(&ref, fixture_path(FIXTURE));
+    td_status st = td_checkpoint_open(&ref, test_source_path(FIXTURE));
     if (st != TD_OK) fprintf(stderr, "cannot open the fixture: %s\n", td_last_error());
     RUN(optimizers_match_pytorch);
     RUN(optimizer_state_lists_buffers_and_steps);

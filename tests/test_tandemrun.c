@@ -337,14 +337,23 @@ static int wait_for(int fd, const char *needle, int n, double limit_s) {
     return 0;
 }
 
-static void sigterm_to_launcher_stops_everything(void) {
-    char *argv[] = {"tandemrun", "--nproc-per-node", "3", "sh", "-c", "echo PID $$; exec sleep 30", NULL};
+/* Starts `nproc` ranks that print their pid and sleep, waits until all have started, then
+ * sends the launcher `sig` and collects how it ended (secs counted from the start). */
+static run_result signal_launcher(int nproc, int sig) {
+    char n[16];
+    snprintf(n, sizeof n, "%d", nproc);
+    char *argv[] = {"tandemrun", "--nproc-per-node", n, "sh", "-c", "echo PID $$; exec sleep 30",
+                    NULL};
     int o, e;
     double t0 = now_s();
     pid_t pid = start(argv, &o, &e);
-    CHECK(wait_for(o, "PID ", 3, 10));
-    kill(pid, SIGTERM);
-    run_result r = finish(pid, o, e, t0);
+    CHECK(wait_for(o, "PID ", nproc, 10));
+    kill(pid, sig);
+    return finish(pid, o, e, t0);
+}
+
+static void sigterm_to_launcher_stops_everything(void) {
+    run_result r = signal_launcher(3, SIGTERM);
     CHECK_EQ(r.status, 128 + SIGTERM);
     CHECK(strstr(r.err, "received SIGTERM") != NULL);
     CHECK(r.secs < 8);
@@ -354,13 +363,7 @@ static void sigterm_to_launcher_stops_everything(void) {
 
 /* Even a launcher killed outright leaves no rank behind (PR_SET_PDEATHSIG). */
 static void sigkill_to_launcher_takes_the_ranks_along(void) {
-    char *argv[] = {"tandemrun", "--nproc-per-node", "2", "sh", "-c", "echo PID $$; exec sleep 30", NULL};
-    int o, e;
-    double t0 = now_s();
-    pid_t pid = start(argv, &o, &e);
-    CHECK(wait_for(o, "PID ", 2, 10));
-    kill(pid, SIGKILL);
-    run_result r = finish(pid, o, e, t0);
+    run_result r = signal_launcher(2, SIGKILL);
     CHECK_EQ(r.status, 128 + SIGKILL);
     /* the ranks are now orphans that init reaps; give it a moment */
     double t1 = now_s();
