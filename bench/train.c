@@ -182,7 +182,14 @@ int main(int argc, char **argv) {
         }
     }
     if (tm.iters < 1 || tm.windows < 1) return 2;
-    setenv("OMP_NUM_THREADS", "1", 1);
+    /* OpenMP reads its thread count when the library loads, so set it and start again. */
+    const char *threads = getenv("OMP_NUM_THREADS");
+    if (!threads || strcmp(threads, "1")) {
+        setenv("OMP_NUM_THREADS", "1", 1);
+        execv("/proc/self/exe", argv);
+        perror("bench/train: execv");
+        return 1;
+    }
     printf("samples/s at global batch %d, one thread per rank, median of %d windows of %d steps\n",
            GLOBAL_BATCH, tm.windows, tm.iters);
     printf("%-6s %5s %12s %12s %8s %14s\n", "model", "world", "tandem", "pytorch", "ratio",

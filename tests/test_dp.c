@@ -14,6 +14,7 @@
 #include "tandem/nn.h"
 #include "tandem/optim.h"
 #include "tandem/tensor.h"
+
 #include "test.h"
 
 #define SAMPLE (28 * 28)
@@ -53,7 +54,8 @@ static td_status build_small_conv(td_graph *g, int64_t batch, int replica, void 
     if (!s) s = td_graph_max_pool2d(g, h, &pp, &h);
     if (!s) s = td_graph_flatten(g, h, 1, &h);
     if (!s) s = td_nn_linear(g, "fc", h, 10, 1, &rng, &logits);
-    if (!s) s = td_graph_cross_entropy(g, logits, m->labels, TD_REDUCTION_MEAN, &m->loss, &m->output);
+    if (!s)
+        s = td_graph_cross_entropy(g, logits, m->labels, TD_REDUCTION_MEAN, &m->loss, &m->output);
     if (!s) s = td_graph_compile(g);
     return s;
 }
@@ -151,7 +153,8 @@ static double moved(const td_param *p, size_t n, const float *before) {
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
         const float *d = p[i].data;
-        for (size_t k = 0; k < p[i].count; k++, off++) num += ((double)d[k] - before[off]) * ((double)d[k] - before[off]);
+        for (size_t k = 0; k < p[i].count; k++, off++)
+            num += ((double)d[k] - before[off]) * ((double)d[k] - before[off]);
     }
     return sqrt(num);
 }
@@ -194,8 +197,9 @@ static void compare(td_model_kind kind, td_dp_build_fn build, int n, int64_t B, 
     }
     double diff = rel_diff(dparams, ref.params, ref.n);
     double move = moved(ref.params, ref.n, init);
-    if (!(diff <= 1e-5)) TEST_FAIL_AT("%s, %d replicas: parameters differ by %.3g (relative)",
-                                      build ? "small conv" : td_model_name(kind), n, diff);
+    if (!(diff <= 1e-5))
+        TEST_FAIL_AT("%s, %d replicas: parameters differ by %.3g (relative)",
+                     build ? "small conv" : td_model_name(kind), n, diff);
     CHECK(move > 1e-3); /* the comparison is not between two untrained models */
     /* The other replicas hold what replica 0 had when they were last replicated, so after a
      * step they lag by exactly one update: different from replica 0. */
@@ -215,10 +219,38 @@ static void compare(td_model_kind kind, td_dp_build_fn build, int n, int64_t B, 
 
 static void test_mlp_2_replicas_equal_single(void) { compare(TD_MODEL_MLP, NULL, 2, 12, 0); }
 static void test_mlp_3_replicas_equal_single(void) { compare(TD_MODEL_MLP, NULL, 3, 12, 0); }
-static void test_conv_2_replicas_equal_single(void) { compare(TD_MODEL_MLP, build_small_conv, 2, 12, 0); }
-static void test_conv_3_replicas_equal_single(void) { compare(TD_MODEL_MLP, build_small_conv, 3, 12, 0); }
+static void test_conv_2_replicas_equal_single(void) {
+    compare(TD_MODEL_MLP, build_small_conv, 2, 12, 0);
+}
+static void test_conv_3_replicas_equal_single(void) {
+    compare(TD_MODEL_MLP, build_small_conv, 3, 12, 0);
+}
 static void test_cnn_bn_2_replicas_equal_sliced(void) { compare(TD_MODEL_CNN, NULL, 2, 8, 1); }
 static void test_cnn_bn_3_replicas_equal_sliced(void) { compare(TD_MODEL_CNN, NULL, 3, 6, 1); }
+
+/* The bench's size: large enough that oneDNN's convolutions use a scratchpad, which lives
+ * with the thread that created the primitive; replicas built on another thread crash here. */
+static void test_cnn_full_size_runs_on_replica_threads(void) {
+    enum { B = 128 };
+    td_dp_params p = td_dp_default_params();
+    p.model = TD_MODEL_CNN;
+    p.global_batch = B;
+    p.sgd.lr = 0.001; /* no momentum: on noise this CNN diverges at 0.01, in one process too */
+    td_dp *dp = NULL;
+    CHECK_OK(td_dp_create(&dp, &p));
+    if (!dp) return;
+    float *x = malloc((size_t)B * SAMPLE * sizeof(float));
+    int64_t y[B];
+    make_batch(B, 5, x, y);
+    float first = 0, loss = 0;
+    CHECK_OK(td_dp_step(dp, x, y, &first));
+    for (int i = 0; i < 3; i++) CHECK_OK(td_dp_step(dp, x, y, &loss));
+    CHECK(isfinite(first) && isfinite(loss));
+    if (!(loss < first))
+        TEST_FAIL_AT("loss %g after 4 steps on one batch, %g after 1", loss, first);
+    free(x);
+    td_dp_destroy(dp);
+}
 
 static void test_memory_replica0_holds_more(void) {
     td_dp_params p = td_dp_default_params();
@@ -300,6 +332,7 @@ int main(void) {
     RUN(test_conv_3_replicas_equal_single);
     RUN(test_cnn_bn_2_replicas_equal_sliced);
     RUN(test_cnn_bn_3_replicas_equal_sliced);
+    RUN(test_cnn_full_size_runs_on_replica_threads);
     RUN(test_memory_replica0_holds_more);
     RUN(test_bad_input_refused);
     TEST_END();

@@ -5,21 +5,18 @@
  * the process may use). The calling thread coordinates, and each td_dp_step does the eight
  * steps of torch.nn.DataParallel in order:
  *   (1) replicate: copy replica 0's parameters and buffers out to the other replicas;
- *   (2) scatter: the batch lands on replica 0, then each replica gets its slice of images and labels;
- *   (3) parallel forward of every replica (one per worker thread);
- *   (4) gather every replica's output (log-probabilities) onto replica 0;
- *   (5) loss on replica 0: mean NLL over the whole gathered batch, and its output gradient;
- *   (6) scatter the output gradient back and run every replica's backward in parallel;
- *   (7) reduce (sum) every replica's parameter gradients onto replica 0;
- *   (8) one SGD step on replica 0's parameters.
- * With models whose forward is per-sample (no BatchNorm, no dropout) the result equals
- * single-process training on the global batch. BatchNorm normalises each replica's slice
- * with that slice's statistics and only replica 0's running statistics survive step (1),
- * exactly as in PyTorch's DataParallel; each replica's dropout RNG is seeded with seed + d.
- * A device is one core: run with OMP_NUM_THREADS=1, or every pinned worker's oneDNN calls
- * start an OpenMP team that spins on that single core.
- * It does not overlap communication with compute, shard anything or span processes: that
- * is td_ddp's job (ddp.h). */
+ *   (2) scatter: the batch lands on replica 0, then each replica gets its slice of images and
+ * labels; (3) parallel forward of every replica (one per worker thread); (4) gather every replica's
+ * output (log-probabilities) onto replica 0; (5) loss on replica 0: mean NLL over the whole
+ * gathered batch, and its output gradient; (6) scatter the output gradient back and run every
+ * replica's backward in parallel; (7) reduce (sum) every replica's parameter gradients onto replica
+ * 0; (8) one SGD step on replica 0's parameters. With models whose forward is per-sample (no
+ * BatchNorm, no dropout) the result equals single-process training on the global batch. BatchNorm
+ * normalises each replica's slice with that slice's statistics and only replica 0's running
+ * statistics survive step (1), exactly as in PyTorch's DataParallel; each replica's dropout RNG is
+ * seeded with seed + d. A device is one core: run with OMP_NUM_THREADS=1, or every pinned worker's
+ * oneDNN calls start an OpenMP team that spins on that single core. It does not overlap
+ * communication with compute, shard anything or span processes: that is td_ddp's job (ddp.h). */
 #ifndef TANDEM_DP_H
 #define TANDEM_DP_H
 
@@ -37,21 +34,22 @@ typedef struct td_dp td_dp;
 
 /* Builds one replica into the empty graph `g` for `batch` samples and compiles it; fills
  * out->input (batch, ...) f32, out->labels (batch) i64 and out->output (batch, classes)
- * log-probabilities (kind and loss are ignored). Called once per replica, on the thread that
- * calls td_dp_create, with the same `ctx`; every replica must register the same parameters. */
+ * log-probabilities (kind and loss are ignored). Called once per replica, on that replica's
+ * worker thread (oneDNN primitives must run on the thread that created them), one replica at
+ * a time, with the same `ctx`; every replica must register the same parameters. */
 typedef td_status (*td_dp_build_fn)(td_graph *g, int64_t batch, int replica, void *ctx,
                                     td_model *out);
 
 /* Options of td_dp_create; fill with td_dp_default_params. */
 typedef struct {
-    int n_devices;          /* replicas, one worker thread each (2) */
-    int64_t global_batch;   /* samples per step, split evenly: n_devices must divide it (128) */
-    td_model_kind model;    /* the reference model built when build is NULL (TD_MODEL_MLP) */
-    uint64_t seed;          /* initialisation seed given to td_model_build (0) */
-    td_dp_build_fn build;   /* NULL: td_model_build(model) */
-    void *build_ctx;        /* passed to build */
-    td_sgd_params sgd;      /* step (8): td_sgd_default_params() */
-    int pin_threads;        /* 1: pin worker d to a core; 0: leave placement to the OS */
+    int n_devices;        /* replicas, one worker thread each (2) */
+    int64_t global_batch; /* samples per step, split evenly: n_devices must divide it (128) */
+    td_model_kind model;  /* the reference model built when build is NULL (TD_MODEL_MLP) */
+    uint64_t seed;        /* initialisation seed given to td_model_build (0) */
+    td_dp_build_fn build; /* NULL: td_model_build(model) */
+    void *build_ctx;      /* passed to build */
+    td_sgd_params sgd;    /* step (8): td_sgd_default_params() */
+    int pin_threads;      /* 1: pin worker d to a core; 0: leave placement to the OS */
 } td_dp_params;
 
 /* n_devices 2, global_batch 128, the MLP, seed 0, SGD defaults, pinned threads. */
@@ -82,8 +80,8 @@ const td_model *td_dp_model(const td_dp *dp, int replica);
 typedef struct {
     size_t param_bytes;     /* parameters and buffers (each replica holds a full copy) */
     size_t graph_bytes;     /* td_graph_memory_bytes: activations and gradients */
-    size_t input_bytes;     /* the replica's image and label slice; replica 0 also the whole batch */
-    size_t output_bytes;    /* its output-gradient slice; replica 0 also the gathered outputs and gradients */
+    size_t input_bytes;     /* its image and label slice; replica 0 also the whole batch */
+    size_t output_bytes;    /* its output-gradient slice; replica 0 also gathered outputs+grads */
     size_t reduce_bytes;    /* replica 0: the buffer other replicas' gradients are copied into */
     size_t optimizer_bytes; /* replica 0: the optimizer's state (momentum buffers) */
     size_t total_bytes;     /* the sum of the above */

@@ -6,8 +6,9 @@
  * arena, so a training step neither mallocs nor creates primitives. Gradients accumulate
  * across backward calls until td_graph_zero_grad. A per-parameter hook fires the moment a
  * parameter's gradient is final in a backward sweep (DDP hangs its buckets there).
- * The graph is single-threaded: one graph is driven by one thread at a time (each thread
- * of a DataParallel may drive its own graph). It does not optimise (see optim.h) or
+ * The graph is single-threaded: compile and run it on one thread, since oneDNN keeps each
+ * primitive's scratchpad with the thread that created it (each thread of a DataParallel
+ * builds and drives its own graph). It does not optimise (see optim.h) or
  * communicate (see parallel/).
  *
  * Compile fuses a batch norm whose output feeds only a ReLU into one primitive, and runs

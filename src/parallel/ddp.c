@@ -418,7 +418,9 @@ static void ddp_launch(td_ddp *d, size_t k, float unready) {
     ddp_bucket *b = &d->buckets[k];
     b->buf[b->count] = unready;
     b->t_launch = td_time_ns();
-    td_status s = td_comm_iallreduce(d->comm, b->buf, b->buf, b->count + 1, TD_F32, TD_OP_SUM, &b->req);
+    /* AVG divides inside the reduction, so averaging costs no extra pass over the gradients. */
+    td_reduce_op op = d->opt.average ? TD_OP_AVG : TD_OP_SUM;
+    td_status s = td_comm_iallreduce(d->comm, b->buf, b->buf, b->count + 1, TD_F32, op, &b->req);
     if (s != TD_OK) {
         b->req = NULL;
         ddp_note_error(d, s);
@@ -552,15 +554,10 @@ td_status td_ddp_finish_backward(td_ddp *d) {
         ddp_reset_iteration(d);
         return td__fail(s, "%s", msg);
     }
-    /* The last bucket is always launched last, so its slot holds every rank's count. */
+    /* The last bucket is always launched last, so its slot holds every rank's count (their
+     * mean when averaging). */
     double unready_all = d->n_buckets ? d->buckets[d->n_buckets - 1].buf[d->buckets[d->n_buckets - 1].count] : 0;
-    if (d->opt.average && d->size > 1) {
-        float scale = 1.0f / (float)d->size;
-        for (size_t k = 0; k < d->n_buckets; k++) {
-            float *g = d->buckets[k].buf;
-            for (size_t j = 0; j < d->buckets[k].count; j++) g[j] *= scale;
-        }
-    }
+    if (d->opt.average) unready_all *= d->size;
     d->stats.sync_steps++;
     td_status s = TD_OK;
     if (unready_all > 0.5 && !d->opt.find_unused_parameters) {

@@ -7,22 +7,24 @@
  * DataParallel costs on real devices, minus the bus. Only forward and backward run on the
  * worker threads; everything else is serial, as in torch.nn.DataParallel. It does not
  * overlap anything and does not talk to other processes. */
+#include "tandem/dp.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/core_impl.h"
-#include "tandem/dp.h"
 #include "tandem/tensor.h"
 
-#define TRY(call)                                                                            \
-    do {                                                                                     \
-        td_status try_s_ = (call);                                                           \
-        if (try_s_ != TD_OK) return try_s_;                                                  \
+#include "core/core_impl.h"
+
+#define TRY(call)                           \
+    do {                                    \
+        td_status try_s_ = (call);          \
+        if (try_s_ != TD_OK) return try_s_; \
     } while (0)
 
-typedef enum { JOB_NONE = 0, JOB_FORWARD, JOB_BACKWARD, JOB_QUIT } job_kind;
+typedef enum { JOB_NONE = 0, JOB_BUILD, JOB_FORWARD, JOB_BACKWARD, JOB_DESTROY, JOB_QUIT } job_kind;
 
 typedef struct {
     td_dp *dp;
@@ -31,18 +33,17 @@ typedef struct {
     td_model m;
     td_param *params, *buffers;
     size_t n_params, n_buffers;
-    float *dy;          /* (b, classes): this replica's slice of the output gradient */
+    float *dy; /* (b, classes): this replica's slice of the output gradient */
     pthread_t thread;
-    int started;
-    td_status status;   /* of the last job */
-    char error[256];    /* td_last_error() of the worker thread when status != TD_OK */
+    td_status status; /* of the last job */
+    char error[256];  /* td_last_error() of the worker thread when status != TD_OK */
 } dp_replica;
 
 struct td_dp {
     td_dp_params p;
     int n;
-    int64_t b;          /* per-replica batch */
-    int64_t sample;     /* floats per input sample */
+    int64_t b;      /* per-replica batch */
+    int64_t sample; /* floats per input sample */
     int64_t classes;
     dp_replica *r;
     /* replica 0's extra memory */
@@ -58,8 +59,10 @@ struct td_dp {
     pthread_mutex_t mu;
     pthread_cond_t go, done;
     job_kind job;
+    int only; /* the one replica that runs `job`, or -1 for all */
     uint64_t generation;
     int pending;
+    int n_started; /* worker threads running */
 };
 
 td_dp_params td_dp_default_params(void) {
@@ -77,8 +80,8 @@ td_dp_params td_dp_default_params(void) {
 }
 
 const char *td_dp_phase_name(td_dp_phase phase) {
-    static const char *names[TD_DP_PHASE_COUNT] = {"replicate", "scatter", "forward", "gather",
-                                                   "loss",      "backward", "reduce", "optimizer"};
+    static const char *names[TD_DP_PHASE_COUNT] = {"replicate", "scatter",  "forward", "gather",
+                                                   "loss",      "backward", "reduce",  "optimizer"};
     return (unsigned)phase < TD_DP_PHASE_COUNT ? names[phase] : "invalid";
 }
 
@@ -101,7 +104,18 @@ static void pin_to_device(int d) {
     }
 }
 
+static td_status build_replica(td_dp *dp, int d);
+
+/* A graph is built, run and destroyed on its replica's own thread: oneDNN's library-managed
+ * scratchpad belongs to the thread that created a primitive, and executing the primitive on
+ * another thread finds none (a crash, not an error). */
 static td_status run_job(dp_replica *r, job_kind job) {
+    if (job == JOB_BUILD) return build_replica(r->dp, r->index);
+    if (job == JOB_DESTROY) {
+        td_graph_destroy(r->g);
+        r->g = NULL;
+        return TD_OK;
+    }
     if (job == JOB_FORWARD) {
         /* Replicas start every iteration with fresh gradients, as torch's replicas do. */
         td_status s = td_graph_zero_grad(r->g);
@@ -122,8 +136,10 @@ static void *worker_main(void *arg) {
         while (dp->generation == seen) pthread_cond_wait(&dp->go, &dp->mu);
         seen = dp->generation;
         job_kind job = dp->job;
+        int mine = dp->only < 0 || dp->only == r->index;
         pthread_mutex_unlock(&dp->mu);
         if (job == JOB_QUIT) break;
+        if (!mine) continue;
         td_status s = run_job(r, job);
         r->status = s;
         if (s != TD_OK) {
@@ -137,19 +153,21 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-/* Runs `job` on every replica's thread and waits for all of them. */
-static td_status run_parallel(td_dp *dp, job_kind job, const char *what) {
+/* Runs `job` on replica `only`'s thread (or on every started one for -1) and waits. */
+static td_status run_on(td_dp *dp, job_kind job, int only, const char *what) {
     pthread_mutex_lock(&dp->mu);
     dp->job = job;
-    dp->pending = dp->n;
+    dp->only = only;
+    dp->pending = only >= 0 ? 1 : dp->n_started;
+    for (int d = 0; d < dp->n_started; d++)
+        if (only < 0 || only == d) dp->r[d].status = TD_OK;
     dp->generation++;
     pthread_cond_broadcast(&dp->go);
     while (dp->pending > 0) pthread_cond_wait(&dp->done, &dp->mu);
     pthread_mutex_unlock(&dp->mu);
-    for (int d = 0; d < dp->n; d++)
-        if (dp->r[d].status != TD_OK)
-            return td__fail(dp->r[d].status, "td_dp_step: %s on replica %d: %s", what, d,
-                            dp->r[d].error);
+    for (int d = 0; d < dp->n_started; d++)
+        if ((only < 0 || only == d) && dp->r[d].status != TD_OK)
+            return td__fail(dp->r[d].status, "%s on replica %d: %s", what, d, dp->r[d].error);
     return TD_OK;
 }
 
@@ -166,24 +184,29 @@ static td_status build_replica(td_dp *dp, int d) {
         s = td_model_build(r->g, dp->p.model, dp->b, dp->p.seed, &r->m);
     if (s != TD_OK) return s;
     if (!r->m.input || !r->m.labels || !r->m.output)
-        return td__fail(TD_EINVAL, "td_dp_create: replica %d's builder left input, labels or output NULL", d);
+        return td__fail(TD_EINVAL,
+                        "td_dp_create: replica %d's builder left input, labels or output NULL", d);
     td_shape xs = td_tensor_shape(r->m.input), ys = td_tensor_shape(r->m.labels);
     td_shape os = td_tensor_shape(r->m.output);
     if (xs.ndim < 1 || xs.dim[0] != dp->b || td_tensor_dtype(r->m.input) != TD_F32)
-        return td__fail(TD_ESHAPE, "td_dp_create: replica %d's input '%s' must be f32 with %lld rows",
-                        d, td_tensor_name(r->m.input), (long long)dp->b);
+        return td__fail(TD_ESHAPE,
+                        "td_dp_create: replica %d's input '%s' must be f32 with %lld rows", d,
+                        td_tensor_name(r->m.input), (long long)dp->b);
     if (ys.ndim != 1 || ys.dim[0] != dp->b || td_tensor_dtype(r->m.labels) != TD_I64)
         return td__fail(TD_ESHAPE, "td_dp_create: replica %d's labels '%s' must be i64 (%lld)", d,
                         td_tensor_name(r->m.labels), (long long)dp->b);
     if (os.ndim != 2 || os.dim[0] != dp->b || td_tensor_dtype(r->m.output) != TD_F32)
-        return td__fail(TD_ESHAPE, "td_dp_create: replica %d's output '%s' must be f32 (%lld, classes)",
-                        d, td_tensor_name(r->m.output), (long long)dp->b);
+        return td__fail(TD_ESHAPE,
+                        "td_dp_create: replica %d's output '%s' must be f32 (%lld, classes)", d,
+                        td_tensor_name(r->m.output), (long long)dp->b);
     int64_t sample = td_shape_numel(&xs) / dp->b;
     if (d == 0) {
         dp->sample = sample;
         dp->classes = os.dim[1];
     } else if (sample != dp->sample || os.dim[1] != dp->classes) {
-        return td__fail(TD_ESHAPE, "td_dp_create: replica %d has %lld floats per sample and %lld classes, replica 0 has %lld and %lld",
+        return td__fail(TD_ESHAPE,
+                        "td_dp_create: replica %d has %lld floats per sample and %lld classes, "
+                        "replica 0 has %lld and %lld",
                         d, (long long)sample, (long long)os.dim[1], (long long)dp->sample,
                         (long long)dp->classes);
     }
@@ -199,16 +222,21 @@ static td_status build_replica(td_dp *dp, int d) {
 static td_status check_same_layout(const td_dp *dp, int d) {
     const dp_replica *a = &dp->r[0], *b = &dp->r[d];
     if (a->n_params != b->n_params || a->n_buffers != b->n_buffers)
-        return td__fail(TD_ESHAPE, "td_dp_create: replica %d has %zu parameters and %zu buffers, replica 0 has %zu and %zu",
+        return td__fail(TD_ESHAPE,
+                        "td_dp_create: replica %d has %zu parameters and %zu buffers, replica 0 "
+                        "has %zu and %zu",
                         d, b->n_params, b->n_buffers, a->n_params, a->n_buffers);
     for (size_t i = 0; i < a->n_params + a->n_buffers; i++) {
         const td_param *x = i < a->n_params ? &a->params[i] : &a->buffers[i - a->n_params];
         const td_param *y = i < a->n_params ? &b->params[i] : &b->buffers[i - a->n_params];
         if (x->count != y->count || x->dtype != y->dtype || strcmp(x->name, y->name) != 0)
-            return td__fail(TD_ESHAPE, "td_dp_create: replica %d's '%s' (%zu elements) differs from replica 0's '%s' (%zu)",
+            return td__fail(TD_ESHAPE,
+                            "td_dp_create: replica %d's '%s' (%zu elements) differs from replica "
+                            "0's '%s' (%zu)",
                             d, y->name, y->count, x->name, x->count);
         if (i < a->n_params && (!x->grad || !y->grad || x->dtype != TD_F32))
-            return td__fail(TD_EDTYPE, "td_dp_create: parameter '%s' must be f32 with a gradient", x->name);
+            return td__fail(TD_EDTYPE, "td_dp_create: parameter '%s' must be f32 with a gradient",
+                            x->name);
     }
     return TD_OK;
 }
@@ -217,12 +245,15 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
     if (!out || !params) return td__fail(TD_EINVAL, "td_dp_create: NULL argument");
     *out = NULL;
     if (params->n_devices < 1)
-        return td__fail(TD_EINVAL, "td_dp_create: n_devices is %d, must be >= 1", params->n_devices);
+        return td__fail(TD_EINVAL, "td_dp_create: n_devices is %d, must be >= 1",
+                        params->n_devices);
     if (params->global_batch < params->n_devices || params->global_batch % params->n_devices != 0)
-        return td__fail(TD_EINVAL, "td_dp_create: global_batch %lld is not a positive multiple of n_devices %d",
-                        (long long)params->global_batch, params->n_devices);
+        return td__fail(
+            TD_EINVAL, "td_dp_create: global_batch %lld is not a positive multiple of n_devices %d",
+            (long long)params->global_batch, params->n_devices);
     if (!params->build && ((unsigned)params->model >= TD_MODEL_COUNT))
-        return td__fail(TD_EINVAL, "td_dp_create: model kind %d is not a td_model_kind", (int)params->model);
+        return td__fail(TD_EINVAL, "td_dp_create: model kind %d is not a td_model_kind",
+                        (int)params->model);
     td_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return td__fail(TD_ENOMEM, "td_dp_create: out of memory");
     dp->p = *params;
@@ -240,7 +271,15 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
     for (int d = 0; d < dp->n && s == TD_OK; d++) {
         dp->r[d].dp = dp;
         dp->r[d].index = d;
-        s = build_replica(dp, d);
+        if (pthread_create(&dp->r[d].thread, NULL, worker_main, &dp->r[d]) != 0)
+            s = td__fail(TD_ENOMEM, "td_dp_create: cannot start the worker thread of replica %d",
+                         d);
+        else
+            dp->n_started++;
+    }
+    /* One at a time, so that a builder sharing build_ctx across replicas needs no locking. */
+    for (int d = 0; d < dp->n && s == TD_OK; d++) {
+        s = run_on(dp, JOB_BUILD, d, "td_dp_create: building");
         if (s == TD_OK && d > 0) s = check_same_layout(dp, d);
     }
     if (s == TD_OK) {
@@ -251,17 +290,14 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
         dp->batch_y = malloc(B * sizeof(int64_t));
         dp->gathered = malloc(B * (size_t)dp->classes * sizeof(float));
         dp->gathered_dy = malloc(B * (size_t)dp->classes * sizeof(float));
-        dp->staging = dp->n > 1 ? malloc((dp->grad_floats ? dp->grad_floats : 1) * sizeof(float)) : NULL;
-        if (!dp->batch_x || !dp->batch_y || !dp->gathered || !dp->gathered_dy || (dp->n > 1 && !dp->staging))
+        dp->staging =
+            dp->n > 1 ? malloc((dp->grad_floats ? dp->grad_floats : 1) * sizeof(float)) : NULL;
+        if (!dp->batch_x || !dp->batch_y || !dp->gathered || !dp->gathered_dy ||
+            (dp->n > 1 && !dp->staging))
             s = td__fail(TD_ENOMEM, "td_dp_create: out of memory for replica 0's gather buffers");
     }
-    if (s == TD_OK) s = td_optim_create_sgd(&dp->optim, dp->r[0].params, dp->r[0].n_params, &params->sgd);
-    for (int d = 0; d < dp->n && s == TD_OK; d++) {
-        if (pthread_create(&dp->r[d].thread, NULL, worker_main, &dp->r[d]) != 0)
-            s = td__fail(TD_ENOMEM, "td_dp_create: cannot start the worker thread of replica %d", d);
-        else
-            dp->r[d].started = 1;
-    }
+    if (s == TD_OK)
+        s = td_optim_create_sgd(&dp->optim, dp->r[0].params, dp->r[0].n_params, &params->sgd);
     if (s != TD_OK) {
         td_dp_destroy(dp);
         return s;
@@ -272,14 +308,14 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
 
 void td_dp_destroy(td_dp *dp) {
     if (!dp) return;
+    if (dp->n_started > 0) (void)run_on(dp, JOB_DESTROY, -1, "td_dp_destroy");
     pthread_mutex_lock(&dp->mu);
     dp->job = JOB_QUIT;
     dp->generation++;
     pthread_cond_broadcast(&dp->go);
     pthread_mutex_unlock(&dp->mu);
     for (int d = 0; d < dp->n; d++) {
-        if (dp->r[d].started) pthread_join(dp->r[d].thread, NULL);
-        td_graph_destroy(dp->r[d].g);
+        if (d < dp->n_started) pthread_join(dp->r[d].thread, NULL);
         free(dp->r[d].dy);
     }
     td_optim_destroy(dp->optim);
@@ -381,7 +417,7 @@ td_status td_dp_step(td_dp *dp, const float *images, const int64_t *labels, floa
     lap(dp, TD_DP_REPLICATE, &t);
     TRY(scatter(dp, images, labels));
     lap(dp, TD_DP_SCATTER, &t);
-    TRY(run_parallel(dp, JOB_FORWARD, "forward"));
+    TRY(run_on(dp, JOB_FORWARD, -1, "td_dp_step: forward"));
     lap(dp, TD_DP_FORWARD, &t);
     TRY(gather(dp));
     lap(dp, TD_DP_GATHER, &t);
@@ -391,7 +427,7 @@ td_status td_dp_step(td_dp *dp, const float *images, const int64_t *labels, floa
     for (int d = 0; d < dp->n; d++)
         memcpy(dp->r[d].dy, dp->gathered_dy + (size_t)(d * dp->b * dp->classes),
                (size_t)(dp->b * dp->classes) * sizeof(float));
-    TRY(run_parallel(dp, JOB_BACKWARD, "backward"));
+    TRY(run_on(dp, JOB_BACKWARD, -1, "td_dp_step: backward"));
     lap(dp, TD_DP_BACKWARD, &t);
     reduce_grads(dp);
     lap(dp, TD_DP_REDUCE, &t);
