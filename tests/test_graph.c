@@ -309,6 +309,58 @@ static void dropout_train_eval_and_replay(void) {
     td_graph_destroy(g);
 }
 
+/* dropout2d after the Net's convolutions sees their blocked layout (20 channels pad to two
+ * blocks of 16); with the same seed it must drop and scale exactly the (n, c) planes that
+ * dropout2d on a plain copy of the same values does, forward and backward. */
+static void dropout2d_on_blocked_layout(void) {
+    enum { N = 32, C = 20, HW = 400 };
+    td_graph *a, *b;
+    td_graph_options o = td_graph_default_options();
+    o.seed = 99;
+    CHECK_OK(td_graph_create(&a, &o));
+    CHECK_OK(td_graph_create(&b, &o));
+    td_tensor *x, *w1, *h1, *w2, *h, *ya, *pooled, *flat, *p, *yb;
+    td_conv2d_params cp = td_conv2d_default_params();
+    td_pool2d_params pp = td_pool2d_default_params(2);
+    CHECK_OK(td_graph_input(a, "x", td_shape_4d(N, 1, 28, 28), TD_F32, 0, &x));
+    CHECK_OK(td_graph_param(a, "w1", td_shape_4d(10, 1, 5, 5), &w1));
+    CHECK_OK(td_graph_conv2d(a, x, w1, NULL, &cp, &h1));
+    CHECK_OK(td_graph_param(a, "w2", td_shape_4d(C, 10, 5, 5), &w2));
+    CHECK_OK(td_graph_conv2d(a, h1, w2, NULL, &cp, &h));
+    CHECK_OK(td_graph_dropout2d(a, h, 0.5f, &ya));
+    CHECK_OK(td_graph_max_pool2d(a, ya, &pp, &pooled)); /* consumers as in the Net keep */
+    CHECK_OK(td_graph_flatten(a, pooled, 1, &flat));    /* the conv's layout blocked */
+    CHECK_OK(td_graph_input(b, "p", td_shape_4d(N, C, 20, 20), TD_F32, 1, &p));
+    CHECK_OK(td_graph_dropout2d(b, p, 0.5f, &yb));
+    CHECK_OK(td_graph_compile(a));
+    CHECK_OK(td_graph_compile(b));
+    td_rng rng;
+    td_rng_init(&rng, 5);
+    td_rng_fill_uniform(&rng, td_tensor_data(x), N * 784, 0.5f, 1.5f);
+    td_rng_fill_uniform(&rng, td_tensor_data(w1), 10 * 25, 0.1f, 1.0f);
+    td_rng_fill_uniform(&rng, td_tensor_data(w2), C * 10 * 25, 0.1f, 1.0f);
+    CHECK_OK(td_graph_forward(a));
+    static float hv[N * C * HW], va[N * C * HW], vb[N * C * HW], dy[N * C * HW];
+    static float da[N * C * HW], db[N * C * HW];
+    CHECK_OK(td_tensor_read(h, hv));
+    CHECK_OK(td_tensor_write(p, hv));
+    CHECK_OK(td_graph_forward(b));
+    CHECK_OK(td_tensor_read(ya, va));
+    CHECK_OK(td_tensor_read(yb, vb));
+    for (int i = 0; i < N * C * HW; i++) dy[i] = (float)(i % 11) - 5.0f;
+    CHECK_OK(td_graph_backward_from(a, ya, dy));
+    CHECK_OK(td_graph_backward_from(b, yb, dy));
+    CHECK_OK(td_tensor_read_grad(h, da));
+    CHECK_OK(td_tensor_read_grad(p, db));
+    int dropped = 0, same = 1;
+    for (int i = 0; i < N * C * HW; i++) same &= va[i] == vb[i] && da[i] == db[i];
+    for (int plane = 0; plane < N * C; plane++) dropped += vb[plane * HW] == 0.0f;
+    CHECK(same);
+    CHECK(dropped > 250 && dropped < 390);
+    td_graph_destroy(a);
+    td_graph_destroy(b);
+}
+
 static void batch_norm_train_and_eval(void) {
     enum { N = 6, C = 3, H = 4, W = 5 };
     td_graph *g;
@@ -627,6 +679,7 @@ int main(void) {
     RUN(relocated_grad_buffers_are_written);
     RUN(graph_follows_repointed_param_grads);
     RUN(dropout_train_eval_and_replay);
+    RUN(dropout2d_on_blocked_layout);
     RUN(batch_norm_train_and_eval);
     RUN(sgd_steps_reduce_the_loss);
     RUN(finite_difference_gradients);

@@ -50,24 +50,45 @@ static void draw_mask(td_rng *rng, float *mask, size_t n, float p, float keep) {
     }
 }
 
-/* out = in * cmask[n, c] over every logical element of a 4-d tensor in layout md. */
+/* out = in * cmask[n, c] (or out += ...) over a 4-d tensor in layout md. Dense plain and
+ * channel-blocked layouts (what convolutions hand over) walk memory in order with the
+ * block's masks in a small table; anything else goes element by element. */
 static void apply_channels(const dnnl_memory_desc_t *md, const td_shape *sh, const float *cm,
                            const float *in, float *out, int accumulate) {
-    int64_t N = sh->dim[0], C = sh->dim[1], H = sh->dim[2], W = sh->dim[3];
+    int64_t N = sh->dim[0], C = sh->dim[1], H = sh->dim[2], W = sh->dim[3], HW = H * W;
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    int64_t blk = b->inner_nblks == 1 && b->inner_idxs[0] == 1 ? b->inner_blks[0] : 1;
+    int64_t cblocks = md->padded_dims[1] / blk;
+    int dense = md->format_kind == dnnl_blocked && md->ndims == 4 && blk <= 64 &&
+                (b->inner_nblks == 0 || blk > 1) && b->strides[3] == blk &&
+                b->strides[2] == W * blk && b->strides[1] == HW * blk &&
+                b->strides[0] == cblocks * HW * blk;
+    if (!dense) {
+        for (int64_t nn = 0; nn < N; nn++)
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t w = 0; w < W; w++) {
+                        int64_t o = td__md_offset4(md, nn, c, h, w);
+                        float v = in[o] * cm[nn * C + c];
+                        out[o] = accumulate ? out[o] + v : v;
+                    }
+        return;
+    }
+    float lane_mask[64];
     for (int64_t nn = 0; nn < N; nn++)
-        for (int64_t c = 0; c < C; c++) {
-            float m = cm[nn * C + c];
-            for (int64_t h = 0; h < H; h++) {
-                int64_t o = td__md_offset4(md, nn, c, h, 0);
-                int64_t step = td__md_offset4(md, nn, c, h, W > 1 ? 1 : 0) - o;
-                for (int64_t w = 0; w < W; w++) {
-                    float v = in[o + w * step] * m;
-                    if (accumulate)
-                        out[o + w * step] += v;
-                    else
-                        out[o + w * step] = v;
-                }
+        for (int64_t cb = 0; cb < cblocks; cb++) {
+            for (int64_t l = 0; l < blk; l++) {
+                int64_t c = cb * blk + l;
+                lane_mask[l] = c < C ? cm[nn * C + c] : 0.f; /* padded channels stay zero */
             }
+            size_t base = (size_t)((nn * cblocks + cb) * HW * blk);
+            const float *src = in + base;
+            float *dst = out + base;
+            for (int64_t i = 0; i < HW; i++, src += blk, dst += blk)
+                for (int64_t l = 0; l < blk; l++) {
+                    float v = src[l] * lane_mask[l];
+                    dst[l] = accumulate ? dst[l] + v : v;
+                }
         }
 }
 
