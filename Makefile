@@ -88,10 +88,12 @@ $(BUILD)/bin/%: $$(call objects_in,tools/$$*) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(STATIC) $(ALL_LIBS)
 
+# pkg-config file for prefix $(1).
+pc_text = printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: tandem\nDescription: distributed training for C programs\nVersion: 0.1.0\nLibs: -L$${libdir} -ltandem\nLibs.private: %s\nCflags: -I$${includedir}\n' '$(1)' '$(ALL_LIBS)'
+
 $(BUILD)/tandem.pc: Makefile
 	@mkdir -p $(dir $@)
-	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: tandem\nDescription: distributed training for C programs\nVersion: 0.1.0\nLibs: -L$${libdir} -ltandem\nLibs.private: %s\nCflags: -I$${includedir}\n' \
-	  '$(PREFIX)' '$(ALL_LIBS)' > $@
+	$(call pc_text,$(abspath $(BUILD))) > $@
 
 tests: $(TESTS) $(TOOLS)
 
@@ -107,13 +109,13 @@ test:
 check-long: all tests
 	TD_LONG=1 TD_LDFLAGS='$(LDFLAGS)' sh tests/run.sh $(BUILD)
 
-install: $(STATIC) $(SHARED) $(TOOLS) $(BUILD)/tandem.pc
+install: $(STATIC) $(SHARED) $(TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/include/tandem $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/tandem/*.h $(DESTDIR)$(PREFIX)/include/tandem/
 	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/libtandem.so.0
 	ln -sf libtandem.so.0 $(DESTDIR)$(PREFIX)/lib/libtandem.so
-	install -m 644 $(BUILD)/tandem.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	$(call pc_text,$(PREFIX)) > $(DESTDIR)$(PREFIX)/lib/pkgconfig/tandem.pc
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
 
 format:

@@ -4,7 +4,7 @@
 #   sh scripts/deps.sh          build, test and train
 #   sh scripts/deps.sh bench    also PyTorch and OpenBLAS, the benchmarks' peer
 set -e
-pkgs="gcc make libc6-dev libdnnl-dev zlib1g-dev dataset-fashion-mnist libopenmpi-dev openmpi-bin"
+pkgs="gcc make libc6-dev pkg-config libdnnl-dev zlib1g-dev dataset-fashion-mnist libopenmpi-dev openmpi-bin"
 [ "${1:-}" = bench ] && pkgs="$pkgs python3-torch libopenblas0-pthread"
 missing=""
 for p in $pkgs; do

@@ -49,6 +49,20 @@ for snippet in "$logdir"/readme_*.c; do
         sed 's/^/    /' "${snippet%.c}.log" | head -n 20
     fi
 done
+# The installed library serves an outside program through pkg-config, as the README says.
+prefix=$(mktemp -d)
+if [ -f "$logdir/readme_1.c" ] &&
+    make -s BUILD="$build" PREFIX="$prefix" install > "$logdir/install.log" 2>&1 &&
+    ${CC:-cc} -std=c11 ${TD_LDFLAGS:-} "$logdir/readme_1.c" -o "$logdir/installed" \
+        $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs tandem) >> "$logdir/install.log" 2>&1 &&
+    LD_LIBRARY_PATH="$prefix/lib" "$logdir/installed" >> "$logdir/install.log" 2>&1; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1))
+    echo "make install + pkg-config + the README's first snippet failed:"
+    tail -n 20 "$logdir/install.log" | sed 's/^/    /'
+fi
+rm -rf "$prefix" "$logdir/installed"
 rm -f "$logdir"/readme_*
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -332,10 +332,13 @@ int main(int argc, char **argv) {
             if (t.opt.checkpoint) save(&t, epoch + 1);
         }
     }
-    if (t.rank == 0)
+    if (t.rank == 0 && t.opt.eval)
         printf("final: model %s ranks %d epochs %d test_accuracy %.4f test_loss %.4f "
                "samples_per_s %.0f\n",
                td_model_name(t.opt.model), t.world, t.opt.epochs, accuracy, test_loss, rate);
+    else if (t.rank == 0)
+        printf("final: model %s ranks %d epochs %d samples_per_s %.0f\n",
+               td_model_name(t.opt.model), t.world, t.opt.epochs, rate);
     if (t.trace) {
         char path[4096];
         snprintf(path, sizeof path, "%s.rank%d.json", t.opt.trace, t.rank);
