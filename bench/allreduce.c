@@ -24,14 +24,14 @@
 #endif
 #endif
 
-#define CHECK(call)                                                                                    \
-    do {                                                                                               \
-        td_status s_ = (call);                                                                         \
-        if (s_ != TD_OK) {                                                                             \
-            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, td_status_string(s_),   \
-                    td_last_error());                                                                  \
-            exit(1);                                                                                   \
-        }                                                                                              \
+#define CHECK(call)                                                            \
+    do {                                                                       \
+        td_status s_ = (call);                                                 \
+        if (s_ != TD_OK) {                                                     \
+            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, \
+                    td_status_string(s_), td_last_error());                    \
+            exit(1);                                                           \
+        }                                                                      \
     } while (0)
 
 enum { IMPL_SHM, IMPL_TDMPI, IMPL_MPI, IMPL_COUNT };
@@ -77,7 +77,8 @@ static void run_one(bench *b, int impl, const float *send, float *recv, size_t c
 }
 
 /* Median seconds per call; each iteration's time is the slowest rank's. */
-static double time_impl(bench *b, int impl, const float *send, float *recv, size_t count, int warm, int iters) {
+static double time_impl(bench *b, int impl, const float *send, float *recv, size_t count, int warm,
+                        int iters) {
     for (int i = 0; i < warm; i++) run_one(b, impl, send, recv, count);
     double *t = malloc((size_t)iters * sizeof *t), *tmax = malloc((size_t)iters * sizeof *t);
     for (int i = 0; i < iters; i++) {
@@ -109,11 +110,13 @@ static void run(bench *b, int json, size_t max_bytes) {
     for (size_t i = 0; i < max_count; i++) send[i] = 1.0f, recv[i] = 0;
     double factor = 2.0 * (b->size - 1) / b->size;
     if (b->rank == 0 && !json) {
-        printf("# tandem allreduce: f32 sum, %d ranks, out of place, median of timed iterations\n", b->size);
+        printf("# tandem allreduce: f32 sum, %d ranks, out of place, median of timed iterations\n",
+               b->size);
         printf("# busbw = algbw * 2(n-1)/n\n#\n");
         printf("# %10s %10s", "size(B)", "count");
         for (int k = 0; k < IMPL_COUNT; k++)
-            if (have[k]) printf(" | %-13s %9s %8s %8s", impl_names[k], "time(us)", "algbw", "busbw");
+            if (have[k])
+                printf(" | %-13s %9s %8s %8s", impl_names[k], "time(us)", "algbw", "busbw");
         if (have[IMPL_MPI]) printf(" | shm/MPI");
         printf("\n");
     }
@@ -122,21 +125,25 @@ static void run(bench *b, int json, size_t max_bytes) {
         int iters = bytes <= (1u << 20) ? 200 : bytes <= (16u << 20) ? 30 : 10;
         double t[IMPL_COUNT] = {0};
         for (int k = 0; k < IMPL_COUNT; k++)
-            if (have[k]) t[k] = time_impl(b, k, send, recv, count, bytes <= (1u << 20) ? 20 : 3, iters);
+            if (have[k])
+                t[k] = time_impl(b, k, send, recv, count, bytes <= (1u << 20) ? 20 : 3, iters);
         if (b->rank != 0) continue;
         if (json) {
-            printf("{\"bench\":\"allreduce\",\"ranks\":%d,\"bytes\":%zu,\"count\":%zu", b->size, bytes, count);
+            printf("{\"bench\":\"allreduce\",\"ranks\":%d,\"bytes\":%zu,\"count\":%zu", b->size,
+                   bytes, count);
             for (int k = 0; k < IMPL_COUNT; k++)
                 if (have[k])
-                    printf(",\"%s_us\":%.2f,\"%s_algbw\":%.3f,\"%s_busbw\":%.3f", impl_names[k], t[k] * 1e6,
-                           impl_names[k], bytes / t[k] / 1e9, impl_names[k], bytes / t[k] / 1e9 * factor);
+                    printf(",\"%s_us\":%.2f,\"%s_algbw\":%.3f,\"%s_busbw\":%.3f", impl_names[k],
+                           t[k] * 1e6, impl_names[k], bytes / t[k] / 1e9, impl_names[k],
+                           bytes / t[k] / 1e9 * factor);
             if (have[IMPL_MPI]) printf(",\"shm_over_mpi\":%.3f", t[IMPL_MPI] / t[IMPL_SHM]);
             printf("}\n");
         } else {
             printf("  %10zu %10zu", bytes, count);
             for (int k = 0; k < IMPL_COUNT; k++)
                 if (have[k])
-                    printf(" | %-13s %9.2f %8.3f %8.3f", "", t[k] * 1e6, bytes / t[k] / 1e9, bytes / t[k] / 1e9 * factor);
+                    printf(" | %-13s %9.2f %8.3f %8.3f", "", t[k] * 1e6, bytes / t[k] / 1e9,
+                           bytes / t[k] / 1e9 * factor);
             if (have[IMPL_MPI]) printf(" | %6.2fx", t[IMPL_MPI] / t[IMPL_SHM]);
             printf("\n");
         }
@@ -155,7 +162,9 @@ static void run(bench *b, int json, size_t max_bytes) {
         } else {
             printf("# 4 KB allreduce latency (median of 2000):");
             for (int k = 0; k < IMPL_COUNT; k++)
-                if (have[k]) printf(" %s %.2f us%s", impl_names[k], lat[k] * 1e6, k + 1 < IMPL_COUNT && have[k + 1] ? "," : "");
+                if (have[k])
+                    printf(" %s %.2f us%s", impl_names[k], lat[k] * 1e6,
+                           k + 1 < IMPL_COUNT && have[k + 1] ? "," : "");
             printf("\n");
         }
     }
@@ -182,9 +191,12 @@ int main(int argc, char **argv) {
     int json = 0, np = 2;
     size_t max_bytes = 256u << 20;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) json = 1;
-        else if (strcmp(argv[i], "--np") == 0 && i + 1 < argc) np = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--max-bytes") == 0 && i + 1 < argc) max_bytes = (size_t)atoll(argv[++i]);
+        if (strcmp(argv[i], "--json") == 0)
+            json = 1;
+        else if (strcmp(argv[i], "--np") == 0 && i + 1 < argc)
+            np = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--max-bytes") == 0 && i + 1 < argc)
+            max_bytes = (size_t)atoll(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--json] [--np N] [--max-bytes N]\n", argv[0]);
             return 2;

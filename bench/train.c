@@ -23,14 +23,14 @@
 
 #include "tandem/tandem.h"
 
-#define CHECK(call)                                                                          \
-    do {                                                                                     \
-        td_status s_ = (call);                                                               \
-        if (s_ != TD_OK) {                                                                   \
-            fprintf(stderr, "bench/train: %s: %s: %s\n", #call, td_status_string(s_),       \
-                    td_last_error());                                                        \
-            _exit(1);                                                                        \
-        }                                                                                    \
+#define CHECK(call)                                                                   \
+    do {                                                                              \
+        td_status s_ = (call);                                                        \
+        if (s_ != TD_OK) {                                                            \
+            fprintf(stderr, "bench/train: %s: %s: %s\n", #call, td_status_string(s_), \
+                    td_last_error());                                                 \
+            _exit(1);                                                                 \
+        }                                                                             \
     } while (0)
 
 #define GLOBAL_BATCH 128
@@ -169,12 +169,18 @@ int main(int argc, char **argv) {
     timing tm = {20, 5, 5};
     int torch = 1, json = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--models") && i + 1 < argc) models = argv[++i];
-        else if (!strcmp(argv[i], "--worlds") && i + 1 < argc) worlds = argv[++i];
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) tm.iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--windows") && i + 1 < argc) tm.windows = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-torch")) torch = 0;
-        else if (!strcmp(argv[i], "--json")) json = 1;
+        if (!strcmp(argv[i], "--models") && i + 1 < argc)
+            models = argv[++i];
+        else if (!strcmp(argv[i], "--worlds") && i + 1 < argc)
+            worlds = argv[++i];
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
+            tm.iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--windows") && i + 1 < argc)
+            tm.windows = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--no-torch"))
+            torch = 0;
+        else if (!strcmp(argv[i], "--json"))
+            json = 1;
         else {
             fprintf(stderr, "usage: train [--models net,mlp,cnn] [--worlds 1,2] [--iters N] "
                             "[--windows N] [--no-torch] [--json]\n");
@@ -207,7 +213,8 @@ int main(int argc, char **argv) {
         double ours_w1 = 0;
         char wlist[32];
         snprintf(wlist, sizeof wlist, "%s", worlds);
-        for (char *wsave = NULL, *w = strtok_r(wlist, ",", &wsave); w; w = strtok_r(NULL, ",", &wsave)) {
+        for (char *wsave = NULL, *w = strtok_r(wlist, ",", &wsave); w;
+             w = strtok_r(NULL, ",", &wsave)) {
             int world = atoi(w);
             if (world < 1 || world > 8 || GLOBAL_BATCH % world) return 2;
             double ours = run_tandem(kind, world, &tm);

@@ -10,11 +10,14 @@
 #include <unistd.h>
 
 #include "tandem/checkpoint.h"
+
 #include "test.h"
 
 static char dir[256];
 
-static void path_in_dir(char *out, size_t len, const char *name) { snprintf(out, len, "%s/%s", dir, name); }
+static void path_in_dir(char *out, size_t len, const char *name) {
+    snprintf(out, len, "%s/%s", dir, name);
+}
 
 /* A safetensors file from a header string and a data blob, header padded to 8 bytes. */
 static void write_st(const char *path, const char *header, const void *data, size_t data_len) {
@@ -48,17 +51,28 @@ static void round_trip_every_dtype_and_metadata(void) {
     uint8_t u8[5] = {0, 1, 127, 128, 255};
     float empty[1];
     td_param t[] = {
-        {.name = "layer.weight", .data = f32, .count = 6, .dtype = TD_F32, .ndim = 2, .shape = {2, 3}},
+        {.name = "layer.weight",
+         .data = f32,
+         .count = 6,
+         .dtype = TD_F32,
+         .ndim = 2,
+         .shape = {2, 3}},
         {.name = "f64", .data = f64, .count = 4, .dtype = TD_F64, .ndim = 1, .shape = {4}},
         {.name = "scalar", .data = i64, .count = 1, .dtype = TD_I64, .ndim = 0},
         {.name = "i32", .data = i32, .count = 4, .dtype = TD_I32, .ndim = 2, .shape = {2, 2}},
         {.name = "bf16", .data = bf16, .count = 3, .dtype = TD_BF16, .ndim = 1, .shape = {3}},
         {.name = "f16", .data = f16, .count = 3, .dtype = TD_F16, .ndim = 1, .shape = {3}},
-        {.name = "u8 \"quoted\" \\ name", .data = u8, .count = 5, .dtype = TD_U8, .ndim = 3, .shape = {5, 1, 1}},
+        {.name = "u8 \"quoted\" \\ name",
+         .data = u8,
+         .count = 5,
+         .dtype = TD_U8,
+         .ndim = 3,
+         .shape = {5, 1, 1}},
         {.name = "empty", .data = empty, .count = 0, .dtype = TD_F32, .ndim = 2, .shape = {0, 4}},
     };
     size_t n = sizeof t / sizeof *t;
-    td_checkpoint_meta meta[] = {{"epoch", "3"}, {"rng", "seed=42 offset=1000"},
+    td_checkpoint_meta meta[] = {{"epoch", "3"},
+                                 {"rng", "seed=42 offset=1000"},
                                  {"odd", "line\nbreak \"q\" \\ tab\t \xc3\xa9"}};
     char path[300];
     path_in_dir(path, sizeof path, "round.safetensors");
@@ -117,8 +131,9 @@ static void round_trip_every_dtype_and_metadata(void) {
 
 static void reads_files_written_by_other_writers(void) {
     /* As Python's safetensors lays a file out, keys in its own order and "format": "pt". */
-    const char *h = "{\"__metadata__\":{\"format\":\"pt\"},\"b\":{\"dtype\":\"I64\",\"shape\":[1],"
-                    "\"data_offsets\":[8,16]},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    const char *h =
+        "{\"__metadata__\":{\"format\":\"pt\"},\"b\":{\"dtype\":\"I64\",\"shape\":[1],"
+        "\"data_offsets\":[8,16]},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
     unsigned char data[16];
     float a[2] = {0.25f, -8.0f};
     int64_t b = 123456789012345LL;
@@ -129,8 +144,9 @@ static void reads_files_written_by_other_writers(void) {
     write_st(path, h, data, 16);
     float a2[2] = {0};
     int64_t b2 = 0;
-    td_param t[2] = {{.name = "a", .data = a2, .count = 2, .dtype = TD_F32, .ndim = 1, .shape = {2}},
-                     {.name = "b", .data = &b2, .count = 1, .dtype = TD_I64, .ndim = 1, .shape = {1}}};
+    td_param t[2] = {
+        {.name = "a", .data = a2, .count = 2, .dtype = TD_F32, .ndim = 1, .shape = {2}},
+        {.name = "b", .data = &b2, .count = 1, .dtype = TD_I64, .ndim = 1, .shape = {1}}};
     CHECK_OK(td_checkpoint_load(path, t, 2));
     CHECK(a2[0] == 0.25f && a2[1] == -8.0f);
     CHECK_EQ(b2, b);
@@ -152,8 +168,8 @@ static void expect_open_error(const char *path, td_status status, const char *wh
     td_status st = td_checkpoint_open(&c, path);
     CHECK(c == NULL);
     if (st != status || !strstr(td_last_error(), what) || !strstr(td_last_error(), path))
-        TEST_FAIL_AT("open -> %s \"%s\", expected %s and \"%s\"", td_status_string(st), td_last_error(),
-                     td_status_string(status), what);
+        TEST_FAIL_AT("open -> %s \"%s\", expected %s and \"%s\"", td_status_string(st),
+                     td_last_error(), td_status_string(status), what);
     td_checkpoint_close(c);
 }
 
@@ -167,30 +183,45 @@ static void damaged_headers_are_errors_naming_the_problem(void) {
         td_status status;
         const char *what;
     } cases[] = {
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},}", 8, TD_EFORMAT, "not valid JSON: byte"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8, TD_EFORMAT, "not valid JSON"},
-        {"{\"a\":{\"dtype\":\"F32,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, TD_EFORMAT, "not valid JSON"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}} x", 8, TD_EFORMAT, "trailing"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},}", 8, TD_EFORMAT,
+         "not valid JSON: byte"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8, TD_EFORMAT,
+         "not valid JSON"},
+        {"{\"a\":{\"dtype\":\"F32,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, TD_EFORMAT,
+         "not valid JSON"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}} x", 8, TD_EFORMAT,
+         "trailing"},
         {"[1]", 0, TD_EFORMAT, "start with '{'"},
-        {"{\"a\":{\"dtype\":\"F8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, TD_EDTYPE, "tensor a: dtype \"F8\""},
+        {"{\"a\":{\"dtype\":\"F8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2, TD_EDTYPE,
+         "tensor a: dtype \"F8\""},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", 20, TD_EFORMAT,
          "tensor w: shape needs 24 bytes of F32 but data_offsets span 20"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, TD_EFORMAT, "overlap"},
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+         12, TD_EFORMAT, "overlap"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", 20, TD_EFORMAT, "belong to no tensor"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 12, TD_EFORMAT, "cover 8 data bytes"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, TD_EFORMAT, "tensor a: data_offsets [0, 16] beyond"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8, TD_EFORMAT, "end before"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, TD_EFORMAT, "shape[0]"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8, TD_EFORMAT, "shape[0]"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8, TD_EFORMAT, "data_offsets must be"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8, TD_EFORMAT, "unknown field \"x\""},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, TD_EFORMAT, "duplicate key \"a\""},
-        {"{\"__metadata__\":{\"epoch\":3}}", 0, TD_EFORMAT, "value of \"epoch\" is not a string"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,99999999999999999999]}}", 8, TD_EFORMAT,
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
+         20, TD_EFORMAT, "belong to no tensor"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 12, TD_EFORMAT,
+         "cover 8 data bytes"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, TD_EFORMAT,
+         "tensor a: data_offsets [0, 16] beyond"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8, TD_EFORMAT,
+         "end before"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, TD_EFORMAT,
+         "shape[0]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8, TD_EFORMAT,
+         "shape[0]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8, TD_EFORMAT,
          "data_offsets must be"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8, TD_EFORMAT,
+         "unknown field \"x\""},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+         8, TD_EFORMAT, "duplicate key \"a\""},
+        {"{\"__metadata__\":{\"epoch\":3}}", 0, TD_EFORMAT, "value of \"epoch\" is not a string"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,99999999999999999999]}}", 8,
+         TD_EFORMAT, "data_offsets must be"},
         {"{\"a\":\"\\x\"}", 0, TD_EFORMAT, "bad escape"},
         {"{\"a\":\"tab\there\"}", 0, TD_EFORMAT, "control character"},
     };
@@ -221,8 +252,9 @@ static void damaged_headers_are_errors_naming_the_problem(void) {
 static void every_truncation_and_byte_flip_fails_cleanly(void) {
     float w[6] = {1, 2, 3, 4, 5, 6};
     int64_t s[2] = {7, 8};
-    td_param t[2] = {{.name = "w", .data = w, .count = 6, .dtype = TD_F32, .ndim = 2, .shape = {3, 2}},
-                     {.name = "s", .data = s, .count = 2, .dtype = TD_I64, .ndim = 1, .shape = {2}}};
+    td_param t[2] = {
+        {.name = "w", .data = w, .count = 6, .dtype = TD_F32, .ndim = 2, .shape = {3, 2}},
+        {.name = "s", .data = s, .count = 2, .dtype = TD_I64, .ndim = 1, .shape = {2}}};
     td_checkpoint_meta meta[1] = {{"step", "10"}};
     char good[300], bad[300];
     path_in_dir(good, sizeof good, "good.safetensors");
@@ -234,8 +266,10 @@ static void every_truncation_and_byte_flip_fails_cleanly(void) {
         test_write_file(bad, raw, cut);
         td_checkpoint *c = NULL;
         td_status st = td_checkpoint_open(&c, bad);
-        if (st == TD_OK) TEST_FAIL_AT("a file cut to %zu of %zu bytes opened", cut, len);
-        else CHECK(strstr(td_last_error(), bad) != NULL);
+        if (st == TD_OK)
+            TEST_FAIL_AT("a file cut to %zu of %zu bytes opened", cut, len);
+        else
+            CHECK(strstr(td_last_error(), bad) != NULL);
         td_checkpoint_close(c);
     }
     /* Flipped header bytes: the file either still parses to something consistent or is an
@@ -259,12 +293,22 @@ static void every_truncation_and_byte_flip_fails_cleanly(void) {
 
 static void load_checks_names_dtypes_and_shapes(void) {
     float w[6] = {1, 2, 3, 4, 5, 6};
-    td_param t[1] = {{.name = "conv.weight", .data = w, .count = 6, .dtype = TD_F32, .ndim = 2, .shape = {2, 3}}};
+    td_param t[1] = {{.name = "conv.weight",
+                      .data = w,
+                      .count = 6,
+                      .dtype = TD_F32,
+                      .ndim = 2,
+                      .shape = {2, 3}}};
     char path[300];
     path_in_dir(path, sizeof path, "shapes.safetensors");
     CHECK_OK(td_checkpoint_save(path, t, 1, NULL, 0));
     float into[6] = {9, 9, 9, 9, 9, 9};
-    td_param want = {.name = "conv.weight", .data = into, .count = 6, .dtype = TD_F32, .ndim = 2, .shape = {3, 2}};
+    td_param want = {.name = "conv.weight",
+                     .data = into,
+                     .count = 6,
+                     .dtype = TD_F32,
+                     .ndim = 2,
+                     .shape = {3, 2}};
     CHECK_STATUS(td_checkpoint_load(path, &want, 1), TD_ESHAPE);
     CHECK(strstr(td_last_error(), "conv.weight: expected shape (3, 2), file has (2, 3)") != NULL);
     want.shape[0] = 2;
@@ -287,7 +331,8 @@ static void failed_save_keeps_the_previous_checkpoint(void) {
     path_in_dir(path, sizeof path, "atomic.safetensors");
     int before = count_files();
     float small[4] = {1, 2, 3, 4};
-    td_param good = {.name = "w", .data = small, .count = 4, .dtype = TD_F32, .ndim = 1, .shape = {4}};
+    td_param good = {
+        .name = "w", .data = small, .count = 4, .dtype = TD_F32, .ndim = 1, .shape = {4}};
     td_checkpoint_meta meta[1] = {{"step", "1"}};
     CHECK_OK(td_checkpoint_save(path, &good, 1, meta, 1));
     CHECK_EQ(count_files(), before + 1);
@@ -295,7 +340,12 @@ static void failed_save_keeps_the_previous_checkpoint(void) {
     /* A write that fails half way: the file size limit stops it after 64 KiB of 4 MiB. */
     size_t big_n = 1 << 20;
     float *big = calloc(big_n, sizeof(float));
-    td_param huge = {.name = "w", .data = big, .count = big_n, .dtype = TD_F32, .ndim = 1, .shape = {(int64_t)big_n}};
+    td_param huge = {.name = "w",
+                     .data = big,
+                     .count = big_n,
+                     .dtype = TD_F32,
+                     .ndim = 1,
+                     .shape = {(int64_t)big_n}};
     struct rlimit old, lim;
     getrlimit(RLIMIT_FSIZE, &old);
     lim = old;

@@ -14,11 +14,14 @@ static const td_dtype all_dtypes[] = {TD_F32, TD_F64, TD_BF16, TD_F16, TD_I32, T
 
 /* The test value of rank r at element i: small integers, so float sums are exact. */
 static double gen(int r, size_t i, td_reduce_op op) {
-    if (op == TD_OP_PROD) return (double)((r * 7 + i * 13) % 5) - 2.0 + (((r + i) % 5) == 2 ? 0.5 : 0.0);
+    if (op == TD_OP_PROD)
+        return (double)((r * 7 + i * 13) % 5) - 2.0 + (((r + i) % 5) == 2 ? 0.5 : 0.0);
     return (double)((r * 37 + i * 11) % 61) - 30.0;
 }
 
-static int is_float(td_dtype t) { return t == TD_F32 || t == TD_F64 || t == TD_BF16 || t == TD_F16; }
+static int is_float(td_dtype t) {
+    return t == TD_F32 || t == TD_F64 || t == TD_BF16 || t == TD_F16;
+}
 
 /* The element as the collective sees it (after rounding to the dtype). */
 static double input(td_dtype t, int r, size_t i, td_reduce_op op) {
@@ -34,7 +37,10 @@ static double reference(td_dtype t, td_reduce_op op, int n, size_t i) {
         float acc = (float)input(t, 0, i, op);
         for (int r = 1; r < n; r++) {
             float x = (float)input(t, r, i, op);
-            acc = op == TD_OP_PROD ? acc * x : op == TD_OP_MIN ? (x < acc ? x : acc) : op == TD_OP_MAX ? (x > acc ? x : acc) : acc + x;
+            acc = op == TD_OP_PROD  ? acc * x
+                  : op == TD_OP_MIN ? (x < acc ? x : acc)
+                  : op == TD_OP_MAX ? (x > acc ? x : acc)
+                                    : acc + x;
         }
         if (op == TD_OP_AVG) acc /= (float)n;
         unsigned char tmp[8];
@@ -45,14 +51,20 @@ static double reference(td_dtype t, td_reduce_op op, int n, size_t i) {
         double acc = input(t, 0, i, op);
         for (int r = 1; r < n; r++) {
             double x = input(t, r, i, op);
-            acc = op == TD_OP_PROD ? acc * x : op == TD_OP_MIN ? (x < acc ? x : acc) : op == TD_OP_MAX ? (x > acc ? x : acc) : acc + x;
+            acc = op == TD_OP_PROD  ? acc * x
+                  : op == TD_OP_MIN ? (x < acc ? x : acc)
+                  : op == TD_OP_MAX ? (x > acc ? x : acc)
+                                    : acc + x;
         }
         return op == TD_OP_AVG ? acc / n : acc;
     }
     int64_t acc = (int64_t)input(t, 0, i, op);
     for (int r = 1; r < n; r++) {
         int64_t x = (int64_t)input(t, r, i, op);
-        acc = op == TD_OP_PROD ? acc * x : op == TD_OP_MIN ? (x < acc ? x : acc) : op == TD_OP_MAX ? (x > acc ? x : acc) : acc + x;
+        acc = op == TD_OP_PROD  ? acc * x
+              : op == TD_OP_MIN ? (x < acc ? x : acc)
+              : op == TD_OP_MAX ? (x > acc ? x : acc)
+                                : acc + x;
     }
     if (op == TD_OP_AVG) acc /= n;
     unsigned char tmp[8];
@@ -77,13 +89,13 @@ static void *fill(td_dtype t, size_t count, int rank, td_reduce_op op, size_t of
 }
 
 /* Returns 1 when every element matches (and reports only the first miss). */
-static int compare(const char *what, td_dtype t, td_reduce_op op, int n, const void *got, size_t count,
-                   size_t offset) {
+static int compare(const char *what, td_dtype t, td_reduce_op op, int n, const void *got,
+                   size_t count, size_t offset) {
     for (size_t i = 0; i < count; i++) {
         double ref = reference(t, op, n, offset + i), g = test_elem_get(t, got, i);
         if (!(g - ref <= tolerance(t, ref) && ref - g <= tolerance(t, ref))) {
-            TEST_FAIL_AT("%s %s %s n=%d count=%zu: element %zu is %.9g, expected %.9g", what, td_dtype_name(t),
-                         td_reduce_op_name(op), n, count, i, g, ref);
+            TEST_FAIL_AT("%s %s %s n=%d count=%zu: element %zu is %.9g, expected %.9g", what,
+                         td_dtype_name(t), td_reduce_op_name(op), n, count, i, g, ref);
             return 0;
         }
     }
@@ -123,8 +135,10 @@ static void check_reductions(td_comm *c, td_dtype t, td_reduce_op op, size_t cou
     compare("reduce_scatter", t, op, n, recv, count, (size_t)r * count);
     /* and in place, NCCL style: recv is this rank's block of send */
     void *send2 = fill(t, (size_t)n * count, r, op, 0);
-    CHECK_OK(td_comm_reduce_scatter(c, send2, (char *)send2 + (size_t)r * count * es, count, t, op));
-    compare("reduce_scatter in place", t, op, n, (char *)send2 + (size_t)r * count * es, count, (size_t)r * count);
+    CHECK_OK(
+        td_comm_reduce_scatter(c, send2, (char *)send2 + (size_t)r * count * es, count, t, op));
+    compare("reduce_scatter in place", t, op, n, (char *)send2 + (size_t)r * count * es, count,
+            (size_t)r * count);
     free(send);
     free(send2);
     free(recv);
@@ -150,7 +164,8 @@ static void check_movers(td_comm *c, td_dtype t, size_t count) {
         for (size_t i = 0; i < count; i++) {
             test_elem_put(t, tmp, 0, gen(root, (size_t)r * count + i, TD_OP_SUM));
             if (memcmp(tmp, (char *)recv + i * es, es) != 0) {
-                TEST_FAIL_AT("scatter %s count %zu root %d: rank %d element %zu wrong", td_dtype_name(t), count, root, r, i);
+                TEST_FAIL_AT("scatter %s count %zu root %d: rank %d element %zu wrong",
+                             td_dtype_name(t), count, root, r, i);
                 break;
             }
         }
@@ -163,7 +178,8 @@ static void check_movers(td_comm *c, td_dtype t, size_t count) {
         for (int j = 0; r == root && j < n; j++) {
             void *w = fill(t, count, j, TD_OP_SUM, 0);
             if (memcmp(w, (char *)recv + (size_t)j * count * es, count * es) != 0)
-                TEST_FAIL_AT("gather %s count %zu root %d: block %d wrong", td_dtype_name(t), count, root, j);
+                TEST_FAIL_AT("gather %s count %zu root %d: block %d wrong", td_dtype_name(t), count,
+                             root, j);
             free(w);
         }
         free(send);
@@ -178,9 +194,11 @@ static void check_movers(td_comm *c, td_dtype t, size_t count) {
     for (int j = 0; j < n; j++) {
         void *w = fill(t, count, j, TD_OP_SUM, 0);
         if (memcmp(w, (char *)recv + (size_t)j * count * es, count * es) != 0)
-            TEST_FAIL_AT("allgather %s count %zu: rank %d block %d wrong", td_dtype_name(t), count, r, j);
+            TEST_FAIL_AT("allgather %s count %zu: rank %d block %d wrong", td_dtype_name(t), count,
+                         r, j);
         if (memcmp(w, (char *)recv2 + (size_t)j * count * es, count * es) != 0)
-            TEST_FAIL_AT("allgather in place %s count %zu: rank %d block %d wrong", td_dtype_name(t), count, r, j);
+            TEST_FAIL_AT("allgather in place %s count %zu: rank %d block %d wrong",
+                         td_dtype_name(t), count, r, j);
         free(w);
     }
     free(send);
@@ -194,9 +212,11 @@ static void check_movers(td_comm *c, td_dtype t, size_t count) {
     for (int j = 0; j < n; j++) {
         void *w = fill(t, count, j, TD_OP_SUM, (size_t)r * count);
         if (memcmp(w, (char *)recv + (size_t)j * count * es, count * es) != 0)
-            TEST_FAIL_AT("alltoall %s count %zu: rank %d block %d wrong", td_dtype_name(t), count, r, j);
+            TEST_FAIL_AT("alltoall %s count %zu: rank %d block %d wrong", td_dtype_name(t), count,
+                         r, j);
         if (memcmp(w, (char *)send + (size_t)j * count * es, count * es) != 0)
-            TEST_FAIL_AT("alltoall in place %s count %zu: rank %d block %d wrong", td_dtype_name(t), count, r, j);
+            TEST_FAIL_AT("alltoall in place %s count %zu: rank %d block %d wrong", td_dtype_name(t),
+                         count, r, j);
         free(w);
     }
     free(send);
@@ -222,10 +242,14 @@ static void matrix_rank(int rank, int size, int port, void *arg) {
         sizes[4] = big_count(t);
         int small_dtype = t == TD_F32 || t == TD_I32 || t == TD_BF16;
         for (int op = 0; op < TD_OP_COUNT; op++) {
-            if (!m->full && !(small_dtype && (op == TD_OP_SUM || op == TD_OP_MAX || op == TD_OP_AVG))) continue;
+            if (!m->full &&
+                !(small_dtype && (op == TD_OP_SUM || op == TD_OP_MAX || op == TD_OP_AVG)))
+                continue;
             for (size_t s = 0; s < 5; s++) {
                 /* The big size runs SUM and AVG for every dtype, the rest of the ops at 1009. */
-                if (s == 4 && op != TD_OP_SUM && op != TD_OP_AVG && !(op == TD_OP_MAX && t == TD_F32)) continue;
+                if (s == 4 && op != TD_OP_SUM && op != TD_OP_AVG &&
+                    !(op == TD_OP_MAX && t == TD_F32))
+                    continue;
                 check_allreduce(c, t, (td_reduce_op)op, sizes[s], 0);
             }
             check_allreduce(c, t, (td_reduce_op)op, 1009, 1);
@@ -475,7 +499,9 @@ static void bad_arguments_rank(int rank, int size, int port, void *arg) {
     td_comm_destroy(c);
 }
 
-static void argument_checks(void) { CHECK_EQ(test_run_ranks(2, bad_arguments_rank, NULL, 30, 0), 0); }
+static void argument_checks(void) {
+    CHECK_EQ(test_run_ranks(2, bad_arguments_rank, NULL, 30, 0), 0);
+}
 
 /* The env contract: torchrun's variables give the shape; a missing one is named. */
 static void env_rank(int rank, int size, int port, void *arg) {

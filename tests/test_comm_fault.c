@@ -32,7 +32,8 @@ static void killed_rank(int rank, int size, int port, void *arg) {
     CHECK(s == TD_EPEER || s == TD_ETIMEOUT);
     char want[32];
     snprintf(want, sizeof want, "rank %d", size - 1);
-    if (!strstr(td_last_error(), want)) TEST_FAIL_AT("the error does not name %s: %s", want, td_last_error());
+    if (!strstr(td_last_error(), want))
+        TEST_FAIL_AT("the error does not name %s: %s", want, td_last_error());
     CHECK(took < 3.0);
     /* The group is poisoned: the next call fails at once. */
     t0 = td_time_ns();
@@ -69,7 +70,9 @@ static void killed_sender(int rank, int size, int port, void *arg) {
     td_comm_destroy(c);
 }
 
-static void rank_killed_mid_recv(void) { CHECK_EQ(test_run_ranks(2, killed_sender, NULL, 30, 1), 0); }
+static void rank_killed_mid_recv(void) {
+    CHECK_EQ(test_run_ranks(2, killed_sender, NULL, 30, 1), 0);
+}
 
 typedef struct {
     int variant;
@@ -102,7 +105,8 @@ static void mismatch_rank(int rank, int size, int port, void *arg) {
     }
     CHECK_EQ(s, TD_EMISMATCH);
     const char *msg = td_last_error();
-    if (!strstr(msg, a) || !strstr(msg, b)) TEST_FAIL_AT("rank %d: message does not name both calls: %s", rank, msg);
+    if (!strstr(msg, a) || !strstr(msg, b))
+        TEST_FAIL_AT("rank %d: message does not name both calls: %s", rank, msg);
     if (m->variant == 0 && !(strstr(msg, "rank 0 called") || strstr(msg, "rank 1 called")))
         TEST_FAIL_AT("message does not name the ranks: %s", msg);
     /* Later calls fail fast. */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "tandem/comm.h"
+
 #include "test_comm_util.h"
 
 #ifdef TD_HAVE_MPI
@@ -43,16 +44,27 @@ static double reference(size_t i, td_dtype dt, td_reduce_op op) {
     for (int r = 1; r < size; r++) {
         double v = gen(r, i, op, dt);
         switch (op) {
-        case TD_OP_PROD: acc *= v; break;
-        case TD_OP_MIN: acc = v < acc ? v : acc; break;
-        case TD_OP_MAX: acc = v > acc ? v : acc; break;
-        default: acc += v; break;
+        case TD_OP_PROD:
+            acc *= v;
+            break;
+        case TD_OP_MIN:
+            acc = v < acc ? v : acc;
+            break;
+        case TD_OP_MAX:
+            acc = v > acc ? v : acc;
+            break;
+        default:
+            acc += v;
+            break;
         }
     }
     if (op == TD_OP_AVG) {
-        if (dt == TD_F32 || dt == TD_BF16 || dt == TD_F16) acc = (float)acc / (float)size;
-        else if (dt == TD_F64) acc /= size;
-        else acc = (double)((int64_t)acc / size); /* integer division truncates */
+        if (dt == TD_F32 || dt == TD_BF16 || dt == TD_F16)
+            acc = (float)acc / (float)size;
+        else if (dt == TD_F64)
+            acc /= size;
+        else
+            acc = (double)((int64_t)acc / size); /* integer division truncates */
     }
     unsigned char tmp[8];
     test_elem_put(dt, tmp, 0, acc);
@@ -60,7 +72,8 @@ static double reference(size_t i, td_dtype dt, td_reduce_op op) {
 }
 
 /* Fails the case once, naming the first wrong element. */
-static int expect(const char *what, td_dtype dt, td_reduce_op op, size_t n, size_t i, double got, double want) {
+static int expect(const char *what, td_dtype dt, td_reduce_op op, size_t n, size_t i, double got,
+                  double want) {
     if (got == want) return 1;
     TEST_FAIL_AT("rank %d: %s %s %s n=%zu: [%zu] = %g, want %g", rank, what, td_dtype_name(dt),
                  td_reduce_op_name(op), n, i, got, want);
@@ -168,7 +181,8 @@ static void data_movement_every_dtype_size(void) {
                     break;
             memset(b, 0, total * td_dtype_size(dt));
             for (size_t i = 0; i < n; i++) test_elem_put(dt, b, (size_t)rank * n + i, mv(rank, i));
-            CHECK_OK(td_comm_allgather(world, (char *)b + (size_t)rank * n * td_dtype_size(dt), b, n, dt));
+            CHECK_OK(td_comm_allgather(world, (char *)b + (size_t)rank * n * td_dtype_size(dt), b,
+                                       n, dt));
             for (size_t i = 0; i < total; i++)
                 if (!expect("allgather in place", dt, 0, n, i, test_elem_get(dt, b, i),
                             mv((int)(i / n), i % n)))
@@ -240,7 +254,8 @@ static void p2p_keeps_order_per_tag(void) {
         }
     /* receive tag 8 before tag 7 */
     for (int t = 1; t >= 0; t--)
-        for (int m = 0; m < M; m++) CHECK_OK(td_comm_irecv(world, in[t][m], N, TD_I32, src, 7 + t, &recvs[t * M + m]));
+        for (int m = 0; m < M; m++)
+            CHECK_OK(td_comm_irecv(world, in[t][m], N, TD_I32, src, 7 + t, &recvs[t * M + m]));
     for (int k = 0; k < 2 * M; k++) CHECK_OK(td_request_wait(recvs[k]));
     for (int k = 0; k < 2 * M; k++) {
         int done = 0;
@@ -251,7 +266,8 @@ static void p2p_keeps_order_per_tag(void) {
     }
     for (int t = 0; t < 2; t++)
         for (int m = 0; m < M; m++)
-            for (int i = 0; i < N; i += 97) CHECK_EQ(in[t][m][i], src * 100000 + t * 10000 + m * 1000 + i);
+            for (int i = 0; i < N; i += 97)
+                CHECK_EQ(in[t][m][i], src * 100000 + t * 10000 + m * 1000 + i);
     /* blocking send/recv, rank 0 <-> rank 1, and a count the sender does not match */
     double x[3] = {1.5, 2.5, 3.5}, y[4] = {0};
     if (rank == 0) {
@@ -322,7 +338,8 @@ static void mismatched_collectives_are_reported(void) {
     if (!g) return;
     st = td_comm_allreduce(g, buf, buf, rank == 0 ? 5 : 6, TD_F32, TD_OP_SUM);
     CHECK_EQ(st, TD_EMISMATCH);
-    CHECK(strstr(td_last_error(), "5 elements") != NULL && strstr(td_last_error(), "6 elements") != NULL);
+    CHECK(strstr(td_last_error(), "5 elements") != NULL &&
+          strstr(td_last_error(), "6 elements") != NULL);
     td_comm_destroy(g);
     /* the world was not involved and still works */
     float one = 1, total = 0;
@@ -430,9 +447,11 @@ static void run_under_mpirun(int np) {
          * reports under AddressSanitizer would name MPI, not us. */
         const char *asan = getenv("ASAN_OPTIONS");
         char opts[512];
-        snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan && *asan ? ":" : "");
+        snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "",
+                 asan && *asan ? ":" : "");
         setenv("ASAN_OPTIONS", opts, 1);
-        execlp("mpirun", "mpirun", "--oversubscribe", "--bind-to", "none", "-np", npstr, self, (char *)NULL);
+        execlp("mpirun", "mpirun", "--oversubscribe", "--bind-to", "none", "-np", npstr, self,
+               (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);
@@ -467,7 +486,8 @@ static void run_under_mpirun(int np) {
         snprintf(want, sizeof want, "rank %d of %d: ", r, np);
         const char *line = strstr(out, want);
         int passed = -1, failed = -1;
-        if (line && sscanf(line + strlen(want), "%d passed, %d failed", &passed, &failed) == 2) reported++;
+        if (line && sscanf(line + strlen(want), "%d passed, %d failed", &passed, &failed) == 2)
+            reported++;
         CHECK_EQ(failed, 0);
         CHECK(passed >= 10);
     }

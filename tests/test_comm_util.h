@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "tandem/comm.h"
+
 #include "test.h"
 
 /* A port the kernel just handed out and took back; good enough for one test. */
@@ -23,7 +24,8 @@ static inline int test_free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
         if (fd >= 0) close(fd);
         return 20000 + (int)(getpid() % 40000);
     }
@@ -43,7 +45,8 @@ static int test_last_port;
 
 /* Runs fn as `n` forked ranks; returns how many exited non-zero or were killed at the
  * deadline (`expect_killed` of them may die from a signal on purpose). */
-static inline int test_run_ranks(int n, test_rank_fn fn, void *arg, double deadline_s, int expect_killed) {
+static inline int test_run_ranks(int n, test_rank_fn fn, void *arg, double deadline_s,
+                                 int expect_killed) {
     int port = test_free_port();
     test_last_port = port;
     fflush(stdout);
@@ -67,8 +70,10 @@ static inline int test_run_ranks(int n, test_rank_fn fn, void *arg, double deadl
         pid_t p = waitpid(-1, &st, WNOHANG);
         if (p > 0) {
             left--;
-            if (WIFSIGNALED(st)) killed++;
-            else if (WEXITSTATUS(st) != 0) bad++;
+            if (WIFSIGNALED(st))
+                killed++;
+            else if (WEXITSTATUS(st) != 0)
+                bad++;
             continue;
         }
         if (td_time_ns() > end) {
@@ -79,7 +84,8 @@ static inline int test_run_ranks(int n, test_rank_fn fn, void *arg, double deadl
         }
         test_sleep_ms(2);
     }
-    if (killed != expect_killed) bad += killed > expect_killed ? killed - expect_killed : expect_killed - killed;
+    if (killed != expect_killed)
+        bad += killed > expect_killed ? killed - expect_killed : expect_killed - killed;
     return bad;
 }
 
@@ -109,7 +115,8 @@ static inline int test_shm_leftovers(int n, int port) {
 }
 
 /* A world group for one forked rank, with everything explicit. */
-static inline td_status test_comm_create(td_comm **out, int rank, int size, int port, double timeout_s) {
+static inline td_status test_comm_create(td_comm **out, int rank, int size, int port,
+                                         double timeout_s) {
     td_comm_params p;
     td_comm_default_params(&p);
     p.backend = TD_BACKEND_SHM;
@@ -127,28 +134,51 @@ static inline td_status test_comm_create(td_comm **out, int rank, int size, int 
 /* Stores v as element i of a td_dtype buffer; integers go through int64, so u8 wraps. */
 static inline void test_elem_put(td_dtype t, void *buf, size_t i, double v) {
     switch (t) {
-    case TD_F32: ((float *)buf)[i] = (float)v; break;
-    case TD_F64: ((double *)buf)[i] = v; break;
-    case TD_BF16: ((uint16_t *)buf)[i] = td_f32_to_bf16((float)v); break;
-    case TD_F16: ((uint16_t *)buf)[i] = td_f32_to_f16((float)v); break;
-    case TD_I32: ((int32_t *)buf)[i] = (int32_t)(int64_t)v; break;
-    case TD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case TD_U8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
-    default: break;
+    case TD_F32:
+        ((float *)buf)[i] = (float)v;
+        break;
+    case TD_F64:
+        ((double *)buf)[i] = v;
+        break;
+    case TD_BF16:
+        ((uint16_t *)buf)[i] = td_f32_to_bf16((float)v);
+        break;
+    case TD_F16:
+        ((uint16_t *)buf)[i] = td_f32_to_f16((float)v);
+        break;
+    case TD_I32:
+        ((int32_t *)buf)[i] = (int32_t)(int64_t)v;
+        break;
+    case TD_I64:
+        ((int64_t *)buf)[i] = (int64_t)v;
+        break;
+    case TD_U8:
+        ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v;
+        break;
+    default:
+        break;
     }
 }
 
 /* Element i of a td_dtype buffer as a double. */
 static inline double test_elem_get(td_dtype t, const void *buf, size_t i) {
     switch (t) {
-    case TD_F32: return ((const float *)buf)[i];
-    case TD_F64: return ((const double *)buf)[i];
-    case TD_BF16: return td_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case TD_F16: return td_f16_to_f32(((const uint16_t *)buf)[i]);
-    case TD_I32: return ((const int32_t *)buf)[i];
-    case TD_I64: return (double)((const int64_t *)buf)[i];
-    case TD_U8: return ((const uint8_t *)buf)[i];
-    default: return 0;
+    case TD_F32:
+        return ((const float *)buf)[i];
+    case TD_F64:
+        return ((const double *)buf)[i];
+    case TD_BF16:
+        return td_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case TD_F16:
+        return td_f16_to_f32(((const uint16_t *)buf)[i]);
+    case TD_I32:
+        return ((const int32_t *)buf)[i];
+    case TD_I64:
+        return (double)((const int64_t *)buf)[i];
+    case TD_U8:
+        return ((const uint8_t *)buf)[i];
+    default:
+        return 0;
     }
 }
 

@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include "tandem/data.h"
+
 #include "test.h"
 
 static char tmpdir[256];
@@ -230,8 +231,8 @@ static void image_label_count_mismatch_is_an_error(void) {
 }
 
 /* This rank's index list as a fresh sampler gives it. */
-static void sampler_lists(size_t n, int world, int drop_last, int shuffle, uint64_t seed, uint64_t epoch,
-                          size_t out[][64], size_t *per_rank) {
+static void sampler_lists(size_t n, int world, int drop_last, int shuffle, uint64_t seed,
+                          uint64_t epoch, size_t out[][64], size_t *per_rank) {
     for (int r = 0; r < world; r++) {
         td_sampler_params p = td_sampler_default_params();
         p.rank = r;
@@ -293,9 +294,12 @@ static void sampler_shuffled_shards_cover_every_sample(void) {
                     }
                 size_t once = 0, twice = 0, more = 0;
                 for (size_t i = 0; i < n; i++) {
-                    if (seen[i] == 1) once++;
-                    else if (seen[i] == 2) twice++;
-                    else if (seen[i] > 2) more++;
+                    if (seen[i] == 1)
+                        once++;
+                    else if (seen[i] == 2)
+                        twice++;
+                    else if (seen[i] > 2)
+                        more++;
                 }
                 CHECK_EQ(more, 0);
                 if (drop_last) {
@@ -340,7 +344,8 @@ static td_dataset *counting_dataset(size_t n) {
 }
 
 /* Drains one epoch, checking each batch's x matches its y, and records the labels. */
-static size_t drain_epoch(td_loader *l, int64_t *ys, size_t cap, size_t *nbatches, size_t *last_size) {
+static size_t drain_epoch(td_loader *l, int64_t *ys, size_t cap, size_t *nbatches,
+                          size_t *last_size) {
     size_t total = 0;
     *nbatches = 0;
     td_batch b;

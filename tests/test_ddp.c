@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "tandem/ddp.h"
+
 #include "test.h"
 #include "test_comm_util.h" /* test_free_port, test_comm_create */
 
@@ -25,17 +26,17 @@ static const struct {
     int ndim;
     int64_t s0, s1;
 } LAYOUT[NP_MAX] = {
-    {"fc1.weight", 2, H1, D0}, {"fc1.bias", 1, H1, 0},    {"gate.scale", 1, H1, 0},
-    {"fc2.weight", 2, H2, H1}, {"fc2.bias", 1, H2, 0},    {"fc3.weight", 2, H3, H2},
+    {"fc1.weight", 2, H1, D0}, {"fc1.bias", 1, H1, 0},     {"gate.scale", 1, H1, 0},
+    {"fc2.weight", 2, H2, H1}, {"fc2.bias", 1, H2, 0},     {"fc3.weight", 2, H3, H2},
     {"fc3.bias", 1, H3, 0},    {"head.weight", 2, DO, H3}, {"head.bias", 1, DO, 0},
     {"aux.weight", 1, 5, 0}, /* registered only by the unused-parameter tests */
 };
 
 typedef struct {
     td_param p[NP_MAX];
-    size_t n;       /* registered parameters: NP, or NP_MAX with aux.weight */
-    float *data;    /* every parameter's values, back to back */
-    float *grad;    /* the trainer's own gradient memory (DDP moves it into buckets) */
+    size_t n;          /* registered parameters: NP, or NP_MAX with aux.weight */
+    float *data;       /* every parameter's values, back to back */
+    float *grad;       /* the trainer's own gradient memory (DDP moves it into buckets) */
     float bn_mean[H1]; /* a buffer, as BatchNorm's running mean would be */
     int64_t steps;     /* a second buffer of another dtype */
     td_param buffers[2];
@@ -45,7 +46,8 @@ static void model_init(model *m, uint64_t seed, int with_aux) {
     memset(m, 0, sizeof *m);
     m->n = with_aux ? NP_MAX : NP;
     size_t total = 0;
-    for (int i = 0; i < NP_MAX; i++) total += (size_t)(LAYOUT[i].s0 * (LAYOUT[i].ndim == 2 ? LAYOUT[i].s1 : 1));
+    for (int i = 0; i < NP_MAX; i++)
+        total += (size_t)(LAYOUT[i].s0 * (LAYOUT[i].ndim == 2 ? LAYOUT[i].s1 : 1));
     m->data = calloc(total, sizeof(float));
     m->grad = calloc(total, sizeof(float));
     td_rng rng;
@@ -87,7 +89,8 @@ static void zero_grads(model *m) {
 }
 
 /* out (B, O) = in (B, I) W^T (O, I) + b (O) */
-static void linear_fwd(float *out, const float *in, const float *w, const float *b, int B, int I, int O) {
+static void linear_fwd(float *out, const float *in, const float *w, const float *b, int B, int I,
+                       int O) {
     for (int s = 0; s < B; s++)
         for (int o = 0; o < O; o++) {
             float acc = b[o];
@@ -123,24 +126,28 @@ static void linear_bwd_in(float *din, const float *dout, const float *w, int B, 
 
 /* Called the moment parameter i's gradient is final (or collected for a chosen order). */
 typedef struct {
-    td_ddp *ddp;      /* NULL: single-process reference, nothing to tell */
+    td_ddp *ddp;         /* NULL: single-process reference, nothing to tell */
     const size_t *order; /* non-NULL: defer, then announce in this order */
     size_t n_order;
     uint64_t t_last_ready; /* td_time_ns just before the last grad_ready */
-    int skip;         /* a parameter index never announced, or -1 */
-    int via_hook;     /* announce through td_ddp_grad_ready_hook */
+    int skip;              /* a parameter index never announced, or -1 */
+    int via_hook;          /* announce through td_ddp_grad_ready_hook */
 } hooks;
 
 static void notify(hooks *h, int i) {
     if (!h->ddp || h->order || i == h->skip) return;
     h->t_last_ready = td_time_ns();
-    if (h->via_hook) td_ddp_grad_ready_hook((size_t)i, h->ddp); /* as the graph engine calls it */
-    else CHECK_OK(td_ddp_grad_ready(h->ddp, (size_t)i));
+    if (h->via_hook)
+        td_ddp_grad_ready_hook((size_t)i, h->ddp); /* as the graph engine calls it */
+    else
+        CHECK_OK(td_ddp_grad_ready(h->ddp, (size_t)i));
 }
 
 /* Mean over the B samples of 0.5 |y - t|^2, times loss_scale; backward accumulates (+=). */
-static float forward_backward(model *m, const float *X, const float *T, int B, float loss_scale, hooks *h) {
-    static float a1[B_MAX * H1], t1[B_MAX * H1], h1[B_MAX * H1], h2[B_MAX * H2], h3[B_MAX * H3], y[B_MAX * DO];
+static float forward_backward(model *m, const float *X, const float *T, int B, float loss_scale,
+                              hooks *h) {
+    static float a1[B_MAX * H1], t1[B_MAX * H1], h1[B_MAX * H1], h2[B_MAX * H2], h3[B_MAX * H3],
+        y[B_MAX * DO];
     static float dy[B_MAX * DO], d3[B_MAX * H3], d2[B_MAX * H2], d1[B_MAX * H1];
     float *s1 = W(m, 2);
     linear_fwd(a1, X, W(m, 0), W(m, 1), B, D0, H1);
@@ -232,8 +239,8 @@ static int params_close(model *a, model *b, int rank, const char *what) {
             mag = fmaxf(mag, fabsf(y[k]));
         }
         if (!(diff <= 1e-5f * mag)) {
-            TEST_FAIL_AT("rank %d, %s: %s differs from the reference by %g (max |w| %g)", rank, what,
-                         a->p[i].name, diff, mag);
+            TEST_FAIL_AT("rank %d, %s: %s differs from the reference by %g (max |w| %g)", rank,
+                         what, a->p[i].name, diff, mag);
             ok = 0;
         }
     }
@@ -277,7 +284,8 @@ static void run_world(int world, rank_fn fn, void *arg) {
             int st = 0;
             if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
                 if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-                    TEST_FAIL_AT("world %d: rank %d %s %d", world, r, WIFEXITED(st) ? "exited with" : "died of signal",
+                    TEST_FAIL_AT("world %d: rank %d %s %d", world, r,
+                                 WIFEXITED(st) ? "exited with" : "died of signal",
                                  WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
                 pids[r] = 0;
                 left--;
@@ -286,7 +294,8 @@ static void run_world(int world, rank_fn fn, void *arg) {
         if (left > 0 && td_time_ns() > deadline) {
             for (int r = 0; r < world; r++)
                 if (pids[r] > 0) {
-                    TEST_FAIL_AT("world %d: rank %d still running after 25 s (hang), killed", world, r);
+                    TEST_FAIL_AT("world %d: rank %d still running after 25 s (hang), killed", world,
+                                 r);
                     kill(pids[r], SIGKILL);
                     waitpid(pids[r], NULL, 0);
                     pids[r] = 0;
@@ -301,8 +310,8 @@ static void run_world(int world, rank_fn fn, void *arg) {
 /* ---- DDP training helpers ------------------------------------------------------------ */
 
 /* `steps` DDP steps; rank r trains on its B/world slice of [0, B). */
-static void ddp_train_lr(td_ddp *ddp, model *m, int rank, int world, int B, int steps, const size_t *order,
-                         size_t n_order, float lr) {
+static void ddp_train_lr(td_ddp *ddp, model *m, int rank, int world, int B, int steps,
+                         const size_t *order, size_t n_order, float lr) {
     int b = B / world;
     for (int s = 0; s < steps; s++) {
         CHECK_OK(td_ddp_prepare_forward(ddp));
@@ -314,8 +323,8 @@ static void ddp_train_lr(td_ddp *ddp, model *m, int rank, int world, int B, int 
     }
 }
 
-static void ddp_train(td_ddp *ddp, model *m, int rank, int world, int B, int steps, const size_t *order,
-                      size_t n_order) {
+static void ddp_train(td_ddp *ddp, model *m, int rank, int world, int B, int steps,
+                      const size_t *order, size_t n_order) {
     ddp_train_lr(ddp, m, rank, world, B, steps, order, n_order, LR);
 }
 
@@ -491,8 +500,10 @@ static void no_sync_rank(td_comm *comm, int rank, int world, void *arg) {
             int off = j * BM + rank * b;
             forward_backward(&m, GX + off * D0, GT + off * DO, b, 1.0f / M, &h);
             CHECK_OK(td_ddp_finish_backward(ddp));
-            if (j < M - 1) CHECK_EQ(td_trace_count(trace), spans); /* nothing communicated */
-            else CHECK_EQ(td_trace_count(trace), spans + NP);
+            if (j < M - 1)
+                CHECK_EQ(td_trace_count(trace), spans); /* nothing communicated */
+            else
+                CHECK_EQ(td_trace_count(trace), spans + NP);
         }
         sgd(&m, LR);
     }

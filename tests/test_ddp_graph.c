@@ -6,6 +6,7 @@
 
 #include "tandem/ddp.h"
 #include "tandem/nn.h"
+
 #include "test.h"
 #include "test_comm_util.h" /* test_free_port, test_comm_create, test_run_ranks */
 
@@ -28,7 +29,8 @@ static int mlp_make(mlp *m, int n, int first, uint64_t seed) {
         td_graph_input(m->g, "y", td_shape_1d(n), TD_I64, 0, &m->y) ||
         td_nn_linear(m->g, "fc1", m->x, GHID, 1, &rng, &h) || td_graph_relu(m->g, h, &h) ||
         td_nn_linear(m->g, "fc2", h, GOUT, 1, &rng, &h) ||
-        td_graph_cross_entropy(m->g, h, m->y, TD_REDUCTION_MEAN, &m->loss, NULL) || td_graph_compile(m->g))
+        td_graph_cross_entropy(m->g, h, m->y, TD_REDUCTION_MEAN, &m->loss, NULL) ||
+        td_graph_compile(m->g))
         return 0;
     float all_x[GN * GIN];
     td_rng data;
@@ -101,7 +103,8 @@ static void graph_rank(int rank, int size, int port, void *arg) {
                 mag = fmaxf(mag, fabsf(r[k]));
             }
             if (!(diff <= 1e-5f * mag))
-                TEST_FAIL_AT("rank %d: %s differs from one process by %g (max |w| %g)", rank, p[i].name, diff, mag);
+                TEST_FAIL_AT("rank %d: %s differs from one process by %g (max |w| %g)", rank,
+                             p[i].name, diff, mag);
         }
         td_graph_set_grad_ready_hook(m.g, NULL, NULL);
         td_ddp_destroy(ddp);
@@ -111,8 +114,12 @@ static void graph_rank(int rank, int size, int port, void *arg) {
     td_comm_destroy(comm);
 }
 
-static void graph_ddp_equals_one_process_2_ranks(void) { CHECK_EQ(test_run_ranks(2, graph_rank, NULL, 25, 0), 0); }
-static void graph_ddp_equals_one_process_4_ranks(void) { CHECK_EQ(test_run_ranks(4, graph_rank, NULL, 25, 0), 0); }
+static void graph_ddp_equals_one_process_2_ranks(void) {
+    CHECK_EQ(test_run_ranks(2, graph_rank, NULL, 25, 0), 0);
+}
+static void graph_ddp_equals_one_process_4_ranks(void) {
+    CHECK_EQ(test_run_ranks(4, graph_rank, NULL, 25, 0), 0);
+}
 
 int main(void) {
     RUN(graph_ddp_equals_one_process_2_ranks);

@@ -7,6 +7,7 @@
 
 #include "tandem/checkpoint.h"
 #include "tandem/optim.h"
+
 #include "test.h"
 
 #define FIXTURE "tests/fixtures/optim/optim_ref.safetensors"
@@ -244,7 +245,8 @@ static void resume_through_checkpoint_is_bit_exact(void) {
             set_grads(&b, t);
             CHECK_OK(td_optim_step(ob));
         }
-        for (int i = 0; i < NP; i++) CHECK(memcmp(a.data[i], b.data[i], a.p[i].count * sizeof(float)) == 0);
+        for (int i = 0; i < NP; i++)
+            CHECK(memcmp(a.data[i], b.data[i], a.p[i].count * sizeof(float)) == 0);
         td_param *sa = NULL;
         size_t na = 0;
         td_optim_state(oa, &sa, &na);
@@ -265,7 +267,8 @@ static void check_schedule(const char *name, const td_lr_schedule *s, double tol
     double *want = fetch(name, TD_F64, &n);
     for (size_t t = 0; want && t < n; t++) {
         double got = td_lr_schedule_at(s, (int64_t)t);
-        if (!(fabs(got - want[t]) <= tol)) TEST_FAIL_AT("%s at step %zu: %.12g vs torch %.12g", name, t, got, want[t]);
+        if (!(fabs(got - want[t]) <= tol))
+            TEST_FAIL_AT("%s at step %zu: %.12g vs torch %.12g", name, t, got, want[t]);
     }
     free(want);
 }
@@ -321,16 +324,35 @@ static void clipping_matches_pytorch(void) {
         double *total = fetch(name, TD_F64, NULL);
         float dummy[12] = {0};
         td_param ps[3] = {
-            {.name = "a", .data = dummy, .grad = g[0], .count = cnt[0], .dtype = TD_F32, .ndim = 1, .shape = {12}},
-            {.name = "frozen", .data = dummy, .grad = NULL, .count = 12, .dtype = TD_F32, .ndim = 1, .shape = {12}},
-            {.name = "b", .data = dummy, .grad = g[1], .count = cnt[1], .dtype = TD_F32, .ndim = 1, .shape = {5}},
+            {.name = "a",
+             .data = dummy,
+             .grad = g[0],
+             .count = cnt[0],
+             .dtype = TD_F32,
+             .ndim = 1,
+             .shape = {12}},
+            {.name = "frozen",
+             .data = dummy,
+             .grad = NULL,
+             .count = 12,
+             .dtype = TD_F32,
+             .ndim = 1,
+             .shape = {12}},
+            {.name = "b",
+             .data = dummy,
+             .grad = g[1],
+             .count = cnt[1],
+             .dtype = TD_F32,
+             .ndim = 1,
+             .shape = {5}},
         };
         double norm = -1;
         if (g[0] && g[1] && want[0] && want[1] && total) {
             CHECK_OK(td_clip_grad_norm(ps, 3, max_norm[c], &norm));
             CHECK_NEAR(norm, total[0], 1e-5 * total[0]);
             for (int k = 0; k < 2; k++)
-                for (size_t j = 0; j < cnt[k]; j++) CHECK_NEAR(g[k][j], want[k][j], 1e-6 + 1e-6 * fabs(want[k][j]));
+                for (size_t j = 0; j < cnt[k]; j++)
+                    CHECK_NEAR(g[k][j], want[k][j], 1e-6 + 1e-6 * fabs(want[k][j]));
             if (c == 0) CHECK(norm > 1.0);
         }
         for (int k = 0; k < 2; k++) {
@@ -341,7 +363,8 @@ static void clipping_matches_pytorch(void) {
     }
     /* After clipping, the norm is max_norm (up to the 1e-6 guard). */
     float gr[4] = {3, 4, 0, 0};
-    td_param p = {.name = "p", .data = gr, .grad = gr, .count = 4, .dtype = TD_F32, .ndim = 1, .shape = {4}};
+    td_param p = {
+        .name = "p", .data = gr, .grad = gr, .count = 4, .dtype = TD_F32, .ndim = 1, .shape = {4}};
     double norm = 0;
     CHECK_OK(td_clip_grad_norm(&p, 1, 0.5, &norm));
     CHECK_NEAR(norm, 5.0, 1e-12);
@@ -354,7 +377,13 @@ static void bad_options_are_errors_naming_the_problem(void) {
     double xd[2] = {0};
     td_param ps[2] = {
         {.name = "ok", .data = x, .grad = g, .count = 2, .dtype = TD_F32, .ndim = 1, .shape = {2}},
-        {.name = "fc.weight", .data = xd, .grad = xd, .count = 2, .dtype = TD_F64, .ndim = 1, .shape = {2}},
+        {.name = "fc.weight",
+         .data = xd,
+         .grad = xd,
+         .count = 2,
+         .dtype = TD_F64,
+         .ndim = 1,
+         .shape = {2}},
     };
     td_optim *o = NULL;
     td_sgd_params sgd = td_sgd_default_params();

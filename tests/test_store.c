@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "tandem/store.h"
+
 #include "test_comm_util.h"
 
 static td_store *host(const char *token) {
@@ -141,7 +142,8 @@ static void several_processes(void) {
 
 static int raw_connect(int port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         close(fd);
@@ -178,9 +180,11 @@ static void hostile_clients_do_not_disturb(void) {
     CHECK_EQ(send(half_open, partial, sizeof partial, 0), 5);
     const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
     CHECK_EQ(send(garbage, junk, sizeof junk, 0), (long long)sizeof junk);
-    unsigned char auth[16 + 5] = {1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 'w', 'r', 'o', 'n', 'g'};
+    unsigned char auth[16 + 5] = {1, 0, 0, 0, 0, 0,   0,   0,   5,   0,  0,
+                                  0, 0, 0, 0, 0, 'w', 'r', 'o', 'n', 'g'};
     CHECK_EQ(send(stranger, auth, sizeof auth, 0), (long long)sizeof auth);
-    unsigned char huge[16] = {2, 0, 0, 0, 1, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0}; /* 2 GB value */
+    unsigned char huge[16] = {2,    0,    0,    0,    1, 0, 0, 0,
+                              0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0}; /* 2 GB value */
     CHECK_EQ(send(oversize, huge, sizeof huge, 0), (long long)sizeof huge);
     CHECK(closed_within(garbage, 2000));
     CHECK(closed_within(stranger, 2000));

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "tandem/comm.h"
+
 #include "test.h"
 
 typedef struct {
@@ -107,8 +108,10 @@ static void check_pids_gone(const char *text, int expected) {
         seen++;
         errno = 0;
         int alive = kill(pid, 0) == 0;
-        if (alive) TEST_FAIL_AT("rank process %d is still alive", pid);
-        else CHECK_EQ(errno, ESRCH);
+        if (alive)
+            TEST_FAIL_AT("rank process %d is still alive", pid);
+        else
+            CHECK_EQ(errno, ESRCH);
     }
     CHECK_EQ(seen, expected);
 }
@@ -190,9 +193,14 @@ static void ranks_get_disjoint_cores(void) {
     int nproc = ncpus >= 2 ? 2 : 1;
     char n[8];
     snprintf(n, sizeof n, "%d", nproc);
-    char *argv[] = {"tandemrun", "--nproc-per-node", n, "sh", "-c",
-                    "echo \"CPUS $(grep Cpus_allowed_list /proc/self/status | cut -f2) $OMP_NUM_THREADS\"",
-                    NULL};
+    char *argv[] = {
+        "tandemrun",
+        "--nproc-per-node",
+        n,
+        "sh",
+        "-c",
+        "echo \"CPUS $(grep Cpus_allowed_list /proc/self/status | cut -f2) $OMP_NUM_THREADS\"",
+        NULL};
     run_result r = run(argv);
     CHECK_EQ(r.status, 0);
     char cpus[2][64] = {"", ""};
@@ -212,8 +220,17 @@ static void ranks_get_disjoint_cores(void) {
 }
 
 static void torchrun_spellings_and_explicit_master(void) {
-    char *argv[] = {"tandemrun", "--standalone", "--nproc_per_node=2", "--master_port", "29555",
-                    "--master-addr=10.1.2.3", "--nnodes=1", "sh", "-c", (char *)env_script, NULL};
+    char *argv[] = {"tandemrun",
+                    "--standalone",
+                    "--nproc_per_node=2",
+                    "--master_port",
+                    "29555",
+                    "--master-addr=10.1.2.3",
+                    "--nnodes=1",
+                    "sh",
+                    "-c",
+                    (char *)env_script,
+                    NULL};
     run_result r = run(argv);
     CHECK_EQ(r.status, 0);
     rank_env e[2];
@@ -247,7 +264,8 @@ static void devices_map_to_cuda_visible_devices(void) {
 }
 
 static void no_prefix_passes_lines_through(void) {
-    char *argv[] = {"tandemrun", "--no-prefix", "--nproc-per-node", "2", "sh", "-c", "echo plain", NULL};
+    char *argv[] = {"tandemrun", "--no-prefix", "--nproc-per-node", "2",
+                    "sh",        "-c",          "echo plain",       NULL};
     run_result r = run(argv);
     CHECK_EQ(r.status, 0);
     CHECK(strcmp(r.out, "plain\nplain\n") == 0);
@@ -257,7 +275,11 @@ static void no_prefix_passes_lines_through(void) {
 /* Lines of different ranks never mix; a last line without a newline still arrives, and a
  * huge line arrives in prefixed pieces. */
 static void lines_stay_whole(void) {
-    char *argv[] = {"tandemrun", "--nproc-per-node", "3", "sh", "-c",
+    char *argv[] = {"tandemrun",
+                    "--nproc-per-node",
+                    "3",
+                    "sh",
+                    "-c",
                     "i=0; while [ $i -lt 300 ]; do echo \"line $RANK $i end\"; i=$((i+1)); done; "
                     "head -c 100000 /dev/zero | tr '\\0' x; echo; printf 'tail'",
                     NULL};
@@ -272,8 +294,8 @@ static void lines_stay_whole(void) {
             lines++;
         else if (sscanf(line, "[rank %d] tail%n", &k, &end) == 1 && end > 0 && line[end] == '\0')
             tails++;
-        else if (strncmp(line, "[rank ", 6) == 0 && strchr(line, ']') && strspn(strchr(line, ']') + 2, "x") ==
-                 strlen(strchr(line, ']') + 2))
+        else if (strncmp(line, "[rank ", 6) == 0 && strchr(line, ']') &&
+                 strspn(strchr(line, ']') + 2, "x") == strlen(strchr(line, ']') + 2))
             xs += strlen(strchr(line, ']') + 2);
         else if (bad++ == 0)
             TEST_FAIL_AT("malformed line: %.80s", line);
@@ -287,8 +309,11 @@ static void lines_stay_whole(void) {
 
 /* Rank 1 fails; the others sleep and must be stopped, not waited for. */
 static void failing_rank_sets_the_exit_status(void) {
-    char *argv[] = {"tandemrun", "--nproc-per-node", "3", "sh", "-c",
-                    "echo PID $$; if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 30", NULL};
+    char *argv[] = {
+        "tandemrun", "--nproc-per-node",
+        "3",         "sh",
+        "-c",        "echo PID $$; if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 30",
+        NULL};
     run_result r = run(argv);
     CHECK_EQ(r.status, 3);
     CHECK(strstr(r.err, "rank 1 (pid ") != NULL);
@@ -300,8 +325,11 @@ static void failing_rank_sets_the_exit_status(void) {
 }
 
 static void killed_rank_is_named_with_its_signal(void) {
-    char *argv[] = {"tandemrun", "--nproc-per-node", "4", "sh", "-c",
-                    "echo PID $$; if [ $RANK = 2 ]; then sleep 0.3; kill -9 $$; fi; exec sleep 30", NULL};
+    char *argv[] = {
+        "tandemrun", "--nproc-per-node",
+        "4",         "sh",
+        "-c",        "echo PID $$; if [ $RANK = 2 ]; then sleep 0.3; kill -9 $$; fi; exec sleep 30",
+        NULL};
     run_result r = run(argv);
     CHECK_EQ(r.status, 128 + SIGKILL);
     CHECK(strstr(r.err, "rank 2 (pid ") != NULL);
@@ -313,7 +341,13 @@ static void killed_rank_is_named_with_its_signal(void) {
 
 /* Ranks that ignore SIGTERM get SIGKILL after the grace period. */
 static void stubborn_ranks_get_sigkill(void) {
-    char *argv[] = {"tandemrun", "--grace-period", "1", "--nproc-per-node", "3", "sh", "-c",
+    char *argv[] = {"tandemrun",
+                    "--grace-period",
+                    "1",
+                    "--nproc-per-node",
+                    "3",
+                    "sh",
+                    "-c",
                     "trap '' TERM; echo PID $$; if [ $RANK = 0 ]; then sleep 0.3; exit 5; fi; "
                     "while :; do sleep 0.05; done",
                     NULL};
@@ -342,8 +376,8 @@ static int wait_for(int fd, const char *needle, int n, double limit_s) {
 static run_result signal_launcher(int nproc, int sig) {
     char n[16];
     snprintf(n, sizeof n, "%d", nproc);
-    char *argv[] = {"tandemrun", "--nproc-per-node", n, "sh", "-c", "echo PID $$; exec sleep 30",
-                    NULL};
+    char *argv[] = {"tandemrun", "--nproc-per-node",           n,   "sh",
+                    "-c",        "echo PID $$; exec sleep 30", NULL};
     int o, e;
     double t0 = now_s();
     pid_t pid = start(argv, &o, &e);
@@ -388,8 +422,9 @@ static void sigkill_to_launcher_takes_the_ranks_along(void) {
 }
 
 static void job_timeout_exits_124(void) {
-    char *argv[] = {"tandemrun", "--timeout", "0.5", "--nproc-per-node", "2", "sh", "-c",
-                    "echo PID $$; exec sleep 30", NULL};
+    char *argv[] = {"tandemrun", "--timeout", "0.5", "--nproc-per-node",
+                    "2",         "sh",        "-c",  "echo PID $$; exec sleep 30",
+                    NULL};
     run_result r = run(argv);
     CHECK_EQ(r.status, 124);
     CHECK(strstr(r.err, "timed out") != NULL);
@@ -430,7 +465,8 @@ static void tee_writes_per_rank_logs(void) {
     CHECK(mkdtemp(dir) != NULL);
     char opt[64];
     snprintf(opt, sizeof opt, "--log-dir=%s", dir);
-    char *argv[] = {"tandemrun", "--tee", opt, "--nproc-per-node", "2", "sh", "-c", "echo hello $RANK", NULL};
+    char *argv[] = {"tandemrun",        "--tee", opt, "--nproc-per-node", "2", "sh", "-c",
+                    "echo hello $RANK", NULL};
     run_result r = run(argv);
     CHECK_EQ(r.status, 0);
     for (int k = 0; k < 2; k++) {

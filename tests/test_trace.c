@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "tandem/trace.h"
+
 #include "test.h"
 
 /* A minimal JSON reader: validates the grammar and collects, for each object inside the
@@ -30,16 +31,25 @@ static void json_ws(json_reader *r) {
 
 static void json_string(json_reader *r, char *out, size_t cap) {
     size_t n = 0;
-    if (*r->p != '"') { r->ok = 0; return; }
+    if (*r->p != '"') {
+        r->ok = 0;
+        return;
+    }
     r->p++;
     while (*r->p && *r->p != '"') {
         char c = *r->p++;
-        if ((unsigned char)c < 0x20) { r->ok = 0; return; }
+        if ((unsigned char)c < 0x20) {
+            r->ok = 0;
+            return;
+        }
         if (c == '\\') {
             c = *r->p++;
             if (c == 'u') {
                 for (int i = 0; i < 4; i++) {
-                    if (!strchr("0123456789abcdefABCDEF", *r->p) || !*r->p) { r->ok = 0; return; }
+                    if (!strchr("0123456789abcdefABCDEF", *r->p) || !*r->p) {
+                        r->ok = 0;
+                        return;
+                    }
                     r->p++;
                 }
                 c = '?';
@@ -50,7 +60,10 @@ static void json_string(json_reader *r, char *out, size_t cap) {
         }
         if (out && n + 1 < cap) out[n++] = c;
     }
-    if (*r->p != '"') { r->ok = 0; return; }
+    if (*r->p != '"') {
+        r->ok = 0;
+        return;
+    }
     r->p++;
     if (out) out[n] = 0;
 }
@@ -69,19 +82,28 @@ static void json_value(json_reader *r, int depth, int in_events);
 static void json_object(json_reader *r, int depth, int is_event) {
     json_event *ev = NULL;
     if (is_event) {
-        if (r->n_events >= 64) { r->ok = 0; return; }
+        if (r->n_events >= 64) {
+            r->ok = 0;
+            return;
+        }
         ev = &r->events[r->n_events++];
         memset(ev, 0, sizeof *ev);
     }
     r->p++; /* { */
     json_ws(r);
-    if (*r->p == '}') { r->p++; return; }
+    if (*r->p == '}') {
+        r->p++;
+        return;
+    }
     while (r->ok) {
         char key[64] = "";
         json_ws(r);
         json_string(r, key, sizeof key);
         json_ws(r);
-        if (*r->p != ':') { r->ok = 0; return; }
+        if (*r->p != ':') {
+            r->ok = 0;
+            return;
+        }
         r->p++;
         json_ws(r);
         if (ev && (!strcmp(key, "name") || !strcmp(key, "ph")) && *r->p == '"') {
@@ -89,36 +111,62 @@ static void json_object(json_reader *r, int depth, int is_event) {
         } else if (ev && (!strcmp(key, "ts") || !strcmp(key, "dur") || !strcmp(key, "pid") ||
                           !strcmp(key, "tid"))) {
             double v = json_number(r);
-            if (!strcmp(key, "ts")) { ev->ts = v; ev->has_ts = 1; }
-            if (!strcmp(key, "dur")) { ev->dur = v; ev->has_dur = 1; }
+            if (!strcmp(key, "ts")) {
+                ev->ts = v;
+                ev->has_ts = 1;
+            }
+            if (!strcmp(key, "dur")) {
+                ev->dur = v;
+                ev->has_dur = 1;
+            }
             if (!strcmp(key, "pid")) ev->pid = (int)v;
             if (!strcmp(key, "tid")) ev->tid = (int)v;
         } else {
             json_value(r, depth + 1, depth == 0 && !strcmp(key, "traceEvents"));
         }
         json_ws(r);
-        if (*r->p == ',') { r->p++; continue; }
-        if (*r->p == '}') { r->p++; return; }
+        if (*r->p == ',') {
+            r->p++;
+            continue;
+        }
+        if (*r->p == '}') {
+            r->p++;
+            return;
+        }
         r->ok = 0;
     }
 }
 
 static void json_value(json_reader *r, int depth, int in_events) {
     json_ws(r);
-    if (depth > 16) { r->ok = 0; return; }
+    if (depth > 16) {
+        r->ok = 0;
+        return;
+    }
     if (*r->p == '{') {
         json_object(r, depth, 0);
     } else if (*r->p == '[') {
         r->p++;
         json_ws(r);
-        if (*r->p == ']') { r->p++; return; }
+        if (*r->p == ']') {
+            r->p++;
+            return;
+        }
         while (r->ok) {
             json_ws(r);
-            if (in_events && *r->p == '{') json_object(r, depth, 1);
-            else json_value(r, depth + 1, 0);
+            if (in_events && *r->p == '{')
+                json_object(r, depth, 1);
+            else
+                json_value(r, depth + 1, 0);
             json_ws(r);
-            if (*r->p == ',') { r->p++; continue; }
-            if (*r->p == ']') { r->p++; return; }
+            if (*r->p == ',') {
+                r->p++;
+                continue;
+            }
+            if (*r->p == ']') {
+                r->p++;
+                return;
+            }
             r->ok = 0;
         }
     } else if (*r->p == '"') {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "tandem/tandem.h"
+
 #include "test.h"
 
 static char example[PATH_MAX], launcher[PATH_MAX], dir[64];
@@ -74,7 +75,8 @@ static void resume_continues_bit_for_bit(void) {
     CHECK_EQ(run("%s %s --epochs 2 --checkpoint %s/straight.st", example, args, dir), 0);
     CHECK_EQ(run("%s %s --epochs 1 --checkpoint %s/half.st", example, args, dir), 0);
     CHECK_EQ(run("%s %s --epochs 2 --resume %s/half.st --checkpoint %s/resumed.st", example, args,
-                 dir, dir), 0);
+                 dir, dir),
+             0);
     char path[128], *a = NULL, *b = NULL, *h = NULL;
     snprintf(path, sizeof path, "%s/straight.st", dir);
     long na = file_bytes(path, &a);
@@ -133,7 +135,8 @@ static void ddp_equals_one_process_on_the_global_batch(void) {
     int worlds[] = {2, 4};
     for (int i = 0; i < 2; i++) {
         CHECK_EQ(run("%s --nproc-per-node %d %s %s --checkpoint %s/w%d.st", launcher, worlds[i],
-                     example, args, dir, worlds[i]), 0);
+                     example, args, dir, worlds[i]),
+                 0);
         char pa[128], pb[128];
         snprintf(pa, sizeof pa, "%s/w1.st", dir);
         snprintf(pb, sizeof pb, "%s/w%d.st", dir, worlds[i]);
@@ -146,7 +149,8 @@ static void ddp_equals_one_process_on_the_global_batch(void) {
 static void trace_shows_allreduce_during_backward(void) {
     CHECK_EQ(run("%s --nproc-per-node 2 %s --model cnn --epochs 1 --max-steps 3 --no-eval "
                  "--bucket-kb 64 --trace %s/trace",
-                 launcher, example, dir), 0);
+                 launcher, example, dir),
+             0);
     char path[128], *json = NULL;
     snprintf(path, sizeof path, "%s/trace.rank0.json", dir);
     long n = file_bytes(path, &json);

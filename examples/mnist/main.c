@@ -16,13 +16,13 @@
 
 #include "tandem/tandem.h"
 
-#define CHECK(call)                                                                          \
-    do {                                                                                     \
-        td_status s_ = (call);                                                               \
-        if (s_ != TD_OK) {                                                                   \
-            fprintf(stderr, "mnist: %s: %s\n", td_status_string(s_), td_last_error());      \
-            exit(1);                                                                         \
-        }                                                                                    \
+#define CHECK(call)                                                                    \
+    do {                                                                               \
+        td_status s_ = (call);                                                         \
+        if (s_ != TD_OK) {                                                             \
+            fprintf(stderr, "mnist: %s: %s\n", td_status_string(s_), td_last_error()); \
+            exit(1);                                                                   \
+        }                                                                              \
     } while (0)
 
 typedef struct {
@@ -52,24 +52,39 @@ static options parse(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-eval") || !strcmp(a, "--cosine") || !strcmp(a, "--constant-lr")) {
-            if (!strcmp(a, "--no-eval")) o.eval = 0;
-            else o.cosine = !strcmp(a, "--cosine");
+            if (!strcmp(a, "--no-eval"))
+                o.eval = 0;
+            else
+                o.cosine = !strcmp(a, "--cosine");
             continue;
         }
         if (!v) usage();
-        if (!strcmp(a, "--model")) CHECK(td_model_kind_parse(v, &o.model));
-        else if (!strcmp(a, "--epochs")) o.epochs = atoi(v);
-        else if (!strcmp(a, "--batch")) o.batch = atoi(v);
-        else if (!strcmp(a, "--lr")) o.lr = atof(v);
-        else if (!strcmp(a, "--momentum")) o.momentum = atof(v);
-        else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--max-steps")) o.max_steps = atol(v);
-        else if (!strcmp(a, "--bucket-kb")) o.bucket_kb = atol(v);
-        else if (!strcmp(a, "--data")) o.data_dir = v;
-        else if (!strcmp(a, "--checkpoint")) o.checkpoint = v;
-        else if (!strcmp(a, "--resume")) o.resume = v;
-        else if (!strcmp(a, "--trace")) o.trace = v;
-        else usage();
+        if (!strcmp(a, "--model"))
+            CHECK(td_model_kind_parse(v, &o.model));
+        else if (!strcmp(a, "--epochs"))
+            o.epochs = atoi(v);
+        else if (!strcmp(a, "--batch"))
+            o.batch = atoi(v);
+        else if (!strcmp(a, "--lr"))
+            o.lr = atof(v);
+        else if (!strcmp(a, "--momentum"))
+            o.momentum = atof(v);
+        else if (!strcmp(a, "--seed"))
+            o.seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--max-steps"))
+            o.max_steps = atol(v);
+        else if (!strcmp(a, "--bucket-kb"))
+            o.bucket_kb = atol(v);
+        else if (!strcmp(a, "--data"))
+            o.data_dir = v;
+        else if (!strcmp(a, "--checkpoint"))
+            o.checkpoint = v;
+        else if (!strcmp(a, "--resume"))
+            o.resume = v;
+        else if (!strcmp(a, "--trace"))
+            o.trace = v;
+        else
+            usage();
         i++;
     }
     if (o.epochs < 1 || o.batch < 1) usage();
@@ -198,7 +213,8 @@ static void setup(trainer *t) {
             dp.bucket_bytes = (size_t)t->opt.bucket_kb << 10;
             if (dp.first_bucket_bytes > dp.bucket_bytes) dp.first_bucket_bytes = dp.bucket_bytes;
         }
-        CHECK(td_ddp_create(&t->ddp, t->comm, t->params, t->n_params, t->buffers, t->n_buffers, &dp));
+        CHECK(
+            td_ddp_create(&t->ddp, t->comm, t->params, t->n_params, t->buffers, t->n_buffers, &dp));
         td_graph_set_grad_ready_hook(t->train, td_ddp_grad_ready_hook, t->ddp);
     }
 }
@@ -214,8 +230,8 @@ static void progress(const trainer *t, int epoch, size_t step, size_t steps, dou
         if (step + 1 == steps) printf("\n");
         fflush(stdout);
     } else if ((step + 1) % 100 == 0 || step + 1 == steps) {
-        printf("epoch %d step %zu/%zu loss %.4f %.0f samples/s\n", epoch + 1, step + 1, steps,
-               loss, samples_per_s);
+        printf("epoch %d step %zu/%zu loss %.4f %.0f samples/s\n", epoch + 1, step + 1, steps, loss,
+               samples_per_s);
         fflush(stdout);
     }
 }
@@ -327,8 +343,8 @@ int main(int argc, char **argv) {
         if (t.opt.eval) evaluate(&t, test_loader, &accuracy, &test_loss);
         if (t.rank == 0) {
             if (t.opt.eval)
-                printf("epoch %d: test accuracy %.4f, test loss %.4f, %.0f samples/s\n",
-                       epoch + 1, accuracy, test_loss, rate);
+                printf("epoch %d: test accuracy %.4f, test loss %.4f, %.0f samples/s\n", epoch + 1,
+                       accuracy, test_loss, rate);
             if (t.opt.checkpoint) save(&t, epoch + 1);
         }
     }

@@ -26,7 +26,14 @@ typedef struct td_comm td_comm;
 typedef struct td_request td_request;
 
 /* Reduction operators; bf16 and f16 are reduced in f32. AVG is SUM / size. */
-typedef enum { TD_OP_SUM = 0, TD_OP_PROD, TD_OP_MIN, TD_OP_MAX, TD_OP_AVG, TD_OP_COUNT } td_reduce_op;
+typedef enum {
+    TD_OP_SUM = 0,
+    TD_OP_PROD,
+    TD_OP_MIN,
+    TD_OP_MAX,
+    TD_OP_AVG,
+    TD_OP_COUNT
+} td_reduce_op;
 
 /* Which transport a group uses. */
 typedef enum { TD_BACKEND_AUTO = 0, TD_BACKEND_SHM, TD_BACKEND_MPI } td_backend;
@@ -84,22 +91,23 @@ td_status td_comm_new_group(td_comm *comm, const int *ranks, int n, td_comm **ou
 
 /* Point-to-point. Messages between a pair with the same tag arrive in the order sent;
  * the receiver's count and dtype must match the sender's. */
-td_status td_comm_send(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst, int tag);
+td_status td_comm_send(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst,
+                       int tag);
 
 /* Receives a message sent with td_comm_send / td_comm_isend. */
 td_status td_comm_recv(td_comm *comm, void *buf, size_t count, td_dtype dtype, int src, int tag);
 
 /* Non-blocking send; `buf` must stay valid until the request completes. */
-td_status td_comm_isend(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst, int tag,
-                        td_request **req);
+td_status td_comm_isend(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst,
+                        int tag, td_request **req);
 
 /* Non-blocking receive. */
 td_status td_comm_irecv(td_comm *comm, void *buf, size_t count, td_dtype dtype, int src, int tag,
                         td_request **req);
 
 /* recv[i] = op over ranks of send[i], on every rank. */
-td_status td_comm_allreduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
-                            td_reduce_op op);
+td_status td_comm_allreduce(td_comm *comm, const void *send, void *recv, size_t count,
+                            td_dtype dtype, td_reduce_op op);
 
 /* Like allreduce, with the result only on `root` (recv ignored elsewhere). */
 td_status td_comm_reduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
@@ -109,7 +117,8 @@ td_status td_comm_reduce(td_comm *comm, const void *send, void *recv, size_t cou
 td_status td_comm_broadcast(td_comm *comm, void *buf, size_t count, td_dtype dtype, int root);
 
 /* recv (size * count) = every rank's send (count), in rank order. */
-td_status td_comm_allgather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype);
+td_status td_comm_allgather(td_comm *comm, const void *send, void *recv, size_t count,
+                            td_dtype dtype);
 
 /* Like allgather, with the result only on `root`. */
 td_status td_comm_gather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
@@ -124,15 +133,16 @@ td_status td_comm_reduce_scatter(td_comm *comm, const void *send, void *recv, si
                                  td_dtype dtype, td_reduce_op op);
 
 /* Rank i's recv[j * count ..] = rank j's send[i * count ..]. */
-td_status td_comm_alltoall(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype);
+td_status td_comm_alltoall(td_comm *comm, const void *send, void *recv, size_t count,
+                           td_dtype dtype);
 
 /* Returns once every rank has entered the barrier. */
 td_status td_comm_barrier(td_comm *comm);
 
 /* Non-blocking collectives: the same arguments, queued in call order and run by the group's
  * progress thread; buffers must stay valid until the request completes. */
-td_status td_comm_iallreduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
-                             td_reduce_op op, td_request **req);
+td_status td_comm_iallreduce(td_comm *comm, const void *send, void *recv, size_t count,
+                             td_dtype dtype, td_reduce_op op, td_request **req);
 
 /* Non-blocking td_comm_reduce. */
 td_status td_comm_ireduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
@@ -143,24 +153,24 @@ td_status td_comm_ibroadcast(td_comm *comm, void *buf, size_t count, td_dtype dt
                              td_request **req);
 
 /* Non-blocking td_comm_allgather. */
-td_status td_comm_iallgather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
-                             td_request **req);
+td_status td_comm_iallgather(td_comm *comm, const void *send, void *recv, size_t count,
+                             td_dtype dtype, td_request **req);
 
 /* Non-blocking td_comm_gather. */
 td_status td_comm_igather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
                           int root, td_request **req);
 
 /* Non-blocking td_comm_scatter. */
-td_status td_comm_iscatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
-                           int root, td_request **req);
+td_status td_comm_iscatter(td_comm *comm, const void *send, void *recv, size_t count,
+                           td_dtype dtype, int root, td_request **req);
 
 /* Non-blocking td_comm_reduce_scatter. */
 td_status td_comm_ireduce_scatter(td_comm *comm, const void *send, void *recv, size_t count,
                                   td_dtype dtype, td_reduce_op op, td_request **req);
 
 /* Non-blocking td_comm_alltoall. */
-td_status td_comm_ialltoall(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
-                            td_request **req);
+td_status td_comm_ialltoall(td_comm *comm, const void *send, void *recv, size_t count,
+                            td_dtype dtype, td_request **req);
 
 /* Non-blocking td_comm_barrier. */
 td_status td_comm_ibarrier(td_comm *comm, td_request **req);

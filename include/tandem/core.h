@@ -13,22 +13,22 @@ extern "C" {
 #endif
 
 /* Status codes: 0 is success, every error is negative (libuv style). */
-#define TD_STATUS_MAP(X)                                                       \
-    X(OK, 0, "success")                                                        \
-    X(EINVAL, -1, "invalid argument")                                          \
-    X(ENOMEM, -2, "out of memory")                                             \
-    X(EIO, -3, "input/output error")                                           \
-    X(EFORMAT, -4, "malformed or truncated data")                              \
-    X(ESHAPE, -5, "shape mismatch")                                            \
-    X(EDTYPE, -6, "unsupported dtype")                                         \
-    X(ETIMEOUT, -7, "timed out")                                               \
-    X(EPEER, -8, "peer failed or disconnected")                                \
-    X(EMISMATCH, -9, "ranks called different collectives")                     \
-    X(ESTATE, -10, "operation not allowed in the current state")               \
-    X(EBACKEND, -11, "backend library error")                                  \
-    X(EUNSUPPORTED, -12, "not supported")                                      \
-    X(ENOTFOUND, -13, "not found")                                             \
-    X(EAUTH, -14, "authentication failed")                                     \
+#define TD_STATUS_MAP(X)                                         \
+    X(OK, 0, "success")                                          \
+    X(EINVAL, -1, "invalid argument")                            \
+    X(ENOMEM, -2, "out of memory")                               \
+    X(EIO, -3, "input/output error")                             \
+    X(EFORMAT, -4, "malformed or truncated data")                \
+    X(ESHAPE, -5, "shape mismatch")                              \
+    X(EDTYPE, -6, "unsupported dtype")                           \
+    X(ETIMEOUT, -7, "timed out")                                 \
+    X(EPEER, -8, "peer failed or disconnected")                  \
+    X(EMISMATCH, -9, "ranks called different collectives")       \
+    X(ESTATE, -10, "operation not allowed in the current state") \
+    X(EBACKEND, -11, "backend library error")                    \
+    X(EUNSUPPORTED, -12, "not supported")                        \
+    X(ENOTFOUND, -13, "not found")                               \
+    X(EAUTH, -14, "authentication failed")                       \
     X(EUNUSED, -15, "parameters received no gradient")
 
 typedef enum {

@@ -21,11 +21,11 @@ extern "C" {
 /* The contents of one IDX file, converted to host byte order. Owned by the caller: free
  * it with td_idx_free. */
 typedef struct {
-    td_dtype dtype;               /* TD_U8, TD_I32, TD_F32 or TD_F64 */
-    int ndim;                     /* 1..TD_MAX_DIMS */
+    td_dtype dtype; /* TD_U8, TD_I32, TD_F32 or TD_F64 */
+    int ndim;       /* 1..TD_MAX_DIMS */
     int64_t dims[TD_MAX_DIMS];
-    size_t count;                 /* product of dims */
-    void *data;                   /* (dims...) elements of dtype */
+    size_t count; /* product of dims */
+    void *data;   /* (dims...) elements of dtype */
 } td_idx;
 
 /* Reads a gzip-compressed or uncompressed IDX file, checking magic, dtype, dims and the
@@ -78,11 +78,11 @@ int64_t *td_dataset_y(td_dataset *dataset);
 
 /* Options of a sampler; fill with td_sampler_default_params. */
 typedef struct {
-    int rank;        /* 0..world_size-1 */
-    int world_size;  /* number of replicas, >= 1 */
-    int shuffle;     /* permute with seed + epoch */
-    uint64_t seed;   /* the same on every rank */
-    int drop_last;   /* truncate to floor(N / world) * world instead of padding */
+    int rank;       /* 0..world_size-1 */
+    int world_size; /* number of replicas, >= 1 */
+    int shuffle;    /* permute with seed + epoch */
+    uint64_t seed;  /* the same on every rank */
+    int drop_last;  /* truncate to floor(N / world) * world instead of padding */
 } td_sampler_params;
 
 /* rank 0 of 1, shuffle on, seed 0, drop_last off. */
@@ -110,13 +110,13 @@ const size_t *td_sampler_indices(const td_sampler *sampler);
 
 /* Options of a loader; fill with td_loader_default_params. */
 typedef struct {
-    size_t batch_size;      /* samples per batch, >= 1 */
-    int shuffle;            /* the sampler's shuffle */
-    uint64_t seed;          /* the sampler's seed, the same on every rank */
-    int drop_last;          /* drop the final partial batch instead of yielding it short */
-    int sampler_drop_last;  /* the sampler's drop_last: truncate instead of padding ranks */
-    int rank;               /* this process's rank */
-    int world_size;         /* number of ranks */
+    size_t batch_size;     /* samples per batch, >= 1 */
+    int shuffle;           /* the sampler's shuffle */
+    uint64_t seed;         /* the sampler's seed, the same on every rank */
+    int drop_last;         /* drop the final partial batch instead of yielding it short */
+    int sampler_drop_last; /* the sampler's drop_last: truncate instead of padding ranks */
+    int rank;              /* this process's rank */
+    int world_size;        /* number of ranks */
 } td_loader_params;
 
 /* batch_size 64, shuffle on, seed 0, no dropping, rank 0 of 1. */
@@ -125,10 +125,10 @@ td_loader_params td_loader_default_params(void);
 /* One batch; its memory belongs to the loader and is valid until the next td_loader_next,
  * td_loader_set_epoch, td_loader_seek or td_loader_destroy. */
 typedef struct {
-    float *x;       /* (size, sample_shape...) */
-    int64_t *y;     /* (size) */
-    size_t size;    /* samples in this batch; 0 marks the end of the epoch */
-    size_t index;   /* batch number within the epoch */
+    float *x;     /* (size, sample_shape...) */
+    int64_t *y;   /* (size) */
+    size_t size;  /* samples in this batch; 0 marks the end of the epoch */
+    size_t index; /* batch number within the epoch */
     uint64_t epoch;
 } td_batch;
 

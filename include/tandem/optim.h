@@ -16,12 +16,13 @@
 extern "C" {
 #endif
 
-/* torch.optim.SGD's options (doubles, as PyTorch's Python floats are); fill with td_sgd_default_params. */
+/* torch.optim.SGD's options (doubles, as PyTorch's Python floats are); fill with
+ * td_sgd_default_params. */
 typedef struct {
     double lr;
-    double momentum;      /* 0 disables the momentum buffer */
+    double momentum; /* 0 disables the momentum buffer */
     double dampening;
-    double weight_decay;  /* L2 added to the gradient (coupled) */
+    double weight_decay; /* L2 added to the gradient (coupled) */
     int nesterov;        /* needs momentum > 0 and dampening == 0 */
 } td_sgd_params;
 
@@ -33,7 +34,7 @@ typedef struct {
     double lr;
     double beta1, beta2;
     double eps;
-    double weight_decay;  /* decoupled: p *= 1 - lr * weight_decay */
+    double weight_decay; /* decoupled: p *= 1 - lr * weight_decay */
 } td_adamw_params;
 
 /* PyTorch's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2. */
@@ -46,7 +47,8 @@ typedef struct td_optim td_optim;
 td_status td_optim_create_sgd(td_optim **out, td_param *params, size_t n, const td_sgd_params *hp);
 
 /* AdamW over params[0..n); the array must outlive the optimizer. */
-td_status td_optim_create_adamw(td_optim **out, td_param *params, size_t n, const td_adamw_params *hp);
+td_status td_optim_create_adamw(td_optim **out, td_param *params, size_t n,
+                                const td_adamw_params *hp);
 
 /* Frees the optimizer and its state; NULL-safe. */
 void td_optim_destroy(td_optim *optim);
@@ -74,8 +76,9 @@ void td_optim_state(td_optim *optim, td_param **state, size_t *n_state);
 /* The main schedule after warm-up. */
 typedef enum {
     TD_LR_CONSTANT = 0,
-    TD_LR_STEP = 1,    /* torch StepLR: base * gamma^(t / step_size) */
-    TD_LR_COSINE = 2,  /* torch CosineAnnealingLR: eta_min + (base - eta_min)(1 + cos(pi t / T_max)) / 2 */
+    TD_LR_STEP = 1, /* torch StepLR: base * gamma^(t / step_size) */
+    TD_LR_COSINE =
+        2, /* torch CosineAnnealingLR: eta_min + (base - eta_min)(1 + cos(pi t / T_max)) / 2 */
 } td_lr_kind;
 
 /* A schedule as a value: a linear warm-up (torch LinearLR from warmup_start_factor to 1 over

@@ -17,12 +17,12 @@ extern "C" {
 
 /* One parameter (grad != NULL) or buffer / plain tensor (grad == NULL). */
 typedef struct {
-    const char *name;             /* unique and stable: "conv1.weight" */
-    void *data;                   /* (count) elements of dtype */
-    void *grad;                   /* (count) elements of dtype, or NULL */
-    size_t count;                 /* product of shape */
-    td_dtype dtype;               /* TD_F32 for trainable parameters today */
-    int ndim;                     /* 0..TD_MAX_DIMS */
+    const char *name; /* unique and stable: "conv1.weight" */
+    void *data;       /* (count) elements of dtype */
+    void *grad;       /* (count) elements of dtype, or NULL */
+    size_t count;     /* product of shape */
+    td_dtype dtype;   /* TD_F32 for trainable parameters today */
+    int ndim;         /* 0..TD_MAX_DIMS */
     int64_t shape[TD_MAX_DIMS];
 } td_param;
 

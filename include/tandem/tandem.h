@@ -2,18 +2,18 @@
 #ifndef TANDEM_TANDEM_H
 #define TANDEM_TANDEM_H
 
+#include "tandem/checkpoint.h"
+#include "tandem/comm.h"
 #include "tandem/core.h"
-#include "tandem/param.h"
-#include "tandem/tensor.h"
+#include "tandem/data.h"
+#include "tandem/ddp.h"
+#include "tandem/dp.h"
 #include "tandem/graph.h"
 #include "tandem/nn.h"
 #include "tandem/optim.h"
-#include "tandem/data.h"
-#include "tandem/checkpoint.h"
-#include "tandem/comm.h"
+#include "tandem/param.h"
 #include "tandem/store.h"
+#include "tandem/tensor.h"
 #include "tandem/trace.h"
-#include "tandem/ddp.h"
-#include "tandem/dp.h"
 
 #endif

@@ -67,9 +67,12 @@ static int hex4(parser *p, unsigned *out) {
     for (int i = 0; i < 4; i++) {
         char c = p->s[p->pos + i];
         v <<= 4;
-        if (c >= '0' && c <= '9') v |= (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f') v |= (unsigned)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F') v |= (unsigned)(c - 'A' + 10);
+        if (c >= '0' && c <= '9')
+            v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F')
+            v |= (unsigned)(c - 'A' + 10);
         else {
             fail(p, "bad hex digit in \\u escape");
             return 0;
@@ -132,14 +135,30 @@ static char *parse_string(parser *p, size_t *out_len) {
         p->pos++;
         char e = p->s[p->pos++];
         switch (e) {
-        case '"': o[k++] = '"'; break;
-        case '\\': o[k++] = '\\'; break;
-        case '/': o[k++] = '/'; break;
-        case 'b': o[k++] = '\b'; break;
-        case 'f': o[k++] = '\f'; break;
-        case 'n': o[k++] = '\n'; break;
-        case 'r': o[k++] = '\r'; break;
-        case 't': o[k++] = '\t'; break;
+        case '"':
+            o[k++] = '"';
+            break;
+        case '\\':
+            o[k++] = '\\';
+            break;
+        case '/':
+            o[k++] = '/';
+            break;
+        case 'b':
+            o[k++] = '\b';
+            break;
+        case 'f':
+            o[k++] = '\f';
+            break;
+        case 'n':
+            o[k++] = '\n';
+            break;
+        case 'r':
+            o[k++] = '\r';
+            break;
+        case 't':
+            o[k++] = '\t';
+            break;
         case 'u': {
             unsigned cp;
             if (!hex4(p, &cp)) goto bad;
@@ -189,7 +208,8 @@ static int parse_number(parser *p, td__json *v) {
         fail(p, "expected a digit");
         return 0;
     }
-    if (p->s[p->pos] == '0') p->pos++;
+    if (p->s[p->pos] == '0')
+        p->pos++;
     else
         while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') p->pos++;
     if (p->pos < p->len && p->s[p->pos] == '.') {
@@ -339,15 +359,24 @@ static int parse_value(parser *p, td__json *v, int depth) {
     }
     char c = p->s[p->pos];
     switch (c) {
-    case '{': return parse_container(p, v, depth, 1);
-    case '[': return parse_container(p, v, depth, 0);
+    case '{':
+        return parse_container(p, v, depth, 1);
+    case '[':
+        return parse_container(p, v, depth, 0);
     case '"':
         v->kind = TD__JSON_STRING;
         v->string = parse_string(p, &v->string_len);
         return v->string != NULL;
-    case 't': v->kind = TD__JSON_BOOL; v->boolean = 1; return literal(p, "true");
-    case 'f': v->kind = TD__JSON_BOOL; return literal(p, "false");
-    case 'n': v->kind = TD__JSON_NULL; return literal(p, "null");
+    case 't':
+        v->kind = TD__JSON_BOOL;
+        v->boolean = 1;
+        return literal(p, "true");
+    case 'f':
+        v->kind = TD__JSON_BOOL;
+        return literal(p, "false");
+    case 'n':
+        v->kind = TD__JSON_NULL;
+        return literal(p, "null");
     default:
         if (c == '-' || (c >= '0' && c <= '9')) return parse_number(p, v);
         fail(p, "unexpected character '%c'", c);

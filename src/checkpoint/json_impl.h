@@ -22,13 +22,13 @@ struct td__json {
     td__json_kind kind;
     int boolean;
     double number;
-    int is_uint;        /* a number written as digits only that fits in uint64 */
+    int is_uint; /* a number written as digits only that fits in uint64 */
     uint64_t uint;
-    char *string;       /* NUL-terminated UTF-8 (may contain \0 written as \u0000) */
+    char *string; /* NUL-terminated UTF-8 (may contain \0 written as \u0000) */
     size_t string_len;
-    size_t n;           /* items of an array or object */
-    td__json *items;    /* (n) */
-    char **keys;        /* (n) object keys, NUL-terminated */
+    size_t n;        /* items of an array or object */
+    td__json *items; /* (n) */
+    char **keys;     /* (n) object keys, NUL-terminated */
 };
 
 /* Parses text[0..len); on failure returns NULL and writes a message with the byte offset to

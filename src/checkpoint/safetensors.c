@@ -14,9 +14,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tandem/checkpoint.h"
+
 #include "checkpoint/json_impl.h"
 #include "core/core_impl.h"
-#include "tandem/checkpoint.h"
 
 #define MAX_HEADER (100u << 20) /* the Python package's limit */
 
@@ -32,11 +33,11 @@ typedef struct {
 struct td_checkpoint {
     char *path;
     int fd;
-    uint64_t data_start;  /* 8 + N */
-    entry *entries;       /* (n) */
+    uint64_t data_start; /* 8 + N */
+    entry *entries;      /* (n) */
     size_t n;
-    char **meta_keys;     /* (n_meta) */
-    char **meta_values;   /* (n_meta) */
+    char **meta_keys;   /* (n_meta) */
+    char **meta_values; /* (n_meta) */
     size_t n_meta;
 };
 
@@ -128,17 +129,19 @@ static int write_all(int fd, const void *data, size_t len) {
     return 1;
 }
 
-static td_status check_save_args(const char *path, const td_param *t, size_t n, const td_checkpoint_meta *meta,
-                                 size_t n_meta) {
+static td_status check_save_args(const char *path, const td_param *t, size_t n,
+                                 const td_checkpoint_meta *meta, size_t n_meta) {
     if (!path) return td__fail(TD_EINVAL, "td_checkpoint_save: path is NULL");
     if (!t && n) return td__fail(TD_EINVAL, "%s: tensors is NULL with n = %zu", path, n);
-    if (!meta && n_meta) return td__fail(TD_EINVAL, "%s: meta is NULL with n_meta = %zu", path, n_meta);
+    if (!meta && n_meta)
+        return td__fail(TD_EINVAL, "%s: meta is NULL with n_meta = %zu", path, n_meta);
     for (size_t i = 0; i < n; i++) {
         if (!t[i].name) return td__fail(TD_EINVAL, "%s: tensors[%zu] has no name", path, i);
         if (strcmp(t[i].name, "__metadata__") == 0)
             return td__fail(TD_EINVAL, "%s: a tensor may not be named __metadata__", path);
         if (!dtype_to_st(t[i].dtype))
-            return td__fail(TD_EDTYPE, "%s: tensor %s has invalid dtype %d", path, t[i].name, (int)t[i].dtype);
+            return td__fail(TD_EDTYPE, "%s: tensor %s has invalid dtype %d", path, t[i].name,
+                            (int)t[i].dtype);
         if (t[i].ndim < 0 || t[i].ndim > TD_MAX_DIMS)
             return td__fail(TD_EINVAL, "%s: tensor %s has ndim %d", path, t[i].name, t[i].ndim);
         size_t prod = 1;
@@ -149,9 +152,11 @@ static td_status check_save_args(const char *path, const td_param *t, size_t n, 
             prod *= (size_t)t[i].shape[d];
         }
         if (prod != t[i].count)
-            return td__fail(TD_ESHAPE, "%s: tensor %s has count %zu but its shape holds %zu elements", path,
+            return td__fail(TD_ESHAPE,
+                            "%s: tensor %s has count %zu but its shape holds %zu elements", path,
                             t[i].name, t[i].count, prod);
-        if (!t[i].data && t[i].count) return td__fail(TD_EINVAL, "%s: tensor %s has no data", path, t[i].name);
+        if (!t[i].data && t[i].count)
+            return td__fail(TD_EINVAL, "%s: tensor %s has no data", path, t[i].name);
         for (size_t j = 0; j < i; j++)
             if (strcmp(t[j].name, t[i].name) == 0)
                 return td__fail(TD_EINVAL, "%s: tensor name %s appears twice", path, t[i].name);
@@ -166,8 +171,8 @@ static td_status check_save_args(const char *path, const td_param *t, size_t n, 
     return TD_OK;
 }
 
-td_status td_checkpoint_save(const char *path, const td_param *t, size_t n, const td_checkpoint_meta *meta,
-                             size_t n_meta) {
+td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
+                             const td_checkpoint_meta *meta, size_t n_meta) {
     td_status st = check_save_args(path, t, n, meta, n_meta);
     if (st != TD_OK) return st;
     sbuf h = {0};
@@ -190,7 +195,8 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n, cons
         first = 0;
         sb_json_string(&h, t[i].name);
         sb_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", dtype_to_st(t[i].dtype));
-        for (int d = 0; d < t[i].ndim; d++) sb_printf(&h, d ? ",%lld" : "%lld", (long long)t[i].shape[d]);
+        for (int d = 0; d < t[i].ndim; d++)
+            sb_printf(&h, d ? ",%lld" : "%lld", (long long)t[i].shape[d]);
         uint64_t bytes = (uint64_t)t[i].count * td_dtype_size(t[i].dtype);
         sb_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
                   (unsigned long long)(offset + bytes));
@@ -204,8 +210,8 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n, cons
     }
     if (h.len > MAX_HEADER) {
         free(h.s);
-        return td__fail(TD_EINVAL, "%s: header of %zu bytes exceeds the format's %u-byte limit", path, h.len,
-                        MAX_HEADER);
+        return td__fail(TD_EINVAL, "%s: header of %zu bytes exceeds the format's %u-byte limit",
+                        path, h.len, MAX_HEADER);
     }
 
     size_t plen = strlen(path);
@@ -217,7 +223,8 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n, cons
     snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
     int fd = mkstemp(tmp);
     if (fd < 0) {
-        st = td__fail(TD_EIO, "%s: cannot create a temporary file next to it: %s", path, strerror(errno));
+        st = td__fail(TD_EIO, "%s: cannot create a temporary file next to it: %s", path,
+                      strerror(errno));
         free(tmp);
         free(h.s);
         return st;
@@ -227,7 +234,8 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n, cons
     const char *what = NULL;
     if (!write_all(fd, len8, 8) || !write_all(fd, h.s, h.len)) what = "writing the header";
     for (size_t i = 0; i < n && !what; i++)
-        if (!write_all(fd, t[i].data, t[i].count * td_dtype_size(t[i].dtype))) what = "writing tensor data";
+        if (!write_all(fd, t[i].data, t[i].count * td_dtype_size(t[i].dtype)))
+            what = "writing tensor data";
     if (!what && fchmod(fd, 0644) != 0) what = "fchmod";
     if (!what && fsync(fd) != 0) what = "fsync";
     int saved_errno = errno;
@@ -241,15 +249,16 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n, cons
     }
     if (what) {
         unlink(tmp);
-        st = td__fail(TD_EIO, "%s: %s failed: %s (the previous file, if any, is unchanged)", path, what,
-                      strerror(saved_errno));
+        st = td__fail(TD_EIO, "%s: %s failed: %s (the previous file, if any, is unchanged)", path,
+                      what, strerror(saved_errno));
     } else {
         /* The rename is durable only once the directory entry is. */
         char *dcopy = strdup(path);
         if (dcopy) {
             int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY);
             if (dfd >= 0) {
-                if (fsync(dfd) != 0) td__log(TD_LOG_WARN, "%s: fsync of its directory failed", path);
+                if (fsync(dfd) != 0)
+                    td__log(TD_LOG_WARN, "%s: fsync of its directory failed", path);
                 close(dfd);
             }
             free(dcopy);
@@ -297,75 +306,95 @@ static int cmp_begin(const void *a, const void *b) {
 }
 
 /* One tensor's header entry: exactly dtype, shape and data_offsets, consistent with each other. */
-static td_status parse_entry(const char *path, const char *name, const td__json *v, uint64_t data_len,
-                             entry *e) {
+static td_status parse_entry(const char *path, const char *name, const td__json *v,
+                             uint64_t data_len, entry *e) {
     if (v->kind != TD__JSON_OBJECT)
         return td__fail(TD_EFORMAT, "%s: tensor %s: header entry is not an object", path, name);
     for (size_t k = 0; k < v->n; k++)
-        if (strcmp(v->keys[k], "dtype") && strcmp(v->keys[k], "shape") && strcmp(v->keys[k], "data_offsets"))
-            return td__fail(TD_EFORMAT, "%s: tensor %s: unknown field \"%s\"", path, name, v->keys[k]);
+        if (strcmp(v->keys[k], "dtype") && strcmp(v->keys[k], "shape") &&
+            strcmp(v->keys[k], "data_offsets"))
+            return td__fail(TD_EFORMAT, "%s: tensor %s: unknown field \"%s\"", path, name,
+                            v->keys[k]);
     const td__json *dt = td__json_get(v, "dtype"), *sh = td__json_get(v, "shape"),
                    *off = td__json_get(v, "data_offsets");
     if (!dt || dt->kind != TD__JSON_STRING)
         return td__fail(TD_EFORMAT, "%s: tensor %s: missing string field \"dtype\"", path, name);
     if (!st_to_dtype(dt->string, &e->dtype))
-        return td__fail(TD_EDTYPE, "%s: tensor %s: dtype \"%s\" is not one of F32 F64 BF16 F16 I32 I64 U8", path,
-                        name, dt->string);
+        return td__fail(TD_EDTYPE,
+                        "%s: tensor %s: dtype \"%s\" is not one of F32 F64 BF16 F16 I32 I64 U8",
+                        path, name, dt->string);
     if (!sh || sh->kind != TD__JSON_ARRAY)
         return td__fail(TD_EFORMAT, "%s: tensor %s: missing array field \"shape\"", path, name);
     if (sh->n > TD_MAX_DIMS)
-        return td__fail(TD_EFORMAT, "%s: tensor %s: %zu dims, at most %d supported", path, name, sh->n, TD_MAX_DIMS);
+        return td__fail(TD_EFORMAT, "%s: tensor %s: %zu dims, at most %d supported", path, name,
+                        sh->n, TD_MAX_DIMS);
     uint64_t count = 1;
     int overflow = 0;
     e->ndim = (int)sh->n;
     for (size_t d = 0; d < sh->n; d++) {
         const td__json *x = &sh->items[d];
         if (x->kind != TD__JSON_NUMBER || !x->is_uint || x->uint > (uint64_t)INT64_MAX)
-            return td__fail(TD_EFORMAT, "%s: tensor %s: shape[%zu] is not a non-negative integer", path, name, d);
+            return td__fail(TD_EFORMAT, "%s: tensor %s: shape[%zu] is not a non-negative integer",
+                            path, name, d);
         e->shape[d] = (int64_t)x->uint;
-        if (x->uint && count > UINT64_MAX / 16 / x->uint) overflow = 1;
-        else count *= x->uint;
+        if (x->uint && count > UINT64_MAX / 16 / x->uint)
+            overflow = 1;
+        else
+            count *= x->uint;
     }
-    if (!off || off->kind != TD__JSON_ARRAY || off->n != 2 || off->items[0].kind != TD__JSON_NUMBER ||
-        off->items[1].kind != TD__JSON_NUMBER || !off->items[0].is_uint || !off->items[1].is_uint)
-        return td__fail(TD_EFORMAT, "%s: tensor %s: data_offsets must be [begin, end] non-negative integers", path,
-                        name);
+    if (!off || off->kind != TD__JSON_ARRAY || off->n != 2 ||
+        off->items[0].kind != TD__JSON_NUMBER || off->items[1].kind != TD__JSON_NUMBER ||
+        !off->items[0].is_uint || !off->items[1].is_uint)
+        return td__fail(TD_EFORMAT,
+                        "%s: tensor %s: data_offsets must be [begin, end] non-negative integers",
+                        path, name);
     e->begin = off->items[0].uint;
     e->end = off->items[1].uint;
     if (e->end < e->begin)
-        return td__fail(TD_EFORMAT, "%s: tensor %s: data_offsets [%llu, %llu] end before they begin", path, name,
-                        (unsigned long long)e->begin, (unsigned long long)e->end);
+        return td__fail(TD_EFORMAT,
+                        "%s: tensor %s: data_offsets [%llu, %llu] end before they begin", path,
+                        name, (unsigned long long)e->begin, (unsigned long long)e->end);
     if (e->end > data_len)
-        return td__fail(TD_EFORMAT, "%s: tensor %s: data_offsets [%llu, %llu] beyond the %llu data bytes in the file",
-                        path, name, (unsigned long long)e->begin, (unsigned long long)e->end,
-                        (unsigned long long)data_len);
+        return td__fail(
+            TD_EFORMAT,
+            "%s: tensor %s: data_offsets [%llu, %llu] beyond the %llu data bytes in the file", path,
+            name, (unsigned long long)e->begin, (unsigned long long)e->end,
+            (unsigned long long)data_len);
     uint64_t want = count * td_dtype_size(e->dtype);
     if (overflow || want != e->end - e->begin)
-        return td__fail(TD_EFORMAT, "%s: tensor %s: shape needs %llu bytes of %s but data_offsets span %llu", path,
-                        name, (unsigned long long)want, dt->string, (unsigned long long)(e->end - e->begin));
+        return td__fail(TD_EFORMAT,
+                        "%s: tensor %s: shape needs %llu bytes of %s but data_offsets span %llu",
+                        path, name, (unsigned long long)want, dt->string,
+                        (unsigned long long)(e->end - e->begin));
     e->count = (size_t)count;
     return TD_OK;
 }
 
-static td_status parse_header(td_checkpoint *c, const char *path, const td__json *root, uint64_t data_len) {
-    if (root->kind != TD__JSON_OBJECT) return td__fail(TD_EFORMAT, "%s: header is not a JSON object", path);
+static td_status parse_header(td_checkpoint *c, const char *path, const td__json *root,
+                              uint64_t data_len) {
+    if (root->kind != TD__JSON_OBJECT)
+        return td__fail(TD_EFORMAT, "%s: header is not a JSON object", path);
     c->entries = calloc(root->n ? root->n : 1, sizeof *c->entries);
     if (!c->entries) return td__fail(TD_ENOMEM, "%s: out of memory", path);
     for (size_t i = 0; i < root->n; i++) {
         const char *name = root->keys[i];
         const td__json *v = &root->items[i];
         if (strcmp(name, "__metadata__") == 0) {
-            if (v->kind != TD__JSON_OBJECT) return td__fail(TD_EFORMAT, "%s: __metadata__ is not an object", path);
+            if (v->kind != TD__JSON_OBJECT)
+                return td__fail(TD_EFORMAT, "%s: __metadata__ is not an object", path);
             c->meta_keys = calloc(v->n ? v->n : 1, sizeof *c->meta_keys);
             c->meta_values = calloc(v->n ? v->n : 1, sizeof *c->meta_values);
-            if (!c->meta_keys || !c->meta_values) return td__fail(TD_ENOMEM, "%s: out of memory", path);
+            if (!c->meta_keys || !c->meta_values)
+                return td__fail(TD_ENOMEM, "%s: out of memory", path);
             for (size_t k = 0; k < v->n; k++) {
                 if (v->items[k].kind != TD__JSON_STRING)
-                    return td__fail(TD_EFORMAT, "%s: __metadata__ value of \"%s\" is not a string", path, v->keys[k]);
+                    return td__fail(TD_EFORMAT, "%s: __metadata__ value of \"%s\" is not a string",
+                                    path, v->keys[k]);
                 c->meta_keys[k] = strdup(v->keys[k]);
                 c->meta_values[k] = strdup(v->items[k].string);
                 c->n_meta++;
-                if (!c->meta_keys[k] || !c->meta_values[k]) return td__fail(TD_ENOMEM, "%s: out of memory", path);
+                if (!c->meta_keys[k] || !c->meta_values[k])
+                    return td__fail(TD_ENOMEM, "%s: out of memory", path);
             }
             continue;
         }
@@ -386,11 +415,13 @@ static td_status parse_header(td_checkpoint *c, const char *path, const td__json
     td_status st = TD_OK;
     for (size_t i = 0; i < c->n && st == TD_OK; i++) {
         if (order[i]->begin < at)
-            st = td__fail(TD_EFORMAT, "%s: tensors %s and %s overlap (bytes %llu..%llu)", path, order[i - 1]->name,
-                          order[i]->name, (unsigned long long)order[i]->begin, (unsigned long long)at);
+            st = td__fail(TD_EFORMAT, "%s: tensors %s and %s overlap (bytes %llu..%llu)", path,
+                          order[i - 1]->name, order[i]->name, (unsigned long long)order[i]->begin,
+                          (unsigned long long)at);
         else if (order[i]->begin > at)
-            st = td__fail(TD_EFORMAT, "%s: bytes %llu..%llu before tensor %s belong to no tensor", path,
-                          (unsigned long long)at, (unsigned long long)order[i]->begin, order[i]->name);
+            st = td__fail(TD_EFORMAT, "%s: bytes %llu..%llu before tensor %s belong to no tensor",
+                          path, (unsigned long long)at, (unsigned long long)order[i]->begin,
+                          order[i]->name);
         at = order[i]->end;
     }
     free(order);
@@ -401,7 +432,8 @@ static td_status parse_header(td_checkpoint *c, const char *path, const td__json
 }
 
 td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
-    if (!out || !path) return td__fail(TD_EINVAL, "td_checkpoint_open: out and path must not be NULL");
+    if (!out || !path)
+        return td__fail(TD_EINVAL, "td_checkpoint_open: out and path must not be NULL");
     *out = NULL;
     td_checkpoint *c = calloc(1, sizeof *c);
     if (!c) return td__fail(TD_ENOMEM, "%s: out of memory", path);
@@ -416,7 +448,8 @@ td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
     }
     c->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (c->fd < 0) {
-        st = td__fail(errno == ENOENT ? TD_ENOTFOUND : TD_EIO, "%s: cannot open: %s", path, strerror(errno));
+        st = td__fail(errno == ENOENT ? TD_ENOTFOUND : TD_EIO, "%s: cannot open: %s", path,
+                      strerror(errno));
         goto done;
     }
     struct stat sb;
@@ -427,20 +460,22 @@ td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
     uint64_t size = (uint64_t)sb.st_size;
     unsigned char len8[8];
     if (size < 8 || !read_exact(c->fd, len8, 8, 0)) {
-        st = td__fail(TD_EFORMAT, "%s: file has %llu bytes, too short for the 8-byte header length", path,
-                      (unsigned long long)size);
+        st = td__fail(TD_EFORMAT, "%s: file has %llu bytes, too short for the 8-byte header length",
+                      path, (unsigned long long)size);
         goto done;
     }
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | len8[i];
     if (hlen < 2 || hlen > MAX_HEADER || hlen > size - 8) {
-        st = td__fail(TD_EFORMAT, "%s: header length %llu does not fit the file (%llu bytes, limit %u)", path,
+        st = td__fail(TD_EFORMAT,
+                      "%s: header length %llu does not fit the file (%llu bytes, limit %u)", path,
                       (unsigned long long)hlen, (unsigned long long)size, MAX_HEADER);
         goto done;
     }
     text = malloc((size_t)hlen);
     if (!text) {
-        st = td__fail(TD_ENOMEM, "%s: cannot allocate a %llu-byte header", path, (unsigned long long)hlen);
+        st = td__fail(TD_ENOMEM, "%s: cannot allocate a %llu-byte header", path,
+                      (unsigned long long)hlen);
         goto done;
     }
     if (!read_exact(c->fd, text, (size_t)hlen, 8)) {
@@ -462,16 +497,20 @@ td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
 done:
     td__json_free(root);
     free(text);
-    if (st != TD_OK) td_checkpoint_close(c);
-    else *out = c;
+    if (st != TD_OK)
+        td_checkpoint_close(c);
+    else
+        *out = c;
     return st;
 }
 
 size_t td_checkpoint_count(const td_checkpoint *c) { return c ? c->n : 0; }
 
 td_status td_checkpoint_tensor(const td_checkpoint *c, size_t i, td_param *info) {
-    if (!c || !info) return td__fail(TD_EINVAL, "td_checkpoint_tensor: checkpoint and info must not be NULL");
-    if (i >= c->n) return td__fail(TD_EINVAL, "%s: tensor index %zu, the file has %zu", c->path, i, c->n);
+    if (!c || !info)
+        return td__fail(TD_EINVAL, "td_checkpoint_tensor: checkpoint and info must not be NULL");
+    if (i >= c->n)
+        return td__fail(TD_EINVAL, "%s: tensor index %zu, the file has %zu", c->path, i, c->n);
     const entry *e = &c->entries[i];
     memset(info, 0, sizeof *info);
     info->name = e->name;
@@ -504,32 +543,42 @@ static const entry *find(const td_checkpoint *c, const char *name) {
 }
 
 td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
-    if (!c || (!t && n)) return td__fail(TD_EINVAL, "td_checkpoint_read: checkpoint and tensors must not be NULL");
+    if (!c || (!t && n))
+        return td__fail(TD_EINVAL, "td_checkpoint_read: checkpoint and tensors must not be NULL");
     for (size_t i = 0; i < n; i++) {
         if (!t[i].name) return td__fail(TD_EINVAL, "%s: tensors[%zu] has no name", c->path, i);
         const entry *e = find(c, t[i].name);
-        if (!e) return td__fail(TD_ENOTFOUND, "%s: tensor %s is not in the file", c->path, t[i].name);
+        if (!e)
+            return td__fail(TD_ENOTFOUND, "%s: tensor %s is not in the file", c->path, t[i].name);
         if (e->dtype != t[i].dtype)
-            return td__fail(TD_EDTYPE, "%s: tensor %s: expected dtype %s, file has %s", c->path, t[i].name,
-                            dtype_to_st(t[i].dtype) ? dtype_to_st(t[i].dtype) : "invalid", dtype_to_st(e->dtype));
+            return td__fail(TD_EDTYPE, "%s: tensor %s: expected dtype %s, file has %s", c->path,
+                            t[i].name,
+                            dtype_to_st(t[i].dtype) ? dtype_to_st(t[i].dtype) : "invalid",
+                            dtype_to_st(e->dtype));
         int same = e->ndim == t[i].ndim;
         for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == t[i].shape[d];
         if (!same) {
             char want[160], got[160];
-            shape_str(want, sizeof want, t[i].ndim < 0 ? 0 : t[i].ndim > TD_MAX_DIMS ? TD_MAX_DIMS : t[i].ndim,
+            shape_str(want, sizeof want,
+                      t[i].ndim < 0             ? 0
+                      : t[i].ndim > TD_MAX_DIMS ? TD_MAX_DIMS
+                                                : t[i].ndim,
                       t[i].shape);
             shape_str(got, sizeof got, e->ndim, e->shape);
-            return td__fail(TD_ESHAPE, "%s: tensor %s: expected shape %s, file has %s", c->path, t[i].name, want, got);
+            return td__fail(TD_ESHAPE, "%s: tensor %s: expected shape %s, file has %s", c->path,
+                            t[i].name, want, got);
         }
         if (e->count != t[i].count)
-            return td__fail(TD_ESHAPE, "%s: tensor %s: count %zu does not match its shape (%zu)", c->path,
-                            t[i].name, t[i].count, e->count);
-        if (!t[i].data && e->count) return td__fail(TD_EINVAL, "%s: tensor %s has no data buffer", c->path, t[i].name);
+            return td__fail(TD_ESHAPE, "%s: tensor %s: count %zu does not match its shape (%zu)",
+                            c->path, t[i].name, t[i].count, e->count);
+        if (!t[i].data && e->count)
+            return td__fail(TD_EINVAL, "%s: tensor %s has no data buffer", c->path, t[i].name);
     }
     for (size_t i = 0; i < n; i++) {
         const entry *e = find(c, t[i].name);
         if (!read_exact(c->fd, t[i].data, (size_t)(e->end - e->begin), c->data_start + e->begin))
-            return td__fail(TD_EIO, "%s: tensor %s: read failed (file changed while open?)", c->path, t[i].name);
+            return td__fail(TD_EIO, "%s: tensor %s: read failed (file changed while open?)",
+                            c->path, t[i].name);
     }
     return TD_OK;
 }

@@ -47,7 +47,8 @@ struct td_comm {
 };
 
 static const char *const coll_names[TD__COLL_COUNT] = {
-    "allreduce", "reduce", "broadcast", "allgather", "gather", "scatter", "reduce_scatter", "alltoall", "barrier",
+    "allreduce", "reduce",         "broadcast", "allgather", "gather",
+    "scatter",   "reduce_scatter", "alltoall",  "barrier",
 };
 
 const char *td__coll_name(td__coll_kind kind) {
@@ -59,8 +60,8 @@ const char *td_reduce_op_name(td_reduce_op op) {
     return (unsigned)op < TD_OP_COUNT ? names[op] : "invalid";
 }
 
-void td__coll_describe(char *out, size_t cap, td__coll_kind kind, uint64_t seq, td_dtype dtype, size_t count,
-                       td_reduce_op op, int root) {
+void td__coll_describe(char *out, size_t cap, td__coll_kind kind, uint64_t seq, td_dtype dtype,
+                       size_t count, td_reduce_op op, int root) {
     const char *name = td__coll_name(kind);
     unsigned long long s = (unsigned long long)seq;
     switch (kind) {
@@ -69,16 +70,18 @@ void td__coll_describe(char *out, size_t cap, td__coll_kind kind, uint64_t seq, 
         break;
     case TD__COLL_ALLREDUCE:
     case TD__COLL_REDUCE_SCATTER:
-        snprintf(out, cap, "%s #%llu (%s, %zu elements, %s)", name, s, td_dtype_name(dtype), count, td_reduce_op_name(op));
+        snprintf(out, cap, "%s #%llu (%s, %zu elements, %s)", name, s, td_dtype_name(dtype), count,
+                 td_reduce_op_name(op));
         break;
     case TD__COLL_REDUCE:
-        snprintf(out, cap, "%s #%llu (%s, %zu elements, %s, root %d)", name, s, td_dtype_name(dtype), count,
-                 td_reduce_op_name(op), root);
+        snprintf(out, cap, "%s #%llu (%s, %zu elements, %s, root %d)", name, s,
+                 td_dtype_name(dtype), count, td_reduce_op_name(op), root);
         break;
     case TD__COLL_BROADCAST:
     case TD__COLL_GATHER:
     case TD__COLL_SCATTER:
-        snprintf(out, cap, "%s #%llu (%s, %zu elements, root %d)", name, s, td_dtype_name(dtype), count, root);
+        snprintf(out, cap, "%s #%llu (%s, %zu elements, root %d)", name, s, td_dtype_name(dtype),
+                 count, root);
         break;
     default:
         snprintf(out, cap, "%s #%llu (%s, %zu elements)", name, s, td_dtype_name(dtype), count);
@@ -87,7 +90,8 @@ void td__coll_describe(char *out, size_t cap, td__coll_kind kind, uint64_t seq, 
 
 /* ---------------------------------------------------------------- life cycle */
 
-static td_status comm_wrap(td_comm **out, const td__backend_ops *ops, void *ctx, td__group_shape shape, double timeout) {
+static td_status comm_wrap(td_comm **out, const td__backend_ops *ops, void *ctx,
+                           td__group_shape shape, double timeout) {
     td_comm *c = calloc(1, sizeof *c);
     if (!c) {
         ops->destroy(ctx);
@@ -116,7 +120,8 @@ td_status td_comm_create(td_comm **out, const td_comm_params *params) {
     void *ctx = NULL;
     td__group_shape shape;
     const td__backend_ops *ops = NULL;
-    s = p.backend == TD_BACKEND_MPI ? td__mpi_create(&p, &ctx, &shape, &ops) : td__shm_create(&p, &ctx, &shape, &ops);
+    s = p.backend == TD_BACKEND_MPI ? td__mpi_create(&p, &ctx, &shape, &ops)
+                                    : td__shm_create(&p, &ctx, &shape, &ops);
     if (s) return s;
     return comm_wrap(out, ops, ctx, shape, p.timeout_s);
 }
@@ -142,7 +147,8 @@ int td_comm_local_size(const td_comm *comm) { return comm ? comm->shape.local_si
 const char *td_comm_backend_name(const td_comm *comm) { return comm ? comm->ops->name : "none"; }
 
 td_status td_comm_set_timeout(td_comm *comm, double seconds) {
-    if (!comm || !(seconds > 0)) return td__fail(TD_EINVAL, "td_comm_set_timeout: need a group and seconds > 0");
+    if (!comm || !(seconds > 0))
+        return td__fail(TD_EINVAL, "td_comm_set_timeout: need a group and seconds > 0");
     pthread_mutex_lock(&comm->lock);
     comm->timeout_s = seconds;
     pthread_mutex_unlock(&comm->lock);
@@ -167,7 +173,8 @@ static td_status run_item(td_comm *comm, td_request *r) {
     char msg[sizeof comm->failed_msg];
     memcpy(msg, comm->failed_msg, sizeof msg);
     pthread_mutex_unlock(&comm->lock);
-    if (failed) return td__fail(failed, "rank %d: the group failed earlier: %s", comm->shape.rank, msg);
+    if (failed)
+        return td__fail(failed, "rank %d: the group failed earlier: %s", comm->shape.rank, msg);
     td_status s;
     if (r->kind == ITEM_SPLIT) {
         void *child = NULL;
@@ -185,7 +192,8 @@ static void *progress_main(void *arg) {
     td_comm *comm = arg;
     pthread_mutex_lock(&comm->lock);
     for (;;) {
-        while (!comm->stop && (!comm->head || comm->busy)) pthread_cond_wait(&comm->cond, &comm->lock);
+        while (!comm->stop && (!comm->head || comm->busy))
+            pthread_cond_wait(&comm->cond, &comm->lock);
         if (!comm->head) break;
         td_request *r = comm->head;
         comm->head = r->next;
@@ -211,7 +219,8 @@ static td_status submit(td_comm *comm, td_request *r, int blocking) {
     if (comm->failed) {
         td_status f = comm->failed;
         pthread_mutex_unlock(&comm->lock);
-        return td__fail(f, "rank %d: the group failed earlier: %s", comm->shape.rank, comm->failed_msg);
+        return td__fail(f, "rank %d: the group failed earlier: %s", comm->shape.rank,
+                        comm->failed_msg);
     }
     r->coll.seq = comm->next_seq++;
     if (blocking && !comm->head && !comm->busy) {
@@ -228,13 +237,16 @@ static td_status submit(td_comm *comm, td_request *r, int blocking) {
         if (pthread_create(&comm->thread, NULL, progress_main, comm) != 0) {
             comm->next_seq--;
             pthread_mutex_unlock(&comm->lock);
-            return td__fail(TD_ESTATE, "rank %d: cannot start the progress thread", comm->shape.rank);
+            return td__fail(TD_ESTATE, "rank %d: cannot start the progress thread",
+                            comm->shape.rank);
         }
         comm->thread_started = 1;
     }
     r->next = NULL;
-    if (comm->tail) comm->tail->next = r;
-    else comm->head = r;
+    if (comm->tail)
+        comm->tail->next = r;
+    else
+        comm->head = r;
     comm->tail = r;
     pthread_cond_broadcast(&comm->cond);
     if (!blocking) {
@@ -253,7 +265,8 @@ static int is_reduction(td__coll_kind k) {
 }
 
 static int is_rooted(td__coll_kind k) {
-    return k == TD__COLL_REDUCE || k == TD__COLL_BROADCAST || k == TD__COLL_GATHER || k == TD__COLL_SCATTER;
+    return k == TD__COLL_REDUCE || k == TD__COLL_BROADCAST || k == TD__COLL_GATHER ||
+           k == TD__COLL_SCATTER;
 }
 
 static td_status check_coll(const td_comm *comm, const td__coll *k) {
@@ -266,7 +279,8 @@ static td_status check_coll(const td_comm *comm, const td__coll *k) {
     if (is_reduction(k->kind) && (unsigned)k->op >= TD_OP_COUNT)
         return td__fail(TD_EINVAL, "%s: rank %d: invalid reduce op %d", name, rank, (int)k->op);
     if (is_rooted(k->kind) && (k->root < 0 || k->root >= n))
-        return td__fail(TD_EINVAL, "%s: rank %d: root %d is outside the group of %d ranks", name, rank, k->root, n);
+        return td__fail(TD_EINVAL, "%s: rank %d: root %d is outside the group of %d ranks", name,
+                        rank, k->root, n);
     size_t es = td_dtype_size(k->dtype);
     if (k->count > SIZE_MAX / es / (size_t)n)
         return td__fail(TD_EINVAL, "%s: rank %d: count %zu overflows", name, rank, k->count);
@@ -275,16 +289,23 @@ static td_status check_coll(const td_comm *comm, const td__coll *k) {
     int need_send = k->kind != TD__COLL_BROADCAST && (k->kind != TD__COLL_SCATTER || root);
     int need_recv = (k->kind != TD__COLL_REDUCE && k->kind != TD__COLL_GATHER) || root;
     if (need_send && !k->send)
-        return td__fail(TD_EINVAL, "%s: rank %d: send buffer is NULL with count %zu", name, rank, k->count);
+        return td__fail(TD_EINVAL, "%s: rank %d: send buffer is NULL with count %zu", name, rank,
+                        k->count);
     if (need_recv && !k->recv)
         return td__fail(TD_EINVAL, "%s: rank %d: %s buffer is NULL with count %zu", name, rank,
                         k->kind == TD__COLL_BROADCAST ? "the" : "receive", k->count);
     return TD_OK;
 }
 
-static td_status coll(td_comm *comm, td__coll_kind kind, const void *send, void *recv, size_t count, td_dtype dtype,
-                      td_reduce_op op, int root, td_request **req) {
-    td__coll k = {.kind = kind, .send = send, .recv = recv, .count = count, .dtype = dtype, .op = op, .root = root};
+static td_status coll(td_comm *comm, td__coll_kind kind, const void *send, void *recv, size_t count,
+                      td_dtype dtype, td_reduce_op op, int root, td_request **req) {
+    td__coll k = {.kind = kind,
+                  .send = send,
+                  .recv = recv,
+                  .count = count,
+                  .dtype = dtype,
+                  .op = op,
+                  .root = root};
     if (req) *req = NULL;
     td_status s = check_coll(comm, &k);
     if (s) return s;
@@ -296,15 +317,17 @@ static td_status coll(td_comm *comm, td__coll_kind kind, const void *send, void 
     if (!r) return td__fail(TD_ENOMEM, "%s: out of memory", td__coll_name(kind));
     *r = (td_request){.kind = ITEM_COLL, .comm = comm, .coll = k};
     s = submit(comm, r, 0);
-    if (s) free(r);
-    else *req = r;
+    if (s)
+        free(r);
+    else
+        *req = r;
     return s;
 }
 
 /* ---------------------------------------------------------------- collectives */
 
-td_status td_comm_allreduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
-                            td_reduce_op op) {
+td_status td_comm_allreduce(td_comm *comm, const void *send, void *recv, size_t count,
+                            td_dtype dtype, td_reduce_op op) {
     return coll(comm, TD__COLL_ALLREDUCE, send, recv, count, dtype, op, 0, NULL);
 }
 
@@ -317,24 +340,28 @@ td_status td_comm_broadcast(td_comm *comm, void *buf, size_t count, td_dtype dty
     return coll(comm, TD__COLL_BROADCAST, buf, buf, count, dtype, TD_OP_SUM, root, NULL);
 }
 
-td_status td_comm_allgather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype) {
+td_status td_comm_allgather(td_comm *comm, const void *send, void *recv, size_t count,
+                            td_dtype dtype) {
     return coll(comm, TD__COLL_ALLGATHER, send, recv, count, dtype, TD_OP_SUM, 0, NULL);
 }
 
-td_status td_comm_gather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype, int root) {
+td_status td_comm_gather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                         int root) {
     return coll(comm, TD__COLL_GATHER, send, recv, count, dtype, TD_OP_SUM, root, NULL);
 }
 
-td_status td_comm_scatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype, int root) {
+td_status td_comm_scatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                          int root) {
     return coll(comm, TD__COLL_SCATTER, send, recv, count, dtype, TD_OP_SUM, root, NULL);
 }
 
-td_status td_comm_reduce_scatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
-                                 td_reduce_op op) {
+td_status td_comm_reduce_scatter(td_comm *comm, const void *send, void *recv, size_t count,
+                                 td_dtype dtype, td_reduce_op op) {
     return coll(comm, TD__COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, NULL);
 }
 
-td_status td_comm_alltoall(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype) {
+td_status td_comm_alltoall(td_comm *comm, const void *send, void *recv, size_t count,
+                           td_dtype dtype) {
     return coll(comm, TD__COLL_ALLTOALL, send, recv, count, dtype, TD_OP_SUM, 0, NULL);
 }
 
@@ -346,8 +373,8 @@ static td_status need_req(td_request **req, const char *fn) {
     return req ? TD_OK : td__fail(TD_EINVAL, "%s: req is NULL", fn);
 }
 
-td_status td_comm_iallreduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
-                             td_reduce_op op, td_request **req) {
+td_status td_comm_iallreduce(td_comm *comm, const void *send, void *recv, size_t count,
+                             td_dtype dtype, td_reduce_op op, td_request **req) {
     td_status s = need_req(req, "td_comm_iallreduce");
     return s ? s : coll(comm, TD__COLL_ALLREDUCE, send, recv, count, dtype, op, 0, req);
 }
@@ -358,37 +385,38 @@ td_status td_comm_ireduce(td_comm *comm, const void *send, void *recv, size_t co
     return s ? s : coll(comm, TD__COLL_REDUCE, send, recv, count, dtype, op, root, req);
 }
 
-td_status td_comm_ibroadcast(td_comm *comm, void *buf, size_t count, td_dtype dtype, int root, td_request **req) {
+td_status td_comm_ibroadcast(td_comm *comm, void *buf, size_t count, td_dtype dtype, int root,
+                             td_request **req) {
     td_status s = need_req(req, "td_comm_ibroadcast");
     return s ? s : coll(comm, TD__COLL_BROADCAST, buf, buf, count, dtype, TD_OP_SUM, root, req);
 }
 
-td_status td_comm_iallgather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
-                             td_request **req) {
+td_status td_comm_iallgather(td_comm *comm, const void *send, void *recv, size_t count,
+                             td_dtype dtype, td_request **req) {
     td_status s = need_req(req, "td_comm_iallgather");
     return s ? s : coll(comm, TD__COLL_ALLGATHER, send, recv, count, dtype, TD_OP_SUM, 0, req);
 }
 
-td_status td_comm_igather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype, int root,
-                          td_request **req) {
+td_status td_comm_igather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
+                          int root, td_request **req) {
     td_status s = need_req(req, "td_comm_igather");
     return s ? s : coll(comm, TD__COLL_GATHER, send, recv, count, dtype, TD_OP_SUM, root, req);
 }
 
-td_status td_comm_iscatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype, int root,
-                           td_request **req) {
+td_status td_comm_iscatter(td_comm *comm, const void *send, void *recv, size_t count,
+                           td_dtype dtype, int root, td_request **req) {
     td_status s = need_req(req, "td_comm_iscatter");
     return s ? s : coll(comm, TD__COLL_SCATTER, send, recv, count, dtype, TD_OP_SUM, root, req);
 }
 
-td_status td_comm_ireduce_scatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
-                                  td_reduce_op op, td_request **req) {
+td_status td_comm_ireduce_scatter(td_comm *comm, const void *send, void *recv, size_t count,
+                                  td_dtype dtype, td_reduce_op op, td_request **req) {
     td_status s = need_req(req, "td_comm_ireduce_scatter");
     return s ? s : coll(comm, TD__COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, req);
 }
 
-td_status td_comm_ialltoall(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
-                            td_request **req) {
+td_status td_comm_ialltoall(td_comm *comm, const void *send, void *recv, size_t count,
+                            td_dtype dtype, td_request **req) {
     td_status s = need_req(req, "td_comm_ialltoall");
     return s ? s : coll(comm, TD__COLL_ALLTOALL, send, recv, count, dtype, TD_OP_SUM, 0, req);
 }
@@ -414,7 +442,9 @@ td_status td_comm_new_group(td_comm *comm, const int *ranks, int n, td_comm **ou
     int size = comm->shape.size, me = comm->shape.rank, index = -1;
     for (int i = 0; i < n; i++) {
         if (ranks[i] < 0 || ranks[i] >= size)
-            return td__fail(TD_EINVAL, "td_comm_new_group: ranks[%d] = %d is outside the group of %d", i, ranks[i], size);
+            return td__fail(TD_EINVAL,
+                            "td_comm_new_group: ranks[%d] = %d is outside the group of %d", i,
+                            ranks[i], size);
         for (int j = 0; j < i; j++)
             if (ranks[j] == ranks[i])
                 return td__fail(TD_EINVAL, "td_comm_new_group: rank %d is listed twice", ranks[i]);
@@ -425,22 +455,28 @@ td_status td_comm_new_group(td_comm *comm, const int *ranks, int n, td_comm **ou
 
 /* ---------------------------------------------------------------- point-to-point */
 
-static td_status p2p_post(td_comm *comm, int is_send, void *buf, size_t count, td_dtype dtype, int peer, int tag,
-                          td_request **req) {
+static td_status p2p_post(td_comm *comm, int is_send, void *buf, size_t count, td_dtype dtype,
+                          int peer, int tag, td_request **req) {
     const char *fn = is_send ? "send" : "recv";
     if (req) *req = NULL;
     if (!comm || !req) return td__fail(TD_EINVAL, "%s: NULL group or request", fn);
     int rank = comm->shape.rank, n = comm->shape.size;
-    if ((unsigned)dtype >= TD_DTYPE_COUNT) return td__fail(TD_EDTYPE, "%s: rank %d: invalid dtype %d", fn, rank, (int)dtype);
+    if ((unsigned)dtype >= TD_DTYPE_COUNT)
+        return td__fail(TD_EDTYPE, "%s: rank %d: invalid dtype %d", fn, rank, (int)dtype);
     if (peer < 0 || peer >= n || peer == rank)
-        return td__fail(TD_EINVAL, "%s: rank %d: peer %d is not another rank of the group of %d", fn, rank, peer, n);
-    if (!buf && count) return td__fail(TD_EINVAL, "%s: rank %d: buffer is NULL with count %zu", fn, rank, count);
+        return td__fail(TD_EINVAL, "%s: rank %d: peer %d is not another rank of the group of %d",
+                        fn, rank, peer, n);
+    if (!buf && count)
+        return td__fail(TD_EINVAL, "%s: rank %d: buffer is NULL with count %zu", fn, rank, count);
     size_t es = td_dtype_size(dtype);
-    if (count > SIZE_MAX / es) return td__fail(TD_EINVAL, "%s: rank %d: count %zu overflows", fn, rank, count);
+    if (count > SIZE_MAX / es)
+        return td__fail(TD_EINVAL, "%s: rank %d: count %zu overflows", fn, rank, count);
     pthread_mutex_lock(&comm->lock);
     td_status failed = comm->failed;
     pthread_mutex_unlock(&comm->lock);
-    if (failed) return td__fail(failed, "%s: rank %d: the group failed earlier: %s", fn, rank, comm->failed_msg);
+    if (failed)
+        return td__fail(failed, "%s: rank %d: the group failed earlier: %s", fn, rank,
+                        comm->failed_msg);
     td_request *r = calloc(1, sizeof *r);
     if (!r) return td__fail(TD_ENOMEM, "%s: out of memory", fn);
     r->kind = ITEM_P2P;
@@ -455,16 +491,18 @@ static td_status p2p_post(td_comm *comm, int is_send, void *buf, size_t count, t
     return TD_OK;
 }
 
-td_status td_comm_isend(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst, int tag,
-                        td_request **req) {
+td_status td_comm_isend(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst,
+                        int tag, td_request **req) {
     return p2p_post(comm, 1, (void *)buf, count, dtype, dst, tag, req);
 }
 
-td_status td_comm_irecv(td_comm *comm, void *buf, size_t count, td_dtype dtype, int src, int tag, td_request **req) {
+td_status td_comm_irecv(td_comm *comm, void *buf, size_t count, td_dtype dtype, int src, int tag,
+                        td_request **req) {
     return p2p_post(comm, 0, buf, count, dtype, src, tag, req);
 }
 
-td_status td_comm_send(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst, int tag) {
+td_status td_comm_send(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst,
+                       int tag) {
     td_request *r;
     td_status s = td_comm_isend(comm, buf, count, dtype, dst, tag, &r);
     return s ? s : td_request_wait(r);
@@ -488,7 +526,8 @@ static td_status p2p_result(td_request *req, td_status s) {
 td_status td_request_wait(td_request *req) {
     if (!req) return td__fail(TD_EINVAL, "td_request_wait: req is NULL");
     td_comm *comm = req->comm;
-    if (req->kind == ITEM_P2P) return p2p_result(req, comm->ops->p2p_wait(comm->ctx, req->p2p, comm->timeout_s));
+    if (req->kind == ITEM_P2P)
+        return p2p_result(req, comm->ops->p2p_wait(comm->ctx, req->p2p, comm->timeout_s));
     pthread_mutex_lock(&comm->lock);
     while (!req->done) pthread_cond_wait(&comm->cond, &comm->lock);
     pthread_mutex_unlock(&comm->lock);

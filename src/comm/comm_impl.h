@@ -32,8 +32,8 @@ typedef struct {
     void *recv;
     size_t count;
     td_dtype dtype;
-    td_reduce_op op;  /* reductions only */
-    int root;         /* rooted collectives only */
+    td_reduce_op op; /* reductions only */
+    int root;        /* rooted collectives only */
 } td__coll;
 
 /* What the backend learned about the job when it was created. */
@@ -80,11 +80,11 @@ td_status td__comm_resolve_params(const td_comm_params *in, td_comm_params *out)
 /* dst[i] = op over the nsrc sources of src[j][i], folded in source order so every rank that
  * reduces the same sources gets the same bits; bf16/f16 accumulate in f32, AVG divides the
  * sum by `avg_div` (integers: truncated toward zero). dst may be one of the sources. */
-void td__reduce(void *dst, const void *const *src, int nsrc, size_t count, td_dtype dtype, td_reduce_op op,
-                int avg_div);
+void td__reduce(void *dst, const void *const *src, int nsrc, size_t count, td_dtype dtype,
+                td_reduce_op op, int avg_div);
 
 /* Writes "allreduce #3 (f32, 1024 elements, sum)" for error messages. */
-void td__coll_describe(char *out, size_t cap, td__coll_kind kind, uint64_t seq, td_dtype dtype, size_t count,
-                       td_reduce_op op, int root);
+void td__coll_describe(char *out, size_t cap, td__coll_kind kind, uint64_t seq, td_dtype dtype,
+                       size_t count, td_reduce_op op, int root);
 
 #endif

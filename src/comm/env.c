@@ -42,9 +42,11 @@ static td_status env_int(const char *const *names, long lo, long hi, int *out, i
     return TD_OK;
 }
 
-static const char *const rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMIX_RANK", NULL};
+static const char *const rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMIX_RANK",
+                                        NULL};
 static const char *const size_vars[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", NULL};
-static const char *const local_rank_vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", NULL};
+static const char *const local_rank_vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                              "SLURM_LOCALID", NULL};
 static const char *const local_size_vars[] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
                                               "SLURM_NTASKS_PER_NODE", NULL};
 static const char *const port_vars[] = {"MASTER_PORT", NULL};
@@ -56,17 +58,22 @@ td_status td__comm_resolve_params(const td_comm_params *in, td_comm_params *out)
     if (out->rank < 0) {
         if ((s = env_int(rank_vars, 0, 1 << 24, &out->rank, &found))) return s;
         if (!found)
-            return td__fail(TD_EINVAL, "RANK is not set (nor OMPI_COMM_WORLD_RANK, SLURM_PROCID, PMIX_RANK): launch "
-                                       "with tandemrun/mpirun/srun or set td_comm_params.rank");
+            return td__fail(
+                TD_EINVAL,
+                "RANK is not set (nor OMPI_COMM_WORLD_RANK, SLURM_PROCID, PMIX_RANK): launch "
+                "with tandemrun/mpirun/srun or set td_comm_params.rank");
     }
     if (out->world_size < 0) {
         if ((s = env_int(size_vars, 1, 1 << 24, &out->world_size, &found))) return s;
         if (!found)
-            return td__fail(TD_EINVAL, "WORLD_SIZE is not set (nor OMPI_COMM_WORLD_SIZE, SLURM_NTASKS): launch with "
-                                       "tandemrun/mpirun/srun or set td_comm_params.world_size");
+            return td__fail(
+                TD_EINVAL,
+                "WORLD_SIZE is not set (nor OMPI_COMM_WORLD_SIZE, SLURM_NTASKS): launch with "
+                "tandemrun/mpirun/srun or set td_comm_params.world_size");
     }
     if (out->world_size < 1 || out->rank >= out->world_size)
-        return td__fail(TD_EINVAL, "rank %d is not below world_size %d", out->rank, out->world_size);
+        return td__fail(TD_EINVAL, "rank %d is not below world_size %d", out->rank,
+                        out->world_size);
     if (out->local_rank < 0) {
         if ((s = env_int(local_rank_vars, 0, 1 << 24, &out->local_rank, &found))) return s;
         if (!found) out->local_rank = out->rank; /* one host */
@@ -96,11 +103,13 @@ td_status td__comm_resolve_params(const td_comm_params *in, td_comm_params *out)
             char *end;
             double t = strtod(v, &end);
             if (end == v || *end || !(t > 0))
-                return td__fail(TD_EINVAL, "TANDEM_TIMEOUT='%s' is not a positive number of seconds", v);
+                return td__fail(TD_EINVAL,
+                                "TANDEM_TIMEOUT='%s' is not a positive number of seconds", v);
             out->timeout_s = t;
         }
     }
-    if (!(out->timeout_s > 0)) return td__fail(TD_EINVAL, "timeout_s %g must be positive", out->timeout_s);
+    if (!(out->timeout_s > 0))
+        return td__fail(TD_EINVAL, "timeout_s %g must be positive", out->timeout_s);
     if (out->backend == TD_BACKEND_AUTO) {
         int mpi_launcher = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK");
 #ifdef TD_HAVE_MPI

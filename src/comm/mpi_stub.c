@@ -8,7 +8,8 @@
 td_status td__mpi_create(const td_comm_params *params, void **ctx, td__group_shape *shape,
                          const td__backend_ops **ops) {
     (void)params, (void)ctx, (void)shape, (void)ops;
-    return td__fail(TD_EUNSUPPORTED, "the mpi backend was not built (no mpicc when tandem was compiled)");
+    return td__fail(TD_EUNSUPPORTED,
+                    "the mpi backend was not built (no mpicc when tandem was compiled)");
 }
 #else
 typedef int td__mpi_stub_unused; /* keeps the translation unit non-empty */

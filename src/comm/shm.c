@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,7 +20,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,7 +36,9 @@ void td__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t max_
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &ts, NULL, 0);
 }
 
-void td__shm_futex_wake(_Atomic uint32_t *word) { syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+void td__shm_futex_wake(_Atomic uint32_t *word) {
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
 
 int td__shm_pid_dead(int pid) {
     if (pid <= 0) return 0;
@@ -81,16 +83,18 @@ td_status td__shm_poisoned(shm_ctx *c, const char *what) {
     uint32_t by = atomic_load(&c->head->poison);
     /* The poisoner writes its message right after winning the flag. */
     for (int i = 0; i < 1000 && !atomic_load(&c->head->poison_ready); i++) sched_yield();
-    return td__fail(TD_EPEER, "%s: rank %d: the group was aborted by rank %u: %s", what, c->rank, by - 1,
+    return td__fail(TD_EPEER, "%s: rank %d: the group was aborted by rank %u: %s", what, c->rank,
+                    by - 1,
                     atomic_load(&c->head->poison_ready) ? c->head->poison_msg : "(no message)");
 }
 
 static void describe(char *out, size_t cap, const shm_call *k) {
     if (k->kind == SHM_COLL_SPLIT || k->kind == SHM_COLL_CREATE)
-        snprintf(out, cap, "%s #%llu", k->kind == SHM_COLL_SPLIT ? "split" : "create", (unsigned long long)k->seq);
+        snprintf(out, cap, "%s #%llu", k->kind == SHM_COLL_SPLIT ? "split" : "create",
+                 (unsigned long long)k->seq);
     else
-        td__coll_describe(out, cap, (td__coll_kind)k->kind, k->seq, (td_dtype)k->dtype, (size_t)k->count,
-                          (td_reduce_op)k->op, k->root);
+        td__coll_describe(out, cap, (td__coll_kind)k->kind, k->seq, (td_dtype)k->dtype,
+                          (size_t)k->count, (td_reduce_op)k->op, k->root);
 }
 
 static inline void cpu_relax(void) {
@@ -101,14 +105,17 @@ static inline void cpu_relax(void) {
 
 static int first_missing(shm_ctx *c, uint32_t target) {
     for (int r = 0; r < c->size; r++)
-        if (r != c->rank && (int32_t)(atomic_load_explicit(&c->ranks[r].phase, memory_order_acquire) - target) < 0)
+        if (r != c->rank &&
+            (int32_t)(atomic_load_explicit(&c->ranks[r].phase, memory_order_acquire) - target) < 0)
             return r;
     return -1;
 }
 
 /* Waits until every peer has posted phase `target`. */
-static td_status wait_peers(shm_ctx *c, uint32_t target, const shm_call *call, uint64_t timeout_ns) {
-    uint64_t start = td_time_ns(), next_check = start + SHM_LIVENESS_NS, deadline = start + timeout_ns;
+static td_status wait_peers(shm_ctx *c, uint32_t target, const shm_call *call,
+                            uint64_t timeout_ns) {
+    uint64_t start = td_time_ns(), next_check = start + SHM_LIVENESS_NS,
+             deadline = start + timeout_ns;
     char what[160];
     unsigned spins = 0;
     for (;;) {
@@ -122,24 +129,28 @@ static td_status wait_peers(shm_ctx *c, uint32_t target, const shm_call *call, u
         if (now - start < c->spin_ns) {
             /* A peer that shares our core cannot arrive while we spin: let it run now and
              * then (a no-op when no one else waits for the core). */
-            if (++spins % 64 == 0) sched_yield();
-            else cpu_relax();
+            if (++spins % 64 == 0)
+                sched_yield();
+            else
+                cpu_relax();
             continue;
         }
         if (now >= next_check) {
             next_check = now + SHM_LIVENESS_NS;
             for (int r = missing; r < c->size; r++) {
-                if (r == c->rank || (int32_t)(atomic_load(&c->ranks[r].phase) - target) >= 0) continue;
+                if (r == c->rank || (int32_t)(atomic_load(&c->ranks[r].phase) - target) >= 0)
+                    continue;
                 int pid = c->ranks[r].pid;
                 if (td__shm_pid_dead(pid)) {
                     describe(what, sizeof what, call);
-                    return td__shm_poison(c, TD_EPEER, "%s: rank %d: peer rank %d (pid %d) died", what, c->rank, r,
-                                          pid);
+                    return td__shm_poison(c, TD_EPEER, "%s: rank %d: peer rank %d (pid %d) died",
+                                          what, c->rank, r, pid);
                 }
             }
             if (now >= deadline) {
                 describe(what, sizeof what, call);
-                return td__shm_poison(c, TD_ETIMEOUT, "%s: rank %d: rank %d did not arrive within %.1f s", what,
+                return td__shm_poison(c, TD_ETIMEOUT,
+                                      "%s: rank %d: rank %d did not arrive within %.1f s", what,
                                       c->rank, missing, (double)timeout_ns / 1e9);
             }
         }
@@ -186,7 +197,8 @@ td_status td__shm_step(shm_ctx *c, const shm_call *call, uint64_t timeout_ns) {
         char a[160], b[160];
         describe(a, sizeof a, call);
         describe(b, sizeof b, theirs);
-        return td__shm_poison(c, TD_EMISMATCH, "rank %d called %s but rank %d called %s", c->rank, a, r, b);
+        return td__shm_poison(c, TD_EMISMATCH, "rank %d called %s but rank %d called %s", c->rank,
+                              a, r, b);
     }
     return TD_OK;
 }
@@ -253,7 +265,8 @@ static void ctx_free(shm_ctx *c) {
 
 static td_status segment_create(shm_ctx *c, const char *tag) {
     layout l = layout_for(c->size, c->chunk);
-    snprintf(c->name, sizeof c->name, "/tandem-%s-%d-%u", tag, (int)getpid(), atomic_fetch_add(&segment_counter, 1));
+    snprintf(c->name, sizeof c->name, "/tandem-%s-%d-%u", tag, (int)getpid(),
+             atomic_fetch_add(&segment_counter, 1));
     int fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return td__fail(TD_EIO, "shm: cannot create %s: %s", c->name, strerror(errno));
     c->unlink_pending = 1;
@@ -262,7 +275,9 @@ static td_status segment_create(shm_ctx *c, const char *tag) {
         base = mmap(NULL, l.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int e = errno;
     close(fd);
-    if (base == MAP_FAILED) return td__fail(TD_EIO, "shm: cannot size or map %s (%zu bytes): %s", c->name, l.total, strerror(e));
+    if (base == MAP_FAILED)
+        return td__fail(TD_EIO, "shm: cannot size or map %s (%zu bytes): %s", c->name, l.total,
+                        strerror(e));
     shm_head *h = base;
     h->size = (uint32_t)c->size;
     h->bytes = l.total;
@@ -276,7 +291,8 @@ static td_status segment_create(shm_ctx *c, const char *tag) {
 static td_status segment_open(shm_ctx *c, const char *name) {
     snprintf(c->name, sizeof c->name, "%s", name);
     int fd = shm_open(name, O_RDWR, 0);
-    if (fd < 0) return td__fail(TD_EIO, "shm: rank %d cannot open %s: %s", c->rank, name, strerror(errno));
+    if (fd < 0)
+        return td__fail(TD_EIO, "shm: rank %d cannot open %s: %s", c->rank, name, strerror(errno));
     struct stat sb;
     void *base = MAP_FAILED;
     size_t bytes = 0;
@@ -287,12 +303,12 @@ static td_status segment_open(shm_ctx *c, const char *name) {
     close(fd);
     if (base == MAP_FAILED) return td__fail(TD_EIO, "shm: rank %d cannot map %s", c->rank, name);
     shm_head *h = base;
-    if (h->magic != SHM_MAGIC || h->size != (uint32_t)c->size || h->chunk == 0 || h->chunk > (64u << 20) ||
-        layout_for(c->size, (size_t)h->chunk).total != bytes) {
+    if (h->magic != SHM_MAGIC || h->size != (uint32_t)c->size || h->chunk == 0 ||
+        h->chunk > (64u << 20) || layout_for(c->size, (size_t)h->chunk).total != bytes) {
         uint32_t size = h->size;
         munmap(base, bytes);
-        return td__fail(TD_EMISMATCH, "shm: %s holds a group of %u ranks, rank %d expected %d", name, size, c->rank,
-                        c->size);
+        return td__fail(TD_EMISMATCH, "shm: %s holds a group of %u ranks, rank %d expected %d",
+                        name, size, c->rank, c->size);
     }
     c->chunk = (size_t)h->chunk;
     attach(c, base, bytes);
@@ -312,7 +328,8 @@ static td_status mapped_barrier(shm_ctx *c, uint32_t kind, uint64_t seq, uint64_
 
 static void shm_destroy(void *ctx) { ctx_free(ctx); }
 
-static td_status shm_split(void *ctx, int color, int key, double timeout_s, void **child, td__group_shape *shape);
+static td_status shm_split(void *ctx, int color, int key, double timeout_s, void **child,
+                           td__group_shape *shape);
 
 static const td__backend_ops shm_ops = {
     .name = "shm",
@@ -325,12 +342,15 @@ static const td__backend_ops shm_ops = {
     .destroy = shm_destroy,
 };
 
-td_status td__shm_create(const td_comm_params *p, void **ctx, td__group_shape *shape, const td__backend_ops **ops) {
+td_status td__shm_create(const td_comm_params *p, void **ctx, td__group_shape *shape,
+                         const td__backend_ops **ops) {
     int n = p->world_size, rank = p->rank;
     if (n < 1 || rank < 0 || rank >= n)
         return td__fail(TD_EINVAL, "shm: rank %d / world_size %d out of range", rank, n);
     if (p->local_world_size != n)
-        return td__fail(TD_EUNSUPPORTED, "shm: the shm backend needs every rank on one host (world_size %d, local_world_size %d); use the mpi backend",
+        return td__fail(TD_EUNSUPPORTED,
+                        "shm: the shm backend needs every rank on one host (world_size %d, "
+                        "local_world_size %d); use the mpi backend",
                         n, p->local_world_size);
     uint64_t timeout_ns = (uint64_t)(p->timeout_s * 1e9);
     shm_ctx *c = ctx_new(rank, n);
@@ -377,7 +397,8 @@ typedef struct {
     char name[96];
 } split_rec;
 
-static td_status shm_split(void *ctx, int color, int key, double timeout_s, void **child, td__group_shape *shape) {
+static td_status shm_split(void *ctx, int color, int key, double timeout_s, void **child,
+                           td__group_shape *shape) {
     shm_ctx *c = ctx;
     uint64_t timeout_ns = (uint64_t)(timeout_s * 1e9);
     *child = NULL;
@@ -422,9 +443,13 @@ static td_status shm_split(void *ctx, int color, int key, double timeout_s, void
     if (!s) s = td__shm_allgather_bytes(c, &call, &mine, all, sizeof mine, timeout_ns);
     if (!s && me > 0) {
         const split_rec *leader = &all[members[0]];
-        local = leader->ok ? segment_open(k, leader->name)
-                           : td__fail(TD_EIO, "split: the new group's rank 0 (rank %d here) could not create its segment",
-                                      members[0]);
+        local =
+            leader->ok
+                ? segment_open(k, leader->name)
+                : td__fail(
+                      TD_EIO,
+                      "split: the new group's rank 0 (rank %d here) could not create its segment",
+                      members[0]);
         mine.ok = local == TD_OK;
     }
     call.seq = c->next_seq++;
@@ -432,7 +457,9 @@ static td_status shm_split(void *ctx, int color, int key, double timeout_s, void
     int group_ok = 1;
     for (int i = 0; !s && i < m; i++) group_ok &= all[members[i]].ok;
     if (!s && me >= 0 && !group_ok && !local)
-        local = td__fail(TD_EIO, "split: another rank of the new group (colour %d) could not map its segment", color);
+        local = td__fail(
+            TD_EIO, "split: another rank of the new group (colour %d) could not map its segment",
+            color);
     if (!s && !local && k && k->unlink_pending) {
         shm_unlink(k->name); /* every member has mapped it */
         k->unlink_pending = 0;

@@ -25,8 +25,8 @@
 
 /* Copies the elements [lo, hi) of a stream (src holds element lo) that fall in the window
  * [wlo, whi) into out (which holds element wlo). */
-static void copy_window(unsigned char *out, size_t wlo, size_t whi, const unsigned char *src, size_t lo, size_t hi,
-                        size_t es, int stream) {
+static void copy_window(unsigned char *out, size_t wlo, size_t whi, const unsigned char *src,
+                        size_t lo, size_t hi, size_t es, int stream) {
     size_t a = lo > wlo ? lo : wlo, b = hi < whi ? hi : whi;
     if (a >= b) return;
     unsigned char *d = out + (a - wlo) * es;
@@ -57,8 +57,9 @@ static void share_of(size_t len, int n, int j, size_t es, size_t *lo, size_t *hi
 }
 
 /* Reduces N elements of every rank's `send`; this rank receives [wlo, whi) in `out`. */
-static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned char *send, unsigned char *out,
-                               size_t N, size_t wlo, size_t whi, td_dtype dt, td_reduce_op op, uint64_t tmo) {
+static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned char *send,
+                               unsigned char *out, size_t N, size_t wlo, size_t whi, td_dtype dt,
+                               td_reduce_op op, uint64_t tmo) {
     size_t es = td_dtype_size(dt);
     int n = c->size, me = c->rank;
     const void *srcs[64];
@@ -70,7 +71,8 @@ static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned 
         if (n > 1 && N) memcpy(shm_staging(c, me, wp), send, N * es);
         s = td__shm_step(c, call, tmo);
         if (!s && whi > wlo) {
-            for (int j = 0; j < n; j++) src[j] = (j == me ? send : shm_staging(c, j, wp)) + wlo * es;
+            for (int j = 0; j < n; j++)
+                src[j] = (j == me ? send : shm_staging(c, j, wp)) + wlo * es;
             td__reduce(out, src, n, whi - wlo, dt, op, n);
         }
         if (src != srcs) free(src);
@@ -114,11 +116,13 @@ static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned 
 }
 
 /* Streams the root's N elements; this rank receives [wlo, whi) in `out`. */
-static td_status bcast_window(shm_ctx *c, const shm_call *call, const unsigned char *send, unsigned char *out,
-                              size_t N, size_t wlo, size_t whi, size_t es, int root, uint64_t tmo) {
+static td_status bcast_window(shm_ctx *c, const shm_call *call, const unsigned char *send,
+                              unsigned char *out, size_t N, size_t wlo, size_t whi, size_t es,
+                              int root, uint64_t tmo) {
     size_t E = c->chunk / es, nch = (N + E - 1) / E;
     int me = c->rank;
-    if (me == root && whi > wlo && out != send + wlo * es) memmove(out, send + wlo * es, (whi - wlo) * es);
+    if (me == root && whi > wlo && out != send + wlo * es)
+        memmove(out, send + wlo * es, (whi - wlo) * es);
     td_status s = TD_OK;
     for (size_t p = 0; !s && p <= nch; p++) {
         unsigned wp = (c->phase + 1) & 1, rp = wp ^ 1;
@@ -136,11 +140,12 @@ static td_status bcast_window(shm_ctx *c, const shm_call *call, const unsigned c
 }
 
 /* Every rank's `count` elements into out[rank * count] on the ranks with out != NULL. */
-static td_status gather_all(shm_ctx *c, const shm_call *call, const unsigned char *send, unsigned char *out,
-                            size_t count, size_t es, uint64_t tmo) {
+static td_status gather_all(shm_ctx *c, const shm_call *call, const unsigned char *send,
+                            unsigned char *out, size_t count, size_t es, uint64_t tmo) {
     size_t E = c->chunk / es, nch = (count + E - 1) / E;
     int me = c->rank, n = c->size;
-    if (out && count && out + (size_t)me * count * es != send) memmove(out + (size_t)me * count * es, send, count * es);
+    if (out && count && out + (size_t)me * count * es != send)
+        memmove(out + (size_t)me * count * es, send, count * es);
     td_status s = TD_OK;
     for (size_t p = 0; !s && p <= nch; p++) {
         unsigned wp = (c->phase + 1) & 1, rp = wp ^ 1;
@@ -151,15 +156,16 @@ static td_status gather_all(shm_ctx *c, const shm_call *call, const unsigned cha
         if (out && p >= 1) {
             size_t base = (p - 1) * E, len = count - base < E ? count - base : E;
             for (int j = 0; j < n; j++)
-                if (j != me) memcpy(out + ((size_t)j * count + base) * es, shm_staging(c, j, rp), len * es);
+                if (j != me)
+                    memcpy(out + ((size_t)j * count + base) * es, shm_staging(c, j, rp), len * es);
         }
         if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, tmo);
     }
     return s;
 }
 
-static td_status alltoall(shm_ctx *c, const shm_call *call, const unsigned char *send, unsigned char *out,
-                          size_t count, size_t es, uint64_t tmo) {
+static td_status alltoall(shm_ctx *c, const shm_call *call, const unsigned char *send,
+                          unsigned char *out, size_t count, size_t es, uint64_t tmo) {
     int me = c->rank, n = c->size;
     size_t E = c->chunk / (size_t)n / es, nch = (count + E - 1) / E;
     if (count) memcpy(out + (size_t)me * count * es, send + (size_t)me * count * es, count * es);
@@ -170,26 +176,30 @@ static td_status alltoall(shm_ctx *c, const shm_call *call, const unsigned char 
             size_t base = p * E, len = count - base < E ? count - base : E;
             for (int d = 0; d < n; d++)
                 if (d != me)
-                    memcpy(shm_staging(c, me, wp) + (size_t)d * E * es, send + ((size_t)d * count + base) * es, len * es);
+                    memcpy(shm_staging(c, me, wp) + (size_t)d * E * es,
+                           send + ((size_t)d * count + base) * es, len * es);
         }
         if (p >= 1) {
             size_t base = (p - 1) * E, len = count - base < E ? count - base : E;
             for (int j = 0; j < n; j++)
                 if (j != me)
-                    memcpy(out + ((size_t)j * count + base) * es, shm_staging(c, j, rp) + (size_t)me * E * es, len * es);
+                    memcpy(out + ((size_t)j * count + base) * es,
+                           shm_staging(c, j, rp) + (size_t)me * E * es, len * es);
         }
         if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, tmo);
     }
     return s;
 }
 
-td_status td__shm_allgather_bytes(shm_ctx *c, const shm_call *call, const void *mine, void *all, size_t bytes,
-                                  uint64_t timeout_ns) {
+td_status td__shm_allgather_bytes(shm_ctx *c, const shm_call *call, const void *mine, void *all,
+                                  size_t bytes, uint64_t timeout_ns) {
     return gather_all(c, call, mine, all, bytes, 1, timeout_ns);
 }
 
 /* a == b + off, without forming b + off (b may be NULL when nothing moves). */
-static int at(const void *a, const void *b, size_t off) { return (uintptr_t)a == (uintptr_t)b + off; }
+static int at(const void *a, const void *b, size_t off) {
+    return (uintptr_t)a == (uintptr_t)b + off;
+}
 
 static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
     const char *x = a, *y = b;
@@ -209,7 +219,8 @@ td_status td__shm_collective(void *ctx, const td__coll *k, double timeout_s) {
     int n = c->size, me = c->rank;
     size_t es = td_dtype_size(k->dtype), cnt = k->count;
     if (k->kind != TD__COLL_BARRIER) call.dtype = (uint32_t)k->dtype;
-    if (k->kind == TD__COLL_ALLREDUCE || k->kind == TD__COLL_REDUCE || k->kind == TD__COLL_REDUCE_SCATTER)
+    if (k->kind == TD__COLL_ALLREDUCE || k->kind == TD__COLL_REDUCE ||
+        k->kind == TD__COLL_REDUCE_SCATTER)
         call.op = (uint32_t)k->op;
     if (k->kind == TD__COLL_REDUCE || k->kind == TD__COLL_BROADCAST || k->kind == TD__COLL_GATHER ||
         k->kind == TD__COLL_SCATTER)
@@ -246,7 +257,9 @@ td_status td__shm_collective(void *ctx, const td__coll *k, double timeout_s) {
     }
     if (!safe && send && recv && overlaps(send, sbytes, recv, rbytes)) {
         tmp = malloc(sbytes);
-        if (!tmp) return td__fail(TD_ENOMEM, "shm: out of memory for an overlapping %s", td__coll_name(k->kind));
+        if (!tmp)
+            return td__fail(TD_ENOMEM, "shm: out of memory for an overlapping %s",
+                            td__coll_name(k->kind));
         memcpy(tmp, send, sbytes);
         send = tmp;
     }
@@ -256,18 +269,19 @@ td_status td__shm_collective(void *ctx, const td__coll *k, double timeout_s) {
         s = reduce_window(c, &call, send, recv, cnt, 0, cnt, k->dtype, k->op, tmo);
         break;
     case TD__COLL_REDUCE:
-        s = reduce_window(c, &call, send, recv, cnt, 0, me == k->root ? cnt : 0, k->dtype, k->op, tmo);
+        s = reduce_window(c, &call, send, recv, cnt, 0, me == k->root ? cnt : 0, k->dtype, k->op,
+                          tmo);
         break;
     case TD__COLL_REDUCE_SCATTER:
-        s = reduce_window(c, &call, send, recv, (size_t)n * cnt, (size_t)me * cnt, (size_t)(me + 1) * cnt, k->dtype,
-                          k->op, tmo);
+        s = reduce_window(c, &call, send, recv, (size_t)n * cnt, (size_t)me * cnt,
+                          (size_t)(me + 1) * cnt, k->dtype, k->op, tmo);
         break;
     case TD__COLL_BROADCAST:
         s = bcast_window(c, &call, recv, recv, cnt, 0, cnt, es, k->root, tmo);
         break;
     case TD__COLL_SCATTER:
-        s = bcast_window(c, &call, send, recv, (size_t)n * cnt, (size_t)me * cnt, (size_t)(me + 1) * cnt, es, k->root,
-                         tmo);
+        s = bcast_window(c, &call, send, recv, (size_t)n * cnt, (size_t)me * cnt,
+                         (size_t)(me + 1) * cnt, es, k->root, tmo);
         break;
     case TD__COLL_ALLGATHER:
         s = gather_all(c, &call, send, recv, cnt, es, tmo);

@@ -20,14 +20,18 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "comm/comm_impl.h"
-#include "core/core_impl.h"
 #include "tandem/store.h"
 
+#include "comm/comm_impl.h"
+#include "core/core_impl.h"
+
 #define SHM_MAGIC 0x31736474u
-#define SHM_CHUNK (512u * 1024u) /* default staging bytes per rank per parity (TANDEM_SHM_CHUNK) */
-#define SHM_RING (256u * 1024u)  /* p2p mailbox bytes per ordered pair */
-#define SHM_COLL_SPLIT 100u      /* internal kind: the rendezvous inside td_comm_split */
+/* Default staging bytes per rank per parity (TANDEM_SHM_CHUNK). */
+#define SHM_CHUNK (512u * 1024u)
+/* P2p mailbox bytes per ordered pair. */
+#define SHM_RING (256u * 1024u)
+/* Internal kind: the rendezvous inside td_comm_split. */
+#define SHM_COLL_SPLIT 100u
 
 /* One call as posted in the segment. */
 typedef struct {
@@ -72,13 +76,13 @@ typedef struct shm_ctx {
     size_t stream_min;   /* outputs this large are written with streaming stores (TANDEM_SHM_NT) */
     shm_head *head;
     shm_rank *ranks;
-    shm_ring *rings;  /* [src * size + dst] */
+    shm_ring *rings; /* [src * size + dst] */
     unsigned char *staging, *result, *ring_data;
     int unlink_pending; /* this process created the segment and has not unlinked it yet */
-    uint32_t phase;   /* phases this rank has posted */
-    uint64_t next_seq; /* the sequence number a split uses */
+    uint32_t phase;     /* phases this rank has posted */
+    uint64_t next_seq;  /* the sequence number a split uses */
     uint64_t spin_ns;
-    td_store *store;  /* world group only */
+    td_store *store; /* world group only */
     pthread_mutex_t p2p_lock;
     shm_p2p_req *sends, *recvs; /* pending, in posting order */
     struct shm_unexpected *unexpected;
@@ -109,8 +113,8 @@ td_status td__shm_poisoned(shm_ctx *c, const char *what);
 td_status td__shm_step(shm_ctx *c, const shm_call *call, uint64_t timeout_ns);
 
 /* Every rank's `bytes` of `mine` into all[rank * bytes], as one internal collective `call`. */
-td_status td__shm_allgather_bytes(shm_ctx *c, const shm_call *call, const void *mine, void *all, size_t bytes,
-                                  uint64_t timeout_ns);
+td_status td__shm_allgather_bytes(shm_ctx *c, const shm_call *call, const void *mine, void *all,
+                                  size_t bytes, uint64_t timeout_ns);
 
 /* Runs one user collective (shm_coll.c). */
 td_status td__shm_collective(void *ctx, const td__coll *coll, double timeout_s);

@@ -99,7 +99,8 @@ static void progress_sends(shm_ctx *c) {
         if (r->peer < 256 && blocked[r->peer]) continue;
         shm_ring *ring = &c->rings[(size_t)c->rank * c->size + r->peer];
         uint64_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
-        uint64_t space = SHM_RING - (head - atomic_load_explicit(&ring->tail, memory_order_acquire));
+        uint64_t space =
+            SHM_RING - (head - atomic_load_explicit(&ring->tail, memory_order_acquire));
         unsigned char *data = ring_data(c, c->rank, r->peer);
         uint64_t start = head;
         if (!r->hdr_sent && space >= P2P_HDR) {
@@ -141,8 +142,9 @@ static void match_incoming(shm_ctx *c, int src, shm_incoming *in) {
         list_remove(&c->recvs, r);
         in->req = r;
         if (r->bytes != in->bytes) {
-            snprintf(r->error, sizeof r->error, "recv from rank %d tag %d: rank %d posted %zu bytes but rank %d sent %zu",
-                     src, in->tag, c->rank, r->bytes, src, in->bytes);
+            snprintf(r->error, sizeof r->error,
+                     "recv from rank %d tag %d: rank %d posted %zu bytes but rank %d sent %zu", src,
+                     in->tag, c->rank, r->bytes, src, in->bytes);
             in->dst = NULL;
         } else {
             in->dst = r->buf;
@@ -153,7 +155,8 @@ static void match_incoming(shm_ctx *c, int src, shm_incoming *in) {
     if (u) u->data = malloc(in->bytes ? in->bytes : 1);
     if (!u || !u->data) {
         free(u);
-        td__shm_poison(c, TD_ENOMEM, "p2p: rank %d: out of memory for a %zu-byte message from rank %d", c->rank,
+        td__shm_poison(c, TD_ENOMEM,
+                       "p2p: rank %d: out of memory for a %zu-byte message from rank %d", c->rank,
                        in->bytes, src);
         in->dst = NULL;
         return;
@@ -201,7 +204,8 @@ static void progress_recvs(shm_ctx *c) {
                 memcpy(&magic, h + 4, 4);
                 memcpy(&bytes, h + 8, 8);
                 if (magic != P2P_MAGIC) {
-                    td__shm_poison(c, TD_EPEER, "p2p: rank %d: corrupt message header from rank %d", c->rank, src);
+                    td__shm_poison(c, TD_EPEER, "p2p: rank %d: corrupt message header from rank %d",
+                                   c->rank, src);
                     break;
                 }
                 memset(in, 0, sizeof *in);
@@ -239,8 +243,9 @@ static void deliver_unexpected(shm_ctx *c, shm_unexpected *u) {
         if (u->bytes) memcpy(r->buf, u->data, u->bytes);
         req_finish(r, TD_OK);
     } else {
-        snprintf(r->error, sizeof r->error, "recv from rank %d tag %d: rank %d posted %zu bytes but rank %d sent %zu",
-                 u->src, u->tag, c->rank, r->bytes, u->src, u->bytes);
+        snprintf(r->error, sizeof r->error,
+                 "recv from rank %d tag %d: rank %d posted %zu bytes but rank %d sent %zu", u->src,
+                 u->tag, c->rank, r->bytes, u->src, u->bytes);
         req_finish(r, TD_EMISMATCH);
     }
     for (shm_unexpected **p = &c->unexpected; *p; p = &(*p)->next)
@@ -257,9 +262,12 @@ static td_status ensure_incoming(shm_ctx *c) {
     return c->incoming ? TD_OK : td__fail(TD_ENOMEM, "p2p: out of memory");
 }
 
-static td_status post(shm_ctx *c, int is_send, void *buf, size_t bytes, int peer, int tag, void **out) {
+static td_status post(shm_ctx *c, int is_send, void *buf, size_t bytes, int peer, int tag,
+                      void **out) {
     if (atomic_load(&c->head->poison)) return td__shm_poisoned(c, is_send ? "send" : "recv");
-    if (peer == c->rank) return td__fail(TD_EINVAL, "p2p: rank %d cannot %s itself", c->rank, is_send ? "send to" : "receive from");
+    if (peer == c->rank)
+        return td__fail(TD_EINVAL, "p2p: rank %d cannot %s itself", c->rank,
+                        is_send ? "send to" : "receive from");
     shm_p2p_req *r = calloc(1, sizeof *r);
     if (!r) return td__fail(TD_ENOMEM, "p2p: out of memory");
     r->is_send = is_send;
@@ -347,7 +355,8 @@ td_status td__shm_p2p_wait(void *ctx, void *req, double timeout_s) {
     shm_ctx *c = ctx;
     shm_p2p_req *r = req;
     shm_rank *me = &c->ranks[c->rank];
-    uint64_t start = td_time_ns(), deadline = start + (uint64_t)(timeout_s * 1e9), next_check = start + 5000000ull;
+    uint64_t start = td_time_ns(), deadline = start + (uint64_t)(timeout_s * 1e9),
+             next_check = start + 5000000ull;
     unsigned spins = 0;
     for (;;) {
         /* Spin first; only a sleeper asks peers to ring its bell. */
@@ -368,10 +377,13 @@ td_status td__shm_p2p_wait(void *ctx, void *req, double timeout_s) {
             next_check = now + 5000000ull;
             int pid = c->ranks[r->peer].pid;
             if (td__shm_pid_dead(pid))
-                s = td__shm_poison(c, TD_EPEER, "%s: rank %d: peer rank %d (pid %d) died", what, c->rank, r->peer, pid);
+                s = td__shm_poison(c, TD_EPEER, "%s: rank %d: peer rank %d (pid %d) died", what,
+                                   c->rank, r->peer, pid);
             else if (now >= deadline)
-                s = td__shm_poison(c, TD_ETIMEOUT, "%s (tag %d, %zu bytes): rank %d: rank %d did not %s within %.1f s",
-                                   what, r->tag, r->bytes, c->rank, r->peer, r->is_send ? "receive" : "send", timeout_s);
+                s = td__shm_poison(
+                    c, TD_ETIMEOUT,
+                    "%s (tag %d, %zu bytes): rank %d: rank %d did not %s within %.1f s", what,
+                    r->tag, r->bytes, c->rank, r->peer, r->is_send ? "receive" : "send", timeout_s);
         }
         if (!complete && !s && sleeper) td__shm_futex_wait(&me->p2p_bell, bell, 10000000ull);
         if (sleeper) atomic_fetch_sub(&me->p2p_sleeping, 1);
@@ -383,8 +395,10 @@ td_status td__shm_p2p_wait(void *ctx, void *req, double timeout_s) {
             free(r);
             return s;
         }
-        if (!sleeper && ++spins % 64 == 0) sched_yield(); /* a peer on our core needs it */
-        else if (!sleeper) cpu_relax();
+        if (!sleeper && ++spins % 64 == 0)
+            sched_yield(); /* a peer on our core needs it */
+        else if (!sleeper)
+            cpu_relax();
     }
 }
 

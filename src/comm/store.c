@@ -114,7 +114,8 @@ static store_entry *entry_find(store_server *s, const char *key) {
     return NULL;
 }
 
-static store_entry *entry_put(store_server *s, const char *key, const unsigned char *v, size_t len) {
+static store_entry *entry_put(store_server *s, const char *key, const unsigned char *v,
+                              size_t len) {
     store_entry *e = entry_find(s, key);
     unsigned char *copy = malloc(len ? len : 1);
     if (!copy) return NULL;
@@ -222,7 +223,9 @@ static int conn_handle(store_server *s, store_conn *c) {
     case OP_GET:
     case OP_WAIT: {
         store_entry *e = entry_find(s, key);
-        if (e) return op == OP_GET ? conn_reply(c, ST_OK, e->value, e->len) : conn_reply(c, ST_OK, NULL, 0);
+        if (e)
+            return op == OP_GET ? conn_reply(c, ST_OK, e->value, e->len)
+                                : conn_reply(c, ST_OK, NULL, 0);
         if (arg == 0) return conn_reply(c, ST_MISSING, NULL, 0);
         c->wait_key = strdup(key);
         if (!c->wait_key) return -1;
@@ -260,7 +263,8 @@ static void conn_read(store_server *s, store_conn *c) {
             conn_close(c);
             return;
         }
-        if (c->in_len == 0 && c->authed) c->deadline_ns = td_time_ns() + (uint64_t)(STORE_IO_TIMEOUT_S * 1e9);
+        if (c->in_len == 0 && c->authed)
+            c->deadline_ns = td_time_ns() + (uint64_t)(STORE_IO_TIMEOUT_S * 1e9);
         c->in_len += (size_t)r;
         if (c->in_len < c->in_need) continue;
         if (c->in_need == STORE_REQ_HDR) {
@@ -354,7 +358,8 @@ static void *server_main(void *arg) {
         pfd[1] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
         for (size_t i = 0; i < s->n_conns; i++) {
             store_conn *c = &s->conns[i];
-            pfd[i + 2] = (struct pollfd){.fd = c->fd, .events = (short)(POLLIN | (c->out_len ? POLLOUT : 0))};
+            pfd[i + 2] = (struct pollfd){.fd = c->fd,
+                                         .events = (short)(POLLIN | (c->out_len ? POLLOUT : 0))};
         }
         int ms = (int)((next - now) / 1000000ull) + 1;
         int n = poll(pfd, s->n_conns + 2, ms);
@@ -398,7 +403,8 @@ static td_status resolve(const char *host, int port, struct sockaddr_in *addr) {
     if (inet_pton(AF_INET, host, &addr->sin_addr) == 1) return TD_OK;
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
     int rc = getaddrinfo(host, NULL, &hints, &res);
-    if (rc != 0 || !res) return td__fail(TD_EINVAL, "store: cannot resolve host '%s': %s", host, gai_strerror(rc));
+    if (rc != 0 || !res)
+        return td__fail(TD_EINVAL, "store: cannot resolve host '%s': %s", host, gai_strerror(rc));
     addr->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
     freeaddrinfo(res);
     return TD_OK;
@@ -456,7 +462,8 @@ static void server_stop(store_server *s) {
 static uint64_t deadline_after(double seconds) { return td_time_ns() + (uint64_t)(seconds * 1e9); }
 
 /* Moves all `len` bytes in direction `out` before the deadline. */
-static td_status io_all(int fd, void *buf, size_t len, int out, uint64_t deadline, const char *what) {
+static td_status io_all(int fd, void *buf, size_t len, int out, uint64_t deadline,
+                        const char *what) {
     unsigned char *p = buf;
     while (len) {
         uint64_t now = td_time_ns();
@@ -478,11 +485,15 @@ static td_status io_all(int fd, void *buf, size_t len, int out, uint64_t deadlin
 }
 
 /* One request/reply exchange. `reply` gets the value (up to cap); *rlen the full length. */
-static td_status request(td_store *st, int op, const char *key, const void *value, size_t vlen, uint32_t arg,
-                         uint64_t deadline, int *status, void *reply, size_t cap, size_t *rlen, const char *what) {
+static td_status request(td_store *st, int op, const char *key, const void *value, size_t vlen,
+                         uint32_t arg, uint64_t deadline, int *status, void *reply, size_t cap,
+                         size_t *rlen, const char *what) {
     size_t klen = key ? strlen(key) : 0;
-    if (klen > TD_STORE_MAX_KEY) return td__fail(TD_EINVAL, "store: key '%.40s...' is over %d bytes", key, TD_STORE_MAX_KEY);
-    if (vlen > TD_STORE_MAX_VALUE) return td__fail(TD_EINVAL, "store: value of '%s' is over %u bytes", key, TD_STORE_MAX_VALUE);
+    if (klen > TD_STORE_MAX_KEY)
+        return td__fail(TD_EINVAL, "store: key '%.40s...' is over %d bytes", key, TD_STORE_MAX_KEY);
+    if (vlen > TD_STORE_MAX_VALUE)
+        return td__fail(TD_EINVAL, "store: value of '%s' is over %u bytes", key,
+                        TD_STORE_MAX_VALUE);
     unsigned char hdr[STORE_REQ_HDR] = {0};
     hdr[0] = (unsigned char)op;
     put_u32(hdr + 4, (uint32_t)klen);
@@ -524,7 +535,8 @@ td_status td_store_create(td_store **out, const td_store_params *params) {
     int port = params->port;
     if (port < 0 || port > 65535 || (port == 0 && !params->is_server))
         return td__fail(TD_EINVAL, "td_store_create: bad port %d", port);
-    if (strlen(token) > TD_STORE_MAX_VALUE) return td__fail(TD_EINVAL, "td_store_create: token too long");
+    if (strlen(token) > TD_STORE_MAX_VALUE)
+        return td__fail(TD_EINVAL, "td_store_create: token too long");
     td_store *st = calloc(1, sizeof *st);
     if (!st) return td__fail(TD_ENOMEM, "td_store_create: out of memory");
     st->fd = -1;
@@ -552,8 +564,8 @@ td_status td_store_create(td_store **out, const td_store_params *params) {
         last_errno = errno;
         close(fd);
         if (td_time_ns() >= deadline) {
-            s = td__fail(TD_ETIMEOUT, "store: cannot connect to %s:%d within %.1f s: %s", host, port, timeout,
-                         strerror(last_errno));
+            s = td__fail(TD_ETIMEOUT, "store: cannot connect to %s:%d within %.1f s: %s", host,
+                         port, timeout, strerror(last_errno));
             break;
         }
         struct timespec ts = {0, 20 * 1000 * 1000};
@@ -561,10 +573,12 @@ td_status td_store_create(td_store **out, const td_store_params *params) {
     }
     if (!s) {
         int status = -1;
-        s = request(st, OP_AUTH, NULL, token, strlen(token), 0, deadline_after(timeout), &status, NULL, 0, NULL,
-                    "authentication");
+        s = request(st, OP_AUTH, NULL, token, strlen(token), 0, deadline_after(timeout), &status,
+                    NULL, 0, NULL, "authentication");
         if (s == TD_EPEER || (!s && status != ST_OK))
-            s = td__fail(TD_EAUTH, "store: %s:%d rejected this process's token (TANDEM_TOKEN differs?)", host, port);
+            s = td__fail(TD_EAUTH,
+                         "store: %s:%d rejected this process's token (TANDEM_TOKEN differs?)", host,
+                         port);
     }
     if (s) {
         td_store_destroy(st);
@@ -585,7 +599,8 @@ void td_store_destroy(td_store *store) {
 int td_store_port(const td_store *store) { return store ? store->port : 0; }
 
 td_status td_store_set_timeout(td_store *store, double seconds) {
-    if (!store || !(seconds > 0)) return td__fail(TD_EINVAL, "td_store_set_timeout: need a store and seconds > 0");
+    if (!store || !(seconds > 0))
+        return td__fail(TD_EINVAL, "td_store_set_timeout: need a store and seconds > 0");
     store->timeout_s = seconds;
     return TD_OK;
 }
@@ -598,21 +613,24 @@ static td_status check_key(const td_store *store, const char *key, const char *f
 td_status td_store_set(td_store *store, const char *key, const void *value, size_t len) {
     td_status s = check_key(store, key, "td_store_set");
     if (s) return s;
-    if (!value && len) return td__fail(TD_EINVAL, "td_store_set('%s'): NULL value with length %zu", key, len);
+    if (!value && len)
+        return td__fail(TD_EINVAL, "td_store_set('%s'): NULL value with length %zu", key, len);
     int status;
     pthread_mutex_lock(&store->lock);
-    s = request(store, OP_SET, key, value, len, 0, deadline_after(store->timeout_s), &status, NULL, 0, NULL, "set");
+    s = request(store, OP_SET, key, value, len, 0, deadline_after(store->timeout_s), &status, NULL,
+                0, NULL, "set");
     pthread_mutex_unlock(&store->lock);
     return s;
 }
 
-static td_status wait_op(td_store *store, int op, const char *key, double timeout, void *value, size_t cap,
-                         size_t *len, const char *what) {
+static td_status wait_op(td_store *store, int op, const char *key, double timeout, void *value,
+                         size_t cap, size_t *len, const char *what) {
     int status;
     uint32_t ms = timeout * 1000 > 4e9 ? 4000000000u : (uint32_t)(timeout * 1000) + 1;
     pthread_mutex_lock(&store->lock);
     /* The server answers "missing" at its own deadline; allow for the round trip. */
-    td_status s = request(store, op, key, NULL, 0, ms, deadline_after(timeout + 5.0), &status, value, cap, len, what);
+    td_status s = request(store, op, key, NULL, 0, ms, deadline_after(timeout + 5.0), &status,
+                          value, cap, len, what);
     pthread_mutex_unlock(&store->lock);
     if (!s && status != ST_OK)
         s = td__fail(TD_ETIMEOUT, "store: key '%s' did not appear within %.1f s", key, timeout);
@@ -632,7 +650,8 @@ td_status td_store_get(td_store *store, const char *key, void *value, size_t cap
 td_status td_store_wait(td_store *store, const char *key, double timeout_s) {
     td_status s = check_key(store, key, "td_store_wait");
     if (s) return s;
-    return wait_op(store, OP_WAIT, key, timeout_s > 0 ? timeout_s : store->timeout_s, NULL, 0, NULL, "wait");
+    return wait_op(store, OP_WAIT, key, timeout_s > 0 ? timeout_s : store->timeout_s, NULL, 0, NULL,
+                   "wait");
 }
 
 td_status td_store_add(td_store *store, const char *key, int64_t delta, int64_t *result) {
@@ -643,7 +662,8 @@ td_status td_store_add(td_store *store, const char *key, int64_t delta, int64_t 
     int status;
     size_t rlen = 0;
     pthread_mutex_lock(&store->lock);
-    s = request(store, OP_ADD, key, b, 8, 0, deadline_after(store->timeout_s), &status, r, 8, &rlen, "add");
+    s = request(store, OP_ADD, key, b, 8, 0, deadline_after(store->timeout_s), &status, r, 8, &rlen,
+                "add");
     pthread_mutex_unlock(&store->lock);
     if (!s && rlen != 8) s = td__fail(TD_EPEER, "store: add('%s'): malformed reply", key);
     if (!s && result) *result = get_i64(r);

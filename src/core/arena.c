@@ -1,8 +1,8 @@
 /* A bump allocator made of a chain of blocks. Reset keeps the blocks, so a graph that
  * allocates the same activations every step stops calling malloc after the first. */
-#include "core_impl.h"
-
 #include <stdlib.h>
+
+#include "core_impl.h"
 
 #define TD_ARENA_ALIGN 64
 
@@ -13,14 +13,16 @@ typedef struct block {
 } block;
 
 struct td_arena {
-    block *head;    /* first block; allocation walks from `current` */
+    block *head; /* first block; allocation walks from `current` */
     block *current;
     size_t block_bytes;
     size_t used;
     size_t peak;
 };
 
-static size_t align_up(size_t n) { return (n + TD_ARENA_ALIGN - 1) & ~(size_t)(TD_ARENA_ALIGN - 1); }
+static size_t align_up(size_t n) {
+    return (n + TD_ARENA_ALIGN - 1) & ~(size_t)(TD_ARENA_ALIGN - 1);
+}
 
 static size_t header_bytes(void) { return align_up(sizeof(block)); }
 

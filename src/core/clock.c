@@ -1,8 +1,8 @@
 /* The monotonic clock every timing in tandem reads. */
 #define _POSIX_C_SOURCE 200809L
-#include "tandem/core.h"
-
 #include <time.h>
+
+#include "tandem/core.h"
 
 uint64_t td_time_ns(void) {
     struct timespec ts;

@@ -1,7 +1,7 @@
 /* Element types: sizes, names, and the bf16 / f16 <-> f32 conversions. */
-#include "tandem/core.h"
-
 #include <string.h>
+
+#include "tandem/core.h"
 
 size_t td_dtype_size(td_dtype dtype) {
     static const size_t sizes[TD_DTYPE_COUNT] = {4, 8, 2, 2, 4, 8, 1};
@@ -40,8 +40,8 @@ uint16_t td_f32_to_f16(float x) {
     uint32_t abs = u & 0x7fffffffu;
     if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
     if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow to inf */
-    if (abs < 0x38800000u) {                                    /* subnormal or zero */
-        float f = bits_f32(abs) * 16777216.0f;                  /* scale by 2^24 */
+    if (abs < 0x38800000u) {                                   /* subnormal or zero */
+        float f = bits_f32(abs) * 16777216.0f;                 /* scale by 2^24 */
         uint32_t m = (uint32_t)f;
         float rem = f - (float)m;
         if (rem > 0.5f || (rem == 0.5f && (m & 1u))) m++;

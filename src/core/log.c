@@ -1,9 +1,9 @@
 /* The process-wide log sink. The library never prints unless a sink is installed. */
-#include "core_impl.h"
-
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+
+#include "core_impl.h"
 
 static td_log_fn log_fn;
 static void *log_ctx;

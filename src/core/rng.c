@@ -1,8 +1,8 @@
 /* Philox4x32-10 (Salmon et al., SC'11): a counter-based generator, so any value of the
  * stream can be computed directly from (seed, position) without sequential state. */
-#include "tandem/core.h"
-
 #include <math.h>
+
+#include "tandem/core.h"
 
 void td_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]) {
     uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;

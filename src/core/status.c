@@ -1,15 +1,15 @@
 /* Status strings and the per-thread "last error" message that names what went wrong. */
-#include "core_impl.h"
-
 #include <stdarg.h>
 #include <stdio.h>
+
+#include "core_impl.h"
 
 static _Thread_local char last_error[1024];
 
 const char *td_status_string(td_status status) {
     switch (status) {
-#define TD_STATUS_CASE(name, value, text)                                                   \
-    case TD_##name:                                                                         \
+#define TD_STATUS_CASE(name, value, text) \
+    case TD_##name:                       \
         return text;
         TD_STATUS_MAP(TD_STATUS_CASE)
 #undef TD_STATUS_CASE

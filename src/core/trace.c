@@ -2,7 +2,6 @@
  *
  * Recording is cheap enough for tens of spans per step (one lock, two small strdup); it is
  * not meant for per-element events. It does not write anything until td_trace_write. */
-#include "core_impl.h"
 #include "tandem/trace.h"
 
 #include <pthread.h>
@@ -11,6 +10,8 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "core_impl.h"
 
 struct td_trace {
     pthread_mutex_t lock;
@@ -107,7 +108,8 @@ td_status td_trace_event_get(const td_trace *trace, size_t index, td_trace_event
     size_t n = trace->count;
     if (index < n) *out = trace->events[index];
     pthread_mutex_unlock((pthread_mutex_t *)&trace->lock);
-    if (index >= n) return td__fail(TD_EINVAL, "td_trace_event_get: index %zu >= %zu events", index, n);
+    if (index >= n)
+        return td__fail(TD_EINVAL, "td_trace_event_get: index %zu >= %zu events", index, n);
     return TD_OK;
 }
 
@@ -140,7 +142,9 @@ td_status td_trace_write(const td_trace *trace, const char *path) {
     }
     pthread_mutex_lock((pthread_mutex_t *)&trace->lock);
     fprintf(f, "{\"traceEvents\":[\n");
-    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}}",
+    fprintf(f,
+            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":"
+            "\"rank %d\"}}",
             trace->rank, trace->rank);
     for (size_t i = 0; i < trace->count; i++) {
         const td_trace_event *e = &trace->events[i];

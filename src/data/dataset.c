@@ -7,35 +7,39 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/core_impl.h"
 #include "tandem/data.h"
+
+#include "core/core_impl.h"
 
 struct td_dataset {
     size_t n;
     int ndim;
     int64_t shape[TD_MAX_DIMS];
-    size_t numel;   /* floats per sample */
-    float *x;       /* (n, shape...) */
-    int64_t *y;     /* (n) */
+    size_t numel; /* floats per sample */
+    float *x;     /* (n, shape...) */
+    int64_t *y;   /* (n) */
 };
 
-td_status td_dataset_create(td_dataset **out, size_t n, int sample_ndim, const int64_t *sample_shape) {
+td_status td_dataset_create(td_dataset **out, size_t n, int sample_ndim,
+                            const int64_t *sample_shape) {
     if (!out) return td__fail(TD_EINVAL, "td_dataset_create: out must not be NULL");
     *out = NULL;
     if (sample_ndim < 0 || sample_ndim > TD_MAX_DIMS - 1)
         return td__fail(TD_EINVAL, "td_dataset_create: sample_ndim %d, expected 0..%d", sample_ndim,
                         TD_MAX_DIMS - 1);
     if (sample_ndim > 0 && !sample_shape)
-        return td__fail(TD_EINVAL, "td_dataset_create: sample_shape is NULL for %d dims", sample_ndim);
+        return td__fail(TD_EINVAL, "td_dataset_create: sample_shape is NULL for %d dims",
+                        sample_ndim);
     size_t numel = 1;
     for (int i = 0; i < sample_ndim; i++) {
         if (sample_shape[i] <= 0)
-            return td__fail(TD_EINVAL, "td_dataset_create: sample_shape[%d] = %lld, expected > 0", i,
-                            (long long)sample_shape[i]);
+            return td__fail(TD_EINVAL, "td_dataset_create: sample_shape[%d] = %lld, expected > 0",
+                            i, (long long)sample_shape[i]);
         numel *= (size_t)sample_shape[i];
     }
     if (n > 0 && numel > SIZE_MAX / sizeof(float) / n)
-        return td__fail(TD_EINVAL, "td_dataset_create: %zu samples of %zu floats overflow", n, numel);
+        return td__fail(TD_EINVAL, "td_dataset_create: %zu samples of %zu floats overflow", n,
+                        numel);
     td_dataset *d = calloc(1, sizeof *d);
     if (!d) return td__fail(TD_ENOMEM, "td_dataset_create: out of memory");
     d->n = n;
@@ -46,7 +50,8 @@ td_status td_dataset_create(td_dataset **out, size_t n, int sample_ndim, const i
     d->y = calloc(n ? n : 1, sizeof(int64_t));
     if (!d->x || !d->y) {
         td_dataset_destroy(d);
-        return td__fail(TD_ENOMEM, "td_dataset_create: cannot allocate %zu samples of %zu floats", n, numel);
+        return td__fail(TD_ENOMEM, "td_dataset_create: cannot allocate %zu samples of %zu floats",
+                        n, numel);
     }
     *out = d;
     return TD_OK;
@@ -84,7 +89,9 @@ td_status td_dataset_load_fashion_mnist(td_dataset **out, const char *dir, td_sp
     if (!out) return td__fail(TD_EINVAL, "td_dataset_load_fashion_mnist: out must not be NULL");
     *out = NULL;
     if (split != TD_SPLIT_TRAIN && split != TD_SPLIT_TEST)
-        return td__fail(TD_EINVAL, "td_dataset_load_fashion_mnist: split %d is neither train nor test", (int)split);
+        return td__fail(TD_EINVAL,
+                        "td_dataset_load_fashion_mnist: split %d is neither train nor test",
+                        (int)split);
     if (!dir) dir = getenv("TD_FASHION_MNIST_DIR");
     if (!dir || !*dir) dir = "/usr/share/datasets/fashion-mnist";
     const char *prefix = split == TD_SPLIT_TRAIN ? "train" : "t10k";
@@ -103,9 +110,11 @@ td_status td_dataset_load_fashion_mnist(td_dataset **out, const char *dir, td_sp
     if ((st = td_idx_read(ipath, &images)) != TD_OK) goto done;
     if ((st = td_idx_read(lpath, &labels)) != TD_OK) goto done;
     if (images.dtype != TD_U8 || images.ndim != 3 || images.dims[1] != 28 || images.dims[2] != 28) {
-        st = td__fail(TD_EFORMAT, "%s: expected u8 images of shape (N, 28, 28), got %s with %d dims (%lld, %lld, ...)",
-                      ipath, td_dtype_name(images.dtype), images.ndim, (long long)images.dims[0],
-                      (long long)(images.ndim > 1 ? images.dims[1] : 0));
+        st = td__fail(
+            TD_EFORMAT,
+            "%s: expected u8 images of shape (N, 28, 28), got %s with %d dims (%lld, %lld, ...)",
+            ipath, td_dtype_name(images.dtype), images.ndim, (long long)images.dims[0],
+            (long long)(images.ndim > 1 ? images.dims[1] : 0));
         goto done;
     }
     if (labels.dtype != TD_U8 || labels.ndim != 1) {

@@ -9,8 +9,9 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "core/core_impl.h"
 #include "tandem/data.h"
+
+#include "core/core_impl.h"
 
 /* gzread takes an unsigned int length, so large files are read in pieces. */
 static size_t read_full(gzFile f, void *buf, size_t len, int *zerr) {
@@ -66,18 +67,29 @@ td_status td_idx_read(const char *path, td_idx *out) {
         goto done;
     }
     if (magic[0] != 0 || magic[1] != 0) {
-        st = td__fail(TD_EFORMAT, "%s: bad IDX magic %02x %02x %02x %02x (expected 00 00 type ndim)",
-                      path, magic[0], magic[1], magic[2], magic[3]);
+        st =
+            td__fail(TD_EFORMAT, "%s: bad IDX magic %02x %02x %02x %02x (expected 00 00 type ndim)",
+                     path, magic[0], magic[1], magic[2], magic[3]);
         goto done;
     }
     switch (magic[2]) {
-    case 0x08: out->dtype = TD_U8; break;
-    case 0x0C: out->dtype = TD_I32; break;
-    case 0x0D: out->dtype = TD_F32; break;
-    case 0x0E: out->dtype = TD_F64; break;
+    case 0x08:
+        out->dtype = TD_U8;
+        break;
+    case 0x0C:
+        out->dtype = TD_I32;
+        break;
+    case 0x0D:
+        out->dtype = TD_F32;
+        break;
+    case 0x0E:
+        out->dtype = TD_F64;
+        break;
     default:
-        st = td__fail(TD_EFORMAT, "%s: IDX type byte 0x%02x is not one of 08 (u8), 0C (i32), 0D (f32), 0E (f64)",
-                      path, magic[2]);
+        st =
+            td__fail(TD_EFORMAT,
+                     "%s: IDX type byte 0x%02x is not one of 08 (u8), 0C (i32), 0D (f32), 0E (f64)",
+                     path, magic[2]);
         goto done;
     }
     int ndim = magic[3];
@@ -107,7 +119,8 @@ td_status td_idx_read(const char *path, td_idx *out) {
     size_t bytes = count * elem;
     /* A lying header must not make us allocate terabytes before the read finds out. */
     if (bytes > ((size_t)1 << 36)) {
-        st = td__fail(TD_EFORMAT, "%s: header claims %zu bytes of data, more than the 64 GiB limit", path, bytes);
+        st = td__fail(TD_EFORMAT, "%s: header claims %zu bytes of data, more than the 64 GiB limit",
+                      path, bytes);
         goto done;
     }
     data = malloc(bytes ? bytes : 1);
@@ -122,7 +135,8 @@ td_status td_idx_read(const char *path, td_idx *out) {
         goto done;
     }
     if (got < bytes) {
-        st = td__fail(TD_EFORMAT, "%s: expected %zu bytes of data, file ends after %zu", path, bytes, got);
+        st = td__fail(TD_EFORMAT, "%s: expected %zu bytes of data, file ends after %zu", path,
+                      bytes, got);
         goto done;
     }
     unsigned char extra;

@@ -7,36 +7,37 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/core_impl.h"
 #include "tandem/data.h"
+
+#include "core/core_impl.h"
 
 enum { SLOT_FREE, SLOT_FILLING, SLOT_FULL, SLOT_HELD };
 
 typedef struct {
-    float *x;     /* (batch_size, sample_shape...) */
-    int64_t *y;   /* (batch_size) */
+    float *x;   /* (batch_size, sample_shape...) */
+    int64_t *y; /* (batch_size) */
     size_t size;
     size_t index;
     int state;
 } slot;
 
 struct td_loader {
-    td_dataset *dataset;  /* read-only here; the accessor wants a mutable pointer */
+    td_dataset *dataset; /* read-only here; the accessor wants a mutable pointer */
     td_loader_params p;
     td_sampler *sampler;
-    size_t numel;         /* floats per sample */
-    size_t per_rank;      /* sampler indices per epoch */
-    size_t nb;            /* batches per epoch */
+    size_t numel;    /* floats per sample */
+    size_t per_rank; /* sampler indices per epoch */
+    size_t nb;       /* batches per epoch */
     slot slots[2];
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop;
-    int busy;             /* the thread is copying into a slot outside the lock */
+    int busy; /* the thread is copying into a slot outside the lock */
     uint64_t epoch;
-    size_t next_fill;     /* next batch the thread fills */
-    size_t next_take;     /* next batch the caller gets */
-    int held;             /* slot the caller holds, or -1 */
+    size_t next_fill; /* next batch the thread fills */
+    size_t next_take; /* next batch the caller gets */
+    int held;         /* slot the caller holds, or -1 */
 };
 
 td_loader_params td_loader_default_params(void) {
@@ -77,7 +78,8 @@ static void *prefetch_main(void *arg) {
     td_loader *l = arg;
     pthread_mutex_lock(&l->mu);
     for (;;) {
-        while (!l->stop && !(l->next_fill < l->nb && free_slot(l) >= 0)) pthread_cond_wait(&l->cv, &l->mu);
+        while (!l->stop && !(l->next_fill < l->nb && free_slot(l) >= 0))
+            pthread_cond_wait(&l->cv, &l->mu);
         if (l->stop) break;
         int si = free_slot(l);
         slot *s = &l->slots[si];
@@ -95,11 +97,13 @@ static void *prefetch_main(void *arg) {
     return NULL;
 }
 
-td_status td_loader_create(td_loader **out, const td_dataset *dataset, const td_loader_params *params) {
+td_status td_loader_create(td_loader **out, const td_dataset *dataset,
+                           const td_loader_params *params) {
     if (!out || !dataset || !params)
         return td__fail(TD_EINVAL, "td_loader_create: out, dataset and params must not be NULL");
     *out = NULL;
-    if (params->batch_size < 1) return td__fail(TD_EINVAL, "td_loader_create: batch_size is 0, expected >= 1");
+    if (params->batch_size < 1)
+        return td__fail(TD_EINVAL, "td_loader_create: batch_size is 0, expected >= 1");
     td_loader *l = calloc(1, sizeof *l);
     if (!l) return td__fail(TD_ENOMEM, "td_loader_create: out of memory");
     l->dataset = (td_dataset *)dataset;
@@ -130,7 +134,8 @@ td_status td_loader_create(td_loader **out, const td_dataset *dataset, const td_
             }
             td_sampler_destroy(l->sampler);
             free(l);
-            return td__fail(TD_ENOMEM, "td_loader_create: cannot allocate batches of %zu samples", bs);
+            return td__fail(TD_ENOMEM, "td_loader_create: cannot allocate batches of %zu samples",
+                            bs);
         }
     }
     pthread_mutex_init(&l->mu, NULL);
@@ -170,7 +175,8 @@ void td_loader_destroy(td_loader *l) {
 td_status td_loader_seek(td_loader *l, uint64_t epoch, size_t batch) {
     if (!l) return td__fail(TD_EINVAL, "td_loader_seek: loader is NULL");
     if (batch > l->nb)
-        return td__fail(TD_EINVAL, "td_loader_seek: batch %zu, the epoch has %zu batches", batch, l->nb);
+        return td__fail(TD_EINVAL, "td_loader_seek: batch %zu, the epoch has %zu batches", batch,
+                        l->nb);
     pthread_mutex_lock(&l->mu);
     /* The thread reads the sampler's indices while it copies, so wait for it to finish. */
     while (l->busy) pthread_cond_wait(&l->cv, &l->mu);
@@ -189,7 +195,8 @@ td_status td_loader_set_epoch(td_loader *l, uint64_t epoch) { return td_loader_s
 size_t td_loader_batches_per_epoch(const td_loader *l) { return l ? l->nb : 0; }
 
 td_status td_loader_next(td_loader *l, td_batch *batch) {
-    if (!l || !batch) return td__fail(TD_EINVAL, "td_loader_next: loader and batch must not be NULL");
+    if (!l || !batch)
+        return td__fail(TD_EINVAL, "td_loader_next: loader and batch must not be NULL");
     memset(batch, 0, sizeof *batch);
     pthread_mutex_lock(&l->mu);
     batch->epoch = l->epoch;

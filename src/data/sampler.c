@@ -6,16 +6,17 @@
  * computes the same one without communicating. */
 #include <stdlib.h>
 
-#include "core/core_impl.h"
 #include "tandem/data.h"
+
+#include "core/core_impl.h"
 
 struct td_sampler {
     td_sampler_params p;
-    size_t n;            /* dataset size */
-    size_t num_samples;  /* per rank */
-    size_t total_size;   /* num_samples * world_size */
-    size_t *perm;        /* (n) scratch for the permutation */
-    size_t *indices;     /* (num_samples) this rank's share */
+    size_t n;           /* dataset size */
+    size_t num_samples; /* per rank */
+    size_t total_size;  /* num_samples * world_size */
+    size_t *perm;       /* (n) scratch for the permutation */
+    size_t *indices;    /* (num_samples) this rank's share */
     uint64_t epoch;
 };
 
@@ -30,15 +31,18 @@ td_sampler_params td_sampler_default_params(void) {
 }
 
 td_status td_sampler_create(td_sampler **out, size_t n, const td_sampler_params *params) {
-    if (!out || !params) return td__fail(TD_EINVAL, "td_sampler_create: out and params must not be NULL");
+    if (!out || !params)
+        return td__fail(TD_EINVAL, "td_sampler_create: out and params must not be NULL");
     *out = NULL;
     if (params->world_size < 1)
-        return td__fail(TD_EINVAL, "td_sampler_create: world_size %d, expected >= 1", params->world_size);
+        return td__fail(TD_EINVAL, "td_sampler_create: world_size %d, expected >= 1",
+                        params->world_size);
     if (params->rank < 0 || params->rank >= params->world_size)
         return td__fail(TD_EINVAL, "td_sampler_create: rank %d, expected 0..%d", params->rank,
                         params->world_size - 1);
     if (n == 0) return td__fail(TD_EINVAL, "td_sampler_create: the dataset is empty");
-    if (n > UINT32_MAX) return td__fail(TD_EINVAL, "td_sampler_create: %zu samples, at most 2^32-1 supported", n);
+    if (n > UINT32_MAX)
+        return td__fail(TD_EINVAL, "td_sampler_create: %zu samples, at most 2^32-1 supported", n);
     size_t world = (size_t)params->world_size;
     td_sampler *s = calloc(1, sizeof *s);
     if (!s) return td__fail(TD_ENOMEM, "td_sampler_create: out of memory");

@@ -5,12 +5,15 @@
  * bits. A non-finite norm is returned as is and leaves the gradients untouched. */
 #include <math.h>
 
-#include "core/core_impl.h"
 #include "tandem/optim.h"
 
+#include "core/core_impl.h"
+
 td_status td_clip_grad_norm(td_param *params, size_t n, double max_norm, double *total_norm) {
-    if (!params && n) return td__fail(TD_EINVAL, "td_clip_grad_norm: params is NULL with n = %zu", n);
-    if (!(max_norm > 0)) return td__fail(TD_EINVAL, "td_clip_grad_norm: max_norm %g, expected > 0", max_norm);
+    if (!params && n)
+        return td__fail(TD_EINVAL, "td_clip_grad_norm: params is NULL with n = %zu", n);
+    if (!(max_norm > 0))
+        return td__fail(TD_EINVAL, "td_clip_grad_norm: max_norm %g, expected > 0", max_norm);
     for (size_t i = 0; i < n; i++)
         if (params[i].grad && params[i].dtype != TD_F32)
             return td__fail(TD_EDTYPE, "td_clip_grad_norm: gradient of %s is %s, expected f32",

@@ -4,13 +4,14 @@
  * Scalars follow PyTorch: hyperparameters and bias corrections are computed in double (as
  * Python floats) and cast to float where PyTorch passes them into a float kernel. It does
  * not handle sparse gradients, amsgrad, maximize or per-group hyperparameters. */
+#include "tandem/optim.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core_impl.h"
-#include "tandem/optim.h"
 
 /* The update loops are the hot part and -O2's cheapest vectorizer cost model leaves them
  * scalar. (AdamW's sqrtf vectorizes only when the build passes -fno-math-errno.) */
@@ -24,17 +25,17 @@ enum { KIND_SGD, KIND_ADAMW };
 
 struct td_optim {
     int kind;
-    td_param *params;   /* caller's array, (n) */
+    td_param *params; /* caller's array, (n) */
     size_t n;
     double lr;
     td_sgd_params sgd;
     td_adamw_params adamw;
-    int64_t *steps;     /* (n) steps taken by each parameter */
-    float **buf1;       /* (n) momentum_buffer or exp_avg, each (params[i].count), or NULL */
-    float **buf2;       /* (n) exp_avg_sq, each (params[i].count), or NULL */
-    td_param *state;    /* (n_state) */
+    int64_t *steps;  /* (n) steps taken by each parameter */
+    float **buf1;    /* (n) momentum_buffer or exp_avg, each (params[i].count), or NULL */
+    float **buf2;    /* (n) exp_avg_sq, each (params[i].count), or NULL */
+    td_param *state; /* (n_state) */
     size_t n_state;
-    char **names;       /* (n_state) owned strings behind state[].name */
+    char **names; /* (n_state) owned strings behind state[].name */
 };
 
 td_sgd_params td_sgd_default_params(void) {
@@ -74,11 +75,14 @@ static td_status check_params(const char *who, const td_param *params, size_t n)
         const td_param *p = &params[i];
         if (!p->name) return td__fail(TD_EINVAL, "%s: params[%zu] has no name", who, i);
         if (p->dtype != TD_F32)
-            return td__fail(TD_EDTYPE, "%s: parameter %s is %s, expected f32", who, p->name, td_dtype_name(p->dtype));
-        if (!p->data && p->count) return td__fail(TD_EINVAL, "%s: parameter %s has no data", who, p->name);
+            return td__fail(TD_EDTYPE, "%s: parameter %s is %s, expected f32", who, p->name,
+                            td_dtype_name(p->dtype));
+        if (!p->data && p->count)
+            return td__fail(TD_EINVAL, "%s: parameter %s has no data", who, p->name);
         for (size_t j = 0; j < i; j++)
             if (strcmp(params[j].name, p->name) == 0)
-                return td__fail(TD_EINVAL, "%s: parameter name %s appears twice (params[%zu] and [%zu])", who,
+                return td__fail(TD_EINVAL,
+                                "%s: parameter name %s appears twice (params[%zu] and [%zu])", who,
                                 p->name, j, i);
     }
     return TD_OK;
@@ -131,13 +135,16 @@ static td_status create_common(td_optim **out, int kind, td_param *params, size_
         o->buf1[i] = calloc(c ? c : 1, sizeof(float));
         if (nbufs > 1) o->buf2[i] = calloc(c ? c : 1, sizeof(float));
         if (!o->buf1[i] || (nbufs > 1 && !o->buf2[i])) {
-            st = td__fail(TD_ENOMEM, "optimizer: cannot allocate state for %s (%zu floats)", params[i].name, c);
+            st = td__fail(TD_ENOMEM, "optimizer: cannot allocate state for %s (%zu floats)",
+                          params[i].name, c);
             goto fail;
         }
-        st = add_state(o, params[i].name, suffix1, o->buf1[i], c, TD_F32, params[i].ndim, params[i].shape);
+        st = add_state(o, params[i].name, suffix1, o->buf1[i], c, TD_F32, params[i].ndim,
+                       params[i].shape);
         if (st != TD_OK) goto fail;
         if (nbufs > 1) {
-            st = add_state(o, params[i].name, suffix2, o->buf2[i], c, TD_F32, params[i].ndim, params[i].shape);
+            st = add_state(o, params[i].name, suffix2, o->buf2[i], c, TD_F32, params[i].ndim,
+                           params[i].shape);
             if (st != TD_OK) goto fail;
         }
     }
@@ -153,13 +160,17 @@ td_status td_optim_create_sgd(td_optim **out, td_param *params, size_t n, const 
     *out = NULL;
     td_status st = check_params("td_optim_create_sgd", params, n);
     if (st != TD_OK) return st;
-    if (!(hp->lr >= 0)) return td__fail(TD_EINVAL, "td_optim_create_sgd: lr %g, expected >= 0", hp->lr);
+    if (!(hp->lr >= 0))
+        return td__fail(TD_EINVAL, "td_optim_create_sgd: lr %g, expected >= 0", hp->lr);
     if (!(hp->momentum >= 0))
         return td__fail(TD_EINVAL, "td_optim_create_sgd: momentum %g, expected >= 0", hp->momentum);
     if (!(hp->weight_decay >= 0))
-        return td__fail(TD_EINVAL, "td_optim_create_sgd: weight_decay %g, expected >= 0", hp->weight_decay);
+        return td__fail(TD_EINVAL, "td_optim_create_sgd: weight_decay %g, expected >= 0",
+                        hp->weight_decay);
     if (hp->nesterov && (hp->momentum <= 0 || hp->dampening != 0))
-        return td__fail(TD_EINVAL, "td_optim_create_sgd: nesterov needs momentum > 0 and dampening 0, got momentum %g dampening %g",
+        return td__fail(TD_EINVAL,
+                        "td_optim_create_sgd: nesterov needs momentum > 0 and dampening 0, got "
+                        "momentum %g dampening %g",
                         hp->momentum, hp->dampening);
     td_optim *o = NULL;
     st = create_common(&o, KIND_SGD, params, n, hp->momentum != 0 ? 1 : 0, "momentum_buffer", NULL);
@@ -170,18 +181,23 @@ td_status td_optim_create_sgd(td_optim **out, td_param *params, size_t n, const 
     return TD_OK;
 }
 
-td_status td_optim_create_adamw(td_optim **out, td_param *params, size_t n, const td_adamw_params *hp) {
-    if (!out || !hp) return td__fail(TD_EINVAL, "td_optim_create_adamw: out and hp must not be NULL");
+td_status td_optim_create_adamw(td_optim **out, td_param *params, size_t n,
+                                const td_adamw_params *hp) {
+    if (!out || !hp)
+        return td__fail(TD_EINVAL, "td_optim_create_adamw: out and hp must not be NULL");
     *out = NULL;
     td_status st = check_params("td_optim_create_adamw", params, n);
     if (st != TD_OK) return st;
-    if (!(hp->lr >= 0)) return td__fail(TD_EINVAL, "td_optim_create_adamw: lr %g, expected >= 0", hp->lr);
-    if (!(hp->eps >= 0)) return td__fail(TD_EINVAL, "td_optim_create_adamw: eps %g, expected >= 0", hp->eps);
+    if (!(hp->lr >= 0))
+        return td__fail(TD_EINVAL, "td_optim_create_adamw: lr %g, expected >= 0", hp->lr);
+    if (!(hp->eps >= 0))
+        return td__fail(TD_EINVAL, "td_optim_create_adamw: eps %g, expected >= 0", hp->eps);
     if (!(hp->beta1 >= 0 && hp->beta1 < 1) || !(hp->beta2 >= 0 && hp->beta2 < 1))
-        return td__fail(TD_EINVAL, "td_optim_create_adamw: betas (%g, %g), expected each in [0, 1)", hp->beta1,
-                        hp->beta2);
+        return td__fail(TD_EINVAL, "td_optim_create_adamw: betas (%g, %g), expected each in [0, 1)",
+                        hp->beta1, hp->beta2);
     if (!(hp->weight_decay >= 0))
-        return td__fail(TD_EINVAL, "td_optim_create_adamw: weight_decay %g, expected >= 0", hp->weight_decay);
+        return td__fail(TD_EINVAL, "td_optim_create_adamw: weight_decay %g, expected >= 0",
+                        hp->weight_decay);
     td_optim *o = NULL;
     st = create_common(&o, KIND_ADAMW, params, n, 2, "exp_avg", "exp_avg_sq");
     if (st != TD_OK) return st;
@@ -191,8 +207,9 @@ td_status td_optim_create_adamw(td_optim **out, td_param *params, size_t n, cons
     return TD_OK;
 }
 
-TD__VECTORIZE static void sgd_update(const td_sgd_params *hp, double lr, float *restrict p, const float *restrict g,
-                       float *restrict buf, size_t count, int first) {
+TD__VECTORIZE static void sgd_update(const td_sgd_params *hp, double lr, float *restrict p,
+                                     const float *restrict g, float *restrict buf, size_t count,
+                                     int first) {
     const float wd = (float)hp->weight_decay, mom = (float)hp->momentum;
     const float keep = (float)(1.0 - hp->dampening), neg_lr = (float)(-lr);
     if (!buf) {
@@ -220,8 +237,9 @@ TD__VECTORIZE static void sgd_update(const td_sgd_params *hp, double lr, float *
     }
 }
 
-TD__VECTORIZE static void adamw_update(const td_adamw_params *hp, double lr, int64_t step, float *restrict p,
-                         const float *restrict g, float *restrict m, float *restrict v, size_t count) {
+TD__VECTORIZE static void adamw_update(const td_adamw_params *hp, double lr, int64_t step,
+                                       float *restrict p, const float *restrict g,
+                                       float *restrict m, float *restrict v, size_t count) {
     const float decay = (float)(1.0 - lr * hp->weight_decay);
     const float b1 = (float)hp->beta1, b2 = (float)hp->beta2;
     const float one_b1 = (float)(1.0 - hp->beta1), one_b2 = (float)(1.0 - hp->beta2);
@@ -245,14 +263,16 @@ td_status td_optim_step(td_optim *o) {
         td_param *p = &o->params[i];
         if (!p->grad) continue;
         if (o->steps[i] < 0)
-            return td__fail(TD_ESTATE, "td_optim_step: optim.step of %s is %lld (a bad checkpoint?)", p->name,
+            return td__fail(TD_ESTATE,
+                            "td_optim_step: optim.step of %s is %lld (a bad checkpoint?)", p->name,
                             (long long)o->steps[i]);
         if (o->kind == KIND_SGD) {
             sgd_update(&o->sgd, o->lr, p->data, p->grad, o->buf1[i], p->count, o->steps[i] == 0);
             o->steps[i]++;
         } else {
             o->steps[i]++;
-            adamw_update(&o->adamw, o->lr, o->steps[i], p->data, p->grad, o->buf1[i], o->buf2[i], p->count);
+            adamw_update(&o->adamw, o->lr, o->steps[i], p->data, p->grad, o->buf1[i], o->buf2[i],
+                         p->count);
         }
     }
     return TD_OK;

@@ -43,8 +43,11 @@ double td_lr_schedule_at(const td_lr_schedule *s, int64_t t) {
         return s->base_lr * td_lr_linear_factor(s->warmup_start_factor, 1.0, s->warmup_steps, t);
     int64_t u = t - (s->warmup_steps > 0 ? s->warmup_steps : 0);
     switch (s->kind) {
-    case TD_LR_STEP: return td_lr_step(s->base_lr, s->step_size, s->gamma, u);
-    case TD_LR_COSINE: return td_lr_cosine(s->base_lr, s->eta_min, s->t_max, u);
-    default: return s->base_lr;
+    case TD_LR_STEP:
+        return td_lr_step(s->base_lr, s->step_size, s->gamma, u);
+    case TD_LR_COSINE:
+        return td_lr_cosine(s->base_lr, s->eta_min, s->t_max, u);
+    default:
+        return s->base_lr;
     }
 }

@@ -4,25 +4,26 @@
  *
  * It does not compute gradients or step the optimizer, and it knows nothing of graphs: the
  * caller says when a gradient is final. Collectives go through comm.h only. */
-#include "core/core_impl.h"
 #include "tandem/ddp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define DDP_ALIGN_FLOATS 16                 /* 64-byte offsets inside a bucket */
-#define DDP_BCAST_CHUNK ((size_t)8 << 20)   /* staging size of the coalesced broadcasts */
-#define DDP_UNUSED_NAMES 10                 /* names listed in a TD_EUNUSED message */
-#define DDP_TRACE_TID_BASE 0x7f000000       /* one trace track per bucket, apart from threads */
+#include "core/core_impl.h"
+
+#define DDP_ALIGN_FLOATS 16               /* 64-byte offsets inside a bucket */
+#define DDP_BCAST_CHUNK ((size_t)8 << 20) /* staging size of the coalesced broadcasts */
+#define DDP_UNUSED_NAMES 10               /* names listed in a TD_EUNUSED message */
+#define DDP_TRACE_TID_BASE 0x7f000000     /* one trace track per bucket, apart from threads */
 
 typedef struct {
-    float *buf;       /* (count + 1): gradients at their offsets, then the unready-count slot */
-    size_t count;     /* gradient floats, alignment padding included */
-    size_t *members;  /* (n_members) parameter indices in layout order */
+    float *buf;      /* (count + 1): gradients at their offsets, then the unready-count slot */
+    size_t count;    /* gradient floats, alignment padding included */
+    size_t *members; /* (n_members) parameter indices in layout order */
     size_t n_members;
-    size_t pending;   /* members not yet ready in this backward */
-    td_request *req;  /* non-NULL while the all-reduce is in flight */
+    size_t pending;  /* members not yet ready in this backward */
+    td_request *req; /* non-NULL while the all-reduce is in flight */
     uint64_t t_launch;
 } ddp_bucket;
 
@@ -34,7 +35,7 @@ struct td_ddp {
     td_param *buffers; /* (n_buffers), the caller's array */
     size_t n_buffers;
     td_ddp_params opt;
-    void **orig_grad; /* (n_params) grad pointers at creation, restored by destroy */
+    void **orig_grad;    /* (n_params) grad pointers at creation, restored by destroy */
     ddp_bucket *buckets; /* (n_buckets) */
     size_t n_buckets;
     size_t *bucket_of;      /* (n_params) */
@@ -91,7 +92,9 @@ static td_status ddp_broadcast_segments(td_ddp *d, const ddp_segment *seg, size_
     if (d->size == 1 || total == 0) return TD_OK;
     size_t cap = total < DDP_BCAST_CHUNK ? total : DDP_BCAST_CHUNK;
     unsigned char *stage = malloc(cap);
-    if (!stage) return td__fail(TD_ENOMEM, "ddp rank %d: out of memory for a %zu-byte broadcast buffer", d->rank, cap);
+    if (!stage)
+        return td__fail(TD_ENOMEM, "ddp rank %d: out of memory for a %zu-byte broadcast buffer",
+                        d->rank, cap);
     td_status s = TD_OK;
     size_t si = 0, so = 0; /* read position: segment, offset */
     for (size_t done = 0; done < total && s == TD_OK;) {
@@ -128,7 +131,8 @@ static td_status ddp_broadcast_tensors(td_ddp *d, td_param *t, size_t n) {
     if (n == 0 || d->size == 1) return TD_OK;
     ddp_segment *seg = calloc(n, sizeof *seg);
     if (!seg) return td__fail(TD_ENOMEM, "ddp rank %d: out of memory", d->rank);
-    for (size_t i = 0; i < n; i++) seg[i] = (ddp_segment){t[i].data, t[i].count * td_dtype_size(t[i].dtype)};
+    for (size_t i = 0; i < n; i++)
+        seg[i] = (ddp_segment){t[i].data, t[i].count * td_dtype_size(t[i].dtype)};
     td_status s = ddp_broadcast_segments(d, seg, n);
     free(seg);
     return s;
@@ -169,20 +173,24 @@ static const char *ddp_kind(int64_t kind) { return kind ? "buffer" : "parameter"
 static td_status ddp_check_local(td_ddp *d) {
     for (size_t i = 0; i < d->n_params; i++) {
         const td_param *p = &d->params[i];
-        if (!p->name) return td__fail(TD_EINVAL, "ddp rank %d: parameter %zu has no name", d->rank, i);
+        if (!p->name)
+            return td__fail(TD_EINVAL, "ddp rank %d: parameter %zu has no name", d->rank, i);
         if (p->dtype != TD_F32)
-            return td__fail(TD_EDTYPE, "ddp rank %d: parameter '%s' is %s; DDP reduces f32 parameters", d->rank,
-                            p->name, td_dtype_name(p->dtype));
+            return td__fail(TD_EDTYPE,
+                            "ddp rank %d: parameter '%s' is %s; DDP reduces f32 parameters",
+                            d->rank, p->name, td_dtype_name(p->dtype));
         if (!p->data && p->count)
             return td__fail(TD_EINVAL, "ddp rank %d: parameter '%s' has no data", d->rank, p->name);
         if (p->ndim < 0 || p->ndim > TD_MAX_DIMS)
-            return td__fail(TD_EINVAL, "ddp rank %d: parameter '%s' has ndim %d", d->rank, p->name, p->ndim);
+            return td__fail(TD_EINVAL, "ddp rank %d: parameter '%s' has ndim %d", d->rank, p->name,
+                            p->ndim);
     }
     for (size_t i = 0; i < d->n_buffers; i++) {
         const td_param *b = &d->buffers[i];
         if (!b->name || (!b->data && b->count) || td_dtype_size(b->dtype) == 0)
-            return td__fail(TD_EINVAL, "ddp rank %d: buffer %zu (%s) has no name, no data or a bad dtype", d->rank,
-                            i, b->name ? b->name : "unnamed");
+            return td__fail(TD_EINVAL,
+                            "ddp rank %d: buffer %zu (%s) has no name, no data or a bad dtype",
+                            d->rank, i, b->name ? b->name : "unnamed");
     }
     return TD_OK;
 }
@@ -196,8 +204,10 @@ static td_status ddp_check_registration(td_ddp *d) {
     if (!mine) return td__fail(TD_ENOMEM, "ddp rank %d: out of memory", d->rank);
     uint64_t hash = 14695981039346656037ull;
     for (size_t i = 0; i < n; i++) {
-        if (i < d->n_params) ddp_sig_fill(&mine[i], &d->params[i], 0);
-        else ddp_sig_fill(&mine[i], &d->buffers[i - d->n_params], 1);
+        if (i < d->n_params)
+            ddp_sig_fill(&mine[i], &d->params[i], 0);
+        else
+            ddp_sig_fill(&mine[i], &d->buffers[i - d->n_params], 1);
         hash = ddp_fnv(hash, &mine[i], sizeof mine[i]);
     }
     int64_t summary[4] = {(int64_t)d->n_params, (int64_t)d->n_buffers, (int64_t)hash, local};
@@ -212,15 +222,18 @@ static td_status ddp_check_registration(td_ddp *d) {
     for (int r = 0; r < d->size; r++) {
         if (all[r * 4 + 3] != 0) {
             s = (td_status)all[r * 4 + 3];
-            if (r == d->rank) td__fail(s, "%s", local_msg);
-            else td__fail(s, "ddp rank %d: rank %d rejected its parameters (%s; its error names the problem)",
-                          d->rank, r, td_status_string(s));
+            if (r == d->rank)
+                td__fail(s, "%s", local_msg);
+            else
+                td__fail(s,
+                         "ddp rank %d: rank %d rejected its parameters (%s; its error names the "
+                         "problem)",
+                         d->rank, r, td_status_string(s));
             goto done;
         }
     }
     int same = 1;
-    for (int r = 1; r < d->size; r++)
-        same &= memcmp(&all[r * 4], &all[0], 3 * sizeof *all) == 0;
+    for (int r = 1; r < d->size; r++) same &= memcmp(&all[r * 4], &all[0], 3 * sizeof *all) == 0;
     if (same) goto done;
 
     /* Names and shapes differ somewhere: each rank compares itself with rank 0's list and
@@ -256,16 +269,19 @@ static td_status ddp_check_registration(td_ddp *d) {
             char a[160], b[160];
             ddp_shape_str(a, sizeof a, x->rank0.ndim, x->rank0.shape);
             ddp_shape_str(b, sizeof b, x->mine.ndim, x->mine.shape);
-            s = td__fail(TD_ESHAPE,
-                         "ddp rank %d: registrations differ at %s %lld: rank 0 has '%s' %s %s but rank %d has "
-                         "'%s' %s %s; every rank must register the same parameters in the same order",
-                         d->rank, ddp_kind(x->rank0.kind), (long long)x->index, x->rank0.name,
-                         td_dtype_name((td_dtype)x->rank0.dtype), a, r, x->mine.name,
-                         td_dtype_name((td_dtype)x->mine.dtype), b);
+            s = td__fail(
+                TD_ESHAPE,
+                "ddp rank %d: registrations differ at %s %lld: rank 0 has '%s' %s %s but rank %d "
+                "has "
+                "'%s' %s %s; every rank must register the same parameters in the same order",
+                d->rank, ddp_kind(x->rank0.kind), (long long)x->index, x->rank0.name,
+                td_dtype_name((td_dtype)x->rank0.dtype), a, r, x->mine.name,
+                td_dtype_name((td_dtype)x->mine.dtype), b);
         } else {
             const ddp_sig *extra = (size_t)x->index < n0 ? &x->rank0 : &x->mine;
             s = td__fail(TD_ESHAPE,
-                         "ddp rank %d: rank 0 registered %lld parameters and %lld buffers but rank %d registered "
+                         "ddp rank %d: rank 0 registered %lld parameters and %lld buffers but rank "
+                         "%d registered "
                          "%lld and %lld (first unmatched: %s '%s' on rank %d)",
                          d->rank, (long long)all[0], (long long)all[1], r, (long long)x->n_params,
                          (long long)x->n_buffers, ddp_kind(extra->kind), extra->name,
@@ -273,8 +289,10 @@ static td_status ddp_check_registration(td_ddp *d) {
         }
         goto done;
     }
-    s = td__fail(TD_ESHAPE, "ddp rank %d: parameter signatures differ between ranks but no difference was found",
-                 d->rank);
+    s = td__fail(
+        TD_ESHAPE,
+        "ddp rank %d: parameter signatures differ between ranks but no difference was found",
+        d->rank);
 done:
     free(mine);
     free(all);
@@ -336,7 +354,8 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
     }
     /* Told before the old buckets go, so a follower may still copy from its old pointer. */
     if (d->opt.grad_moved)
-        for (size_t i = 0; i < n; i++) d->opt.grad_moved(i, d->params[i].grad, d->opt.grad_moved_ctx);
+        for (size_t i = 0; i < n; i++)
+            d->opt.grad_moved(i, d->params[i].grad, d->opt.grad_moved_ctx);
     for (k = 0; k < n_buckets; k++) nb[k].pending = nb[k].n_members;
     ddp_free_buckets(d->buckets, d->n_buckets);
     free(d->bucket_of);
@@ -356,8 +375,8 @@ oom:
 
 /* ---- creation ---------------------------------------------------------------------- */
 
-td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_params, td_param *buffers,
-                        size_t n_buffers, const td_ddp_params *p) {
+td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_params,
+                        td_param *buffers, size_t n_buffers, const td_ddp_params *p) {
     if (!out || !comm || (n_params && !params) || (n_buffers && !buffers))
         return td__fail(TD_EINVAL, "td_ddp_create: out, comm, params or buffers is NULL");
     *out = NULL;
@@ -370,8 +389,10 @@ td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_
     d->n_params = n_params;
     d->buffers = buffers;
     d->n_buffers = n_buffers;
-    if (p) d->opt = *p;
-    else td_ddp_default_params(&d->opt);
+    if (p)
+        d->opt = *p;
+    else
+        td_ddp_default_params(&d->opt);
     d->sync = 1;
     size_t n = n_params ? n_params : 1;
     d->orig_grad = calloc(n, sizeof *d->orig_grad);
@@ -398,8 +419,8 @@ td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_
         td_ddp_destroy(d);
         return td__fail(s, "%s", msg);
     }
-    td__log(TD_LOG_INFO, "ddp rank %d/%d: %zu parameters, %zu buffers, %zu buckets", d->rank, d->size, n_params,
-            n_buffers, d->n_buckets);
+    td__log(TD_LOG_INFO, "ddp rank %d/%d: %zu parameters, %zu buffers, %zu buckets", d->rank,
+            d->size, n_params, n_buffers, d->n_buckets);
     *out = d;
     return TD_OK;
 }
@@ -409,9 +430,10 @@ td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_
 static void ddp_trace_done(td_ddp *d, size_t k) {
     if (!d->opt.trace) return;
     char name[64];
-    snprintf(name, sizeof name, "allreduce bucket %zu (%zu bytes)", k, d->buckets[k].count * sizeof(float));
-    (void)td_trace_span_on(d->opt.trace, name, "ddp", DDP_TRACE_TID_BASE + (int)k, d->buckets[k].t_launch,
-                           td_time_ns());
+    snprintf(name, sizeof name, "allreduce bucket %zu (%zu bytes)", k,
+             d->buckets[k].count * sizeof(float));
+    (void)td_trace_span_on(d->opt.trace, name, "ddp", DDP_TRACE_TID_BASE + (int)k,
+                           d->buckets[k].t_launch, td_time_ns());
 }
 
 static void ddp_launch(td_ddp *d, size_t k, float unready) {
@@ -466,15 +488,17 @@ static void ddp_reset_iteration(td_ddp *d) {
 td_status td_ddp_grad_ready(td_ddp *d, size_t i) {
     if (!d) return td__fail(TD_EINVAL, "td_ddp_grad_ready: ddp is NULL");
     if (i >= d->n_params)
-        return td__fail(TD_EINVAL, "ddp rank %d: grad_ready for parameter index %zu, but %zu are registered", d->rank,
-                        i, d->n_params);
+        return td__fail(TD_EINVAL,
+                        "ddp rank %d: grad_ready for parameter index %zu, but %zu are registered",
+                        d->rank, i, d->n_params);
     d->touched[i] = 1;
     if (!d->sync) return TD_OK; /* no_sync: the gradient just accumulates where it is */
     if (d->ready[i])
-        return td__fail(TD_ESTATE,
-                        "ddp rank %d: parameter '%s' (index %zu) was marked ready twice in one backward; call "
-                        "td_ddp_finish_backward after every backward",
-                        d->rank, d->params[i].name, i);
+        return td__fail(
+            TD_ESTATE,
+            "ddp rank %d: parameter '%s' (index %zu) was marked ready twice in one backward; call "
+            "td_ddp_finish_backward after every backward",
+            d->rank, d->params[i].name, i);
     d->ready[i] = 1;
     d->n_ready++;
     if (d->opt.rebuild_buckets && d->stats.rebuilds == 0) d->order[d->n_order++] = i;
@@ -516,7 +540,9 @@ static td_status ddp_rebuild(td_ddp *d) {
         memset(seen, 0, n ? n : 1);
         for (size_t j = 0; j < n; j++) {
             if (order[j] < 0 || (size_t)order[j] >= n || seen[order[j]]) {
-                s = td__fail(TD_EFORMAT, "ddp rank %d: rank 0's bucket order is not a permutation at %zu", d->rank, j);
+                s = td__fail(TD_EFORMAT,
+                             "ddp rank %d: rank 0's bucket order is not a permutation at %zu",
+                             d->rank, j);
                 break;
             }
             seen[order[j]] = 1;
@@ -556,7 +582,8 @@ td_status td_ddp_finish_backward(td_ddp *d) {
     }
     /* The last bucket is always launched last, so its slot holds every rank's count (their
      * mean when averaging). */
-    double unready_all = d->n_buckets ? d->buckets[d->n_buckets - 1].buf[d->buckets[d->n_buckets - 1].count] : 0;
+    double unready_all =
+        d->n_buckets ? d->buckets[d->n_buckets - 1].buf[d->buckets[d->n_buckets - 1].count] : 0;
     if (d->opt.average) unready_all *= d->size;
     d->stats.sync_steps++;
     td_status s = TD_OK;
@@ -567,22 +594,28 @@ td_status td_ddp_finish_backward(td_ddp *d) {
         for (size_t i = 0; i < d->n_params && len < sizeof names; i++) {
             if (d->ready[i]) continue;
             if (listed == DDP_UNUSED_NAMES) {
-                len += (size_t)snprintf(names + len, sizeof names - len, ", ... (%zu in all)", n_unready);
+                len += (size_t)snprintf(names + len, sizeof names - len, ", ... (%zu in all)",
+                                        n_unready);
                 break;
             }
-            len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", listed ? ", " : "", d->params[i].name);
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", listed ? ", " : "",
+                                    d->params[i].name);
             listed++;
         }
         if (n_unready)
-            s = td__fail(TD_EUNUSED,
-                         "ddp rank %d: %zu parameter(s) received no gradient (no td_ddp_grad_ready) in this "
-                         "backward: %s; set find_unused_parameters = 1 if parts of the model are unused in some "
-                         "iterations",
-                         d->rank, n_unready, names);
+            s = td__fail(
+                TD_EUNUSED,
+                "ddp rank %d: %zu parameter(s) received no gradient (no td_ddp_grad_ready) in this "
+                "backward: %s; set find_unused_parameters = 1 if parts of the model are unused in "
+                "some "
+                "iterations",
+                d->rank, n_unready, names);
         else
             s = td__fail(TD_EUNUSED,
-                         "ddp rank %d: %.0f parameter(s) on other ranks received no gradient in this backward (their "
-                         "errors name them); set find_unused_parameters = 1 if parts of the model are unused in some "
+                         "ddp rank %d: %.0f parameter(s) on other ranks received no gradient in "
+                         "this backward (their "
+                         "errors name them); set find_unused_parameters = 1 if parts of the model "
+                         "are unused in some "
                          "iterations",
                          d->rank, unready_all);
     } else if (d->opt.rebuild_buckets && d->stats.rebuilds == 0) {
@@ -597,21 +630,25 @@ td_status td_ddp_finish_backward(td_ddp *d) {
 td_status td_ddp_prepare_forward(td_ddp *d) {
     if (!d) return td__fail(TD_EINVAL, "td_ddp_prepare_forward: ddp is NULL");
     if (d->sync && (d->n_ready > 0 || d->next_bucket > 0))
-        return td__fail(TD_ESTATE, "ddp rank %d: the previous backward was not ended with td_ddp_finish_backward",
-                        d->rank);
+        return td__fail(
+            TD_ESTATE,
+            "ddp rank %d: the previous backward was not ended with td_ddp_finish_backward",
+            d->rank);
     if (!d->sync || !d->opt.broadcast_buffers) return TD_OK;
     return ddp_broadcast_tensors(d, d->buffers, d->n_buffers);
 }
 
 void td_ddp_zero_grad(td_ddp *d) {
     if (!d) return;
-    for (size_t k = 0; k < d->n_buckets; k++) memset(d->buckets[k].buf, 0, d->buckets[k].count * sizeof(float));
+    for (size_t k = 0; k < d->n_buckets; k++)
+        memset(d->buckets[k].buf, 0, d->buckets[k].count * sizeof(float));
 }
 
 td_status td_ddp_set_sync(td_ddp *d, int sync) {
     if (!d) return td__fail(TD_EINVAL, "td_ddp_set_sync: ddp is NULL");
     if (d->sync && (d->n_ready > 0 || d->next_bucket > 0))
-        return td__fail(TD_ESTATE, "ddp rank %d: td_ddp_set_sync in the middle of a backward", d->rank);
+        return td__fail(TD_ESTATE, "ddp rank %d: td_ddp_set_sync in the middle of a backward",
+                        d->rank);
     d->sync = sync != 0;
     return TD_OK;
 }
@@ -634,7 +671,8 @@ void td_ddp_destroy(td_ddp *d) {
         ddp_wait_all(d);
         for (size_t i = 0; i < d->n_params; i++) {
             void *orig = d->orig_grad[i];
-            if (orig && d->params[i].grad) memcpy(orig, d->params[i].grad, d->params[i].count * sizeof(float));
+            if (orig && d->params[i].grad)
+                memcpy(orig, d->params[i].grad, d->params[i].count * sizeof(float));
             d->params[i].grad = orig;
             if (d->opt.grad_moved) d->opt.grad_moved(i, orig, d->opt.grad_moved_ctx);
         }

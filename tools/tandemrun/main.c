@@ -146,12 +146,12 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
         for (size_t k = 0; k < nlen; k++) name[k] = body[k] == '_' ? '-' : body[k];
         name[nlen] = '\0';
         const char *value = eq ? eq + 1 : NULL;
-#define TAKES_VALUE()                                                                    \
-    do {                                                                                 \
-        if (!value) {                                                                    \
-            if (i + 1 >= argc) return usage_error("option '%s' needs a value", arg);     \
-            value = argv[++i];                                                           \
-        }                                                                                \
+#define TAKES_VALUE()                                                                \
+    do {                                                                             \
+        if (!value) {                                                                \
+            if (i + 1 >= argc) return usage_error("option '%s' needs a value", arg); \
+            value = argv[++i];                                                       \
+        }                                                                            \
     } while (0)
         if (strcmp(name, "h") == 0 || strcmp(name, "help") == 0) {
             fputs(usage_text, stdout);
@@ -178,7 +178,8 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
         } else if (strcmp(name, "timeout") == 0) {
             TAKES_VALUE();
             if (!parse_seconds(value, &o->timeout_s))
-                return usage_error("--timeout must be a positive number of seconds, got '%s'", value);
+                return usage_error("--timeout must be a positive number of seconds, got '%s'",
+                                   value);
         } else if (strcmp(name, "grace-period") == 0) {
             TAKES_VALUE();
             if (!parse_seconds(value, &o->grace_s))
@@ -199,7 +200,8 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
             TAKES_VALUE();
             if (strcmp(value, "1") != 0 && strcmp(value, "1:1") != 0)
                 return usage_error("--nnodes %s: tandemrun runs one host; use mpirun or srun for "
-                                   "several (see docs/launching.md)", value);
+                                   "several (see docs/launching.md)",
+                                   value);
         } else if (strcmp(name, "node-rank") == 0) {
             TAKES_VALUE();
             if (strcmp(value, "0") != 0)
@@ -217,14 +219,17 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
             o->nproc = (int)v;
         } else {
             return usage_error("--nproc-per-node must be an integer from 1 to 1024 or 'auto', "
-                               "got '%s'", nproc_arg);
+                               "got '%s'",
+                               nproc_arg);
         }
     } else {
         o->nproc = o->have_devices ? o->have_devices : 1;
     }
     if (o->have_devices && o->have_devices != o->nproc) {
-        fprintf(stderr, "tandemrun: --nproc-per-node %d but --devices lists %d devices; "
-                        "give one device per rank\n", o->nproc, o->have_devices);
+        fprintf(stderr,
+                "tandemrun: --nproc-per-node %d but --devices lists %d devices; "
+                "give one device per rank\n",
+                o->nproc, o->have_devices);
         return 2;
     }
     if (i >= argc) return usage_error("no program to run%s", "");

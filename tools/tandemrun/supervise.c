@@ -153,10 +153,10 @@ static void exec_rank(const tr_options *o, int rank, int out_w, int err_w, const
 typedef struct {
     const tr_options *o;
     tr_rank *ranks;
-    int running;     /* ranks not yet reaped */
-    int stopping;    /* the job is being torn down */
-    int exit_code;   /* -1 until something decides it */
-    double kill_at;  /* when stopping: SIGKILL the survivors at this time */
+    int running;    /* ranks not yet reaped */
+    int stopping;   /* the job is being torn down */
+    int exit_code;  /* -1 until something decides it */
+    double kill_at; /* when stopping: SIGKILL the survivors at this time */
 } job;
 
 static void signal_all(job *j, int sig) {
@@ -234,12 +234,14 @@ static int open_pipe(int p[2]) {
 int tr_run_job(const tr_options *o) {
     char token[33];
     if (make_token(token) != 0) {
-        fprintf(stderr, "tandemrun: cannot read /dev/urandom for the job token: %s\n", strerror(errno));
+        fprintf(stderr, "tandemrun: cannot read /dev/urandom for the job token: %s\n",
+                strerror(errno));
         return 1;
     }
     int port = o->master_port ? o->master_port : pick_free_port();
     if (port <= 0) {
-        fprintf(stderr, "tandemrun: cannot find a free port for MASTER_PORT: %s\n", strerror(errno));
+        fprintf(stderr, "tandemrun: cannot find a free port for MASTER_PORT: %s\n",
+                strerror(errno));
         return 1;
     }
     cpu_set_t allowed;
@@ -364,8 +366,8 @@ int tr_run_job(const tr_options *o) {
                     int sig = sigs[k];
                     if (sig == SIGCHLD) continue;
                     if (!j.stopping) {
-                        fprintf(stderr, "tandemrun: received %s; stopping %d rank%s\n", sig_name(sig),
-                                j.running, j.running == 1 ? "" : "s");
+                        fprintf(stderr, "tandemrun: received %s; stopping %d rank%s\n",
+                                sig_name(sig), j.running, j.running == 1 ? "" : "s");
                         stop_job(&j, sig, 128 + sig);
                     } else if (sig == SIGINT) { /* a second Ctrl-C: do not wait out the grace */
                         signal_all(&j, SIGKILL);
@@ -380,8 +382,8 @@ int tr_run_job(const tr_options *o) {
             j.kill_at = t + 1.0;
         }
         if (!j.stopping && deadline > 0 && t >= deadline) {
-            fprintf(stderr, "tandemrun: job timed out after %g s; stopping %d rank%s\n", o->timeout_s,
-                    j.running, j.running == 1 ? "" : "s");
+            fprintf(stderr, "tandemrun: job timed out after %g s; stopping %d rank%s\n",
+                    o->timeout_s, j.running, j.running == 1 ? "" : "s");
             stop_job(&j, SIGTERM, 124);
         }
     }

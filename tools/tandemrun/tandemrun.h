@@ -11,36 +11,36 @@
 
 /* The command line, after validation. */
 typedef struct {
-    int nproc;                /* ranks on this host */
+    int nproc;                 /* ranks on this host */
     int devices[TR_MAX_RANKS]; /* GPU id of each local rank when have_devices */
     int have_devices;
     const char *master_addr;
-    int master_port;          /* 0: pick a free one */
-    int prefix;               /* "[rank K] " before every output line */
-    int tee;                  /* also write each rank's output to log_dir/rank_K.log */
+    int master_port; /* 0: pick a free one */
+    int prefix;      /* "[rank K] " before every output line */
+    int tee;         /* also write each rank's output to log_dir/rank_K.log */
     const char *log_dir;
-    double timeout_s;         /* 0: no limit on the job's wall-clock time */
-    double grace_s;           /* SIGTERM -> SIGKILL delay when stopping ranks */
-    const char *program;      /* resolved path of the program */
-    char **argv;              /* program's argv (argv[0] as the user wrote it) */
+    double timeout_s;    /* 0: no limit on the job's wall-clock time */
+    double grace_s;      /* SIGTERM -> SIGKILL delay when stopping ranks */
+    const char *program; /* resolved path of the program */
+    char **argv;         /* program's argv (argv[0] as the user wrote it) */
 } tr_options;
 
 /* One captured output stream of a rank (stdout or stderr). */
 typedef struct {
-    int fd;        /* read end of the pipe, -1 once at EOF */
-    int out_fd;    /* where prefixed lines go: 1 or 2 */
-    char *buf;     /* bytes of the current, unfinished line */
+    int fd;     /* read end of the pipe, -1 once at EOF */
+    int out_fd; /* where prefixed lines go: 1 or 2 */
+    char *buf;  /* bytes of the current, unfinished line */
     size_t len, cap;
 } tr_stream;
 
 /* One rank of the job. */
 typedef struct {
     int rank;
-    pid_t pid;     /* also its process group id; 0 once reaped */
+    pid_t pid; /* also its process group id; 0 once reaped */
     int running;
-    int status;    /* waitpid status once reaped */
+    int status; /* waitpid status once reaped */
     tr_stream out, err;
-    int log_fd;    /* --tee file, or -1 */
+    int log_fd; /* --tee file, or -1 */
 } tr_rank;
 
 /* Parses argv into opts; on a usage error prints why and returns 2, on --help returns 1. */

@@ -36,10 +36,12 @@ void td__mpi_unlock(void) {
 td_status td__mpi_error(int code, const char *call) {
     char text[MPI_MAX_ERROR_STRING];
     int len = 0, cls = MPI_ERR_OTHER;
-    if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "code %d", code);
+    if (MPI_Error_string(code, text, &len) != MPI_SUCCESS)
+        snprintf(text, sizeof text, "code %d", code);
     MPI_Error_class(code, &cls);
     if (cls == MPI_ERR_TRUNCATE) /* a receive shorter than what was sent */
-        return td__fail(TD_EMISMATCH, "%s: the sender sent more than the receiver's count (%s)", call, text);
+        return td__fail(TD_EMISMATCH, "%s: the sender sent more than the receiver's count (%s)",
+                        call, text);
     return td__fail(TD_EBACKEND, "%s failed: %s", call, text);
 }
 
@@ -58,9 +60,10 @@ td_status td__mpi_wait(td__mpi_ctx *ctx, MPI_Request *req, MPI_Status *status, d
         if (done) return TD_OK;
         uint64_t elapsed = td_time_ns() - start;
         if (elapsed > limit)
-            return td__fail(TD_ETIMEOUT, "%s on rank %d of %d timed out after %.3g s (a peer failed, "
-                            "is slow, or did not make the same call)", what, ctx->rank, ctx->size,
-                            timeout_s);
+            return td__fail(TD_ETIMEOUT,
+                            "%s on rank %d of %d timed out after %.3g s (a peer failed, "
+                            "is slow, or did not make the same call)",
+                            what, ctx->rank, ctx->size, timeout_s);
         /* MPI moves data only inside our MPI_Test calls, so a sleep between calls stalls a
          * transfer that is under way (a 1 ms nap made large all-reduces 3x slower). Poll,
          * yielding the core so that more ranks than cores still progress; only a wait longer
@@ -168,8 +171,8 @@ static td_status check_peer(td__mpi_ctx *ctx, int peer, int tag, size_t bytes, c
     if (ctx->broken)
         return td__fail(TD_ESTATE, "mpi %s: the group is unusable after an earlier timeout", what);
     if (peer < 0 || peer >= ctx->size || peer == ctx->rank)
-        return td__fail(TD_EINVAL, "mpi %s: peer rank %d is not another rank of this group of %d", what,
-                        peer, ctx->size);
+        return td__fail(TD_EINVAL, "mpi %s: peer rank %d is not another rank of this group of %d",
+                        what, peer, ctx->size);
     void *tag_ub = NULL;
     int flag = 0;
     td__mpi_lock();
@@ -179,8 +182,9 @@ static td_status check_peer(td__mpi_ctx *ctx, int peer, int tag, size_t bytes, c
     if (tag < 0 || tag > max_tag)
         return td__fail(TD_EINVAL, "mpi %s: tag %d is outside 0..%d", what, tag, max_tag);
     if (bytes > INT_MAX)
-        return td__fail(TD_EUNSUPPORTED, "mpi %s: %zu bytes is more than one MPI message holds (%d)", what,
-                        bytes, INT_MAX);
+        return td__fail(TD_EUNSUPPORTED,
+                        "mpi %s: %zu bytes is more than one MPI message holds (%d)", what, bytes,
+                        INT_MAX);
     return TD_OK;
 }
 
@@ -221,9 +225,10 @@ static td_status finish_p2p(td__mpi_ctx *ctx, mpi_p2p *p, const MPI_Status *stat
         int got = 0;
         MPI_Get_count(status, MPI_BYTE, &got);
         if ((size_t)got != p->bytes)
-            st = td__fail(TD_EMISMATCH, "rank %d received %d bytes from rank %d with tag %d, expected %zu "
-                          "(sender and receiver disagree on count or dtype)", ctx->rank, got, p->peer,
-                          p->tag, p->bytes);
+            st = td__fail(TD_EMISMATCH,
+                          "rank %d received %d bytes from rank %d with tag %d, expected %zu "
+                          "(sender and receiver disagree on count or dtype)",
+                          ctx->rank, got, p->peer, p->tag, p->bytes);
     }
     free(p);
     return st;
@@ -234,7 +239,8 @@ static td_status mpi_p2p_wait(void *vctx, void *req, double timeout_s) {
     mpi_p2p *p = req;
     MPI_Status status;
     char what[64];
-    snprintf(what, sizeof what, "%s with rank %d, tag %d", p->recv ? "recv" : "send", p->peer, p->tag);
+    snprintf(what, sizeof what, "%s with rank %d, tag %d", p->recv ? "recv" : "send", p->peer,
+             p->tag);
     td_status st = td__mpi_wait(ctx, &p->req, &status, timeout_s, what);
     if (st == TD_OK) return finish_p2p(ctx, p, &status);
     /* Give up on the transfer: a receive can be cancelled; a send cannot (MPI deprecates it),
@@ -271,7 +277,8 @@ static td_status mpi_split(void *vctx, int color, int key, double timeout_s, voi
                            td__group_shape *child_shape) {
     td__mpi_ctx *ctx = vctx;
     *child = NULL;
-    if (ctx->broken) return td__fail(TD_ESTATE, "mpi split: the group is unusable after an earlier timeout");
+    if (ctx->broken)
+        return td__fail(TD_ESTATE, "mpi split: the group is unusable after an earlier timeout");
     /* MPI_Comm_split blocks without a bound, so first make sure, within the timeout, that
      * every rank is alive and splitting too. */
     int64_t hdr[6] = {TD__MPI_KIND_SPLIT, -1, -1, 0, -1, -1};
@@ -330,7 +337,8 @@ td_status td__mpi_create(const td_comm_params *params, void **out, td__group_sha
      * about which job it is in. */
     if (params && ((params->rank >= 0 && params->rank != ctx->rank) ||
                    (params->world_size >= 0 && params->world_size != ctx->size))) {
-        st = td__fail(TD_EINVAL, "mpi backend: params ask for rank %d of %d but MPI says rank %d of %d",
+        st = td__fail(TD_EINVAL,
+                      "mpi backend: params ask for rank %d of %d but MPI says rank %d of %d",
                       params->rank, params->world_size, ctx->rank, ctx->size);
         mpi_destroy(ctx);
         return st;

@@ -31,9 +31,11 @@ static int is_rooted(td__coll_kind kind) {
 
 /* "allreduce #4 (f32, 1009 elements, sum)" for an error message. */
 static void describe(const int64_t h[6], char *out, size_t cap) {
-    if (h[0] == TD__MPI_KIND_SPLIT) snprintf(out, cap, "split");
-    else td__coll_describe(out, cap, (td__coll_kind)h[0], (uint64_t)h[1], (td_dtype)h[2], (size_t)h[3],
-                           (td_reduce_op)h[4], (int)h[5]);
+    if (h[0] == TD__MPI_KIND_SPLIT)
+        snprintf(out, cap, "split");
+    else
+        td__coll_describe(out, cap, (td__coll_kind)h[0], (uint64_t)h[1], (td_dtype)h[2],
+                          (size_t)h[3], (td_reduce_op)h[4], (int)h[5]);
 }
 
 td_status td__mpi_agree(td__mpi_ctx *ctx, const int64_t hdr[6], double timeout_s) {
@@ -63,8 +65,10 @@ td_status td__mpi_agree(td__mpi_ctx *ctx, const int64_t hdr[6], double timeout_s
             char da[128], db[128];
             describe(a, da, sizeof da);
             describe(b, db, sizeof db);
-            st = td__fail(TD_EMISMATCH, "ranks called different collectives: rank 0 called %s but rank %d "
-                          "called %s", da, r, db);
+            st = td__fail(TD_EMISMATCH,
+                          "ranks called different collectives: rank 0 called %s but rank %d "
+                          "called %s",
+                          da, r, db);
         }
     }
     free(all);
@@ -73,23 +77,34 @@ td_status td__mpi_agree(td__mpi_ctx *ctx, const int64_t hdr[6], double timeout_s
 
 static MPI_Datatype mpi_type(td_dtype dtype) {
     switch (dtype) {
-    case TD_F32: return MPI_FLOAT;
-    case TD_F64: return MPI_DOUBLE;
-    case TD_I32: return MPI_INT32_T;
-    case TD_I64: return MPI_INT64_T;
-    case TD_U8: return MPI_UINT8_T;
+    case TD_F32:
+        return MPI_FLOAT;
+    case TD_F64:
+        return MPI_DOUBLE;
+    case TD_I32:
+        return MPI_INT32_T;
+    case TD_I64:
+        return MPI_INT64_T;
+    case TD_U8:
+        return MPI_UINT8_T;
     case TD_BF16:
-    case TD_F16: return MPI_UINT16_T; /* moved as bits; reduced through f32 */
-    default: return MPI_DATATYPE_NULL;
+    case TD_F16:
+        return MPI_UINT16_T; /* moved as bits; reduced through f32 */
+    default:
+        return MPI_DATATYPE_NULL;
     }
 }
 
 static MPI_Op mpi_op(td_reduce_op op) {
     switch (op) {
-    case TD_OP_PROD: return MPI_PROD;
-    case TD_OP_MIN: return MPI_MIN;
-    case TD_OP_MAX: return MPI_MAX;
-    default: return MPI_SUM; /* SUM, and AVG before its division */
+    case TD_OP_PROD:
+        return MPI_PROD;
+    case TD_OP_MIN:
+        return MPI_MIN;
+    case TD_OP_MAX:
+        return MPI_MAX;
+    default:
+        return MPI_SUM; /* SUM, and AVG before its division */
     }
 }
 
@@ -105,11 +120,20 @@ static void widen(const void *src, td_dtype dtype, void *dst, size_t n) {
     int64_t *l = dst;
     for (size_t i = 0; i < n; i++) {
         switch (dtype) {
-        case TD_BF16: f[i] = td_bf16_to_f32(((const uint16_t *)src)[i]); break;
-        case TD_F16: f[i] = td_f16_to_f32(((const uint16_t *)src)[i]); break;
-        case TD_U8: l[i] = ((const uint8_t *)src)[i]; break;
-        case TD_I32: l[i] = ((const int32_t *)src)[i]; break;
-        default: return;
+        case TD_BF16:
+            f[i] = td_bf16_to_f32(((const uint16_t *)src)[i]);
+            break;
+        case TD_F16:
+            f[i] = td_f16_to_f32(((const uint16_t *)src)[i]);
+            break;
+        case TD_U8:
+            l[i] = ((const uint8_t *)src)[i];
+            break;
+        case TD_I32:
+            l[i] = ((const int32_t *)src)[i];
+            break;
+        default:
+            return;
         }
     }
 }
@@ -120,11 +144,20 @@ static void narrow(const void *src, void *dst, td_dtype dtype, size_t n, int div
     const int64_t *l = src;
     for (size_t i = 0; i < n; i++) {
         switch (dtype) {
-        case TD_BF16: ((uint16_t *)dst)[i] = td_f32_to_bf16(f[i] / (float)divisor); break;
-        case TD_F16: ((uint16_t *)dst)[i] = td_f32_to_f16(f[i] / (float)divisor); break;
-        case TD_U8: ((uint8_t *)dst)[i] = (uint8_t)(l[i] / divisor); break;
-        case TD_I32: ((int32_t *)dst)[i] = (int32_t)(l[i] / divisor); break;
-        default: return;
+        case TD_BF16:
+            ((uint16_t *)dst)[i] = td_f32_to_bf16(f[i] / (float)divisor);
+            break;
+        case TD_F16:
+            ((uint16_t *)dst)[i] = td_f32_to_f16(f[i] / (float)divisor);
+            break;
+        case TD_U8:
+            ((uint8_t *)dst)[i] = (uint8_t)(l[i] / divisor);
+            break;
+        case TD_I32:
+            ((int32_t *)dst)[i] = (int32_t)(l[i] / divisor);
+            break;
+        default:
+            return;
         }
     }
 }
@@ -133,10 +166,17 @@ static void narrow(const void *src, void *dst, td_dtype dtype, size_t n, int div
 static void divide(void *buf, td_dtype dtype, size_t n, int divisor) {
     for (size_t i = 0; i < n; i++) {
         switch (dtype) {
-        case TD_F32: ((float *)buf)[i] /= (float)divisor; break;
-        case TD_F64: ((double *)buf)[i] /= (double)divisor; break;
-        case TD_I64: ((int64_t *)buf)[i] /= divisor; break;
-        default: return;
+        case TD_F32:
+            ((float *)buf)[i] /= (float)divisor;
+            break;
+        case TD_F64:
+            ((double *)buf)[i] /= (double)divisor;
+            break;
+        case TD_I64:
+            ((int64_t *)buf)[i] /= divisor;
+            break;
+        default:
+            return;
         }
     }
 }
@@ -170,17 +210,19 @@ static void scratch_free(scratch *s) {
 
 /* Starts the MPI call for `c`; fills *post with what to do after it completes. */
 typedef struct {
-    void *reduced;     /* the reduction's result in the compute dtype (NULL: none here) */
-    void *result;      /* where the caller wants it */
+    void *reduced; /* the reduction's result in the compute dtype (NULL: none here) */
+    void *result;  /* where the caller wants it */
     size_t count;
     td_dtype cdtype;
-    int convert;       /* narrow reduced -> result */
-    int divisor;       /* AVG: group size, else 1 */
+    int convert; /* narrow reduced -> result */
+    int divisor; /* AVG: group size, else 1 */
 } post_step;
 
-static td_status start(td__mpi_ctx *ctx, const td__coll *c, scratch *s, post_step *post, MPI_Request *req) {
+static td_status start(td__mpi_ctx *ctx, const td__coll *c, scratch *s, post_step *post,
+                       MPI_Request *req) {
     const int rank = ctx->rank, size = ctx->size, n = (int)c->count;
-    const size_t es = td_dtype_size(c->dtype), bytes = c->count * es, all_bytes = bytes * (size_t)size;
+    const size_t es = td_dtype_size(c->dtype), bytes = c->count * es,
+                 all_bytes = bytes * (size_t)size;
     MPI_Datatype t = mpi_type(c->dtype);
     MPI_Comm comm = ctx->comm;
     const void *send = c->send;
@@ -194,21 +236,25 @@ static td_status start(td__mpi_ctx *ctx, const td__coll *c, scratch *s, post_ste
         td_dtype cd = compute_dtype(c->dtype, c->op);
         const int convert = cd != c->dtype;
         const int root_here = c->kind != TD__COLL_REDUCE || rank == c->root;
-        const size_t in_count = c->kind == TD__COLL_REDUCE_SCATTER ? c->count * (size_t)size : c->count;
+        const size_t in_count =
+            c->kind == TD__COLL_REDUCE_SCATTER ? c->count * (size_t)size : c->count;
         const size_t ces = td_dtype_size(cd);
         MPI_Datatype ct = mpi_type(cd);
         void *in, *out; /* MPI's send and receive buffers, in the compute dtype */
         if (convert) {
             in = scratch_alloc(s, in_count * ces);
             out = c->kind == TD__COLL_REDUCE_SCATTER ? scratch_alloc(s, c->count * ces) : in;
-            if (!in || !out) return td__fail(TD_ENOMEM, "mpi %s: out of memory for f32 scratch", td__coll_name(c->kind));
+            if (!in || !out)
+                return td__fail(TD_ENOMEM, "mpi %s: out of memory for f32 scratch",
+                                td__coll_name(c->kind));
             widen(send, c->dtype, in, in_count);
         } else {
             in = (void *)send;
             out = recv;
             if (!in_place && overlaps(send, in_count * es, recv, root_here ? c->count * es : 0)) {
                 in = scratch_copy(s, send, in_count * es);
-                if (!in) return td__fail(TD_ENOMEM, "mpi %s: out of memory", td__coll_name(c->kind));
+                if (!in)
+                    return td__fail(TD_ENOMEM, "mpi %s: out of memory", td__coll_name(c->kind));
             }
         }
         /* When in == out MPI wants MPI_IN_PLACE (reduce_scatter: input in recv, size * count). */
@@ -221,7 +267,8 @@ static td_status start(td__mpi_ctx *ctx, const td__coll *c, scratch *s, post_ste
         case TD__COLL_REDUCE:
             call = "MPI_Ireduce";
             if (!root_here) mpi_in = in; /* MPI_IN_PLACE is for the root only */
-            rc = MPI_Ireduce(mpi_in, root_here ? out : NULL, n, ct, mpi_op(c->op), c->root, comm, req);
+            rc = MPI_Ireduce(mpi_in, root_here ? out : NULL, n, ct, mpi_op(c->op), c->root, comm,
+                             req);
             break;
         default:
             call = "MPI_Ireduce_scatter_block";
@@ -251,7 +298,8 @@ static td_status start(td__mpi_ctx *ctx, const td__coll *c, scratch *s, post_ste
                 in = MPI_IN_PLACE; /* NCCL's in place: own part already in position */
             } else if (gets && overlaps(send, bytes, recv, all_bytes)) {
                 in = scratch_copy(s, send, bytes); /* e.g. send == recv on rank > 0 */
-                if (!in) return td__fail(TD_ENOMEM, "mpi %s: out of memory", td__coll_name(c->kind));
+                if (!in)
+                    return td__fail(TD_ENOMEM, "mpi %s: out of memory", td__coll_name(c->kind));
             }
             if (c->kind == TD__COLL_ALLGATHER) {
                 call = "MPI_Iallgather";
@@ -300,17 +348,22 @@ static td_status start(td__mpi_ctx *ctx, const td__coll *c, scratch *s, post_ste
  * alike and none is left waiting. */
 static td_status validate(const td__mpi_ctx *ctx, const td__coll *c) {
     const char *name = td__coll_name(c->kind);
-    if (c->kind < 0 || c->kind >= TD__COLL_COUNT) return td__fail(TD_EINVAL, "mpi: unknown collective %d", (int)c->kind);
+    if (c->kind < 0 || c->kind >= TD__COLL_COUNT)
+        return td__fail(TD_EINVAL, "mpi: unknown collective %d", (int)c->kind);
     if (c->kind == TD__COLL_BARRIER) return TD_OK;
-    if (mpi_type(c->dtype) == MPI_DATATYPE_NULL) return td__fail(TD_EDTYPE, "mpi %s: invalid dtype %d", name, (int)c->dtype);
+    if (mpi_type(c->dtype) == MPI_DATATYPE_NULL)
+        return td__fail(TD_EDTYPE, "mpi %s: invalid dtype %d", name, (int)c->dtype);
     if (is_reduction(c->kind) && (c->op < 0 || c->op >= TD_OP_COUNT))
         return td__fail(TD_EINVAL, "mpi %s: invalid reduce op %d", name, (int)c->op);
     if (is_rooted(c->kind) && (c->root < 0 || c->root >= ctx->size))
-        return td__fail(TD_EINVAL, "mpi %s: root %d is not a rank of this group of %d", name, c->root, ctx->size);
-    size_t limit = c->kind == TD__COLL_REDUCE_SCATTER ? (size_t)INT_MAX / (size_t)ctx->size : (size_t)INT_MAX;
+        return td__fail(TD_EINVAL, "mpi %s: root %d is not a rank of this group of %d", name,
+                        c->root, ctx->size);
+    size_t limit =
+        c->kind == TD__COLL_REDUCE_SCATTER ? (size_t)INT_MAX / (size_t)ctx->size : (size_t)INT_MAX;
     if (c->count > limit)
-        return td__fail(TD_EUNSUPPORTED, "mpi %s: count %zu is more than MPI's per-call limit (%zu)", name,
-                        c->count, limit);
+        return td__fail(TD_EUNSUPPORTED,
+                        "mpi %s: count %zu is more than MPI's per-call limit (%zu)", name, c->count,
+                        limit);
     return TD_OK;
 }
 
@@ -350,8 +403,10 @@ td_status td__mpi_collective(void *vctx, const td__coll *c, double timeout_s) {
         return st;
     }
     if (post.reduced) {
-        if (post.convert) narrow(post.reduced, post.result, c->dtype, post.count, post.divisor);
-        else if (post.divisor > 1) divide(post.reduced, post.cdtype, post.count, post.divisor);
+        if (post.convert)
+            narrow(post.reduced, post.result, c->dtype, post.count, post.divisor);
+        else if (post.divisor > 1)
+            divide(post.reduced, post.cdtype, post.count, post.divisor);
     }
     scratch_free(&s);
     return TD_OK;

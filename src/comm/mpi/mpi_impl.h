@@ -14,7 +14,7 @@
 typedef struct {
     MPI_Comm comm;
     int rank, size;
-    int check;  /* exchange call headers before every collective (TANDEM_MPI_CHECK, default 1) */
+    int check; /* exchange call headers before every collective (TANDEM_MPI_CHECK, default 1) */
     _Atomic int broken; /* a collective timed out and may still be in flight: unusable */
 } td__mpi_ctx;
 
