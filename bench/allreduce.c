@@ -2,7 +2,9 @@
  * steps), the median time of several timed iterations after warm-up, algbw = bytes / time
  * and busbw = algbw * 2(n-1)/n, for tandem's shm backend and, when launched under mpirun
  * with an MPI build, tandem's mpi backend and Open MPI's own MPI_Allreduce in the same run,
- * with the shm/MPI ratio. It checks each result once but is not a test.
+ * with the shm/MPI ratio. The shm-reg column is the shm backend in place on a td_comm_alloc
+ * buffer (the zero-copy path DDP's buckets take), with its own reg/MPI ratio. It checks each
+ * result once but is not a test.
  *
  *   mpirun --oversubscribe -np 2 build/bench/allreduce [--json] [--max-bytes N]
  *   build/bench/allreduce --np 2 [--json]      (no launcher: forks its own ranks, shm only)
@@ -34,11 +36,13 @@
         }                                                                      \
     } while (0)
 
-enum { IMPL_SHM, IMPL_TDMPI, IMPL_MPI, IMPL_COUNT };
-static const char *const impl_names[IMPL_COUNT] = {"shm", "mpi-backend", "MPI_Allreduce"};
+enum { IMPL_SHM, IMPL_SHM_REG, IMPL_TDMPI, IMPL_MPI, IMPL_COUNT };
+static const char *const impl_names[IMPL_COUNT] = {"shm", "shm-reg", "mpi-backend",
+                                                   "MPI_Allreduce"};
 
 typedef struct {
     td_comm *shm, *tdmpi;
+    float *reg; /* (max count) from td_comm_alloc on shm, all-reduced in place */
     int rank, size, mpi;
 } bench;
 
@@ -49,7 +53,7 @@ static int cmp_double(const void *a, const void *b) {
 
 static void barrier(bench *b, int impl) {
 #ifdef BENCH_MPI
-    if (impl != IMPL_SHM) {
+    if (impl != IMPL_SHM && impl != IMPL_SHM_REG) {
         MPI_Barrier(MPI_COMM_WORLD);
         return;
     }
@@ -62,6 +66,9 @@ static void run_one(bench *b, int impl, const float *send, float *recv, size_t c
     switch (impl) {
     case IMPL_SHM:
         CHECK(td_comm_allreduce(b->shm, send, recv, count, TD_F32, TD_OP_SUM));
+        break;
+    case IMPL_SHM_REG:
+        CHECK(td_comm_allreduce(b->shm, b->reg, b->reg, count, TD_F32, TD_OP_SUM));
         break;
     case IMPL_TDMPI:
         CHECK(td_comm_allreduce(b->tdmpi, send, recv, count, TD_F32, TD_OP_SUM));
@@ -79,6 +86,8 @@ static void run_one(bench *b, int impl, const float *send, float *recv, size_t c
 /* Median seconds per call; each iteration's time is the slowest rank's. */
 static double time_impl(bench *b, int impl, const float *send, float *recv, size_t count, int warm,
                         int iters) {
+    /* In place, a sum of zeros stays zeros (and costs what ones do); the check below refills. */
+    if (impl == IMPL_SHM_REG) memset(b->reg, 0, count * sizeof(float));
     for (int i = 0; i < warm; i++) run_one(b, impl, send, recv, count);
     double *t = malloc((size_t)iters * sizeof *t), *tmax = malloc((size_t)iters * sizeof *t);
     for (int i = 0; i < iters; i++) {
@@ -92,6 +101,11 @@ static double time_impl(bench *b, int impl, const float *send, float *recv, size
     double med = tmax[iters / 2];
     free(t);
     free(tmax);
+    if (impl == IMPL_SHM_REG) {
+        for (size_t i = 0; i < count; i++) b->reg[i] = 1.0f;
+        run_one(b, impl, send, recv, count);
+        recv = b->reg;
+    }
     if (recv[0] != (float)b->size || recv[count - 1] != (float)b->size) {
         fprintf(stderr, "%s: wrong result %g (expected %d)\n", impl_names[impl], recv[0], b->size);
         exit(1);
@@ -100,8 +114,11 @@ static double time_impl(bench *b, int impl, const float *send, float *recv, size
 }
 
 static void run(bench *b, int json, size_t max_bytes) {
-    int have[IMPL_COUNT] = {1, b->tdmpi != NULL, b->mpi};
+    int have[IMPL_COUNT] = {1, 1, b->tdmpi != NULL, b->mpi};
     size_t max_count = max_bytes / sizeof(float);
+    void *reg = NULL;
+    CHECK(td_comm_alloc(b->shm, max_count * sizeof(float), &reg));
+    b->reg = reg;
     float *send = malloc(max_count * sizeof(float)), *recv = malloc(max_count * sizeof(float));
     if (!send || !recv) {
         fprintf(stderr, "out of memory for %zu-byte buffers\n", max_bytes);
@@ -110,14 +127,15 @@ static void run(bench *b, int json, size_t max_bytes) {
     for (size_t i = 0; i < max_count; i++) send[i] = 1.0f, recv[i] = 0;
     double factor = 2.0 * (b->size - 1) / b->size;
     if (b->rank == 0 && !json) {
-        printf("# tandem allreduce: f32 sum, %d ranks, out of place, median of timed iterations\n",
+        printf("# tandem allreduce: f32 sum, %d ranks, out of place (shm-reg: in place on "
+               "td_comm_alloc memory), median of timed iterations\n",
                b->size);
         printf("# busbw = algbw * 2(n-1)/n\n#\n");
         printf("# %10s %10s", "size(B)", "count");
         for (int k = 0; k < IMPL_COUNT; k++)
             if (have[k])
                 printf(" | %-13s %9s %8s %8s", impl_names[k], "time(us)", "algbw", "busbw");
-        if (have[IMPL_MPI]) printf(" | shm/MPI");
+        if (have[IMPL_MPI]) printf(" | shm/MPI reg/MPI");
         printf("\n");
     }
     for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
@@ -136,7 +154,9 @@ static void run(bench *b, int json, size_t max_bytes) {
                     printf(",\"%s_us\":%.2f,\"%s_algbw\":%.3f,\"%s_busbw\":%.3f", impl_names[k],
                            t[k] * 1e6, impl_names[k], bytes / t[k] / 1e9, impl_names[k],
                            bytes / t[k] / 1e9 * factor);
-            if (have[IMPL_MPI]) printf(",\"shm_over_mpi\":%.3f", t[IMPL_MPI] / t[IMPL_SHM]);
+            if (have[IMPL_MPI])
+                printf(",\"shm_over_mpi\":%.3f,\"shm_reg_over_mpi\":%.3f",
+                       t[IMPL_MPI] / t[IMPL_SHM], t[IMPL_MPI] / t[IMPL_SHM_REG]);
             printf("}\n");
         } else {
             printf("  %10zu %10zu", bytes, count);
@@ -144,7 +164,9 @@ static void run(bench *b, int json, size_t max_bytes) {
                 if (have[k])
                     printf(" | %-13s %9.2f %8.3f %8.3f", "", t[k] * 1e6, bytes / t[k] / 1e9,
                            bytes / t[k] / 1e9 * factor);
-            if (have[IMPL_MPI]) printf(" | %6.2fx", t[IMPL_MPI] / t[IMPL_SHM]);
+            if (have[IMPL_MPI])
+                printf(" | %6.2fx %6.2fx", t[IMPL_MPI] / t[IMPL_SHM],
+                       t[IMPL_MPI] / t[IMPL_SHM_REG]);
             printf("\n");
         }
         fflush(stdout);
@@ -170,6 +192,7 @@ static void run(bench *b, int json, size_t max_bytes) {
     }
     free(send);
     free(recv);
+    td_comm_free(b->shm, reg);
 }
 
 static td_comm *make_shm(int rank, int size, int port, const char *token) {

@@ -9,7 +9,13 @@
  * surviving rank.
  *
  * Backends: "shm" (one host, POSIX shared memory; the default) and "mpi" (Open MPI, chosen
- * automatically under mpirun/srun; spans hosts). The API is the same for both. */
+ * automatically under mpirun/srun; spans hosts). The API is the same for both.
+ *
+ * td_comm_alloc gives buffers that every rank's backend can reach: on shm, rank r's buffer is
+ * region r of a segment all ranks map (unlinked once mapped, so a crash leaks nothing), and an
+ * in-place all-reduce on the same offset of such a buffer on every rank reduces straight from
+ * and into the ranks' regions, without the staging copies. Elsewhere (mpi, one rank) it is
+ * plain 64-byte aligned memory; other buffers work as before everywhere. */
 #ifndef TANDEM_COMM_H
 #define TANDEM_COMM_H
 
@@ -138,6 +144,12 @@ td_status td_comm_alltoall(td_comm *comm, const void *send, void *recv, size_t c
 
 /* Returns once every rank has entered the barrier. */
 td_status td_comm_barrier(td_comm *comm);
+
+/* Collective, same bytes on every rank: 64-byte aligned memory in-place all-reduces favour. */
+td_status td_comm_alloc(td_comm *comm, size_t bytes, void **out);
+
+/* Frees td_comm_alloc memory (local, before td_comm_destroy, with no request still using it). */
+void td_comm_free(td_comm *comm, void *ptr);
 
 /* Non-blocking collectives: the same arguments, queued in call order and run by the group's
  * progress thread; buffers must stay valid until the request completes. */

@@ -15,7 +15,14 @@
 #include "comm/comm_impl.h"
 #include "core/core_impl.h"
 
-typedef enum { ITEM_COLL, ITEM_SPLIT, ITEM_P2P } item_kind;
+typedef enum { ITEM_COLL, ITEM_SPLIT, ITEM_P2P, ITEM_ALLOC } item_kind;
+
+/* One td_comm_alloc allocation; `backend` says whether ops->free or free() releases it. */
+typedef struct comm_alloc {
+    void *ptr;
+    int backend;
+    struct comm_alloc *next;
+} comm_alloc;
 
 struct td_request {
     item_kind kind;
@@ -23,6 +30,8 @@ struct td_request {
     td__coll coll;
     int color, key;      /* split */
     td_comm **split_out; /* split */
+    size_t bytes;        /* alloc */
+    void **alloc_out;    /* alloc */
     void *p2p;           /* backend handle */
     int done;
     td_status status;
@@ -44,6 +53,7 @@ struct td_comm {
     pthread_t thread;
     td_status failed; /* the group is poisoned */
     char failed_msg[512];
+    comm_alloc *allocs; /* td_comm_alloc memory not yet freed */
 };
 
 static const char *const coll_names[TD__COLL_COUNT] = {
@@ -134,6 +144,7 @@ void td_comm_destroy(td_comm *comm) {
     pthread_cond_broadcast(&comm->cond);
     pthread_mutex_unlock(&comm->lock);
     if (comm->thread_started) pthread_join(comm->thread, NULL);
+    while (comm->allocs) td_comm_free(comm, comm->allocs->ptr);
     comm->ops->destroy(comm->ctx);
     pthread_cond_destroy(&comm->cond);
     pthread_mutex_destroy(&comm->lock);
@@ -181,6 +192,8 @@ static td_status run_item(td_comm *comm, td_request *r) {
         td__group_shape shape = {0};
         s = comm->ops->split(comm->ctx, r->color, r->key, timeout, &child, &shape);
         if (!s && child) s = comm_wrap(r->split_out, comm->ops, child, shape, timeout);
+    } else if (r->kind == ITEM_ALLOC) {
+        s = comm->ops->alloc(comm->ctx, r->bytes, timeout, r->alloc_out);
     } else {
         s = comm->ops->collective(comm->ctx, &r->coll, timeout);
     }
@@ -424,6 +437,55 @@ td_status td_comm_ialltoall(td_comm *comm, const void *send, void *recv, size_t 
 td_status td_comm_ibarrier(td_comm *comm, td_request **req) {
     td_status s = need_req(req, "td_comm_ibarrier");
     return s ? s : coll(comm, TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, TD_OP_SUM, 0, req);
+}
+
+/* ---------------------------------------------------------------- shared buffers */
+
+td_status td_comm_alloc(td_comm *comm, size_t bytes, void **out) {
+    if (out) *out = NULL;
+    if (!comm || !out) return td__fail(TD_EINVAL, "td_comm_alloc: NULL group or out");
+    comm_alloc *a = calloc(1, sizeof *a);
+    if (!a) return td__fail(TD_ENOMEM, "td_comm_alloc: out of memory");
+    td_status s = TD_OK;
+    if (comm->ops->alloc) {
+        /* Queued like a collective, so it runs after every pending one and none runs
+         * beside the backend's own rendezvous. */
+        td_request r = {.kind = ITEM_ALLOC, .comm = comm, .bytes = bytes, .alloc_out = &a->ptr};
+        s = submit(comm, &r, 1);
+        a->backend = 1;
+    } else {
+        size_t rounded = bytes ? (bytes + 63) / 64 * 64 : 64;
+        a->ptr = rounded >= bytes ? aligned_alloc(64, rounded) : NULL;
+        if (!a->ptr)
+            s = td__fail(TD_ENOMEM, "td_comm_alloc: rank %d: out of memory for %zu bytes",
+                         comm->shape.rank, bytes);
+    }
+    if (s) {
+        free(a);
+        return s;
+    }
+    pthread_mutex_lock(&comm->lock);
+    a->next = comm->allocs;
+    comm->allocs = a;
+    pthread_mutex_unlock(&comm->lock);
+    *out = a->ptr;
+    return TD_OK;
+}
+
+void td_comm_free(td_comm *comm, void *ptr) {
+    if (!comm || !ptr) return;
+    pthread_mutex_lock(&comm->lock);
+    comm_alloc **p = &comm->allocs;
+    while (*p && (*p)->ptr != ptr) p = &(*p)->next;
+    comm_alloc *a = *p;
+    if (a) *p = a->next;
+    pthread_mutex_unlock(&comm->lock);
+    if (!a) return; /* not from td_comm_alloc on this group */
+    if (a->backend)
+        comm->ops->free(comm->ctx, ptr);
+    else
+        free(ptr);
+    free(a);
 }
 
 /* ---------------------------------------------------------------- sub-groups */

@@ -57,6 +57,12 @@ typedef struct td__backend_ops {
     /* MPI_Comm_split semantics; a negative colour yields *child = NULL. Collective. */
     td_status (*split)(void *ctx, int color, int key, double timeout_s, void **child,
                        td__group_shape *child_shape);
+    /* Optional (NULL: plain aligned memory). Collective: `bytes` that every rank of the group
+     * can reach, for td_comm_alloc; *out is this rank's part. Local failures are TD_ENOMEM on
+     * every rank. Never runs concurrently with a collective of the same group. */
+    td_status (*alloc)(void *ctx, size_t bytes, double timeout_s, void **out);
+    /* Releases what alloc returned; local, and may run while other collectives are in flight. */
+    void (*free)(void *ctx, void *ptr);
     /* Frees the context and everything it holds (shared memory is unlinked). */
     void (*destroy)(void *ctx);
 } td__backend_ops;

@@ -89,7 +89,10 @@ td_status td__shm_poisoned(shm_ctx *c, const char *what) {
 }
 
 static void describe(char *out, size_t cap, const shm_call *k) {
-    if (k->kind == SHM_COLL_SPLIT || k->kind == SHM_COLL_CREATE)
+    if (k->kind == SHM_COLL_ALLOC)
+        snprintf(out, cap, "alloc #%llu (%llu bytes)", (unsigned long long)k->seq,
+                 (unsigned long long)k->count);
+    else if (k->kind == SHM_COLL_SPLIT || k->kind == SHM_COLL_CREATE)
         snprintf(out, cap, "%s #%llu", k->kind == SHM_COLL_SPLIT ? "split" : "create",
                  (unsigned long long)k->seq);
     else
@@ -250,12 +253,20 @@ static shm_ctx *ctx_new(int rank, int size) {
     c->stream_min = nt && *nt ? (size_t)atoll(nt) : (size_t)16 << 20;
     c->chunk = want >= 65536 && want <= (64ll << 20) ? (size_t)want / 4096 * 4096 : SHM_CHUNK;
     pthread_mutex_init(&c->p2p_lock, NULL);
+    pthread_mutex_init(&c->reg_lock, NULL);
     return c;
 }
 
 static void ctx_free(shm_ctx *c) {
     if (!c) return;
     td__shm_p2p_free(c);
+    while (c->regs) {
+        shm_reg *g = c->regs;
+        c->regs = g->next;
+        munmap(g->base, g->bytes);
+        free(g);
+    }
+    pthread_mutex_destroy(&c->reg_lock);
     if (c->unlink_pending) shm_unlink(c->name);
     if (c->base) munmap(c->base, c->bytes);
     td_store_destroy(c->store);
@@ -339,6 +350,8 @@ static const td__backend_ops shm_ops = {
     .p2p_wait = td__shm_p2p_wait,
     .p2p_test = td__shm_p2p_test,
     .split = shm_split,
+    .alloc = td__shm_alloc,
+    .free = td__shm_free,
     .destroy = shm_destroy,
 };
 
@@ -477,4 +490,131 @@ static td_status shm_split(void *ctx, int color, int key, double timeout_s, void
         *shape = (td__group_shape){me, m, me, m};
     }
     return TD_OK;
+}
+
+/* ---------------------------------------------------------------- registered buffers */
+
+/* What each rank tells the others during an allocation. */
+typedef struct {
+    int32_t ok;
+    char name[96];
+} alloc_rec;
+
+/* Rank 0 creates a segment of size x region bytes, the others map it once they learn its
+ * name, and it is unlinked as soon as everyone reported (mapped or not): like a group's own
+ * segment, it cannot outlive the job in /dev/shm. */
+td_status td__shm_alloc(void *ctx, size_t bytes, double timeout_s, void **out) {
+    shm_ctx *c = ctx;
+    *out = NULL;
+    if (atomic_load(&c->head->poison)) return td__shm_poisoned(c, "alloc");
+    uint64_t timeout_ns = (uint64_t)(timeout_s * 1e9);
+    int n = c->size, me = c->rank;
+    size_t region = align_up(bytes ? bytes : 1, 4096);
+    if (region < bytes || region > SIZE_MAX / (size_t)n)
+        return td__fail(TD_EINVAL, "alloc: rank %d: %zu bytes x %d ranks overflows", me, bytes, n);
+    size_t total = region * (size_t)n;
+    shm_reg *g = calloc(1, sizeof *g);
+    alloc_rec *all = calloc((size_t)n, sizeof *all);
+    if (!g || !all) {
+        free(g);
+        free(all);
+        return td__fail(TD_ENOMEM, "alloc: rank %d: out of memory", me);
+    }
+    void *base = MAP_FAILED;
+    td_status s = TD_OK;
+    const char *why = "";
+    if (n == 1) {
+        base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) why = strerror(errno);
+    } else {
+        alloc_rec mine = {.ok = 0};
+        int unlink_pending = 0;
+        if (me == 0) {
+            snprintf(mine.name, sizeof mine.name, "/tandem-r-%d-%u", (int)getpid(),
+                     atomic_fetch_add(&segment_counter, 1));
+            int fd = shm_open(mine.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+            if (fd >= 0) {
+                unlink_pending = 1;
+                if (ftruncate(fd, (off_t)total) == 0)
+                    base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                close(fd);
+            }
+            if (base == MAP_FAILED) why = strerror(errno);
+            mine.ok = base != MAP_FAILED;
+        }
+        shm_call call = {.kind = SHM_COLL_ALLOC, .seq = c->next_seq++, .count = bytes};
+        s = td__shm_allgather_bytes(c, &call, &mine, all, sizeof mine, timeout_ns);
+        if (!s && me > 0 && all[0].ok) {
+            char name[sizeof mine.name];
+            memcpy(name, all[0].name, sizeof name);
+            name[sizeof name - 1] = 0;
+            int fd = shm_open(name, O_RDWR, 0);
+            struct stat sb;
+            if (fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size == total)
+                base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (base == MAP_FAILED) why = fd < 0 ? strerror(errno) : "cannot map it";
+            if (fd >= 0) close(fd);
+            mine.ok = base != MAP_FAILED;
+        }
+        /* Second round: everyone says whether it mapped; then no one will open it again. */
+        call.seq = c->next_seq++;
+        if (!s) s = td__shm_allgather_bytes(c, &call, &mine, all, sizeof mine, timeout_ns);
+        if (unlink_pending) shm_unlink(mine.name);
+        int bad = -1;
+        for (int r = 0; !s && bad < 0 && r < n; r++)
+            if (!all[r].ok) bad = r;
+        if (!s && bad >= 0) {
+            if (base != MAP_FAILED) munmap(base, total);
+            base = MAP_FAILED;
+            s = td__fail(TD_ENOMEM, "alloc: rank %d: rank %d could not %s a %zu-byte segment%s%s",
+                         me, bad, bad == 0 ? "create" : "map", total, bad == me ? ": " : "",
+                         bad == me ? why : "");
+        }
+    }
+    if (!s && base == MAP_FAILED)
+        s = td__fail(TD_ENOMEM, "alloc: rank %d: cannot map %zu bytes: %s", me, total, why);
+    free(all);
+    if (s) {
+        if (base != MAP_FAILED) munmap(base, total);
+        free(g);
+        return s;
+    }
+    g->id = ++c->next_reg;
+    g->base = base;
+    g->region = region;
+    g->bytes = total;
+    pthread_mutex_lock(&c->reg_lock);
+    g->next = c->regs;
+    c->regs = g;
+    pthread_mutex_unlock(&c->reg_lock);
+    *out = g->base + (size_t)me * region;
+    return TD_OK;
+}
+
+void td__shm_free(void *ctx, void *ptr) {
+    shm_ctx *c = ctx;
+    pthread_mutex_lock(&c->reg_lock);
+    shm_reg **p = &c->regs;
+    while (*p && (void *)((*p)->base + (size_t)c->rank * (*p)->region) != ptr) p = &(*p)->next;
+    shm_reg *g = *p;
+    if (g) *p = g->next;
+    pthread_mutex_unlock(&c->reg_lock);
+    if (!g) return;
+    munmap(g->base, g->bytes);
+    free(g);
+}
+
+const shm_reg *td__shm_reg_find(shm_ctx *c, const void *p, size_t bytes, size_t *off) {
+    uintptr_t a = (uintptr_t)p;
+    const shm_reg *found = NULL;
+    pthread_mutex_lock(&c->reg_lock);
+    for (const shm_reg *g = c->regs; g && !found; g = g->next) {
+        uintptr_t lo = (uintptr_t)g->base + (size_t)c->rank * g->region;
+        if (a >= lo && a - lo <= g->region && bytes <= g->region - (a - lo)) {
+            found = g;
+            *off = a - lo;
+        }
+    }
+    pthread_mutex_unlock(&c->reg_lock);
+    return found;
 }

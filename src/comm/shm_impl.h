@@ -11,6 +11,9 @@
  * only synchronisation. Each collective's first phase carries its call (kind, seq, dtype,
  * count, op, root) for the mismatch check.
  *
+ * td_comm_alloc memory lives in a segment of its own (n regions, one per rank, see shm_reg),
+ * mapped by every rank and unlinked once all have mapped it.
+ *
  * Tuning knobs, read when a group is created (the creator's chunk wins for the whole group):
  * TANDEM_SHM_CHUNK (staging bytes per rank, default 512 KiB) and TANDEM_SHM_NT (outputs of at
  * least this many bytes are written with streaming stores on AVX-512 builds, default 16 MiB). */
@@ -32,12 +35,17 @@
 #define SHM_RING (256u * 1024u)
 /* Internal kind: the rendezvous inside td_comm_split. */
 #define SHM_COLL_SPLIT 100u
+/* Internal kind: the rendezvous inside td_comm_alloc (count = bytes). */
+#define SHM_COLL_ALLOC 102u
 
-/* One call as posted in the segment. */
+/* One call as posted in the segment. `reg`/`reg_off` (not part of the mismatch check): an
+ * in-place all-reduce on a registered buffer posts its allocation id and offset there, and
+ * when every rank posted the same pair the ranks reduce in each other's regions directly. */
 typedef struct {
     uint32_t kind, dtype, op;
     int32_t root;
     uint64_t seq, count;
+    uint64_t reg, reg_off;
 } shm_call;
 
 /* Per-rank control block. Counters are futex words: waiters sleep on their own `bell`,
@@ -68,6 +76,14 @@ typedef struct {
 
 typedef struct shm_p2p_req shm_p2p_req;
 
+/* One td_comm_alloc allocation: rank r's buffer is base + r * region in this mapping. */
+typedef struct shm_reg {
+    uint64_t id; /* 1, 2, ... in allocation order, so equal on every rank */
+    unsigned char *base;
+    size_t region, bytes; /* bytes: the whole mapping, size * region */
+    struct shm_reg *next;
+} shm_reg;
+
 typedef struct shm_ctx {
     int rank, size;
     char name[96];
@@ -87,6 +103,9 @@ typedef struct shm_ctx {
     shm_p2p_req *sends, *recvs; /* pending, in posting order */
     struct shm_unexpected *unexpected;
     struct shm_incoming *incoming; /* [src]: the message being read from each ring */
+    pthread_mutex_t reg_lock;      /* regs: td_comm_free runs on the caller's thread */
+    shm_reg *regs;
+    uint64_t next_reg; /* allocations made so far */
 } shm_ctx;
 
 /* Staging buffer of `rank` for `parity`. */
@@ -115,6 +134,14 @@ td_status td__shm_step(shm_ctx *c, const shm_call *call, uint64_t timeout_ns);
 /* Every rank's `bytes` of `mine` into all[rank * bytes], as one internal collective `call`. */
 td_status td__shm_allgather_bytes(shm_ctx *c, const shm_call *call, const void *mine, void *all,
                                   size_t bytes, uint64_t timeout_ns);
+
+/* td_comm_alloc / td_comm_free (shm.c). */
+td_status td__shm_alloc(void *ctx, size_t bytes, double timeout_s, void **out);
+void td__shm_free(void *ctx, void *ptr);
+
+/* The allocation whose region of this rank holds [p, p + bytes), with *off = p's offset in the
+ * region; NULL when there is none. */
+const shm_reg *td__shm_reg_find(shm_ctx *c, const void *p, size_t bytes, size_t *off);
 
 /* Runs one user collective (shm_coll.c). */
 td_status td__shm_collective(void *ctx, const td__coll *coll, double timeout_s);

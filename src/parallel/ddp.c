@@ -38,6 +38,7 @@ struct td_ddp {
     void **orig_grad;    /* (n_params) grad pointers at creation, restored by destroy */
     ddp_bucket *buckets; /* (n_buckets) */
     size_t n_buckets;
+    void *grad_mem; /* every bucket's buf, from td_comm_alloc: in-place all-reduces skip a copy */
     size_t *bucket_of;      /* (n_params) */
     size_t *offset_of;      /* (n_params) float offset inside its bucket */
     unsigned char *ready;   /* (n_params) grad_ready seen in this synchronised backward */
@@ -304,16 +305,15 @@ done:
 /* ---- buckets ----------------------------------------------------------------------- */
 
 static void ddp_free_buckets(ddp_bucket *b, size_t n) {
-    for (size_t k = 0; k < n; k++) {
-        free(b[k].buf);
-        free(b[k].members);
-    }
+    for (size_t k = 0; k < n; k++) free(b[k].members);
     free(b);
 }
 
 /* Lays the parameters out in `order` (first bucket first_bucket_bytes, then bucket_bytes;
  * a bucket closes once it reaches its cap), copies the current gradients in and re-points
- * params[i].grad. The old buckets are freed only after the copy. */
+ * params[i].grad. The old buckets are freed only after the copy. All buckets live in one
+ * td_comm_alloc block, so this is collective: every rank builds at creation and at the one
+ * rebuild, which every rank decides alike (from all-reduced counts). */
 static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
     size_t n = d->n_params;
     size_t *bucket_of = malloc((n ? n : 1) * sizeof *bucket_of);
@@ -335,13 +335,27 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
             fill = 0;
         }
     }
-    size_t n_buckets = k;
-    for (k = 0; k < n_buckets; k++) {
-        size_t bytes = ((nb[k].count + 1) * sizeof(float) + 63) / 64 * 64;
-        nb[k].buf = aligned_alloc(64, bytes);
+    size_t n_buckets = k, total = 0;
+    for (k = 0; k < n_buckets; k++) total += ((nb[k].count + 1) * sizeof(float) + 63) / 64 * 64;
+    void *mem = NULL;
+    if (n_buckets) {
+        td_status s = td_comm_alloc(d->comm, total, &mem);
+        if (s != TD_OK) {
+            ddp_free_buckets(nb, n);
+            free(bucket_of);
+            free(offset_of);
+            return s;
+        }
+        memset(mem, 0, total);
+    }
+    for (k = 0, total = 0; k < n_buckets; k++) {
+        nb[k].buf = (float *)((unsigned char *)mem + total);
+        total += ((nb[k].count + 1) * sizeof(float) + 63) / 64 * 64;
         nb[k].members = malloc(nb[k].n_members * sizeof(size_t));
-        if (!nb[k].buf || !nb[k].members) goto oom;
-        memset(nb[k].buf, 0, bytes);
+        if (!nb[k].members) {
+            td_comm_free(d->comm, mem);
+            goto oom;
+        }
         nb[k].n_members = 0;
     }
     for (size_t j = 0; j < n; j++) {
@@ -358,8 +372,10 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
             d->opt.grad_moved(i, d->params[i].grad, d->opt.grad_moved_ctx);
     for (k = 0; k < n_buckets; k++) nb[k].pending = nb[k].n_members;
     ddp_free_buckets(d->buckets, d->n_buckets);
+    td_comm_free(d->comm, d->grad_mem);
     free(d->bucket_of);
     free(d->offset_of);
+    d->grad_mem = mem;
     d->buckets = nb;
     d->n_buckets = n_buckets;
     d->bucket_of = bucket_of;
@@ -678,6 +694,7 @@ void td_ddp_destroy(td_ddp *d) {
         }
     }
     ddp_free_buckets(d->buckets, d->n_buckets);
+    td_comm_free(d->comm, d->grad_mem);
     free(d->bucket_of);
     free(d->offset_of);
     free(d->orig_grad);
