@@ -252,8 +252,9 @@ static double train_epoch(trainer *t, td_loader *loader, int epoch) {
         CHECK(td_loader_next(loader, &batch));
         uint64_t t0 = td_time_ns();
         if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
-        CHECK(td_tensor_write(t->model.input, batch.x));
-        CHECK(td_tensor_write(t->model.labels, batch.y));
+        /* The batch stays valid until the next td_loader_next: train on it in place. */
+        CHECK(td_tensor_set_data(t->model.input, batch.x));
+        CHECK(td_tensor_set_data(t->model.labels, batch.y));
         CHECK(td_graph_forward(t->train));
         uint64_t t1 = td_time_ns();
         CHECK(td_graph_backward(t->train, t->model.loss));
