@@ -173,7 +173,9 @@ td_status td_graph_backward(td_graph *g, td_tensor *loss);
  * op tests and for custom losses; gradients accumulate. */
 td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy);
 
-/* Zeroes every parameter gradient (and the gradients of inputs that take one). */
+/* Zeroes every parameter gradient (and those of inputs that take one) the way PyTorch's
+ * set_to_none does: the next backward writes them instead of adding to them, and zeroes the
+ * ones it never reaches; until that backward they still hold their old values. */
 td_status td_graph_zero_grad(td_graph *g);
 
 /* Training (1, the default) or eval (0) mode: dropout and batch norm behave accordingly. */

@@ -359,6 +359,9 @@ td_status td_graph_forward(td_graph *g) {
 }
 
 static void fire(td_graph *g, int i) {
+    td_tensor *t = g->param_t[i];
+    /* Zeroing is deferred to here for gradients that backward never wrote (see zero_grad). */
+    if (t->grad_zero) memset(t->grad, 0, t->bytes);
     g->fired[i] = 1;
     if (g->hook) g->hook((size_t)i, g->hook_ctx);
 }
@@ -416,6 +419,10 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     }
     for (int i = 0; i < g->nparams; i++)
         if (!g->fired[i]) fire(g, i);
+    for (int i = 0; i < g->ntensors; i++) {
+        td_tensor *t = g->tensors[i];
+        if (t->kind == TD__INPUT && t->grad && t->grad_zero) memset(t->grad, 0, t->bytes);
+    }
     return TD_OK;
 }
 
@@ -433,12 +440,11 @@ td_status td_graph_zero_grad(td_graph *g) {
     if (!g) return td__fail(TD_EINVAL, "td_graph_zero_grad: graph is NULL");
     if (!g->compiled) return TD_OK;
     td__graph_sync_storage(g);
+    /* No memset: the next backward writes each gradient instead of adding to it, and zeroes
+     * (as it hands them on) those it never reaches; one pass over the gradients saved. */
     for (int i = 0; i < g->ntensors; i++) {
         td_tensor *t = g->tensors[i];
-        if (t->grad && t->kind != TD__ACT) {
-            memset(t->grad, 0, t->bytes);
-            t->grad_zero = 1;
-        }
+        if (t->grad && t->kind != TD__ACT) t->grad_zero = 1;
     }
     return TD_OK;
 }
