@@ -207,9 +207,9 @@ td_status td_optim_create_adamw(td_optim **out, td_param *params, size_t n,
     return TD_OK;
 }
 
-TD__VECTORIZE static void sgd_update(const td_sgd_params *hp, double lr, float *restrict p,
-                                     const float *restrict g, float *restrict buf, size_t count,
-                                     int first) {
+TD__VECTORIZE static void sgd_block(const td_sgd_params *hp, double lr, float *restrict p,
+                                    const float *restrict g, float *restrict buf, size_t count,
+                                    int first) {
     const float wd = (float)hp->weight_decay, mom = (float)hp->momentum;
     const float keep = (float)(1.0 - hp->dampening), neg_lr = (float)(-lr);
     if (!buf) {
@@ -234,6 +234,17 @@ TD__VECTORIZE static void sgd_update(const td_sgd_params *hp, double lr, float *
         }
     } else {
         for (size_t j = 0; j < count; j++) p[j] = p[j] + neg_lr * buf[j];
+    }
+}
+
+/* Block by block, so the momentum written by the first loop is still in L1 when the second
+ * reads it: one pass over memory instead of two (a third less traffic on large layers). */
+static void sgd_update(const td_sgd_params *hp, double lr, float *p, const float *g, float *buf,
+                       size_t count, int first) {
+    enum { BLOCK = 2048 };
+    for (size_t j = 0; j < count; j += BLOCK) {
+        size_t len = count - j < BLOCK ? count - j : BLOCK;
+        sgd_block(hp, lr, p + j, g + j, buf ? buf + j : NULL, len, first);
     }
 }
 
