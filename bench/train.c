@@ -7,8 +7,15 @@
  * Debian's python3-torch, torch.set_num_threads(1), DDP over gloo for world 2) runs in the
  * same invocation and the table prints the ratios.
  *
+ * Each world size above 1 also gets a "no comm" row: the same ranks, each on its own core with
+ * its share of the batch, but no process group and no DDP. It is the ceiling for that world
+ * size on this machine (what the cores do with smaller batches), so DDP's own cost is the gap
+ * between the two rows. --repeat K runs the whole sequence K times, interleaved so that slow
+ * spells of a shared machine fall on every row alike, and prints medians over the repeats
+ * (scaling: the median of each repeat's ratio).
+ *
  *   build/bench/train [--models net,mlp,cnn] [--worlds 1,2] [--iters 20] [--windows 5]
- *                     [--no-torch] [--json]
+ *                     [--repeat K] [--no-torch] [--json]
  *
  * Every measurement runs in fresh child processes, so no oneDNN or OpenMP state crosses a
  * fork. */
@@ -34,6 +41,8 @@
     } while (0)
 
 #define GLOBAL_BATCH 128
+#define MAX_WORLDS 4
+#define MAX_REPEAT 15
 
 typedef struct {
     int iters, windows, warmup;
@@ -45,10 +54,10 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* One rank of a run: returns the median samples/s (global) on rank 0. */
-static double rank_main(td_model_kind kind, int rank, int world, int port, const char *token,
-                        const timing *tm) {
+static double rank_main(td_model_kind kind, int rank, int world, int comm_on, int port,
+                        const char *token, const timing *tm) {
     td_comm *comm = NULL;
-    if (world > 1) {
+    if (world > 1 && comm_on) {
         td_comm_params cp;
         td_comm_default_params(&cp);
         cp.backend = TD_BACKEND_SHM;
@@ -110,8 +119,9 @@ static double rank_main(td_model_kind kind, int rank, int world, int port, const
     return median;
 }
 
-/* Runs `world` ranks in child processes; returns rank 0's samples/s, or -1 on failure. */
-static double run_tandem(td_model_kind kind, int world, const timing *tm) {
+/* Runs `world` ranks in child processes, with DDP or (comm_on 0) each on its own; returns
+ * rank 0's samples/s, or -1 on failure. */
+static double run_tandem(td_model_kind kind, int world, int comm_on, const timing *tm) {
     int fds[2];
     if (pipe(fds)) return -1;
     int port = 20000 + (int)(getpid() * 7 + kind * 131 + world) % 30000;
@@ -128,7 +138,7 @@ static double run_tandem(td_model_kind kind, int world, const timing *tm) {
                 CPU_SET(r % (int)sysconf(_SC_NPROCESSORS_ONLN), &set);
                 sched_setaffinity(0, sizeof set, &set);
             }
-            double rate = rank_main(kind, r, world, port, token, tm);
+            double rate = rank_main(kind, r, world, comm_on, port, token, tm);
             if (r == 0 && write(fds[1], &rate, sizeof rate) != sizeof rate) _exit(1);
             _exit(0);
         }
@@ -164,10 +174,43 @@ static double run_torch(const char *model, int world, const timing *tm) {
     return rate;
 }
 
+/* Median of the n values of v that are >= 0 (failed runs are -1); -1 when none are. */
+static double median_of(const double *v, int n) {
+    double ok[MAX_REPEAT];
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (v[i] >= 0) ok[m++] = v[i];
+    if (!m) return -1;
+    qsort(ok, (size_t)m, sizeof *ok, cmp_double);
+    return ok[m / 2];
+}
+
+/* Median over repeats of a[r] / b[r]; -1 when no repeat has both. */
+static double median_ratio(const double *a, const double *b, int n) {
+    double q[MAX_REPEAT];
+    for (int r = 0; r < n; r++) q[r] = a[r] > 0 && b[r] > 0 ? a[r] / b[r] : -1;
+    return median_of(q, n);
+}
+
+static void print_row(const char *model, int world, const char *label, double ours, double theirs,
+                      double ratio, double scaling, int json) {
+    char w[24], peer[16] = "-", rt[16] = "-", sc[16] = "-";
+    snprintf(w, sizeof w, "%d%s", world, label);
+    if (theirs > 0) snprintf(peer, sizeof peer, "%.0f", theirs);
+    if (ratio > 0) snprintf(rt, sizeof rt, "%.2fx", ratio);
+    if (scaling > 0) snprintf(sc, sizeof sc, "%.2fx", scaling);
+    printf("%-6s %-11s %10.0f %10s %8s %14s\n", model, w, ours, peer, rt, sc);
+    if (json)
+        printf("{\"model\": \"%s\", \"world\": %d, \"comm\": %s, \"tandem\": %.1f, "
+               "\"pytorch\": %.1f, \"scaling\": %.3f}\n",
+               model, world, *label ? "false" : "true", ours, theirs, scaling);
+    fflush(stdout);
+}
+
 int main(int argc, char **argv) {
     const char *models = "net,mlp,cnn", *worlds = "1,2";
     timing tm = {20, 5, 5};
-    int torch = 1, json = 0;
+    int torch = 1, json = 0, repeat = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--models") && i + 1 < argc)
             models = argv[++i];
@@ -177,17 +220,36 @@ int main(int argc, char **argv) {
             tm.iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--windows") && i + 1 < argc)
             tm.windows = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
+            repeat = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-torch"))
             torch = 0;
         else if (!strcmp(argv[i], "--json"))
             json = 1;
         else {
             fprintf(stderr, "usage: train [--models net,mlp,cnn] [--worlds 1,2] [--iters N] "
-                            "[--windows N] [--no-torch] [--json]\n");
+                            "[--windows N] [--repeat K] [--no-torch] [--json]\n");
             return 2;
         }
     }
-    if (tm.iters < 1 || tm.windows < 1) return 2;
+    if (tm.iters < 1 || tm.windows < 1 || repeat < 1 || repeat > MAX_REPEAT) {
+        fprintf(stderr, "bench/train: --iters and --windows must be >= 1, --repeat 1..%d\n",
+                MAX_REPEAT);
+        return 2;
+    }
+    int ws[MAX_WORLDS], nw = 0, w1 = -1;
+    char wlist[64];
+    snprintf(wlist, sizeof wlist, "%s", worlds);
+    for (char *save = NULL, *w = strtok_r(wlist, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        int world = atoi(w);
+        if (nw == MAX_WORLDS || world < 1 || world > 8 || GLOBAL_BATCH % world) {
+            fprintf(stderr, "bench/train: bad --worlds '%s' (at most %d sizes that divide %d)\n",
+                    worlds, MAX_WORLDS, GLOBAL_BATCH);
+            return 2;
+        }
+        if (world == 1) w1 = nw;
+        ws[nw++] = world;
+    }
     /* OpenMP reads its thread count when the library loads, so set it and start again. */
     const char *threads = getenv("OMP_NUM_THREADS");
     if (!threads || strcmp(threads, "1")) {
@@ -196,9 +258,10 @@ int main(int argc, char **argv) {
         perror("bench/train: execv");
         return 1;
     }
-    printf("samples/s at global batch %d, one thread per rank, median of %d windows of %d steps\n",
+    printf("samples/s at global batch %d, one thread per rank, median of %d windows of %d steps",
            GLOBAL_BATCH, tm.windows, tm.iters);
-    printf("%-6s %5s %12s %12s %8s %14s\n", "model", "world", "tandem", "pytorch", "ratio",
+    if (repeat > 1) printf("; medians of %d interleaved repeats", repeat);
+    printf("\n%-6s %-11s %10s %10s %8s %14s\n", "model", "world", "tandem", "pytorch", "ratio",
            "scaling vs w1");
     char mlist[64];
     snprintf(mlist, sizeof mlist, "%s", models);
@@ -210,27 +273,22 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench/train: unknown model %s\n", name);
             return 2;
         }
-        double ours_w1 = 0;
-        char wlist[32];
-        snprintf(wlist, sizeof wlist, "%s", worlds);
-        for (char *wsave = NULL, *w = strtok_r(wlist, ",", &wsave); w;
-             w = strtok_r(NULL, ",", &wsave)) {
-            int world = atoi(w);
-            if (world < 1 || world > 8 || GLOBAL_BATCH % world) return 2;
-            double ours = run_tandem(kind, world, &tm);
-            double theirs = torch ? run_torch(name, world, &tm) : -1;
-            if (world == 1) ours_w1 = ours;
-            failed |= ours < 0;
-            char ratio[16] = "-", scaling[16] = "-", peer[16] = "-";
-            if (theirs > 0) snprintf(peer, sizeof peer, "%.0f", theirs);
-            if (theirs > 0 && ours > 0) snprintf(ratio, sizeof ratio, "%.2fx", ours / theirs);
-            if (world > 1 && ours_w1 > 0 && ours > 0)
-                snprintf(scaling, sizeof scaling, "%.2fx", ours / ours_w1);
-            printf("%-6s %5d %12.0f %12s %8s %14s\n", name, world, ours, peer, ratio, scaling);
-            if (json)
-                printf("{\"model\": \"%s\", \"world\": %d, \"tandem\": %.1f, \"pytorch\": %.1f}\n",
-                       name, world, ours, theirs);
-            fflush(stdout);
+        double ours[MAX_WORLDS][MAX_REPEAT], alone[MAX_WORLDS][MAX_REPEAT],
+            theirs[MAX_WORLDS][MAX_REPEAT];
+        for (int r = 0; r < repeat; r++)
+            for (int i = 0; i < nw; i++) {
+                ours[i][r] = run_tandem(kind, ws[i], 1, &tm);
+                alone[i][r] = ws[i] > 1 ? run_tandem(kind, ws[i], 0, &tm) : -1;
+                theirs[i][r] = torch ? run_torch(name, ws[i], &tm) : -1;
+                failed |= ours[i][r] < 0 || (ws[i] > 1 && alone[i][r] < 0);
+            }
+        for (int i = 0; i < nw; i++) {
+            double scaling = w1 >= 0 && ws[i] > 1 ? median_ratio(ours[i], ours[w1], repeat) : -1;
+            print_row(name, ws[i], "", median_of(ours[i], repeat), median_of(theirs[i], repeat),
+                      median_ratio(ours[i], theirs[i], repeat), scaling, json);
+            if (ws[i] > 1)
+                print_row(name, ws[i], ", no comm", median_of(alone[i], repeat), -1, -1,
+                          w1 >= 0 ? median_ratio(alone[i], ours[w1], repeat) : -1, json);
         }
     }
     return failed;
