@@ -361,7 +361,7 @@ td_status td_graph_forward(td_graph *g) {
 static void fire(td_graph *g, int i) {
     td_tensor *t = g->param_t[i];
     /* Zeroing is deferred to here for gradients that backward never wrote (see zero_grad). */
-    if (t->grad_zero) memset(t->grad, 0, t->bytes);
+    if (t->grad_zero && t->grad) memset(t->grad, 0, t->bytes);
     g->fired[i] = 1;
     if (g->hook) g->hook((size_t)i, g->hook_ctx);
 }
