@@ -44,7 +44,7 @@ static td_status build_small_conv(td_graph *g, int64_t batch, int replica, void 
     td_tensor *h, *logits;
     td_conv2d_params cp = td_conv2d_default_params();
     cp.padding[0] = cp.padding[1] = 1;
-    td_pool2d_params pp = td_pool2d_default_params(2);
+    td_pool2d_params pp = td_pool2d_default_params();
     memset(m, 0, sizeof *m);
     m->batch = batch;
     td_status s = td_graph_input(g, "input", td_shape_4d(batch, 1, 28, 28), TD_F32, 0, &m->input);
@@ -74,7 +74,7 @@ static int ref_init(ref_trainer *t, td_model_kind kind, td_dp_build_fn build, in
     td_sgd_params hp = sgd();
     if (td_graph_create(&t->g, NULL) != TD_OK) return 0;
     td_status s = build ? build(t->g, b, 0, NULL, &t->m) : td_model_build(t->g, kind, b, 0, &t->m);
-    if (s == TD_OK) s = td_graph_params(t->g, &t->params, &t->n);
+    if (s == TD_OK) s = td_graph_parameters(t->g, &t->params, &t->n);
     if (s == TD_OK) s = td_optim_create_sgd(&t->opt, t->params, t->n, &hp);
     CHECK_OK(s);
     return s == TD_OK;
@@ -180,7 +180,7 @@ static void compare(td_model_kind kind, td_dp_build_fn build, int n, int64_t B, 
     }
     td_param *dparams = NULL;
     size_t dn = 0;
-    CHECK_OK(td_graph_params(td_dp_graph(dp, 0), &dparams, &dn));
+    CHECK_OK(td_graph_parameters(td_dp_graph(dp, 0), &dparams, &dn));
     CHECK_EQ(dn, ref.n);
     CHECK(rel_diff(dparams, ref.params, ref.n) == 0.0); /* same initialisation */
     float *init = snapshot(ref.params, ref.n);
@@ -205,7 +205,7 @@ static void compare(td_model_kind kind, td_dp_build_fn build, int n, int64_t B, 
      * step they lag by exactly one update: different from replica 0. */
     td_param *p1 = NULL;
     size_t n1 = 0;
-    CHECK_OK(td_graph_params(td_dp_graph(dp, 1), &p1, &n1));
+    CHECK_OK(td_graph_parameters(td_dp_graph(dp, 1), &p1, &n1));
     CHECK(rel_diff(p1, dparams, dn) > 0);
     double secs[TD_DP_PHASE_COUNT];
     td_dp_phase_seconds(dp, secs);

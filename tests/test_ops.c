@@ -294,7 +294,7 @@ static int graph_pool(int is_max, const td__ref_pool2d_dims *d, const float *x, 
     rig r;
     rig_init(&r);
     td_tensor *tx = rig_leaf(&r, 0, "x", td_shape_4d(d->N, d->C, d->H, d->W), TD_F32, x);
-    td_pool2d_params p = td_pool2d_default_params(d->KH);
+    td_pool2d_params p = td_pool2d_default_params();
     p.kernel[0] = d->KH, p.kernel[1] = d->KW;
     p.stride[0] = d->stride_h, p.stride[1] = d->stride_w;
     p.padding[0] = d->pad_h, p.padding[1] = d->pad_w;
@@ -858,7 +858,7 @@ static void chain_matches_reference(void) {
     td_tensor *t6 = NULL, *tloss = NULL;
     td_conv2d_params cp = td_conv2d_default_params();
     cp.padding[0] = cp.padding[1] = 1;
-    td_pool2d_params pp = td_pool2d_default_params(2);
+    td_pool2d_params pp = td_pool2d_default_params();
     td_batch_norm_params bp = td_batch_norm_default_params();
     if (r.ok) RIG_CALL(&r, td_graph_conv2d(r.g, tx, tw1, tb1, &cp, &t1));
     if (r.ok) RIG_CALL(&r, td_graph_batch_norm2d(r.g, t1, tg, tbe, tm, tv, &bp, &t2));

@@ -1,6 +1,7 @@
 /* tandem base layer: status codes, error messages, logging, dtypes, arena, clock, RNG.
  *
  * Everything else in tandem depends on this header; it depends on nothing but libc.
+ * Shapes live here too: process groups, tensors and checkpoints all speak of them.
  * It does not allocate behind the caller's back except where a function says so. */
 #ifndef TANDEM_CORE_H
 #define TANDEM_CORE_H
@@ -79,6 +80,29 @@ uint16_t td_f32_to_bf16(float x);
 float td_bf16_to_f32(uint16_t x);
 uint16_t td_f32_to_f16(float x);
 float td_f16_to_f32(uint16_t x);
+
+/* Most dimensions a tensor or shape has. */
+#define TD_MAX_DIMS 8
+
+/* A shape descriptor: ndim sizes, outermost first (N, C, H, W). */
+typedef struct {
+    int ndim; /* 0..TD_MAX_DIMS; 0 is a scalar */
+    int64_t dim[TD_MAX_DIMS];
+} td_shape;
+
+/* A shape from ndim sizes (ndim is clamped to 0..TD_MAX_DIMS). */
+td_shape td_shape_make(int ndim, const int64_t *dims);
+
+/* Convenience constructors for the common ranks. */
+td_shape td_shape_1d(int64_t d0);
+td_shape td_shape_2d(int64_t d0, int64_t d1);
+td_shape td_shape_4d(int64_t d0, int64_t d1, int64_t d2, int64_t d3);
+
+/* Number of elements (1 for a scalar). */
+int64_t td_shape_numel(const td_shape *shape);
+
+/* 1 when both shapes have the same rank and sizes. */
+int td_shape_equal(const td_shape *a, const td_shape *b);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t td_time_ns(void);

@@ -20,6 +20,7 @@
 #define TANDEM_GRAPH_H
 
 #include "tandem/core.h"
+#include "tandem/ops.h"
 #include "tandem/param.h"
 #include "tandem/tensor.h"
 
@@ -30,7 +31,7 @@ extern "C" {
 /* A graph (opaque): owns its tensors, nodes, primitives and arena. */
 typedef struct td_graph td_graph;
 
-/* Options for td_graph_create. */
+/* Options of td_graph_create; fill with td_graph_default_params. */
 typedef struct {
     int grad_enabled;         /* 0: inference only: no gradient memory, backward refused, and
                                  activations reuse each other's memory, so after forward
@@ -40,13 +41,13 @@ typedef struct {
     int conv_winograd;        /* 1: oneDNN may pick Winograd for 3x3 convolutions where it is
                                  faster (f32 results differ from direct in the last bits);
                                  0: direct convolution only */
-} td_graph_options;
+} td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1. */
-td_graph_options td_graph_default_options(void);
+td_graph_params td_graph_default_params(void);
 
-/* Creates an empty graph in training mode; options may be NULL for the defaults. */
-td_status td_graph_create(td_graph **out, const td_graph_options *options);
+/* Creates an empty graph in training mode; params may be NULL for the defaults. */
+td_status td_graph_create(td_graph **out, const td_graph_params *params);
 
 /* Frees the graph and every tensor, primitive and buffer it owns. */
 void td_graph_destroy(td_graph *g);
@@ -64,39 +65,7 @@ td_status td_graph_param(td_graph *g, const char *name, td_shape shape, td_tenso
 /* A non-trainable f32 state buffer (BatchNorm running stats), zero-filled. */
 td_status td_graph_buffer(td_graph *g, const char *name, td_shape shape, td_tensor **out);
 
-/* ---- ops (each adds one node and returns its output tensor) ----------------------------- */
-
-/* Convolution geometry; groups are always 1. */
-typedef struct {
-    int stride[2];   /* (h, w) */
-    int padding[2];  /* zeros on both sides */
-    int dilation[2]; /* 1 = dense kernel, as PyTorch */
-} td_conv2d_params;
-
-/* stride 1, padding 0, dilation 1. */
-td_conv2d_params td_conv2d_default_params(void);
-
-/* Pooling geometry. */
-typedef struct {
-    int kernel[2];
-    int stride[2]; /* PyTorch's default is the kernel size */
-    int padding[2];
-} td_pool2d_params;
-
-/* kernel k x k, stride k, padding 0. */
-td_pool2d_params td_pool2d_default_params(int k);
-
-/* Batch norm options. */
-typedef struct {
-    float eps;      /* 1e-5 */
-    float momentum; /* 0.1: running = (1 - m) * running + m * batch (unbiased var) */
-} td_batch_norm_params;
-
-/* eps 1e-5, momentum 0.1 (PyTorch's defaults). */
-td_batch_norm_params td_batch_norm_default_params(void);
-
-/* Loss reduction over the batch. */
-typedef enum { TD_REDUCTION_MEAN = 0, TD_REDUCTION_SUM = 1 } td_reduction;
+/* ---- ops (each adds one node and returns its output tensor; options in ops.h) ---------- */
 
 /* y = x W^T + b; x (N, IN), w (OUT, IN), b (OUT) or NULL, y (N, OUT). */
 td_status td_graph_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b, td_tensor **y);
@@ -188,21 +157,17 @@ int td_graph_training(const td_graph *g);
 td_rng *td_graph_rng(td_graph *g);
 
 /* The parameters in registration order; the array is owned by the graph and its address
- * is stable after td_graph_compile (grad pointers are valid after compile). A caller may
- * re-point params[i].grad (or .data) itself, values already copied, as DDP does: the graph
- * follows from its next forward, backward or zero_grad. */
-td_status td_graph_params(td_graph *g, td_param **params, size_t *n);
+ * is stable after td_graph_compile (grad pointers are valid after compile). The array is
+ * the one place that says where parameter i's values and gradient live: a caller may
+ * re-point params[i].grad (or .data), values already copied, as DDP does with its buckets,
+ * and the graph follows from its next forward, backward or zero_grad. */
+td_status td_graph_parameters(td_graph *g, td_param **params, size_t *n);
 
 /* The buffers (grad == NULL) in registration order; same ownership rules. */
 td_status td_graph_buffers(td_graph *g, td_param **buffers, size_t *n);
 
 /* The tensor of parameter i (for td_tensor_* access). */
 td_tensor *td_graph_param_tensor(td_graph *g, size_t index);
-
-/* Makes backward write parameter i's gradient into `grad` (count floats, caller-owned, must
- * outlive the graph or be replaced); the current gradient is copied there first (unless
- * params[i].grad already points there) and params[i].grad is updated. */
-td_status td_graph_set_grad_buffer(td_graph *g, size_t param_index, float *grad);
 
 /* Called once per parameter per backward, as soon as that gradient is final. Parameters
  * that no node reached in this sweep are reported at the end of the sweep. */

@@ -13,8 +13,6 @@
 extern "C" {
 #endif
 
-#define TD_MAX_DIMS 8
-
 /* One parameter (grad != NULL) or buffer / plain tensor (grad == NULL). */
 typedef struct {
     const char *name; /* unique and stable: "conv1.weight" */

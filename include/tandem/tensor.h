@@ -15,28 +15,8 @@
 extern "C" {
 #endif
 
-/* A shape descriptor: ndim sizes, outermost first (N, C, H, W). */
-typedef struct {
-    int ndim; /* 0..TD_MAX_DIMS; 0 is a scalar */
-    int64_t dim[TD_MAX_DIMS];
-} td_shape;
-
 /* A graph-owned tensor (opaque). */
 typedef struct td_tensor td_tensor;
-
-/* A shape from ndim sizes (ndim is clamped to 0..TD_MAX_DIMS). */
-td_shape td_shape_make(int ndim, const int64_t *dims);
-
-/* Convenience constructors for the common ranks. */
-td_shape td_shape_1d(int64_t d0);
-td_shape td_shape_2d(int64_t d0, int64_t d1);
-td_shape td_shape_4d(int64_t d0, int64_t d1, int64_t d2, int64_t d3);
-
-/* Number of elements (1 for a scalar). */
-int64_t td_shape_numel(const td_shape *shape);
-
-/* 1 when both shapes have the same rank and sizes. */
-int td_shape_equal(const td_shape *a, const td_shape *b);
 
 /* The tensor's name: "input", "conv1.weight", or "<op>:<index>" for activations. */
 const char *td_tensor_name(const td_tensor *t);

@@ -1,32 +1,39 @@
-/* The graph itself: leaves and nodes, compile (layout choice, primitives, one-time
- * allocation), the forward and backward sweeps, gradient zeroing and relocation, the
- * grad-ready hook, and parameter sharing between graphs. The ops' math is in src/ops. */
+/* The graph itself: creation, leaves and nodes, the forward and backward sweeps, gradient
+ * zeroing, the grad-ready hook, and parameter sharing between graphs. Compiling is in
+ * compile.c and fuse.c, the public op builders in build.c, the ops' math in src/ops; this
+ * file walks op tables and never names an op. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "graph/graph_impl.h"
 
-td_graph_options td_graph_default_options(void) {
-    td_graph_options o = {.grad_enabled = 1, .seed = 0, .arena_block_bytes = 0, .conv_winograd = 1};
-    return o;
+td_graph_params td_graph_default_params(void) {
+    td_graph_params p = {.grad_enabled = 1, .seed = 0, .arena_block_bytes = 0, .conv_winograd = 1};
+    return p;
 }
 
-td_status td_graph_create(td_graph **out, const td_graph_options *options) {
+static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only);
+
+td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     if (!out) return td__fail(TD_EINVAL, "td_graph_create: out is NULL");
     *out = NULL;
     td_graph *g = calloc(1, sizeof *g);
     if (!g) return td__fail(TD_ENOMEM, "td_graph_create: out of memory");
-    g->opt = options ? *options : td_graph_default_options();
-    g->training = 1;
+    g->opt = params ? *params : td_graph_default_params();
     td_rng_init(&g->rng, g->opt.seed);
-    if (dnnl_engine_create(&g->engine, dnnl_cpu, 0) != dnnl_success ||
-        dnnl_stream_create(&g->stream, g->engine, dnnl_stream_default_flags) != dnnl_success) {
+    g->ctx.training = 1;
+    g->ctx.conv_winograd = g->opt.conv_winograd;
+    g->ctx.rng = &g->rng;
+    g->ctx.params_ready = params_ready;
+    if (dnnl_engine_create(&g->ctx.engine, dnnl_cpu, 0) != dnnl_success ||
+        dnnl_stream_create(&g->ctx.stream, g->ctx.engine, dnnl_stream_default_flags) !=
+            dnnl_success) {
         td_graph_destroy(g);
         return td__fail(TD_EBACKEND, "td_graph_create: cannot create the oneDNN cpu engine");
     }
-    td_status s = td_arena_create(&g->arena, g->opt.arena_block_bytes ? g->opt.arena_block_bytes
-                                                                      : (size_t)8 << 20);
+    td_status s = td_arena_create(&g->ctx.arena, g->opt.arena_block_bytes ? g->opt.arena_block_bytes
+                                                                          : (size_t)8 << 20);
     if (s != TD_OK) {
         td_graph_destroy(g);
         return s;
@@ -54,9 +61,9 @@ void td_graph_destroy(td_graph *g) {
     free(g->buffer_t);
     free(g->param_last_node);
     free(g->fired);
-    td_arena_destroy(g->arena);
-    if (g->stream) dnnl_stream_destroy(g->stream);
-    if (g->engine) dnnl_engine_destroy(g->engine);
+    td_arena_destroy(g->ctx.arena);
+    if (g->ctx.stream) dnnl_stream_destroy(g->ctx.stream);
+    if (g->ctx.engine) dnnl_engine_destroy(g->ctx.engine);
     free(g);
 }
 
@@ -103,7 +110,7 @@ static td_status tensor_new(td_graph *g, const char *name, td_shape shape, td_dt
     t->kind = kind;
     t->producer = -1;
     t->grad_zero = 1;
-    if (dtype == TD_F32) td__md_plain(&t->md, &shape);
+    td__md_plain(&t->md, &shape, dtype);
     t->bytes = (size_t)td_shape_numel(&shape) * td_dtype_size(dtype);
     if (kind != TD__ACT) {
         size_t alloc = (t->bytes + 63) & ~(size_t)63;
@@ -199,145 +206,52 @@ td_status td_graph_buffer(td_graph *g, const char *name, td_shape shape, td_tens
     return TD_OK;
 }
 
-td_status td__check_input(td_graph *g, const td_tensor *t, const char *op) {
-    if (!g) return td__fail(TD_EINVAL, "%s: graph is NULL", op);
-    if (!t) return td__fail(TD_EINVAL, "%s: an input tensor is NULL", op);
+/* Checks that t belongs to g and may be an input of a new node. */
+static td_status check_input(td_graph *g, const td_tensor *t, const char *what) {
+    if (!t) return td__fail(TD_EINVAL, "%s: an input tensor is NULL", what);
     if (t->g != g)
-        return td__fail(TD_EINVAL, "%s: tensor '%s' belongs to another graph", op, t->name);
-    if (g->compiled) return td__fail(TD_ESTATE, "%s: the graph is already compiled", op);
+        return td__fail(TD_EINVAL, "%s: tensor '%s' belongs to another graph", what, t->name);
     return TD_OK;
 }
 
-td_status td__graph_add_node(td_graph *g, const td__op *op, td_tensor *const *ins, int nin,
-                             td_shape shape, td__node **out) {
-    if (nin > TD__MAX_IN)
-        return td__fail(TD_EINVAL, "%s: %d inputs (at most %d)", op->name, nin, TD__MAX_IN);
+td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tensor *const *ins,
+                        int nin, const td__op_attr *attr, int variant, td_tensor **out) {
+    if (!g) return td__fail(TD_EINVAL, "%s: graph is NULL", what);
+    if (!out) return td__fail(TD_EINVAL, "%s: the output pointer is NULL", what);
+    if (g->compiled) return td__fail(TD_ESTATE, "%s: the graph is already compiled", what);
+    if (nin < 1 || nin > TD__MAX_IN)
+        return td__fail(TD_EINVAL, "%s: %d inputs (1 to %d)", what, nin, TD__MAX_IN);
+    TD__TRY(check_input(g, ins[0], what));
+    for (int i = 1; i < nin; i++)
+        if (ins[i]) TD__TRY(check_input(g, ins[i], what));
+    td__node probe = {.op = op, .what = what, .nin = nin, .variant = variant};
+    if (attr) probe.attr = *attr;
+    for (int i = 0; i < nin; i++) probe.in[i] = ins[i];
+    td_shape shape;
+    td_dtype dtype;
+    TD__TRY(op->infer(&probe, &shape, &dtype));
     if (!grow((void **)&g->nodes, &g->cap_nodes, g->nnodes, sizeof *g->nodes))
-        return td__fail(TD_ENOMEM, "%s: out of memory", op->name);
+        return td__fail(TD_ENOMEM, "%s: out of memory", what);
     char name[64];
     snprintf(name, sizeof name, "%s:%d", op->name, g->nnodes);
     td_tensor *y;
-    TD__TRY(tensor_new(g, name, shape, TD_F32, TD__ACT, &y));
-    td__node *n = calloc(1, sizeof *n);
-    if (!n) return td__fail(TD_ENOMEM, "%s: out of memory", op->name);
-    n->op = op;
+    TD__TRY(tensor_new(g, name, shape, dtype, TD__ACT, &y));
+    td__node *n = malloc(sizeof *n);
+    if (!n) return td__fail(TD_ENOMEM, "%s: out of memory", what);
+    *n = probe;
     n->index = g->nnodes;
-    n->nin = nin;
     for (int i = 0; i < nin; i++) {
-        n->in[i] = ins[i];
-        if (ins[i]) {
-            ins[i]->nconsumers++;
-            if (ins[i]->requires_grad) y->requires_grad = 1;
-        }
+        if (!ins[i]) continue;
+        ins[i]->nconsumers++;
+        if (ins[i]->requires_grad) y->requires_grad = 1;
     }
     y->producer = n->index;
     n->out = y;
     g->nodes[g->nnodes++] = n;
-    *out = n;
+    *out = y;
     return TD_OK;
 }
 
-td_status td_graph_compile(td_graph *g) {
-    if (!g) return td__fail(TD_EINVAL, "td_graph_compile: graph is NULL");
-    if (g->compiled) return TD_OK; /* td_model_build compiles; a second call is harmless */
-    for (int k = 0; k < g->nnodes; k++)
-        if (g->nodes[k]->state)
-            return td__fail(TD_ESTATE,
-                            "td_graph_compile: an earlier compile failed; build a new graph");
-    /* batch norm -> ReLU becomes one oneDNN primitive: one pass less over the activation
-     * forward and backward. */
-    for (int k = 0; k < g->nnodes; k++) {
-        td__node *n = g->nodes[k];
-        td_tensor *x = n->nin > 0 ? n->in[0] : NULL;
-        if (n->op == &td__op_eltwise && n->variant == 0 && x && x->producer >= 0 &&
-            x->nconsumers == 1 && g->nodes[x->producer]->op == &td__op_batch_norm)
-            td__fuse_bn_relu(g->nodes[x->producer], n);
-    }
-    /* Any other ReLU may overwrite its input when nothing else reads it and its producer's
-     * backward does not read its own output (softmax does). */
-    for (int k = 0; k < g->nnodes; k++) {
-        td__node *n = g->nodes[k];
-        td_tensor *x = n->nin > 0 ? n->in[0] : NULL;
-        if (n->op == &td__op_eltwise && n->variant == 0 && x && x->kind == TD__ACT &&
-            x->producer >= 0 && x->nconsumers == 1 && g->nodes[x->producer]->op != &td__op_softmax)
-            td__relu_in_place(n);
-    }
-    /* A tensor may stay in a oneDNN-chosen layout only when every consumer copes. */
-    for (int i = 0; i < g->ntensors; i++) {
-        td_tensor *t = g->tensors[i];
-        t->may_block = t->kind == TD__ACT && t->nconsumers > 0;
-    }
-    for (int k = g->nnodes - 1; k >= 0; k--) {
-        td__node *n = g->nodes[k];
-        int ok = n->op->accepts_blocked || (n->op->propagates_layout && n->out->may_block);
-        for (int i = 0; i < n->nin; i++)
-            if (n->in[i] && !ok) n->in[i]->may_block = 0;
-    }
-    for (int k = 0; k < g->nnodes; k++) TD__TRY(g->nodes[k]->op->compile(g, g->nodes[k]));
-    size_t scratch = 64;
-    for (int i = 0; i < g->ntensors; i++) {
-        td_tensor *t = g->tensors[i];
-        if (!g->opt.grad_enabled && t->kind == TD__ACT) {
-            if (t->dtype == TD_F32) t->bytes = dnnl_memory_desc_get_size(&t->md);
-            t->requires_grad = 0;
-            continue; /* td__plan_inference_memory below */
-        }
-        if (t->alias_of) { /* allocated earlier: producers come before consumers */
-            t->bytes = t->alias_of->bytes;
-            t->own = NULL;
-            t->data = t->alias_of->data;
-            t->grad = t->alias_of->grad;
-            t->grad_zero = 1;
-            continue;
-        }
-        if (t->kind == TD__ACT) {
-            if (t->dtype == TD_F32) t->bytes = dnnl_memory_desc_get_size(&t->md);
-            t->own = td_arena_alloc(g->arena, t->bytes);
-            if (!t->own)
-                return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for %s", t->name);
-            memset(t->own, 0, t->bytes); /* blocked layouts rely on zero padding */
-            t->data = t->own;
-        }
-        if (t->dtype == TD_F32 && t->bytes > scratch) scratch = t->bytes;
-        if (t->requires_grad && g->opt.grad_enabled) {
-            t->grad = td_arena_alloc(g->arena, t->bytes);
-            if (!t->grad)
-                return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for the gradient of %s",
-                                t->name);
-            memset(t->grad, 0, t->bytes);
-            t->grad_zero = 1;
-        } else {
-            t->requires_grad = 0;
-        }
-    }
-    if (!g->opt.grad_enabled) TD__TRY(td__plan_inference_memory(g));
-    g->scratch_bytes = scratch;
-    if (g->opt.grad_enabled)
-        for (int s = 0; s < TD__SCRATCH_SLOTS; s++) {
-            g->scratch[s] = td_arena_alloc(g->arena, scratch);
-            if (!g->scratch[s])
-                return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for scratch");
-            memset(g->scratch[s], 0, scratch);
-        }
-    g->param_last_node = malloc(((size_t)g->nparams + 1) * sizeof *g->param_last_node);
-    g->fired = calloc((size_t)g->nparams + 1, 1);
-    if (!g->param_last_node || !g->fired)
-        return td__fail(TD_ENOMEM, "td_graph_compile: out of memory");
-    for (int i = 0; i < g->nparams; i++) g->param_last_node[i] = -1;
-    for (int k = 0; k < g->nnodes; k++)
-        for (int i = 0; i < g->nodes[k]->nin; i++) {
-            td_tensor *t = g->nodes[k]->in[i];
-            if (t && t->kind == TD__PARAM && g->param_last_node[t->index] < 0)
-                g->param_last_node[t->index] = k;
-        }
-    for (int i = 0; i < g->nparams; i++) fill_param(&g->params[i], g->param_t[i]);
-    for (int i = 0; i < g->nbuffers; i++) fill_param(&g->buffers[i], g->buffer_t[i]);
-    g->compiled = 1;
-    return TD_OK;
-}
-
-/* The td_param arrays are the source of truth for storage: DDP re-points params[i].grad
- * into its buckets, a checkpoint loader may re-point data, and the graph follows. */
 void td__graph_sync_storage(td_graph *g) {
     for (int i = 0; i < g->nparams; i++) {
         td_tensor *t = g->param_t[i];
@@ -354,7 +268,7 @@ td_status td_graph_forward(td_graph *g) {
     if (!g) return td__fail(TD_EINVAL, "td_graph_forward: graph is NULL");
     if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_forward: call td_graph_compile first");
     td__graph_sync_storage(g);
-    for (int k = 0; k < g->nnodes; k++) TD__TRY(g->nodes[k]->op->forward(g, g->nodes[k]));
+    for (int k = 0; k < g->nnodes; k++) TD__TRY(g->nodes[k]->op->forward(&g->ctx, g->nodes[k]));
     return TD_OK;
 }
 
@@ -366,7 +280,9 @@ static void fire(td_graph *g, int i) {
     if (g->hook) g->hook((size_t)i, g->hook_ctx);
 }
 
-void td__node_params_ready(td_graph *g, td__node *n, int weights_only) {
+/* The ctx callback through which an op reports its weight gradients final (op.h). */
+static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only) {
+    td_graph *g = (td_graph *)ctx;
     for (int i = 0; i < n->nin; i++) {
         td_tensor *t = n->in[i];
         if (weights_only && t == n->in[0]) continue; /* its data gradient is still to come */
@@ -398,24 +314,24 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     td__graph_sync_storage(g);
     for (int i = 0; i < g->ntensors; i++)
         if (g->tensors[i]->kind == TD__ACT) g->tensors[i]->grad_zero = 1;
-    float *d = td__grad_begin(g, y, 0);
+    float *d = td__grad_begin(&g->ctx, y, 0);
     if (y->blocked) {
         td__reorder r;
         dnnl_memory_desc_t plain;
-        td__md_plain(&plain, &y->shape);
-        TD__TRY(td__reorder_init(g, &r, &plain, &y->md));
-        td_status s = td__reorder_run(g, &r, dy, d);
+        td__md_plain(&plain, &y->shape, TD_F32);
+        TD__TRY(td__reorder_init(&g->ctx, &r, &plain, &y->md));
+        td_status s = td__reorder_run(&g->ctx, &r, dy, d);
         td__reorder_free(&r);
         TD__TRY(s);
     } else {
         memcpy(d, dy, (size_t)td_shape_numel(&y->shape) * sizeof(float));
     }
-    td__grad_end(g, y);
+    td__grad_end(&g->ctx, y);
     memset(g->fired, 0, (size_t)g->nparams);
     for (int k = g->nnodes - 1; k >= 0; k--) {
         td__node *n = g->nodes[k];
-        if (n->out->requires_grad && !n->out->grad_zero) TD__TRY(n->op->backward(g, n));
-        td__node_params_ready(g, n, 0);
+        if (n->out->requires_grad && !n->out->grad_zero) TD__TRY(n->op->backward(&g->ctx, n));
+        params_ready(&g->ctx, n, 0);
     }
     for (int i = 0; i < g->nparams; i++)
         if (!g->fired[i]) fire(g, i);
@@ -450,15 +366,15 @@ td_status td_graph_zero_grad(td_graph *g) {
 }
 
 void td_graph_set_training(td_graph *g, int training) {
-    if (g) g->training = training != 0;
+    if (g) g->ctx.training = training != 0;
 }
 
-int td_graph_training(const td_graph *g) { return g ? g->training : 0; }
+int td_graph_training(const td_graph *g) { return g ? g->ctx.training : 0; }
 
 td_rng *td_graph_rng(td_graph *g) { return g ? &g->rng : NULL; }
 
-td_status td_graph_params(td_graph *g, td_param **params, size_t *n) {
-    if (!g || !params || !n) return td__fail(TD_EINVAL, "td_graph_params: NULL argument");
+td_status td_graph_parameters(td_graph *g, td_param **params, size_t *n) {
+    if (!g || !params || !n) return td__fail(TD_EINVAL, "td_graph_parameters: NULL argument");
     *params = g->params;
     *n = (size_t)g->nparams;
     return TD_OK;
@@ -474,23 +390,6 @@ td_status td_graph_buffers(td_graph *g, td_param **buffers, size_t *n) {
 td_tensor *td_graph_param_tensor(td_graph *g, size_t index) {
     if (!g || index >= (size_t)g->nparams) return NULL;
     return g->param_t[index];
-}
-
-td_status td_graph_set_grad_buffer(td_graph *g, size_t param_index, float *grad) {
-    if (!g || !grad) return td__fail(TD_EINVAL, "td_graph_set_grad_buffer: NULL argument");
-    if (param_index >= (size_t)g->nparams)
-        return td__fail(TD_EINVAL,
-                        "td_graph_set_grad_buffer: parameter index %zu, the graph has %d",
-                        param_index, g->nparams);
-    if (!g->compiled || !g->opt.grad_enabled)
-        return td__fail(TD_ESTATE, "td_graph_set_grad_buffer: graph not compiled with gradients");
-    td_tensor *t = g->param_t[param_index];
-    /* A caller that already re-pointed params[i].grad (DDP) has copied the values. */
-    float *current = g->params[param_index].grad ? g->params[param_index].grad : t->grad;
-    if (current != grad) memmove(grad, current, t->bytes);
-    t->grad = grad;
-    g->params[param_index].grad = grad;
-    return TD_OK;
 }
 
 void td_graph_set_grad_ready_hook(td_graph *g, td_grad_ready_fn fn, void *ctx) {
@@ -527,4 +426,4 @@ td_status td_graph_share_params(td_graph *dst, td_graph *src) {
                  "buffers");
 }
 
-size_t td_graph_memory_bytes(const td_graph *g) { return g ? td_arena_peak(g->arena) : 0; }
+size_t td_graph_memory_bytes(const td_graph *g) { return g ? td_arena_peak(g->ctx.arena) : 0; }

@@ -65,7 +65,7 @@ td_status td__plan_inference_memory(td_graph *g) {
                 t->own = pool[best].p;
                 pool[best] = pool[--npool];
             } else {
-                t->own = td__graph_alloc(g, t->bytes);
+                t->own = td__op_alloc(&g->ctx, t->bytes);
                 if (!t->own) {
                     st = td__fail(TD_ENOMEM, "td_graph_compile: out of memory for %s", t->name);
                     break;

@@ -6,7 +6,7 @@
 
 #include "tandem/nn.h"
 
-#include "graph/graph_impl.h"
+#include "core/core_impl.h"
 
 static const char *const model_names[TD_MODEL_COUNT] = {"net", "mlp", "cnn"};
 
@@ -28,7 +28,7 @@ td_status td_model_kind_parse(const char *name, td_model_kind *out) {
  * fc 320->50, relu, dropout, fc 50->10, log_softmax. */
 static td_status build_net(td_graph *g, td_tensor *x, td_rng *rng, td_tensor **logits) {
     td_conv2d_params cp = td_conv2d_default_params();
-    td_pool2d_params pp = td_pool2d_default_params(2);
+    td_pool2d_params pp = td_pool2d_default_params();
     td_tensor *t;
     TD__TRY(td_nn_conv2d(g, "conv1", x, 10, 5, &cp, 1, rng, &t));
     TD__TRY(td_graph_max_pool2d(g, t, &pp, &t));
@@ -68,7 +68,7 @@ static td_status conv_bn_relu(td_graph *g, int i, td_tensor *x, int64_t oc, td_r
 }
 
 static td_status build_cnn(td_graph *g, td_tensor *x, td_rng *rng, td_tensor **logits) {
-    td_pool2d_params pp = td_pool2d_default_params(2);
+    td_pool2d_params pp = td_pool2d_default_params();
     td_tensor *t;
     TD__TRY(conv_bn_relu(g, 1, x, 32, rng, &t));
     TD__TRY(conv_bn_relu(g, 2, t, 32, rng, &t));
@@ -87,7 +87,6 @@ td_status td_model_build(td_graph *g, td_model_kind kind, int64_t batch, uint64_
         return td__fail(TD_EINVAL, "td_model_build: unknown model kind %d", (int)kind);
     if (batch < 1)
         return td__fail(TD_EINVAL, "td_model_build: batch %lld (must be >= 1)", (long long)batch);
-    if (g->ntensors) return td__fail(TD_ESTATE, "td_model_build: the graph is not empty");
     memset(out, 0, sizeof *out);
     out->kind = kind;
     out->batch = batch;
@@ -117,7 +116,7 @@ td_status td_model_predict(const td_model *m, int64_t *pred, int64_t *correct) {
     const float *lp = td_tensor_data(m->output);
     const int64_t *lab = td_tensor_data(m->labels);
     if (!lp || !lab) return td__fail(TD_ESTATE, "td_model_predict: the graph is not compiled");
-    int64_t B = m->batch, C = m->output->shape.dim[1], ok = 0;
+    int64_t B = m->batch, C = td_tensor_shape(m->output).dim[1], ok = 0;
     for (int64_t i = 0; i < B; i++) {
         int64_t best = 0;
         for (int64_t c = 1; c < C; c++)

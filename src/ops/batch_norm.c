@@ -4,7 +4,9 @@
  * the input's layout. */
 #include <stdlib.h>
 
-#include "graph/graph_impl.h"
+#include "ops/onednn.h"
+
+enum { BN_PLAIN = 0, BN_RELU = 1 }; /* variant: BN_RELU applies a folded ReLU */
 
 typedef struct {
     dnnl_primitive_t fwd_train, fwd_eval, bwd_train, bwd_eval;
@@ -15,11 +17,11 @@ typedef struct {
     td__mem x, y, scale, shift, mean_m, var_m, rmean_m, rvar_m, dy, dx, dscale, dshift;
 } bn_state;
 
-static td_status make(td_graph *g, dnnl_primitive_t *prim, dnnl_primitive_desc_t *pd_out,
+static td_status make(td__op_ctx *ctx, dnnl_primitive_t *prim, dnnl_primitive_desc_t *pd_out,
                       const dnnl_batch_normalization_desc_t *d, const_dnnl_primitive_desc_t hint,
                       const char *what) {
     dnnl_primitive_desc_t pd;
-    TD__TRY(td__pd_create(g, &pd, d, hint, what));
+    TD__TRY(td__pd_create(ctx, &pd, d, hint, what));
     td_status st = td__prim_create(prim, pd, what);
     if (pd_out && st == TD_OK)
         *pd_out = pd;
@@ -28,7 +30,7 @@ static td_status make(td_graph *g, dnnl_primitive_t *prim, dnnl_primitive_desc_t
     return st;
 }
 
-static td_status bn_compile(td_graph *g, td__node *n) {
+static td_status bn_compile(td__op_ctx *ctx, td__node *n) {
     bn_state *s = calloc(1, sizeof *s);
     if (!s) return td__fail(TD_ENOMEM, "batch_norm2d: out of memory");
     n->state = s;
@@ -37,28 +39,28 @@ static td_status bn_compile(td_graph *g, td__node *n) {
     y->blocked = x->blocked;
     float eps = n->attr.bn.eps;
     unsigned flags = dnnl_use_scale | dnnl_use_shift;
-    if (n->variant == TD__BN_FUSED_RELU) flags |= dnnl_fuse_norm_relu;
+    if (n->variant == BN_RELU) flags |= dnnl_fuse_norm_relu;
     dnnl_batch_normalization_desc_t d;
     dnnl_primitive_desc_t tpd = NULL, epd = NULL;
     TD__DNNL(
         dnnl_batch_normalization_forward_desc_init(&d, dnnl_forward_training, &x->md, eps, flags),
         "batch_norm2d forward");
-    TD__TRY(make(g, &s->fwd_train, &tpd, &d, NULL, "batch_norm2d forward"));
+    TD__TRY(make(ctx, &s->fwd_train, &tpd, &d, NULL, "batch_norm2d forward"));
     td_status st = TD_OK;
     if (dnnl_batch_normalization_forward_desc_init(&d, dnnl_forward_training, &x->md, eps,
                                                    flags | dnnl_use_global_stats) != dnnl_success)
         st = td__fail(TD_EBACKEND, "batch_norm2d: eval descriptor");
-    if (st == TD_OK) st = make(g, &s->fwd_eval, &epd, &d, NULL, "batch_norm2d eval forward");
+    if (st == TD_OK) st = make(ctx, &s->fwd_eval, &epd, &d, NULL, "batch_norm2d eval forward");
     if (st == TD_OK && y->requires_grad) {
         if (dnnl_batch_normalization_backward_desc_init(&d, dnnl_backward, &y->md, &x->md, eps,
                                                         flags) != dnnl_success)
             st = td__fail(TD_EBACKEND, "batch_norm2d: backward descriptor");
-        if (st == TD_OK) st = make(g, &s->bwd_train, NULL, &d, tpd, "batch_norm2d backward");
+        if (st == TD_OK) st = make(ctx, &s->bwd_train, NULL, &d, tpd, "batch_norm2d backward");
         if (st == TD_OK && dnnl_batch_normalization_backward_desc_init(
                                &d, dnnl_backward, &y->md, &x->md, eps,
                                flags | dnnl_use_global_stats) != dnnl_success)
             st = td__fail(TD_EBACKEND, "batch_norm2d: eval backward descriptor");
-        if (st == TD_OK) st = make(g, &s->bwd_eval, NULL, &d, epd, "batch_norm2d eval backward");
+        if (st == TD_OK) st = make(ctx, &s->bwd_eval, NULL, &d, epd, "batch_norm2d eval backward");
     }
     dnnl_memory_desc_t wst = td__pd_md(tpd, dnnl_query_workspace_md);
     dnnl_memory_desc_t wse = wst;
@@ -66,47 +68,48 @@ static td_status bn_compile(td_graph *g, td__node *n) {
     dnnl_primitive_desc_destroy(tpd);
     if (epd) dnnl_primitive_desc_destroy(epd);
     TD__TRY(st);
-    if (n->variant == TD__BN_FUSED_RELU) {
+    if (n->variant == BN_RELU) {
         size_t bt = dnnl_memory_desc_get_size(&wst), be = dnnl_memory_desc_get_size(&wse);
         if (bt) {
-            if (!(s->ws_train = td__graph_alloc(g, bt)))
+            if (!(s->ws_train = td__op_alloc(ctx, bt)))
                 return td__fail(TD_ENOMEM, "batch_norm2d: out of memory");
-            TD__TRY(td__mem_init(g, &s->ws_train_m, &wst));
+            TD__TRY(td__mem_init(ctx, &s->ws_train_m, &wst));
             td__mem_bind(&s->ws_train_m, s->ws_train);
         }
         if (be) {
-            if (!(s->ws_eval = td__graph_alloc(g, be)))
+            if (!(s->ws_eval = td__op_alloc(ctx, be)))
                 return td__fail(TD_ENOMEM, "batch_norm2d: out of memory");
-            TD__TRY(td__mem_init(g, &s->ws_eval_m, &wse));
+            TD__TRY(td__mem_init(ctx, &s->ws_eval_m, &wse));
             td__mem_bind(&s->ws_eval_m, s->ws_eval);
         }
     }
     int64_t C = x->shape.dim[1];
-    s->mean = td__graph_alloc(g, (size_t)C * sizeof(float));
-    s->var = td__graph_alloc(g, (size_t)C * sizeof(float));
+    s->mean = td__op_alloc(ctx, (size_t)C * sizeof(float));
+    s->var = td__op_alloc(ctx, (size_t)C * sizeof(float));
     if (!s->mean || !s->var) return td__fail(TD_ENOMEM, "batch_norm2d: out of memory");
     dnnl_memory_desc_t cmd;
     td_shape cs = td_shape_1d(C);
-    td__md_plain(&cmd, &cs);
+    td__md_plain(&cmd, &cs, TD_F32);
     td__mem *vec[] = {&s->scale,   &s->shift,  &s->mean_m, &s->var_m,
                       &s->rmean_m, &s->rvar_m, &s->dscale, &s->dshift};
-    for (size_t i = 0; i < sizeof vec / sizeof *vec; i++) TD__TRY(td__mem_init(g, vec[i], &cmd));
+    for (size_t i = 0; i < sizeof vec / sizeof *vec; i++) TD__TRY(td__mem_init(ctx, vec[i], &cmd));
     td__mem *act[] = {&s->x, &s->y, &s->dy, &s->dx};
-    for (size_t i = 0; i < sizeof act / sizeof *act; i++) TD__TRY(td__mem_init(g, act[i], &x->md));
+    for (size_t i = 0; i < sizeof act / sizeof *act; i++)
+        TD__TRY(td__mem_init(ctx, act[i], &x->md));
     td__mem_bind(&s->mean_m, s->mean);
     td__mem_bind(&s->var_m, s->var);
     return TD_OK;
 }
 
-static td_status bn_forward(td_graph *g, td__node *n) {
+static td_status bn_forward(td__op_ctx *ctx, td__node *n) {
     bn_state *s = n->state;
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2], *rm = n->in[3], *rv = n->in[4];
     td__mem_bind(&s->x, x->data);
     td__mem_bind(&s->y, n->out->data);
     td__mem_bind(&s->scale, w->data);
     td__mem_bind(&s->shift, b->data);
-    s->trained = g->training;
-    if (!g->training) {
+    s->trained = ctx->training;
+    if (!ctx->training) {
         td__mem_bind(&s->rmean_m, rm->data);
         td__mem_bind(&s->rvar_m, rv->data);
         dnnl_exec_arg_t a[7] = {{DNNL_ARG_SRC, s->x.mem},
@@ -116,7 +119,7 @@ static td_status bn_forward(td_graph *g, td__node *n) {
                                 {DNNL_ARG_MEAN, s->rmean_m.mem},
                                 {DNNL_ARG_VARIANCE, s->rvar_m.mem},
                                 {DNNL_ARG_WORKSPACE, s->ws_eval_m.mem}};
-        return td__exec(g, s->fwd_eval, s->ws_eval ? 7 : 6, a, "batch_norm2d eval forward");
+        return td__exec(ctx, s->fwd_eval, s->ws_eval ? 7 : 6, a, "batch_norm2d eval forward");
     }
     dnnl_exec_arg_t a[7] = {{DNNL_ARG_SRC, s->x.mem},
                             {DNNL_ARG_DST, s->y.mem},
@@ -125,7 +128,7 @@ static td_status bn_forward(td_graph *g, td__node *n) {
                             {DNNL_ARG_MEAN, s->mean_m.mem},
                             {DNNL_ARG_VARIANCE, s->var_m.mem},
                             {DNNL_ARG_WORKSPACE, s->ws_train_m.mem}};
-    TD__TRY(td__exec(g, s->fwd_train, s->ws_train ? 7 : 6, a, "batch_norm2d forward"));
+    TD__TRY(td__exec(ctx, s->fwd_train, s->ws_train ? 7 : 6, a, "batch_norm2d forward"));
     int64_t C = x->shape.dim[1];
     double cnt = (double)(x->shape.dim[0] * x->shape.dim[2] * x->shape.dim[3]);
     float m = n->attr.bn.momentum, unbias = cnt > 1 ? (float)(cnt / (cnt - 1)) : 1.f;
@@ -137,16 +140,16 @@ static td_status bn_forward(td_graph *g, td__node *n) {
     return TD_OK;
 }
 
-static td_status bn_backward(td_graph *g, td__node *n) {
+static td_status bn_backward(td__op_ctx *ctx, td__node *n) {
     bn_state *s = n->state;
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     td__mem_bind(&s->x, x->data);
     td__mem_bind(&s->scale, w->data);
     td__mem_bind(&s->shift, b->data);
     td__mem_bind(&s->dy, n->out->grad);
-    td__mem_bind(&s->dx, x->requires_grad ? td__grad_begin(g, x, 0) : g->scratch[0]);
-    td__mem_bind(&s->dscale, w->requires_grad ? td__grad_begin(g, w, 1) : g->scratch[1]);
-    td__mem_bind(&s->dshift, b->requires_grad ? td__grad_begin(g, b, 2) : g->scratch[2]);
+    td__mem_bind(&s->dx, x->requires_grad ? td__grad_begin(ctx, x, 0) : ctx->scratch[0]);
+    td__mem_bind(&s->dscale, w->requires_grad ? td__grad_begin(ctx, w, 1) : ctx->scratch[1]);
+    td__mem_bind(&s->dshift, b->requires_grad ? td__grad_begin(ctx, b, 2) : ctx->scratch[2]);
     td__mem *mean = s->trained ? &s->mean_m : &s->rmean_m,
             *var = s->trained ? &s->var_m : &s->rvar_m;
     if (!s->trained) {
@@ -165,11 +168,11 @@ static td_status bn_backward(td_graph *g, td__node *n) {
         {DNNL_ARG_DIFF_SCALE, s->dscale.mem},
         {DNNL_ARG_DIFF_SHIFT, s->dshift.mem},
         {DNNL_ARG_WORKSPACE, s->trained ? s->ws_train_m.mem : s->ws_eval_m.mem}};
-    TD__TRY(td__exec(g, s->trained ? s->bwd_train : s->bwd_eval, ws ? 10 : 9, a,
+    TD__TRY(td__exec(ctx, s->trained ? s->bwd_train : s->bwd_eval, ws ? 10 : 9, a,
                      "batch_norm2d backward"));
-    if (x->requires_grad) td__grad_end(g, x);
-    if (w->requires_grad) td__grad_end(g, w);
-    if (b->requires_grad) td__grad_end(g, b);
+    if (x->requires_grad) td__grad_end(ctx, x);
+    if (w->requires_grad) td__grad_end(ctx, w);
+    if (b->requires_grad) td__grad_end(ctx, b);
     return TD_OK;
 }
 
@@ -187,31 +190,40 @@ static void bn_destroy(td__node *n) {
     free(s);
 }
 
-const td__op td__op_batch_norm = {"batch_norm2d", 1,           0,         bn_compile,
-                                  bn_forward,     bn_backward, bn_destroy};
-
-td_batch_norm_params td_batch_norm_default_params(void) {
-    td_batch_norm_params p = {1e-5f, 0.1f};
-    return p;
+/* A ReLU right after the batch norm runs inside its primitive: one pass less over the
+ * activation, forward and backward. */
+static int bn_fold_activation(td__node *n, td__activation act) {
+    if (act != TD__ACT_RELU || n->variant != BN_PLAIN) return 0;
+    n->variant = BN_RELU;
+    return 1;
 }
 
-td_status td_graph_batch_norm2d(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
-                                td_tensor *running_mean, td_tensor *running_var,
-                                const td_batch_norm_params *p, td_tensor **y) {
-    td_tensor *t[5] = {x, weight, bias, running_mean, running_var};
-    for (int i = 0; i < 5; i++) TD__TRY(td__check_input(g, t[i], "batch_norm2d"));
-    if (!y) return td__fail(TD_EINVAL, "batch_norm2d: y is NULL");
+static td_status bn_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
+    const td_tensor *x = n->in[0];
     if (x->dtype != TD_F32 || x->shape.ndim != 4)
         return td__fail(TD_ESHAPE, "batch_norm2d: input '%s' must be f32 (N, C, H, W)", x->name);
-    for (int i = 1; i < 5; i++)
-        if (t[i]->shape.ndim != 1 || t[i]->shape.dim[0] != x->shape.dim[1])
-            return td__fail(TD_ESHAPE, "batch_norm2d: '%s' must be (%lld)", t[i]->name,
+    for (int i = 1; i < 5; i++) {
+        const td_tensor *t = n->in[i];
+        if (!t) return td__fail(TD_EINVAL, "batch_norm2d: input %d is NULL", i);
+        if (t->shape.ndim != 1 || t->shape.dim[0] != x->shape.dim[1])
+            return td__fail(TD_ESHAPE, "batch_norm2d: '%s' must be (%lld)", t->name,
                             (long long)x->shape.dim[1]);
-    if (running_mean->kind == TD__ACT || running_var->kind == TD__ACT)
-        return td__fail(TD_EINVAL, "batch_norm2d: running stats must be graph buffers");
-    td__node *n;
-    TD__TRY(td__graph_add_node(g, &td__op_batch_norm, t, 5, x->shape, &n));
-    n->attr.bn = p ? *p : td_batch_norm_default_params();
-    *y = n->out;
+    }
+    if (n->in[3]->kind == TD__ACT || n->in[4]->kind == TD__ACT)
+        return td__fail(TD_EINVAL,
+                        "batch_norm2d: running stats must be graph buffers, not activations");
+    *shape = x->shape;
+    *dtype = TD_F32;
     return TD_OK;
 }
+
+const td__op td__op_batch_norm = {
+    .name = "batch_norm2d",
+    .propagates_layout = 1,
+    .infer = bn_infer,
+    .compile = bn_compile,
+    .forward = bn_forward,
+    .backward = bn_backward,
+    .destroy = bn_destroy,
+    .fold_activation = bn_fold_activation,
+};

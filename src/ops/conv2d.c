@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "graph/graph_impl.h"
+#include "ops/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd, bwd_data, bwd_w;
@@ -43,7 +43,7 @@ static void conv_geometry(const td__node *n, dnnl_dims_t strides, dnnl_dims_t di
     *ow = out[1];
 }
 
-static td_status conv_compile(td_graph *g, td__node *n) {
+static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
     conv_state *s = calloc(1, sizeof *s);
     if (!s) return td__fail(TD_ENOMEM, "conv2d: out of memory");
     n->state = s;
@@ -60,27 +60,27 @@ static td_status conv_compile(td_graph *g, td__node *n) {
     dnnl_memory_desc_init_by_tag(&any_y, 4, yd, dnnl_f32, dnnl_format_tag_any);
     dnnl_memory_desc_t fy = y->may_block ? any_y : y->md;
     td_shape bs = td_shape_1d(w->shape.dim[0]);
-    td__md_plain(&bmd, &bs);
+    td__md_plain(&bmd, &bs, TD_F32);
     /* "auto" lets oneDNN take Winograd for 3x3 kernels: about 1.45x faster on the CNN. */
-    dnnl_alg_kind_t alg = g->opt.conv_winograd ? dnnl_convolution_auto : dnnl_convolution_direct;
+    dnnl_alg_kind_t alg = ctx->conv_winograd ? dnnl_convolution_auto : dnnl_convolution_direct;
     dnnl_convolution_desc_t d;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
     TD__DNNL(dnnl_dilated_convolution_forward_desc_init(&d, dnnl_forward_training, alg, &any_x,
                                                         &any_w, b ? &bmd : NULL, &fy, strides, dil,
                                                         pl, pr),
              "conv2d forward");
-    TD__TRY(td__pd_create(g, &fpd, &d, NULL, "conv2d forward"));
+    TD__TRY(td__pd_create(ctx, &fpd, &d, NULL, "conv2d forward"));
     dnnl_memory_desc_t smd = td__pd_md(fpd, dnnl_query_src_md);
     dnnl_memory_desc_t fwmd = td__pd_md(fpd, dnnl_query_weights_md);
     y->md = td__pd_md(fpd, dnnl_query_dst_md);
     y->blocked = !td__md_is_plain(&y->md, &y->shape);
     td_status st = td__prim_create(&s->fwd, fpd, "conv2d forward");
-    if (st == TD_OK) st = td__adapt_init(g, &s->x_fwd, &x->md, &smd);
-    if (st == TD_OK) st = td__adapt_init(g, &s->w_fwd, &wplain, &fwmd);
-    if (st == TD_OK) st = td__mem_init(g, &s->src, &smd);
-    if (st == TD_OK) st = td__mem_init(g, &s->w, &fwmd);
-    if (st == TD_OK) st = td__mem_init(g, &s->b, &bmd);
-    if (st == TD_OK) st = td__mem_init(g, &s->dst, &y->md);
+    if (st == TD_OK) st = td__adapt_init(ctx, &s->x_fwd, &x->md, &smd);
+    if (st == TD_OK) st = td__adapt_init(ctx, &s->w_fwd, &wplain, &fwmd);
+    if (st == TD_OK) st = td__mem_init(ctx, &s->src, &smd);
+    if (st == TD_OK) st = td__mem_init(ctx, &s->w, &fwmd);
+    if (st == TD_OK) st = td__mem_init(ctx, &s->b, &bmd);
+    if (st == TD_OK) st = td__mem_init(ctx, &s->dst, &y->md);
     dnnl_memory_desc_t bd_dy;
     memset(&bd_dy, 0, sizeof bd_dy);
     if (st == TD_OK && x->requires_grad) {
@@ -90,7 +90,7 @@ static td_status conv_compile(td_graph *g, td__node *n) {
             if (dnnl_dilated_convolution_backward_data_desc_init(&d, alg, bx, &any_w, by, strides,
                                                                  dil, pl, pr) != dnnl_success)
                 st = td__fail(TD_EBACKEND, "conv2d: backward-data descriptor");
-            else if (dnnl_primitive_desc_create(&pd, &d, NULL, g->engine, fpd) != dnnl_success ||
+            else if (dnnl_primitive_desc_create(&pd, &d, NULL, ctx->engine, fpd) != dnnl_success ||
                      (attempt == 0 && td__pd_is_reference(pd))) {
                 if (pd) dnnl_primitive_desc_destroy(pd);
                 pd = NULL;
@@ -103,12 +103,12 @@ static td_status conv_compile(td_graph *g, td__node *n) {
             dnnl_memory_desc_t wm = td__pd_md(pd, dnnl_query_weights_md);
             bd_dy = td__pd_md(pd, dnnl_query_diff_dst_md);
             s->w_bd_reuse = dnnl_memory_desc_equal(&wm, &fwmd);
-            st = td__adapt_init(g, &s->dy_bd, &y->md, &bd_dy);
-            if (st == TD_OK && !s->w_bd_reuse) st = td__adapt_init(g, &s->w_bd, &wplain, &wm);
-            if (st == TD_OK) st = td__adapt_init(g, &s->dx_bd, &dx, &x->md);
-            if (st == TD_OK) st = td__mem_init(g, &s->bd_dy, &bd_dy);
-            if (st == TD_OK) st = td__mem_init(g, &s->bd_w, &wm);
-            if (st == TD_OK) st = td__mem_init(g, &s->bd_dx, &dx);
+            st = td__adapt_init(ctx, &s->dy_bd, &y->md, &bd_dy);
+            if (st == TD_OK && !s->w_bd_reuse) st = td__adapt_init(ctx, &s->w_bd, &wplain, &wm);
+            if (st == TD_OK) st = td__adapt_init(ctx, &s->dx_bd, &dx, &x->md);
+            if (st == TD_OK) st = td__mem_init(ctx, &s->bd_dy, &bd_dy);
+            if (st == TD_OK) st = td__mem_init(ctx, &s->bd_w, &wm);
+            if (st == TD_OK) st = td__mem_init(ctx, &s->bd_dx, &dx);
         }
         if (pd) dnnl_primitive_desc_destroy(pd);
         pd = NULL;
@@ -122,7 +122,7 @@ static td_status conv_compile(td_graph *g, td__node *n) {
             if (dnnl_dilated_convolution_backward_weights_desc_init(
                     &d, alg, bx, &any_w, b ? &bmd : NULL, by, strides, dil, pl, pr) != dnnl_success)
                 st = td__fail(TD_EBACKEND, "conv2d: backward-weights descriptor");
-            else if (dnnl_primitive_desc_create(&pd, &d, NULL, g->engine, fpd) != dnnl_success ||
+            else if (dnnl_primitive_desc_create(&pd, &d, NULL, ctx->engine, fpd) != dnnl_success ||
                      (attempt < 2 && td__pd_is_reference(pd))) {
                 if (pd) dnnl_primitive_desc_destroy(pd);
                 pd = NULL;
@@ -136,13 +136,13 @@ static td_status conv_compile(td_graph *g, td__node *n) {
             dnnl_memory_desc_t dwm = td__pd_md(pd, dnnl_query_diff_weights_md);
             s->x_bw_reuse = dnnl_memory_desc_equal(&xm, &smd);
             s->dy_bw_reuse = s->bwd_data && dnnl_memory_desc_equal(&dym, &bd_dy);
-            if (!s->x_bw_reuse) st = td__adapt_init(g, &s->x_bw, &x->md, &xm);
-            if (st == TD_OK && !s->dy_bw_reuse) st = td__adapt_init(g, &s->dy_bw, &y->md, &dym);
-            if (st == TD_OK) st = td__adapt_init(g, &s->dw_bw, &dwm, &wplain);
-            if (st == TD_OK) st = td__mem_init(g, &s->bw_x, &xm);
-            if (st == TD_OK) st = td__mem_init(g, &s->bw_dy, &dym);
-            if (st == TD_OK) st = td__mem_init(g, &s->bw_dw, &dwm);
-            if (st == TD_OK) st = td__mem_init(g, &s->bw_db, &bmd);
+            if (!s->x_bw_reuse) st = td__adapt_init(ctx, &s->x_bw, &x->md, &xm);
+            if (st == TD_OK && !s->dy_bw_reuse) st = td__adapt_init(ctx, &s->dy_bw, &y->md, &dym);
+            if (st == TD_OK) st = td__adapt_init(ctx, &s->dw_bw, &dwm, &wplain);
+            if (st == TD_OK) st = td__mem_init(ctx, &s->bw_x, &xm);
+            if (st == TD_OK) st = td__mem_init(ctx, &s->bw_dy, &dym);
+            if (st == TD_OK) st = td__mem_init(ctx, &s->bw_dw, &dwm);
+            if (st == TD_OK) st = td__mem_init(ctx, &s->bw_db, &bmd);
         }
         if (pd) dnnl_primitive_desc_destroy(pd);
     }
@@ -150,11 +150,11 @@ static td_status conv_compile(td_graph *g, td__node *n) {
     return st;
 }
 
-static td_status conv_forward(td_graph *g, td__node *n) {
+static td_status conv_forward(td__op_ctx *ctx, td__node *n) {
     conv_state *s = n->state;
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
-    s->x_now = td__adapt_in(g, &s->x_fwd, x->data);
-    s->w_now = td__adapt_in(g, &s->w_fwd, w->data);
+    s->x_now = td__adapt_in(ctx, &s->x_fwd, x->data);
+    s->w_now = td__adapt_in(ctx, &s->w_fwd, w->data);
     if (!s->x_now || !s->w_now) return td__fail(TD_EBACKEND, "conv2d: input reorder failed");
     td__mem_bind(&s->src, s->x_now);
     td__mem_bind(&s->w, s->w_now);
@@ -164,49 +164,49 @@ static td_status conv_forward(td_graph *g, td__node *n) {
                             {DNNL_ARG_WEIGHTS, s->w.mem},
                             {DNNL_ARG_DST, s->dst.mem},
                             {DNNL_ARG_BIAS, s->b.mem}};
-    return td__exec(g, s->fwd, b ? 4 : 3, a, "conv2d forward");
+    return td__exec(ctx, s->fwd, b ? 4 : 3, a, "conv2d forward");
 }
 
-static td_status conv_backward(td_graph *g, td__node *n) {
+static td_status conv_backward(td__op_ctx *ctx, td__node *n) {
     conv_state *s = n->state;
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     void *dy_bw = NULL;
     if (s->bwd_w) {
-        void *xs = s->x_bw_reuse ? s->x_now : td__adapt_in(g, &s->x_bw, x->data);
-        void *dy = td__adapt_in(g, s->dy_bw_reuse ? &s->dy_bd : &s->dy_bw, n->out->grad);
+        void *xs = s->x_bw_reuse ? s->x_now : td__adapt_in(ctx, &s->x_bw, x->data);
+        void *dy = td__adapt_in(ctx, s->dy_bw_reuse ? &s->dy_bd : &s->dy_bw, n->out->grad);
         dy_bw = dy;
         if (!xs || !dy) return td__fail(TD_EBACKEND, "conv2d: backward reorder failed");
-        float *dw = td__grad_begin(g, w, 1);
+        float *dw = td__grad_begin(ctx, w, 1);
         td__mem_bind(&s->bw_x, xs);
         td__mem_bind(&s->bw_dy, dy);
         td__mem_bind(&s->bw_dw, td__adapt_out_ptr(&s->dw_bw, dw));
-        if (b) td__mem_bind(&s->bw_db, td__grad_begin(g, b, 2));
+        if (b) td__mem_bind(&s->bw_db, td__grad_begin(ctx, b, 2));
         dnnl_exec_arg_t a[4] = {{DNNL_ARG_SRC, s->bw_x.mem},
                                 {DNNL_ARG_DIFF_DST, s->bw_dy.mem},
                                 {DNNL_ARG_DIFF_WEIGHTS, s->bw_dw.mem},
                                 {DNNL_ARG_DIFF_BIAS, s->bw_db.mem}};
-        TD__TRY(td__exec(g, s->bwd_w, b ? 4 : 3, a, "conv2d backward weights"));
-        TD__TRY(td__adapt_out(g, &s->dw_bw, dw));
-        td__grad_end(g, w);
-        if (b) td__grad_end(g, b);
+        TD__TRY(td__exec(ctx, s->bwd_w, b ? 4 : 3, a, "conv2d backward weights"));
+        TD__TRY(td__adapt_out(ctx, &s->dw_bw, dw));
+        td__grad_end(ctx, w);
+        if (b) td__grad_end(ctx, b);
     }
     /* The weight gradient is final here; DDP can start on it while backward data runs. */
-    td__node_params_ready(g, n, 1);
+    ctx->params_ready(ctx, n, 1);
     if (s->bwd_data) {
         /* Forward already produced the weights in its layout; reuse them when they match. */
-        void *wt = s->w_bd_reuse ? s->w_now : td__adapt_in(g, &s->w_bd, w->data);
-        void *dy_bd = s->dy_bw_reuse && dy_bw ? dy_bw : td__adapt_in(g, &s->dy_bd, n->out->grad);
+        void *wt = s->w_bd_reuse ? s->w_now : td__adapt_in(ctx, &s->w_bd, w->data);
+        void *dy_bd = s->dy_bw_reuse && dy_bw ? dy_bw : td__adapt_in(ctx, &s->dy_bd, n->out->grad);
         if (!wt || !dy_bd) return td__fail(TD_EBACKEND, "conv2d: backward reorder failed");
-        float *dx = td__grad_begin(g, x, 0);
+        float *dx = td__grad_begin(ctx, x, 0);
         td__mem_bind(&s->bd_w, wt);
         td__mem_bind(&s->bd_dy, dy_bd);
         td__mem_bind(&s->bd_dx, td__adapt_out_ptr(&s->dx_bd, dx));
         dnnl_exec_arg_t a[3] = {{DNNL_ARG_DIFF_DST, s->bd_dy.mem},
                                 {DNNL_ARG_WEIGHTS, s->bd_w.mem},
                                 {DNNL_ARG_DIFF_SRC, s->bd_dx.mem}};
-        TD__TRY(td__exec(g, s->bwd_data, 3, a, "conv2d backward data"));
-        TD__TRY(td__adapt_out(g, &s->dx_bd, dx));
-        td__grad_end(g, x);
+        TD__TRY(td__exec(ctx, s->bwd_data, 3, a, "conv2d backward data"));
+        TD__TRY(td__adapt_out(ctx, &s->dx_bd, dx));
+        td__grad_end(ctx, x);
     }
     return TD_OK;
 }
@@ -226,21 +226,10 @@ static void conv_destroy(td__node *n) {
     free(s);
 }
 
-const td__op td__op_conv2d = {"conv2d",      0,           1, conv_compile, conv_forward,
-                              conv_backward, conv_destroy};
-
-td_conv2d_params td_conv2d_default_params(void) {
-    td_conv2d_params p = {{1, 1}, {0, 0}, {1, 1}};
-    return p;
-}
-
-td_status td_graph_conv2d(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
-                          const td_conv2d_params *p, td_tensor **y) {
-    TD__TRY(td__check_input(g, x, "conv2d"));
-    TD__TRY(td__check_input(g, w, "conv2d"));
-    if (b) TD__TRY(td__check_input(g, b, "conv2d"));
-    if (!y) return td__fail(TD_EINVAL, "conv2d: y is NULL");
-    td_conv2d_params q = p ? *p : td_conv2d_default_params();
+static td_status conv_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
+    const td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+    const td_conv2d_params *q = &n->attr.conv;
+    if (!w) return td__fail(TD_EINVAL, "conv2d: the weight is NULL");
     if (x->dtype != TD_F32 || x->shape.ndim != 4)
         return td__fail(TD_ESHAPE, "conv2d: input '%s' must be f32 (N, C, H, W)", x->name);
     if (w->shape.ndim != 4 || w->shape.dim[1] != x->shape.dim[1])
@@ -250,23 +239,29 @@ td_status td_graph_conv2d(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
         return td__fail(TD_ESHAPE, "conv2d: bias '%s' must be (%lld)", b->name,
                         (long long)w->shape.dim[0]);
     for (int i = 0; i < 2; i++)
-        if (q.stride[i] < 1 || q.dilation[i] < 1 || q.padding[i] < 0)
+        if (q->stride[i] < 1 || q->dilation[i] < 1 || q->padding[i] < 0)
             return td__fail(TD_EINVAL,
                             "conv2d: stride %d, dilation %d, padding %d (need >= 1, >= 1, >= 0)",
-                            q.stride[i], q.dilation[i], q.padding[i]);
+                            q->stride[i], q->dilation[i], q->padding[i]);
     int64_t out[2];
     for (int i = 0; i < 2; i++) {
-        int64_t span = (w->shape.dim[2 + i] - 1) * q.dilation[i] + 1;
-        out[i] = (x->shape.dim[2 + i] + 2 * q.padding[i] - span) / q.stride[i] + 1;
-        if (x->shape.dim[2 + i] + 2 * q.padding[i] < span)
+        int64_t span = (w->shape.dim[2 + i] - 1) * q->dilation[i] + 1;
+        if (x->shape.dim[2 + i] + 2 * q->padding[i] < span)
             return td__fail(TD_ESHAPE, "conv2d: kernel span %lld larger than padded input %lld",
-                            (long long)span, (long long)(x->shape.dim[2 + i] + 2 * q.padding[i]));
+                            (long long)span, (long long)(x->shape.dim[2 + i] + 2 * q->padding[i]));
+        out[i] = (x->shape.dim[2 + i] + 2 * q->padding[i] - span) / q->stride[i] + 1;
     }
-    td__node *n;
-    td_tensor *ins[3] = {x, w, b};
-    TD__TRY(td__graph_add_node(g, &td__op_conv2d, ins, 3,
-                               td_shape_4d(x->shape.dim[0], w->shape.dim[0], out[0], out[1]), &n));
-    n->attr.conv = q;
-    *y = n->out;
+    *shape = td_shape_4d(x->shape.dim[0], w->shape.dim[0], out[0], out[1]);
+    *dtype = TD_F32;
     return TD_OK;
 }
+
+const td__op td__op_conv2d = {
+    .name = "conv2d",
+    .accepts_blocked = 1,
+    .infer = conv_infer,
+    .compile = conv_compile,
+    .forward = conv_forward,
+    .backward = conv_backward,
+    .destroy = conv_destroy,
+};

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "graph/graph_impl.h"
+#include "ops/onednn.h"
 
 typedef struct {
     float *mask;  /* (physical floats of x): 0 or 1/(1-p), element-wise dropout */
@@ -14,7 +14,7 @@ typedef struct {
     int trained;  /* last forward ran in training mode */
 } drop_state;
 
-static td_status drop_compile(td_graph *g, td__node *n) {
+static td_status drop_compile(td__op_ctx *ctx, td__node *n) {
     drop_state *s = calloc(1, sizeof *s);
     if (!s) return td__fail(TD_ENOMEM, "dropout: out of memory");
     n->state = s;
@@ -22,15 +22,15 @@ static td_status drop_compile(td_graph *g, td__node *n) {
     y->md = x->md;
     y->blocked = x->blocked;
     size_t bytes = dnnl_memory_desc_get_size(&x->md);
-    if (n->variant) {
+    if (n->variant == TD__DROP_CHANNEL) {
         if (x->blocked && td__md_offset4(&x->md, 0, 0, 0, 0) < 0)
             return td__fail(TD_EUNSUPPORTED, "dropout2d: unsupported input layout for '%s'",
                             x->name);
         bytes = (size_t)(x->shape.dim[0] * x->shape.dim[1]) * sizeof(float);
-        s->cmask = td__graph_alloc(g, bytes);
+        s->cmask = td__op_alloc(ctx, bytes);
         if (!s->cmask) return td__fail(TD_ENOMEM, "dropout2d: out of memory");
     } else {
-        s->mask = td__graph_alloc(g, bytes);
+        s->mask = td__op_alloc(ctx, bytes);
         if (!s->mask) return td__fail(TD_ENOMEM, "dropout: out of memory");
     }
     return TD_OK;
@@ -92,31 +92,31 @@ static void apply_channels(const dnnl_memory_desc_t *md, const td_shape *sh, con
         }
 }
 
-static td_status drop_forward(td_graph *g, td__node *n) {
+static td_status drop_forward(td__op_ctx *ctx, td__node *n) {
     drop_state *s = n->state;
     td_tensor *x = n->in[0], *y = n->out;
     const float *in = x->data;
     float *out = y->data;
     size_t total = td__nfloats(x);
     float p = n->attr.p;
-    s->trained = g->training && p > 0.f;
+    s->trained = ctx->training && p > 0.f;
     if (!s->trained) {
         memcpy(out, in, x->bytes);
         return TD_OK;
     }
     float keep = p >= 1.f ? 0.f : 1.f / (1.f - p);
-    if (n->variant) {
+    if (n->variant == TD__DROP_CHANNEL) {
         int64_t nc = x->shape.dim[0] * x->shape.dim[1];
-        draw_mask(&g->rng, s->cmask, (size_t)nc, p, keep);
+        draw_mask(ctx->rng, s->cmask, (size_t)nc, p, keep);
         apply_channels(&x->md, &x->shape, s->cmask, in, out, 0);
     } else {
-        draw_mask(&g->rng, s->mask, total, p, keep);
+        draw_mask(ctx->rng, s->mask, total, p, keep);
         for (size_t i = 0; i < total; i++) out[i] = in[i] * s->mask[i];
     }
     return TD_OK;
 }
 
-static td_status drop_backward(td_graph *g, td__node *n) {
+static td_status drop_backward(td__op_ctx *ctx, td__node *n) {
     drop_state *s = n->state;
     td_tensor *x = n->in[0];
     const float *dy = n->out->grad;
@@ -125,43 +125,39 @@ static td_status drop_backward(td_graph *g, td__node *n) {
     float *dx = x->grad;
     if (!s->trained) {
         for (size_t i = 0; i < total; i++) dx[i] = acc ? dx[i] + dy[i] : dy[i];
-    } else if (n->variant) {
+    } else if (n->variant == TD__DROP_CHANNEL) {
         apply_channels(&x->md, &x->shape, s->cmask, dy, dx, acc);
     } else {
         for (size_t i = 0; i < total; i++) dx[i] = (acc ? dx[i] : 0.f) + dy[i] * s->mask[i];
     }
     x->grad_zero = 0;
-    (void)g;
+    (void)ctx;
     return TD_OK;
 }
 
 static void drop_destroy(td__node *n) { free(n->state); }
 
-const td__op td__op_dropout = {"dropout",     1,           0, drop_compile, drop_forward,
-                               drop_backward, drop_destroy};
-
-static td_status drop_add(td_graph *g, td_tensor *x, float p, int channelwise, td_tensor **y) {
-    const char *name = channelwise ? "dropout2d" : "dropout";
-    TD__TRY(td__check_input(g, x, name));
-    if (!y) return td__fail(TD_EINVAL, "%s: y is NULL", name);
+static td_status drop_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
+    const td_tensor *x = n->in[0];
+    float p = n->attr.p;
     if (!(p >= 0.f && p <= 1.f))
-        return td__fail(TD_EINVAL, "%s: p = %g, must be in [0, 1]", name, (double)p);
-    if (x->dtype != TD_F32) return td__fail(TD_EDTYPE, "%s: input '%s' must be f32", name, x->name);
-    if (channelwise && x->shape.ndim != 4)
+        return td__fail(TD_EINVAL, "%s: p = %g, must be in [0, 1]", n->what, (double)p);
+    if (x->dtype != TD_F32)
+        return td__fail(TD_EDTYPE, "%s: input '%s' must be f32", n->what, x->name);
+    if (n->variant == TD__DROP_CHANNEL && x->shape.ndim != 4)
         return td__fail(TD_ESHAPE, "dropout2d: input '%s' must be (N, C, H, W), got %d dims",
                         x->name, x->shape.ndim);
-    td__node *n;
-    TD__TRY(td__graph_add_node(g, &td__op_dropout, &x, 1, x->shape, &n));
-    n->attr.p = p;
-    n->variant = channelwise;
-    *y = n->out;
+    *shape = x->shape;
+    *dtype = TD_F32;
     return TD_OK;
 }
 
-td_status td_graph_dropout(td_graph *g, td_tensor *x, float p, td_tensor **y) {
-    return drop_add(g, x, p, 0, y);
-}
-
-td_status td_graph_dropout2d(td_graph *g, td_tensor *x, float p, td_tensor **y) {
-    return drop_add(g, x, p, 1, y);
-}
+const td__op td__op_dropout = {
+    .name = "dropout",
+    .propagates_layout = 1,
+    .infer = drop_infer,
+    .compile = drop_compile,
+    .forward = drop_forward,
+    .backward = drop_backward,
+    .destroy = drop_destroy,
+};

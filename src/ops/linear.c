@@ -3,32 +3,32 @@
  * plain (N, IN); flatten has already undone any blocked layout. */
 #include <stdlib.h>
 
-#include "graph/graph_impl.h"
+#include "ops/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd, bwd_data, bwd_w;
     td__mem x, w, b, y, dy, dx, dw, db;
 } linear_state;
 
-static td_status linear_compile(td_graph *g, td__node *n) {
+static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
     linear_state *s = calloc(1, sizeof *s);
     if (!s) return td__fail(TD_ENOMEM, "linear: out of memory");
     n->state = s;
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     dnnl_memory_desc_t xmd = x->md, wmd = w->md, ymd = n->out->md, bmd;
     td_shape bs = td_shape_1d(w->shape.dim[0]);
-    td__md_plain(&bmd, &bs);
+    td__md_plain(&bmd, &bs, TD_F32);
     dnnl_inner_product_desc_t d;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
     TD__DNNL(dnnl_inner_product_forward_desc_init(&d, dnnl_forward_training, &xmd, &wmd,
                                                   b ? &bmd : NULL, &ymd),
              "linear forward");
-    TD__TRY(td__pd_create(g, &fpd, &d, NULL, "linear forward"));
+    TD__TRY(td__pd_create(ctx, &fpd, &d, NULL, "linear forward"));
     td_status st = td__prim_create(&s->fwd, fpd, "linear forward");
     if (st == TD_OK && x->requires_grad) {
         if (dnnl_inner_product_backward_data_desc_init(&d, &xmd, &wmd, &ymd) != dnnl_success)
             st = td__fail(TD_EBACKEND, "linear: backward-data descriptor");
-        if (st == TD_OK) st = td__pd_create(g, &pd, &d, fpd, "linear backward data");
+        if (st == TD_OK) st = td__pd_create(ctx, &pd, &d, fpd, "linear backward data");
         if (st == TD_OK) st = td__prim_create(&s->bwd_data, pd, "linear backward data");
         if (pd) dnnl_primitive_desc_destroy(pd);
         pd = NULL;
@@ -37,23 +37,23 @@ static td_status linear_compile(td_graph *g, td__node *n) {
         if (dnnl_inner_product_backward_weights_desc_init(&d, &xmd, &wmd, b ? &bmd : NULL, &ymd) !=
             dnnl_success)
             st = td__fail(TD_EBACKEND, "linear: backward-weights descriptor");
-        if (st == TD_OK) st = td__pd_create(g, &pd, &d, fpd, "linear backward weights");
+        if (st == TD_OK) st = td__pd_create(ctx, &pd, &d, fpd, "linear backward weights");
         if (st == TD_OK) st = td__prim_create(&s->bwd_w, pd, "linear backward weights");
         if (pd) dnnl_primitive_desc_destroy(pd);
     }
     dnnl_primitive_desc_destroy(fpd);
     TD__TRY(st);
-    TD__TRY(td__mem_init(g, &s->x, &xmd));
-    TD__TRY(td__mem_init(g, &s->w, &wmd));
-    TD__TRY(td__mem_init(g, &s->b, &bmd));
-    TD__TRY(td__mem_init(g, &s->y, &ymd));
-    TD__TRY(td__mem_init(g, &s->dy, &ymd));
-    TD__TRY(td__mem_init(g, &s->dx, &xmd));
-    TD__TRY(td__mem_init(g, &s->dw, &wmd));
-    return td__mem_init(g, &s->db, &bmd);
+    TD__TRY(td__mem_init(ctx, &s->x, &xmd));
+    TD__TRY(td__mem_init(ctx, &s->w, &wmd));
+    TD__TRY(td__mem_init(ctx, &s->b, &bmd));
+    TD__TRY(td__mem_init(ctx, &s->y, &ymd));
+    TD__TRY(td__mem_init(ctx, &s->dy, &ymd));
+    TD__TRY(td__mem_init(ctx, &s->dx, &xmd));
+    TD__TRY(td__mem_init(ctx, &s->dw, &wmd));
+    return td__mem_init(ctx, &s->db, &bmd);
 }
 
-static td_status linear_forward(td_graph *g, td__node *n) {
+static td_status linear_forward(td__op_ctx *ctx, td__node *n) {
     linear_state *s = n->state;
     td__mem_bind(&s->x, n->in[0]->data);
     td__mem_bind(&s->w, n->in[1]->data);
@@ -63,35 +63,35 @@ static td_status linear_forward(td_graph *g, td__node *n) {
                             {DNNL_ARG_DST, s->y.mem},
                             {DNNL_ARG_BIAS, s->b.mem}};
     if (n->in[2]) td__mem_bind(&s->b, n->in[2]->data);
-    return td__exec(g, s->fwd, n->in[2] ? 4 : 3, a, "linear forward");
+    return td__exec(ctx, s->fwd, n->in[2] ? 4 : 3, a, "linear forward");
 }
 
-static td_status linear_backward(td_graph *g, td__node *n) {
+static td_status linear_backward(td__op_ctx *ctx, td__node *n) {
     linear_state *s = n->state;
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     td__mem_bind(&s->dy, n->out->grad);
     if (s->bwd_w) {
         td__mem_bind(&s->x, x->data);
-        td__mem_bind(&s->dw, td__grad_begin(g, w, 1));
-        if (b) td__mem_bind(&s->db, td__grad_begin(g, b, 2));
+        td__mem_bind(&s->dw, td__grad_begin(ctx, w, 1));
+        if (b) td__mem_bind(&s->db, td__grad_begin(ctx, b, 2));
         dnnl_exec_arg_t a[4] = {{DNNL_ARG_SRC, s->x.mem},
                                 {DNNL_ARG_DIFF_DST, s->dy.mem},
                                 {DNNL_ARG_DIFF_WEIGHTS, s->dw.mem},
                                 {DNNL_ARG_DIFF_BIAS, s->db.mem}};
-        TD__TRY(td__exec(g, s->bwd_w, b ? 4 : 3, a, "linear backward weights"));
-        td__grad_end(g, w);
-        if (b) td__grad_end(g, b);
+        TD__TRY(td__exec(ctx, s->bwd_w, b ? 4 : 3, a, "linear backward weights"));
+        td__grad_end(ctx, w);
+        if (b) td__grad_end(ctx, b);
     }
     /* Final weight gradients go to DDP before the data gradient is computed. */
-    td__node_params_ready(g, n, 1);
+    ctx->params_ready(ctx, n, 1);
     if (s->bwd_data) {
         td__mem_bind(&s->w, w->data);
-        td__mem_bind(&s->dx, td__grad_begin(g, x, 0));
+        td__mem_bind(&s->dx, td__grad_begin(ctx, x, 0));
         dnnl_exec_arg_t a[3] = {{DNNL_ARG_DIFF_DST, s->dy.mem},
                                 {DNNL_ARG_WEIGHTS, s->w.mem},
                                 {DNNL_ARG_DIFF_SRC, s->dx.mem}};
-        TD__TRY(td__exec(g, s->bwd_data, 3, a, "linear backward data"));
-        td__grad_end(g, x);
+        TD__TRY(td__exec(ctx, s->bwd_data, 3, a, "linear backward data"));
+        td__grad_end(ctx, x);
     }
     return TD_OK;
 }
@@ -107,14 +107,9 @@ static void linear_destroy(td__node *n) {
     free(s);
 }
 
-const td__op td__op_linear = {"linear",      0, 0, linear_compile, linear_forward, linear_backward,
-                              linear_destroy};
-
-td_status td_graph_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b, td_tensor **y) {
-    TD__TRY(td__check_input(g, x, "linear"));
-    TD__TRY(td__check_input(g, w, "linear"));
-    if (b) TD__TRY(td__check_input(g, b, "linear"));
-    if (!y) return td__fail(TD_EINVAL, "linear: y is NULL");
+static td_status linear_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
+    const td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+    if (!w) return td__fail(TD_EINVAL, "linear: the weight is NULL");
     if (x->dtype != TD_F32 || x->shape.ndim != 2)
         return td__fail(TD_ESHAPE, "linear: input '%s' must be f32 (N, IN), got %d dims", x->name,
                         x->shape.ndim);
@@ -124,10 +119,16 @@ td_status td_graph_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
     if (b && (b->shape.ndim != 1 || b->shape.dim[0] != w->shape.dim[0]))
         return td__fail(TD_ESHAPE, "linear: bias '%s' must be (%lld)", b->name,
                         (long long)w->shape.dim[0]);
-    td__node *n;
-    td_tensor *ins[3] = {x, w, b};
-    TD__TRY(td__graph_add_node(g, &td__op_linear, ins, 3,
-                               td_shape_2d(x->shape.dim[0], w->shape.dim[0]), &n));
-    *y = n->out;
+    *shape = td_shape_2d(x->shape.dim[0], w->shape.dim[0]);
+    *dtype = TD_F32;
     return TD_OK;
 }
+
+const td__op td__op_linear = {
+    .name = "linear",
+    .infer = linear_infer,
+    .compile = linear_compile,
+    .forward = linear_forward,
+    .backward = linear_backward,
+    .destroy = linear_destroy,
+};

@@ -3,16 +3,10 @@
  * labels out of range are an error naming the sample, not a crash. */
 #include <string.h>
 
-#include "graph/graph_impl.h"
+#include "ops/onednn.h"
 
-static td_status nll_compile(td_graph *g, td__node *n) {
-    (void)g;
-    (void)n;
-    return TD_OK;
-}
-
-static td_status nll_forward(td_graph *g, td__node *n) {
-    (void)g;
+static td_status nll_forward(td__op_ctx *ctx, td__node *n) {
+    (void)ctx;
     const td_tensor *lp = n->in[0];
     const float *logp = lp->data;
     const int64_t *lab = n->in[1]->data;
@@ -29,7 +23,7 @@ static td_status nll_forward(td_graph *g, td__node *n) {
     return TD_OK;
 }
 
-static td_status nll_backward(td_graph *g, td__node *n) {
+static td_status nll_backward(td__op_ctx *ctx, td__node *n) {
     td_tensor *lp = n->in[0];
     const int64_t *lab = n->in[1]->data;
     int64_t N = lp->shape.dim[0], C = lp->shape.dim[1];
@@ -40,37 +34,29 @@ static td_status nll_backward(td_graph *g, td__node *n) {
     if (!acc) memset(d, 0, (size_t)(N * C) * sizeof(float));
     for (int64_t i = 0; i < N; i++) d[i * C + lab[i]] -= scale;
     lp->grad_zero = 0;
-    (void)g;
+    (void)ctx;
     return TD_OK;
 }
 
-const td__op td__op_nll = {"nll_loss", 0, 0, nll_compile, nll_forward, nll_backward, NULL};
-
-td_status td_graph_nll_loss(td_graph *g, td_tensor *logp, td_tensor *labels, td_reduction reduction,
-                            td_tensor **loss) {
-    TD__TRY(td__check_input(g, logp, "nll_loss"));
-    TD__TRY(td__check_input(g, labels, "nll_loss"));
-    if (!loss) return td__fail(TD_EINVAL, "nll_loss: loss is NULL");
+static td_status nll_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
+    const td_tensor *logp = n->in[0], *labels = n->in[1];
+    if (!labels) return td__fail(TD_EINVAL, "nll_loss: labels are NULL");
     if (logp->dtype != TD_F32 || logp->shape.ndim != 2)
         return td__fail(TD_ESHAPE, "nll_loss: '%s' must be f32 (N, C)", logp->name);
     if (labels->dtype != TD_I64 || labels->shape.ndim != 1 ||
         labels->shape.dim[0] != logp->shape.dim[0])
         return td__fail(TD_ESHAPE, "nll_loss: labels '%s' must be i64 (%lld)", labels->name,
                         (long long)logp->shape.dim[0]);
-    if (reduction != TD_REDUCTION_MEAN && reduction != TD_REDUCTION_SUM)
-        return td__fail(TD_EINVAL, "nll_loss: unknown reduction %d", (int)reduction);
-    td__node *n;
-    td_tensor *ins[2] = {logp, labels};
-    TD__TRY(td__graph_add_node(g, &td__op_nll, ins, 2, td_shape_make(0, NULL), &n));
-    n->attr.reduction = reduction;
-    *loss = n->out;
+    if (n->attr.reduction != TD_REDUCTION_MEAN && n->attr.reduction != TD_REDUCTION_SUM)
+        return td__fail(TD_EINVAL, "nll_loss: unknown reduction %d", (int)n->attr.reduction);
+    *shape = td_shape_make(0, NULL);
+    *dtype = TD_F32;
     return TD_OK;
 }
 
-td_status td_graph_cross_entropy(td_graph *g, td_tensor *logits, td_tensor *labels,
-                                 td_reduction reduction, td_tensor **loss, td_tensor **logp) {
-    td_tensor *lp;
-    TD__TRY(td_graph_log_softmax(g, logits, &lp));
-    if (logp) *logp = lp;
-    return td_graph_nll_loss(g, lp, labels, reduction, loss);
-}
+const td__op td__op_nll = {
+    .name = "nll_loss",
+    .infer = nll_infer,
+    .forward = nll_forward,
+    .backward = nll_backward,
+};

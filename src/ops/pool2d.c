@@ -3,9 +3,7 @@
  * backward needs no search. */
 #include <stdlib.h>
 
-#include "graph/graph_impl.h"
-
-enum { POOL_MAX = 0, POOL_AVG = 1 };
+#include "ops/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd, bwd;
@@ -25,7 +23,7 @@ static void pool_geometry(const td__node *n, dnnl_dims_t k, dnnl_dims_t st, dnnl
     }
 }
 
-static td_status pool_compile(td_graph *g, td__node *n) {
+static td_status pool_compile(td__op_ctx *ctx, td__node *n) {
     pool_state *s = calloc(1, sizeof *s);
     if (!s) return td__fail(TD_ENOMEM, "pool2d: out of memory");
     n->state = s;
@@ -38,13 +36,13 @@ static td_status pool_compile(td_graph *g, td__node *n) {
         dnnl_memory_desc_init_by_tag(&ymd, 4, yd, dnnl_f32, dnnl_format_tag_any);
     }
     dnnl_alg_kind_t alg =
-        n->variant == POOL_MAX ? dnnl_pooling_max : dnnl_pooling_avg_include_padding;
+        n->variant == TD__POOL_MAX ? dnnl_pooling_max : dnnl_pooling_avg_include_padding;
     dnnl_pooling_v2_desc_t d;
     dnnl_primitive_desc_t fpd = NULL, bpd = NULL;
     TD__DNNL(dnnl_pooling_v2_forward_desc_init(&d, dnnl_forward_training, alg, &x->md, &ymd, st, k,
                                                dil, pl, pr),
              "pool2d forward");
-    TD__TRY(td__pd_create(g, &fpd, &d, NULL, "pool2d forward"));
+    TD__TRY(td__pd_create(ctx, &fpd, &d, NULL, "pool2d forward"));
     y->md = td__pd_md(fpd, dnnl_query_dst_md);
     y->blocked = !td__md_is_plain(&y->md, &y->shape);
     dnnl_memory_desc_t wsmd = td__pd_md(fpd, dnnl_query_workspace_md);
@@ -53,7 +51,7 @@ static td_status pool_compile(td_graph *g, td__node *n) {
         if (dnnl_pooling_v2_backward_desc_init(&d, alg, &x->md, &y->md, st, k, dil, pl, pr) !=
             dnnl_success)
             stt = td__fail(TD_EBACKEND, "pool2d: backward descriptor");
-        if (stt == TD_OK) stt = td__pd_create(g, &bpd, &d, fpd, "pool2d backward");
+        if (stt == TD_OK) stt = td__pd_create(ctx, &bpd, &d, fpd, "pool2d backward");
         if (stt == TD_OK) stt = td__prim_create(&s->bwd, bpd, "pool2d backward");
         if (bpd) dnnl_primitive_desc_destroy(bpd);
     }
@@ -61,35 +59,35 @@ static td_status pool_compile(td_graph *g, td__node *n) {
     TD__TRY(stt);
     size_t wsb = dnnl_memory_desc_get_size(&wsmd);
     if (wsb) {
-        if (!(s->ws = td__graph_alloc(g, wsb))) return td__fail(TD_ENOMEM, "pool2d: out of memory");
-        TD__TRY(td__mem_init(g, &s->wsm, &wsmd));
+        if (!(s->ws = td__op_alloc(ctx, wsb))) return td__fail(TD_ENOMEM, "pool2d: out of memory");
+        TD__TRY(td__mem_init(ctx, &s->wsm, &wsmd));
         td__mem_bind(&s->wsm, s->ws);
     }
-    TD__TRY(td__mem_init(g, &s->x, &x->md));
-    TD__TRY(td__mem_init(g, &s->y, &y->md));
-    TD__TRY(td__mem_init(g, &s->dy, &y->md));
-    return td__mem_init(g, &s->dx, &x->md);
+    TD__TRY(td__mem_init(ctx, &s->x, &x->md));
+    TD__TRY(td__mem_init(ctx, &s->y, &y->md));
+    TD__TRY(td__mem_init(ctx, &s->dy, &y->md));
+    return td__mem_init(ctx, &s->dx, &x->md);
 }
 
-static td_status pool_forward(td_graph *g, td__node *n) {
+static td_status pool_forward(td__op_ctx *ctx, td__node *n) {
     pool_state *s = n->state;
     td__mem_bind(&s->x, n->in[0]->data);
     td__mem_bind(&s->y, n->out->data);
     dnnl_exec_arg_t a[3] = {
         {DNNL_ARG_SRC, s->x.mem}, {DNNL_ARG_DST, s->y.mem}, {DNNL_ARG_WORKSPACE, s->wsm.mem}};
-    return td__exec(g, s->fwd, s->ws ? 3 : 2, a, "pool2d forward");
+    return td__exec(ctx, s->fwd, s->ws ? 3 : 2, a, "pool2d forward");
 }
 
-static td_status pool_backward(td_graph *g, td__node *n) {
+static td_status pool_backward(td__op_ctx *ctx, td__node *n) {
     pool_state *s = n->state;
     td_tensor *x = n->in[0];
     td__mem_bind(&s->dy, n->out->grad);
-    td__mem_bind(&s->dx, td__grad_begin(g, x, 0));
+    td__mem_bind(&s->dx, td__grad_begin(ctx, x, 0));
     dnnl_exec_arg_t a[3] = {{DNNL_ARG_DIFF_DST, s->dy.mem},
                             {DNNL_ARG_DIFF_SRC, s->dx.mem},
                             {DNNL_ARG_WORKSPACE, s->wsm.mem}};
-    TD__TRY(td__exec(g, s->bwd, s->ws ? 3 : 2, a, "pool2d backward"));
-    td__grad_end(g, x);
+    TD__TRY(td__exec(ctx, s->bwd, s->ws ? 3 : 2, a, "pool2d backward"));
+    td__grad_end(ctx, x);
     return TD_OK;
 }
 
@@ -103,46 +101,34 @@ static void pool_destroy(td__node *n) {
     free(s);
 }
 
-const td__op td__op_pool2d = {"pool2d",      1,           0, pool_compile, pool_forward,
-                              pool_backward, pool_destroy};
-
-td_pool2d_params td_pool2d_default_params(int k) {
-    td_pool2d_params p = {{k, k}, {k, k}, {0, 0}};
-    return p;
-}
-
-static td_status pool_add(td_graph *g, td_tensor *x, const td_pool2d_params *p, int variant,
-                          td_tensor **y) {
-    const char *name = variant == POOL_MAX ? "max_pool2d" : "avg_pool2d";
-    TD__TRY(td__check_input(g, x, name));
-    if (!p || !y) return td__fail(TD_EINVAL, "%s: NULL argument", name);
+static td_status pool_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
+    const td_tensor *x = n->in[0];
+    const td_pool2d_params *p = &n->attr.pool;
     if (x->dtype != TD_F32 || x->shape.ndim != 4)
-        return td__fail(TD_ESHAPE, "%s: input '%s' must be f32 (N, C, H, W)", name, x->name);
+        return td__fail(TD_ESHAPE, "%s: input '%s' must be f32 (N, C, H, W)", n->what, x->name);
     int64_t out[2];
     for (int i = 0; i < 2; i++) {
         if (p->kernel[i] < 1 || p->stride[i] < 1 || p->padding[i] < 0 ||
             2 * p->padding[i] > p->kernel[i])
             return td__fail(TD_EINVAL,
                             "%s: kernel %d stride %d padding %d (padding must be <= kernel/2)",
-                            name, p->kernel[i], p->stride[i], p->padding[i]);
+                            n->what, p->kernel[i], p->stride[i], p->padding[i]);
         out[i] = (x->shape.dim[2 + i] + 2 * p->padding[i] - p->kernel[i]) / p->stride[i] + 1;
         if (out[i] < 1)
-            return td__fail(TD_ESHAPE, "%s: kernel %d larger than padded input %lld", name,
+            return td__fail(TD_ESHAPE, "%s: kernel %d larger than padded input %lld", n->what,
                             p->kernel[i], (long long)(x->shape.dim[2 + i] + 2 * p->padding[i]));
     }
-    td__node *n;
-    TD__TRY(td__graph_add_node(g, &td__op_pool2d, &x, 1,
-                               td_shape_4d(x->shape.dim[0], x->shape.dim[1], out[0], out[1]), &n));
-    n->attr.pool = *p;
-    n->variant = variant;
-    *y = n->out;
+    *shape = td_shape_4d(x->shape.dim[0], x->shape.dim[1], out[0], out[1]);
+    *dtype = TD_F32;
     return TD_OK;
 }
 
-td_status td_graph_max_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p, td_tensor **y) {
-    return pool_add(g, x, p, POOL_MAX, y);
-}
-
-td_status td_graph_avg_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p, td_tensor **y) {
-    return pool_add(g, x, p, POOL_AVG, y);
-}
+const td__op td__op_pool2d = {
+    .name = "pool2d",
+    .propagates_layout = 1,
+    .infer = pool_infer,
+    .compile = pool_compile,
+    .forward = pool_forward,
+    .backward = pool_backward,
+    .destroy = pool_destroy,
+};

@@ -2,16 +2,14 @@
  * oneDNN; backward uses the saved output, as PyTorch does. */
 #include <stdlib.h>
 
-#include "graph/graph_impl.h"
-
-enum { SM_SOFTMAX = 0, SM_LOG = 1 };
+#include "ops/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd, bwd;
     td__mem x, y, dy, dx;
 } sm_state;
 
-static td_status sm_compile(td_graph *g, td__node *n) {
+static td_status sm_compile(td__op_ctx *ctx, td__node *n) {
     sm_state *s = calloc(1, sizeof *s);
     if (!s) return td__fail(TD_ENOMEM, "softmax: out of memory");
     n->state = s;
@@ -19,27 +17,27 @@ static td_status sm_compile(td_graph *g, td__node *n) {
     int axis = x->shape.ndim - 1;
     dnnl_primitive_desc_t fpd = NULL, bpd = NULL;
     td_status st;
-    if (n->variant == SM_LOG) {
+    if (n->variant == TD__LOG_SOFTMAX) {
         dnnl_logsoftmax_desc_t d;
         TD__DNNL(dnnl_logsoftmax_forward_desc_init(&d, dnnl_forward_training, &x->md, axis),
                  "log_softmax forward");
-        TD__TRY(td__pd_create(g, &fpd, &d, NULL, "log_softmax forward"));
+        TD__TRY(td__pd_create(ctx, &fpd, &d, NULL, "log_softmax forward"));
         st = td__prim_create(&s->fwd, fpd, "log_softmax forward");
         if (st == TD_OK && n->out->requires_grad) {
             if (dnnl_logsoftmax_backward_desc_init(&d, &x->md, &x->md, axis) != dnnl_success)
                 st = td__fail(TD_EBACKEND, "log_softmax: backward descriptor");
-            if (st == TD_OK) st = td__pd_create(g, &bpd, &d, fpd, "log_softmax backward");
+            if (st == TD_OK) st = td__pd_create(ctx, &bpd, &d, fpd, "log_softmax backward");
         }
     } else {
         dnnl_softmax_desc_t d;
         TD__DNNL(dnnl_softmax_forward_desc_init(&d, dnnl_forward_training, &x->md, axis),
                  "softmax forward");
-        TD__TRY(td__pd_create(g, &fpd, &d, NULL, "softmax forward"));
+        TD__TRY(td__pd_create(ctx, &fpd, &d, NULL, "softmax forward"));
         st = td__prim_create(&s->fwd, fpd, "softmax forward");
         if (st == TD_OK && n->out->requires_grad) {
             if (dnnl_softmax_backward_desc_init(&d, &x->md, &x->md, axis) != dnnl_success)
                 st = td__fail(TD_EBACKEND, "softmax: backward descriptor");
-            if (st == TD_OK) st = td__pd_create(g, &bpd, &d, fpd, "softmax backward");
+            if (st == TD_OK) st = td__pd_create(ctx, &bpd, &d, fpd, "softmax backward");
         }
     }
     if (st == TD_OK && bpd) st = td__prim_create(&s->bwd, bpd, "softmax backward");
@@ -47,28 +45,28 @@ static td_status sm_compile(td_graph *g, td__node *n) {
     dnnl_primitive_desc_destroy(fpd);
     TD__TRY(st);
     td__mem *m[] = {&s->x, &s->y, &s->dy, &s->dx};
-    for (size_t i = 0; i < 4; i++) TD__TRY(td__mem_init(g, m[i], &x->md));
+    for (size_t i = 0; i < 4; i++) TD__TRY(td__mem_init(ctx, m[i], &x->md));
     return TD_OK;
 }
 
-static td_status sm_forward(td_graph *g, td__node *n) {
+static td_status sm_forward(td__op_ctx *ctx, td__node *n) {
     sm_state *s = n->state;
     td__mem_bind(&s->x, n->in[0]->data);
     td__mem_bind(&s->y, n->out->data);
     dnnl_exec_arg_t a[2] = {{DNNL_ARG_SRC, s->x.mem}, {DNNL_ARG_DST, s->y.mem}};
-    return td__exec(g, s->fwd, 2, a, "softmax forward");
+    return td__exec(ctx, s->fwd, 2, a, "softmax forward");
 }
 
-static td_status sm_backward(td_graph *g, td__node *n) {
+static td_status sm_backward(td__op_ctx *ctx, td__node *n) {
     sm_state *s = n->state;
     td_tensor *x = n->in[0];
     td__mem_bind(&s->y, n->out->data);
     td__mem_bind(&s->dy, n->out->grad);
-    td__mem_bind(&s->dx, td__grad_begin(g, x, 0));
+    td__mem_bind(&s->dx, td__grad_begin(ctx, x, 0));
     dnnl_exec_arg_t a[3] = {
         {DNNL_ARG_DST, s->y.mem}, {DNNL_ARG_DIFF_DST, s->dy.mem}, {DNNL_ARG_DIFF_SRC, s->dx.mem}};
-    TD__TRY(td__exec(g, s->bwd, 3, a, "softmax backward"));
-    td__grad_end(g, x);
+    TD__TRY(td__exec(ctx, s->bwd, 3, a, "softmax backward"));
+    td__grad_end(ctx, x);
     return TD_OK;
 }
 
@@ -82,26 +80,22 @@ static void sm_destroy(td__node *n) {
     free(s);
 }
 
-const td__op td__op_softmax = {"softmax", 0, 0, sm_compile, sm_forward, sm_backward, sm_destroy};
-
-static td_status sm_add(td_graph *g, td_tensor *x, int variant, td_tensor **y) {
-    const char *name = variant == SM_LOG ? "log_softmax" : "softmax";
-    TD__TRY(td__check_input(g, x, name));
-    if (!y) return td__fail(TD_EINVAL, "%s: y is NULL", name);
+static td_status sm_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
+    const td_tensor *x = n->in[0];
     if (x->dtype != TD_F32 || x->shape.ndim != 2)
-        return td__fail(TD_ESHAPE, "%s: input '%s' must be f32 (N, C), got %d dims", name, x->name,
-                        x->shape.ndim);
-    td__node *n;
-    TD__TRY(td__graph_add_node(g, &td__op_softmax, &x, 1, x->shape, &n));
-    n->variant = variant;
-    *y = n->out;
+        return td__fail(TD_ESHAPE, "%s: input '%s' must be f32 (N, C), got %d dims", n->what,
+                        x->name, x->shape.ndim);
+    *shape = x->shape;
+    *dtype = TD_F32;
     return TD_OK;
 }
 
-td_status td_graph_softmax(td_graph *g, td_tensor *x, td_tensor **y) {
-    return sm_add(g, x, SM_SOFTMAX, y);
-}
-
-td_status td_graph_log_softmax(td_graph *g, td_tensor *x, td_tensor **y) {
-    return sm_add(g, x, SM_LOG, y);
-}
+const td__op td__op_softmax = {
+    .name = "softmax",
+    .infer = sm_infer,
+    .compile = sm_compile,
+    .forward = sm_forward,
+    .backward = sm_backward,
+    .destroy = sm_destroy,
+    .backward_reads_output = 1,
+};

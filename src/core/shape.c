@@ -1,0 +1,35 @@
+/* Shape descriptors: construction, element counts and comparison. No storage here. */
+#include <string.h>
+
+#include "tandem/core.h"
+
+td_shape td_shape_make(int ndim, const int64_t *dims) {
+    td_shape s;
+    memset(&s, 0, sizeof s);
+    if (ndim < 0) ndim = 0;
+    if (ndim > TD_MAX_DIMS) ndim = TD_MAX_DIMS;
+    s.ndim = ndim;
+    for (int i = 0; i < ndim; i++) s.dim[i] = dims ? dims[i] : 1;
+    return s;
+}
+
+td_shape td_shape_1d(int64_t d0) { return td_shape_make(1, (int64_t[]){d0}); }
+
+td_shape td_shape_2d(int64_t d0, int64_t d1) { return td_shape_make(2, (int64_t[]){d0, d1}); }
+
+td_shape td_shape_4d(int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+    return td_shape_make(4, (int64_t[]){d0, d1, d2, d3});
+}
+
+int64_t td_shape_numel(const td_shape *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < shape->ndim; i++) n *= shape->dim[i];
+    return n;
+}
+
+int td_shape_equal(const td_shape *a, const td_shape *b) {
+    if (a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->dim[i] != b->dim[i]) return 0;
+    return 1;
+}

@@ -1,0 +1,119 @@
+/* The public op builders of graph.h: each packs its attributes and adds one node of the op
+ * it names through td__graph_add, whose op table checks the inputs and gives the output.
+ * This is the one file of the graph that names particular ops: the catalogue of what a model
+ * can be built from. */
+#include "graph/graph_impl.h"
+
+/* One node of `op` with a single input. */
+static td_status unary(td_graph *g, const td__op *op, const char *what, td_tensor *x,
+                       const td__op_attr *attr, int variant, td_tensor **y) {
+    return td__graph_add(g, op, what, &x, 1, attr, variant, y);
+}
+
+td_status td_graph_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b, td_tensor **y) {
+    td_tensor *ins[3] = {x, w, b};
+    return td__graph_add(g, &td__op_linear, "linear", ins, 3, NULL, 0, y);
+}
+
+td_status td_graph_conv2d(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
+                          const td_conv2d_params *p, td_tensor **y) {
+    td_tensor *ins[3] = {x, w, b};
+    td__op_attr a = {.conv = p ? *p : td_conv2d_default_params()};
+    return td__graph_add(g, &td__op_conv2d, "conv2d", ins, 3, &a, 0, y);
+}
+
+static td_status pool(td_graph *g, td_tensor *x, const td_pool2d_params *p, int variant,
+                      const char *what, td_tensor **y) {
+    if (!p) return td__fail(TD_EINVAL, "%s: params are NULL", what);
+    td__op_attr a = {.pool = *p};
+    return unary(g, &td__op_pool2d, what, x, &a, variant, y);
+}
+
+td_status td_graph_max_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p, td_tensor **y) {
+    return pool(g, x, p, TD__POOL_MAX, "max_pool2d", y);
+}
+
+td_status td_graph_avg_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params *p, td_tensor **y) {
+    return pool(g, x, p, TD__POOL_AVG, "avg_pool2d", y);
+}
+
+td_status td_graph_relu(td_graph *g, td_tensor *x, td_tensor **y) {
+    return unary(g, &td__op_eltwise, "relu", x, NULL, TD__ELT_RELU, y);
+}
+
+td_status td_graph_gelu(td_graph *g, td_tensor *x, td_tensor **y) {
+    return unary(g, &td__op_eltwise, "gelu", x, NULL, TD__ELT_GELU, y);
+}
+
+td_status td_graph_dropout(td_graph *g, td_tensor *x, float p, td_tensor **y) {
+    td__op_attr a = {.p = p};
+    return unary(g, &td__op_dropout, "dropout", x, &a, TD__DROP_ELEMENT, y);
+}
+
+td_status td_graph_dropout2d(td_graph *g, td_tensor *x, float p, td_tensor **y) {
+    td__op_attr a = {.p = p};
+    return unary(g, &td__op_dropout, "dropout2d", x, &a, TD__DROP_CHANNEL, y);
+}
+
+td_status td_graph_batch_norm2d(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
+                                td_tensor *running_mean, td_tensor *running_var,
+                                const td_batch_norm_params *p, td_tensor **y) {
+    td_tensor *ins[5] = {x, weight, bias, running_mean, running_var};
+    td__op_attr a = {.bn = p ? *p : td_batch_norm_default_params()};
+    return td__graph_add(g, &td__op_batch_norm, "batch_norm2d", ins, 5, &a, 0, y);
+}
+
+td_status td_graph_reshape(td_graph *g, td_tensor *x, td_shape shape, td_tensor **y) {
+    td__op_attr a = {.to = shape};
+    return unary(g, &td__op_reshape, "reshape", x, &a, 0, y);
+}
+
+td_status td_graph_flatten(td_graph *g, td_tensor *x, int start_dim, td_tensor **y) {
+    if (!x) return td__fail(TD_EINVAL, "flatten: the input is NULL");
+    td_shape s = td_tensor_shape(x);
+    if (start_dim < 0 || start_dim >= (s.ndim > 0 ? s.ndim : 1))
+        return td__fail(TD_EINVAL, "flatten: start_dim %d out of range for %d dims", start_dim,
+                        s.ndim);
+    int64_t rest = 1;
+    for (int i = start_dim; i < s.ndim; i++) rest *= s.dim[i];
+    s.ndim = start_dim + 1;
+    s.dim[start_dim] = rest;
+    td__op_attr a = {.to = s};
+    return unary(g, &td__op_reshape, "flatten", x, &a, 0, y);
+}
+
+td_status td_graph_add(td_graph *g, td_tensor *a, td_tensor *b, td_tensor **y) {
+    td_tensor *ins[2] = {a, b};
+    return td__graph_add(g, &td__op_add, "add", ins, 2, NULL, 0, y);
+}
+
+td_status td_graph_concat(td_graph *g, td_tensor *const *xs, int n, td_tensor **y) {
+    if (!xs || n < 1 || n > TD__MAX_IN)
+        return td__fail(TD_EINVAL, "concat: need 1..%d inputs", TD__MAX_IN);
+    for (int i = 0; i < n; i++)
+        if (!xs[i]) return td__fail(TD_EINVAL, "concat: input %d is NULL", i);
+    return td__graph_add(g, &td__op_concat, "concat", xs, n, NULL, 0, y);
+}
+
+td_status td_graph_softmax(td_graph *g, td_tensor *x, td_tensor **y) {
+    return unary(g, &td__op_softmax, "softmax", x, NULL, TD__SOFTMAX, y);
+}
+
+td_status td_graph_log_softmax(td_graph *g, td_tensor *x, td_tensor **y) {
+    return unary(g, &td__op_softmax, "log_softmax", x, NULL, TD__LOG_SOFTMAX, y);
+}
+
+td_status td_graph_nll_loss(td_graph *g, td_tensor *logp, td_tensor *labels, td_reduction reduction,
+                            td_tensor **loss) {
+    td_tensor *ins[2] = {logp, labels};
+    td__op_attr a = {.reduction = reduction};
+    return td__graph_add(g, &td__op_nll, "nll_loss", ins, 2, &a, 0, loss);
+}
+
+td_status td_graph_cross_entropy(td_graph *g, td_tensor *logits, td_tensor *labels,
+                                 td_reduction reduction, td_tensor **loss, td_tensor **logp) {
+    td_tensor *lp;
+    TD__TRY(td_graph_log_softmax(g, logits, &lp));
+    if (logp) *logp = lp;
+    return td_graph_nll_loss(g, lp, labels, reduction, loss);
+}

@@ -1,0 +1,78 @@
+/* The public accessors of graph-owned tensors that touch storage: plain views, and copies in
+ * and out that undo a blocked layout through a one-off reorder on the graph's engine. They
+ * follow the graph's td_param entries first, so a caller always sees where a parameter's
+ * values and gradient live now. */
+#include <string.h>
+
+#include "graph/graph_impl.h"
+
+/* Parameters and buffers may have been re-pointed through their td_param entries. */
+static void follow(const td_tensor *t) {
+    if (t && t->kind != TD__ACT && t->kind != TD__INPUT && t->g->compiled)
+        td__graph_sync_storage(t->g);
+}
+
+void *td_tensor_data(const td_tensor *t) {
+    follow(t);
+    return t && !t->blocked ? t->data : NULL;
+}
+
+float *td_tensor_grad(const td_tensor *t) {
+    follow(t);
+    return t && !t->blocked ? t->grad : NULL;
+}
+
+/* Copies between a blocked buffer and plain memory through a one-off reorder. */
+static td_status copy_blocked(const td_tensor *t, const void *src, void *dst, int to_plain) {
+    dnnl_memory_desc_t plain;
+    td__md_plain(&plain, &t->shape, t->dtype);
+    td__reorder r;
+    td__op_ctx *ctx = &t->g->ctx;
+    TD__TRY(to_plain ? td__reorder_init(ctx, &r, &t->md, &plain)
+                     : td__reorder_init(ctx, &r, &plain, &t->md));
+    td_status s = td__reorder_run(ctx, &r, src, dst);
+    td__reorder_free(&r);
+    return s;
+}
+
+td_status td_tensor_read(const td_tensor *t, void *dst) {
+    if (!t || !dst) return td__fail(TD_EINVAL, "td_tensor_read: NULL argument");
+    follow(t);
+    if (!t->data)
+        return td__fail(TD_ESTATE, "td_tensor_read: '%s' has no storage before td_graph_compile",
+                        t->name);
+    if (t->blocked) return copy_blocked(t, t->data, dst, 1);
+    memcpy(dst, t->data, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype));
+    return TD_OK;
+}
+
+td_status td_tensor_read_grad(const td_tensor *t, float *dst) {
+    if (!t || !dst) return td__fail(TD_EINVAL, "td_tensor_read_grad: NULL argument");
+    follow(t);
+    if (!t->grad)
+        return td__fail(
+            TD_ESTATE, "td_tensor_read_grad: '%s' takes no gradient (or the graph is not compiled)",
+            t->name);
+    if (t->blocked) return copy_blocked(t, t->grad, dst, 1);
+    memcpy(dst, t->grad, (size_t)td_shape_numel(&t->shape) * sizeof(float));
+    return TD_OK;
+}
+
+td_status td_tensor_write(td_tensor *t, const void *src) {
+    if (!t || !src) return td__fail(TD_EINVAL, "td_tensor_write: NULL argument");
+    follow(t);
+    if (!t->data)
+        return td__fail(TD_ESTATE, "td_tensor_write: '%s' has no storage before td_graph_compile",
+                        t->name);
+    if (t->blocked) return copy_blocked(t, src, t->data, 0);
+    memcpy(t->data, src, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype));
+    return TD_OK;
+}
+
+td_status td_tensor_set_data(td_tensor *t, void *data) {
+    if (!t) return td__fail(TD_EINVAL, "td_tensor_set_data: tensor is NULL");
+    if (t->kind != TD__INPUT)
+        return td__fail(TD_EINVAL, "td_tensor_set_data: '%s' is not a graph input", t->name);
+    t->data = data ? data : t->own;
+    return TD_OK;
+}

@@ -1,0 +1,107 @@
+/* oneDNN plumbing for the ops (see onednn.h): memory objects bound lazily, primitive creation
+ * and execution with errors that name the op, and reorders between layouts. */
+#include "ops/onednn.h"
+
+#include <string.h>
+
+td_status td__mem_init(td__op_ctx *ctx, td__mem *m, const dnnl_memory_desc_t *md) {
+    m->ptr = NULL;
+    TD__DNNL(dnnl_memory_create(&m->mem, md, ctx->engine, DNNL_MEMORY_NONE), "memory");
+    return TD_OK;
+}
+
+void td__mem_free(td__mem *m) {
+    if (m->mem) dnnl_memory_destroy(m->mem);
+    m->mem = NULL;
+    m->ptr = NULL;
+}
+
+td_status td__pd_create(td__op_ctx *ctx, dnnl_primitive_desc_t *pd, const_dnnl_op_desc_t desc,
+                        const_dnnl_primitive_desc_t hint, const char *what) {
+    TD__DNNL(dnnl_primitive_desc_create(pd, desc, NULL, ctx->engine, hint), what);
+    return TD_OK;
+}
+
+int td__pd_is_reference(const_dnnl_primitive_desc_t pd) {
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
+        return 0;
+    return strncmp(impl, "ref", 3) == 0;
+}
+
+dnnl_memory_desc_t td__pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what) {
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
+    dnnl_memory_desc_t copy;
+    if (md)
+        copy = *md;
+    else
+        memset(&copy, 0, sizeof copy);
+    return copy;
+}
+
+td_status td__prim_create(dnnl_primitive_t *prim, const_dnnl_primitive_desc_t pd,
+                          const char *what) {
+    TD__DNNL(dnnl_primitive_create(prim, pd), what);
+    return TD_OK;
+}
+
+td_status td__exec(td__op_ctx *ctx, dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t *args,
+                   const char *what) {
+    TD__DNNL(dnnl_primitive_execute(prim, ctx->stream, nargs, args), what);
+    return TD_OK;
+}
+
+td_status td__reorder_init(td__op_ctx *ctx, td__reorder *r, const dnnl_memory_desc_t *src,
+                           const dnnl_memory_desc_t *dst) {
+    memset(r, 0, sizeof *r);
+    dnnl_primitive_desc_t pd;
+    TD__DNNL(dnnl_reorder_primitive_desc_create(&pd, src, ctx->engine, dst, ctx->engine, NULL),
+             "reorder");
+    td_status s = td__prim_create(&r->prim, pd, "reorder");
+    dnnl_primitive_desc_destroy(pd);
+    if (s != TD_OK) return s;
+    TD__TRY(td__mem_init(ctx, &r->src, src));
+    return td__mem_init(ctx, &r->dst, dst);
+}
+
+td_status td__reorder_run(td__op_ctx *ctx, td__reorder *r, const void *src, void *dst) {
+    td__mem_bind(&r->src, (void *)src);
+    td__mem_bind(&r->dst, dst);
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, r->src.mem}, {DNNL_ARG_TO, r->dst.mem}};
+    return td__exec(ctx, r->prim, 2, args, "reorder");
+}
+
+void td__reorder_free(td__reorder *r) {
+    if (r->prim) dnnl_primitive_destroy(r->prim);
+    td__mem_free(&r->src);
+    td__mem_free(&r->dst);
+    r->prim = NULL;
+}
+
+td_status td__adapt_init(td__op_ctx *ctx, td__adapt *a, const dnnl_memory_desc_t *from,
+                         const dnnl_memory_desc_t *to) {
+    memset(a, 0, sizeof *a);
+    if (dnnl_memory_desc_equal(from, to)) return TD_OK;
+    a->need = 1;
+    size_t bytes = dnnl_memory_desc_get_size(to);
+    size_t fb = dnnl_memory_desc_get_size(from);
+    a->buf = td__op_alloc(ctx, bytes > fb ? bytes : fb);
+    if (!a->buf) return td__fail(TD_ENOMEM, "reorder: out of memory (%zu bytes)", bytes);
+    return td__reorder_init(ctx, &a->r, from, to);
+}
+
+void *td__adapt_in(td__op_ctx *ctx, td__adapt *a, const void *src) {
+    if (!a->need) return (void *)src;
+    return td__reorder_run(ctx, &a->r, src, a->buf) == TD_OK ? a->buf : NULL;
+}
+
+void *td__adapt_out_ptr(td__adapt *a, void *dst) { return a->need ? a->buf : dst; }
+
+td_status td__adapt_out(td__op_ctx *ctx, td__adapt *a, void *dst) {
+    return a->need ? td__reorder_run(ctx, &a->r, a->buf, dst) : TD_OK;
+}
+
+void td__adapt_free(td__adapt *a) {
+    if (a->need) td__reorder_free(&a->r);
+    a->need = 0;
+}

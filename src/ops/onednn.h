@@ -1,0 +1,82 @@
+/* The oneDNN plumbing the ops share: memory objects re-pointed only when a pointer changes,
+ * primitive descriptors and primitives created with errors that name the op, execution on the
+ * engine's stream, and reorders between layouts (with "adapters" that exist only where two
+ * layouts differ). No op logic lives here. Not installed. */
+#ifndef TANDEM_ONEDNN_H
+#define TANDEM_ONEDNN_H
+
+#include "ops/op.h"
+
+/* A oneDNN memory object whose handle is re-pointed only when the pointer changes. */
+typedef struct {
+    dnnl_memory_t mem;
+    void *ptr;
+} td__mem;
+
+/* A compiled reorder between two layouts. */
+typedef struct {
+    dnnl_primitive_t prim;
+    td__mem src, dst;
+} td__reorder;
+
+/* Returns TD_EBACKEND naming `what` when a oneDNN call fails. */
+#define TD__DNNL(call, what)                                                                     \
+    do {                                                                                         \
+        dnnl_status_t td_s_ = (call);                                                            \
+        if (td_s_ != dnnl_success)                                                               \
+            return td__fail(TD_EBACKEND, "%s: oneDNN call %s failed (status %d)", (what), #call, \
+                            (int)td_s_);                                                         \
+    } while (0)
+
+/* Creates a memory object for md (handle set later with td__mem_bind). */
+td_status td__mem_init(td__op_ctx *ctx, td__mem *m, const dnnl_memory_desc_t *md);
+void td__mem_free(td__mem *m);
+
+static inline void td__mem_bind(td__mem *m, void *ptr) {
+    if (m->ptr != ptr) {
+        dnnl_memory_set_data_handle(m->mem, ptr);
+        m->ptr = ptr;
+    }
+}
+
+/* Creates a primitive descriptor for an op descriptor (hint: the forward pd or NULL). */
+td_status td__pd_create(td__op_ctx *ctx, dnnl_primitive_desc_t *pd, const_dnnl_op_desc_t desc,
+                        const_dnnl_primitive_desc_t hint, const char *what);
+
+/* 1 when oneDNN fell back to its slow reference kernel for this pd. */
+int td__pd_is_reference(const_dnnl_primitive_desc_t pd);
+
+/* A copy of the md that a pd reports for `what` (dnnl_query_src_md, ...). */
+dnnl_memory_desc_t td__pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what);
+
+/* Creates a primitive from a primitive descriptor (the pd stays owned by the caller). */
+td_status td__prim_create(dnnl_primitive_t *prim, const_dnnl_primitive_desc_t pd, const char *what);
+
+/* Runs a primitive on the engine's stream and waits. */
+td_status td__exec(td__op_ctx *ctx, dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t *args,
+                   const char *what);
+
+td_status td__reorder_init(td__op_ctx *ctx, td__reorder *r, const dnnl_memory_desc_t *src,
+                           const dnnl_memory_desc_t *dst);
+td_status td__reorder_run(td__op_ctx *ctx, td__reorder *r, const void *src, void *dst);
+void td__reorder_free(td__reorder *r);
+
+/* A reorder that exists only when two layouts differ, with its own destination buffer
+ * from the arena: `td__adapt_in` returns src itself or the reordered copy. */
+typedef struct {
+    int need;
+    td__reorder r;
+    void *buf;
+} td__adapt;
+
+td_status td__adapt_init(td__op_ctx *ctx, td__adapt *a, const dnnl_memory_desc_t *from,
+                         const dnnl_memory_desc_t *to);
+/* src in `from` layout -> pointer to the same values in `to` layout (NULL on failure). */
+void *td__adapt_in(td__op_ctx *ctx, td__adapt *a, const void *src);
+/* Where a primitive should write a result that belongs at dst (in `to` layout)... */
+void *td__adapt_out_ptr(td__adapt *a, void *dst);
+/* ...and the reorder into dst afterwards (a no-op when the layouts match). */
+td_status td__adapt_out(td__op_ctx *ctx, td__adapt *a, void *dst);
+void td__adapt_free(td__adapt *a);
+
+#endif

@@ -1,0 +1,46 @@
+/* The helpers of the op contract (op.h) that every kernel uses (arena memory, gradient
+ * accumulation through scratch) and the defaults of the op descriptors in tandem/ops.h. */
+#include "ops/op.h"
+
+#include <string.h>
+
+void *td__op_alloc(td__op_ctx *ctx, size_t bytes) {
+    void *p = td_arena_alloc(ctx->arena, bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+float *td__grad_begin(td__op_ctx *ctx, td_tensor *t, int slot) {
+    if (t->grad_zero) {
+        t->grad_scratch = 0;
+        return t->grad;
+    }
+    t->grad_scratch = slot + 1;
+    return ctx->scratch[slot];
+}
+
+void td__grad_end(td__op_ctx *ctx, td_tensor *t) {
+    if (t->grad_scratch) {
+        const float *s = ctx->scratch[t->grad_scratch - 1];
+        float *d = t->grad;
+        size_t n = td__nfloats(t);
+        for (size_t i = 0; i < n; i++) d[i] += s[i];
+        t->grad_scratch = 0;
+    }
+    t->grad_zero = 0;
+}
+
+td_conv2d_params td_conv2d_default_params(void) {
+    td_conv2d_params p = {{1, 1}, {0, 0}, {1, 1}};
+    return p;
+}
+
+td_pool2d_params td_pool2d_default_params(void) {
+    td_pool2d_params p = {{2, 2}, {2, 2}, {0, 0}};
+    return p;
+}
+
+td_batch_norm_params td_batch_norm_default_params(void) {
+    td_batch_norm_params p = {1e-5f, 0.1f};
+    return p;
+}

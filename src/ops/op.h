@@ -1,0 +1,120 @@
+/* The op contract: what an op table is, what a node holds, and what an op's kernels may touch,
+ * as src/comm/comm_impl.h is the contract of a comm backend. The graph (src/graph) includes
+ * this header, walks nodes and calls their table; it never names a particular op. Ops never
+ * include graph internals: everything a kernel needs from the engine comes in td__op_ctx.
+ * Not installed.
+ *
+ * A kernel may read its node's inputs and attributes, read and write its output's data and,
+ * in backward, the gradients of its inputs (through td__grad_begin / td__grad_end, which add
+ * into a gradient that already holds values), and keep private state in node->state. It may
+ * not add nodes, allocate tensors or look at other nodes. */
+#ifndef TANDEM_OP_H
+#define TANDEM_OP_H
+
+#include <dnnl.h>
+
+#include "tandem/ops.h"
+
+#include "tensor/tensor_impl.h"
+
+#define TD__MAX_IN 16 /* inputs of one node (concat is the widest) */
+#define TD__SCRATCH_SLOTS 3
+
+typedef struct td__node td__node;
+typedef struct td__op_ctx td__op_ctx;
+
+/* What the engine lends an op's kernels: owned by the graph, valid while the call runs. */
+struct td__op_ctx {
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    td_arena *arena;                   /* lives as long as the graph */
+    float *scratch[TD__SCRATCH_SLOTS]; /* each scratch_bytes, for accumulating gradients */
+    size_t scratch_bytes;
+    int training;      /* training mode (dropout drops, batch norm uses batch statistics) */
+    int conv_winograd; /* convolutions may use Winograd */
+    td_rng *rng;       /* the graph's dropout RNG */
+    /* Tells the engine that node n's parameter gradients are final (weights_only: all but
+     * the data input in[0]'s), so DDP can start reducing them while backward goes on. */
+    void (*params_ready)(td__op_ctx *ctx, const td__node *n, int weights_only);
+};
+
+/* Per-node attributes, by op. */
+typedef union {
+    td_conv2d_params conv;
+    td_pool2d_params pool;
+    td_batch_norm_params bn;
+    float p;     /* dropout probability */
+    td_shape to; /* reshape's target shape */
+    td_reduction reduction;
+} td__op_attr;
+
+/* Variants of the ops that have more than one (td__node.variant). */
+enum { TD__POOL_MAX = 0, TD__POOL_AVG = 1 };
+enum { TD__ELT_RELU = 0, TD__ELT_GELU = 1 };
+enum { TD__DROP_ELEMENT = 0, TD__DROP_CHANNEL = 1 };
+enum { TD__SOFTMAX = 0, TD__LOG_SOFTMAX = 1 };
+
+/* How an element-wise node relates to the storage of its input after the fusion pass. */
+typedef enum {
+    TD__OWN_OUTPUT = 0, /* writes its own output */
+    TD__FOLDED,         /* its producer computes it; output and gradient alias the input */
+    TD__IN_PLACE,       /* overwrites its input (and the input's gradient) */
+} td__alias;
+
+/* The activations a producer can fold into its own primitive. */
+typedef enum { TD__NO_ACTIVATION = 0, TD__ACT_RELU = 1 } td__activation;
+
+/* One op kind: a table filled with designated initializers. */
+typedef struct td__op {
+    const char *name;      /* activation tensors are named "<name>:<node index>" */
+    int propagates_layout; /* output keeps the input's (possibly blocked) layout */
+    int accepts_blocked;   /* consumes a blocked input itself (conv, flatten, reshape) */
+    /* Checks inputs and attributes (naming node->what on error) and gives the output's shape
+     * and dtype; runs while the node is being added. */
+    td_status (*infer)(const td__node *n, td_shape *shape, td_dtype *dtype);
+    /* Optional (NULL: nothing to prepare): creates primitives and per-node state once the
+     * layouts of its inputs are known; sets the output's md (and blocked) when it is not the
+     * plain layout. */
+    td_status (*compile)(td__op_ctx *ctx, td__node *n);
+    td_status (*forward)(td__op_ctx *ctx, td__node *n);
+    td_status (*backward)(td__op_ctx *ctx, td__node *n);
+    /* Optional: frees node->state. */
+    void (*destroy)(td__node *n);
+    /* Optional fusion hooks (src/graph/fuse.c). `activation` says which activation a node
+     * computes, if it is one a producer may fold in; `fold_activation` lets a producer take
+     * that activation into its own primitive (returns 1 when it does); `set_alias` makes an
+     * activation node folded or in place. */
+    td__activation (*activation)(const td__node *n);
+    int (*fold_activation)(td__node *n, td__activation act);
+    void (*set_alias)(td__node *n, td__alias alias);
+    /* Backward reads the forward output, so nothing may overwrite it in place. */
+    int backward_reads_output;
+} td__op;
+
+struct td__node {
+    const td__op *op;
+    const char *what; /* the builder's word for messages: "max_pool2d", "log_softmax" */
+    int index;        /* position in the graph */
+    int nin;
+    td_tensor *in[TD__MAX_IN]; /* NULL for an absent optional input (a bias) */
+    td_tensor *out;
+    td__op_attr attr;
+    int variant;     /* op-specific switch: max/avg, relu/gelu, channel-wise dropout, ... */
+    td__alias alias; /* set by the fusion pass */
+    void *state;     /* op-private compiled state */
+};
+
+/* 64-byte aligned zeroed memory from the graph's arena (lives as long as the graph). */
+void *td__op_alloc(td__op_ctx *ctx, size_t bytes);
+
+/* Where to write t's gradient now: t->grad while nothing has been written since zeroing
+ * (oneDNN backward primitives overwrite), otherwise a scratch slot that td__grad_end adds
+ * into t->grad. */
+float *td__grad_begin(td__op_ctx *ctx, td_tensor *t, int slot);
+void td__grad_end(td__op_ctx *ctx, td_tensor *t);
+
+/* The op tables (one file each in src/ops). */
+extern const td__op td__op_linear, td__op_conv2d, td__op_pool2d, td__op_eltwise, td__op_dropout,
+    td__op_batch_norm, td__op_reshape, td__op_add, td__op_concat, td__op_softmax, td__op_nll;
+
+#endif
