@@ -33,7 +33,8 @@ MPI_LIBS := $(shell mpicc --showme:link)
 LIB_SRC_MPI := $(wildcard src/comm/mpi/*.c)
 endif
 
-LIB_SRC := $(wildcard src/*/*.c) $(LIB_SRC_MPI)
+# Backends may have folders of their own (src/comm/shm/); mpi's needs the MPI flags.
+LIB_SRC := $(wildcard src/*/*.c) $(filter-out src/comm/mpi/%,$(wildcard src/*/*/*.c)) $(LIB_SRC_MPI)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 ALL_LIBS := $(LIBS) $(MPI_LIBS)
 

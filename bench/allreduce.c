@@ -14,10 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tandem/comm.h"
+
+#include "bench.h"
 
 #if defined(TD_HAVE_MPI) && defined(__has_include)
 #if __has_include(<mpi.h>)
@@ -25,16 +26,6 @@
 #define BENCH_MPI 1
 #endif
 #endif
-
-#define CHECK(call)                                                            \
-    do {                                                                       \
-        td_status s_ = (call);                                                 \
-        if (s_ != TD_OK) {                                                     \
-            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, \
-                    td_status_string(s_), td_last_error());                    \
-            exit(1);                                                           \
-        }                                                                      \
-    } while (0)
 
 enum { IMPL_SHM, IMPL_SHM_REG, IMPL_TDMPI, IMPL_MPI, IMPL_COUNT };
 static const char *const impl_names[IMPL_COUNT] = {"shm", "shm-reg", "mpi-backend",
@@ -195,19 +186,19 @@ static void run(bench *b, int json, size_t max_bytes) {
     td_comm_free(b->shm, reg);
 }
 
-static td_comm *make_shm(int rank, int size, int port, const char *token) {
-    td_comm_params p;
-    td_comm_default_params(&p);
-    p.backend = TD_BACKEND_SHM;
-    p.rank = rank;
-    p.world_size = size;
-    p.local_rank = rank;
-    p.local_world_size = size;
-    if (port) p.master_port = port;
-    if (token) p.token = token;
-    td_comm *c = NULL;
-    CHECK(td_comm_create(&c, &p));
-    return c;
+typedef struct {
+    int json;
+    size_t max_bytes;
+} options;
+
+/* A rank started by bench_ranks or a launcher (the env contract): the shm backend. */
+static int shm_rank(int rank, int size, void *result, void *arg) {
+    const options *o = arg;
+    (void)result;
+    bench b = {.rank = rank, .size = size, .shm = bench_comm()};
+    run(&b, o->json, o->max_bytes);
+    td_comm_destroy(b.shm);
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -242,9 +233,12 @@ int main(int argc, char **argv) {
         }
         MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
         MPI_Bcast(token, sizeof token, MPI_CHAR, 0, MPI_COMM_WORLD);
-        b.shm = make_shm(b.rank, b.size, port, token);
-        td_comm_params p;
-        td_comm_default_params(&p);
+        td_comm_params sp = td_comm_default_params();
+        sp.backend = TD_BACKEND_SHM;
+        sp.master_port = port;
+        sp.token = token;
+        CHECK(td_comm_create(&b.shm, &sp));
+        td_comm_params p = td_comm_default_params();
         p.backend = TD_BACKEND_MPI;
         p.rank = b.rank;
         p.world_size = b.size;
@@ -259,36 +253,13 @@ int main(int argc, char **argv) {
         return 0;
     }
 #endif
-    if (getenv("RANK") && getenv("WORLD_SIZE")) { /* tandemrun / torchrun-style env */
-        td_comm_params p;
-        td_comm_default_params(&p);
-        p.backend = TD_BACKEND_SHM;
-        CHECK(td_comm_create(&b.shm, &p));
-        b.rank = td_comm_rank(b.shm);
-        b.size = td_comm_size(b.shm);
-        run(&b, json, max_bytes);
-        td_comm_destroy(b.shm);
-        return 0;
-    }
-    /* No launcher: fork np ranks of our own. */
+    options o = {json, max_bytes};
+    if (getenv("RANK") && getenv("WORLD_SIZE")) /* tandemrun / torchrun-style env */
+        return shm_rank(atoi(getenv("RANK")), atoi(getenv("WORLD_SIZE")), NULL, &o);
+    /* No launcher: start np ranks of our own, each on its own core as tandemrun places them. */
     if (np < 1 || np > 64) {
         fprintf(stderr, "--np must be in 1..64\n");
         return 2;
     }
-    int port = 20000 + (int)(getpid() % 30000);
-    fflush(stdout);
-    for (int r = 0; r < np; r++) {
-        if (fork() == 0) {
-            b.rank = r;
-            b.size = np;
-            b.shm = make_shm(r, np, port, "bench");
-            run(&b, json, max_bytes);
-            td_comm_destroy(b.shm);
-            fflush(stdout);
-            _exit(0);
-        }
-    }
-    int failed = 0, st;
-    while (wait(&st) > 0) failed |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
-    return failed;
+    return bench_ranks(np, 1, shm_rank, &o, NULL, 0);
 }

@@ -11,13 +11,10 @@
  * compared. */
 #include "tandem/dp.h"
 
-#include <errno.h>
 #include <getopt.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tandem/comm.h"
@@ -27,15 +24,7 @@
 #include "tandem/optim.h"
 #include "tandem/tensor.h"
 
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        td_status check_s_ = (call);                                                             \
-        if (check_s_ != TD_OK) {                                                                 \
-            fprintf(stderr, "dp_vs_ddp: %s failed: %s: %s\n", #call, td_status_string(check_s_), \
-                    td_last_error());                                                            \
-            _exit(1);                                                                            \
-        }                                                                                        \
-    } while (0)
+#include "bench.h"
 
 #define SAMPLE (28 * 28)
 #define N_BATCHES 4   /* distinct synthetic batches, cycled */
@@ -85,47 +74,9 @@ static void make_data(const options *o) {
     for (size_t i = 0; i < N_BATCHES * B; i++) g_y[i] = (int64_t)td_rng_below(&rng, 10);
 }
 
-static void pin_process(int core_index) {
-    cpu_set_t allowed, one;
-    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
-    int n = CPU_COUNT(&allowed), want = core_index % (n > 0 ? n : 1), seen = 0;
-    for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &allowed) && seen++ == want) {
-            CPU_ZERO(&one);
-            CPU_SET(c, &one);
-            sched_setaffinity(0, sizeof one, &one);
-            return;
-        }
-}
-
 static void record(result *r, int it, uint64_t t0) {
     if (it % 20 == 0 && r->n_points < MAX_POINTS)
         r->cum_s[r->n_points++] = (double)(td_time_ns() - t0) * 1e-9;
-}
-
-static void send_result(int fd, const result *r) {
-    const char *p = (const char *)r;
-    size_t left = sizeof *r;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) _exit(1);
-        p += w;
-        left -= (size_t)w;
-    }
-}
-
-static int recv_result(int fd, result *r) {
-    char *p = (char *)r;
-    size_t left = sizeof *r;
-    while (left > 0) {
-        ssize_t n = read(fd, p, left);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return 0;
-        p += n;
-        left -= (size_t)n;
-    }
-    return r->ok;
 }
 
 static size_t param_bytes(const td_param *p, size_t n) {
@@ -136,7 +87,10 @@ static size_t param_bytes(const td_param *p, size_t n) {
 
 /* ---- DP: one process, one replica thread per device ------------------------------------ */
 
-static void run_dp(const options *o, int fd) {
+/* The DP run, in a process of its own: fills *out. */
+static int run_dp(int rank, int world, void *out, void *arg) {
+    (void)rank, (void)world;
+    const options *o = arg;
     result r;
     memset(&r, 0, sizeof r);
     td_dp_params p = td_dp_default_params();
@@ -167,7 +121,8 @@ static void run_dp(const options *o, int fd) {
     td_dp_phase_seconds(dp, r.phase_s);
     td_dp_destroy(dp);
     r.ok = 1;
-    send_result(fd, &r);
+    memcpy(out, &r, sizeof r);
+    return 0;
 }
 
 /* ---- DDP: one process per device -------------------------------------------------------- */
@@ -183,10 +138,12 @@ static void on_grad_ready(size_t i, void *arg) {
     if (s != TD_OK && h->status == TD_OK) h->status = s;
 }
 
-static void run_ddp_rank(const options *o, int rank, int port, const char *token, int fd) {
+/* One DDP rank (bench_ranks pins it when asked): fills *out. */
+static int run_ddp_rank(int rank, int world, void *out, void *arg) {
+    const options *o = arg;
+    (void)world;
     result r;
     memset(&r, 0, sizeof r);
-    if (o->pin) pin_process(rank);
     int64_t b = o->batch / o->devices;
     td_graph *g = NULL;
     td_model m;
@@ -194,32 +151,13 @@ static void run_ddp_rank(const options *o, int rank, int port, const char *token
     CHECK(td_model_build(g, o->model, b, 0, &m));
     td_param *params, *buffers;
     size_t n, nb;
-    CHECK(td_graph_params(g, &params, &n));
+    CHECK(td_graph_parameters(g, &params, &n));
     CHECK(td_graph_buffers(g, &buffers, &nb));
 
-    td_comm_params cp;
-    td_comm_default_params(&cp);
-    cp.backend = TD_BACKEND_SHM;
-    cp.rank = rank;
-    cp.world_size = o->devices;
-    cp.local_rank = rank;
-    cp.local_world_size = o->devices;
-    cp.master_addr = "127.0.0.1";
-    cp.master_port = port;
-    cp.token = token;
-    cp.timeout_s = 120;
-    td_comm *comm = NULL;
-    CHECK(td_comm_create(&comm, &cp));
+    td_comm *comm = bench_comm();
 
-    td_ddp_params dpp;
-    td_ddp_default_params(&dpp);
-    /* The graph writes gradients through its own pointers, re-pointed once below; a rebuild
-     * would free the buckets they point to. For these sequential models the ready order is
-     * the reverse registration order the first layout already uses. */
-    dpp.rebuild_buckets = 0;
     td_ddp *ddp = NULL;
-    CHECK(td_ddp_create(&ddp, comm, params, n, buffers, nb, &dpp));
-    for (size_t i = 0; i < n; i++) CHECK(td_graph_set_grad_buffer(g, i, params[i].grad));
+    CHECK(td_ddp_create(&ddp, comm, params, n, buffers, nb, NULL));
     hook_ctx h = {ddp, TD_OK};
     td_graph_set_grad_ready_hook(g, on_grad_ready, &h);
     td_sgd_params sp = td_sgd_default_params();
@@ -281,75 +219,34 @@ static void run_ddp_rank(const options *o, int rank, int port, const char *token
     td_comm_destroy(comm);
     td_graph_destroy(g);
     r.ok = 1;
-    send_result(fd, &r);
+    memcpy(out, &r, sizeof r);
+    return 0;
 }
 
 /* ---- driver ------------------------------------------------------------------------------ */
 
-static int spawn(int *fd_out, pid_t *pid_out) {
-    int pfd[2];
-    if (pipe(pfd) != 0) return 0;
-    pid_t pid = fork();
-    if (pid < 0) return 0;
-    if (pid == 0) {
-        close(pfd[0]);
-        *fd_out = pfd[1];
-        *pid_out = 0;
-        return 1;
-    }
-    close(pfd[1]);
-    *fd_out = pfd[0];
-    *pid_out = pid;
-    return 1;
-}
-
-static int reap(pid_t pid) {
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
-
 static int measure_dp(const options *o, result *r) {
-    int fd;
-    pid_t pid;
-    if (!spawn(&fd, &pid)) return 0;
-    if (pid == 0) {
-        run_dp(o, fd);
-        _exit(0);
-    }
-    int ok = recv_result(fd, r);
-    close(fd);
-    return reap(pid) && ok;
+    return bench_ranks(1, 0, run_dp, (void *)o, r, sizeof *r) == 0 && r->ok;
 }
 
 static int measure_ddp(const options *o, result *r) {
-    int fd[MAX_DEV];
-    pid_t pid[MAX_DEV];
-    int port = 20000 + (int)(getpid() % 20000);
-    char token[64];
-    snprintf(token, sizeof token, "dp-vs-ddp-%d-%llu", (int)getpid(),
-             (unsigned long long)td_time_ns());
-    int ok = 1;
+    result rr[MAX_DEV];
+    memset(rr, 0, sizeof rr);
+    if (bench_ranks(o->devices, o->pin, run_ddp_rank, (void *)o, rr, sizeof *rr) != 0) return 0;
     double loss_sum = 0;
+    int ok = 1;
     for (int rank = 0; rank < o->devices; rank++) {
-        if (!spawn(&fd[rank], &pid[rank])) return 0;
-        if (pid[rank] == 0) {
-            run_ddp_rank(o, rank, port, token, fd[rank]);
-            _exit(0);
-        }
+        ok &= rr[rank].ok;
+        loss_sum += rr[rank].last_loss;
+        r->mem[rank] = rr[rank].mem[0];
+        memcpy(r->mem_detail[rank], rr[rank].mem_detail[0], sizeof rr[rank].mem_detail[0]);
     }
-    for (int rank = 0; rank < o->devices; rank++) {
-        result rr;
-        memset(&rr, 0, sizeof rr);
-        ok &= recv_result(fd[rank], &rr);
-        close(fd[rank]);
-        if (rank == 0) *r = rr;
-        loss_sum += rr.last_loss;
-        r->mem[rank] = rr.mem[0];
-        memcpy(r->mem_detail[rank], rr.mem_detail[0], sizeof rr.mem_detail[0]);
-    }
-    for (int rank = 0; rank < o->devices; rank++) ok &= reap(pid[rank]);
+    size_t mem[MAX_DEV], detail[MAX_DEV][6];
+    memcpy(mem, r->mem, sizeof mem);
+    memcpy(detail, r->mem_detail, sizeof detail);
+    *r = rr[0];
+    memcpy(r->mem, mem, sizeof mem);
+    memcpy(r->mem_detail, detail, sizeof detail);
     r->last_loss = (float)(loss_sum / o->devices); /* the global-batch mean, as DP reports */
     return ok;
 }
@@ -397,10 +294,12 @@ static int run_model(const options *o) {
                    td_model_name(o->model), dp.total_s / ddp.total_s);
         return dp_ok && ddp_ok;
     }
-    printf("\nmodel %s, global batch %lld, %d devices (1 core and 1 oneDNN thread each), %d "
+    char cpu[256];
+    printf("\n%s\nmodel %s, global batch %lld, %d devices (1 core and 1 oneDNN thread each), %d "
            "iterations, "
            "fastest of %d run(s) per method\n",
-           td_model_name(o->model), (long long)o->batch, o->devices, o->iters, o->repeat);
+           bench_cpu_name(cpu, sizeof cpu), td_model_name(o->model), (long long)o->batch,
+           o->devices, o->iters, o->repeat);
     printf("cumulative wall seconds after iteration:\n%-5s", "");
     for (int i = 20; i <= o->iters && i / 20 <= MAX_POINTS; i += 20) printf(" %8d", i);
     printf("   samples/s\n");
@@ -448,17 +347,9 @@ static int run_model(const options *o) {
 }
 
 int main(int argc, char **argv) {
-    /* One oneDNN thread per device for both methods. The OpenMP runtime reads the variable
-     * when it is loaded, before main, so setting it here needs a fresh image of ourselves:
-     * two spinning OpenMP threads per pinned core otherwise make everything ~30x slower. */
-    const char *omp = getenv("OMP_NUM_THREADS");
-    if (!omp || strcmp(omp, "1") != 0) {
-        setenv("OMP_NUM_THREADS", "1", 1);
-        execv("/proc/self/exe", argv);
-        fprintf(stderr, "dp_vs_ddp: cannot re-exec with OMP_NUM_THREADS=1 (%s); set it and rerun\n",
-                strerror(errno));
-        return 2;
-    }
+    /* One oneDNN thread per device for both methods: two spinning OpenMP threads per pinned
+     * core otherwise make everything ~30x slower. */
+    bench_one_thread(argv);
     options o = {TD_MODEL_CNN, 100, 2, 0, 1, 1, 128, 0.01, 0.9};
     int both = 1;
     static const struct option longopts[] = {{"iters", required_argument, 0, 'i'},

@@ -20,25 +20,13 @@
  * Every measurement runs in fresh child processes, so no oneDNN or OpenMP state crosses a
  * fork. */
 
-#include <sched.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "tandem/tandem.h"
 
-#define CHECK(call)                                                                   \
-    do {                                                                              \
-        td_status s_ = (call);                                                        \
-        if (s_ != TD_OK) {                                                            \
-            fprintf(stderr, "bench/train: %s: %s: %s\n", #call, td_status_string(s_), \
-                    td_last_error());                                                 \
-            _exit(1);                                                                 \
-        }                                                                             \
-    } while (0)
+#include "bench.h"
 
 #define GLOBAL_BATCH 128
 #define MAX_WORLDS 4
@@ -54,21 +42,8 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* One rank of a run: returns the median samples/s (global) on rank 0. */
-static double rank_main(td_model_kind kind, int rank, int world, int comm_on, int port,
-                        const char *token, const timing *tm) {
-    td_comm *comm = NULL;
-    if (world > 1 && comm_on) {
-        td_comm_params cp;
-        td_comm_default_params(&cp);
-        cp.backend = TD_BACKEND_SHM;
-        cp.rank = rank;
-        cp.world_size = world;
-        cp.local_rank = rank;
-        cp.local_world_size = world;
-        cp.master_port = port;
-        cp.token = token;
-        CHECK(td_comm_create(&comm, &cp));
-    }
+static double rank_main(td_model_kind kind, int rank, int world, int comm_on, const timing *tm) {
+    td_comm *comm = world > 1 && comm_on ? bench_comm() : NULL;
     int64_t local = GLOBAL_BATCH / world;
     td_graph *g;
     td_model m;
@@ -82,7 +57,7 @@ static double rank_main(td_model_kind kind, int rank, int world, int comm_on, in
     td_dataset_destroy(data);
     td_param *params, *buffers;
     size_t n_params, n_buffers;
-    CHECK(td_graph_params(g, &params, &n_params));
+    CHECK(td_graph_parameters(g, &params, &n_params));
     CHECK(td_graph_buffers(g, &buffers, &n_buffers));
     td_sgd_params sp = td_sgd_default_params();
     sp.lr = 0.01;
@@ -119,40 +94,24 @@ static double rank_main(td_model_kind kind, int rank, int world, int comm_on, in
     return median;
 }
 
-/* Runs `world` ranks in child processes, with DDP or (comm_on 0) each on its own; returns
+typedef struct {
+    td_model_kind kind;
+    int comm_on;
+    const timing *tm;
+} run_job;
+
+static int run_rank(int rank, int world, void *result, void *arg) {
+    const run_job *j = arg;
+    *(double *)result = rank_main(j->kind, rank, world, j->comm_on, j->tm);
+    return 0;
+}
+
+/* Runs `world` ranks (each on its own core), with DDP or (comm_on 0) each on its own; returns
  * rank 0's samples/s, or -1 on failure. */
 static double run_tandem(td_model_kind kind, int world, int comm_on, const timing *tm) {
-    int fds[2];
-    if (pipe(fds)) return -1;
-    int port = 20000 + (int)(getpid() * 7 + kind * 131 + world) % 30000;
-    char token[32];
-    snprintf(token, sizeof token, "bench-%d-%d", (int)getpid(), port);
-    pid_t pids[8];
-    for (int r = 0; r < world; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            close(fds[0]);
-            if (world > 1) {
-                cpu_set_t set;
-                CPU_ZERO(&set);
-                CPU_SET(r % (int)sysconf(_SC_NPROCESSORS_ONLN), &set);
-                sched_setaffinity(0, sizeof set, &set);
-            }
-            double rate = rank_main(kind, r, world, comm_on, port, token, tm);
-            if (r == 0 && write(fds[1], &rate, sizeof rate) != sizeof rate) _exit(1);
-            _exit(0);
-        }
-    }
-    close(fds[1]);
-    double rate = -1;
-    if (read(fds[0], &rate, sizeof rate) != sizeof rate) rate = -1;
-    close(fds[0]);
-    for (int r = 0; r < world; r++) {
-        int status;
-        waitpid(pids[r], &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status)) rate = -1;
-    }
-    return rate;
+    double rates[8];
+    run_job j = {kind, comm_on, tm};
+    return bench_ranks(world, world > 1, run_rank, &j, rates, sizeof *rates) ? -1 : rates[0];
 }
 
 /* The PyTorch peer's samples/s, or -1 when it could not run. */
@@ -250,16 +209,11 @@ int main(int argc, char **argv) {
         if (world == 1) w1 = nw;
         ws[nw++] = world;
     }
-    /* OpenMP reads its thread count when the library loads, so set it and start again. */
-    const char *threads = getenv("OMP_NUM_THREADS");
-    if (!threads || strcmp(threads, "1")) {
-        setenv("OMP_NUM_THREADS", "1", 1);
-        execv("/proc/self/exe", argv);
-        perror("bench/train: execv");
-        return 1;
-    }
-    printf("samples/s at global batch %d, one thread per rank, median of %d windows of %d steps",
-           GLOBAL_BATCH, tm.windows, tm.iters);
+    bench_one_thread(argv);
+    char cpu[256];
+    printf("%s\nsamples/s at global batch %d, one thread per rank, median of %d windows of %d "
+           "steps",
+           bench_cpu_name(cpu, sizeof cpu), GLOBAL_BATCH, tm.windows, tm.iters);
     if (repeat > 1) printf("; medians of %d interleaved repeats", repeat);
     printf("\n%-6s %-11s %10s %10s %8s %14s\n", "model", "world", "tandem", "pytorch", "ratio",
            "scaling vs w1");

@@ -114,7 +114,7 @@ static void matrix_rank(int rank, int size, int port, void *arg) {
 
 static void run_matrix(int n) {
     CHECK_EQ(test_run_ranks(n, matrix_rank, NULL, 240, 0), 0);
-    CHECK_EQ(test_shm_leftovers(n, test_last_port), 0);
+    CHECK_EQ(test_shm_leftovers(), 0);
 }
 
 static void world_1(void) { run_matrix(1); }
@@ -158,7 +158,7 @@ static void mixed_rank(int rank, int size, int port, void *arg) {
 static void mixed(void) {
     for (int n = 2; n <= 3; n++) {
         CHECK_EQ(test_run_ranks(n, mixed_rank, NULL, 120, 0), 0);
-        CHECK_EQ(test_shm_leftovers(n, test_last_port), 0);
+        CHECK_EQ(test_shm_leftovers(), 0);
     }
 }
 
@@ -209,7 +209,7 @@ static void nonblocking_rank(int rank, int size, int port, void *arg) {
 static void nonblocking(void) {
     for (int n = 2; n <= 3; n++) {
         CHECK_EQ(test_run_ranks(n, nonblocking_rank, NULL, 120, 0), 0);
-        CHECK_EQ(test_shm_leftovers(n, test_last_port), 0);
+        CHECK_EQ(test_shm_leftovers(), 0);
     }
 }
 
@@ -232,7 +232,7 @@ static void sizes_rank(int rank, int size, int port, void *arg) {
 
 static void sizes(void) {
     CHECK_EQ(test_run_ranks(2, sizes_rank, NULL, 60, 0), 0);
-    CHECK_EQ(test_shm_leftovers(2, test_last_port), 0);
+    CHECK_EQ(test_shm_leftovers(), 0);
 }
 
 int main(void) {

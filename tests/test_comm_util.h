@@ -1,7 +1,7 @@
-/* Helpers for the multi-process comm and store tests: a free TCP port, running a function
- * as N real ranks in forked children, and elements of any dtype as doubles. A child's failed
- * CHECKs make it exit non-zero, which fails the case in the parent; a child that hangs is
- * killed at the deadline. */
+/* Helpers for the multi-process tests: a free TCP port, running a function as N real ranks
+ * (td_spawn, the library's own rank runner), a world group for a rank, and elements of any
+ * dtype as doubles. A child's failed CHECKs make it exit non-zero, which fails the case in the
+ * parent; a child that hangs is killed at the deadline. */
 #ifndef TANDEM_TEST_COMM_UTIL_H
 #define TANDEM_TEST_COMM_UTIL_H
 
@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "tandem/comm.h"
+#include "tandem/spawn.h"
 
 #include "test.h"
 
@@ -40,76 +41,68 @@ static inline void test_sleep_ms(int ms) {
 
 typedef void (*test_rank_fn)(int rank, int size, int port, void *arg);
 
-static pid_t test_last_pids[16];
-static int test_last_port;
+static int test_last_port; /* MASTER_PORT of the last test_run_ranks */
 
-/* Runs fn as `n` forked ranks; returns how many exited non-zero or were killed at the
- * deadline (`expect_killed` of them may die from a signal on purpose). */
-static inline int test_run_ranks(int n, test_rank_fn fn, void *arg, double deadline_s,
-                                 int expect_killed) {
-    int port = test_free_port();
-    test_last_port = port;
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pids[16];
-    for (int r = 0; r < n; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            test_case_failed = 0;
-            fn(r, n, port, arg);
-            fflush(stdout);
-            fflush(stderr);
-            _exit(test_case_failed ? 1 : 0);
-        }
-        test_last_pids[r] = pids[r];
-    }
-    int bad = 0, killed = 0, left = n;
-    uint64_t end = td_time_ns() + (uint64_t)(deadline_s * 1e9);
-    while (left > 0) {
-        int st;
-        pid_t p = waitpid(-1, &st, WNOHANG);
-        if (p > 0) {
-            left--;
-            if (WIFSIGNALED(st))
-                killed++;
-            else if (WEXITSTATUS(st) != 0)
-                bad++;
-            continue;
-        }
-        if (td_time_ns() > end) {
-            fprintf(stderr, "ranks still running after %.0f s: killing them\n", deadline_s);
-            for (int r = 0; r < n; r++) kill(pids[r], SIGKILL);
-            while (left > 0 && waitpid(-1, &st, 0) > 0) left--;
-            return bad + n;
-        }
-        test_sleep_ms(2);
-    }
-    if (killed != expect_killed)
-        bad += killed > expect_killed ? killed - expect_killed : expect_killed - killed;
-    return bad;
+typedef struct {
+    test_rank_fn fn;
+    void *arg;
+} test_rank_job;
+
+/* A rank of test_run_ranks: its failed CHECKs become its exit status. */
+static inline int test_rank_entry(int rank, int size, void *arg) {
+    const test_rank_job *job = arg;
+    test_case_failed = 0;
+    job->fn(rank, size, test_last_port, job->arg);
+    if (test_case_failed) fprintf(stderr, "  (rank %d of %d failed)\n", rank, size);
+    return test_case_failed ? 1 : 0;
 }
 
-/* Names in /dev/shm that start with "tandem-" and mention one of the last ranks' pids or the
- * port (segments this test created and failed to unlink). */
-static inline int test_shm_leftovers(int n, int port) {
+/* Runs fn as `n` ranks forked by td_spawn (the env contract set, not pinned, not stopped when
+ * one fails); returns how many exited non-zero or were still running at the deadline
+ * (`expect_killed` of them may die from a signal on purpose). */
+static inline int test_run_ranks(int n, test_rank_fn fn, void *arg, double deadline_s,
+                                 int expect_killed) {
+    test_rank_job job = {fn, arg};
+    int status[64] = {0};
+    td_spawn_params p = td_spawn_default_params();
+    p.nprocs = n;
+    p.master_port = test_last_port = test_free_port();
+    p.pin = 0;
+    p.timeout_s = deadline_s;
+    p.grace_s = 1;
+    p.stop_on_failure = 0;
+    p.exit_status = status;
+    td_status s = td_spawn(test_rank_entry, &job, &p);
+    if (s == TD_ETIMEOUT) {
+        fprintf(stderr, "%s\n", td_last_error());
+        return n;
+    }
+    if (s != TD_OK && s != TD_EPEER) {
+        fprintf(stderr, "test_run_ranks: %s\n", td_last_error());
+        return n;
+    }
+    int bad = 0, killed = 0;
+    for (int r = 0; r < n; r++) {
+        if (WIFSIGNALED(status[r]))
+            killed++;
+        else if (WEXITSTATUS(status[r]) != 0)
+            bad++;
+    }
+    return bad + (killed > expect_killed ? killed - expect_killed : expect_killed - killed);
+}
+
+/* Names in /dev/shm that start with "tandem-": the shm backend names none (its segments are
+ * anonymous memory files), so any is a leak. */
+static inline int test_shm_leftovers(void) {
     int found = 0;
     DIR *d = opendir("/dev/shm");
     if (!d) return 0;
     struct dirent *e;
-    char pat[32];
-    while ((e = readdir(d))) {
-        if (strncmp(e->d_name, "tandem-", 7) != 0) continue;
-        snprintf(pat, sizeof pat, "tandem-%d-", port);
-        int mine = port && strncmp(e->d_name, pat, strlen(pat)) == 0;
-        for (int r = 0; r < n && !mine; r++) {
-            snprintf(pat, sizeof pat, "-%d-", (int)test_last_pids[r]);
-            mine = strstr(e->d_name, pat) != NULL;
-        }
-        if (mine) {
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, "tandem-", 7) == 0) {
             fprintf(stderr, "left behind: /dev/shm/%s\n", e->d_name);
             found++;
         }
-    }
     closedir(d);
     return found;
 }
@@ -117,8 +110,7 @@ static inline int test_shm_leftovers(int n, int port) {
 /* A world group for one forked rank, with everything explicit. */
 static inline td_status test_comm_create(td_comm **out, int rank, int size, int port,
                                          double timeout_s) {
-    td_comm_params p;
-    td_comm_default_params(&p);
+    td_comm_params p = td_comm_default_params();
     p.backend = TD_BACKEND_SHM;
     p.rank = rank;
     p.world_size = size;

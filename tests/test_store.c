@@ -11,8 +11,7 @@
 #include "test_comm_util.h"
 
 static td_store *host(const char *token) {
-    td_store_params p;
-    td_store_default_params(&p);
+    td_store_params p = td_store_default_params();
     p.is_server = 1;
     p.port = 0;
     p.token = token;
@@ -23,8 +22,7 @@ static td_store *host(const char *token) {
 }
 
 static td_status client(td_store **out, int port, const char *token) {
-    td_store_params p;
-    td_store_default_params(&p);
+    td_store_params p = td_store_default_params();
     p.port = port;
     p.token = token;
     p.timeout_s = 5;
@@ -87,9 +85,11 @@ static void wrong_token_is_refused(void) {
     td_store_destroy(srv);
 }
 
-/* Forked clients: each adds 1, then all wait until the counter reaches n (a barrier). */
-static void barrier_rank(int rank, int size, int port, void *arg) {
-    (void)arg;
+/* Forked clients of the store at port *arg: each adds 1, then all wait until the counter
+ * reaches n (a barrier). */
+static void barrier_rank(int rank, int size, int master_port, void *arg) {
+    (void)master_port;
+    int port = *(const int *)arg;
     td_store *c = NULL;
     CHECK_OK(client(&c, port, "tok"));
     if (!c) return;
@@ -118,22 +118,7 @@ static void several_processes(void) {
     td_store *srv = host("tok");
     if (!srv) return;
     int port = td_store_port(srv);
-    pid_t pids[4];
-    fflush(stdout);
-    for (int r = 0; r < 4; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            test_case_failed = 0;
-            barrier_rank(r, 4, port, NULL);
-            fflush(stderr);
-            _exit(test_case_failed);
-        }
-    }
-    for (int r = 0; r < 4; r++) {
-        int st = 0;
-        waitpid(pids[r], &st, 0);
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    }
+    CHECK_EQ(test_run_ranks(4, barrier_rank, &port, 30, 0), 0);
     int64_t v = 0;
     CHECK_OK(td_store_add(srv, "arrived", 0, &v));
     CHECK_EQ(v, 4);

@@ -56,48 +56,6 @@ struct td_comm {
     comm_alloc *allocs; /* td_comm_alloc memory not yet freed */
 };
 
-static const char *const coll_names[TD__COLL_COUNT] = {
-    "allreduce", "reduce",         "broadcast", "allgather", "gather",
-    "scatter",   "reduce_scatter", "alltoall",  "barrier",
-};
-
-const char *td__coll_name(td__coll_kind kind) {
-    return (unsigned)kind < TD__COLL_COUNT ? coll_names[kind] : "unknown collective";
-}
-
-const char *td_reduce_op_name(td_reduce_op op) {
-    static const char *const names[TD_OP_COUNT] = {"sum", "prod", "min", "max", "avg"};
-    return (unsigned)op < TD_OP_COUNT ? names[op] : "invalid";
-}
-
-void td__coll_describe(char *out, size_t cap, td__coll_kind kind, uint64_t seq, td_dtype dtype,
-                       size_t count, td_reduce_op op, int root) {
-    const char *name = td__coll_name(kind);
-    unsigned long long s = (unsigned long long)seq;
-    switch (kind) {
-    case TD__COLL_BARRIER:
-        snprintf(out, cap, "%s #%llu", name, s);
-        break;
-    case TD__COLL_ALLREDUCE:
-    case TD__COLL_REDUCE_SCATTER:
-        snprintf(out, cap, "%s #%llu (%s, %zu elements, %s)", name, s, td_dtype_name(dtype), count,
-                 td_reduce_op_name(op));
-        break;
-    case TD__COLL_REDUCE:
-        snprintf(out, cap, "%s #%llu (%s, %zu elements, %s, root %d)", name, s,
-                 td_dtype_name(dtype), count, td_reduce_op_name(op), root);
-        break;
-    case TD__COLL_BROADCAST:
-    case TD__COLL_GATHER:
-    case TD__COLL_SCATTER:
-        snprintf(out, cap, "%s #%llu (%s, %zu elements, root %d)", name, s, td_dtype_name(dtype),
-                 count, root);
-        break;
-    default:
-        snprintf(out, cap, "%s #%llu (%s, %zu elements)", name, s, td_dtype_name(dtype), count);
-    }
-}
-
 /* ---------------------------------------------------------------- life cycle */
 
 static td_status comm_wrap(td_comm **out, const td__backend_ops *ops, void *ctx,
@@ -120,11 +78,8 @@ static td_status comm_wrap(td_comm **out, const td__backend_ops *ops, void *ctx,
 td_status td_comm_create(td_comm **out, const td_comm_params *params) {
     if (!out) return td__fail(TD_EINVAL, "td_comm_create: out is NULL");
     *out = NULL;
-    td_comm_params defaults, p;
-    if (!params) {
-        td_comm_default_params(&defaults);
-        params = &defaults;
-    }
+    td_comm_params defaults = td_comm_default_params(), p;
+    if (!params) params = &defaults;
     td_status s = td__comm_resolve_params(params, &p);
     if (s) return s;
     void *ctx = NULL;
@@ -273,15 +228,6 @@ static td_status submit(td_comm *comm, td_request *r, int blocking) {
 
 /* ---------------------------------------------------------------- argument checks */
 
-static int is_reduction(td__coll_kind k) {
-    return k == TD__COLL_ALLREDUCE || k == TD__COLL_REDUCE || k == TD__COLL_REDUCE_SCATTER;
-}
-
-static int is_rooted(td__coll_kind k) {
-    return k == TD__COLL_REDUCE || k == TD__COLL_BROADCAST || k == TD__COLL_GATHER ||
-           k == TD__COLL_SCATTER;
-}
-
 static td_status check_coll(const td_comm *comm, const td__coll *k) {
     const char *name = td__coll_name(k->kind);
     if (!comm) return td__fail(TD_EINVAL, "%s: the group is NULL", name);
@@ -289,9 +235,9 @@ static td_status check_coll(const td_comm *comm, const td__coll *k) {
     if (k->kind == TD__COLL_BARRIER) return TD_OK;
     if ((unsigned)k->dtype >= TD_DTYPE_COUNT)
         return td__fail(TD_EDTYPE, "%s: rank %d: invalid dtype %d", name, rank, (int)k->dtype);
-    if (is_reduction(k->kind) && (unsigned)k->op >= TD_OP_COUNT)
+    if (td__coll_is_reduction(k->kind) && (unsigned)k->op >= TD_OP_COUNT)
         return td__fail(TD_EINVAL, "%s: rank %d: invalid reduce op %d", name, rank, (int)k->op);
-    if (is_rooted(k->kind) && (k->root < 0 || k->root >= n))
+    if (td__coll_is_rooted(k->kind) && (k->root < 0 || k->root >= n))
         return td__fail(TD_EINVAL, "%s: rank %d: root %d is outside the group of %d ranks", name,
                         rank, k->root, n);
     size_t es = td_dtype_size(k->dtype);

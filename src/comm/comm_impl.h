@@ -75,8 +75,14 @@ td_status td__shm_create(const td_comm_params *params, void **ctx, td__group_sha
 td_status td__mpi_create(const td_comm_params *params, void **ctx, td__group_shape *shape,
                          const td__backend_ops **ops);
 
-/* "allreduce", "broadcast", ... */
+/* "allreduce", "broadcast", ... (coll.c) */
 const char *td__coll_name(td__coll_kind kind);
+
+/* 1 for allreduce, reduce and reduce_scatter. */
+int td__coll_is_reduction(td__coll_kind kind);
+
+/* 1 for reduce, broadcast, gather and scatter. */
+int td__coll_is_rooted(td__coll_kind kind);
 
 /* Fills every defaulted field of `in` from the environment (env.c): rank, sizes, master
  * address and port, token, timeout and a concrete backend. Strings point into `in` or the

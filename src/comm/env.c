@@ -9,10 +9,13 @@
 #include "comm/comm_impl.h"
 #include "core/core_impl.h"
 
-void td_comm_default_params(td_comm_params *params) {
-    memset(params, 0, sizeof *params);
-    params->backend = TD_BACKEND_AUTO;
-    params->rank = params->world_size = params->local_rank = params->local_world_size = -1;
+td_comm_params td_comm_default_params(void) {
+    td_comm_params p = {.backend = TD_BACKEND_AUTO,
+                        .rank = -1,
+                        .world_size = -1,
+                        .local_rank = -1,
+                        .local_world_size = -1};
+    return p;
 }
 
 /* The first of `names` that is set; *which gets its name. */

@@ -519,11 +519,9 @@ static td_status request(td_store *st, int op, const char *key, const void *valu
     return s;
 }
 
-void td_store_default_params(td_store_params *params) {
-    memset(params, 0, sizeof *params);
-    params->host = "127.0.0.1";
-    params->port = 29500;
-    params->timeout_s = 30.0;
+td_store_params td_store_default_params(void) {
+    td_store_params p = {.host = "127.0.0.1", .port = 29500, .timeout_s = 30.0};
+    return p;
 }
 
 td_status td_store_create(td_store **out, const td_store_params *params) {

@@ -1,6 +1,7 @@
-/* tandemrun's pieces: the parsed command line, the per-rank state, and the functions that
- * spawn, relay output for and supervise the ranks of one job on one host. Private to the
- * launcher; the library knows nothing of it. */
+/* tandemrun's pieces: the parsed command line, the per-rank output state, and the functions
+ * that spawn, relay output for and supervise the ranks of one job on one host. Private to the
+ * launcher; the library knows nothing of it (the supervision core it uses is the library's,
+ * shared with td_spawn: src/launch). */
 #ifndef TANDEMRUN_H
 #define TANDEMRUN_H
 
@@ -33,12 +34,9 @@ typedef struct {
     size_t len, cap;
 } tr_stream;
 
-/* One rank of the job. */
+/* The output of one rank of the job (its process is a td__proc of the job). */
 typedef struct {
     int rank;
-    pid_t pid; /* also its process group id; 0 once reaped */
-    int running;
-    int status; /* waitpid status once reaped */
     tr_stream out, err;
     int log_fd; /* --tee file, or -1 */
 } tr_rank;

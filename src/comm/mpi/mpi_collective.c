@@ -20,15 +20,6 @@
 #include "comm/mpi/mpi_impl.h"
 #include "core/core_impl.h"
 
-static int is_reduction(td__coll_kind kind) {
-    return kind == TD__COLL_ALLREDUCE || kind == TD__COLL_REDUCE || kind == TD__COLL_REDUCE_SCATTER;
-}
-
-static int is_rooted(td__coll_kind kind) {
-    return kind == TD__COLL_REDUCE || kind == TD__COLL_BROADCAST || kind == TD__COLL_GATHER ||
-           kind == TD__COLL_SCATTER;
-}
-
 /* "allreduce #4 (f32, 1009 elements, sum)" for an error message. */
 static void describe(const int64_t h[6], char *out, size_t cap) {
     if (h[0] == TD__MPI_KIND_SPLIT)
@@ -232,7 +223,7 @@ static td_status start(td__mpi_ctx *ctx, const td__coll *c, scratch *s, post_ste
     const char *call = "";
     memset(post, 0, sizeof *post);
 
-    if (is_reduction(c->kind)) {
+    if (td__coll_is_reduction(c->kind)) {
         td_dtype cd = compute_dtype(c->dtype, c->op);
         const int convert = cd != c->dtype;
         const int root_here = c->kind != TD__COLL_REDUCE || rank == c->root;
@@ -353,9 +344,9 @@ static td_status validate(const td__mpi_ctx *ctx, const td__coll *c) {
     if (c->kind == TD__COLL_BARRIER) return TD_OK;
     if (mpi_type(c->dtype) == MPI_DATATYPE_NULL)
         return td__fail(TD_EDTYPE, "mpi %s: invalid dtype %d", name, (int)c->dtype);
-    if (is_reduction(c->kind) && (c->op < 0 || c->op >= TD_OP_COUNT))
+    if (td__coll_is_reduction(c->kind) && (c->op < 0 || c->op >= TD_OP_COUNT))
         return td__fail(TD_EINVAL, "mpi %s: invalid reduce op %d", name, (int)c->op);
-    if (is_rooted(c->kind) && (c->root < 0 || c->root >= ctx->size))
+    if (td__coll_is_rooted(c->kind) && (c->root < 0 || c->root >= ctx->size))
         return td__fail(TD_EINVAL, "mpi %s: root %d is not a rank of this group of %d", name,
                         c->root, ctx->size);
     size_t limit =
@@ -378,8 +369,8 @@ td_status td__mpi_collective(void *vctx, const td__coll *c, double timeout_s) {
             hdr[2] = c->dtype;
             hdr[3] = (int64_t)c->count;
         }
-        if (is_reduction(c->kind)) hdr[4] = c->op;
-        if (is_rooted(c->kind)) hdr[5] = c->root;
+        if (td__coll_is_reduction(c->kind)) hdr[4] = c->op;
+        if (td__coll_is_rooted(c->kind)) hdr[5] = c->root;
         td_status st = td__mpi_agree(ctx, hdr, timeout_s);
         if (st != TD_OK) return st;
     }

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/shm_impl.h"
+#include "comm/shm/shm_impl.h"
 
 #define P2P_MAGIC 0x70326474u
 #define P2P_HDR 16

@@ -11,8 +11,11 @@
  * only synchronisation. Each collective's first phase carries its call (kind, seq, dtype,
  * count, op, root) for the mismatch check.
  *
- * td_comm_alloc memory lives in a segment of its own (n regions, one per rank, see shm_reg),
- * mapped by every rank and unlinked once all have mapped it.
+ * Segments are anonymous memory files (memfd): the creator names one to its peers as
+ * /proc/<pid>/fd/<fd>, each peer opens and maps it, and the creator closes its descriptor once
+ * all have mapped. Nothing is ever named in /dev/shm, so no crash at any moment, before or
+ * after rendezvous, can leave a segment behind: the kernel frees it with its last mapping.
+ * td_comm_alloc memory lives in a segment of its own (n regions, one per rank, see shm_reg).
  *
  * Tuning knobs, read when a group is created (the creator's chunk wins for the whole group):
  * TANDEM_SHM_CHUNK (staging bytes per rank, default 512 KiB) and TANDEM_SHM_NT (outputs of at
@@ -94,9 +97,9 @@ typedef struct shm_ctx {
     shm_rank *ranks;
     shm_ring *rings; /* [src * size + dst] */
     unsigned char *staging, *result, *ring_data;
-    int unlink_pending; /* this process created the segment and has not unlinked it yet */
-    uint32_t phase;     /* phases this rank has posted */
-    uint64_t next_seq;  /* the sequence number a split uses */
+    int fd;         /* this process created the segment and its peers may still open it, else -1 */
+    uint32_t phase; /* phases this rank has posted */
+    uint64_t next_seq; /* the sequence number a split uses */
     uint64_t spin_ns;
     td_store *store; /* world group only */
     pthread_mutex_t p2p_lock;

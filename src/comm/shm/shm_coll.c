@@ -22,7 +22,7 @@
 #include <immintrin.h>
 #endif
 
-#include "comm/shm_impl.h"
+#include "comm/shm/shm_impl.h"
 
 #define SHM_SMALL (16u * 1024u)    /* below this an allreduce reduces everything on every rank */
 #define SHM_ZC_BLOCK (32u * 1024u) /* bytes a zero-copy all-reduce reduces before copying out */
@@ -274,12 +274,8 @@ td_status td__shm_collective(void *ctx, const td__coll *k, double timeout_s) {
     int n = c->size, me = c->rank;
     size_t es = td_dtype_size(k->dtype), cnt = k->count;
     if (k->kind != TD__COLL_BARRIER) call.dtype = (uint32_t)k->dtype;
-    if (k->kind == TD__COLL_ALLREDUCE || k->kind == TD__COLL_REDUCE ||
-        k->kind == TD__COLL_REDUCE_SCATTER)
-        call.op = (uint32_t)k->op;
-    if (k->kind == TD__COLL_REDUCE || k->kind == TD__COLL_BROADCAST || k->kind == TD__COLL_GATHER ||
-        k->kind == TD__COLL_SCATTER)
-        call.root = k->root;
+    if (td__coll_is_reduction(k->kind)) call.op = (uint32_t)k->op;
+    if (td__coll_is_rooted(k->kind)) call.root = k->root;
     const unsigned char *send = k->send;
     unsigned char *recv = k->recv, *tmp = NULL;
     /* Sizes of the send and receive sides, to spot overlaps the algorithms cannot take. */

@@ -1,10 +1,9 @@
-/* The shm backend's life cycle and synchronisation: creating, opening and unlinking a group's
- * POSIX shared-memory segment, splitting groups, the phase barrier with spin-then-futex waits,
- * dead-peer detection and poisoning. The collective algorithms live in shm_coll.c and the
- * mailboxes in shm_p2p.c; this file moves no user data.
- *
- * A segment is unlinked as soon as every rank of the group has mapped it, so a crash later
- * cannot leave it behind in /dev/shm. A peer is dead when kill(pid, 0) says so or /proc shows
+/* The shm backend's life cycle and synchronisation: creating and opening a group's shared
+ * segment (an anonymous memfd the peers open through /proc, see shm_impl.h), splitting groups,
+ * the phase barrier with spin-then-futex waits, dead-peer detection and poisoning. The
+ * collective algorithms live in shm_coll.c and the mailboxes in shm_p2p.c; this file moves no
+ * user data.
+ * A peer is dead when kill(pid, 0) says so or /proc shows
  * it a zombie; any rank that sees a death, a timeout or a mismatch poisons the segment, and
  * every other rank then fails fast with TD_EPEER. */
 #include <errno.h>
@@ -23,13 +22,35 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm/shm_impl.h"
+#include "comm/shm/shm_impl.h"
 
 #define SHM_COLL_CREATE 101u
 #define SHM_LIVENESS_NS 5000000ull /* how often a waiter checks that missing peers live */
 #define SHM_SLEEP_NS 10000000ull   /* longest futex sleep between checks */
 
-static _Atomic unsigned segment_counter;
+/* A new anonymous memory file of `bytes`, named for the peers as /proc/<pid>/fd/<fd>; *fd
+ * stays open (the peers open it through /proc) until shm_file_sealed. */
+static td_status shm_file_create(const char *tag, size_t bytes, char name[96], int *fd) {
+    char label[64];
+    snprintf(label, sizeof label, "tandem-%s", tag);
+    *fd = memfd_create(label, MFD_CLOEXEC);
+    if (*fd < 0) return td__fail(TD_EIO, "shm: cannot create a memory file: %s", strerror(errno));
+    if (ftruncate(*fd, (off_t)bytes) != 0) {
+        int e = errno;
+        close(*fd);
+        *fd = -1;
+        return td__fail(TD_EIO, "shm: cannot size a memory file to %zu bytes: %s", bytes,
+                        strerror(e));
+    }
+    snprintf(name, 96, "/proc/%d/fd/%d", (int)getpid(), *fd);
+    return TD_OK;
+}
+
+/* Every peer has mapped the creator's file: nobody needs to open it again. */
+static void shm_file_sealed(int *fd) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+}
 
 void td__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t max_ns) {
     struct timespec ts = {(time_t)(max_ns / 1000000000ull), (long)(max_ns % 1000000000ull)};
@@ -252,6 +273,7 @@ static shm_ctx *ctx_new(int rank, int size) {
     const char *nt = getenv("TANDEM_SHM_NT");
     c->stream_min = nt && *nt ? (size_t)atoll(nt) : (size_t)16 << 20;
     c->chunk = want >= 65536 && want <= (64ll << 20) ? (size_t)want / 4096 * 4096 : SHM_CHUNK;
+    c->fd = -1;
     pthread_mutex_init(&c->p2p_lock, NULL);
     pthread_mutex_init(&c->reg_lock, NULL);
     return c;
@@ -267,7 +289,7 @@ static void ctx_free(shm_ctx *c) {
         free(g);
     }
     pthread_mutex_destroy(&c->reg_lock);
-    if (c->unlink_pending) shm_unlink(c->name);
+    shm_file_sealed(&c->fd);
     if (c->base) munmap(c->base, c->bytes);
     td_store_destroy(c->store);
     pthread_mutex_destroy(&c->p2p_lock);
@@ -276,19 +298,10 @@ static void ctx_free(shm_ctx *c) {
 
 static td_status segment_create(shm_ctx *c, const char *tag) {
     layout l = layout_for(c->size, c->chunk);
-    snprintf(c->name, sizeof c->name, "/tandem-%s-%d-%u", tag, (int)getpid(),
-             atomic_fetch_add(&segment_counter, 1));
-    int fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) return td__fail(TD_EIO, "shm: cannot create %s: %s", c->name, strerror(errno));
-    c->unlink_pending = 1;
-    void *base = MAP_FAILED;
-    if (ftruncate(fd, (off_t)l.total) == 0)
-        base = mmap(NULL, l.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int e = errno;
-    close(fd);
+    TD__TRY(shm_file_create(tag, l.total, c->name, &c->fd));
+    void *base = mmap(NULL, l.total, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
     if (base == MAP_FAILED)
-        return td__fail(TD_EIO, "shm: cannot size or map %s (%zu bytes): %s", c->name, l.total,
-                        strerror(e));
+        return td__fail(TD_EIO, "shm: cannot map %zu bytes: %s", l.total, strerror(errno));
     shm_head *h = base;
     h->size = (uint32_t)c->size;
     h->bytes = l.total;
@@ -301,9 +314,10 @@ static td_status segment_create(shm_ctx *c, const char *tag) {
 
 static td_status segment_open(shm_ctx *c, const char *name) {
     snprintf(c->name, sizeof c->name, "%s", name);
-    int fd = shm_open(name, O_RDWR, 0);
+    int fd = open(name, O_RDWR | O_CLOEXEC);
     if (fd < 0)
-        return td__fail(TD_EIO, "shm: rank %d cannot open %s: %s", c->rank, name, strerror(errno));
+        return td__fail(TD_EIO, "shm: rank %d cannot open rank 0's segment %s: %s", c->rank, name,
+                        strerror(errno));
     struct stat sb;
     void *base = MAP_FAILED;
     size_t bytes = 0;
@@ -330,10 +344,7 @@ static td_status segment_open(shm_ctx *c, const char *name) {
 static td_status mapped_barrier(shm_ctx *c, uint32_t kind, uint64_t seq, uint64_t timeout_ns) {
     shm_call call = {.kind = kind, .seq = seq};
     td_status s = td__shm_step(c, &call, timeout_ns);
-    if (!s && c->unlink_pending) {
-        shm_unlink(c->name);
-        c->unlink_pending = 0;
-    }
+    if (!s) shm_file_sealed(&c->fd);
     return s;
 }
 
@@ -375,8 +386,7 @@ td_status td__shm_create(const td_comm_params *p, void **ctx, td__group_shape *s
         s = segment_create(c, tag);
         if (!s) s = mapped_barrier(c, SHM_COLL_CREATE, 0, timeout_ns);
     } else {
-        td_store_params sp;
-        td_store_default_params(&sp);
+        td_store_params sp = td_store_default_params();
         sp.host = p->master_addr;
         sp.port = p->master_port;
         sp.is_server = rank == 0;
@@ -473,10 +483,7 @@ static td_status shm_split(void *ctx, int color, int key, double timeout_s, void
         local = td__fail(
             TD_EIO, "split: another rank of the new group (colour %d) could not map its segment",
             color);
-    if (!s && !local && k && k->unlink_pending) {
-        shm_unlink(k->name); /* every member has mapped it */
-        k->unlink_pending = 0;
-    }
+    if (!s && !local && k) shm_file_sealed(&k->fd); /* every member has mapped it */
     free(all);
     free(members);
     if (!s) s = local;
@@ -500,9 +507,9 @@ typedef struct {
     char name[96];
 } alloc_rec;
 
-/* Rank 0 creates a segment of size x region bytes, the others map it once they learn its
- * name, and it is unlinked as soon as everyone reported (mapped or not): like a group's own
- * segment, it cannot outlive the job in /dev/shm. */
+/* Rank 0 creates a memory file of size x region bytes, the others map it once they learn its
+ * name, and rank 0 closes it as soon as everyone reported (mapped or not): like a group's own
+ * segment, it is freed with its last mapping. */
 td_status td__shm_alloc(void *ctx, size_t bytes, double timeout_s, void **out) {
     shm_ctx *c = ctx;
     *out = NULL;
@@ -528,18 +535,11 @@ td_status td__shm_alloc(void *ctx, size_t bytes, double timeout_s, void **out) {
         if (base == MAP_FAILED) why = strerror(errno);
     } else {
         alloc_rec mine = {.ok = 0};
-        int unlink_pending = 0;
+        int fd = -1;
         if (me == 0) {
-            snprintf(mine.name, sizeof mine.name, "/tandem-r-%d-%u", (int)getpid(),
-                     atomic_fetch_add(&segment_counter, 1));
-            int fd = shm_open(mine.name, O_CREAT | O_EXCL | O_RDWR, 0600);
-            if (fd >= 0) {
-                unlink_pending = 1;
-                if (ftruncate(fd, (off_t)total) == 0)
-                    base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-                close(fd);
-            }
-            if (base == MAP_FAILED) why = strerror(errno);
+            if (shm_file_create("r", total, mine.name, &fd) == TD_OK)
+                base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (base == MAP_FAILED) why = fd < 0 ? td_last_error() : strerror(errno);
             mine.ok = base != MAP_FAILED;
         }
         shm_call call = {.kind = SHM_COLL_ALLOC, .seq = c->next_seq++, .count = bytes};
@@ -548,18 +548,18 @@ td_status td__shm_alloc(void *ctx, size_t bytes, double timeout_s, void **out) {
             char name[sizeof mine.name];
             memcpy(name, all[0].name, sizeof name);
             name[sizeof name - 1] = 0;
-            int fd = shm_open(name, O_RDWR, 0);
+            int pfd = open(name, O_RDWR | O_CLOEXEC);
             struct stat sb;
-            if (fd >= 0 && fstat(fd, &sb) == 0 && (size_t)sb.st_size == total)
-                base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            if (base == MAP_FAILED) why = fd < 0 ? strerror(errno) : "cannot map it";
-            if (fd >= 0) close(fd);
+            if (pfd >= 0 && fstat(pfd, &sb) == 0 && (size_t)sb.st_size == total)
+                base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+            if (base == MAP_FAILED) why = pfd < 0 ? strerror(errno) : "cannot map it";
+            if (pfd >= 0) close(pfd);
             mine.ok = base != MAP_FAILED;
         }
         /* Second round: everyone says whether it mapped; then no one will open it again. */
         call.seq = c->next_seq++;
         if (!s) s = td__shm_allgather_bytes(c, &call, &mine, all, sizeof mine, timeout_ns);
-        if (unlink_pending) shm_unlink(mine.name);
+        shm_file_sealed(&fd);
         int bad = -1;
         for (int r = 0; !s && bad < 0 && r < n; r++)
             if (!all[r].ok) bad = r;

@@ -1,0 +1,100 @@
+/* What every benchmark shares: CHECK (print the failed call and leave), running a function as
+ * N ranks forked and pinned by td_spawn with each rank's result in shared memory, re-running
+ * the program with one OpenMP thread, and the CPU's name for the table's heading.
+ * Header-only; each bench/<name>.c includes it once. */
+#ifndef TANDEM_BENCH_H
+#define TANDEM_BENCH_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tandem/comm.h"
+#include "tandem/spawn.h"
+
+/* A tandem call that must succeed; otherwise prints it and the error, and leaves. */
+#define CHECK(call)                                                           \
+    do {                                                                      \
+        td_status check_s_ = (call);                                          \
+        if (check_s_ != TD_OK) {                                              \
+            fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call, \
+                    td_status_string(check_s_), td_last_error());             \
+            _exit(1);                                                         \
+        }                                                                     \
+    } while (0)
+
+/* A rank: fills `result` (the bytes bench_ranks was given) and returns 0 on success. */
+typedef int (*bench_rank_fn)(int rank, int world, void *result, void *arg);
+
+typedef struct {
+    bench_rank_fn fn;
+    void *arg;
+    unsigned char *slots; /* (world, bytes), shared with the parent */
+    size_t bytes;
+} bench_job;
+
+static inline int bench_rank_entry(int rank, int world, void *arg) {
+    bench_job *j = arg;
+    return j->fn(rank, world, j->slots + (size_t)rank * j->bytes, j->arg);
+}
+
+/* Runs fn as `world` ranks (td_spawn: the env contract set, so td_comm_create with the
+ * defaults joins them; `pin`: each on its own core) and copies rank r's result into
+ * results + r * bytes. Returns 0 when every rank succeeded. */
+static inline int bench_ranks(int world, int pin, bench_rank_fn fn, void *arg, void *results,
+                              size_t bytes) {
+    size_t total = (size_t)world * bytes;
+    void *shared =
+        mmap(NULL, total ? total : 1, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared == MAP_FAILED) return 1;
+    bench_job job = {fn, arg, shared, bytes};
+    td_spawn_params p = td_spawn_default_params();
+    p.nprocs = world;
+    p.pin = pin;
+    td_status s = td_spawn(bench_rank_entry, &job, &p);
+    if (s != TD_OK) fprintf(stderr, "%s\n", td_last_error());
+    if (results) memcpy(results, shared, total);
+    munmap(shared, total ? total : 1);
+    return s != TD_OK;
+}
+
+/* The shm world group of a rank started by bench_ranks. */
+static inline td_comm *bench_comm(void) {
+    td_comm_params p = td_comm_default_params();
+    p.backend = TD_BACKEND_SHM;
+    td_comm *c = NULL;
+    CHECK(td_comm_create(&c, &p));
+    return c;
+}
+
+/* OpenMP reads OMP_NUM_THREADS when the program loads: unless it is 1, sets it and runs the
+ * program again (returns only if that fails). */
+static inline void bench_one_thread(char **argv) {
+    const char *threads = getenv("OMP_NUM_THREADS");
+    if (threads && strcmp(threads, "1") == 0) return;
+    setenv("OMP_NUM_THREADS", "1", 1);
+    execv("/proc/self/exe", argv);
+    perror("execv /proc/self/exe with OMP_NUM_THREADS=1");
+}
+
+/* The CPU's model name from /proc/cpuinfo (or "unknown CPU"), into buf. */
+static inline const char *bench_cpu_name(char *buf, size_t cap) {
+    snprintf(buf, cap, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return buf;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) != 0 || !colon) continue;
+        colon += 2;
+        colon[strcspn(colon, "\n")] = 0;
+        snprintf(buf, cap, "%s", colon);
+        break;
+    }
+    fclose(f);
+    return buf;
+}
+
+#endif
