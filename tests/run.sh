@@ -33,6 +33,15 @@ for t in "$build"/tests/test_*; do
         grep -v '^ok  ' "$logdir/$name.log" | tail -n 40 | sed 's/^/    /'
     fi
 done
+# The library's layers include one way only.
+if sh tests/layers.sh > "$logdir/layers.log" 2>&1; then
+    passed=$((passed + 1))
+    printf '%-28s %4d passed\n' layers 1
+else
+    failed=$((failed + 1))
+    printf '%-28s %4d passed, 1 FAILED\n' layers 0
+    sed 's/^/    /' "$logdir/layers.log" | tail -n 40
+fi
 # Every ```c block of the README must compile and link against the library as a whole
 # program, so the README cannot drift from the headers.
 libs=$(sed -n 's/^Libs.private: //p' "$build/tandem.pc")

@@ -384,8 +384,7 @@ static void collective_timeout_names_the_collective(void) {
 }
 
 static int run_rank(void) {
-    td_comm_params p;
-    td_comm_default_params(&p);
+    td_comm_params p = td_comm_default_params();
     p.backend = TD_BACKEND_MPI;
     p.timeout_s = 60;
     td_status st = td_comm_create(&world, &p);
@@ -520,8 +519,7 @@ int main(void) {
 #else /* built without MPI */
 
 static void mpi_backend_is_unsupported(void) {
-    td_comm_params p;
-    td_comm_default_params(&p);
+    td_comm_params p = td_comm_default_params();
     p.backend = TD_BACKEND_MPI;
     p.rank = 0; /* a complete job description, so that only the backend can refuse */
     p.world_size = 1;

@@ -368,7 +368,7 @@ static void loader_covers_every_sample_once_per_epoch(void) {
     td_dataset *d = counting_dataset(1000);
     td_loader_params p = td_loader_default_params();
     p.batch_size = 64;
-    p.seed = 99;
+    p.sampler.seed = 99;
     td_loader *l = NULL, *l2 = NULL;
     CHECK_OK(td_loader_create(&l, d, &p));
     CHECK_OK(td_loader_create(&l2, d, &p));
@@ -416,10 +416,10 @@ static void loader_drop_last_and_ranks(void) {
     for (int r = 0; r < 3; r++) {
         p = td_loader_default_params();
         p.batch_size = 50;
-        p.rank = r;
-        p.world_size = 3;
-        p.sampler_drop_last = 1;
-        p.seed = 5;
+        p.sampler.rank = r;
+        p.sampler.world_size = 3;
+        p.sampler.drop_last = 1;
+        p.sampler.seed = 5;
         CHECK_OK(td_loader_create(&l, d, &p));
         if (!l) continue;
         CHECK_EQ(td_loader_batches_per_epoch(l), 7);
@@ -442,7 +442,7 @@ static void loader_seek_resumes_bit_for_bit(void) {
     td_dataset *d = counting_dataset(700);
     td_loader_params p = td_loader_default_params();
     p.batch_size = 32;
-    p.seed = 11;
+    p.sampler.seed = 11;
     td_loader *a = NULL, *b = NULL;
     CHECK_OK(td_loader_create(&a, d, &p));
     CHECK_OK(td_loader_create(&b, d, &p));
@@ -506,9 +506,9 @@ static void loader_over_fashion_mnist_two_ranks(void) {
     for (int r = 0; r < 2; r++) {
         td_loader_params p = td_loader_default_params();
         p.batch_size = 256;
-        p.rank = r;
-        p.world_size = 2;
-        p.seed = 3;
+        p.sampler.rank = r;
+        p.sampler.world_size = 2;
+        p.sampler.seed = 3;
         td_loader *l = NULL;
         CHECK_OK(td_loader_create(&l, d, &p));
         if (!l) continue;

@@ -9,13 +9,12 @@
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tandem/ddp.h"
 
 #include "test.h"
-#include "test_comm_util.h" /* test_free_port, test_comm_create */
+#include "test_comm_util.h" /* test_run_ranks, test_comm_create */
 
 /* ---- the model --------------------------------------------------------------------- */
 
@@ -247,64 +246,31 @@ static int params_close(model *a, model *b, int rank, const char *what) {
     return ok;
 }
 
-/* ---- forking the ranks --------------------------------------------------------------- */
+/* ---- the ranks ---------------------------------------------------------------------- */
 
 typedef void (*rank_fn)(td_comm *comm, int rank, int world, void *arg);
 
-/* Runs fn on `world` forked ranks joined by a fresh shm world group; any rank failing,
- * crashing or running past 25 s fails the case. */
+typedef struct {
+    rank_fn fn;
+    void *arg;
+} world_job;
+
+/* One rank of run_world: joins the world group and runs the case's function. */
+static void world_rank(int rank, int size, int port, void *arg) {
+    const world_job *job = arg;
+    td_comm *comm = NULL;
+    CHECK_OK(test_comm_create(&comm, rank, size, port, 20));
+    if (!comm) return;
+    job->fn(comm, rank, size, job->arg);
+    td_comm_destroy(comm);
+}
+
+/* Runs fn on `world` ranks joined by a fresh shm world group; any rank failing, crashing or
+ * running past 25 s fails the case, and no rank may leave a segment behind. */
 static void run_world(int world, rank_fn fn, void *arg) {
-    int port = test_free_port();
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pids[8];
-    for (int r = 0; r < world; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            td_comm *comm = NULL;
-            if (test_comm_create(&comm, r, world, port, 20) != TD_OK) {
-                fprintf(stderr, "rank %d/%d: td_comm_create: %s\n", r, world, td_last_error());
-                _exit(2);
-            }
-            test_case_failed = 0;
-            fn(comm, r, world, arg);
-            td_comm_destroy(comm);
-            if (test_case_failed) fprintf(stderr, "  (rank %d of %d failed)\n", r, world);
-            fflush(stderr);
-            fflush(stdout);
-            _exit(test_case_failed ? 1 : 0);
-        }
-        CHECK(pids[r] > 0);
-    }
-    uint64_t deadline = td_time_ns() + 25ull * 1000000000ull;
-    int left = world;
-    while (left > 0) {
-        for (int r = 0; r < world; r++) {
-            if (pids[r] <= 0) continue;
-            int st = 0;
-            if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
-                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-                    TEST_FAIL_AT("world %d: rank %d %s %d", world, r,
-                                 WIFEXITED(st) ? "exited with" : "died of signal",
-                                 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-                pids[r] = 0;
-                left--;
-            }
-        }
-        if (left > 0 && td_time_ns() > deadline) {
-            for (int r = 0; r < world; r++)
-                if (pids[r] > 0) {
-                    TEST_FAIL_AT("world %d: rank %d still running after 25 s (hang), killed", world,
-                                 r);
-                    kill(pids[r], SIGKILL);
-                    waitpid(pids[r], NULL, 0);
-                    pids[r] = 0;
-                }
-            left = 0;
-        }
-        if (left > 0) usleep(2000);
-    }
-    CHECK_EQ(test_shm_leftovers(0, port), 0); /* even a rank that died leaves no segment */
+    world_job job = {fn, arg};
+    CHECK_EQ(test_run_ranks(world, world_rank, &job, 25, 0), 0);
+    CHECK_EQ(test_shm_leftovers(), 0);
 }
 
 /* ---- DDP training helpers ------------------------------------------------------------ */
@@ -332,8 +298,7 @@ static void ddp_train(td_ddp *ddp, model *m, int rank, int world, int B, int ste
  * the caller destroys both); NULL, with the case failed, when the DDP cannot be made. */
 static td_ddp *ddp_create_traced(td_comm *comm, model *m, int rank, td_trace **trace) {
     CHECK_OK(td_trace_create(trace, rank));
-    td_ddp_params dp;
-    td_ddp_default_params(&dp);
+    td_ddp_params dp = td_ddp_default_params();
     dp.first_bucket_bytes = dp.bucket_bytes = 1;
     dp.trace = *trace;
     td_ddp *ddp = NULL;
@@ -363,8 +328,7 @@ static void equivalence_rank(td_comm *comm, int rank, int world, void *arg) {
     for (size_t c = 0; c < sizeof CONFIGS / sizeof *CONFIGS; c++) {
         model m;
         model_init(&m, (uint64_t)rank, 0);
-        td_ddp_params dp;
-        td_ddp_default_params(&dp);
+        td_ddp_params dp = td_ddp_default_params();
         dp.first_bucket_bytes = CONFIGS[c].first;
         dp.bucket_bytes = CONFIGS[c].bucket;
         td_ddp *ddp = NULL;
@@ -392,8 +356,7 @@ static void equivalence_rank(td_comm *comm, int rank, int world, void *arg) {
     /* average = 0 sums: the same steps with the learning rate divided by world_size. */
     model m;
     model_init(&m, (uint64_t)rank, 0);
-    td_ddp_params dp;
-    td_ddp_default_params(&dp);
+    td_ddp_params dp = td_ddp_default_params();
     dp.average = 0;
     td_ddp *ddp = NULL;
     CHECK_OK(td_ddp_create(&ddp, comm, m.p, m.n, NULL, 0, &dp));
@@ -552,8 +515,7 @@ static void unused_rank(td_comm *comm, int rank, int world, void *arg) {
     model ref;
     reference_train(&ref, B, 1);
     model_init(&m, 0, 1);
-    td_ddp_params dp;
-    td_ddp_default_params(&dp);
+    td_ddp_params dp = td_ddp_default_params();
     dp.find_unused_parameters = 1;
     dp.first_bucket_bytes = dp.bucket_bytes = 256;
     CHECK_OK(td_ddp_create(&ddp, comm, m.p, m.n, NULL, 0, &dp));
@@ -576,16 +538,11 @@ static void unused_parameter_is_named_on_every_rank(void) { run_world(2, unused_
 
 /* ---- (6) bucket rebuild -------------------------------------------------------------- */
 
-/* A follower of gradient moves, as the graph engine would be. */
-typedef struct {
-    model *m;
-    int calls, wrong;
-} moves;
-
-static void on_grad_moved(size_t i, float *grad, void *ctx) {
-    moves *mv = ctx;
-    mv->calls++;
-    if (i >= mv->m->n || (void *)grad != mv->m->p[i].grad) mv->wrong++;
+/* 1 when all `n` floats at p are NaN (what memory a gradient moved away from holds). */
+static int all_nan(const float *p, size_t n) {
+    for (size_t k = 0; k < n; k++)
+        if (p[k] == p[k]) return 0;
+    return 1;
 }
 
 static void rebuild_rank(td_comm *comm, int rank, int world, void *arg) {
@@ -598,20 +555,26 @@ static void rebuild_rank(td_comm *comm, int rank, int world, void *arg) {
     model ref, m;
     reference_train(&ref, B, STEPS);
     model_init(&m, (uint64_t)rank, 0);
-    td_ddp_params dp;
-    td_ddp_default_params(&dp);
+    void *own[NP];
+    for (int i = 0; i < NP; i++) own[i] = m.p[i].grad;
+    td_ddp_params dp = td_ddp_default_params();
     dp.first_bucket_bytes = dp.bucket_bytes = 1; /* one bucket per parameter shows the order */
-    moves mv = {&m, 0, 0};
-    dp.grad_moved = on_grad_moved;
-    dp.grad_moved_ctx = &mv;
     td_ddp *ddp = NULL;
     CHECK_OK(td_ddp_create(&ddp, comm, m.p, m.n, NULL, 0, &dp));
     if (!ddp) return;
-    CHECK_EQ(mv.calls, NP);
+    /* The gradients moved into the buckets; the trainer's own buffers hold NaN meanwhile. */
+    void *at_create[NP];
+    for (int i = 0; i < NP; i++) {
+        at_create[i] = m.p[i].grad;
+        CHECK(m.p[i].grad != own[i]);
+        CHECK(all_nan(own[i], m.p[i].count));
+    }
     CHECK_EQ(td_ddp_get_stats(ddp).rebuilds, 0);
     ddp_train(ddp, &m, rank, world, B, 1, order, NP);
     CHECK_EQ(td_ddp_get_stats(ddp).rebuilds, 1);
-    CHECK_EQ(mv.calls, 2 * NP);
+    int moved = 0;
+    for (int i = 0; i < NP; i++) moved += m.p[i].grad != at_create[i];
+    CHECK(moved > 0);
     for (size_t k = 0; k < NP; k++) {
         size_t idx = 99;
         CHECK_EQ(td_ddp_bucket_params(ddp, k, &idx, 1), 1);
@@ -624,9 +587,8 @@ static void rebuild_rank(td_comm *comm, int rank, int world, void *arg) {
     for (int i = 0; i < NP; i++) CHECK(m.p[i].grad == g_after_rebuild[i]);
     params_close(&m, &ref, rank, "after the bucket rebuild");
     td_ddp_destroy(ddp);
-    CHECK_EQ(mv.calls, 3 * NP); /* back to the trainer's memory */
-    CHECK_EQ(mv.wrong, 0);
-    dp.grad_moved = NULL;
+    for (int i = 0; i < NP; i++) CHECK(m.p[i].grad == own[i]); /* back to the trainer's memory */
+    CHECK(!all_nan(own[0], m.p[0].count));
     model_free(&m);
 
     /* Multi-parameter buckets: values survive the move during the rebuild. */
@@ -644,6 +606,76 @@ static void rebuild_rank(td_comm *comm, int rank, int world, void *arg) {
 }
 
 static void buckets_rebuild_once_from_ready_order(void) { run_world(2, rebuild_rank, NULL); }
+
+/* A trainer that keeps writing through a gradient pointer it read before the rebuild is told
+ * so, with the parameter's name, at the next synchronised step. */
+static void stale_rank(td_comm *comm, int rank, int world, void *arg) {
+    (void)arg;
+    enum { B = 16 };
+    model m;
+    model_init(&m, 0, 0);
+    td_ddp_params dp = td_ddp_default_params();
+    dp.first_bucket_bytes = dp.bucket_bytes = 1;
+    static const size_t order[NP] = {4, 0, 8, 2, 6, 1, 3, 7, 5}; /* not the creation layout */
+    td_ddp *ddp = NULL;
+    CHECK_OK(td_ddp_create(&ddp, comm, m.p, m.n, NULL, 0, &dp));
+    if (!ddp) return;
+    float *cached[NP];
+    for (int i = 0; i < NP; i++) cached[i] = m.p[i].grad;
+    ddp_train(ddp, &m, rank, world, B, 1, order, NP); /* the rebuild moves gradients */
+    int k = -1;
+    for (int i = 0; i < NP && k < 0; i++)
+        if (m.p[i].grad != cached[i]) k = i;
+    CHECK(k >= 0);
+    if (k < 0) return;
+    int b = B / world;
+    CHECK_OK(td_ddp_prepare_forward(ddp));
+    td_ddp_zero_grad(ddp);
+    hooks h = {ddp, order, NP, 0, -1, 0};
+    forward_backward(&m, GX + rank * b * D0, GT + rank * b * DO, b, 1.0f, &h);
+    if (rank == 1) cached[k][0] += 1.0f; /* the bug: an update through the old pointer */
+    td_status s = td_ddp_finish_backward(ddp);
+    if (rank == 1) {
+        CHECK_EQ(s, TD_ESTATE);
+        CHECK(strstr(td_last_error(), m.p[k].name) != NULL);
+        CHECK(strstr(td_last_error(), "old address") != NULL);
+    } else {
+        CHECK_OK(s);
+    }
+    td_ddp_destroy(ddp);
+    model_free(&m);
+}
+
+static void stale_gradient_pointer_is_caught(void) { run_world(2, stale_rank, NULL); }
+
+/* Finishing a backward twice is refused and leaves the averaged gradients as they were. */
+static void twice_rank(td_comm *comm, int rank, int world, void *arg) {
+    (void)arg;
+    enum { B = 16 };
+    model m;
+    model_init(&m, 0, 0);
+    td_ddp *ddp = NULL;
+    td_ddp_params dp = td_ddp_default_params();
+    dp.find_unused_parameters = 1; /* the message must not blame unused parameters */
+    CHECK_OK(td_ddp_create(&ddp, comm, m.p, m.n, NULL, 0, &dp));
+    if (!ddp) return;
+    ddp_train(ddp, &m, rank, world, B, 1, NULL, 0);
+    int b = B / world;
+    CHECK_OK(td_ddp_prepare_forward(ddp));
+    td_ddp_zero_grad(ddp);
+    hooks h = {ddp, NULL, 0, 0, -1, 0};
+    forward_backward(&m, GX + rank * b * D0, GT + rank * b * DO, b, 1.0f, &h);
+    CHECK_OK(td_ddp_finish_backward(ddp));
+    float before[H1 * D0];
+    memcpy(before, m.p[0].grad, sizeof before);
+    CHECK_STATUS(td_ddp_finish_backward(ddp), TD_ESTATE);
+    CHECK(strstr(td_last_error(), "without a backward") != NULL);
+    CHECK(memcmp(before, m.p[0].grad, sizeof before) == 0);
+    td_ddp_destroy(ddp);
+    model_free(&m);
+}
+
+static void finish_backward_twice_is_refused(void) { run_world(2, twice_rank, NULL); }
 
 /* ---- (7) overlap ----------------------------------------------------------------------- */
 
@@ -722,6 +754,8 @@ int main(void) {
     RUN(no_sync_accumulates_micro_batches);
     RUN(unused_parameter_is_named_on_every_rank);
     RUN(buckets_rebuild_once_from_ready_order);
+    RUN(stale_gradient_pointer_is_caught);
+    RUN(finish_backward_twice_is_refused);
     RUN(allreduce_overlaps_backward);
     RUN(dead_peer_is_an_error);
     TEST_END();

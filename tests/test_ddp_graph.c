@@ -57,7 +57,7 @@ static void graph_rank(int rank, int size, int port, void *arg) {
     CHECK(mlp_make(&ref, GN, 0, 100));
     td_param *rp;
     size_t rn;
-    CHECK_OK(td_graph_params(ref.g, &rp, &rn));
+    CHECK_OK(td_graph_parameters(ref.g, &rp, &rn));
     for (int s = 0; s < GSTEPS; s++) {
         CHECK_OK(td_graph_zero_grad(ref.g));
         CHECK_OK(td_graph_forward(ref.g));
@@ -73,10 +73,9 @@ static void graph_rank(int rank, int size, int port, void *arg) {
     CHECK(mlp_make(&m, n, rank * n, 100 + (uint64_t)rank)); /* every rank starts elsewhere */
     td_param *p, *b;
     size_t np, nb;
-    CHECK_OK(td_graph_params(m.g, &p, &np));
+    CHECK_OK(td_graph_parameters(m.g, &p, &np));
     CHECK_OK(td_graph_buffers(m.g, &b, &nb));
-    td_ddp_params dp;
-    td_ddp_default_params(&dp);
+    td_ddp_params dp = td_ddp_default_params();
     dp.first_bucket_bytes = dp.bucket_bytes = 128; /* a few buckets */
     td_ddp *ddp = NULL;
     CHECK_OK(td_ddp_create(&ddp, comm, p, np, b, nb, &dp));

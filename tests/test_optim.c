@@ -262,7 +262,7 @@ static void resume_through_checkpoint_is_bit_exact(void) {
     unlink(path);
 }
 
-static void check_schedule(const char *name, const td_lr_schedule *s, double tol) {
+static void check_schedule(const char *name, const td_lr_schedule_params *s, double tol) {
     size_t n = 0;
     double *want = fetch(name, TD_F64, &n);
     for (size_t t = 0; want && t < n; t++) {
@@ -274,27 +274,32 @@ static void check_schedule(const char *name, const td_lr_schedule *s, double tol
 }
 
 static void schedules_match_pytorch(void) {
-    td_lr_schedule s = td_lr_schedule_default(0.1);
+    td_lr_schedule_params s = td_lr_schedule_default_params();
+    s.base_lr = 0.1;
     s.kind = TD_LR_STEP;
     s.step_size = 3;
     s.gamma = 0.5;
     check_schedule("sched.step", &s, 1e-12);
-    s = td_lr_schedule_default(0.1);
+    s = td_lr_schedule_default_params();
+    s.base_lr = 0.1;
     s.kind = TD_LR_COSINE;
     s.t_max = 10;
     s.eta_min = 0.001;
     check_schedule("sched.cosine", &s, 1e-12);
-    s = td_lr_schedule_default(0.1);
+    s = td_lr_schedule_default_params();
+    s.base_lr = 0.1;
     s.warmup_steps = 4;
     s.warmup_start_factor = 0.25;
     check_schedule("sched.linear", &s, 1e-12);
-    s = td_lr_schedule_default(0.1);
+    s = td_lr_schedule_default_params();
+    s.base_lr = 0.1;
     s.kind = TD_LR_COSINE;
     s.t_max = 10;
     s.warmup_steps = 5;
     s.warmup_start_factor = 0.1;
     check_schedule("sched.warmup_cosine", &s, 1e-12);
-    s = td_lr_schedule_default(0.2);
+    s = td_lr_schedule_default_params();
+    s.base_lr = 0.2;
     s.kind = TD_LR_STEP;
     s.step_size = 4;
     s.gamma = 0.1;

@@ -173,8 +173,7 @@ static void setup(trainer *t) {
     t->rank = 0;
     t->world = 1;
     if (getenv("WORLD_SIZE")) {
-        td_comm_params cp;
-        td_comm_default_params(&cp);
+        td_comm_params cp = td_comm_default_params();
         CHECK(td_comm_create(&t->comm, &cp));
         t->rank = td_comm_rank(t->comm);
         t->world = td_comm_size(t->comm);
@@ -184,7 +183,7 @@ static void setup(trainer *t) {
                 t->world);
         exit(2);
     }
-    td_graph_options go = td_graph_default_options();
+    td_graph_params go = td_graph_default_params();
     go.seed = t->opt.seed;
     CHECK(td_graph_create(&t->train, &go));
     CHECK(td_model_build(t->train, t->opt.model, t->opt.batch / t->world, t->opt.seed, &t->model));
@@ -197,7 +196,7 @@ static void setup(trainer *t) {
     CHECK(td_graph_share_params(t->eval, t->train));
     td_graph_set_training(t->eval, 0);
 
-    CHECK(td_graph_params(t->train, &t->params, &t->n_params));
+    CHECK(td_graph_parameters(t->train, &t->params, &t->n_params));
     CHECK(td_graph_buffers(t->train, &t->buffers, &t->n_buffers));
     td_sgd_params sp = td_sgd_default_params();
     sp.lr = t->opt.lr;
@@ -206,8 +205,7 @@ static void setup(trainer *t) {
     if (t->opt.resume) resume(t);
     if (t->opt.trace) CHECK(td_trace_create(&t->trace, t->rank));
     if (t->comm) {
-        td_ddp_params dp;
-        td_ddp_default_params(&dp);
+        td_ddp_params dp = td_ddp_default_params();
         dp.trace = t->trace;
         if (t->opt.bucket_kb > 0) {
             dp.bucket_bytes = (size_t)t->opt.bucket_kb << 10;
@@ -323,15 +321,15 @@ int main(int argc, char **argv) {
     CHECK(td_dataset_load_fashion_mnist(&test_set, t.opt.data_dir, TD_SPLIT_TEST));
     td_loader_params lp = td_loader_default_params();
     lp.batch_size = (size_t)(t.opt.batch / t.world);
-    lp.seed = t.opt.seed;
+    lp.sampler.seed = t.opt.seed;
     lp.drop_last = 1; /* the graph is built for one batch size */
-    lp.rank = t.rank;
-    lp.world_size = t.world;
+    lp.sampler.rank = t.rank;
+    lp.sampler.world_size = t.world;
     td_loader *loader, *test_loader;
     CHECK(td_loader_create(&loader, train_set, &lp));
     td_loader_params tp = td_loader_default_params();
     tp.batch_size = lp.batch_size;
-    tp.shuffle = 0;
+    tp.sampler.shuffle = 0;
     CHECK(td_loader_create(&test_loader, test_set, &tp));
 
     if (t.rank == 0)

@@ -60,8 +60,8 @@ typedef struct {
     double timeout_s;        /* 0: TANDEM_TIMEOUT, else 300 */
 } td_comm_params;
 
-/* Fills `params` with the defaults described above. */
-void td_comm_default_params(td_comm_params *params);
+/* The defaults described above: everything from the environment. */
+td_comm_params td_comm_default_params(void);
 
 /* Creates the world group; collective over all ranks of the job (rank 0 hosts the store). */
 td_status td_comm_create(td_comm **out, const td_comm_params *params);

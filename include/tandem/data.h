@@ -110,16 +110,12 @@ const size_t *td_sampler_indices(const td_sampler *sampler);
 
 /* Options of a loader; fill with td_loader_default_params. */
 typedef struct {
-    size_t batch_size;     /* samples per batch, >= 1 */
-    int shuffle;           /* the sampler's shuffle */
-    uint64_t seed;         /* the sampler's seed, the same on every rank */
-    int drop_last;         /* drop the final partial batch instead of yielding it short */
-    int sampler_drop_last; /* the sampler's drop_last: truncate instead of padding ranks */
-    int rank;              /* this process's rank */
-    int world_size;        /* number of ranks */
+    size_t batch_size;         /* samples per batch, >= 1 */
+    int drop_last;             /* drop the final partial batch instead of yielding it short */
+    td_sampler_params sampler; /* which indices this rank gets, in which order */
 } td_loader_params;
 
-/* batch_size 64, shuffle on, seed 0, no dropping, rank 0 of 1. */
+/* batch_size 64, no dropping, the sampler's defaults (rank 0 of 1, shuffled, seed 0). */
 td_loader_params td_loader_default_params(void);
 
 /* One batch; its memory belongs to the loader and is valid until the next td_loader_next,

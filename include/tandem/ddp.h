@@ -4,10 +4,14 @@
  * At creation DDP checks that every rank registered the same parameters (names, dtypes,
  * shapes), broadcasts rank 0's parameters and buffers, and moves every gradient into flat
  * buckets it owns: params[i].grad is re-pointed into bucket memory (existing values are
- * copied in). From then on the owner of the params array (a hand-written trainer or the graph
- * engine) must read and write gradients only through params[i].grad, re-reading the pointer
- * after every synchronised step, because the buckets are rebuilt once, after the first
- * synchronised step, in the order gradients actually became ready.
+ * copied in). The params array is the one place that says where gradients live: the owner of
+ * the array (a hand-written trainer or the graph engine) reads and writes gradients through
+ * params[i].grad, re-reading the pointer after each synchronised step, because the buckets
+ * are rebuilt once, after the first synchronised step, in the order gradients actually became
+ * ready. A pointer cached across a move does not go unnoticed: the memory a gradient left
+ * holds a signalling NaN until the next synchronised backward ends, which fails with TD_ESTATE
+ * naming the parameter if anything wrote there (the first move leaves NaN in the trainer's own
+ * gradient buffers until td_ddp_destroy copies the gradients back).
  *
  * One training step:
  *     td_ddp_prepare_forward(ddp);               // buffers from rank 0, new iteration
@@ -47,11 +51,6 @@ typedef struct {
     int broadcast_buffers;      /* 1: td_ddp_prepare_forward broadcasts buffers from rank 0 */
     int rebuild_buckets;        /* 1: rebuild once from the observed ready order */
     td_trace *trace;            /* NULL, or where each bucket's all-reduce span is recorded */
-    /* NULL, or called for every parameter whose gradient memory moves (creation, the rebuild,
-     * destroy), with the new params[i].grad, so an engine that writes gradients through its
-     * own pointers can follow (the graph: td_graph_set_grad_buffer). Values are already there. */
-    void (*grad_moved)(size_t param_index, float *grad, void *ctx);
-    void *grad_moved_ctx;
 } td_ddp_params;
 
 /* Counters for tests, logs and benchmarks. */
@@ -62,8 +61,8 @@ typedef struct {
     uint64_t buckets_early; /* buckets launched from td_ddp_grad_ready (overlapping backward) */
 } td_ddp_stats;
 
-/* Fills `params` with the defaults above. */
-void td_ddp_default_params(td_ddp_params *params);
+/* The defaults above. */
+td_ddp_params td_ddp_default_params(void);
 
 /* Collective over `comm`: checks registrations agree on every rank (TD_ESHAPE naming the
  * first differing parameter, the ranks and both shapes, on every rank), broadcasts rank 0's
@@ -93,7 +92,9 @@ void td_ddp_grad_ready_hook(size_t param_index, void *ddp);
 /* Ends the backward: launches the remaining buckets (unready parameters contribute zeros),
  * waits for them, and leaves the rank average (or sum) in params[i].grad. Returns TD_EUNUSED
  * naming the parameters that got no grad_ready unless find_unused_parameters; every rank
- * still runs the same collectives, so none hangs. Peer errors come back as TD_EPEER etc. */
+ * still runs the same collectives, so none hangs. Peer errors come back as TD_EPEER etc.
+ * Called again without a backward in between (no td_ddp_prepare_forward or grad_ready since
+ * the last call) it is TD_ESTATE and leaves the gradients alone. */
 td_status td_ddp_finish_backward(td_ddp *ddp);
 
 /* sync = 0 is PyTorch's no_sync: backwards only accumulate locally (no communication, no

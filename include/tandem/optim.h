@@ -93,13 +93,14 @@ typedef struct {
     double eta_min;             /* TD_LR_COSINE */
     int64_t warmup_steps;       /* 0: no warm-up */
     double warmup_start_factor; /* in (0, 1] */
-} td_lr_schedule;
+} td_lr_schedule_params;
 
-/* A constant schedule at base_lr with no warm-up; set the other fields as needed. */
-td_lr_schedule td_lr_schedule_default(double base_lr);
+/* A constant schedule at base_lr 0.01 (SGD's default) with no warm-up; set the other fields
+ * as needed. */
+td_lr_schedule_params td_lr_schedule_default_params(void);
 
 /* The learning rate at step t (0-based: the value for the (t+1)-th scheduler position). */
-double td_lr_schedule_at(const td_lr_schedule *schedule, int64_t t);
+double td_lr_schedule_at(const td_lr_schedule_params *schedule, int64_t t);
 
 /* torch StepLR's value at epoch t. */
 double td_lr_step(double base_lr, int64_t step_size, double gamma, int64_t t);

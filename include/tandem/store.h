@@ -28,8 +28,8 @@ typedef struct {
     double timeout_s;  /* bound on connecting and on every request; 0: 30 s */
 } td_store_params;
 
-/* Fills `params` with the defaults above (client of 127.0.0.1:29500). */
-void td_store_default_params(td_store_params *params);
+/* The defaults above: a client of 127.0.0.1:29500. */
+td_store_params td_store_default_params(void);
 
 /* Connects (retrying until the timeout while the host is not up yet), hosting first when
  * asked. TD_EAUTH when the host rejects the token. */

@@ -41,14 +41,7 @@ struct td_loader {
 };
 
 td_loader_params td_loader_default_params(void) {
-    td_loader_params p = {0};
-    p.batch_size = 64;
-    p.shuffle = 1;
-    p.seed = 0;
-    p.drop_last = 0;
-    p.sampler_drop_last = 0;
-    p.rank = 0;
-    p.world_size = 1;
+    td_loader_params p = {.batch_size = 64, .drop_last = 0, .sampler = td_sampler_default_params()};
     return p;
 }
 
@@ -97,6 +90,16 @@ static void *prefetch_main(void *arg) {
     return NULL;
 }
 
+/* Frees what td_loader_create made, however far it got (the thread already joined). */
+static void loader_free(td_loader *l) {
+    for (int k = 0; k < 2; k++) {
+        free(l->slots[k].x);
+        free(l->slots[k].y);
+    }
+    td_sampler_destroy(l->sampler);
+    free(l);
+}
+
 td_status td_loader_create(td_loader **out, const td_dataset *dataset,
                            const td_loader_params *params) {
     if (!out || !dataset || !params)
@@ -109,15 +112,9 @@ td_status td_loader_create(td_loader **out, const td_dataset *dataset,
     l->dataset = (td_dataset *)dataset;
     l->p = *params;
     l->held = -1;
-    td_sampler_params sp = td_sampler_default_params();
-    sp.rank = params->rank;
-    sp.world_size = params->world_size;
-    sp.shuffle = params->shuffle;
-    sp.seed = params->seed;
-    sp.drop_last = params->sampler_drop_last;
-    td_status st = td_sampler_create(&l->sampler, td_dataset_size(dataset), &sp);
+    td_status st = td_sampler_create(&l->sampler, td_dataset_size(dataset), &params->sampler);
     if (st != TD_OK) {
-        free(l);
+        loader_free(l);
         return st;
     }
     l->numel = td_dataset_sample_numel(dataset);
@@ -128,12 +125,7 @@ td_status td_loader_create(td_loader **out, const td_dataset *dataset,
         l->slots[i].x = malloc(bs * l->numel * sizeof(float) + 1);
         l->slots[i].y = malloc(bs * sizeof(int64_t));
         if (!l->slots[i].x || !l->slots[i].y) {
-            for (int k = 0; k <= i; k++) {
-                free(l->slots[k].x);
-                free(l->slots[k].y);
-            }
-            td_sampler_destroy(l->sampler);
-            free(l);
+            loader_free(l);
             return td__fail(TD_ENOMEM, "td_loader_create: cannot allocate batches of %zu samples",
                             bs);
         }
@@ -143,12 +135,7 @@ td_status td_loader_create(td_loader **out, const td_dataset *dataset,
     if (pthread_create(&l->thread, NULL, prefetch_main, l) != 0) {
         pthread_cond_destroy(&l->cv);
         pthread_mutex_destroy(&l->mu);
-        for (int k = 0; k < 2; k++) {
-            free(l->slots[k].x);
-            free(l->slots[k].y);
-        }
-        td_sampler_destroy(l->sampler);
-        free(l);
+        loader_free(l);
         return td__fail(TD_ENOMEM, "td_loader_create: cannot start the prefetch thread");
     }
     *out = l;
@@ -164,12 +151,7 @@ void td_loader_destroy(td_loader *l) {
     pthread_join(l->thread, NULL);
     pthread_cond_destroy(&l->cv);
     pthread_mutex_destroy(&l->mu);
-    for (int k = 0; k < 2; k++) {
-        free(l->slots[k].x);
-        free(l->slots[k].y);
-    }
-    td_sampler_destroy(l->sampler);
-    free(l);
+    loader_free(l);
 }
 
 td_status td_loader_seek(td_loader *l, uint64_t epoch, size_t batch) {

@@ -7,16 +7,17 @@
 
 #include "tandem/optim.h"
 
-td_lr_schedule td_lr_schedule_default(double base_lr) {
-    td_lr_schedule s = {0};
-    s.kind = TD_LR_CONSTANT;
-    s.base_lr = base_lr;
-    s.step_size = 1;
-    s.gamma = 0.1;
-    s.t_max = 1;
-    s.eta_min = 0.0;
-    s.warmup_steps = 0;
-    s.warmup_start_factor = 1.0 / 3.0; /* torch LinearLR's default */
+td_lr_schedule_params td_lr_schedule_default_params(void) {
+    td_lr_schedule_params s = {
+        .kind = TD_LR_CONSTANT,
+        .base_lr = 0.01,
+        .step_size = 1,
+        .gamma = 0.1,
+        .t_max = 1,
+        .eta_min = 0.0,
+        .warmup_steps = 0,
+        .warmup_start_factor = 1.0 / 3.0, /* torch LinearLR's default */
+    };
     return s;
 }
 
@@ -37,7 +38,7 @@ double td_lr_linear_factor(double start_factor, double end_factor, int64_t total
     return start_factor + (end_factor - start_factor) * (double)t / (double)total_steps;
 }
 
-double td_lr_schedule_at(const td_lr_schedule *s, int64_t t) {
+double td_lr_schedule_at(const td_lr_schedule_params *s, int64_t t) {
     if (!s) return 0.0;
     if (s->warmup_steps > 0 && t < s->warmup_steps)
         return s->base_lr * td_lr_linear_factor(s->warmup_start_factor, 1.0, s->warmup_steps, t);

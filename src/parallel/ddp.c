@@ -16,6 +16,9 @@
 #define DDP_BCAST_CHUNK ((size_t)8 << 20) /* staging size of the coalesced broadcasts */
 #define DDP_UNUSED_NAMES 10               /* names listed in a TD_EUNUSED message */
 #define DDP_TRACE_TID_BASE 0x7f000000     /* one trace track per bucket, apart from threads */
+/* What memory a gradient left holds: a signalling NaN, so that reading it poisons the result
+ * and any arithmetic on it (a `+=` through a stale pointer) quiets it and changes its bits. */
+#define DDP_CANARY 0x7fa0ddadu
 
 typedef struct {
     float *buf;      /* (count + 1): gradients at their offsets, then the unready-count slot */
@@ -48,20 +51,26 @@ struct td_ddp {
     size_t next_bucket; /* buckets [0, next_bucket) are launched */
     size_t n_ready;
     int sync;
-    td_status err; /* first error of this backward, message kept in err_msg */
+    int open;           /* an iteration began (prepare_forward or grad_ready) and is not finished */
+    float **moved_from; /* (n_params) where gradient i lived before the last move, or NULL */
+    void *moved_mem;    /* old bucket memory, freed once moved_from has been checked */
+    int moved;          /* gradients moved since the last synchronised backward */
+    td_status err;      /* first error of this backward, message kept in err_msg */
     char err_msg[768];
     td_ddp_stats stats;
 };
 
-void td_ddp_default_params(td_ddp_params *p) {
-    memset(p, 0, sizeof *p);
-    p->first_bucket_bytes = (size_t)1 << 20;
-    p->bucket_bytes = (size_t)25 << 20;
-    p->average = 1;
-    p->find_unused_parameters = 0;
-    p->broadcast_buffers = 1;
-    p->rebuild_buckets = 1;
-    p->trace = NULL;
+td_ddp_params td_ddp_default_params(void) {
+    td_ddp_params p = {
+        .first_bucket_bytes = (size_t)1 << 20,
+        .bucket_bytes = (size_t)25 << 20,
+        .average = 1,
+        .find_unused_parameters = 0,
+        .broadcast_buffers = 1,
+        .rebuild_buckets = 1,
+        .trace = NULL,
+    };
+    return p;
 }
 
 /* ---- helpers ----------------------------------------------------------------------- */
@@ -309,9 +318,39 @@ static void ddp_free_buckets(ddp_bucket *b, size_t n) {
     free(b);
 }
 
+static void ddp_fill_canary(float *p, size_t n) {
+    uint32_t bits = DDP_CANARY;
+    for (size_t i = 0; i < n; i++) memcpy(&p[i], &bits, sizeof bits);
+}
+
+/* The first synchronised backward after gradients moved checks that nothing wrote to where
+ * they were (a cached pointer), then releases old bucket memory. */
+static td_status ddp_check_moved(td_ddp *d) {
+    td_status s = TD_OK;
+    if (!d->moved) return TD_OK;
+    d->moved = 0;
+    uint32_t bits = DDP_CANARY;
+    for (size_t i = 0; i < d->n_params && s == TD_OK; i++) {
+        const float *p = d->moved_from[i];
+        for (size_t k = 0; p && k < d->params[i].count; k++)
+            if (memcmp(&p[k], &bits, sizeof bits) != 0) {
+                s = td__fail(TD_ESTATE,
+                             "ddp rank %d: the gradient of '%s' was written at its old address "
+                             "%p after DDP moved it to %p: re-read params[%zu].grad after "
+                             "td_ddp_create and after each synchronised step",
+                             d->rank, d->params[i].name, (const void *)p, d->params[i].grad, i);
+                break;
+            }
+    }
+    memset(d->moved_from, 0, d->n_params * sizeof *d->moved_from);
+    td_comm_free(d->comm, d->moved_mem);
+    d->moved_mem = NULL;
+    return s;
+}
+
 /* Lays the parameters out in `order` (first bucket first_bucket_bytes, then bucket_bytes;
  * a bucket closes once it reaches its cap), copies the current gradients in and re-points
- * params[i].grad. The old buckets are freed only after the copy. All buckets live in one
+ * params[i].grad; what the gradients left holds NaN (see ddp_check_moved). All buckets live in one
  * td_comm_alloc block, so this is collective: every rank builds at creation and at the one
  * rebuild, which every rank decides alike (from all-reduced counts). */
 static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
@@ -363,16 +402,18 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
         ddp_bucket *b = &nb[bucket_of[i]];
         b->members[b->n_members++] = i;
         float *dst = b->buf + offset_of[i];
-        if (d->params[i].grad) memcpy(dst, d->params[i].grad, d->params[i].count * sizeof(float));
+        float *old = d->params[i].grad;
+        if (old) {
+            memcpy(dst, old, d->params[i].count * sizeof(float));
+            ddp_fill_canary(old, d->params[i].count);
+        }
+        d->moved_from[i] = old;
         d->params[i].grad = dst;
     }
-    /* Told before the old buckets go, so a follower may still copy from its old pointer. */
-    if (d->opt.grad_moved)
-        for (size_t i = 0; i < n; i++)
-            d->opt.grad_moved(i, d->params[i].grad, d->opt.grad_moved_ctx);
+    d->moved = 1;
     for (k = 0; k < n_buckets; k++) nb[k].pending = nb[k].n_members;
     ddp_free_buckets(d->buckets, d->n_buckets);
-    td_comm_free(d->comm, d->grad_mem);
+    d->moved_mem = d->grad_mem; /* NULL at creation: the trainer's own memory stays its own */
     free(d->bucket_of);
     free(d->offset_of);
     d->grad_mem = mem;
@@ -408,14 +449,15 @@ td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_
     if (p)
         d->opt = *p;
     else
-        td_ddp_default_params(&d->opt);
+        d->opt = td_ddp_default_params();
     d->sync = 1;
     size_t n = n_params ? n_params : 1;
     d->orig_grad = calloc(n, sizeof *d->orig_grad);
     d->ready = calloc(n, 1);
     d->touched = calloc(n, 1);
     d->order = calloc(n, sizeof *d->order);
-    if (!d->orig_grad || !d->ready || !d->touched || !d->order) {
+    d->moved_from = calloc(n, sizeof *d->moved_from);
+    if (!d->orig_grad || !d->ready || !d->touched || !d->order || !d->moved_from) {
         td_ddp_destroy(d);
         return td__fail(TD_ENOMEM, "td_ddp_create: out of memory");
     }
@@ -499,6 +541,7 @@ static void ddp_reset_iteration(td_ddp *d) {
     d->n_order = 0;
     d->err = TD_OK;
     d->err_msg[0] = 0;
+    d->open = 0;
 }
 
 td_status td_ddp_grad_ready(td_ddp *d, size_t i) {
@@ -508,6 +551,7 @@ td_status td_ddp_grad_ready(td_ddp *d, size_t i) {
                         "ddp rank %d: grad_ready for parameter index %zu, but %zu are registered",
                         d->rank, i, d->n_params);
     d->touched[i] = 1;
+    d->open = 1;
     if (!d->sync) return TD_OK; /* no_sync: the gradient just accumulates where it is */
     if (d->ready[i])
         return td__fail(
@@ -574,7 +618,15 @@ static td_status ddp_rebuild(td_ddp *d) {
 
 td_status td_ddp_finish_backward(td_ddp *d) {
     if (!d) return td__fail(TD_EINVAL, "td_ddp_finish_backward: ddp is NULL");
-    if (!d->sync) return TD_OK;
+    if (!d->open)
+        return td__fail(TD_ESTATE,
+                        "ddp rank %d: td_ddp_finish_backward without a backward since the last "
+                        "one (call td_ddp_prepare_forward, run backward, then finish once)",
+                        d->rank);
+    if (!d->sync) {
+        d->open = 0;
+        return TD_OK;
+    }
     /* Unready parameters go in as zeros (or as what no_sync micro-batches accumulated), and
      * every remaining bucket is launched anyway: all ranks run the same all-reduces even
      * when one of them missed a gradient, so the error below never becomes a hang. */
@@ -589,6 +641,7 @@ td_status td_ddp_finish_backward(td_ddp *d) {
         ddp_launch(d, k, k + 1 == d->n_buckets ? (float)n_unready : 0.0f);
     }
     ddp_wait_all(d);
+    if (d->err == TD_OK) ddp_note_error(d, ddp_check_moved(d));
     if (d->err != TD_OK) {
         td_status s = d->err;
         char msg[768];
@@ -650,6 +703,7 @@ td_status td_ddp_prepare_forward(td_ddp *d) {
             TD_ESTATE,
             "ddp rank %d: the previous backward was not ended with td_ddp_finish_backward",
             d->rank);
+    d->open = 1;
     if (!d->sync || !d->opt.broadcast_buffers) return TD_OK;
     return ddp_broadcast_tensors(d, d->buffers, d->n_buffers);
 }
@@ -690,11 +744,12 @@ void td_ddp_destroy(td_ddp *d) {
             if (orig && d->params[i].grad)
                 memcpy(orig, d->params[i].grad, d->params[i].count * sizeof(float));
             d->params[i].grad = orig;
-            if (d->opt.grad_moved) d->opt.grad_moved(i, orig, d->opt.grad_moved_ctx);
         }
     }
     ddp_free_buckets(d->buckets, d->n_buckets);
     td_comm_free(d->comm, d->grad_mem);
+    td_comm_free(d->comm, d->moved_mem);
+    free(d->moved_from);
     free(d->bucket_of);
     free(d->offset_of);
     free(d->orig_grad);

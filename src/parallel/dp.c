@@ -18,12 +18,6 @@
 
 #include "core/core_impl.h"
 
-#define TRY(call)                           \
-    do {                                    \
-        td_status try_s_ = (call);          \
-        if (try_s_ != TD_OK) return try_s_; \
-    } while (0)
-
 typedef enum { JOB_NONE = 0, JOB_BUILD, JOB_FORWARD, JOB_BACKWARD, JOB_DESTROY, JOB_QUIT } job_kind;
 
 typedef struct {
@@ -173,7 +167,7 @@ static td_status run_on(td_dp *dp, job_kind job, int only, const char *what) {
 
 static td_status build_replica(td_dp *dp, int d) {
     dp_replica *r = &dp->r[d];
-    td_graph_options o = td_graph_default_options();
+    td_graph_params o = td_graph_default_params();
     o.seed = dp->p.seed + (uint64_t)d; /* each device has its own dropout stream */
     td_status s = td_graph_create(&r->g, &o);
     if (s != TD_OK) return s;
@@ -210,8 +204,8 @@ static td_status build_replica(td_dp *dp, int d) {
                         d, (long long)sample, (long long)os.dim[1], (long long)dp->sample,
                         (long long)dp->classes);
     }
-    TRY(td_graph_params(r->g, &r->params, &r->n_params));
-    TRY(td_graph_buffers(r->g, &r->buffers, &r->n_buffers));
+    TD__TRY(td_graph_parameters(r->g, &r->params, &r->n_params));
+    TD__TRY(td_graph_buffers(r->g, &r->buffers, &r->n_buffers));
     r->dy = malloc((size_t)(dp->b * dp->classes) * sizeof(float));
     if (!r->dy) return td__fail(TD_ENOMEM, "td_dp_create: out of memory for replica %d", d);
     return TD_OK;
@@ -356,8 +350,8 @@ static td_status scatter(td_dp *dp, const float *images, const int64_t *labels) 
     memcpy(dp->batch_y, labels, B * sizeof(int64_t));
     for (int d = 0; d < dp->n; d++) {
         dp_replica *r = &dp->r[d];
-        TRY(td_tensor_write(r->m.input, dp->batch_x + (size_t)(d * dp->b * dp->sample)));
-        TRY(td_tensor_write(r->m.labels, dp->batch_y + (size_t)(d * dp->b)));
+        TD__TRY(td_tensor_write(r->m.input, dp->batch_x + (size_t)(d * dp->b * dp->sample)));
+        TD__TRY(td_tensor_write(r->m.labels, dp->batch_y + (size_t)(d * dp->b)));
     }
     return TD_OK;
 }
@@ -365,7 +359,8 @@ static td_status scatter(td_dp *dp, const float *images, const int64_t *labels) 
 /* (4) Every replica's log-probabilities, in replica order, onto replica 0. */
 static td_status gather(td_dp *dp) {
     for (int d = 0; d < dp->n; d++)
-        TRY(td_tensor_read(dp->r[d].m.output, dp->gathered + (size_t)(d * dp->b * dp->classes)));
+        TD__TRY(
+            td_tensor_read(dp->r[d].m.output, dp->gathered + (size_t)(d * dp->b * dp->classes)));
     return TD_OK;
 }
 
@@ -415,11 +410,11 @@ td_status td_dp_step(td_dp *dp, const float *images, const int64_t *labels, floa
     uint64_t t = td_time_ns();
     replicate(dp);
     lap(dp, TD_DP_REPLICATE, &t);
-    TRY(scatter(dp, images, labels));
+    TD__TRY(scatter(dp, images, labels));
     lap(dp, TD_DP_SCATTER, &t);
-    TRY(run_on(dp, JOB_FORWARD, -1, "td_dp_step: forward"));
+    TD__TRY(run_on(dp, JOB_FORWARD, -1, "td_dp_step: forward"));
     lap(dp, TD_DP_FORWARD, &t);
-    TRY(gather(dp));
+    TD__TRY(gather(dp));
     lap(dp, TD_DP_GATHER, &t);
     loss_on_replica0(dp, loss);
     lap(dp, TD_DP_LOSS, &t);
@@ -427,11 +422,11 @@ td_status td_dp_step(td_dp *dp, const float *images, const int64_t *labels, floa
     for (int d = 0; d < dp->n; d++)
         memcpy(dp->r[d].dy, dp->gathered_dy + (size_t)(d * dp->b * dp->classes),
                (size_t)(dp->b * dp->classes) * sizeof(float));
-    TRY(run_on(dp, JOB_BACKWARD, -1, "td_dp_step: backward"));
+    TD__TRY(run_on(dp, JOB_BACKWARD, -1, "td_dp_step: backward"));
     lap(dp, TD_DP_BACKWARD, &t);
     reduce_grads(dp);
     lap(dp, TD_DP_REDUCE, &t);
-    TRY(td_optim_step(dp->optim));
+    TD__TRY(td_optim_step(dp->optim));
     lap(dp, TD_DP_OPTIMIZER, &t);
     return TD_OK;
 }
