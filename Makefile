@@ -89,8 +89,10 @@ $(BUILD)/bin/%: $$(call objects_in,tools/$$*) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(STATIC) $(ALL_LIBS)
 
-# pkg-config file for prefix $(1).
-pc_text = printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: tandem\nDescription: distributed training for C programs\nVersion: 0.1.0\nLibs: -L$${libdir} -ltandem\nLibs.private: %s\nCflags: -I$${includedir}\n' '$(1)' '$(ALL_LIBS)'
+# pkg-config file for prefix $(1). The rpath lets a program built with it run as built, from
+# any prefix, without ldconfig or LD_LIBRARY_PATH (also with --static, which still links the
+# shared library when both are installed).
+pc_text = printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: tandem\nDescription: distributed training for C programs\nVersion: 0.1.0\nLibs: -L$${libdir} -Wl,-rpath,$${libdir} -ltandem\nLibs.private: %s\nCflags: -I$${includedir}\n' '$(1)' '$(ALL_LIBS)'
 
 $(BUILD)/tandem.pc: Makefile
 	@mkdir -p $(dir $@)

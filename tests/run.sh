@@ -58,13 +58,23 @@ for snippet in "$logdir"/readme_*.c; do
         sed 's/^/    /' "${snippet%.c}.log" | head -n 20
     fi
 done
-# The installed library serves an outside program through pkg-config, as the README says.
+# The installed library serves an outside program through pkg-config, as the README says: built
+# both ways pkg-config offers, each program runs as built (no LD_LIBRARY_PATH, no ldconfig).
 prefix=$(mktemp -d)
+ok=0
 if [ -f "$logdir/readme_1.c" ] &&
-    make -s BUILD="$build" PREFIX="$prefix" install > "$logdir/install.log" 2>&1 &&
-    ${CC:-cc} -std=c11 ${TD_LDFLAGS:-} "$logdir/readme_1.c" -o "$logdir/installed" \
-        $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs tandem) >> "$logdir/install.log" 2>&1 &&
-    LD_LIBRARY_PATH="$prefix/lib" "$logdir/installed" >> "$logdir/install.log" 2>&1; then
+    make -s BUILD="$build" PREFIX="$prefix" install > "$logdir/install.log" 2>&1; then
+    ok=1
+    for mode in "" --static; do
+        flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config $mode --cflags --libs tandem)
+        if ! { ${CC:-cc} -std=c11 ${TD_LDFLAGS:-} "$logdir/readme_1.c" -o "$logdir/installed" \
+            $flags && env -u LD_LIBRARY_PATH "$logdir/installed"; } >> "$logdir/install.log" 2>&1; then
+            echo "pkg-config $mode: the program does not build or run as built" >> "$logdir/install.log"
+            ok=0
+        fi
+    done
+fi
+if [ "$ok" -eq 1 ]; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1))

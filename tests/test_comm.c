@@ -404,7 +404,6 @@ static void p2p_rank(int rank, int size, int port, void *arg) {
     CHECK_EQ(got, from * 10);
     CHECK_OK(td_request_wait(coll));
     CHECK_NEAR(in[5], (float)((size - 1) * 1000003 + 5), 0);
-    CHECK_STATUS(td_comm_send(c, out, 1, TD_F32, rank, 0), TD_EINVAL);
     CHECK_STATUS(td_comm_send(c, out, 1, TD_F32, size, 0), TD_EINVAL);
     CHECK_OK(td_comm_barrier(c));
     free(out);
@@ -415,6 +414,99 @@ static void p2p_rank(int rank, int size, int port, void *arg) {
 static void point_to_point(void) {
     CHECK_EQ(test_run_ranks(2, p2p_rank, NULL, 60, 0), 0);
     CHECK_EQ(test_run_ranks(3, p2p_rank, NULL, 60, 0), 0);
+}
+
+/* As MPI users expect: a rank sends to itself, before or after posting the receive and at any
+ * size; a negative tag is refused; waitall completes a mixed set and names a failure. */
+static void p2p_mpi_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 30));
+    if (!c) return;
+    size_t big = 1u << 20; /* 4 MB: far over the 256 KiB mailbox of a pair */
+    float *out = malloc(big * sizeof(float)), *in = calloc(big, sizeof(float));
+    for (size_t i = 0; i < big; i++) out[i] = (float)(rank + i % 977);
+    CHECK_OK(td_comm_send(c, out, big, TD_F32, rank, 3)); /* blocking, nobody receiving yet */
+    CHECK_OK(td_comm_recv(c, in, big, TD_F32, rank, 3));
+    CHECK(memcmp(in, out, big * sizeof(float)) == 0);
+    int32_t a = -1, b = -1, one = 1, two = 2;
+    td_request *reqs[5] = {NULL};
+    CHECK_OK(td_comm_irecv(c, &a, 1, TD_I32, rank, 4, &reqs[0])); /* receive posted first */
+    CHECK_OK(td_comm_isend(c, &one, 1, TD_I32, rank, 4, &reqs[1]));
+    CHECK_OK(td_comm_isend(c, &two, 1, TD_I32, rank, 4, &reqs[2]));
+    CHECK_OK(td_comm_irecv(c, &b, 1, TD_I32, rank, 4, &reqs[3]));
+    int to = (rank + 1) % size, from = (rank + size - 1) % size, got = -1;
+    CHECK_OK(td_comm_isend(c, &rank, 1, TD_I32, to, 5, &reqs[4]));
+    CHECK_OK(td_comm_recv(c, &got, 1, TD_I32, from, 5));
+    CHECK_OK(td_request_waitall(5, reqs));
+    for (int i = 0; i < 5; i++) CHECK(reqs[i] == NULL);
+    CHECK_EQ(a, 1);
+    CHECK_EQ(b, 2); /* in the order sent */
+    CHECK_EQ(got, from);
+    CHECK_STATUS(td_comm_send(c, &one, 1, TD_I32, to, -1), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "tag -1") != NULL);
+    /* A size mismatch to oneself, reported by waitall with the request's index. */
+    int64_t wide = 0;
+    td_request *mixed[2] = {NULL};
+    CHECK_OK(td_comm_isend(c, &one, 1, TD_I32, rank, 6, &mixed[0]));
+    CHECK_OK(td_comm_irecv(c, &wide, 1, TD_I64, rank, 6, &mixed[1]));
+    CHECK_STATUS(td_request_waitall(2, mixed), TD_EMISMATCH);
+    CHECK(strstr(td_last_error(), "request 1") != NULL);
+    CHECK_OK(td_comm_barrier(c)); /* still a working group */
+    free(out);
+    free(in);
+    td_comm_destroy(c);
+}
+
+static void point_to_point_as_in_mpi(void) {
+    CHECK_EQ(test_run_ranks(2, p2p_mpi_rank, NULL, 60, 0), 0);
+}
+
+/* Arguments rejected on one rank only: every rank learns what failed, from whom and in which
+ * call, and the group goes on working. */
+static void one_bad_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 30));
+    if (!c) return;
+    float x[4] = {1, 2, 3, 4}, y[4];
+    CHECK_STATUS(td_comm_allreduce(c, x, rank == 1 ? NULL : y, 4, TD_F32, TD_OP_SUM), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "rank 1: allreduce #0") != NULL);
+    CHECK(strstr(td_last_error(), "recv is NULL") != NULL);
+    float s[8] = {0}, r = -1;
+    /* scatter with send = NULL on the root: the other ranks are told, not left waiting */
+    CHECK_STATUS(td_comm_scatter(c, rank == 0 ? NULL : s, &r, 1, TD_F32, 0), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "rank 0: scatter #1") != NULL);
+    CHECK_OK(td_comm_allreduce(c, x, y, 4, TD_F32, TD_OP_SUM));
+    CHECK_NEAR(y[3], 4.0 * size, 0);
+    td_comm_destroy(c);
+}
+
+static void argument_error_on_one_rank_is_told_to_all(void) {
+    CHECK_EQ(test_run_ranks(3, one_bad_rank, NULL, 30, 0), 0);
+}
+
+/* td_comm_abort ends the group for every rank at once, naming who ended it. */
+static void abort_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 30));
+    if (!c) return;
+    CHECK_OK(td_comm_barrier(c));
+    if (rank == 1) {
+        CHECK_OK(td_comm_abort(c));
+        CHECK_STATUS(td_comm_barrier(c), TD_ESTATE);
+    } else {
+        uint64_t t0 = td_time_ns();
+        CHECK_STATUS(td_comm_barrier(c), TD_EPEER); /* rank 1 never comes */
+        CHECK(strstr(td_last_error(), "aborted by rank 1") != NULL);
+        CHECK((double)(td_time_ns() - t0) < 5e9); /* at once, not at the 30 s timeout */
+    }
+    td_comm_destroy(c);
+}
+
+static void abort_ends_the_group_everywhere(void) {
+    CHECK_EQ(test_run_ranks(3, abort_rank, NULL, 30, 0), 0);
 }
 
 static void subgroup_rank(int rank, int size, int port, void *arg) {
@@ -491,8 +583,8 @@ static void bad_arguments_rank(int rank, int size, int port, void *arg) {
     CHECK(strstr(td_last_error(), "root") != NULL);
     CHECK_STATUS(td_comm_reduce(c, x, x, 4, TD_F32, TD_OP_SUM, -1), TD_EINVAL);
     CHECK_STATUS(td_comm_iallreduce(c, x, x, 4, TD_F32, TD_OP_SUM, NULL), TD_EINVAL);
-    /* Zero elements need no buffers; failed checks used no sequence number, so the ranks
-     * still agree afterwards. */
+    /* Zero elements need no buffers; the rejected calls above counted on every rank alike, so
+     * the ranks still agree afterwards. */
     CHECK_OK(td_comm_allreduce(c, NULL, NULL, 0, TD_F32, TD_OP_SUM));
     CHECK_OK(td_comm_set_timeout(c, 10));
     CHECK_STATUS(td_comm_set_timeout(c, 0), TD_EINVAL);
@@ -566,6 +658,9 @@ int main(void) {
     RUN(world_4);
     RUN(nonblocking);
     RUN(point_to_point);
+    RUN(point_to_point_as_in_mpi);
+    RUN(argument_error_on_one_rank_is_told_to_all);
+    RUN(abort_ends_the_group_everywhere);
     RUN(subgroups);
     TEST_END();
 }

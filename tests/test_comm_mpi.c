@@ -347,6 +347,21 @@ static void mismatched_collectives_are_reported(void) {
     CHECK_EQ(total, size);
 }
 
+/* Arguments rejected on the last rank only: every rank reports that rank and the call, and
+ * the group still works afterwards. */
+static void argument_error_on_one_rank_is_told_to_all(void) {
+    if (size < 2) return;
+    float x[3] = {1, 1, 1}, y[3];
+    CHECK_STATUS(td_comm_allreduce(world, x, rank == size - 1 ? NULL : y, 3, TD_F32, TD_OP_SUM),
+                 TD_EINVAL);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d: allreduce #", size - 1);
+    CHECK(strstr(td_last_error(), want) != NULL);
+    CHECK(strstr(td_last_error(), "recv is NULL") != NULL);
+    CHECK_OK(td_comm_allreduce(world, x, y, 3, TD_F32, TD_OP_SUM));
+    CHECK_EQ(y[2], size);
+}
+
 /* A receive nobody sends to ends in TD_ETIMEOUT, not a hang. */
 static void waits_are_bounded(void) {
     if (size < 2) return;
@@ -402,6 +417,7 @@ static int run_rank(void) {
     RUN(p2p_keeps_order_per_tag);
     RUN(split_by_parity);
     RUN(mismatched_collectives_are_reported);
+    RUN(argument_error_on_one_rank_is_told_to_all);
     RUN(waits_are_bounded);
     RUN(collective_timeout_names_the_collective);
     td_comm_destroy(world);

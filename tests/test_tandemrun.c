@@ -502,6 +502,75 @@ static int rank_main(void) {
     return st == TD_OK ? 0 : 1;
 }
 
+/* A rank that stops itself (SIGSTOP) once in the group: the others give up waiting for it. */
+static int stuck_rank_main(void) {
+    td_comm *comm = NULL;
+    if (td_comm_create(&comm, NULL) != TD_OK) return 1;
+    if (td_comm_rank(comm) == 1) raise(SIGSTOP);
+    td_status st = td_comm_barrier(comm);
+    fprintf(stderr, "barrier: %s\n", st == TD_OK ? "ok" : td_last_error());
+    td_comm_destroy(comm);
+    return st == TD_OK ? 0 : 1;
+}
+
+/* Rank 1 fails 0.3 s after start, before the group exists; rank 0 is mid-rendezvous. */
+static int early_failure_main(void) {
+    if (atoi(getenv("RANK")) == 1) {
+        nanosleep(&(struct timespec){0, 300000000}, NULL);
+        return 3;
+    }
+    td_comm *comm = NULL;
+    td_comm_create(&comm, NULL);
+    td_comm_destroy(comm);
+    return 0;
+}
+
+/* Entries of /dev/shm that tandem could have made. */
+static int shm_entries(void) {
+    FILE *p = popen("ls /dev/shm 2>/dev/null | grep -c '^tandem'", "r");
+    int n = 0;
+    if (p && fscanf(p, "%d", &n) != 1) n = 0;
+    if (p) pclose(p);
+    return n;
+}
+
+static void self_path(char *out, size_t cap) {
+    ssize_t len = readlink("/proc/self/exe", out, cap - 1);
+    out[len > 0 ? len : 0] = '\0';
+}
+
+/* The launcher's summary names the rank the job was stuck on, not the one that gave up. */
+static void stopped_rank_is_named_as_the_stuck_one(void) {
+    char self[4096];
+    self_path(self, sizeof self);
+    setenv("TANDEM_TIMEOUT", "2", 1);
+    char *argv[] = {"tandemrun", "--nproc-per-node", "3", "--grace-period", "1", "--timeout", "60",
+                    self,        "--stuck",          NULL};
+    run_result r = run(argv);
+    unsetenv("TANDEM_TIMEOUT");
+    CHECK(r.status != 0);
+    CHECK(strstr(r.err, "rank 1 (pid") != NULL);
+    CHECK(strstr(r.err, "stopped (SIGSTOP) and never arrived: the job was stuck on it") != NULL);
+    if (!strstr(r.err, "stuck on it")) fprintf(stderr, "%s\n", r.err);
+    CHECK(r.secs < 30);
+    release(&r);
+}
+
+/* A job that fails before its rendezvous completes leaves no shared memory behind. */
+static void failure_before_rendezvous_leaves_no_segment(void) {
+    char self[4096];
+    self_path(self, sizeof self);
+    int before = shm_entries();
+    for (int k = 0; k < 3; k++) {
+        char *argv[] = {"tandemrun", "--nproc-per-node", "2", "--grace-period", "1",
+                        self,        "--early",          NULL};
+        run_result r = run(argv);
+        CHECK_EQ(r.status, 3);
+        release(&r);
+    }
+    CHECK_EQ(shm_entries(), before);
+}
+
 static void ranks_form_a_process_group(void) {
     char self[4096];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -521,6 +590,8 @@ static void ranks_form_a_process_group(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--rank") == 0) return rank_main();
+    if (argc > 1 && strcmp(argv[1], "--stuck") == 0) return stuck_rank_main();
+    if (argc > 1 && strcmp(argv[1], "--early") == 0) return early_failure_main();
     RUN(env_contract_for_every_rank);
     RUN(ranks_get_disjoint_cores);
     RUN(torchrun_spellings_and_explicit_master);
@@ -536,5 +607,7 @@ int main(int argc, char **argv) {
     RUN(usage_errors_exit_2_and_say_why);
     RUN(tee_writes_per_rank_logs);
     RUN(ranks_form_a_process_group);
+    RUN(stopped_rank_is_named_as_the_stuck_one);
+    RUN(failure_before_rendezvous_leaves_no_segment);
     TEST_END();
 }

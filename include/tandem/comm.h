@@ -11,6 +11,18 @@
  * Backends: "shm" (one host, POSIX shared memory; the default) and "mpi" (Open MPI, chosen
  * automatically under mpirun/srun; spans hosts). The API is the same for both.
  *
+ * Errors. Which ones leave the group usable:
+ *  - usable: arguments rejected on any rank (a NULL buffer, a bad dtype, op or root, a NULL
+ *    request pointer): the call still counts on every rank, moves nothing, and every rank gets
+ *    the same TD_EINVAL / TD_EDTYPE naming the rank and the call ("rank 1: allreduce #0 (f32, 4
+ *    elements, sum): recv is NULL with count 4"), so none waits for the rejected one; receive
+ *    buffers of the other ranks may have been partly written. Also TD_ENOMEM from
+ *    td_comm_alloc, and p2p argument errors (only the calling rank is involved).
+ *  - the group ends: TD_EMISMATCH, TD_EPEER, TD_ETIMEOUT, TD_EBACKEND, and td_comm_abort. From
+ *    then on every call on that rank fails fast with the first error; destroy the group.
+ *    (Under mpi with TANDEM_MPI_CHECK=0 there is no header exchange, so a rejection is known to
+ *    the rejecting rank only.)
+ *
  * td_comm_alloc gives buffers that every rank's backend can reach: on shm, rank r's buffer is
  * region r of a segment all ranks map (unlinked once mapped, so a crash leaks nothing), and an
  * in-place all-reduce on the same offset of such a buffer on every rank reduces straight from
@@ -95,8 +107,13 @@ td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out);
  * over the parent; ranks not in the list get *out = NULL. */
 td_status td_comm_new_group(td_comm *comm, const int *ranks, int n, td_comm **out);
 
-/* Point-to-point. Messages between a pair with the same tag arrive in the order sent;
- * the receiver's count and dtype must match the sender's. */
+/* Point-to-point, as in MPI: messages between a pair with the same tag arrive in the order
+ * sent; the receiver's count and dtype must match the sender's (TD_EMISMATCH otherwise); tags
+ * are 0 to INT32_MAX (a negative one is TD_EINVAL); a rank may send to itself (the message is
+ * copied, so the send completes at once). When a send returns: on shm once the message is in
+ * the pair's 256 KiB mailbox or taken out of it, so at once for a message that fits in its free
+ * space and otherwise as the receiver makes progress (inside any tandem call on the group);
+ * on mpi when MPI's own send returns (eager for small messages, else on a matching receive). */
 td_status td_comm_send(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst,
                        int tag);
 
@@ -192,6 +209,16 @@ td_status td_request_wait(td_request *req);
 
 /* Sets *done; when done, frees `req` and returns its status (otherwise TD_OK). */
 td_status td_request_test(td_request *req, int *done);
+
+/* Waits for all n requests (NULL entries are skipped), frees them and sets each to NULL;
+ * returns the first failure in array order, its message naming the request's index. */
+td_status td_request_waitall(size_t n, td_request **reqs);
+
+/* Ends the group on purpose (ncclCommAbort): this rank's operations in flight and later fail
+ * with TD_ESTATE; on shm every other rank's current and next operation fails at once with
+ * TD_EPEER naming this rank, on mpi they learn at their next collective or by its timeout.
+ * The handle must still be destroyed. */
+td_status td_comm_abort(td_comm *comm);
 
 /* "sum", "prod", "min", "max", "avg". */
 const char *td_reduce_op_name(td_reduce_op op);

@@ -15,7 +15,7 @@
 #include "comm/comm_impl.h"
 #include "core/core_impl.h"
 
-typedef enum { ITEM_COLL, ITEM_SPLIT, ITEM_P2P, ITEM_ALLOC } item_kind;
+typedef enum { ITEM_COLL, ITEM_SPLIT, ITEM_P2P, ITEM_SELF, ITEM_ALLOC } item_kind;
 
 /* One td_comm_alloc allocation; `backend` says whether ops->free or free() releases it. */
 typedef struct comm_alloc {
@@ -54,6 +54,7 @@ struct td_comm {
     td_status failed; /* the group is poisoned */
     char failed_msg[512];
     comm_alloc *allocs; /* td_comm_alloc memory not yet freed */
+    td__self_box *self; /* messages to this rank itself */
 };
 
 /* ---------------------------------------------------------------- life cycle */
@@ -61,7 +62,8 @@ struct td_comm {
 static td_status comm_wrap(td_comm **out, const td__backend_ops *ops, void *ctx,
                            td__group_shape shape, double timeout) {
     td_comm *c = calloc(1, sizeof *c);
-    if (!c) {
+    if (!c || td__self_box_create(&c->self) != TD_OK) {
+        free(c);
         ops->destroy(ctx);
         return td__fail(TD_ENOMEM, "td_comm: out of memory");
     }
@@ -101,6 +103,7 @@ void td_comm_destroy(td_comm *comm) {
     if (comm->thread_started) pthread_join(comm->thread, NULL);
     while (comm->allocs) td_comm_free(comm, comm->allocs->ptr);
     comm->ops->destroy(comm->ctx);
+    td__self_box_destroy(comm->self);
     pthread_cond_destroy(&comm->cond);
     pthread_mutex_destroy(&comm->lock);
     free(comm);
@@ -132,6 +135,14 @@ static void poison(td_comm *comm, td_status s) {
     pthread_mutex_unlock(&comm->lock);
 }
 
+td_status td_comm_abort(td_comm *comm) {
+    if (!comm) return td__fail(TD_EINVAL, "td_comm_abort: the group is NULL");
+    td__fail(TD_ESTATE, "rank %d aborted the group (td_comm_abort)", comm->shape.rank);
+    poison(comm, TD_ESTATE);
+    if (comm->ops->abort) comm->ops->abort(comm->ctx, comm->shape.rank);
+    return TD_OK;
+}
+
 static td_status run_item(td_comm *comm, td_request *r) {
     pthread_mutex_lock(&comm->lock);
     td_status failed = comm->failed;
@@ -152,7 +163,9 @@ static td_status run_item(td_comm *comm, td_request *r) {
     } else {
         s = comm->ops->collective(comm->ctx, &r->coll, timeout);
     }
-    if (s && s != TD_ENOMEM) poison(comm, s);
+    /* Rejected arguments (agreed by every rank) and a failed allocation leave the group
+     * usable; anything else ends it for this rank (see comm.h). */
+    if (s && s != TD_ENOMEM && s != TD_EINVAL && s != TD_EDTYPE) poison(comm, s);
     return s;
 }
 
@@ -228,36 +241,52 @@ static td_status submit(td_comm *comm, td_request *r, int blocking) {
 
 /* ---------------------------------------------------------------- argument checks */
 
-static td_status check_coll(const td_comm *comm, const td__coll *k) {
-    const char *name = td__coll_name(k->kind);
-    if (!comm) return td__fail(TD_EINVAL, "%s: the group is NULL", name);
+/* What is wrong with this rank's arguments (`why` says it), or TD_OK. */
+static td_status check_coll(const td_comm *comm, const td__coll *k, int async, const void *req,
+                            char *why, size_t cap) {
     int rank = comm->shape.rank, n = comm->shape.size;
+    if (async && !req) {
+        snprintf(why, cap, "the request pointer is NULL");
+        return TD_EINVAL;
+    }
     if (k->kind == TD__COLL_BARRIER) return TD_OK;
-    if ((unsigned)k->dtype >= TD_DTYPE_COUNT)
-        return td__fail(TD_EDTYPE, "%s: rank %d: invalid dtype %d", name, rank, (int)k->dtype);
-    if (td__coll_is_reduction(k->kind) && (unsigned)k->op >= TD_OP_COUNT)
-        return td__fail(TD_EINVAL, "%s: rank %d: invalid reduce op %d", name, rank, (int)k->op);
-    if (td__coll_is_rooted(k->kind) && (k->root < 0 || k->root >= n))
-        return td__fail(TD_EINVAL, "%s: rank %d: root %d is outside the group of %d ranks", name,
-                        rank, k->root, n);
+    if ((unsigned)k->dtype >= TD_DTYPE_COUNT) {
+        snprintf(why, cap, "invalid dtype %d", (int)k->dtype);
+        return TD_EDTYPE;
+    }
+    if (td__coll_is_reduction(k->kind) && (unsigned)k->op >= TD_OP_COUNT) {
+        snprintf(why, cap, "invalid reduce op %d", (int)k->op);
+        return TD_EINVAL;
+    }
+    if (td__coll_is_rooted(k->kind) && (k->root < 0 || k->root >= n)) {
+        snprintf(why, cap, "root %d is outside the group of %d ranks", k->root, n);
+        return TD_EINVAL;
+    }
     size_t es = td_dtype_size(k->dtype);
-    if (k->count > SIZE_MAX / es / (size_t)n)
-        return td__fail(TD_EINVAL, "%s: rank %d: count %zu overflows", name, rank, k->count);
+    if (k->count > SIZE_MAX / es / (size_t)n) {
+        snprintf(why, cap, "count %zu overflows", k->count);
+        return TD_EINVAL;
+    }
     if (k->count == 0) return TD_OK;
     int root = rank == k->root;
     int need_send = k->kind != TD__COLL_BROADCAST && (k->kind != TD__COLL_SCATTER || root);
     int need_recv = (k->kind != TD__COLL_REDUCE && k->kind != TD__COLL_GATHER) || root;
-    if (need_send && !k->send)
-        return td__fail(TD_EINVAL, "%s: rank %d: send buffer is NULL with count %zu", name, rank,
-                        k->count);
-    if (need_recv && !k->recv)
-        return td__fail(TD_EINVAL, "%s: rank %d: %s buffer is NULL with count %zu", name, rank,
-                        k->kind == TD__COLL_BROADCAST ? "the" : "receive", k->count);
+    if (need_send && !k->send) {
+        snprintf(why, cap, "send is NULL with count %zu", k->count);
+        return TD_EINVAL;
+    }
+    if (need_recv && !k->recv) {
+        snprintf(why, cap, "%s is NULL with count %zu",
+                 k->kind == TD__COLL_BROADCAST ? "buf" : "recv", k->count);
+        return TD_EINVAL;
+    }
     return TD_OK;
 }
 
+/* A collective call. Arguments rejected on this rank still make a call, so that every rank
+ * learns of them and returns the same error instead of waiting for this one (comm_impl.h). */
 static td_status coll(td_comm *comm, td__coll_kind kind, const void *send, void *recv, size_t count,
-                      td_dtype dtype, td_reduce_op op, int root, td_request **req) {
+                      td_dtype dtype, td_reduce_op op, int root, int async, td_request **req) {
     td__coll k = {.kind = kind,
                   .send = send,
                   .recv = recv,
@@ -266,16 +295,18 @@ static td_status coll(td_comm *comm, td__coll_kind kind, const void *send, void 
                   .op = op,
                   .root = root};
     if (req) *req = NULL;
-    td_status s = check_coll(comm, &k);
-    if (s) return s;
-    if (!req) {
+    if (!comm) return td__fail(TD_EINVAL, "%s: the group is NULL", td__coll_name(kind));
+    char why[192];
+    k.error = check_coll(comm, &k, async, req, why, sizeof why);
+    if (k.error) k.error_msg = why;
+    if (!async || k.error) {
         td_request r = {.kind = ITEM_COLL, .comm = comm, .coll = k};
         return submit(comm, &r, 1);
     }
     td_request *r = calloc(1, sizeof *r);
     if (!r) return td__fail(TD_ENOMEM, "%s: out of memory", td__coll_name(kind));
     *r = (td_request){.kind = ITEM_COLL, .comm = comm, .coll = k};
-    s = submit(comm, r, 0);
+    td_status s = submit(comm, r, 0);
     if (s)
         free(r);
     else
@@ -287,102 +318,89 @@ static td_status coll(td_comm *comm, td__coll_kind kind, const void *send, void 
 
 td_status td_comm_allreduce(td_comm *comm, const void *send, void *recv, size_t count,
                             td_dtype dtype, td_reduce_op op) {
-    return coll(comm, TD__COLL_ALLREDUCE, send, recv, count, dtype, op, 0, NULL);
+    return coll(comm, TD__COLL_ALLREDUCE, send, recv, count, dtype, op, 0, 0, NULL);
 }
 
 td_status td_comm_reduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
                          td_reduce_op op, int root) {
-    return coll(comm, TD__COLL_REDUCE, send, recv, count, dtype, op, root, NULL);
+    return coll(comm, TD__COLL_REDUCE, send, recv, count, dtype, op, root, 0, NULL);
 }
 
 td_status td_comm_broadcast(td_comm *comm, void *buf, size_t count, td_dtype dtype, int root) {
-    return coll(comm, TD__COLL_BROADCAST, buf, buf, count, dtype, TD_OP_SUM, root, NULL);
+    return coll(comm, TD__COLL_BROADCAST, buf, buf, count, dtype, TD_OP_SUM, root, 0, NULL);
 }
 
 td_status td_comm_allgather(td_comm *comm, const void *send, void *recv, size_t count,
                             td_dtype dtype) {
-    return coll(comm, TD__COLL_ALLGATHER, send, recv, count, dtype, TD_OP_SUM, 0, NULL);
+    return coll(comm, TD__COLL_ALLGATHER, send, recv, count, dtype, TD_OP_SUM, 0, 0, NULL);
 }
 
 td_status td_comm_gather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
                          int root) {
-    return coll(comm, TD__COLL_GATHER, send, recv, count, dtype, TD_OP_SUM, root, NULL);
+    return coll(comm, TD__COLL_GATHER, send, recv, count, dtype, TD_OP_SUM, root, 0, NULL);
 }
 
 td_status td_comm_scatter(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
                           int root) {
-    return coll(comm, TD__COLL_SCATTER, send, recv, count, dtype, TD_OP_SUM, root, NULL);
+    return coll(comm, TD__COLL_SCATTER, send, recv, count, dtype, TD_OP_SUM, root, 0, NULL);
 }
 
 td_status td_comm_reduce_scatter(td_comm *comm, const void *send, void *recv, size_t count,
                                  td_dtype dtype, td_reduce_op op) {
-    return coll(comm, TD__COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, NULL);
+    return coll(comm, TD__COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, 0, NULL);
 }
 
 td_status td_comm_alltoall(td_comm *comm, const void *send, void *recv, size_t count,
                            td_dtype dtype) {
-    return coll(comm, TD__COLL_ALLTOALL, send, recv, count, dtype, TD_OP_SUM, 0, NULL);
+    return coll(comm, TD__COLL_ALLTOALL, send, recv, count, dtype, TD_OP_SUM, 0, 0, NULL);
 }
 
 td_status td_comm_barrier(td_comm *comm) {
-    return coll(comm, TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, TD_OP_SUM, 0, NULL);
-}
-
-static td_status need_req(td_request **req, const char *fn) {
-    return req ? TD_OK : td__fail(TD_EINVAL, "%s: req is NULL", fn);
+    return coll(comm, TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, TD_OP_SUM, 0, 0, NULL);
 }
 
 td_status td_comm_iallreduce(td_comm *comm, const void *send, void *recv, size_t count,
                              td_dtype dtype, td_reduce_op op, td_request **req) {
-    td_status s = need_req(req, "td_comm_iallreduce");
-    return s ? s : coll(comm, TD__COLL_ALLREDUCE, send, recv, count, dtype, op, 0, req);
+    return coll(comm, TD__COLL_ALLREDUCE, send, recv, count, dtype, op, 0, 1, req);
 }
 
 td_status td_comm_ireduce(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
                           td_reduce_op op, int root, td_request **req) {
-    td_status s = need_req(req, "td_comm_ireduce");
-    return s ? s : coll(comm, TD__COLL_REDUCE, send, recv, count, dtype, op, root, req);
+    return coll(comm, TD__COLL_REDUCE, send, recv, count, dtype, op, root, 1, req);
 }
 
 td_status td_comm_ibroadcast(td_comm *comm, void *buf, size_t count, td_dtype dtype, int root,
                              td_request **req) {
-    td_status s = need_req(req, "td_comm_ibroadcast");
-    return s ? s : coll(comm, TD__COLL_BROADCAST, buf, buf, count, dtype, TD_OP_SUM, root, req);
+    return coll(comm, TD__COLL_BROADCAST, buf, buf, count, dtype, TD_OP_SUM, root, 1, req);
 }
 
 td_status td_comm_iallgather(td_comm *comm, const void *send, void *recv, size_t count,
                              td_dtype dtype, td_request **req) {
-    td_status s = need_req(req, "td_comm_iallgather");
-    return s ? s : coll(comm, TD__COLL_ALLGATHER, send, recv, count, dtype, TD_OP_SUM, 0, req);
+    return coll(comm, TD__COLL_ALLGATHER, send, recv, count, dtype, TD_OP_SUM, 0, 1, req);
 }
 
 td_status td_comm_igather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
                           int root, td_request **req) {
-    td_status s = need_req(req, "td_comm_igather");
-    return s ? s : coll(comm, TD__COLL_GATHER, send, recv, count, dtype, TD_OP_SUM, root, req);
+    return coll(comm, TD__COLL_GATHER, send, recv, count, dtype, TD_OP_SUM, root, 1, req);
 }
 
 td_status td_comm_iscatter(td_comm *comm, const void *send, void *recv, size_t count,
                            td_dtype dtype, int root, td_request **req) {
-    td_status s = need_req(req, "td_comm_iscatter");
-    return s ? s : coll(comm, TD__COLL_SCATTER, send, recv, count, dtype, TD_OP_SUM, root, req);
+    return coll(comm, TD__COLL_SCATTER, send, recv, count, dtype, TD_OP_SUM, root, 1, req);
 }
 
 td_status td_comm_ireduce_scatter(td_comm *comm, const void *send, void *recv, size_t count,
                                   td_dtype dtype, td_reduce_op op, td_request **req) {
-    td_status s = need_req(req, "td_comm_ireduce_scatter");
-    return s ? s : coll(comm, TD__COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, req);
+    return coll(comm, TD__COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, 1, req);
 }
 
 td_status td_comm_ialltoall(td_comm *comm, const void *send, void *recv, size_t count,
                             td_dtype dtype, td_request **req) {
-    td_status s = need_req(req, "td_comm_ialltoall");
-    return s ? s : coll(comm, TD__COLL_ALLTOALL, send, recv, count, dtype, TD_OP_SUM, 0, req);
+    return coll(comm, TD__COLL_ALLTOALL, send, recv, count, dtype, TD_OP_SUM, 0, 1, req);
 }
 
 td_status td_comm_ibarrier(td_comm *comm, td_request **req) {
-    td_status s = need_req(req, "td_comm_ibarrier");
-    return s ? s : coll(comm, TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, TD_OP_SUM, 0, req);
+    return coll(comm, TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, TD_OP_SUM, 0, 1, req);
 }
 
 /* ---------------------------------------------------------------- shared buffers */
@@ -471,9 +489,12 @@ static td_status p2p_post(td_comm *comm, int is_send, void *buf, size_t count, t
     int rank = comm->shape.rank, n = comm->shape.size;
     if ((unsigned)dtype >= TD_DTYPE_COUNT)
         return td__fail(TD_EDTYPE, "%s: rank %d: invalid dtype %d", fn, rank, (int)dtype);
-    if (peer < 0 || peer >= n || peer == rank)
-        return td__fail(TD_EINVAL, "%s: rank %d: peer %d is not another rank of the group of %d",
-                        fn, rank, peer, n);
+    if (peer < 0 || peer >= n)
+        return td__fail(TD_EINVAL, "%s: rank %d: peer %d is not a rank of the group of %d", fn,
+                        rank, peer, n);
+    if (tag < 0)
+        return td__fail(TD_EINVAL, "%s: rank %d: tag %d is negative (tags are 0 to %d)", fn, rank,
+                        tag, INT32_MAX);
     if (!buf && count)
         return td__fail(TD_EINVAL, "%s: rank %d: buffer is NULL with count %zu", fn, rank, count);
     size_t es = td_dtype_size(dtype);
@@ -487,10 +508,15 @@ static td_status p2p_post(td_comm *comm, int is_send, void *buf, size_t count, t
                         comm->failed_msg);
     td_request *r = calloc(1, sizeof *r);
     if (!r) return td__fail(TD_ENOMEM, "%s: out of memory", fn);
-    r->kind = ITEM_P2P;
+    r->kind = peer == rank ? ITEM_SELF : ITEM_P2P;
     r->comm = comm;
-    td_status s = is_send ? comm->ops->isend(comm->ctx, buf, count * es, peer, tag, &r->p2p)
-                          : comm->ops->irecv(comm->ctx, buf, count * es, peer, tag, &r->p2p);
+    td_status s;
+    if (peer == rank)
+        s = is_send ? td__self_send(comm->self, buf, count * es, tag, rank, &r->p2p)
+                    : td__self_recv(comm->self, buf, count * es, tag, rank, &r->p2p);
+    else
+        s = is_send ? comm->ops->isend(comm->ctx, buf, count * es, peer, tag, &r->p2p)
+                    : comm->ops->irecv(comm->ctx, buf, count * es, peer, tag, &r->p2p);
     if (s) {
         free(r);
         return s;
@@ -536,6 +562,11 @@ td_status td_request_wait(td_request *req) {
     td_comm *comm = req->comm;
     if (req->kind == ITEM_P2P)
         return p2p_result(req, comm->ops->p2p_wait(comm->ctx, req->p2p, comm->timeout_s));
+    if (req->kind == ITEM_SELF) {
+        td_status s = td__self_wait(comm->self, req->p2p, comm->timeout_s, comm->shape.rank);
+        free(req);
+        return s;
+    }
     pthread_mutex_lock(&comm->lock);
     while (!req->done) pthread_cond_wait(&comm->cond, &comm->lock);
     pthread_mutex_unlock(&comm->lock);
@@ -552,6 +583,11 @@ td_status td_request_test(td_request *req, int *done) {
         if (*done) return p2p_result(req, s);
         return s;
     }
+    if (req->kind == ITEM_SELF) {
+        td_status s = td__self_test(comm->self, req->p2p, done);
+        if (*done) free(req);
+        return s;
+    }
     pthread_mutex_lock(&comm->lock);
     *done = req->done;
     pthread_mutex_unlock(&comm->lock);
@@ -559,4 +595,20 @@ td_status td_request_test(td_request *req, int *done) {
     td_status s = req->status ? td__fail(req->status, "%s", req->error) : TD_OK;
     free(req);
     return s;
+}
+
+td_status td_request_waitall(size_t n, td_request **reqs) {
+    if (n && !reqs) return td__fail(TD_EINVAL, "td_request_waitall: reqs is NULL");
+    td_status first = TD_OK;
+    char msg[1024] = "";
+    for (size_t i = 0; i < n; i++) {
+        if (!reqs[i]) continue;
+        td_status s = td_request_wait(reqs[i]);
+        reqs[i] = NULL;
+        if (s && !first) {
+            first = s;
+            snprintf(msg, sizeof msg, "request %zu: %s", i, td_last_error());
+        }
+    }
+    return first ? td__fail(first, "%s", msg) : TD_OK;
 }

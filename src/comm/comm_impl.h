@@ -34,6 +34,11 @@ typedef struct {
     td_dtype dtype;
     td_reduce_op op; /* reductions only */
     int root;        /* rooted collectives only */
+    /* Not TD_OK when this rank's arguments were rejected (error_msg says why): the call still
+     * takes its sequence number and the backend's agreement step, so that every rank learns
+     * of it and returns the same error, and nothing else happens. */
+    td_status error;
+    const char *error_msg;
 } td__coll;
 
 /* What the backend learned about the job when it was created. */
@@ -46,7 +51,11 @@ typedef struct {
 typedef struct td__backend_ops {
     const char *name;
     /* Runs one collective to completion. Must detect a mismatched peer call (compare kind,
-     * seq, dtype, count, op, root) and report both calls and ranks with TD_EMISMATCH. */
+     * seq, dtype, count, op, root) and report both calls and ranks with TD_EMISMATCH. When
+     * any rank's call carries an error (this one's or a peer's), every rank returns the error
+     * of the lowest such rank, "<call>: rank R: <its message>", with its status (TD_EINVAL or
+     * TD_EDTYPE): the group stays usable, so a backend returns those two statuses for nothing
+     * else. Receive buffers of the other ranks may have been partly written. */
     td_status (*collective)(void *ctx, const td__coll *coll, double timeout_s);
     /* Starts a point-to-point transfer of `bytes`; *req is the backend's handle. */
     td_status (*isend)(void *ctx, const void *buf, size_t bytes, int dst, int tag, void **req);
@@ -63,7 +72,10 @@ typedef struct td__backend_ops {
     td_status (*alloc)(void *ctx, size_t bytes, double timeout_s, void **out);
     /* Releases what alloc returned; local, and may run while other collectives are in flight. */
     void (*free)(void *ctx, void *ptr);
-    /* Frees the context and everything it holds (shared memory is unlinked). */
+    /* Optional: td_comm_abort. Ends the group for every rank it can reach, now (shm: the
+     * segment is poisoned, so every peer's current and next wait fails naming `rank`). */
+    void (*abort)(void *ctx, int rank);
+    /* Frees the context and everything it holds. */
     void (*destroy)(void *ctx);
 } td__backend_ops;
 
@@ -83,6 +95,17 @@ int td__coll_is_reduction(td__coll_kind kind);
 
 /* 1 for reduce, broadcast, gather and scatter. */
 int td__coll_is_rooted(td__coll_kind kind);
+
+/* Messages a rank sends to itself (self.c): a mailbox with the calls of a backend's p2p,
+ * `rank` only naming the rank in messages. A send completes at once. */
+typedef struct td__self_box td__self_box;
+td_status td__self_box_create(td__self_box **out);
+void td__self_box_destroy(td__self_box *box);
+td_status td__self_send(td__self_box *box, const void *buf, size_t bytes, int tag, int rank,
+                        void **req);
+td_status td__self_recv(td__self_box *box, void *buf, size_t bytes, int tag, int rank, void **req);
+td_status td__self_wait(td__self_box *box, void *req, double timeout_s, int rank);
+td_status td__self_test(td__self_box *box, void *req, int *done);
 
 /* Fills every defaulted field of `in` from the environment (env.c): rank, sizes, master
  * address and port, token, timeout and a concrete backend. Strings point into `in` or the

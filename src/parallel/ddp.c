@@ -158,7 +158,6 @@ typedef struct {
 
 typedef struct {
     int64_t index; /* first position that differs from rank 0, -1 when none */
-    int64_t n_params, n_buffers;
     ddp_sig mine, rank0;
 } ddp_diff;
 
@@ -242,61 +241,59 @@ static td_status ddp_check_registration(td_ddp *d) {
             goto done;
         }
     }
+    /* Different counts: say so per kind, without comparing entries that do not correspond. */
+    for (int r = 1; r < d->size; r++) {
+        const int64_t *x = &all[r * 4];
+        if (x[0] == all[0] && x[1] == all[1]) continue;
+        s = td__fail(TD_ESHAPE,
+                     "ddp rank %d: rank %d registered %lld parameter%s and %lld buffer%s, rank 0 "
+                     "registered %lld parameter%s and %lld buffer%s; every rank must register the "
+                     "same parameters and buffers in the same order",
+                     d->rank, r, (long long)x[0], x[0] == 1 ? "" : "s", (long long)x[1],
+                     x[1] == 1 ? "" : "s", (long long)all[0], all[0] == 1 ? "" : "s",
+                     (long long)all[1], all[1] == 1 ? "" : "s");
+        goto done;
+    }
     int same = 1;
-    for (int r = 1; r < d->size; r++) same &= memcmp(&all[r * 4], &all[0], 3 * sizeof *all) == 0;
+    for (int r = 1; r < d->size; r++) same &= all[r * 4 + 2] == all[2];
     if (same) goto done;
 
-    /* Names and shapes differ somewhere: each rank compares itself with rank 0's list and
-     * the first difference found in rank order is reported, identically, on every rank. */
-    size_t n0 = (size_t)(all[0] + all[1]);
-    theirs = calloc(n0 ? n0 : 1, sizeof *theirs);
+    /* Names or shapes differ somewhere: each rank compares itself with rank 0's list and the
+     * first difference found in rank order is reported, identically, on every rank. */
+    theirs = calloc(n ? n : 1, sizeof *theirs);
     diffs = calloc((size_t)d->size, sizeof *diffs);
     if (!theirs || !diffs) {
         s = td__fail(TD_ENOMEM, "ddp rank %d: out of memory", d->rank);
         goto done;
     }
-    if (d->rank == 0) memcpy(theirs, mine, n0 * sizeof *mine);
-    s = td_comm_broadcast(d->comm, theirs, n0 * sizeof *theirs, TD_U8, 0);
+    if (d->rank == 0) memcpy(theirs, mine, n * sizeof *mine);
+    s = td_comm_broadcast(d->comm, theirs, n * sizeof *theirs, TD_U8, 0);
     if (s != TD_OK) goto done;
     ddp_diff me;
     memset(&me, 0, sizeof me);
     me.index = -1;
-    me.n_params = (int64_t)d->n_params;
-    me.n_buffers = (int64_t)d->n_buffers;
-    size_t common = n < n0 ? n : n0;
-    for (size_t i = 0; i < common && me.index < 0; i++)
+    for (size_t i = 0; i < n && me.index < 0; i++)
         if (memcmp(&mine[i], &theirs[i], sizeof *mine) != 0) me.index = (int64_t)i;
-    if (me.index < 0 && (n != n0 || me.n_params != all[0])) me.index = (int64_t)common;
-    if (me.index >= 0 && (size_t)me.index < n) me.mine = mine[me.index];
-    if (me.index >= 0 && (size_t)me.index < n0) me.rank0 = theirs[me.index];
+    if (me.index >= 0) {
+        me.mine = mine[me.index];
+        me.rank0 = theirs[me.index];
+    }
     s = td_comm_allgather(d->comm, &me, diffs, sizeof me, TD_U8);
     if (s != TD_OK) goto done;
     for (int r = 1; r < d->size; r++) {
         const ddp_diff *x = &diffs[r];
         if (x->index < 0) continue;
-        size_t nr = (size_t)(x->n_params + x->n_buffers);
-        if ((size_t)x->index < nr && (size_t)x->index < n0) {
-            char a[160], b[160];
-            ddp_shape_str(a, sizeof a, x->rank0.ndim, x->rank0.shape);
-            ddp_shape_str(b, sizeof b, x->mine.ndim, x->mine.shape);
-            s = td__fail(
-                TD_ESHAPE,
-                "ddp rank %d: registrations differ at %s %lld: rank 0 has '%s' %s %s but rank %d "
-                "has "
-                "'%s' %s %s; every rank must register the same parameters in the same order",
-                d->rank, ddp_kind(x->rank0.kind), (long long)x->index, x->rank0.name,
-                td_dtype_name((td_dtype)x->rank0.dtype), a, r, x->mine.name,
-                td_dtype_name((td_dtype)x->mine.dtype), b);
-        } else {
-            const ddp_sig *extra = (size_t)x->index < n0 ? &x->rank0 : &x->mine;
-            s = td__fail(TD_ESHAPE,
-                         "ddp rank %d: rank 0 registered %lld parameters and %lld buffers but rank "
-                         "%d registered "
-                         "%lld and %lld (first unmatched: %s '%s' on rank %d)",
-                         d->rank, (long long)all[0], (long long)all[1], r, (long long)x->n_params,
-                         (long long)x->n_buffers, ddp_kind(extra->kind), extra->name,
-                         (size_t)x->index < n0 ? 0 : r);
-        }
+        int64_t within = x->index - (x->rank0.kind ? (int64_t)d->n_params : 0);
+        char a[160], b[160];
+        ddp_shape_str(a, sizeof a, x->rank0.ndim, x->rank0.shape);
+        ddp_shape_str(b, sizeof b, x->mine.ndim, x->mine.shape);
+        s = td__fail(TD_ESHAPE,
+                     "ddp rank %d: registrations differ at %s %lld: rank 0 has '%s' %s %s but rank "
+                     "%d has '%s' %s %s; every rank must register the same parameters in the same "
+                     "order",
+                     d->rank, ddp_kind(x->rank0.kind), (long long)within, x->rank0.name,
+                     td_dtype_name((td_dtype)x->rank0.dtype), a, r, x->mine.name,
+                     td_dtype_name((td_dtype)x->mine.dtype), b);
         goto done;
     }
     s = td__fail(

@@ -281,8 +281,8 @@ static td_status mpi_split(void *vctx, int color, int key, double timeout_s, voi
         return td__fail(TD_ESTATE, "mpi split: the group is unusable after an earlier timeout");
     /* MPI_Comm_split blocks without a bound, so first make sure, within the timeout, that
      * every rank is alive and splitting too. */
-    int64_t hdr[6] = {TD__MPI_KIND_SPLIT, -1, -1, 0, -1, -1};
-    td_status st = td__mpi_agree(ctx, hdr, timeout_s);
+    int64_t hdr[TD__MPI_HDR] = {TD__MPI_KIND_SPLIT, -1, -1, 0, -1, -1, 0};
+    td_status st = td__mpi_agree(ctx, hdr, NULL, timeout_s);
     if (st != TD_OK) return st;
     MPI_Comm sub;
     td__mpi_lock();
@@ -309,6 +309,13 @@ static void mpi_destroy(void *vctx) {
     free(ctx);
 }
 
+/* MPI cannot reach the peers without killing them (MPI_Abort): they learn at their next
+ * collective's header check, or by its timeout. */
+static void mpi_abort(void *vctx, int rank) {
+    (void)rank;
+    ((td__mpi_ctx *)vctx)->broken = 1;
+}
+
 static const td__backend_ops mpi_ops = {
     .name = "mpi",
     .collective = td__mpi_collective,
@@ -317,6 +324,7 @@ static const td__backend_ops mpi_ops = {
     .p2p_wait = mpi_p2p_wait,
     .p2p_test = mpi_p2p_test,
     .split = mpi_split,
+    .abort = mpi_abort,
     .destroy = mpi_destroy,
 };
 

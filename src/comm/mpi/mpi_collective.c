@@ -21,7 +21,7 @@
 #include "core/core_impl.h"
 
 /* "allreduce #4 (f32, 1009 elements, sum)" for an error message. */
-static void describe(const int64_t h[6], char *out, size_t cap) {
+static void describe(const int64_t h[TD__MPI_HDR], char *out, size_t cap) {
     if (h[0] == TD__MPI_KIND_SPLIT)
         snprintf(out, cap, "split");
     else
@@ -29,12 +29,14 @@ static void describe(const int64_t h[6], char *out, size_t cap) {
                           (size_t)h[3], (td_reduce_op)h[4], (int)h[5]);
 }
 
-td_status td__mpi_agree(td__mpi_ctx *ctx, const int64_t hdr[6], double timeout_s) {
-    int64_t *all = malloc((size_t)ctx->size * 6 * sizeof *all);
+td_status td__mpi_agree(td__mpi_ctx *ctx, const int64_t hdr[TD__MPI_HDR], const char *error_msg,
+                        double timeout_s) {
+    enum { H = TD__MPI_HDR, MSG = 192 };
+    int64_t *all = malloc((size_t)ctx->size * H * sizeof *all);
     if (!all) return td__fail(TD_ENOMEM, "mpi: out of memory for call headers");
     MPI_Request req;
     td__mpi_lock();
-    int rc = MPI_Iallgather(hdr, 6, MPI_INT64_T, all, 6, MPI_INT64_T, ctx->comm, &req);
+    int rc = MPI_Iallgather(hdr, H, MPI_INT64_T, all, H, MPI_INT64_T, ctx->comm, &req);
     td__mpi_unlock();
     if (rc != MPI_SUCCESS) {
         free(all);
@@ -48,10 +50,41 @@ td_status td__mpi_agree(td__mpi_ctx *ctx, const int64_t hdr[6], double timeout_s
         ctx->broken = 1;
         return st; /* `all` may still be written to by MPI: leave it */
     }
+    /* Rejected arguments first: one more exchange carries the reasons, and every rank reports
+     * the lowest rejecting rank. */
+    int bad = -1;
+    for (int r = 0; r < ctx->size && bad < 0; r++)
+        if (all[H * r + 6]) bad = r;
+    if (bad >= 0) {
+        char *msgs = calloc((size_t)ctx->size, MSG), msg[MSG] = {0};
+        if (!msgs) {
+            free(all);
+            return td__fail(TD_ENOMEM, "mpi: out of memory for call headers");
+        }
+        snprintf(msg, sizeof msg, "%s", error_msg ? error_msg : "");
+        td__mpi_lock();
+        rc = MPI_Iallgather(msg, MSG, MPI_CHAR, msgs, MSG, MPI_CHAR, ctx->comm, &req);
+        td__mpi_unlock();
+        st = rc != MPI_SUCCESS ? td__mpi_error(rc, "MPI_Iallgather (rejected arguments)")
+                               : td__mpi_wait(ctx, &req, NULL, timeout_s, what);
+        if (st != TD_OK) {
+            ctx->broken = 1;
+            free(all);
+            return st;
+        }
+        char theirs[128];
+        describe(all + H * bad, theirs, sizeof theirs);
+        msgs[(size_t)bad * MSG + MSG - 1] = 0;
+        st = td__fail((td_status)all[H * bad + 6], "rank %d: %s: %s", bad, theirs,
+                      msgs + (size_t)bad * MSG);
+        free(msgs);
+        free(all);
+        return st;
+    }
     /* Every rank compares against rank 0, so all of them report the same pair. */
     for (int r = 1; r < ctx->size && st == TD_OK; r++) {
-        const int64_t *a = all, *b = all + 6 * r;
-        int same = a[0] == b[0] && (a[0] == TD__MPI_KIND_SPLIT || memcmp(a, b, 6 * sizeof *a) == 0);
+        const int64_t *a = all, *b = all + H * r;
+        int same = a[0] == b[0] && (a[0] == TD__MPI_KIND_SPLIT || memcmp(a, b, H * sizeof *a) == 0);
         if (!same) {
             char da[128], db[128];
             describe(a, da, sizeof da);
@@ -363,15 +396,17 @@ td_status td__mpi_collective(void *vctx, const td__coll *c, double timeout_s) {
     if (ctx->broken)
         return td__fail(TD_ESTATE, "mpi %s: the group is unusable after an earlier timeout",
                         td__coll_name(c->kind));
+    if (c->error && !ctx->check) /* nobody to tell (TANDEM_MPI_CHECK=0) */
+        return td__fail(c->error, "rank %d: %s", ctx->rank, c->error_msg);
     if (ctx->check) {
-        int64_t hdr[6] = {c->kind, (int64_t)c->seq, -1, 0, -1, -1};
+        int64_t hdr[TD__MPI_HDR] = {c->kind, (int64_t)c->seq, -1, 0, -1, -1, c->error};
         if (c->kind != TD__COLL_BARRIER) {
             hdr[2] = c->dtype;
             hdr[3] = (int64_t)c->count;
         }
         if (td__coll_is_reduction(c->kind)) hdr[4] = c->op;
         if (td__coll_is_rooted(c->kind)) hdr[5] = c->root;
-        td_status st = td__mpi_agree(ctx, hdr, timeout_s);
+        td_status st = td__mpi_agree(ctx, hdr, c->error_msg, timeout_s);
         if (st != TD_OK) return st;
     }
     td_status st = validate(ctx, c);

@@ -37,9 +37,14 @@ td_status td__mpi_collective(void *ctx, const td__coll *coll, double timeout_s);
  * is reported as a mismatch too. */
 #define TD__MPI_KIND_SPLIT 100
 
-/* Exchanges this rank's call header with every rank and fails with TD_EMISMATCH naming
- * both calls when any rank disagrees. `hdr` is {kind, seq, dtype, count, op, root}, with
- * -1 in the fields the kind does not use. */
-td_status td__mpi_agree(td__mpi_ctx *ctx, const int64_t hdr[6], double timeout_s);
+/* Fields of a call header: {kind, seq, dtype, count, op, root, error}, with -1 in the fields
+ * the kind does not use and error the td_status of rejected arguments (0: none). */
+#define TD__MPI_HDR 7
+
+/* Exchanges this rank's call header with every rank. When any rank's arguments were rejected
+ * every rank returns the lowest such rank's error (`error_msg` is this rank's reason, sent to
+ * the others); otherwise it fails with TD_EMISMATCH naming both calls when any rank disagrees. */
+td_status td__mpi_agree(td__mpi_ctx *ctx, const int64_t hdr[TD__MPI_HDR], const char *error_msg,
+                        double timeout_s);
 
 #endif

@@ -204,17 +204,35 @@ static int call_equal(const shm_call *a, const shm_call *b) {
            a->op == b->op && a->root == b->root;
 }
 
-td_status td__shm_step(shm_ctx *c, const shm_call *call, uint64_t timeout_ns) {
+td_status td__shm_step(shm_ctx *c, const shm_call *call, const char *error_msg,
+                       uint64_t timeout_ns) {
     static const shm_call none = {0};
-    if (c->size == 1) {
-        c->phase++;
-        return TD_OK;
-    }
     unsigned parity = (c->phase + 1) & 1;
-    if (call) c->ranks[c->rank].call[parity] = *call;
-    post(c);
-    td_status s = wait_peers(c, c->phase, call ? call : &none, timeout_ns);
-    if (s || !call) return s;
+    if (call) {
+        shm_rank *me = &c->ranks[c->rank];
+        me->call[parity] = *call;
+        if (call->error)
+            snprintf(me->error_msg[parity], sizeof me->error_msg[parity], "%s",
+                     error_msg ? error_msg : "invalid arguments");
+    }
+    if (c->size > 1) {
+        post(c);
+        td_status s = wait_peers(c, c->phase, call ? call : &none, timeout_ns);
+        if (s) return s;
+    } else {
+        c->phase++;
+    }
+    if (!call) return TD_OK;
+    /* Rejected arguments first: every rank reports the lowest such rank, and the call is
+     * over for all of them without poisoning the group. */
+    for (int r = 0; r < c->size; r++) {
+        const shm_call *theirs = &c->ranks[r].call[parity];
+        if (!theirs->error) continue;
+        char what[160];
+        describe(what, sizeof what, theirs);
+        return td__fail((td_status)theirs->error, "rank %d: %s: %s", r, what,
+                        c->ranks[r].error_msg[parity]);
+    }
     for (int r = 0; r < c->size; r++) {
         const shm_call *theirs = &c->ranks[r].call[parity];
         if (r == c->rank || call_equal(call, theirs)) continue;
@@ -343,12 +361,16 @@ static td_status segment_open(shm_ctx *c, const char *name) {
 /* After every rank has passed this barrier, every rank has the segment mapped. */
 static td_status mapped_barrier(shm_ctx *c, uint32_t kind, uint64_t seq, uint64_t timeout_ns) {
     shm_call call = {.kind = kind, .seq = seq};
-    td_status s = td__shm_step(c, &call, timeout_ns);
+    td_status s = td__shm_step(c, &call, NULL, timeout_ns);
     if (!s) shm_file_sealed(&c->fd);
     return s;
 }
 
 static void shm_destroy(void *ctx) { ctx_free(ctx); }
+
+static void shm_abort(void *ctx, int rank) {
+    td__shm_poison(ctx, TD_EPEER, "rank %d aborted the group (td_comm_abort)", rank);
+}
 
 static td_status shm_split(void *ctx, int color, int key, double timeout_s, void **child,
                            td__group_shape *shape);
@@ -363,6 +385,7 @@ static const td__backend_ops shm_ops = {
     .split = shm_split,
     .alloc = td__shm_alloc,
     .free = td__shm_free,
+    .abort = shm_abort,
     .destroy = shm_destroy,
 };
 

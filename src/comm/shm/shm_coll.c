@@ -93,7 +93,7 @@ static td_status zero_copy(shm_ctx *c, const shm_reg *g, size_t off, size_t N, t
         for (int j = 0; j < n; j++)
             if (j != me) memcpy((void *)(uintptr_t)src[j], mine + a * es, len * es);
     }
-    return td__shm_step(c, NULL, tmo);
+    return td__shm_step(c, NULL, NULL, tmo);
 }
 
 /* Reduces N elements of every rank's `send`; this rank receives [wlo, whi) in `out`. When
@@ -112,7 +112,7 @@ static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned 
     if (n == 1 || N * es <= SHM_SMALL) {
         unsigned wp = (c->phase + 1) & 1;
         if (n > 1 && N) memcpy(shm_staging(c, me, wp), send, N * es);
-        s = td__shm_step(c, call, tmo);
+        s = td__shm_step(c, call, NULL, tmo);
         if (!s && whi > wlo) {
             for (int j = 0; j < n; j++)
                 src[j] = (j == me ? send : shm_staging(c, j, wp)) + wlo * es;
@@ -149,7 +149,7 @@ static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned 
             copy_window(out, wlo, whi, res, base, base + lo, es, stream);
             copy_window(out, wlo, whi, res + hi * es, base + hi, base + len, es, stream);
         }
-        if (p <= nch) s = td__shm_step(c, p == 0 ? call : NULL, tmo);
+        if (p <= nch) s = td__shm_step(c, p == 0 ? call : NULL, NULL, tmo);
         int mode = p == 0 && !s && call ? reg_mode(c) : 0;
         if (mode == 1) {
             size_t off = 0;
@@ -189,7 +189,7 @@ static td_status bcast_window(shm_ctx *c, const shm_call *call, const unsigned c
             size_t base = (p - 1) * E, len = N - base < E ? N - base : E;
             copy_window(out, wlo, whi, shm_staging(c, root, rp), base, base + len, es, 0);
         }
-        if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, tmo);
+        if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, NULL, tmo);
     }
     return s;
 }
@@ -214,7 +214,7 @@ static td_status gather_all(shm_ctx *c, const shm_call *call, const unsigned cha
                 if (j != me)
                     memcpy(out + ((size_t)j * count + base) * es, shm_staging(c, j, rp), len * es);
         }
-        if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, tmo);
+        if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, NULL, tmo);
     }
     return s;
 }
@@ -241,7 +241,7 @@ static td_status alltoall(shm_ctx *c, const shm_call *call, const unsigned char 
                     memcpy(out + ((size_t)j * count + base) * es,
                            shm_staging(c, j, rp) + (size_t)me * E * es, len * es);
         }
-        if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, tmo);
+        if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, NULL, tmo);
     }
     return s;
 }
@@ -276,6 +276,10 @@ td_status td__shm_collective(void *ctx, const td__coll *k, double timeout_s) {
     if (k->kind != TD__COLL_BARRIER) call.dtype = (uint32_t)k->dtype;
     if (td__coll_is_reduction(k->kind)) call.op = (uint32_t)k->op;
     if (td__coll_is_rooted(k->kind)) call.root = k->root;
+    if (k->error) { /* this rank's arguments were rejected: only tell the others */
+        call.error = k->error;
+        return td__shm_step(c, &call, k->error_msg, tmo);
+    }
     const unsigned char *send = k->send;
     unsigned char *recv = k->recv, *tmp = NULL;
     /* Sizes of the send and receive sides, to spot overlaps the algorithms cannot take. */
@@ -350,7 +354,7 @@ td_status td__shm_collective(void *ctx, const td__coll *k, double timeout_s) {
         s = alltoall(c, &call, send, recv, cnt, es, tmo);
         break;
     case TD__COLL_BARRIER:
-        s = td__shm_step(c, &call, tmo);
+        s = td__shm_step(c, &call, NULL, tmo);
         break;
     default:
         s = td__fail(TD_EINVAL, "shm: unknown collective %d", (int)k->kind);

@@ -43,12 +43,15 @@
 
 /* One call as posted in the segment. `reg`/`reg_off` (not part of the mismatch check): an
  * in-place all-reduce on a registered buffer posts its allocation id and offset there, and
- * when every rank posted the same pair the ranks reduce in each other's regions directly. */
+ * when every rank posted the same pair the ranks reduce in each other's regions directly.
+ * `error` (not TD_OK: this rank's arguments were rejected) comes with a message in the rank's
+ * control block. */
 typedef struct {
     uint32_t kind, dtype, op;
     int32_t root;
     uint64_t seq, count;
     uint64_t reg, reg_off;
+    int32_t error;
 } shm_call;
 
 /* Per-rank control block. Counters are futex words: waiters sleep on their own `bell`,
@@ -61,6 +64,7 @@ typedef struct {
     _Atomic uint32_t p2p_bell;
     int32_t pid;
     _Alignas(64) shm_call call[2];
+    char error_msg[2][192]; /* why call[parity].error, when it is set */
 } shm_rank;
 
 /* A single-producer single-consumer byte ring from one rank to another. */
@@ -130,9 +134,12 @@ td_status td__shm_poison(shm_ctx *c, td_status status, const char *fmt, ...) TD_
 /* The TD_EPEER error a rank reports after another rank aborted the group. */
 td_status td__shm_poisoned(shm_ctx *c, const char *what);
 
-/* One phase: publishes `call` (first phase of a collective, else NULL), posts, waits for
- * every peer to post, then checks that every peer published the same call. */
-td_status td__shm_step(shm_ctx *c, const shm_call *call, uint64_t timeout_ns);
+/* One phase: publishes `call` (first phase of a collective, else NULL; `error_msg` with a
+ * call whose error is set), posts, waits for every peer to post, then returns the lowest
+ * rank's rejected arguments if any rank posted an error, and otherwise checks that every peer
+ * published the same call. */
+td_status td__shm_step(shm_ctx *c, const shm_call *call, const char *error_msg,
+                       uint64_t timeout_ns);
 
 /* Every rank's `bytes` of `mine` into all[rank * bytes], as one internal collective `call`. */
 td_status td__shm_allgather_bytes(shm_ctx *c, const shm_call *call, const void *mine, void *all,
