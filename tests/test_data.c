@@ -396,6 +396,55 @@ done:
     td_dataset_destroy(d);
 }
 
+/* Sharded global batches: batch k of 128 is the same samples at every world size, cut 43,
+ * 43, 42 over three ranks, and a short last batch is kept or dropped. */
+static void loader_shards_global_batches_unevenly(void) {
+    size_t off, cnt;
+    td_split_even(128, 3, 0, &off, &cnt);
+    CHECK(off == 0 && cnt == 43);
+    td_split_even(128, 3, 2, &off, &cnt);
+    CHECK(off == 86 && cnt == 42);
+    td_split_even(2, 3, 2, &off, &cnt);
+    CHECK(off == 2 && cnt == 0);
+    td_dataset *d = counting_dataset(1000);
+    for (int drop = 0; drop < 2; drop++) {
+        static int64_t whole[1000], parts[1000];
+        size_t nb = 0, last = 0, got = 0;
+        td_loader_params p = td_loader_default_params();
+        p.sampler.seed = 5;
+        p.sampler.global_batch = 128;
+        p.sampler.drop_last = drop;
+        td_loader *l = NULL;
+        CHECK_OK(td_loader_create(&l, d, &p));
+        if (!l) break;
+        size_t total = drain_epoch(l, whole, 1000, &nb, &last);
+        CHECK_EQ(total, drop ? 7 * 128 : 1000);
+        CHECK_EQ(nb, drop ? 7 : 8);
+        td_loader_destroy(l);
+        /* Three ranks' slices of each batch, side by side, are the batch itself. */
+        td_loader *r[3] = {NULL};
+        for (int k = 0; k < 3; k++) {
+            p.sampler.rank = k;
+            p.sampler.world_size = 3;
+            CHECK_OK(td_loader_create(&r[k], d, &p));
+        }
+        if (!r[0] || !r[1] || !r[2]) break;
+        for (size_t b = 0; b < nb; b++)
+            for (int k = 0; k < 3; k++) {
+                td_batch x;
+                CHECK_OK(td_loader_next(r[k], &x));
+                size_t want_off, want;
+                td_split_even(b + 1 < nb || drop ? 128 : 1000 - 7 * 128, 3, k, &want_off, &want);
+                CHECK_EQ(x.size, want);
+                for (size_t i = 0; i < x.size && got < 1000; i++) parts[got++] = x.y[i];
+            }
+        CHECK_EQ(got, total);
+        CHECK(memcmp(whole, parts, total * sizeof *whole) == 0);
+        for (int k = 0; k < 3; k++) td_loader_destroy(r[k]);
+    }
+    td_dataset_destroy(d);
+}
+
 static void loader_drop_last_and_ranks(void) {
     td_dataset *d = counting_dataset(1000);
     td_loader_params p = td_loader_default_params();
@@ -540,6 +589,7 @@ int main(void) {
     RUN(sampler_epochs_and_seeds);
     RUN(loader_covers_every_sample_once_per_epoch);
     RUN(loader_drop_last_and_ranks);
+    RUN(loader_shards_global_batches_unevenly);
     RUN(loader_seek_resumes_bit_for_bit);
     RUN(loader_destroy_mid_epoch);
     RUN(loader_over_fashion_mnist_two_ranks);

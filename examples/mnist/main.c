@@ -5,9 +5,10 @@
  *
  * Under a launcher (WORLD_SIZE in the environment) every rank builds the same model, DDP
  * broadcasts rank 0's parameters and averages gradients bucket by bucket during backward,
- * and each rank trains on its DistributedSampler shard with global_batch / world_size
- * samples per step. Only rank 0 prints and writes checkpoints. Test accuracy is computed
- * each epoch with the test set split across ranks. */
+ * and each rank trains on its slice of every global batch: the batch split as evenly as it
+ * goes (128 over 3 ranks: 43, 43, 42), each rank's gradient weighted by its share so that the
+ * average is the global batch's mean. Only rank 0 prints and writes checkpoints. Test
+ * accuracy is computed each epoch with the test set split across ranks. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +109,8 @@ typedef struct {
     td_ddp *ddp;
     td_trace *trace;
     int first_epoch;
+    int64_t local_batch; /* this rank's slice of the global batch */
+    float grad_scale;    /* world * local_batch / batch: weights the rank average by share */
 } trainer;
 
 /* Parameters, buffers and optimizer state: what a checkpoint holds. */
@@ -178,20 +181,24 @@ static void setup(trainer *t) {
         t->rank = td_comm_rank(t->comm);
         t->world = td_comm_size(t->comm);
     }
-    if (t->opt.batch % t->world) {
-        fprintf(stderr, "mnist: --batch %d does not split evenly over %d ranks\n", t->opt.batch,
-                t->world);
+    if (t->opt.batch < t->world) {
+        fprintf(stderr,
+                "mnist: --batch %d gives some of the %d ranks no sample; pass at least %d\n",
+                t->opt.batch, t->world, t->world);
         exit(2);
     }
+    size_t first, count;
+    td_split_even((size_t)t->opt.batch, t->world, t->rank, &first, &count);
+    t->local_batch = (int64_t)count;
+    t->grad_scale = (float)((double)t->world * (double)count / (double)t->opt.batch);
     td_graph_params go = td_graph_default_params();
     go.seed = t->opt.seed;
     CHECK(td_graph_create(&t->train, &go));
-    CHECK(td_model_build(t->train, t->opt.model, t->opt.batch / t->world, t->opt.seed, &t->model));
+    CHECK(td_model_build(t->train, t->opt.model, t->local_batch, t->opt.seed, &t->model));
     CHECK(td_graph_compile(t->train));
     go.grad_enabled = 0;
     CHECK(td_graph_create(&t->eval, &go));
-    CHECK(td_model_build(t->eval, t->opt.model, t->opt.batch / t->world, t->opt.seed,
-                         &t->eval_model));
+    CHECK(td_model_build(t->eval, t->opt.model, t->local_batch, t->opt.seed, &t->eval_model));
     CHECK(td_graph_compile(t->eval));
     CHECK(td_graph_share_params(t->eval, t->train));
     td_graph_set_training(t->eval, 0);
@@ -255,7 +262,8 @@ static double train_epoch(trainer *t, td_loader *loader, int epoch) {
         CHECK(td_tensor_set_data(t->model.labels, batch.y));
         CHECK(td_graph_forward(t->train));
         uint64_t t1 = td_time_ns();
-        CHECK(td_graph_backward(t->train, t->model.loss));
+        /* The loss is this rank's mean; its share of the global mean has this weight. */
+        CHECK(td_graph_backward_from(t->train, t->model.loss, &t->grad_scale));
         if (t->ddp) CHECK(td_ddp_finish_backward(t->ddp));
         uint64_t t2 = td_time_ns();
         CHECK(td_optim_step(t->optim));
@@ -320,15 +328,15 @@ int main(int argc, char **argv) {
     CHECK(td_dataset_load_fashion_mnist(&train_set, t.opt.data_dir, TD_SPLIT_TRAIN));
     CHECK(td_dataset_load_fashion_mnist(&test_set, t.opt.data_dir, TD_SPLIT_TEST));
     td_loader_params lp = td_loader_default_params();
-    lp.batch_size = (size_t)(t.opt.batch / t.world);
+    lp.sampler.global_batch = (size_t)t.opt.batch; /* each rank its slice of every batch */
     lp.sampler.seed = t.opt.seed;
-    lp.drop_last = 1; /* the graph is built for one batch size */
+    lp.sampler.drop_last = 1; /* the graph is built for one batch size */
     lp.sampler.rank = t.rank;
     lp.sampler.world_size = t.world;
     td_loader *loader, *test_loader;
     CHECK(td_loader_create(&loader, train_set, &lp));
     td_loader_params tp = td_loader_default_params();
-    tp.batch_size = lp.batch_size;
+    tp.batch_size = (size_t)(t.opt.batch / t.world); /* the same batches on every rank */
     tp.sampler.shuffle = 0;
     CHECK(td_loader_create(&test_loader, test_set, &tp));
 

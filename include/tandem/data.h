@@ -76,20 +76,31 @@ int64_t *td_dataset_y(td_dataset *dataset);
 
 /* ---- DistributedSampler ------------------------------------------------------------- */
 
-/* Options of a sampler; fill with td_sampler_default_params. */
+/* Options of a sampler; fill with td_sampler_default_params. Two ways to share an epoch:
+ * global_batch 0 is torch's DistributedSampler (rank r takes every world_size-th index of the
+ * permutation, padded or truncated to an equal share); global_batch B > 0 shards each global
+ * batch instead: batch k is the permutation's samples [kB, kB + B), cut into one contiguous
+ * slice per rank as even as possible (td_split_even: 128 over 3 ranks is 43, 43, 42), so the
+ * order depends on the seed, the epoch and B only, and any world size sees the same batches. */
 typedef struct {
-    int rank;       /* 0..world_size-1 */
-    int world_size; /* number of replicas, >= 1 */
-    int shuffle;    /* permute with seed + epoch */
-    uint64_t seed;  /* the same on every rank */
-    int drop_last;  /* truncate to floor(N / world) * world instead of padding */
+    int rank;            /* 0..world_size-1 */
+    int world_size;      /* number of replicas, >= 1 */
+    int shuffle;         /* permute with seed + epoch */
+    uint64_t seed;       /* the same on every rank */
+    int drop_last;       /* 0: pad (rank-strided) or keep a short last batch (sharded);
+                            1: truncate to floor(N / world) * world, or drop the short batch */
+    size_t global_batch; /* 0: rank-strided; B: sharded global batches of B samples */
 } td_sampler_params;
 
-/* rank 0 of 1, shuffle on, seed 0, drop_last off. */
+/* rank 0 of 1, shuffle on, seed 0, drop_last off, rank-strided. */
 td_sampler_params td_sampler_default_params(void);
 
-/* Splits range(N) among ranks as torch.utils.data.DistributedSampler does. */
+/* Splits range(N) among ranks as torch.utils.data.DistributedSampler does, or by global batch. */
 typedef struct td_sampler td_sampler;
+
+/* Rank `rank`'s part of `total` items split among `world` ranks as evenly as it goes: the first
+ * total % world ranks get one more; *offset is where its part starts. */
+void td_split_even(size_t total, int world, int rank, size_t *offset, size_t *count);
 
 /* Creates a sampler over n samples, set to epoch 0. */
 td_status td_sampler_create(td_sampler **out, size_t n, const td_sampler_params *params);
@@ -106,12 +117,20 @@ size_t td_sampler_size(const td_sampler *sampler);
 /* This rank's indices for the current epoch, (td_sampler_size), owned by the sampler. */
 const size_t *td_sampler_indices(const td_sampler *sampler);
 
+/* Sharded samplers (global_batch > 0): global batches per epoch, and where batch k's slice for
+ * this rank lies in td_sampler_indices (count may be 0 for a short last batch). */
+size_t td_sampler_batches(const td_sampler *sampler);
+void td_sampler_batch(const td_sampler *sampler, size_t k, size_t *first, size_t *count);
+
 /* ---- Batch loader ------------------------------------------------------------------- */
 
 /* Options of a loader; fill with td_loader_default_params. */
 typedef struct {
-    size_t batch_size;         /* samples per batch, >= 1 */
-    int drop_last;             /* drop the final partial batch instead of yielding it short */
+    size_t batch_size;         /* samples per batch, >= 1; with a sharding sampler
+                                  (sampler.global_batch > 0) each batch is this rank's slice of
+                                  a global batch instead, and this field is ignored */
+    int drop_last;             /* drop the final partial batch instead of yielding it short
+                                  (sharded: the sampler's drop_last decides) */
     td_sampler_params sampler; /* which indices this rank gets, in which order */
 } td_loader_params;
 

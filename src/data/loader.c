@@ -45,13 +45,24 @@ td_loader_params td_loader_default_params(void) {
     return p;
 }
 
+/* Where batch b lies in the sampler's indices: this rank's slice of global batch b when the
+ * sampler shards, else the b-th run of batch_size. */
+static void batch_range(const td_loader *l, size_t b, size_t *start, size_t *size) {
+    if (l->p.sampler.global_batch) {
+        td_sampler_batch(l->sampler, b, start, size);
+        return;
+    }
+    *start = b * l->p.batch_size;
+    *size = l->per_rank - *start;
+    if (*size > l->p.batch_size) *size = l->p.batch_size;
+}
+
 static void fill(td_loader *l, slot *s, size_t b) {
     const size_t *idx = td_sampler_indices(l->sampler);
     const float *x = td_dataset_x(l->dataset);
     const int64_t *y = td_dataset_y(l->dataset);
-    size_t start = b * l->p.batch_size;
-    size_t size = l->per_rank - start;
-    if (size > l->p.batch_size) size = l->p.batch_size;
+    size_t start, size;
+    batch_range(l, b, &start, &size);
     for (size_t i = 0; i < size; i++) {
         size_t j = idx[start + i];
         memcpy(s->x + i * l->numel, x + j * l->numel, l->numel * sizeof(float));
@@ -105,7 +116,7 @@ td_status td_loader_create(td_loader **out, const td_dataset *dataset,
     if (!out || !dataset || !params)
         return td__fail(TD_EINVAL, "td_loader_create: out, dataset and params must not be NULL");
     *out = NULL;
-    if (params->batch_size < 1)
+    if (params->batch_size < 1 && !params->sampler.global_batch)
         return td__fail(TD_EINVAL, "td_loader_create: batch_size is 0, expected >= 1");
     td_loader *l = calloc(1, sizeof *l);
     if (!l) return td__fail(TD_ENOMEM, "td_loader_create: out of memory");
@@ -120,7 +131,13 @@ td_status td_loader_create(td_loader **out, const td_dataset *dataset,
     l->numel = td_dataset_sample_numel(dataset);
     l->per_rank = td_sampler_size(l->sampler);
     size_t bs = params->batch_size;
-    l->nb = params->drop_last ? l->per_rank / bs : (l->per_rank + bs - 1) / bs;
+    if (params->sampler.global_batch) { /* this rank's slices; the largest sets the capacity */
+        size_t w = (size_t)params->sampler.world_size;
+        bs = (params->sampler.global_batch + w - 1) / w;
+        l->nb = td_sampler_batches(l->sampler);
+    } else {
+        l->nb = params->drop_last ? l->per_rank / bs : (l->per_rank + bs - 1) / bs;
+    }
     for (int i = 0; i < 2; i++) {
         l->slots[i].x = malloc(bs * l->numel * sizeof(float) + 1);
         l->slots[i].y = malloc(bs * sizeof(int64_t));
