@@ -118,8 +118,8 @@ static td_status add_layers(td_sequential *s, td_model_kind kind) {
     default: {
         cnn_arg c[4] = {{1, 32, 0}, {2, 32, 1}, {3, 64, 0}, {4, 64, 1}};
         for (int i = 0; i < 4; i++) {
-            char name[8];
-            snprintf(name, sizeof name, "conv%d", i + 1);
+            char name[16];
+            snprintf(name, sizeof name, "conv%d", c[i].index);
             TD__TRY(td_sequential_add(s, name, cnn_conv, &c[i], sizeof c[i]));
         }
         fc_arg fc = {10, 1, 0};
