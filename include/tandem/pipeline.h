@@ -77,7 +77,7 @@ typedef struct {
     td_trace *trace;       /* NULL, or where forward, backward and transfer spans are recorded */
 } td_pipeline_params;
 
-/* 1F1B, 2 stages, 4 micro-batches, batch 128, balanced split, seed 0, 3 reps, the graph's and
+/* 1F1B, 2 stages, 4 micro-batches, batch 128, balanced split, seed 0, 5 reps, the graph's and
  * DDP's defaults, no trace. */
 td_pipeline_params td_pipeline_default_params(void);
 
@@ -149,7 +149,8 @@ const char *td_pipeline_schedule_name(td_pipeline_schedule schedule);
 td_status td_pipeline_schedule_parse(const char *name, td_pipeline_schedule *out);
 
 /* Seconds of one forward + backward of each layer of `model` alone at batch `micro_batch`
- * (the median of `reps` timed runs after one warm-up), into seconds[0 .. count). Local. */
+ * (the fastest of `reps` timed runs after one warm-up: a busy machine only adds time), into
+ * seconds[0 .. count). Local. */
 td_status td_pipeline_profile_layers(const td_sequential *model, int64_t micro_batch, int reps,
                                      double *seconds);
 

@@ -23,7 +23,7 @@ td_pipeline_params td_pipeline_default_params(void) {
     p.batch = 128;
     p.split = NULL;
     p.seed = 0;
-    p.balance_reps = 3;
+    p.balance_reps = 5;
     p.graph = td_graph_default_params();
     p.ddp = td_ddp_default_params();
     p.trace = NULL;
