@@ -212,6 +212,8 @@ static void equiv_rank(int rank, int size, int port, void *arg) {
     int expect_graphs =
         j->schedule == TD_SCHEDULE_1F1B && j->stages - info.stage < M ? j->stages - info.stage : M;
     CHECK_EQ(info.graphs, expect_graphs);
+    /* Raised where this process may, left alone where it may not. */
+    CHECK(info.transfer_nice == -10 || info.transfer_nice == 0);
     td_param *p, *buf;
     size_t n, nbuf;
     CHECK_OK(td_pipeline_parameters(pipe, &p, &n));

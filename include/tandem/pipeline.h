@@ -72,13 +72,17 @@ typedef struct {
                               each a td_sequential_find name; NULL: balanced from measured time */
     uint64_t seed;         /* parameter initialisation and the dropout streams */
     int balance_reps;      /* timed forward+backward runs per layer when balancing */
+    int transfer_nice;     /* nice value of the transfer threads (-10; 0: as created). They sleep
+                              almost always, but when data moves they must run at once, not after
+                              the compute thread's time slice; raising them needs CAP_SYS_NICE or
+                              RLIMIT_NICE, and without it they stay as they are */
     td_graph_params graph; /* options of the stage graphs (conv_winograd, arena blocks) */
     td_ddp_params ddp;     /* the replicas' DDP, when there is more than one replica */
     td_trace *trace;       /* NULL, or where forward, backward and transfer spans are recorded */
 } td_pipeline_params;
 
-/* 1F1B, 2 stages, 4 micro-batches, batch 128, balanced split, seed 0, 5 reps, the graph's and
- * DDP's defaults, no trace. */
+/* 1F1B, 2 stages, 4 micro-batches, batch 128, balanced split, seed 0, 5 reps, transfer
+ * threads at nice -10, the graph's and DDP's defaults, no trace. */
 td_pipeline_params td_pipeline_default_params(void);
 
 /* Where this rank sits and what it holds. */
@@ -91,6 +95,7 @@ typedef struct {
     size_t last_layer;
     size_t stage_first[TD_PIPELINE_MAX_STAGES + 1]; /* every stage's first layer, then count */
     int graphs;                                     /* micro-batch graphs this stage keeps */
+    int transfer_nice; /* the transfer threads' nice value (0 when it could not be set) */
 } td_pipeline_info;
 
 /* Measurements of the last step on this rank (td_time_ns clock, shared by a host's ranks). */

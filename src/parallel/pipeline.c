@@ -24,6 +24,7 @@ td_pipeline_params td_pipeline_default_params(void) {
     p.split = NULL;
     p.seed = 0;
     p.balance_reps = 5;
+    p.transfer_nice = -10;
     p.graph = td_graph_default_params();
     p.ddp = td_ddp_default_params();
     p.trace = NULL;
@@ -359,15 +360,15 @@ static td_status start_channels(td_pipeline *pp) {
     td_trace *tr = pp->opt.trace;
     if (pp->stage > 0) {
         TD__TRY(td__pp_channel_start(&pp->act_in, pp->pipe, pp->stage - 1, PP_TAG_ACT, 0,
-                                     "recv activations", tr));
+                                     "recv activations", tr, pp->opt.transfer_nice));
         TD__TRY(td__pp_channel_start(&pp->grad_out, pp->pipe, pp->stage - 1, PP_TAG_GRAD, 1,
-                                     "send gradients", tr));
+                                     "send gradients", tr, pp->opt.transfer_nice));
     }
     if (pp->stage + 1 < pp->P) {
         TD__TRY(td__pp_channel_start(&pp->act_out, pp->pipe, pp->stage + 1, PP_TAG_ACT, 1,
-                                     "send activations", tr));
+                                     "send activations", tr, pp->opt.transfer_nice));
         TD__TRY(td__pp_channel_start(&pp->grad_in, pp->pipe, pp->stage + 1, PP_TAG_GRAD, 0,
-                                     "recv gradients", tr));
+                                     "recv gradients", tr, pp->opt.transfer_nice));
     }
     return TD_OK;
 }
@@ -505,6 +506,7 @@ td_pipeline_info td_pipeline_get_info(const td_pipeline *pp) {
     info.last_layer = pp->last_layer;
     memcpy(info.stage_first, pp->stage_first, sizeof info.stage_first);
     info.graphs = pp->K;
+    info.transfer_nice = td__pp_channel_nice(pp->stage > 0 ? &pp->act_in : &pp->act_out);
     return info;
 }
 

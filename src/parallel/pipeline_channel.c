@@ -6,13 +6,24 @@
  * schedule fills and checks the headers. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "core/core_impl.h"
 #include "parallel/pipeline_impl.h"
 
 static void *channel_main(void *arg) {
     pp_channel *c = arg;
+    /* A transfer thread sleeps almost always and must run the moment its peer has moved data:
+     * at the compute thread's priority the scheduler lets it wait for milliseconds, and both
+     * stages with it. Raising it needs the privilege to; without, it runs as it is. */
+    int nice = c->nice;
+    if (nice && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice) != 0) nice = 0;
     pthread_mutex_lock(&c->lock);
+    c->nice = nice;
+    c->ready = 1;
+    pthread_cond_broadcast(&c->cond);
     for (;;) {
         while (!c->head && !c->stop) pthread_cond_wait(&c->cond, &c->lock);
         if (!c->head) break;
@@ -41,8 +52,9 @@ static void *channel_main(void *arg) {
 }
 
 td_status td__pp_channel_start(pp_channel *c, td_comm *comm, int peer, int tag, int is_send,
-                               const char *what, td_trace *trace) {
+                               const char *what, td_trace *trace, int nice) {
     memset(c, 0, sizeof *c);
+    c->nice = nice;
     c->comm = comm;
     c->peer = peer;
     c->tag = tag;
@@ -57,8 +69,13 @@ td_status td__pp_channel_start(pp_channel *c, td_comm *comm, int peer, int tag, 
         return td__fail(TD_ESTATE, "pipeline: cannot start the '%s' thread", what);
     }
     c->started = 1;
+    pthread_mutex_lock(&c->lock);
+    while (!c->ready) pthread_cond_wait(&c->cond, &c->lock);
+    pthread_mutex_unlock(&c->lock);
     return TD_OK;
 }
+
+int td__pp_channel_nice(const pp_channel *c) { return c->started ? c->nice : 0; }
 
 void td__pp_channel_stop(pp_channel *c) {
     if (!c->started) return;

@@ -47,16 +47,20 @@ typedef struct {
     int peer, tag, is_send;
     const char *what; /* "send activations" */
     td_trace *trace;
+    int nice; /* the thread's nice value when it could set it, else 0 */
     pthread_t thread;
-    int started, stop;
+    int started, ready, stop; /* ready: the thread has set its priority */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     pp_job *head, *tail;
 } pp_channel;
 
-/* Starts the channel's thread. */
+/* Starts the channel's thread, at nice value `nice` where allowed (0: as created). */
 td_status td__pp_channel_start(pp_channel *c, td_comm *comm, int peer, int tag, int is_send,
-                               const char *what, td_trace *trace);
+                               const char *what, td_trace *trace, int nice);
+
+/* The nice value the thread runs at: the one asked for, or 0 when it was not allowed. */
+int td__pp_channel_nice(const pp_channel *c);
 
 /* Lets queued jobs finish (they fail fast once the group is aborted), stops and joins. */
 void td__pp_channel_stop(pp_channel *c);
