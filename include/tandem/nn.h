@@ -138,7 +138,7 @@ typedef struct {
 } td_resnet_params;
 
 /* BasicBlock, 4 stages of [1, 1, 1, 1] blocks, base width 16, 1 x 28 x 28 inputs, 10 classes:
- * 308,538 parameters; an epoch of Fashion-MNIST takes about 100 s on one core. */
+ * 308,538 parameters; an epoch of Fashion-MNIST takes about a minute on one core. */
 td_resnet_params td_resnet_default_params(void);
 
 /* The ResNet as layers named like torchvision's modules: "stem" (parameters conv1, bn1),
