@@ -153,22 +153,22 @@ static void resume(trainer *t) {
                 model ? model : "(none)", td_model_name(t->opt.model));
         exit(1);
     }
+    /* Checked before anything is loaded; the library's message names the key and the range.
+     * "epoch" counts the epochs done, so 0 (nothing trained yet) up to --epochs (nothing left
+     * to train) are the values this run can continue from. */
+    int64_t epoch;
+    uint64_t seed, offset;
+    CHECK(td_checkpoint_get_meta_i64(ck, "epoch", 0, t->opt.epochs, &epoch));
+    CHECK(td_checkpoint_get_meta_u64(ck, "dropout_rng_seed", 0, UINT64_MAX, &seed));
+    CHECK(td_checkpoint_get_meta_u64(ck, "dropout_rng_offset", 0, UINT64_MAX, &offset));
     size_t n;
     td_param *all = checkpoint_tensors(t, &n);
     CHECK(td_checkpoint_read(ck, all, n));
     free(all);
-    const char *epoch = td_checkpoint_get_meta(ck, "epoch");
-    const char *seed = td_checkpoint_get_meta(ck, "dropout_rng_seed");
-    const char *offset = td_checkpoint_get_meta(ck, "dropout_rng_offset");
-    if (!epoch || !seed || !offset) {
-        fprintf(stderr, "mnist: %s lacks the epoch or RNG metadata of a training checkpoint\n",
-                t->opt.resume);
-        exit(1);
-    }
-    t->first_epoch = atoi(epoch);
+    t->first_epoch = (int)epoch;
     td_rng *rng = td_graph_rng(t->train);
-    rng->seed = strtoull(seed, NULL, 10);
-    rng->offset = strtoull(offset, NULL, 10);
+    rng->seed = seed;
+    rng->offset = offset;
     td_checkpoint_close(ck);
 }
 
