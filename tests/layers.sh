@@ -18,7 +18,7 @@ layer_of_public() {
     data) echo data ;;
     optim) echo optim ;;
     checkpoint) echo checkpoint ;;
-    ddp | dp) echo parallel ;;
+    ddp | dp | amp) echo parallel ;;
     *) echo "?$1" ;;
     esac
 }
