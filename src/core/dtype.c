@@ -1,6 +1,9 @@
 /* Element types: sizes, names, and the bf16 / f16 <-> f32 conversions, one at a time and in
  * bulk (the scalar rules themselves are inline in core_impl.h). */
 #include <string.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 #include "core/core_impl.h"
 
@@ -27,17 +30,31 @@ void td__convert(void *dst, td_dtype dt, const void *src, td_dtype st, size_t n)
     if (st == TD_F32) {
         const float *s = src;
         uint16_t *d = dst;
-        if (dt == TD_BF16)
-            for (size_t i = 0; i < n; i++) d[i] = td__f32_to_bf16(s[i]);
-        else
-            for (size_t i = 0; i < n; i++) d[i] = td__f32_to_f16(s[i]);
+        size_t i = 0;
+        if (dt == TD_BF16) {
+            for (; i < n; i++) d[i] = td__f32_to_bf16(s[i]);
+            return;
+        }
+#ifdef __F16C__
+        /* The hardware conversion rounds to nearest even and keeps subnormals, as ours. */
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(d + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+        for (; i < n; i++) d[i] = td__f32_to_f16(s[i]);
     } else if (dt == TD_F32) {
         const uint16_t *s = src;
         float *d = dst;
-        if (st == TD_BF16)
-            for (size_t i = 0; i < n; i++) d[i] = td__bf16_to_f32(s[i]);
-        else
-            for (size_t i = 0; i < n; i++) d[i] = td__f16_to_f32(s[i]);
+        size_t i = 0;
+        if (st == TD_BF16) {
+            for (; i < n; i++) d[i] = td__bf16_to_f32(s[i]);
+            return;
+        }
+#ifdef __F16C__
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#endif
+        for (; i < n; i++) d[i] = td__f16_to_f32(s[i]);
     } else { /* bf16 <-> f16, through f32 */
         for (size_t i = 0; i < n; i++) td__store(dst, dt, i, td__load(src, st, i));
     }

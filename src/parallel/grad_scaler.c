@@ -65,10 +65,18 @@ static int unscale(void *g, td_dtype dt, size_t n, float inv) {
         }
         return bad;
     }
-    for (size_t i = 0; i < n; i++) {
-        float v = td__load(g, dt, i) * inv;
-        td__store(g, dt, i, v);
-        bad |= !isfinite(v);
+    enum { BLOCK = 1024 }; /* through f32 a block at a time: the conversions vectorise */
+    float f[BLOCK];
+    size_t es = td_dtype_size(dt);
+    for (size_t j = 0; j < n; j += BLOCK) {
+        size_t len = n - j < BLOCK ? n - j : BLOCK;
+        void *at = (unsigned char *)g + j * es;
+        td__convert(f, TD_F32, at, dt, len);
+        for (size_t i = 0; i < len; i++) {
+            f[i] *= inv;
+            bad |= !isfinite(f[i]);
+        }
+        td__convert(at, dt, f, TD_F32, len);
     }
     return bad;
 }
