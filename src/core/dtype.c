@@ -1,11 +1,38 @@
 /* Element types: sizes, names, and the bf16 / f16 <-> f32 conversions, one at a time and in
  * bulk (the scalar rules themselves are inline in core_impl.h). */
 #include <string.h>
-#ifdef __F16C__
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
 #include "core/core_impl.h"
+
+#if defined(__x86_64__)
+/* F16C converts eight at a time, rounding to nearest even and keeping subnormals as the scalar
+ * rules do. Chosen at run time: the library may run on another CPU than it was built on. */
+static int have_f16c(void) {
+    static int known = -1;
+    if (known < 0) known = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    return known;
+}
+
+__attribute__((target("avx,f16c"))) static size_t f32_to_f16_f16c(uint16_t *d, const float *s,
+                                                                 size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    return i;
+}
+
+__attribute__((target("avx,f16c"))) static size_t f16_to_f32_f16c(float *d, const uint16_t *s,
+                                                                 size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    return i;
+}
+#endif
 
 size_t td_dtype_size(td_dtype dtype) {
     static const size_t sizes[TD_DTYPE_COUNT] = {4, 8, 2, 2, 4, 8, 1};
@@ -35,11 +62,8 @@ void td__convert(void *dst, td_dtype dt, const void *src, td_dtype st, size_t n)
             for (; i < n; i++) d[i] = td__f32_to_bf16(s[i]);
             return;
         }
-#ifdef __F16C__
-        /* The hardware conversion rounds to nearest even and keeps subnormals, as ours. */
-        for (; i + 8 <= n; i += 8)
-            _mm_storeu_si128((__m128i *)(d + i),
-                             _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+#if defined(__x86_64__)
+        if (have_f16c()) i = f32_to_f16_f16c(d, s, n);
 #endif
         for (; i < n; i++) d[i] = td__f32_to_f16(s[i]);
     } else if (dt == TD_F32) {
@@ -50,9 +74,8 @@ void td__convert(void *dst, td_dtype dt, const void *src, td_dtype st, size_t n)
             for (; i < n; i++) d[i] = td__bf16_to_f32(s[i]);
             return;
         }
-#ifdef __F16C__
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#if defined(__x86_64__)
+        if (have_f16c()) i = f16_to_f32_f16c(d, s, n);
 #endif
         for (; i < n; i++) d[i] = td__f16_to_f32(s[i]);
     } else { /* bf16 <-> f16, through f32 */
