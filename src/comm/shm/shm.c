@@ -65,15 +65,8 @@ int td__shm_pid_dead(int pid) {
     if (pid <= 0) return 0;
     if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
     /* A killed child stays a zombie until its parent reaps it; it is dead all the same. */
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+    char state = td__proc_state(pid);
+    return state == 'Z' || state == 'X';
 }
 
 static void ring_all(shm_ctx *c) {
