@@ -79,21 +79,45 @@ static inline void bench_one_thread(char **argv) {
     perror("execv /proc/self/exe with OMP_NUM_THREADS=1");
 }
 
-/* The CPU's model name from /proc/cpuinfo (or "unknown CPU"), into buf. */
+/* The CPU as /proc/cpuinfo names it, with what tells machines of one name apart: family and
+ * model, and the vector features the kernels choose by (avx512f, avx512_bf16, amx_bf16,
+ * avx512_fp16). "unknown CPU" when there is no /proc/cpuinfo. */
 static inline const char *bench_cpu_name(char *buf, size_t cap) {
-    snprintf(buf, cap, "unknown CPU");
+    static const char *const features[] = {"avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16"};
+    char name[256] = "unknown CPU", family[16] = "?", model[16] = "?", found[128] = "";
     FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return buf;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        char *colon = strchr(line, ':');
-        if (strncmp(line, "model name", 10) != 0 || !colon) continue;
-        colon += 2;
-        colon[strcspn(colon, "\n")] = 0;
-        snprintf(buf, cap, "%s", colon);
-        break;
+    if (f) {
+        static char line[1 << 14];
+        while (fgets(line, sizeof line, f)) {
+            char *colon = strchr(line, ':');
+            if (!colon) continue;
+            colon += colon[1] == ' ' ? 2 : 1;
+            colon[strcspn(colon, "\n")] = 0;
+            if (!strncmp(line, "model name", 10))
+                snprintf(name, sizeof name, "%s", colon);
+            else if (!strncmp(line, "cpu family", 10))
+                snprintf(family, sizeof family, "%s", colon);
+            else if (!strncmp(line, "model\t", 6))
+                snprintf(model, sizeof model, "%s", colon);
+            else if (!strncmp(line, "flags", 5)) {
+                for (size_t i = 0; i < sizeof features / sizeof *features; i++) {
+                    char want[32];
+                    snprintf(want, sizeof want, " %s ", features[i]);
+                    size_t n = strlen(colon);
+                    colon[n] = ' '; /* so the last flag has a space after it too */
+                    colon[n + 1] = 0;
+                    if (strstr(colon - 1, want))
+                        snprintf(found + strlen(found), sizeof found - strlen(found), " %s",
+                                 features[i]);
+                    colon[n] = 0;
+                }
+                break; /* the first processor says it all */
+            }
+        }
+        fclose(f);
     }
-    fclose(f);
+    snprintf(buf, cap, "%s (family %s model %s;%s)", name, family, model,
+             *found ? found : " no avx512");
     return buf;
 }
 

@@ -8,7 +8,8 @@
  * memory of every DP replica and DDP rank; --repeat keeps the fastest of several alternating
  * runs. Every run happens in a child process so that the parent never starts an OpenMP
  * runtime before forking. It does not load Fashion-MNIST: data loading is not what is being
- * compared. */
+ * compared. Seed 001's table also has DDP with apex AMP: --amp O1,O2,O3 (the default) adds
+ * those rows, DDP with the graph at each level in bf16. */
 #include "tandem/dp.h"
 
 #include <getopt.h>
@@ -38,6 +39,9 @@ typedef struct {
     int repeat; /* runs per method, alternating DP and DDP; the fastest of each is shown */
     int64_t batch;
     double lr, momentum;
+    td_amp_level amp;            /* the level DDP's graphs run at */
+    int n_amp;                   /* extra DDP rows, one per level in amps */
+    td_amp_level amps[3];
 } options;
 
 /* What one process sends back through its pipe. */
@@ -147,7 +151,9 @@ static int run_ddp_rank(int rank, int world, void *out, void *arg) {
     int64_t b = o->batch / o->devices;
     td_graph *g = NULL;
     td_model m;
-    CHECK(td_graph_create(&g, NULL));
+    td_graph_params gp = td_graph_default_params();
+    gp.amp.level = o->amp;
+    CHECK(td_graph_create(&g, &gp));
     CHECK(td_model_build(g, o->model, b, 0, &m));
     td_param *params, *buffers;
     size_t n, nb;
@@ -254,7 +260,7 @@ static int measure_ddp(const options *o, result *r) {
 static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
 static void print_row(const char *name, const result *r, const options *o) {
-    printf("%-5s", name);
+    printf("%-8s", name);
     for (int i = 0; i < r->n_points; i++) printf(" %8.2f", r->cum_s[i]);
     printf("   %9.1f\n", (double)o->batch * o->iters / r->total_s);
 }
@@ -270,10 +276,11 @@ static void print_json(const char *method, const result *r, const options *o) {
 }
 
 static int run_model(const options *o) {
-    result dp, ddp;
+    result dp, ddp, amp[3];
     memset(&dp, 0, sizeof dp);
     memset(&ddp, 0, sizeof ddp);
-    int dp_ok = 1, ddp_ok = 1;
+    memset(amp, 0, sizeof amp);
+    int dp_ok = 1, ddp_ok = 1, amp_ok[3] = {1, 1, 1};
     /* Alternating runs and keeping each method's fastest filters out the moments when
      * something else on the machine took a core, which hits one run, not the method. */
     for (int k = 0; k < o->repeat; k++) {
@@ -285,14 +292,27 @@ static int run_model(const options *o) {
         ddp_ok &= b_ok;
         if (a_ok && (k == 0 || a.total_s < dp.total_s)) dp = a;
         if (b_ok && (k == 0 || b.total_s < ddp.total_s)) ddp = b;
+        for (int l = 0; l < o->n_amp; l++) {
+            options at = *o;
+            at.amp = o->amps[l];
+            memset(&b, 0, sizeof b);
+            b_ok = measure_ddp(&at, &b);
+            amp_ok[l] &= b_ok;
+            if (b_ok && (k == 0 || b.total_s < amp[l].total_s)) amp[l] = b;
+        }
     }
     if (o->json) {
         if (dp_ok) print_json("dp", &dp, o);
         if (ddp_ok) print_json("ddp", &ddp, o);
+        for (int l = 0; l < o->n_amp; l++) {
+            char method[16];
+            snprintf(method, sizeof method, "ddp+O%d", (int)o->amps[l]);
+            if (amp_ok[l]) print_json(method, &amp[l], o);
+        }
         if (dp_ok && ddp_ok)
             printf("{\"bench\":\"dp_vs_ddp\",\"model\":\"%s\",\"ddp_over_dp\":%.3f}\n",
                    td_model_name(o->model), dp.total_s / ddp.total_s);
-        return dp_ok && ddp_ok;
+        return dp_ok && ddp_ok && amp_ok[0] && amp_ok[1] && amp_ok[2];
     }
     char cpu[256];
     printf("\n%s\nmodel %s, global batch %lld, %d devices (1 core and 1 oneDNN thread each), %d "
@@ -300,20 +320,32 @@ static int run_model(const options *o) {
            "fastest of %d run(s) per method\n",
            bench_cpu_name(cpu, sizeof cpu), td_model_name(o->model), (long long)o->batch,
            o->devices, o->iters, o->repeat);
-    printf("cumulative wall seconds after iteration:\n%-5s", "");
+    printf("cumulative wall seconds after iteration:\n%-8s", "");
     for (int i = 20; i <= o->iters && i / 20 <= MAX_POINTS; i += 20) printf(" %8d", i);
     printf("   samples/s\n");
     if (dp_ok)
         print_row("DP", &dp, o);
     else
-        printf("DP    failed (see the error above)\n");
+        printf("DP       failed (see the error above)\n");
     if (ddp_ok)
         print_row("DDP", &ddp, o);
     else
-        printf("DDP   unavailable or failed (see the error above)\n");
+        printf("DDP      unavailable or failed (see the error above)\n");
+    for (int l = 0; l < o->n_amp; l++) {
+        char name[16];
+        snprintf(name, sizeof name, "DDP+O%d", (int)o->amps[l]);
+        if (amp_ok[l])
+            print_row(name, &amp[l], o);
+        else
+            printf("%-8s failed (see the error above)\n", name);
+    }
     if (dp_ok && ddp_ok)
         printf("DDP/DP throughput: %.2fx   final loss DP %.4f, DDP %.4f\n",
                dp.total_s / ddp.total_s, (double)dp.last_loss, (double)ddp.last_loss);
+    for (int l = 0; l < o->n_amp; l++)
+        if (ddp_ok && amp_ok[l])
+            printf("DDP+O%d/DDP throughput (bf16): %.2fx   final loss %.4f\n", (int)o->amps[l],
+                   ddp.total_s / amp[l].total_s, (double)amp[l].last_loss);
     if (dp_ok) {
         double sum = 0;
         for (int i = 0; i < TD_DP_PHASE_COUNT; i++) sum += dp.phase_s[i];
@@ -350,7 +382,8 @@ int main(int argc, char **argv) {
     /* One oneDNN thread per device for both methods: two spinning OpenMP threads per pinned
      * core otherwise make everything ~30x slower. */
     bench_one_thread(argv);
-    options o = {TD_MODEL_CNN, 100, 2, 0, 1, 1, 128, 0.01, 0.9};
+    options o = {TD_MODEL_CNN, 100, 2, 0, 1, 1, 128, 0.01, 0.9, TD_AMP_O0, 3,
+                 {TD_AMP_O1, TD_AMP_O2, TD_AMP_O3}};
     int both = 1;
     static const struct option longopts[] = {{"iters", required_argument, 0, 'i'},
                                              {"model", required_argument, 0, 'm'},
@@ -359,11 +392,24 @@ int main(int argc, char **argv) {
                                              {"json", no_argument, 0, 'j'},
                                              {"no-pin", no_argument, 0, 'n'},
                                              {"repeat", required_argument, 0, 'r'},
+                                             {"amp", required_argument, 0, 'a'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "i:m:d:b:r:jnh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "i:m:d:b:r:a:jnh", longopts, NULL)) != -1) {
         switch (c) {
+        case 'a': /* "O1,O3", or "none" */
+            o.n_amp = 0;
+            for (const char *l = optarg; strcmp(optarg, "none") && *l; l += l[2] == ',' ? 3 : 2) {
+                if (l[0] != 'O' || l[1] < '1' || l[1] > '3' || (l[2] && l[2] != ',') ||
+                    o.n_amp == 3) {
+                    fprintf(stderr, "dp_vs_ddp: bad --amp '%s' (levels O1..O3, or none)\n",
+                            optarg);
+                    return 2;
+                }
+                o.amps[o.n_amp++] = (td_amp_level)(l[1] - '0');
+            }
+            break;
         case 'i':
             o.iters = atoi(optarg);
             break;
@@ -392,7 +438,8 @@ int main(int argc, char **argv) {
         default:
             fprintf(stderr,
                     "usage: %s [--iters N (100)] [--model cnn|mlp|net (cnn and mlp)] "
-                    "[--devices D (2)] [--batch B (128)] [--repeat R (1)] [--json] [--no-pin]\n",
+                    "[--devices D (2)] [--batch B (128)] [--repeat R (1)] [--amp O1,O2,O3|none] "
+                    "[--json] [--no-pin]\n",
                     argv[0]);
             return c == 'h' ? 0 : 2;
         }

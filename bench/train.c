@@ -14,8 +14,13 @@
  * spells of a shared machine fall on every row alike, and prints medians over the repeats
  * (scaling: the median of each repeat's ratio).
  *
- *   build/bench/train [--models net,mlp,cnn] [--worlds 1,2] [--iters 20] [--windows 5]
- *                     [--repeat K] [--no-torch] [--json]
+ * --amp O0,O2 adds mixed-precision rows (apex's levels, bf16 unless --amp-dtype f16, which
+ * also runs a dynamic loss scale as f16 needs). Their peer is PyTorch's autocast
+ * (torch.autocast("cpu", dtype=torch.bfloat16)); "vs f32" is the speed-up over our own O0 row
+ * of the same world size.
+ *
+ *   build/bench/train [--models net,mlp,cnn] [--worlds 1,2] [--amp O0,O2] [--amp-dtype bf16]
+ *                     [--iters 20] [--windows 5] [--repeat K] [--no-torch] [--json]
  *
  * Every measurement runs in fresh child processes, so no oneDNN or OpenMP state crosses a
  * fork. */
@@ -31,9 +36,11 @@
 #define GLOBAL_BATCH 128
 #define MAX_WORLDS 4
 #define MAX_REPEAT 15
+#define MAX_LEVELS 4
 
 typedef struct {
     int iters, windows, warmup;
+    td_dtype amp_dtype;
 } timing;
 
 static int cmp_double(const void *a, const void *b) {
@@ -42,12 +49,16 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* One rank of a run: returns the median samples/s (global) on rank 0. */
-static double rank_main(td_model_kind kind, int rank, int world, int comm_on, const timing *tm) {
+static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int world, int comm_on,
+                        const timing *tm) {
     td_comm *comm = world > 1 && comm_on ? bench_comm() : NULL;
     int64_t local = GLOBAL_BATCH / world;
     td_graph *g;
     td_model m;
-    CHECK(td_graph_create(&g, NULL));
+    td_graph_params gp = td_graph_default_params();
+    gp.amp.level = amp;
+    gp.amp.dtype = tm->amp_dtype;
+    CHECK(td_graph_create(&g, &gp));
     CHECK(td_model_build(g, kind, local, 1, &m));
     CHECK(td_graph_compile(g));
     td_dataset *data;
@@ -64,6 +75,12 @@ static double rank_main(td_model_kind kind, int rank, int world, int comm_on, co
     sp.momentum = 0.5;
     td_optim *opt;
     CHECK(td_optim_create_sgd(&opt, params, n_params, &sp));
+    td_grad_scaler *scaler = NULL;
+    if (amp != TD_AMP_O0 && tm->amp_dtype == TD_F16) {
+        td_grad_scaler_params scp = td_grad_scaler_default_params();
+        scp.comm = comm;
+        CHECK(td_grad_scaler_create(&scaler, &scp));
+    }
     td_ddp *ddp = NULL;
     if (comm) {
         CHECK(td_ddp_create(&ddp, comm, params, n_params, buffers, n_buffers, NULL));
@@ -77,9 +94,15 @@ static double rank_main(td_model_kind kind, int rank, int world, int comm_on, co
         for (int i = 0; i < iters; i++) {
             if (ddp) CHECK(td_ddp_prepare_forward(ddp));
             CHECK(td_graph_forward(g));
-            CHECK(td_graph_backward(g, m.loss));
+            float seed = scaler ? td_grad_scaler_scale(scaler) : 1.0f;
+            CHECK(td_graph_backward_from(g, m.loss, &seed));
             if (ddp) CHECK(td_ddp_finish_backward(ddp));
-            CHECK(td_optim_step(opt));
+            if (scaler) {
+                CHECK(td_grad_scaler_step(scaler, opt, NULL));
+                td_grad_scaler_update(scaler);
+            } else {
+                CHECK(td_optim_step(opt));
+            }
             CHECK(td_graph_zero_grad(g));
         }
         if (w >= 0) rates[w] = (double)GLOBAL_BATCH * iters / ((double)(td_time_ns() - t0) * 1e-9);
@@ -88,6 +111,7 @@ static double rank_main(td_model_kind kind, int rank, int world, int comm_on, co
     double median = rates[tm->windows / 2];
     free(rates);
     td_ddp_destroy(ddp);
+    td_grad_scaler_destroy(scaler);
     td_optim_destroy(opt);
     td_graph_destroy(g);
     td_comm_destroy(comm);
@@ -96,31 +120,36 @@ static double rank_main(td_model_kind kind, int rank, int world, int comm_on, co
 
 typedef struct {
     td_model_kind kind;
+    td_amp_level amp;
     int comm_on;
     const timing *tm;
 } run_job;
 
 static int run_rank(int rank, int world, void *result, void *arg) {
     const run_job *j = arg;
-    *(double *)result = rank_main(j->kind, rank, world, j->comm_on, j->tm);
+    *(double *)result = rank_main(j->kind, j->amp, rank, world, j->comm_on, j->tm);
     return 0;
 }
 
 /* Runs `world` ranks (each on its own core), with DDP or (comm_on 0) each on its own; returns
  * rank 0's samples/s, or -1 on failure. */
-static double run_tandem(td_model_kind kind, int world, int comm_on, const timing *tm) {
+static double run_tandem(td_model_kind kind, td_amp_level amp, int world, int comm_on,
+                         const timing *tm) {
     double rates[8];
-    run_job j = {kind, comm_on, tm};
+    run_job j = {kind, amp, comm_on, tm};
     return bench_ranks(world, world > 1, run_rank, &j, rates, sizeof *rates) ? -1 : rates[0];
 }
 
-/* The PyTorch peer's samples/s, or -1 when it could not run. */
-static double run_torch(const char *model, int world, const timing *tm) {
+/* The PyTorch peer's samples/s (under autocast for a mixed-precision level), or -1 when it
+ * could not run. */
+static double run_torch(const char *model, td_amp_level amp, int world, const timing *tm) {
     char cmd[512];
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/train_torch.py "
-             "--model %s --world %d --iters %d --windows %d --warmup %d 2>/dev/null",
-             model, world, tm->iters, tm->windows, tm->warmup);
+             "--model %s --world %d --iters %d --windows %d --warmup %d --autocast %s "
+             "2>/dev/null",
+             model, world, tm->iters, tm->windows, tm->warmup,
+             amp == TD_AMP_O0 ? "none" : td_dtype_name(tm->amp_dtype));
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     char line[4096];
@@ -151,24 +180,46 @@ static double median_ratio(const double *a, const double *b, int n) {
     return median_of(q, n);
 }
 
-static void print_row(const char *model, int world, const char *label, double ours, double theirs,
-                      double ratio, double scaling, int json) {
-    char w[24], peer[16] = "-", rt[16] = "-", sc[16] = "-";
-    snprintf(w, sizeof w, "%d%s", world, label);
-    if (theirs > 0) snprintf(peer, sizeof peer, "%.0f", theirs);
-    if (ratio > 0) snprintf(rt, sizeof rt, "%.2fx", ratio);
-    if (scaling > 0) snprintf(sc, sizeof sc, "%.2fx", scaling);
-    printf("%-6s %-11s %10.0f %10s %8s %14s\n", model, w, ours, peer, rt, sc);
+typedef struct {
+    const char *model;
+    int world;
+    const char *label; /* "" or ", no comm" */
+    const char *amp;   /* "f32", "O2 bf16", ... */
+    double ours, theirs, ratio, scaling, vs_f32;
+} row;
+
+static void print_row(const row *r, int json) {
+    char w[24], peer[16] = "-", rt[16] = "-", sc[16] = "-", vf[16] = "-";
+    snprintf(w, sizeof w, "%d%s", r->world, r->label);
+    if (r->theirs > 0) snprintf(peer, sizeof peer, "%.0f", r->theirs);
+    if (r->ratio > 0) snprintf(rt, sizeof rt, "%.2fx", r->ratio);
+    if (r->scaling > 0) snprintf(sc, sizeof sc, "%.2fx", r->scaling);
+    if (r->vs_f32 > 0) snprintf(vf, sizeof vf, "%.2fx", r->vs_f32);
+    printf("%-6s %-8s %-11s %10.0f %10s %8s %8s %14s\n", r->model, r->amp, w, r->ours, peer, rt,
+           vf, sc);
     if (json)
-        printf("{\"model\": \"%s\", \"world\": %d, \"comm\": %s, \"tandem\": %.1f, "
-               "\"pytorch\": %.1f, \"scaling\": %.3f}\n",
-               model, world, *label ? "false" : "true", ours, theirs, scaling);
+        printf("{\"model\": \"%s\", \"amp\": \"%s\", \"world\": %d, \"comm\": %s, "
+               "\"tandem\": %.1f, \"pytorch\": %.1f, \"vs_f32\": %.3f, \"scaling\": %.3f}\n",
+               r->model, r->amp, r->world, *r->label ? "false" : "true", r->ours, r->theirs,
+               r->vs_f32, r->scaling);
     fflush(stdout);
 }
 
+/* "O0,O2" -> levels; returns how many, or -1 when malformed. */
+static int parse_levels(const char *list, td_amp_level *out) {
+    char buf[64];
+    int n = 0;
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *l = strtok_r(buf, ",", &save); l; l = strtok_r(NULL, ",", &save)) {
+        if (n == MAX_LEVELS || l[0] != 'O' || l[1] < '0' || l[1] > '3' || l[2]) return -1;
+        out[n++] = (td_amp_level)(l[1] - '0');
+    }
+    return n;
+}
+
 int main(int argc, char **argv) {
-    const char *models = "net,mlp,cnn", *worlds = "1,2";
-    timing tm = {20, 5, 5};
+    const char *models = "net,mlp,cnn", *worlds = "1,2", *amps = "O0";
+    timing tm = {20, 5, 5, TD_BF16};
     int torch = 1, json = 0, repeat = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--models") && i + 1 < argc)
@@ -179,6 +230,14 @@ int main(int argc, char **argv) {
             tm.iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--windows") && i + 1 < argc)
             tm.windows = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--amp") && i + 1 < argc)
+            amps = argv[++i];
+        else if (!strcmp(argv[i], "--amp-dtype") && i + 1 < argc && !strcmp(argv[i + 1], "f16") &&
+                 ++i)
+            tm.amp_dtype = TD_F16;
+        else if (!strcmp(argv[i], "--amp-dtype") && i + 1 < argc && !strcmp(argv[i + 1], "bf16") &&
+                 ++i)
+            tm.amp_dtype = TD_BF16;
         else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
             repeat = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-torch"))
@@ -186,8 +245,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--json"))
             json = 1;
         else {
-            fprintf(stderr, "usage: train [--models net,mlp,cnn] [--worlds 1,2] [--iters N] "
-                            "[--windows N] [--repeat K] [--no-torch] [--json]\n");
+            fprintf(stderr, "usage: train [--models net,mlp,cnn] [--worlds 1,2] [--amp O0,O2] "
+                            "[--amp-dtype bf16|f16] [--iters N] [--windows N] [--repeat K] "
+                            "[--no-torch] [--json]\n");
             return 2;
         }
     }
@@ -196,6 +256,14 @@ int main(int argc, char **argv) {
                 MAX_REPEAT);
         return 2;
     }
+    td_amp_level levels[MAX_LEVELS];
+    int nl = parse_levels(amps, levels), l0 = -1;
+    if (nl < 1) {
+        fprintf(stderr, "bench/train: bad --amp '%s' (levels O0..O3, comma-separated)\n", amps);
+        return 2;
+    }
+    for (int l = 0; l < nl; l++)
+        if (levels[l] == TD_AMP_O0) l0 = l;
     int ws[MAX_WORLDS], nw = 0, w1 = -1;
     char wlist[64];
     snprintf(wlist, sizeof wlist, "%s", worlds);
@@ -215,8 +283,8 @@ int main(int argc, char **argv) {
            "steps",
            bench_cpu_name(cpu, sizeof cpu), GLOBAL_BATCH, tm.windows, tm.iters);
     if (repeat > 1) printf("; medians of %d interleaved repeats", repeat);
-    printf("\n%-6s %-11s %10s %10s %8s %14s\n", "model", "world", "tandem", "pytorch", "ratio",
-           "scaling vs w1");
+    printf("\n%-6s %-8s %-11s %10s %10s %8s %8s %14s\n", "model", "amp", "world", "tandem",
+           "pytorch", "ratio", "vs f32", "scaling vs w1");
     char mlist[64];
     snprintf(mlist, sizeof mlist, "%s", models);
     int failed = 0;
@@ -227,23 +295,41 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench/train: unknown model %s\n", name);
             return 2;
         }
-        double ours[MAX_WORLDS][MAX_REPEAT], alone[MAX_WORLDS][MAX_REPEAT],
-            theirs[MAX_WORLDS][MAX_REPEAT];
+        double ours[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], alone[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
+            theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT];
         for (int r = 0; r < repeat; r++)
+            for (int l = 0; l < nl; l++)
+                for (int i = 0; i < nw; i++) {
+                    ours[l][i][r] = run_tandem(kind, levels[l], ws[i], 1, &tm);
+                    alone[l][i][r] = ws[i] > 1 ? run_tandem(kind, levels[l], ws[i], 0, &tm) : -1;
+                    /* PyTorch's autocast has no levels: one peer row serves them all. */
+                    int same = l > 0 && levels[l] != TD_AMP_O0 && levels[l - 1] != TD_AMP_O0;
+                    theirs[l][i][r] = !torch                ? -1
+                                      : same                ? theirs[l - 1][i][r]
+                                      : tm.amp_dtype == TD_F16 && levels[l] != TD_AMP_O0
+                                          ? -1 /* CPU autocast is bf16 only */
+                                          : run_torch(name, levels[l], ws[i], &tm);
+                    failed |= ours[l][i][r] < 0 || (ws[i] > 1 && alone[l][i][r] < 0);
+                }
+        for (int l = 0; l < nl; l++)
             for (int i = 0; i < nw; i++) {
-                ours[i][r] = run_tandem(kind, ws[i], 1, &tm);
-                alone[i][r] = ws[i] > 1 ? run_tandem(kind, ws[i], 0, &tm) : -1;
-                theirs[i][r] = torch ? run_torch(name, ws[i], &tm) : -1;
-                failed |= ours[i][r] < 0 || (ws[i] > 1 && alone[i][r] < 0);
+                char amp[16] = "f32";
+                if (levels[l] != TD_AMP_O0)
+                    snprintf(amp, sizeof amp, "O%d %s", (int)levels[l],
+                             td_dtype_name(tm.amp_dtype));
+                double *base = w1 >= 0 ? ours[l][w1] : NULL;
+                row rw = {name, ws[i], "", amp, median_of(ours[l][i], repeat),
+                          median_of(theirs[l][i], repeat),
+                          median_ratio(ours[l][i], theirs[l][i], repeat),
+                          base && ws[i] > 1 ? median_ratio(ours[l][i], base, repeat) : -1,
+                          l0 >= 0 && l != l0 ? median_ratio(ours[l][i], ours[l0][i], repeat) : -1};
+                print_row(&rw, json);
+                if (ws[i] > 1) {
+                    row na = {name, ws[i], ", no comm", amp, median_of(alone[l][i], repeat), -1, -1,
+                              base ? median_ratio(alone[l][i], base, repeat) : -1, -1};
+                    print_row(&na, json);
+                }
             }
-        for (int i = 0; i < nw; i++) {
-            double scaling = w1 >= 0 && ws[i] > 1 ? median_ratio(ours[i], ours[w1], repeat) : -1;
-            print_row(name, ws[i], "", median_of(ours[i], repeat), median_of(theirs[i], repeat),
-                      median_ratio(ours[i], theirs[i], repeat), scaling, json);
-            if (ws[i] > 1)
-                print_row(name, ws[i], ", no comm", median_of(alone[i], repeat), -1, -1,
-                          w1 >= 0 ? median_ratio(alone[i], ours[w1], repeat) : -1, json);
-        }
     }
     return failed;
 }

@@ -1,7 +1,8 @@
 """PyTorch peer for bench/train: the same three models, batch and optimizer, one thread per
 process, timed the same way (forward + backward + SGD step per iteration, median of
 several timed windows after warm-up). World size 2 runs DistributedDataParallel over gloo
-with the global batch split across ranks, as the C side does.
+with the global batch split across ranks, as the C side does. --autocast bf16 runs forward
+and loss under torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's mixed precision on CPU.
 
 Prints one JSON line: {"model", "world", "samples_per_s", "windows"}.
 Run with Debian's interpreter: /usr/bin/python3 bench/train_torch.py --model net --world 2
@@ -81,7 +82,8 @@ def run(rank, args, result):
 
     def step():
         opt.zero_grad()
-        loss = F.nll_loss(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+            loss = F.nll_loss(model(x), y)
         loss.backward()
         opt.step()
 
@@ -117,6 +119,7 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--windows", type=int, default=5)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--autocast", choices=["none", "bf16"], default="none")
     args = p.parse_args()
     if args.world == 1:
         result = {}

@@ -42,19 +42,23 @@ else
     printf '%-28s %4d passed, 1 FAILED\n' layers 0
     sed 's/^/    /' "$logdir/layers.log" | tail -n 40
 fi
-# Every ```c block of the README must compile and link against the library as a whole
-# program, so the README cannot drift from the headers.
+# Every ```c block of the README, and every whole program (a block with main) in docs/, must
+# compile and link against the library, so the docs cannot drift from the headers.
 libs=$(sed -n 's/^Libs.private: //p' "$build/tandem.pc")
-awk -v dir="$logdir" '/^```c$/ {n++; f=sprintf("%s/readme_%d.c", dir, n); on=1; next}
-    /^```/ {on=0} on {print > f}' README.md
-for snippet in "$logdir"/readme_*.c; do
+for md in README.md docs/*.md; do
+    awk -v dir="$logdir" -v name="$(basename "$md" .md)" \
+        '/^```c$/ {n++; f=sprintf("%s/snippet_%s_%d.c", dir, name, n); on=1; next}
+        /^```/ {on=0} on {print > f}' "$md"
+done
+for snippet in "$logdir"/snippet_*.c; do
     [ -f "$snippet" ] || continue
+    case $snippet in */snippet_README_*) ;; *) grep -q '^int main' "$snippet" || continue ;; esac
     if ${CC:-cc} -std=c11 -Wall -Wextra -Werror -Iinclude ${TD_LDFLAGS:-} "$snippet" -o "${snippet%.c}" \
         "$build/lib/libtandem.a" $libs > "${snippet%.c}.log" 2>&1; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1))
-        echo "README snippet $(basename "$snippet") does not compile:"
+        echo "doc snippet $(basename "$snippet") does not compile:"
         sed 's/^/    /' "${snippet%.c}.log" | head -n 20
     fi
 done
@@ -62,12 +66,12 @@ done
 # both ways pkg-config offers, each program runs as built (no LD_LIBRARY_PATH, no ldconfig).
 prefix=$(mktemp -d)
 ok=0
-if [ -f "$logdir/readme_1.c" ] &&
+if [ -f "$logdir/snippet_README_1.c" ] &&
     make -s BUILD="$build" PREFIX="$prefix" install > "$logdir/install.log" 2>&1; then
     ok=1
     for mode in "" --static; do
         flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config $mode --cflags --libs tandem)
-        if ! { ${CC:-cc} -std=c11 ${TD_LDFLAGS:-} "$logdir/readme_1.c" -o "$logdir/installed" \
+        if ! { ${CC:-cc} -std=c11 ${TD_LDFLAGS:-} "$logdir/snippet_README_1.c" -o "$logdir/installed" \
             $flags && env -u LD_LIBRARY_PATH "$logdir/installed"; } >> "$logdir/install.log" 2>&1; then
             echo "pkg-config $mode: the program does not build or run as built" >> "$logdir/install.log"
             ok=0
@@ -82,6 +86,6 @@ else
     tail -n 20 "$logdir/install.log" | sed 's/^/    /'
 fi
 rm -rf "$prefix" "$logdir/installed"
-rm -f "$logdir"/readme_*
+rm -f "$logdir"/snippet_*
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,12 +1,18 @@
 /* safetensors checkpoints: round trips of every dtype, metadata, files written by Python,
- * strict rejection of damaged headers and data, and atomic replacement on a failed save. */
+ * strict rejection of damaged headers and data, checked integer metadata, paths that are not
+ * files, atomic replacement on a failed save, and the removal of a killed save's temporary. */
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tandem/checkpoint.h"
@@ -392,6 +398,245 @@ static void failed_save_keeps_the_previous_checkpoint(void) {
     CHECK_EQ(count_files(), before + 1);
 }
 
+/* Saves a one-tensor checkpoint whose only metadata is {key: value} and opens it. */
+static td_checkpoint *with_meta(const char *path, const char *key, const char *value) {
+    float w[2] = {1, 2};
+    td_param t = {.name = "w", .data = w, .count = 2, .dtype = TD_F32, .ndim = 1, .shape = {2}};
+    td_checkpoint_meta meta[1] = {{key, value}};
+    td_checkpoint *c = NULL;
+    CHECK_OK(td_checkpoint_save(path, &t, 1, meta, 1));
+    CHECK_OK(td_checkpoint_open(&c, path));
+    return c;
+}
+
+/* The last error must name the file, the key, the value as written and the range. */
+static void expect_meta_error(const char *path, const char *key, const char *value,
+                              const char *range) {
+    const char *e = td_last_error();
+    char quoted_key[64], quoted_value[96];
+    snprintf(quoted_key, sizeof quoted_key, "\"%s\"", key);
+    snprintf(quoted_value, sizeof quoted_value, "\"%s\"", value);
+    if (!strstr(e, path) || !strstr(e, quoted_key) || !strstr(e, quoted_value) || !strstr(e, range))
+        TEST_FAIL_AT("\"%s\": \"%s\" does not name the file, key, value and %s", value, e, range);
+}
+
+static void integer_metadata_must_parse_fully_and_be_in_range(void) {
+    char path[300];
+    path_in_dir(path, sizeof path, "meta.safetensors");
+    /* The issue's cases (what atoi read as -3, 0, 12 and 0, and strtoull saturated), then
+     * near misses: blanks, a '+', hex, an exponent, decimals, a bare sign, one past max. */
+    const char *bad[] = {
+        "-3",  "abc", "12abc", "",    "99999999999999999999999", //
+        " 5",  "+5",  "5 ",    "0x5", "1e3",
+        "1.0", "-",   "--1",   "11",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        td_checkpoint *c = with_meta(path, "epoch", bad[i]);
+        if (!c) continue;
+        int64_t v = 77;
+        CHECK_STATUS(td_checkpoint_get_meta_i64(c, "epoch", 0, 10, &v), TD_EFORMAT);
+        expect_meta_error(path, "epoch", bad[i], "[0, 10]");
+        CHECK_EQ(v, 77); /* untouched on failure */
+        uint64_t u = 77;
+        CHECK_STATUS(td_checkpoint_get_meta_u64(c, "epoch", 0, 10, &u), TD_EFORMAT);
+        expect_meta_error(path, "epoch", bad[i], "[0, 10]");
+        CHECK_EQ(u, 77);
+        td_checkpoint_close(c);
+    }
+
+    /* Valid values, the bounds inclusive. */
+    td_checkpoint *c = with_meta(path, "epoch", "3");
+    int64_t v = -1;
+    uint64_t u = 0;
+    if (c) {
+        CHECK_OK(td_checkpoint_get_meta_i64(c, "epoch", 0, 10, &v));
+        CHECK_EQ(v, 3);
+        CHECK_OK(td_checkpoint_get_meta_i64(c, "epoch", 3, 3, &v));
+        CHECK_OK(td_checkpoint_get_meta_u64(c, "epoch", 0, 3, &u));
+        CHECK_EQ(u, 3);
+        CHECK_STATUS(td_checkpoint_get_meta_i64(c, "epoch", 0, 2, &v), TD_EFORMAT);
+        expect_meta_error(path, "epoch", "3", "[0, 2]");
+        CHECK_STATUS(td_checkpoint_get_meta_u64(c, "epoch", 4, 9, &u), TD_EFORMAT);
+        expect_meta_error(path, "epoch", "3", "[4, 9]");
+        /* A missing key is not found, by name. */
+        CHECK_STATUS(td_checkpoint_get_meta_i64(c, "step", 0, 10, &v), TD_ENOTFOUND);
+        CHECK(strstr(td_last_error(), "\"step\"") && strstr(td_last_error(), path));
+        CHECK_STATUS(td_checkpoint_get_meta_u64(c, "step", 0, 10, &u), TD_ENOTFOUND);
+        CHECK_STATUS(td_checkpoint_get_meta_i64(c, "epoch", 5, 4, &v), TD_EINVAL);
+        td_checkpoint_close(c);
+    }
+    /* The ends of both types; a sign is for signed values only. */
+    c = with_meta(path, "offset", "-9223372036854775808");
+    if (c) {
+        CHECK_OK(td_checkpoint_get_meta_i64(c, "offset", INT64_MIN, INT64_MAX, &v));
+        CHECK(v == INT64_MIN);
+        CHECK_STATUS(td_checkpoint_get_meta_u64(c, "offset", 0, UINT64_MAX, &u), TD_EFORMAT);
+        td_checkpoint_close(c);
+    }
+    c = with_meta(path, "offset", "9223372036854775808");
+    if (c) {
+        CHECK_STATUS(td_checkpoint_get_meta_i64(c, "offset", INT64_MIN, INT64_MAX, &v), TD_EFORMAT);
+        CHECK_OK(td_checkpoint_get_meta_u64(c, "offset", 0, UINT64_MAX, &u));
+        CHECK(u == (uint64_t)INT64_MAX + 1);
+        td_checkpoint_close(c);
+    }
+    c = with_meta(path, "seed", "18446744073709551615");
+    if (c) {
+        CHECK_OK(td_checkpoint_get_meta_u64(c, "seed", 0, UINT64_MAX, &u));
+        CHECK(u == UINT64_MAX);
+        td_checkpoint_close(c);
+    }
+    c = with_meta(path, "seed", "18446744073709551616");
+    if (c) {
+        CHECK_STATUS(td_checkpoint_get_meta_u64(c, "seed", 0, UINT64_MAX, &u), TD_EFORMAT);
+        expect_meta_error(path, "seed", "18446744073709551616", "[0, 18446744073709551615]");
+        td_checkpoint_close(c);
+    }
+}
+
+static void paths_that_are_not_files_say_what_they_are(void) {
+    char sub[300], path[512];
+    path_in_dir(sub, sizeof sub, "a_directory");
+    CHECK(mkdir(sub, 0755) == 0);
+    expect_open_error(sub, TD_EINVAL, "is a directory");
+    float w[2] = {0};
+    td_param t = {.name = "w", .data = w, .count = 2, .dtype = TD_F32, .ndim = 1, .shape = {2}};
+    CHECK_STATUS(td_checkpoint_load(sub, &t, 1), TD_EINVAL);
+    CHECK(strstr(td_last_error(), sub) && strstr(td_last_error(), "is a directory"));
+    CHECK_STATUS(td_checkpoint_save(sub, &t, 1, NULL, 0), TD_EINVAL);
+    CHECK(strstr(td_last_error(), sub) && strstr(td_last_error(), "is a directory"));
+
+    /* Missing, below a file, unreadable: the path and the system's reason. */
+    path_in_dir(path, sizeof path, "absent.safetensors");
+    expect_open_error(path, TD_ENOTFOUND, "No such file or directory");
+    char file[300];
+    path_in_dir(file, sizeof file, "plain.safetensors");
+    CHECK_OK(td_checkpoint_save(file, &t, 1, NULL, 0));
+    snprintf(path, sizeof path, "%s/inner", file);
+    expect_open_error(path, TD_ENOTFOUND, "Not a directory");
+    if (geteuid() != 0) { /* root reads anything */
+        CHECK(chmod(file, 0) == 0);
+        expect_open_error(file, TD_EIO, "Permission denied");
+        CHECK(chmod(file, 0644) == 0);
+    }
+
+    /* A FIFO is refused at once rather than waiting for a writer; tried in a child, which an
+     * alarm ends if it hangs, so that a hang fails this case and not the whole program. */
+    path_in_dir(path, sizeof path, "fifo.safetensors");
+    CHECK(mkfifo(path, 0644) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(10);
+        td_checkpoint *c = NULL;
+        td_status st = td_checkpoint_open(&c, path);
+        _exit(st == TD_EINVAL && strstr(td_last_error(), path) && strstr(td_last_error(), "a FIFO")
+                  ? 0
+                  : 1);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        TEST_FAIL_AT("opening a FIFO %s", WIFSIGNALED(status) ? "hung" : "gave the wrong error");
+}
+
+/* Names in folder d, sorted, as one string "a b c". */
+static void list_dir(const char *d, char *out, size_t len) {
+    struct dirent **names;
+    int n = scandir(d, &names, NULL, alphasort);
+    out[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (names[i]->d_name[0] != '.') {
+            size_t k = strlen(out);
+            snprintf(out + k, len - k, "%s%s", k ? " " : "", names[i]->d_name);
+        }
+        free(names[i]);
+    }
+    if (n >= 0) free(names);
+}
+
+static void a_killed_save_leaves_a_temporary_the_next_save_removes(void) {
+    char sub[300], path[512], other[512], listing[2048];
+    path_in_dir(sub, sizeof sub, "killed");
+    CHECK(mkdir(sub, 0755) == 0);
+    snprintf(path, sizeof path, "%s/ck.safetensors", sub);
+    size_t big_n = 1 << 20;
+    float *big = calloc(big_n, sizeof(float));
+    td_param huge = {.name = "w",
+                     .data = big,
+                     .count = big_n,
+                     .dtype = TD_F32,
+                     .ndim = 1,
+                     .shape = {(int64_t)big_n}};
+    /* A real kill in the middle of the write: past the file size limit the kernel sends
+     * SIGXFSZ, whose default action ends the process where it stands. */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit lim = {64 << 10, 64 << 10}, no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        setrlimit(RLIMIT_FSIZE, &lim);
+        signal(SIGXFSZ, SIG_DFL);
+        td_checkpoint_save(path, &huge, 1, NULL, 0);
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ);
+    list_dir(sub, listing, sizeof listing);
+    /* Exactly one file, "ck.safetensors.tmp." and six characters, was left. */
+    CHECK(strncmp(listing, "ck.safetensors.tmp.", 19) == 0 && strlen(listing) == 25);
+
+    /* Neighbours that are not that checkpoint's temporaries, though some look alike. */
+    const char *keep[] = {"ck.safetensors.tmp.Ab12Z9.bak", "ck.safetensors.tmp.Ab1-Z9",
+                          "ck.safetensors.tmp.Ab12Z",      "other.safetensors.tmp.Ab12Z9",
+                          "xck.safetensors.tmp.Ab12Z9",    "notes.txt"};
+    for (size_t i = 0; i < sizeof keep / sizeof *keep; i++) {
+        snprintf(other, sizeof other, "%s/%s", sub, keep[i]);
+        test_write_file(other, "x", 1);
+    }
+    snprintf(other, sizeof other, "%s/ck.safetensors.tmp.Lnk123", sub);
+    CHECK(symlink("notes.txt", other) == 0);
+    snprintf(other, sizeof other, "%s/ck.safetensors.tmp.Dir123", sub);
+    CHECK(mkdir(other, 0755) == 0);
+
+    float w[2] = {5, 6}, back[2] = {0};
+    td_param t = {.name = "w", .data = w, .count = 2, .dtype = TD_F32, .ndim = 1, .shape = {2}};
+    CHECK_OK(td_checkpoint_save(path, &t, 1, NULL, 0));
+    list_dir(sub, listing, sizeof listing);
+    CHECK(strcmp(listing, "ck.safetensors ck.safetensors.tmp.Ab1-Z9 ck.safetensors.tmp.Ab12Z "
+                          "ck.safetensors.tmp.Ab12Z9.bak ck.safetensors.tmp.Dir123 "
+                          "ck.safetensors.tmp.Lnk123 notes.txt other.safetensors.tmp.Ab12Z9 "
+                          "xck.safetensors.tmp.Ab12Z9") == 0);
+    t.data = back;
+    CHECK_OK(td_checkpoint_load(path, &t, 1));
+    CHECK(back[0] == 5 && back[1] == 6);
+    free(big);
+}
+
+static void a_temporary_still_being_written_is_kept(void) {
+    char sub[300], path[512], tmp[600], listing[1024];
+    path_in_dir(sub, sizeof sub, "live");
+    CHECK(mkdir(sub, 0755) == 0);
+    snprintf(path, sizeof path, "%s/ck.safetensors", sub);
+    /* Another process's save in progress, as the library makes it: a locked temporary. */
+    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    CHECK(fd >= 0);
+    CHECK(flock(fd, LOCK_EX) == 0);
+    CHECK(write(fd, "partial", 7) == 7);
+    float w[2] = {1, 2};
+    td_param t = {.name = "w", .data = w, .count = 2, .dtype = TD_F32, .ndim = 1, .shape = {2}};
+    CHECK_OK(td_checkpoint_save(path, &t, 1, NULL, 0));
+    CHECK(access(tmp, F_OK) == 0);
+    /* Once its writer is gone (here: the lock released), the next save removes it. */
+    close(fd);
+    CHECK_OK(td_checkpoint_save(path, &t, 1, NULL, 0));
+    CHECK(access(tmp, F_OK) != 0 && errno == ENOENT);
+    list_dir(sub, listing, sizeof listing);
+    CHECK(strcmp(listing, "ck.safetensors") == 0);
+}
+
 int main(void) {
     test_temp_dir(dir, sizeof dir, "ckpt");
     RUN(round_trip_every_dtype_and_metadata);
@@ -400,6 +645,10 @@ int main(void) {
     RUN(every_truncation_and_byte_flip_fails_cleanly);
     RUN(load_checks_names_dtypes_and_shapes);
     RUN(failed_save_keeps_the_previous_checkpoint);
+    RUN(integer_metadata_must_parse_fully_and_be_in_range);
+    RUN(paths_that_are_not_files_say_what_they_are);
+    RUN(a_killed_save_leaves_a_temporary_the_next_save_removes);
+    RUN(a_temporary_still_being_written_is_kept);
     test_remove_dir(dir);
     TEST_END();
 }

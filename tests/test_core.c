@@ -1,8 +1,77 @@
 /* Base layer: status strings, last-error messages, dtype conversions, arena, RNG. */
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/core_impl.h"
 #include "test.h"
+
+/* The bulk conversions (vector instructions where the CPU has them) give the scalar rules' bits
+ * for every f16 and bf16 value, and for f32 values around every rounding boundary. */
+static void bulk_conversions_match_the_scalar_rules(void) {
+    enum { N = 1 << 16 };
+    uint16_t *h = malloc(N * sizeof *h), *back = malloc(4 * N * sizeof *back);
+    float *f = malloc(4 * N * sizeof *f);
+    for (uint32_t i = 0; i < N; i++) h[i] = (uint16_t)i;
+    td__convert(f, TD_F32, h, TD_F16, N);
+    size_t wrong = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        float want = td_f16_to_f32(h[i]); /* NaNs stay NaN (the hardware quiets signalling ones) */
+        wrong += isnan(want) ? !isnan(f[i]) : memcmp(&f[i], &want, sizeof want) != 0;
+    }
+    CHECK_EQ(wrong, 0);
+    wrong = 0;
+    /* Each finite f16 value, the midpoints to its neighbour (ties), and just either side. */
+    size_t m = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        float a = td_f16_to_f32((uint16_t)i), b = td_f16_to_f32((uint16_t)(i + 1));
+        if (!isfinite(a) || !isfinite(b) || (i & 0x7fff) == 0x7bff) continue;
+        float mid = (a + b) / 2;
+        f[m++] = a;
+        f[m++] = mid;
+        f[m++] = nextafterf(mid, a);
+        f[m++] = nextafterf(mid, b);
+    }
+    f[m++] = 1e6f;
+    f[m++] = -1e-9f;
+    f[m++] = NAN;
+    td__convert(back, TD_F16, f, TD_F32, m);
+    for (size_t i = 0; i < m; i++) {
+        uint16_t want = td_f32_to_f16(f[i]);
+        if (back[i] != want && !(isnan(f[i]) && (back[i] & 0x7c00) == 0x7c00 && (back[i] & 0x3ff)))
+            wrong++;
+    }
+    CHECK_EQ(wrong, 0);
+    /* bf16 both ways: every bf16 value back and forth, and f32 values at and around every
+     * bf16 rounding boundary (subnormals and NaNs included). */
+    td__convert(f, TD_F32, h, TD_BF16, N);
+    for (uint32_t i = 0; i < N; i++) {
+        float want = td_bf16_to_f32(h[i]);
+        wrong += memcmp(&f[i], &want, sizeof want) != 0;
+    }
+    m = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        uint32_t u = i << 16;
+        float x, halfway, below, above;
+        memcpy(&x, &u, 4);
+        u |= 0x8000;
+        memcpy(&halfway, &u, 4);
+        u -= 1;
+        memcpy(&below, &u, 4);
+        u += 2;
+        memcpy(&above, &u, 4);
+        f[m++] = x;
+        f[m++] = halfway;
+        f[m++] = below;
+        f[m++] = above;
+    }
+    td__convert(back, TD_BF16, f, TD_F32, m);
+    for (size_t i = 0; i < m; i++) wrong += back[i] != td_f32_to_bf16(f[i]);
+    CHECK_EQ(wrong, 0);
+    free(h);
+    free(back);
+    free(f);
+}
 
 static void status_strings_are_distinct(void) {
     CHECK(strcmp(td_status_string(TD_OK), "success") == 0);
@@ -81,6 +150,7 @@ int main(void) {
     RUN(status_strings_are_distinct);
     RUN(last_error_keeps_the_message);
     RUN(bf16_and_f16_round_trip);
+    RUN(bulk_conversions_match_the_scalar_rules);
     RUN(arena_aligns_reuses_and_tracks_peak);
     RUN(philox_matches_the_published_vectors);
     RUN(rng_is_reproducible_and_uniform);

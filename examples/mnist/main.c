@@ -40,6 +40,10 @@ typedef struct {
     int cosine;     /* anneal the learning rate to 0 over the run */
     long bucket_kb; /* DDP bucket cap (PyTorch's bucket_cap_mb), 0 = DDP's defaults */
     const char *data_dir, *checkpoint, *resume, *trace;
+    td_amp_level amp;     /* apex's opt level */
+    td_dtype amp_dtype;   /* bf16 or f16 */
+    double loss_scale;    /* 0: dynamic; > 0: static; < 0: none */
+    td_dtype comm_dtype;  /* what DDP's f32 gradients travel as */
 } options;
 
 static void usage(void) {
@@ -48,12 +52,25 @@ static void usage(void) {
             "             [--momentum X] [--seed N] [--max-steps N] [--data DIR]\n"
             "             [--checkpoint PATH] [--resume PATH] [--trace PREFIX] [--no-eval]\n"
             "             [--cosine | --constant-lr] [--bucket-kb N]\n"
+            "             [--amp O0|O1|O2|O3] [--amp-dtype bf16|f16]\n"
+            "             [--loss-scale dynamic|none|N] [--comm-dtype f32|bf16|f16]\n"
             "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n");
     exit(2);
 }
 
 static options parse(int argc, char **argv) {
-    options o = {TD_MODEL_NET, 2, 128, -1, -1, 1, 0, 1, -1, 0, NULL, NULL, NULL, NULL};
+    options o = {.model = TD_MODEL_NET,
+                 .epochs = 2,
+                 .batch = 128,
+                 .lr = -1,
+                 .momentum = -1,
+                 .seed = 1,
+                 .eval = 1,
+                 .cosine = -1,
+                 .amp = TD_AMP_O0,
+                 .amp_dtype = TD_BF16,
+                 .loss_scale = -2, /* unset: dynamic for f16, none for bf16 */
+                 .comm_dtype = TD_F32};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-eval") || !strcmp(a, "--cosine") || !strcmp(a, "--constant-lr")) {
@@ -88,6 +105,15 @@ static options parse(int argc, char **argv) {
             o.resume = v;
         else if (!strcmp(a, "--trace"))
             o.trace = v;
+        else if (!strcmp(a, "--amp") && v[0] == 'O' && v[1] >= '0' && v[1] <= '3' && !v[2])
+            o.amp = (td_amp_level)(v[1] - '0');
+        else if (!strcmp(a, "--amp-dtype") && (!strcmp(v, "bf16") || !strcmp(v, "f16")))
+            o.amp_dtype = !strcmp(v, "f16") ? TD_F16 : TD_BF16;
+        else if (!strcmp(a, "--comm-dtype") && (!strcmp(v, "f32") || !strcmp(v, "bf16") ||
+                                                  !strcmp(v, "f16")))
+            o.comm_dtype = !strcmp(v, "f32") ? TD_F32 : !strcmp(v, "f16") ? TD_F16 : TD_BF16;
+        else if (!strcmp(a, "--loss-scale"))
+            o.loss_scale = !strcmp(v, "dynamic") ? 0 : !strcmp(v, "none") ? -1 : atof(v);
         else
             usage();
         i++;
@@ -98,6 +124,8 @@ static options parse(int argc, char **argv) {
     if (o.lr < 0) o.lr = o.model == TD_MODEL_MLP ? 0.05 : o.model == TD_MODEL_RESNET ? 0.1 : 0.01;
     if (o.momentum < 0) o.momentum = o.model == TD_MODEL_NET ? 0.5 : 0.9;
     if (o.cosine < 0) o.cosine = o.model != TD_MODEL_NET;
+    /* f16's range needs loss scaling (apex); bf16 has f32's range and does without. */
+    if (o.loss_scale == -2) o.loss_scale = o.amp != TD_AMP_O0 && o.amp_dtype == TD_F16 ? 0 : -1;
     return o;
 }
 
@@ -111,6 +139,7 @@ typedef struct {
     td_param *params, *buffers;
     size_t n_params, n_buffers;
     td_optim *optim;
+    td_grad_scaler *scaler; /* NULL without loss scaling */
     td_ddp *ddp;
     td_trace *trace;
     int first_epoch;
@@ -118,18 +147,21 @@ typedef struct {
     float grad_scale;    /* world * local_batch / batch: weights the rank average by share */
 } trainer;
 
-/* Parameters, buffers and optimizer state: what a checkpoint holds. */
+/* Parameters, buffers, optimizer state (master weights included) and the loss scaler's: what
+ * a checkpoint holds. */
 static td_param *checkpoint_tensors(trainer *t, size_t *n) {
-    td_param *state;
-    size_t n_state;
+    td_param *state, *amp = NULL;
+    size_t n_state, n_amp = 0;
     td_optim_state(t->optim, &state, &n_state);
-    *n = t->n_params + t->n_buffers + n_state;
+    if (t->scaler) td_grad_scaler_state(t->scaler, &amp, &n_amp);
+    *n = t->n_params + t->n_buffers + n_state + n_amp;
     td_param *all = malloc(*n * sizeof *all);
     if (!all) CHECK(TD_ENOMEM);
     td_param *at = all;
     for (size_t i = 0; i < t->n_params; i++) *at++ = t->params[i];
     for (size_t i = 0; i < t->n_buffers; i++) *at++ = t->buffers[i];
     for (size_t i = 0; i < n_state; i++) *at++ = state[i];
+    for (size_t i = 0; i < n_amp; i++) *at++ = amp[i];
     return all;
 }
 
@@ -158,22 +190,22 @@ static void resume(trainer *t) {
                 model ? model : "(none)", td_model_name(t->opt.model));
         exit(1);
     }
+    /* Checked before anything is loaded; the library's message names the key and the range.
+     * "epoch" counts the epochs done, so 0 (nothing trained yet) up to --epochs (nothing left
+     * to train) are the values this run can continue from. */
+    int64_t epoch;
+    uint64_t seed, offset;
+    CHECK(td_checkpoint_get_meta_i64(ck, "epoch", 0, t->opt.epochs, &epoch));
+    CHECK(td_checkpoint_get_meta_u64(ck, "dropout_rng_seed", 0, UINT64_MAX, &seed));
+    CHECK(td_checkpoint_get_meta_u64(ck, "dropout_rng_offset", 0, UINT64_MAX, &offset));
     size_t n;
     td_param *all = checkpoint_tensors(t, &n);
     CHECK(td_checkpoint_read(ck, all, n));
     free(all);
-    const char *epoch = td_checkpoint_get_meta(ck, "epoch");
-    const char *seed = td_checkpoint_get_meta(ck, "dropout_rng_seed");
-    const char *offset = td_checkpoint_get_meta(ck, "dropout_rng_offset");
-    if (!epoch || !seed || !offset) {
-        fprintf(stderr, "mnist: %s lacks the epoch or RNG metadata of a training checkpoint\n",
-                t->opt.resume);
-        exit(1);
-    }
-    t->first_epoch = atoi(epoch);
+    t->first_epoch = (int)epoch;
     td_rng *rng = td_graph_rng(t->train);
-    rng->seed = strtoull(seed, NULL, 10);
-    rng->offset = strtoull(offset, NULL, 10);
+    rng->seed = seed;
+    rng->offset = offset;
     td_checkpoint_close(ck);
 }
 
@@ -198,6 +230,8 @@ static void setup(trainer *t) {
     t->grad_scale = (float)((double)t->world * (double)count / (double)t->opt.batch);
     td_graph_params go = td_graph_default_params();
     go.seed = t->opt.seed;
+    go.amp.level = t->opt.amp;
+    go.amp.dtype = t->opt.amp_dtype;
     CHECK(td_graph_create(&t->train, &go));
     CHECK(td_model_build(t->train, t->opt.model, t->local_batch, t->opt.seed, &t->model));
     CHECK(td_graph_compile(t->train));
@@ -214,11 +248,21 @@ static void setup(trainer *t) {
     sp.lr = t->opt.lr;
     sp.momentum = t->opt.momentum;
     CHECK(td_optim_create_sgd(&t->optim, t->params, t->n_params, &sp));
+    if (t->opt.loss_scale >= 0) {
+        td_grad_scaler_params gp = td_grad_scaler_default_params();
+        gp.comm = t->comm; /* every rank skips the same steps */
+        if (t->opt.loss_scale > 0) {
+            gp.init_scale = t->opt.loss_scale;
+            gp.dynamic = 0;
+        }
+        CHECK(td_grad_scaler_create(&t->scaler, &gp));
+    }
     if (t->opt.resume) resume(t);
     if (t->opt.trace) CHECK(td_trace_create(&t->trace, t->rank));
     if (t->comm) {
         td_ddp_params dp = td_ddp_default_params();
         dp.trace = t->trace;
+        dp.comm_dtype = t->opt.comm_dtype;
         if (t->opt.bucket_kb > 0) {
             dp.bucket_bytes = (size_t)t->opt.bucket_kb << 10;
             if (dp.first_bucket_bytes > dp.bucket_bytes) dp.first_bucket_bytes = dp.bucket_bytes;
@@ -267,11 +311,18 @@ static double train_epoch(trainer *t, td_loader *loader, int epoch) {
         CHECK(td_tensor_set_data(t->model.labels, batch.y));
         CHECK(td_graph_forward(t->train));
         uint64_t t1 = td_time_ns();
-        /* The loss is this rank's mean; its share of the global mean has this weight. */
-        CHECK(td_graph_backward_from(t->train, t->model.loss, &t->grad_scale));
+        /* The loss is this rank's mean; its share of the global mean has this weight, times
+         * the loss scale under mixed precision. */
+        float seed = t->grad_scale * (t->scaler ? td_grad_scaler_scale(t->scaler) : 1.0f);
+        CHECK(td_graph_backward_from(t->train, t->model.loss, &seed));
         if (t->ddp) CHECK(td_ddp_finish_backward(t->ddp));
         uint64_t t2 = td_time_ns();
-        CHECK(td_optim_step(t->optim));
+        if (t->scaler) {
+            CHECK(td_grad_scaler_step(t->scaler, t->optim, NULL));
+            td_grad_scaler_update(t->scaler);
+        } else {
+            CHECK(td_optim_step(t->optim));
+        }
         CHECK(td_graph_zero_grad(t->train));
         uint64_t t3 = td_time_ns();
         if (t->trace) {
@@ -347,9 +398,10 @@ int main(int argc, char **argv) {
     CHECK(td_loader_create(&test_loader, test_set, &tp));
 
     if (t.rank == 0)
-        printf("training %s on Fashion-MNIST: %d rank(s), global batch %d, %d epoch(s)%s\n",
-               td_model_name(t.opt.model), t.world, t.opt.batch, t.opt.epochs,
-               t.first_epoch ? " (resumed)" : "");
+        printf("training %s on Fashion-MNIST: %d rank(s), global batch %d, %d epoch(s), amp O%d "
+               "%s%s\n",
+               td_model_name(t.opt.model), t.world, t.opt.batch, t.opt.epochs, (int)t.opt.amp,
+               td_dtype_name(t.opt.amp_dtype), t.first_epoch ? " (resumed)" : "");
     double accuracy = 0, test_loss = 0, rate = 0;
     for (int epoch = t.first_epoch; epoch < t.opt.epochs; epoch++) {
         rate = train_epoch(&t, loader, epoch);
@@ -361,6 +413,10 @@ int main(int argc, char **argv) {
             if (t.opt.checkpoint) save(&t, epoch + 1);
         }
     }
+    if (t.rank == 0 && t.scaler)
+        printf("loss scale %g, %lld step(s) skipped for inf/NaN gradients\n",
+               (double)td_grad_scaler_scale(t.scaler),
+               (long long)td_grad_scaler_skipped(t.scaler));
     if (t.rank == 0 && t.opt.eval)
         printf("final: model %s ranks %d epochs %d test_accuracy %.4f test_loss %.4f "
                "samples_per_s %.0f\n",
@@ -378,6 +434,7 @@ int main(int argc, char **argv) {
     td_dataset_destroy(train_set);
     td_dataset_destroy(test_set);
     td_ddp_destroy(t.ddp);
+    td_grad_scaler_destroy(t.scaler);
     td_optim_destroy(t.optim);
     td_graph_destroy(t.eval);
     td_graph_destroy(t.train);

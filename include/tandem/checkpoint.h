@@ -23,7 +23,8 @@ typedef struct {
 } td_checkpoint_meta;
 
 /* Writes tensors[0..n) (by name, data only) and meta[0..n_meta) to path, replacing any file
- * there only once the new one is complete on disk. */
+ * there only once the new one is complete on disk. The temporary is "<path>.tmp.XXXXXX";
+ * ones left by a save that was killed are removed by the next save of the same path. */
 td_status td_checkpoint_save(const char *path, const td_param *tensors, size_t n,
                              const td_checkpoint_meta *meta, size_t n_meta);
 
@@ -31,7 +32,8 @@ td_status td_checkpoint_save(const char *path, const td_param *tensors, size_t n
 typedef struct td_checkpoint td_checkpoint;
 
 /* Opens path and validates its header: length vs file size, JSON syntax, known dtypes,
- * shape x dtype size == byte span, offsets in bounds, contiguous and non-overlapping. */
+ * shape x dtype size == byte span, offsets in bounds, contiguous and non-overlapping.
+ * A path that is a directory or not a regular file is TD_EINVAL, a missing one TD_ENOTFOUND. */
 td_status td_checkpoint_open(td_checkpoint **out, const char *path);
 
 /* Closes the file and frees the parsed header; NULL-safe. */
@@ -50,6 +52,16 @@ td_status td_checkpoint_read(td_checkpoint *checkpoint, td_param *tensors, size_
 
 /* The metadata value of key, or NULL when absent; owned by the checkpoint. */
 const char *td_checkpoint_get_meta(const td_checkpoint *checkpoint, const char *key);
+
+/* The metadata value of key as a decimal integer ("-?[0-9]+", nothing around it) in
+ * [min, max]: TD_ENOTFOUND when key is absent, TD_EFORMAT naming the file, key, value and
+ * range when the value is not such a number; *out is written only on success. */
+td_status td_checkpoint_get_meta_i64(const td_checkpoint *checkpoint, const char *key, int64_t min,
+                                     int64_t max, int64_t *out);
+
+/* The same for unsigned values ("[0-9]+", no sign), e.g. RNG seeds and offsets. */
+td_status td_checkpoint_get_meta_u64(const td_checkpoint *checkpoint, const char *key, uint64_t min,
+                                     uint64_t max, uint64_t *out);
 
 /* Open, read, close in one call. */
 td_status td_checkpoint_load(const char *path, td_param *tensors, size_t n);

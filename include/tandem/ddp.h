@@ -26,7 +26,8 @@
  *
  * Not thread-safe: call every td_ddp function from one thread (the one running backward).
  * It does not own the comm, the params/buffers arrays or their data; the arrays must outlive
- * the td_ddp. Trainable parameters must be f32; buffers may be of any dtype. */
+ * the td_ddp. Trainable parameters are f32, bf16 or f16 (mixed precision's O2; a bucket holds
+ * one dtype and its rank average keeps it, summed in f32); buffers may be of any dtype. */
 #ifndef TANDEM_DDP_H
 #define TANDEM_DDP_H
 
@@ -51,6 +52,11 @@ typedef struct {
     int broadcast_buffers;      /* 1: td_ddp_prepare_forward broadcasts buffers from rank 0 */
     int rebuild_buckets;        /* 1: rebuild once from the observed ready order */
     td_trace *trace;            /* NULL, or where each bucket's all-reduce span is recorded */
+    td_dtype comm_dtype;        /* TD_F32: f32 gradients travel as they are; TD_BF16 or TD_F16:
+                                   they travel in half width and are added in f32 inside the
+                                   reduction (PyTorch's bf16/fp16_compress_hook, Horovod's fp16
+                                   compression): half the bytes, bf16/f16 rounding. bf16 and f16
+                                   gradients always travel in their own dtype. */
 } td_ddp_params;
 
 /* Counters for tests, logs and benchmarks. */

@@ -31,6 +31,30 @@ extern "C" {
 /* A graph (opaque): owns its tensors, nodes, primitives and arena. */
 typedef struct td_graph td_graph;
 
+/* Mixed precision as apex's opt levels (docs/amp.md). Set once, when the graph is created; the
+ * graph then adds cast nodes as ops are added, so building a model is the same at every
+ * level. The low dtype is bf16 (oneDNN computes it natively where the CPU has AVX512_BF16 or
+ * AMX) or f16 (this oneDNN has no f16 on CPUs: each op then computes in f32 between casts,
+ * correct but no faster than f32; so does bf16 on CPUs without native bf16). */
+typedef enum {
+    TD_AMP_O0 = 0, /* f32 everywhere */
+    TD_AMP_O1,     /* autocast: linear and conv2d compute in the low dtype on cast copies of
+                      their f32 weights; pooling, activations, dropout, add, concat and reshape
+                      follow their input's dtype; batch norm, softmax and the losses take f32 */
+    TD_AMP_O2,     /* the weights themselves in the low dtype (batch norm's stay f32) and the
+                      activations too; keep f32 master weights in the optimizer (optim.h) */
+    TD_AMP_O3,     /* everything in the low dtype, batch norm's weights too, no master weights:
+                      the fastest level and the one that can diverge */
+} td_amp_level;
+
+/* A graph's mixed precision. */
+typedef struct {
+    td_amp_level level; /* TD_AMP_O0 */
+    td_dtype dtype;     /* the low dtype: TD_BF16 (default) or TD_F16 */
+    int emulate;        /* 1: compute oneDNN ops in f32 between casts even where the CPU runs
+                           bf16 natively (the path other CPUs take) */
+} td_amp_params;
+
 /* Options of td_graph_create; fill with td_graph_default_params. */
 typedef struct {
     int grad_enabled;         /* 0: inference only: no gradient memory, backward refused, and
@@ -41,9 +65,10 @@ typedef struct {
     int conv_winograd;        /* 1: oneDNN may pick Winograd for 3x3 convolutions where it is
                                  faster (f32 results differ from direct in the last bits);
                                  0: direct convolution only */
+    td_amp_params amp;        /* mixed precision: O0 (f32), bf16 when a level is set */
 } td_graph_params;
 
-/* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1. */
+/* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16. */
 td_graph_params td_graph_default_params(void);
 
 /* Creates an empty graph in training mode; params may be NULL for the defaults. */
@@ -54,8 +79,9 @@ void td_graph_destroy(td_graph *g);
 
 /* ---- leaves --------------------------------------------------------------------------- */
 
-/* A data input (e.g. images f32, labels i64). requires_grad asks for its gradient
- * (td_tensor_grad after backward), as op tests need; data inputs normally pass 0. */
+/* A data input (e.g. images f32, labels i64). requires_grad asks for its gradient (in the
+ * input's float dtype: td_tensor_grad after backward), as op tests and pipeline stages need;
+ * data inputs normally pass 0. */
 td_status td_graph_input(td_graph *g, const char *name, td_shape shape, td_dtype dtype,
                          int requires_grad, td_tensor **out);
 
@@ -82,6 +108,10 @@ td_status td_graph_avg_pool2d(td_graph *g, td_tensor *x, const td_pool2d_params 
 
 /* max(x, 0), any shape. */
 td_status td_graph_relu(td_graph *g, td_tensor *x, td_tensor **y);
+
+/* The same values in another float dtype (f32, bf16, f16), any shape and layout; backward
+ * converts the gradient back. Mixed precision adds these itself. */
+td_status td_graph_cast(td_graph *g, td_tensor *x, td_dtype dtype, td_tensor **y);
 
 /* x * Phi(x) with the exact erf form (PyTorch's default GELU), any shape. */
 td_status td_graph_gelu(td_graph *g, td_tensor *x, td_tensor **y);
@@ -138,8 +168,9 @@ td_status td_graph_forward(td_graph *g);
 /* Backward from a scalar tensor (the loss) with d loss = 1; gradients accumulate. */
 td_status td_graph_backward(td_graph *g, td_tensor *loss);
 
-/* Backward from any tensor with a given output gradient (numel floats, plain order), for
- * op tests and for custom losses; gradients accumulate. */
+/* Backward from any tensor with a given output gradient (numel floats, plain order, whatever
+ * y's dtype), for op tests, custom losses, scaled losses and pipeline stages; gradients
+ * accumulate. */
 td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy);
 
 /* Zeroes every parameter gradient (and those of inputs that take one) the way PyTorch's

@@ -3,7 +3,10 @@
  *
  * An optimizer keeps a pointer to the caller's td_param array and reads params[i].grad
  * afresh at every step (DDP moves gradients after construction); a parameter whose grad is
- * NULL at a step is skipped, as PyTorch skips p.grad is None. fp32 parameters only. */
+ * NULL at a step is skipped, as PyTorch skips p.grad is None. Parameters are f32, or bf16 /
+ * f16 (mixed precision's O2): those get f32 master weights inside the optimizer, initialised
+ * from their values at creation, updated from the gradient in f32 and copied back rounded
+ * after each step; they are part of td_optim_state, so checkpoints keep them. */
 #ifndef TANDEM_OPTIM_H
 #define TANDEM_OPTIM_H
 
@@ -56,6 +59,9 @@ void td_optim_destroy(td_optim *optim);
 /* One update of every parameter that has a gradient. */
 td_status td_optim_step(td_optim *optim);
 
+/* The parameter array the optimizer steps (the caller's, as given at creation). */
+void td_optim_parameters(const td_optim *optim, td_param **params, size_t *n);
+
 /* Sets every parameter's gradient to zero (parameters with grad == NULL are left alone). */
 void td_optim_zero_grad(td_optim *optim);
 
@@ -66,8 +72,9 @@ void td_optim_set_lr(td_optim *optim, double lr);
 double td_optim_get_lr(const td_optim *optim);
 
 /* The optimizer's state as named tensors owned by the optimizer, for checkpoints: "optim.step"
- * (i64, (n): steps each parameter has taken) and per parameter "optim.<name>.momentum_buffer"
- * (SGD with momentum) or "optim.<name>.exp_avg" / "optim.<name>.exp_avg_sq" (AdamW). Loading
+ * (i64, (n): steps each parameter has taken), per parameter "optim.<name>.momentum_buffer"
+ * (SGD with momentum) or "optim.<name>.exp_avg" / "optim.<name>.exp_avg_sq" (AdamW), and
+ * "optim.<name>.master" for the f32 master weights of a low-precision parameter. Loading
  * saved values into these buffers resumes bit for bit. Valid until destroy. */
 void td_optim_state(td_optim *optim, td_param **state, size_t *n_state);
 

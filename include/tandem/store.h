@@ -1,7 +1,8 @@
 /* The rendezvous store: a small TCP key-value store (torch.distributed.TCPStore) that one
  * process of the job hosts (rank 0, on MASTER_ADDR:MASTER_PORT) and every rank connects to.
  * It carries bootstrap data (shared-memory names, later NCCL ids) and barrier-like
- * rendezvous. Every connection must first present the job's token; strangers are dropped.
+ * rendezvous. The host listens only on the address it is given. Every connection must first
+ * present the job's token; strangers are dropped, and shed first when the store fills up.
  * It is not a database: values are small (<= 1 MiB) and live as long as the host process. */
 #ifndef TANDEM_STORE_H
 #define TANDEM_STORE_H
@@ -18,10 +19,14 @@ typedef struct td_store td_store;
 /* Largest key and value the store accepts, in bytes. */
 #define TD_STORE_MAX_KEY 512
 #define TD_STORE_MAX_VALUE (1u << 20)
+/* Longest token, in bytes: strangers must not make the host buffer more than this. */
+#define TD_STORE_MAX_TOKEN 4096
 
 /* How to reach (or host) the store. */
 typedef struct {
-    const char *host;  /* address to connect to, and to listen on when hosting; NULL: 127.0.0.1 */
+    /* Address to connect to, and the only one listened on when hosting: a name means every
+     * IPv4 address it resolves to here, 0.0.0.0 every interface. NULL: 127.0.0.1 */
+    const char *host;
     int port;          /* when hosting, 0 picks a free port (see td_store_port) */
     int is_server;     /* non-zero: host the store in this process on a background thread */
     const char *token; /* the job's token every connection presents; NULL: empty token */
@@ -31,8 +36,10 @@ typedef struct {
 /* The defaults above: a client of 127.0.0.1:29500. */
 td_store_params td_store_default_params(void);
 
-/* Connects (retrying until the timeout while the host is not up yet), hosting first when
- * asked. TD_EAUTH when the host rejects the token. */
+/* Connects, hosting first when asked; until the timeout it retries while the host is not up
+ * yet or closes the connection unanswered. TD_EAUTH when the host rejects the token,
+ * TD_EBACKEND when it is full of other authenticated clients, TD_EIO when it cannot listen
+ * on `host` (not an address of this machine, or the port is taken). */
 td_status td_store_create(td_store **out, const td_store_params *params);
 
 /* Closes the connection; a host also stops serving (other clients then see TD_EPEER). */

@@ -2,6 +2,7 @@
 #ifndef TANDEM_TANDEM_H
 #define TANDEM_TANDEM_H
 
+#include "tandem/amp.h"
 #include "tandem/checkpoint.h"
 #include "tandem/comm.h"
 #include "tandem/core.h"

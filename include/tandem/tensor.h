@@ -36,14 +36,15 @@ void *td_tensor_data(const td_tensor *t);
 
 /* Plain row-major gradient storage (same rules as td_tensor_data); NULL when the tensor
  * takes no gradient. For parameters this is td_param.grad. */
-float *td_tensor_grad(const td_tensor *t);
+void *td_tensor_grad(const td_tensor *t);
 
 /* Copies the tensor's values out in plain row-major order (numel elements of its dtype). */
 td_status td_tensor_read(const td_tensor *t, void *dst);
 
-/* Copies the gradient out in plain row-major order (numel floats); TD_ESTATE when the
+/* Copies the gradient out in plain row-major order (numel elements of the tensor's dtype, as
+ * td_tensor_read does for the values); TD_ESTATE when the
  * tensor takes no gradient. */
-td_status td_tensor_read_grad(const td_tensor *t, float *dst);
+td_status td_tensor_read_grad(const td_tensor *t, void *dst);
 
 /* Copies numel elements (plain row-major) into an input, parameter or buffer. */
 td_status td_tensor_write(td_tensor *t, const void *src);

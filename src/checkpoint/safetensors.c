@@ -17,6 +17,7 @@
 #include "tandem/checkpoint.h"
 
 #include "checkpoint/json_impl.h"
+#include "checkpoint/temporary_impl.h"
 #include "core/core_impl.h"
 
 #define MAX_HEADER (100u << 20) /* the Python package's limit */
@@ -175,6 +176,10 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
                              const td_checkpoint_meta *meta, size_t n_meta) {
     td_status st = check_save_args(path, t, n, meta, n_meta);
     if (st != TD_OK) return st;
+    struct stat ps;
+    /* Caught here rather than by rename(2) after the whole file has been written. */
+    if (stat(path, &ps) == 0 && S_ISDIR(ps.st_mode))
+        return td__fail(TD_EINVAL, "%s: is a directory; a checkpoint path must name a file", path);
     sbuf h = {0};
     sb_put(&h, "{", 1);
     int first = 1;
@@ -214,18 +219,11 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
                         path, h.len, MAX_HEADER);
     }
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
-    if (!tmp) {
-        free(h.s);
-        return td__fail(TD_ENOMEM, "%s: out of memory", path);
-    }
-    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
+    char *tmp = NULL;
+    int fd = td__checkpoint_temporary(path, &tmp);
     if (fd < 0) {
-        st = td__fail(TD_EIO, "%s: cannot create a temporary file next to it: %s", path,
-                      strerror(errno));
-        free(tmp);
+        st = td__fail(errno == ENOMEM ? TD_ENOMEM : TD_EIO,
+                      "%s: cannot create a temporary file next to it: %s", path, strerror(errno));
         free(h.s);
         return st;
     }
@@ -239,19 +237,19 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
     if (!what && fchmod(fd, 0644) != 0) what = "fchmod";
     if (!what && fsync(fd) != 0) what = "fsync";
     int saved_errno = errno;
-    if (close(fd) != 0 && !what) {
-        what = "close";
-        saved_errno = errno;
-    }
+    /* The lock must outlive the name, so the descriptor is closed only after the rename. Once
+     * fsync has succeeded, close has no data left to report errors about. */
     if (!what && rename(tmp, path) != 0) {
         what = "rename";
         saved_errno = errno;
     }
     if (what) {
         unlink(tmp);
+        close(fd);
         st = td__fail(TD_EIO, "%s: %s failed: %s (the previous file, if any, is unchanged)", path,
                       what, strerror(saved_errno));
     } else {
+        if (close(fd) != 0) td__log(TD_LOG_WARN, "%s: close after the rename failed", path);
         /* The rename is durable only once the directory entry is. */
         char *dcopy = strdup(path);
         if (dcopy) {
@@ -446,10 +444,12 @@ td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
         st = td__fail(TD_ENOMEM, "%s: out of memory", path);
         goto done;
     }
-    c->fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK only so that opening a FIFO does not wait for a writer; it is refused below
+     * and the flag is cleared for the regular file that remains. */
+    c->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (c->fd < 0) {
-        st = td__fail(errno == ENOENT ? TD_ENOTFOUND : TD_EIO, "%s: cannot open: %s", path,
-                      strerror(errno));
+        st = td__fail(errno == ENOENT || errno == ENOTDIR ? TD_ENOTFOUND : TD_EIO,
+                      "%s: cannot open: %s", path, strerror(errno));
         goto done;
     }
     struct stat sb;
@@ -457,6 +457,22 @@ td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
         st = td__fail(TD_EIO, "%s: fstat: %s", path, strerror(errno));
         goto done;
     }
+    /* A wrong path, not damaged data: without this a directory reads as "4096 bytes, too
+     * short". TD_EINVAL because retrying cannot help and nothing failed to read. */
+    if (S_ISDIR(sb.st_mode)) {
+        st = td__fail(TD_EINVAL, "%s: is a directory, not a checkpoint file", path);
+        goto done;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = td__fail(TD_EINVAL, "%s: is %s, not a regular file, so not a checkpoint", path,
+                      S_ISFIFO(sb.st_mode)   ? "a FIFO"
+                      : S_ISCHR(sb.st_mode)  ? "a character device"
+                      : S_ISBLK(sb.st_mode)  ? "a block device"
+                      : S_ISSOCK(sb.st_mode) ? "a socket"
+                                             : "a special file");
+        goto done;
+    }
+    fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) & ~O_NONBLOCK);
     uint64_t size = (uint64_t)sb.st_size;
     unsigned char len8[8];
     if (size < 8 || !read_exact(c->fd, len8, 8, 0)) {
@@ -526,6 +542,103 @@ const char *td_checkpoint_get_meta(const td_checkpoint *c, const char *key) {
     for (size_t i = 0; i < c->n_meta; i++)
         if (strcmp(c->meta_keys[i], key) == 0) return c->meta_values[i];
     return NULL;
+}
+
+/* A metadata value as it may appear in a message: at most 64 bytes, control characters as
+ * '?', "..." when cut. */
+static void value_str(char *buf, size_t len, const char *v) {
+    size_t k = 0;
+    for (; v[k] && k < 64 && k + 4 < len; k++) buf[k] = (unsigned char)v[k] < 0x20 ? '?' : v[k];
+    if (v[k] && k + 4 <= len) {
+        memcpy(buf + k, "...", 3);
+        k += 3;
+    }
+    buf[k] = '\0';
+}
+
+static td_status meta_out_of_range(const td_checkpoint *c, const char *key, const char *range) {
+    char shown[80];
+    value_str(shown, sizeof shown, td_checkpoint_get_meta(c, key));
+    return td__fail(TD_EFORMAT, "%s: metadata \"%s\" is \"%s\", out of the range %s", c->path, key,
+                    shown, range);
+}
+
+/* Looks up key and parses its value as decimal digits, after one '-' when is_signed, with
+ * nothing else around them. On TD_OK *negative and *magnitude hold the number; range is the
+ * caller's "[min, max]" for the messages. */
+static td_status meta_decimal(const td_checkpoint *c, const char *key, int is_signed,
+                              const char *range, int *negative, uint64_t *magnitude) {
+    const char *v = td_checkpoint_get_meta(c, key);
+    if (!v) return td__fail(TD_ENOTFOUND, "%s: metadata key \"%s\" is missing", c->path, key);
+    const char *p = v;
+    *negative = is_signed && *p == '-';
+    if (*negative) p++;
+    int digits = *p != '\0', overflow = 0;
+    uint64_t m = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9') {
+            digits = 0;
+            break;
+        }
+        unsigned d = (unsigned)(*p - '0');
+        if (m > (UINT64_MAX - d) / 10)
+            overflow = 1;
+        else
+            m = m * 10 + d;
+    }
+    if (!digits) {
+        char shown[80];
+        value_str(shown, sizeof shown, v);
+        return td__fail(TD_EFORMAT,
+                        "%s: metadata \"%s\" is \"%s\", not a decimal integer (expected one in %s)",
+                        c->path, key, shown, range);
+    }
+    if (overflow) return meta_out_of_range(c, key, range);
+    *magnitude = m;
+    return TD_OK;
+}
+
+td_status td_checkpoint_get_meta_i64(const td_checkpoint *c, const char *key, int64_t min,
+                                     int64_t max, int64_t *out) {
+    if (!c || !key || !out)
+        return td__fail(TD_EINVAL,
+                        "td_checkpoint_get_meta_i64: checkpoint, key and out must not be NULL");
+    if (min > max)
+        return td__fail(TD_EINVAL, "%s: metadata \"%s\": empty range [%lld, %lld]", c->path, key,
+                        (long long)min, (long long)max);
+    char range[64];
+    snprintf(range, sizeof range, "[%lld, %lld]", (long long)min, (long long)max);
+    int negative;
+    uint64_t m;
+    TD__TRY(meta_decimal(c, key, 1, range, &negative, &m));
+    int64_t v;
+    if (m <= (uint64_t)INT64_MAX)
+        v = negative ? -(int64_t)m : (int64_t)m;
+    else if (negative && m == (uint64_t)INT64_MAX + 1) /* the one that fits only negated */
+        v = INT64_MIN;
+    else
+        return meta_out_of_range(c, key, range);
+    if (v < min || v > max) return meta_out_of_range(c, key, range);
+    *out = v;
+    return TD_OK;
+}
+
+td_status td_checkpoint_get_meta_u64(const td_checkpoint *c, const char *key, uint64_t min,
+                                     uint64_t max, uint64_t *out) {
+    if (!c || !key || !out)
+        return td__fail(TD_EINVAL,
+                        "td_checkpoint_get_meta_u64: checkpoint, key and out must not be NULL");
+    if (min > max)
+        return td__fail(TD_EINVAL, "%s: metadata \"%s\": empty range [%llu, %llu]", c->path, key,
+                        (unsigned long long)min, (unsigned long long)max);
+    char range[64];
+    snprintf(range, sizeof range, "[%llu, %llu]", (unsigned long long)min, (unsigned long long)max);
+    int negative;
+    uint64_t m;
+    TD__TRY(meta_decimal(c, key, 0, range, &negative, &m));
+    if (m < min || m > max) return meta_out_of_range(c, key, range);
+    *out = m;
+    return TD_OK;
 }
 
 static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {

@@ -8,23 +8,9 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "core/core_impl.h"
 
 #define BLK 16
-
-static inline float bf16_load(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t bf16_store(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 #define ID(x) (x)
 #define ADD(a, b) ((a) + (b))
@@ -67,8 +53,8 @@ static inline uint16_t bf16_store(float f) {
 
 FLOAT_KERNELS(f32, float, float, ID, ID)
 FLOAT_KERNELS(f64, double, double, ID, ID)
-FLOAT_KERNELS(bf16, uint16_t, float, bf16_load, bf16_store)
-FLOAT_KERNELS(f16, uint16_t, float, td_f16_to_f32, td_f32_to_f16)
+FLOAT_KERNELS(bf16, uint16_t, float, td__bf16_to_f32, td__f32_to_bf16)
+FLOAT_KERNELS(f16, uint16_t, float, td__f16_to_f32, td__f32_to_f16)
 
 /* Integers: SUM/PROD in the unsigned type of the same width (defined wrap-around), MIN/MAX
  * in the element type, AVG in 64 bits. */

@@ -10,6 +10,10 @@ static td_status unary(td_graph *g, const td__op *op, const char *what, td_tenso
     return td__graph_add(g, op, what, &x, 1, attr, variant, y);
 }
 
+td_status td_graph_cast(td_graph *g, td_tensor *x, td_dtype dtype, td_tensor **y) {
+    return unary(g, &td__op_cast, "cast", x, NULL, (int)dtype, y);
+}
+
 td_status td_graph_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b, td_tensor **y) {
     td_tensor *ins[3] = {x, w, b};
     return td__graph_add(g, &td__op_linear, "linear", ins, 3, NULL, 0, y);

@@ -58,7 +58,7 @@ td_status td__graph_allocate(td_graph *g) {
                 return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for %s", t->name);
             t->data = t->own;
         }
-        if (t->dtype == TD_F32 && t->bytes > scratch) scratch = t->bytes;
+        if (td__is_float(t->dtype) && t->bytes > scratch) scratch = t->bytes;
         if (t->requires_grad && g->opt.grad_enabled) {
             t->grad = zeroed(g, t->bytes);
             if (!t->grad)

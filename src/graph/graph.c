@@ -9,7 +9,11 @@
 #include "graph/graph_impl.h"
 
 td_graph_params td_graph_default_params(void) {
-    td_graph_params p = {.grad_enabled = 1, .seed = 0, .arena_block_bytes = 0, .conv_winograd = 1};
+    td_graph_params p = {.grad_enabled = 1,
+                         .seed = 0,
+                         .arena_block_bytes = 0,
+                         .conv_winograd = 1,
+                         .amp = {.level = TD_AMP_O0, .dtype = TD_BF16, .emulate = 0}};
     return p;
 }
 
@@ -21,6 +25,18 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     td_graph *g = calloc(1, sizeof *g);
     if (!g) return td__fail(TD_ENOMEM, "td_graph_create: out of memory");
     g->opt = params ? *params : td_graph_default_params();
+    if ((unsigned)g->opt.amp.level > TD_AMP_O3 ||
+        (g->opt.amp.dtype != TD_BF16 && g->opt.amp.dtype != TD_F16)) {
+        td_amp_params a = g->opt.amp;
+        free(g);
+        return td__fail(TD_EINVAL,
+                        "td_graph_create: amp level %d and dtype %s (levels O0 to O3, "
+                        "dtypes bf16 or f16)",
+                        (int)a.level, td_dtype_name(a.dtype));
+    }
+    /* oneDNN computes bf16 itself with AVX512_BF16 (or AMX); elsewhere it runs slowly or not. */
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    g->ctx.bf16_native = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
     td_rng_init(&g->rng, g->opt.seed);
     g->ctx.training = 1;
     g->ctx.conv_winograd = g->opt.conv_winograd;
@@ -60,6 +76,7 @@ void td_graph_destroy(td_graph *g) {
     free(g->buffers);
     free(g->buffer_t);
     free(g->param_last_node);
+    free(g->casts);
     free(g->fired);
     td_arena_destroy(g->ctx.arena);
     if (g->ctx.stream) dnnl_stream_destroy(g->ctx.stream);
@@ -95,7 +112,7 @@ static td_status tensor_new(td_graph *g, const char *name, td_shape shape, td_dt
     if (td_dtype_size(dtype) == 0)
         return td__fail(TD_EDTYPE, "graph: tensor '%s' has invalid dtype %d", name ? name : "?",
                         (int)dtype);
-    if (kind != TD__INPUT && dtype != TD_F32)
+    if ((kind == TD__PARAM || kind == TD__BUFFER) && dtype != TD_F32)
         return td__fail(TD_EDTYPE, "graph: tensor '%s' must be f32, got %s", name ? name : "?",
                         td_dtype_name(dtype));
     if (!grow((void **)&g->tensors, &g->cap_tensors, g->ntensors, sizeof *g->tensors))
@@ -157,7 +174,7 @@ static void fill_param(td_param *p, td_tensor *t) {
 
 td_status td_graph_input(td_graph *g, const char *name, td_shape shape, td_dtype dtype,
                          int requires_grad, td_tensor **out) {
-    if (requires_grad && dtype != TD_F32)
+    if (requires_grad && !td__is_float(dtype))
         return td__fail(TD_EDTYPE, "td_graph_input: '%s' asks for a gradient but is %s",
                         name ? name : "?", td_dtype_name(dtype));
     TD__TRY(leaf(g, name, shape, dtype, TD__INPUT, out));
@@ -224,6 +241,11 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
     TD__TRY(check_input(g, ins[0], what));
     for (int i = 1; i < nin; i++)
         if (ins[i]) TD__TRY(check_input(g, ins[i], what));
+    td_tensor *cast_ins[TD__MAX_IN];
+    memcpy(cast_ins, ins, (size_t)nin * sizeof *ins);
+    td_dtype back;
+    TD__TRY(td__autocast(g, op, what, cast_ins, nin, attr, variant, &back));
+    ins = cast_ins;
     td__node probe = {.op = op, .what = what, .nin = nin, .variant = variant};
     if (attr) probe.attr = *attr;
     for (int i = 0; i < nin; i++) probe.in[i] = ins[i];
@@ -249,14 +271,14 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
     n->out = y;
     g->nodes[g->nnodes++] = n;
     *out = y;
-    return TD_OK;
+    return back == TD_DTYPE_COUNT ? TD_OK : td__graph_cast_memo(g, y, back, out);
 }
 
 void td__graph_sync_storage(td_graph *g) {
     for (int i = 0; i < g->nparams; i++) {
         td_tensor *t = g->param_t[i];
         if (g->params[i].data && g->params[i].data != t->data) t->data = g->params[i].data;
-        if (g->params[i].grad && (float *)g->params[i].grad != t->grad) t->grad = g->params[i].grad;
+        if (g->params[i].grad && g->params[i].grad != t->grad) t->grad = g->params[i].grad;
     }
     for (int i = 0; i < g->nbuffers; i++) {
         td_tensor *t = g->buffer_t[i];
@@ -314,8 +336,9 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     td__graph_sync_storage(g);
     for (int i = 0; i < g->ntensors; i++)
         if (g->tensors[i]->kind == TD__ACT) g->tensors[i]->grad_zero = 1;
-    float *d = td__grad_begin(&g->ctx, y, 0);
-    if (y->blocked) {
+    void *d = td__grad_begin(&g->ctx, y, 0);
+    size_t numel = (size_t)td_shape_numel(&y->shape);
+    if (y->blocked) { /* f32 plain -> y's dtype and layout in one reorder */
         td__reorder r;
         dnnl_memory_desc_t plain;
         td__md_plain(&plain, &y->shape, TD_F32);
@@ -324,7 +347,7 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
         td__reorder_free(&r);
         TD__TRY(s);
     } else {
-        memcpy(d, dy, (size_t)td_shape_numel(&y->shape) * sizeof(float));
+        td__convert(d, y->dtype, dy, TD_F32, numel);
     }
     td__grad_end(&g->ctx, y);
     memset(g->fired, 0, (size_t)g->nparams);
@@ -405,11 +428,12 @@ static td_status share(td_tensor **dst, td_param *dp, td_tensor **src, int n, in
                         nsrc);
     for (int i = 0; i < n; i++) {
         if (strcmp(dst[i]->name, src[i]->name) != 0 ||
-            !td_shape_equal(&dst[i]->shape, &src[i]->shape))
-            return td__fail(
-                TD_EMISMATCH,
-                "td_graph_share_params: %s %d is '%s' in dst but '%s' in src (or shapes differ)",
-                what, i, dst[i]->name, src[i]->name);
+            !td_shape_equal(&dst[i]->shape, &src[i]->shape) || dst[i]->dtype != src[i]->dtype)
+            return td__fail(TD_EMISMATCH,
+                            "td_graph_share_params: %s %d is '%s' %s in dst but '%s' %s in src (or "
+                            "shapes differ)",
+                            what, i, dst[i]->name, td_dtype_name(dst[i]->dtype), src[i]->name,
+                            td_dtype_name(src[i]->dtype));
     }
     for (int i = 0; i < n; i++) {
         dst[i]->data = src[i]->data;

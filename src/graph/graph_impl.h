@@ -9,6 +9,13 @@
 
 #include "ops/onednn.h"
 
+/* A cast the graph made (autocast.c), so that a tensor is cast to a dtype only once. */
+typedef struct {
+    td_tensor *from;
+    td_dtype dtype;
+    td_tensor *to;
+} td__graph_cast_entry;
+
 struct td_graph {
     td__op_ctx ctx; /* first: an op's ctx pointer is the graph's address */
     td_graph_params opt;
@@ -28,6 +35,8 @@ struct td_graph {
     unsigned char *fired; /* (nparams) hook already called in this sweep */
     td_grad_ready_fn hook;
     void *hook_ctx;
+    td__graph_cast_entry *casts;
+    int ncasts, cap_casts;
 };
 
 /* Adds a node of `op` over inputs ins (checked: of this graph, not compiled) with
@@ -35,6 +44,15 @@ struct td_graph {
  * errors ("max_pool2d"). */
 td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tensor *const *ins,
                         int nin, const td__op_attr *attr, int variant, td_tensor **out);
+
+/* Mixed precision (autocast.c): casts the inputs of a node of `op` about to be added and stores
+ * parameters low from level O2 on; *back is the dtype the node's output must be cast to after
+ * it (it computes in f32 for a dtype its op cannot), or TD_DTYPE_COUNT for none. */
+td_status td__autocast(td_graph *g, const td__op *op, const char *what, td_tensor **ins, int nin,
+                       const td__op_attr *attr, int variant, td_dtype *back);
+
+/* x cast to dtype, made once per (x, dtype); x itself when it already has that dtype. */
+td_status td__graph_cast_memo(td_graph *g, td_tensor *x, td_dtype dtype, td_tensor **out);
 
 /* Compile passes, in the order td_graph_compile runs them. */
 void td__graph_fuse(td_graph *g);                 /* fuse.c: fold or run activations in place */

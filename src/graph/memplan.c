@@ -21,7 +21,8 @@ static td_tensor *root_of(td_tensor *t) {
 
 /* No padding: the storage holds exactly the logical elements. */
 static int shareable(const td_tensor *t) {
-    return t->dtype == TD_F32 && t->bytes == (size_t)td_shape_numel(&t->shape) * sizeof(float);
+    return td__is_float(t->dtype) &&
+           t->bytes == (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype);
 }
 
 td_status td__plan_inference_memory(td_graph *g) {

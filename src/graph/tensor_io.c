@@ -17,7 +17,7 @@ void *td_tensor_data(const td_tensor *t) {
     return t && !t->blocked ? t->data : NULL;
 }
 
-float *td_tensor_grad(const td_tensor *t) {
+void *td_tensor_grad(const td_tensor *t) {
     follow(t);
     return t && !t->blocked ? t->grad : NULL;
 }
@@ -46,7 +46,7 @@ td_status td_tensor_read(const td_tensor *t, void *dst) {
     return TD_OK;
 }
 
-td_status td_tensor_read_grad(const td_tensor *t, float *dst) {
+td_status td_tensor_read_grad(const td_tensor *t, void *dst) {
     if (!t || !dst) return td__fail(TD_EINVAL, "td_tensor_read_grad: NULL argument");
     follow(t);
     if (!t->grad)
@@ -54,7 +54,7 @@ td_status td_tensor_read_grad(const td_tensor *t, float *dst) {
             TD_ESTATE, "td_tensor_read_grad: '%s' takes no gradient (or the graph is not compiled)",
             t->name);
     if (t->blocked) return copy_blocked(t, t->grad, dst, 1);
-    memcpy(dst, t->grad, (size_t)td_shape_numel(&t->shape) * sizeof(float));
+    memcpy(dst, t->grad, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype));
     return TD_OK;
 }
 

@@ -87,15 +87,8 @@ void td__job_tick(td__job *j) {
 
 /* 1 when /proc says the process is stopped by a signal (T) or traced (t). */
 static int is_stopped(pid_t pid) {
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+    char state = td__proc_state((int)pid);
+    return state == 'T' || state == 't';
 }
 
 int td__job_stopped_ranks(const td__job *j, char *out, size_t cap) {

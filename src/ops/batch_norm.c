@@ -200,21 +200,29 @@ static int bn_fold_activation(td__node *n, td__activation act) {
 
 static td_status bn_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
     const td_tensor *x = n->in[0];
-    if (x->dtype != TD_F32 || x->shape.ndim != 4)
-        return td__fail(TD_ESHAPE, "batch_norm2d: input '%s' must be f32 (N, C, H, W)", x->name);
+    if (!td__is_float(x->dtype) || x->shape.ndim != 4)
+        return td__fail(TD_ESHAPE, "batch_norm2d: input '%s' must be (N, C, H, W) of a float dtype",
+                        x->name);
     for (int i = 1; i < 5; i++) {
         const td_tensor *t = n->in[i];
         if (!t) return td__fail(TD_EINVAL, "batch_norm2d: input %d is NULL", i);
-        if (t->shape.ndim != 1 || t->shape.dim[0] != x->shape.dim[1])
-            return td__fail(TD_ESHAPE, "batch_norm2d: '%s' must be (%lld)", t->name,
+        if (t->shape.ndim != 1 || t->shape.dim[0] != x->shape.dim[1] || t->dtype != TD_F32)
+            return td__fail(TD_ESHAPE, "batch_norm2d: '%s' must be f32 (%lld)", t->name,
                             (long long)x->shape.dim[1]);
     }
     if (n->in[3]->kind == TD__ACT || n->in[4]->kind == TD__ACT)
         return td__fail(TD_EINVAL,
                         "batch_norm2d: running stats must be graph buffers, not activations");
     *shape = x->shape;
-    *dtype = TD_F32;
+    *dtype = x->dtype;
     return TD_OK;
+}
+
+/* Statistics, weight and bias stay f32 whatever the activations' dtype (apex's rule): oneDNN
+ * normalises bf16 activations in f32 with them. */
+static td_dtype bn_input_dtype(const td__node *n, int i, td_dtype dtype) {
+    (void)n;
+    return i == 0 ? dtype : TD_F32;
 }
 
 const td__op td__op_batch_norm = {
@@ -226,4 +234,6 @@ const td__op td__op_batch_norm = {
     .backward = bn_backward,
     .destroy = bn_destroy,
     .fold_activation = bn_fold_activation,
+    .supports = td__onednn_supports,
+    .input_dtype = bn_input_dtype,
 };

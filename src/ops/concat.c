@@ -1,23 +1,23 @@
-/* The channel concatenation node: (N, C_i, ...) inputs side by side along dim 1, plain
- * layouts; backward slices dy back out to each input. */
+/* The channel concatenation node: (N, C_i, ...) inputs of one dtype side by side along dim 1,
+ * plain layouts; backward slices dy back out to each input. */
 #include <string.h>
 
 #include "ops/onednn.h"
 
-/* Elements per sample of input i (C_i times the trailing dims). */
+/* Bytes per sample of input i (C_i times the trailing dims). */
 static size_t chunk(const td_tensor *t) {
-    return (size_t)(td_shape_numel(&t->shape) / t->shape.dim[0]);
+    return (size_t)(td_shape_numel(&t->shape) / t->shape.dim[0]) * td_dtype_size(t->dtype);
 }
 
 static td_status concat_forward(td__op_ctx *ctx, td__node *n) {
     (void)ctx;
-    float *y = n->out->data;
+    unsigned char *y = n->out->data;
     size_t row = chunk(n->out);
     for (int64_t s = 0; s < n->out->shape.dim[0]; s++) {
         size_t off = 0;
         for (int i = 0; i < n->nin; i++) {
             size_t c = chunk(n->in[i]);
-            memcpy(y + s * row + off, (const float *)n->in[i]->data + s * c, c * sizeof(float));
+            memcpy(y + s * row + off, (const unsigned char *)n->in[i]->data + s * c, c);
             off += c;
         }
     }
@@ -25,15 +25,15 @@ static td_status concat_forward(td__op_ctx *ctx, td__node *n) {
 }
 
 static td_status concat_backward(td__op_ctx *ctx, td__node *n) {
-    const float *dy = n->out->grad;
+    const unsigned char *dy = n->out->grad;
     size_t row = chunk(n->out), off = 0;
     for (int i = 0; i < n->nin; i++) {
         td_tensor *x = n->in[i];
         size_t c = chunk(x);
         if (x->requires_grad) {
-            float *dx = td__grad_begin(ctx, x, 0);
+            unsigned char *dx = td__grad_begin(ctx, x, 0);
             for (int64_t s = 0; s < n->out->shape.dim[0]; s++)
-                memcpy(dx + s * c, dy + s * row + off, c * sizeof(float));
+                memcpy(dx + s * c, dy + s * row + off, c);
             td__grad_end(ctx, x);
         }
         off += c;
@@ -44,12 +44,12 @@ static td_status concat_backward(td__op_ctx *ctx, td__node *n) {
 static td_status concat_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
     const td_tensor *x0 = n->in[0];
     td_shape s = x0->shape;
-    if (s.ndim < 2 || x0->dtype != TD_F32)
-        return td__fail(TD_ESHAPE, "concat: '%s' must be f32 with >= 2 dims", x0->name);
+    if (s.ndim < 2 || !td__is_float(x0->dtype))
+        return td__fail(TD_ESHAPE, "concat: '%s' must be a float tensor with >= 2 dims", x0->name);
     for (int i = 1; i < n->nin; i++) {
         const td_tensor *x = n->in[i];
         if (!x) return td__fail(TD_EINVAL, "concat: input %d is NULL", i);
-        int ok = x->shape.ndim == s.ndim && x->dtype == TD_F32;
+        int ok = x->shape.ndim == s.ndim && x->dtype == x0->dtype;
         for (int d = 0; ok && d < s.ndim; d++)
             if (d != 1 && x->shape.dim[d] != s.dim[d]) ok = 0;
         if (!ok)
@@ -58,7 +58,7 @@ static td_status concat_infer(const td__node *n, td_shape *shape, td_dtype *dtyp
         s.dim[1] += x->shape.dim[1];
     }
     *shape = s;
-    *dtype = TD_F32;
+    *dtype = x0->dtype;
     return TD_OK;
 }
 

@@ -7,6 +7,9 @@
 
 #include "ops/onednn.h"
 
+/* Input channels below which Winograd loses to a direct convolution (measured, see above). */
+#define TD__WINOGRAD_MIN_CHANNELS 16
+
 typedef struct {
     dnnl_primitive_t fwd, bwd_data, bwd_w;
     /* Each adapter reorders only where the kernel's preferred layout differs. */
@@ -18,6 +21,7 @@ typedef struct {
     td__adapt x_bw;               /* x -> backward-weights src layout */
     td__adapt dy_bw;              /* dy -> backward-weights diff_dst layout */
     td__adapt dw_bw;              /* backward-weights diff_weights layout -> plain */
+    td__adapt db_bw;              /* backward-weights diff_bias -> the bias's dtype */
     int w_bd_reuse;               /* backward data takes the forward's weights layout */
     int x_bw_reuse;               /* backward weights takes the forward's src layout */
     int dy_bw_reuse;              /* both backward kernels take one diff_dst layout (dy_bd's) */
@@ -55,14 +59,19 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
     dnnl_dims_t xd = {x->shape.dim[0], x->shape.dim[1], x->shape.dim[2], x->shape.dim[3]};
     dnnl_dims_t wd = {w->shape.dim[0], w->shape.dim[1], w->shape.dim[2], w->shape.dim[3]};
     dnnl_dims_t yd = {y->shape.dim[0], y->shape.dim[1], y->shape.dim[2], y->shape.dim[3]};
-    dnnl_memory_desc_init_by_tag(&any_x, 4, xd, dnnl_f32, dnnl_format_tag_any);
-    dnnl_memory_desc_init_by_tag(&any_w, 4, wd, dnnl_f32, dnnl_format_tag_any);
-    dnnl_memory_desc_init_by_tag(&any_y, 4, yd, dnnl_f32, dnnl_format_tag_any);
+    dnnl_data_type_t dt = td__dnnl_dtype(x->dtype);
+    dnnl_memory_desc_init_by_tag(&any_x, 4, xd, dt, dnnl_format_tag_any);
+    dnnl_memory_desc_init_by_tag(&any_w, 4, wd, dt, dnnl_format_tag_any);
+    dnnl_memory_desc_init_by_tag(&any_y, 4, yd, dt, dnnl_format_tag_any);
     dnnl_memory_desc_t fy = y->may_block ? any_y : y->md;
     td_shape bs = td_shape_1d(w->shape.dim[0]);
-    td__md_plain(&bmd, &bs, TD_F32);
-    /* "auto" lets oneDNN take Winograd for 3x3 kernels: about 1.45x faster on the CNN. */
-    dnnl_alg_kind_t alg = ctx->conv_winograd ? dnnl_convolution_auto : dnnl_convolution_direct;
+    td__md_plain(&bmd, &bs, b ? b->dtype : x->dtype);
+    /* "auto" lets oneDNN take Winograd for 3x3 kernels, about 1.45x faster on the CNN's layers
+     * of 32 and 64 channels; with few input channels its transforms dominate (1 -> 32: 6.7 ms
+     * a forward at batch 128 against 0.7 ms direct), so those layers stay direct. */
+    dnnl_alg_kind_t alg = ctx->conv_winograd && x->shape.dim[1] >= TD__WINOGRAD_MIN_CHANNELS
+                              ? dnnl_convolution_auto
+                              : dnnl_convolution_direct;
     dnnl_convolution_desc_t d;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
     TD__DNNL(dnnl_dilated_convolution_forward_desc_init(&d, dnnl_forward_training, alg, &any_x,
@@ -91,7 +100,7 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
                                                                  dil, pl, pr) != dnnl_success)
                 st = td__fail(TD_EBACKEND, "conv2d: backward-data descriptor");
             else if (dnnl_primitive_desc_create(&pd, &d, NULL, ctx->engine, fpd) != dnnl_success ||
-                     (attempt == 0 && td__pd_is_reference(pd))) {
+                     (attempt == 0 && td__pd_is_slow(pd))) {
                 if (pd) dnnl_primitive_desc_destroy(pd);
                 pd = NULL;
             }
@@ -114,19 +123,45 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
         pd = NULL;
     }
     if (st == TD_OK && w->requires_grad) {
-        /* The forward's activation layouts avoid two reorders per step, unless only the
-         * reference kernel takes them; then oneDNN chooses. */
-        const dnnl_memory_desc_t *cand_x[3] = {&x->md, &smd, &any_x};
-        for (int attempt = 0; attempt < 3 && st == TD_OK && !pd; attempt++) {
-            const dnnl_memory_desc_t *bx = cand_x[attempt], *by = attempt == 2 ? &any_y : &y->md;
+        /* The forward's activation layouts avoid two reorders per step, unless only a slow
+         * kernel takes them (reference, or im2col + gemm); then oneDNN chooses. When even its
+         * choice is slow in a low dtype (bf16 with the Net's 5x5 kernels and 1 or 10 input
+         * channels: only gemm, 2.7x slower than f32), the weight gradient is computed in f32
+         * from converted operands, the reorders converting dtype and layout at once. */
+        dnnl_memory_desc_t fx = any_x, fw = any_w, fy = any_y, fb = bmd;
+        fx.data_type = fw.data_type = fy.data_type = fb.data_type = dnnl_f32;
+        dnnl_primitive_desc_t hint32 = NULL;
+        int last = dt == dnnl_f32 ? 2 : 3;
+        for (int attempt = 0; attempt <= last && st == TD_OK && !pd; attempt++) {
+            const dnnl_memory_desc_t *cand_x[4] = {&x->md, &smd, &any_x, &fx};
+            const dnnl_memory_desc_t *bx = cand_x[attempt], *by = attempt < 2 ? &y->md : &any_y;
+            const dnnl_memory_desc_t *bw = &any_w, *bb = b ? &bmd : NULL;
+            const_dnnl_primitive_desc_t hint = fpd;
+            if (attempt == 3) { /* f32, with an f32 forward as the hint */
+                by = &fy, bw = &fw, bb = b ? &fb : NULL;
+                if (dnnl_dilated_convolution_forward_desc_init(&d, dnnl_forward_training, alg, &fx,
+                                                               &fw, bb, &fy, strides, dil, pl,
+                                                               pr) != dnnl_success ||
+                    dnnl_primitive_desc_create(&hint32, &d, NULL, ctx->engine, NULL) !=
+                        dnnl_success)
+                    break;
+                hint = hint32;
+            }
             if (dnnl_dilated_convolution_backward_weights_desc_init(
-                    &d, alg, bx, &any_w, b ? &bmd : NULL, by, strides, dil, pl, pr) != dnnl_success)
+                    &d, alg, bx, bw, bb, by, strides, dil, pl, pr) != dnnl_success)
                 st = td__fail(TD_EBACKEND, "conv2d: backward-weights descriptor");
-            else if (dnnl_primitive_desc_create(&pd, &d, NULL, ctx->engine, fpd) != dnnl_success ||
-                     (attempt < 2 && td__pd_is_reference(pd))) {
+            else if (dnnl_primitive_desc_create(&pd, &d, NULL, ctx->engine, hint) != dnnl_success ||
+                     (attempt < last && td__pd_is_slow(pd))) {
                 if (pd) dnnl_primitive_desc_destroy(pd);
                 pd = NULL;
             }
+        }
+        if (hint32) dnnl_primitive_desc_destroy(hint32);
+        if (st == TD_OK && !pd && last == 3) { /* no f32 kernel either: the slow one, then */
+            if (dnnl_dilated_convolution_backward_weights_desc_init(
+                    &d, alg, &any_x, &any_w, b ? &bmd : NULL, &any_y, strides, dil, pl, pr) ==
+                dnnl_success)
+                dnnl_primitive_desc_create(&pd, &d, NULL, ctx->engine, fpd);
         }
         if (st == TD_OK && !pd) st = td__fail(TD_EBACKEND, "conv2d: no backward-weights kernel");
         if (st == TD_OK) st = td__prim_create(&s->bwd_w, pd, "conv2d backward weights");
@@ -138,11 +173,16 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
             s->dy_bw_reuse = s->bwd_data && dnnl_memory_desc_equal(&dym, &bd_dy);
             if (!s->x_bw_reuse) st = td__adapt_init(ctx, &s->x_bw, &x->md, &xm);
             if (st == TD_OK && !s->dy_bw_reuse) st = td__adapt_init(ctx, &s->dy_bw, &y->md, &dym);
+            dnnl_memory_desc_t dbm = bmd; /* index 1 of diff_weights is the bias */
+            if (b) {
+                dbm = *dnnl_primitive_desc_query_md(pd, dnnl_query_diff_weights_md, 1);
+                st = td__adapt_init(ctx, &s->db_bw, &dbm, &bmd);
+            }
             if (st == TD_OK) st = td__adapt_init(ctx, &s->dw_bw, &dwm, &wplain);
             if (st == TD_OK) st = td__mem_init(ctx, &s->bw_x, &xm);
             if (st == TD_OK) st = td__mem_init(ctx, &s->bw_dy, &dym);
             if (st == TD_OK) st = td__mem_init(ctx, &s->bw_dw, &dwm);
-            if (st == TD_OK) st = td__mem_init(ctx, &s->bw_db, &bmd);
+            if (st == TD_OK) st = td__mem_init(ctx, &s->bw_db, &dbm);
         }
         if (pd) dnnl_primitive_desc_destroy(pd);
     }
@@ -180,13 +220,15 @@ static td_status conv_backward(td__op_ctx *ctx, td__node *n) {
         td__mem_bind(&s->bw_x, xs);
         td__mem_bind(&s->bw_dy, dy);
         td__mem_bind(&s->bw_dw, td__adapt_out_ptr(&s->dw_bw, dw));
-        if (b) td__mem_bind(&s->bw_db, td__grad_begin(ctx, b, 2));
+        void *db = b ? td__grad_begin(ctx, b, 2) : NULL;
+        if (b) td__mem_bind(&s->bw_db, td__adapt_out_ptr(&s->db_bw, db));
         dnnl_exec_arg_t a[4] = {{DNNL_ARG_SRC, s->bw_x.mem},
                                 {DNNL_ARG_DIFF_DST, s->bw_dy.mem},
                                 {DNNL_ARG_DIFF_WEIGHTS, s->bw_dw.mem},
                                 {DNNL_ARG_DIFF_BIAS, s->bw_db.mem}};
         TD__TRY(td__exec(ctx, s->bwd_w, b ? 4 : 3, a, "conv2d backward weights"));
         TD__TRY(td__adapt_out(ctx, &s->dw_bw, dw));
+        if (b) TD__TRY(td__adapt_out(ctx, &s->db_bw, db));
         td__grad_end(ctx, w);
         if (b) td__grad_end(ctx, b);
     }
@@ -217,8 +259,8 @@ static void conv_destroy(td__node *n) {
     dnnl_primitive_t p[] = {s->fwd, s->bwd_data, s->bwd_w};
     for (int i = 0; i < 3; i++)
         if (p[i]) dnnl_primitive_destroy(p[i]);
-    td__adapt *r[] = {&s->x_fwd, &s->w_fwd, &s->dy_bd, &s->w_bd,
-                      &s->dx_bd, &s->x_bw,  &s->dy_bw, &s->dw_bw};
+    td__adapt *r[] = {&s->x_fwd, &s->w_fwd, &s->dy_bd, &s->w_bd, &s->dx_bd,
+                      &s->x_bw,  &s->dy_bw, &s->dw_bw, &s->db_bw};
     for (size_t i = 0; i < sizeof r / sizeof *r; i++) td__adapt_free(r[i]);
     td__mem *m[] = {&s->src,   &s->w,    &s->b,     &s->dst,   &s->bd_dy, &s->bd_w,
                     &s->bd_dx, &s->bw_x, &s->bw_dy, &s->bw_dw, &s->bw_db};
@@ -230,8 +272,13 @@ static td_status conv_infer(const td__node *n, td_shape *shape, td_dtype *dtype)
     const td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     const td_conv2d_params *q = &n->attr.conv;
     if (!w) return td__fail(TD_EINVAL, "conv2d: the weight is NULL");
-    if (x->dtype != TD_F32 || x->shape.ndim != 4)
-        return td__fail(TD_ESHAPE, "conv2d: input '%s' must be f32 (N, C, H, W)", x->name);
+    if (!td__is_float(x->dtype) || x->shape.ndim != 4)
+        return td__fail(TD_ESHAPE, "conv2d: input '%s' must be (N, C, H, W) of a float dtype",
+                        x->name);
+    if (w->dtype != x->dtype || (b && b->dtype != x->dtype))
+        return td__fail(TD_EDTYPE, "conv2d: '%s' is %s, its weight %s and bias %s: one dtype",
+                        x->name, td_dtype_name(x->dtype), td_dtype_name(w->dtype),
+                        b ? td_dtype_name(b->dtype) : "none");
     if (w->shape.ndim != 4 || w->shape.dim[1] != x->shape.dim[1])
         return td__fail(TD_ESHAPE, "conv2d: weight '%s' must be (OC, %lld, KH, KW)", w->name,
                         (long long)x->shape.dim[1]);
@@ -252,7 +299,7 @@ static td_status conv_infer(const td__node *n, td_shape *shape, td_dtype *dtype)
         out[i] = (x->shape.dim[2 + i] + 2 * q->padding[i] - span) / q->stride[i] + 1;
     }
     *shape = td_shape_4d(x->shape.dim[0], w->shape.dim[0], out[0], out[1]);
-    *dtype = TD_F32;
+    *dtype = x->dtype;
     return TD_OK;
 }
 
@@ -264,4 +311,6 @@ const td__op td__op_conv2d = {
     .forward = conv_forward,
     .backward = conv_backward,
     .destroy = conv_destroy,
+    .precision = TD__PREC_LOW,
+    .supports = td__onednn_supports,
 };

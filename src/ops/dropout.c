@@ -21,7 +21,8 @@ static td_status drop_compile(td__op_ctx *ctx, td__node *n) {
     td_tensor *x = n->in[0], *y = n->out;
     y->md = x->md;
     y->blocked = x->blocked;
-    size_t bytes = dnnl_memory_desc_get_size(&x->md);
+    /* One f32 mask value per element of x's storage, whatever x's dtype. */
+    size_t bytes = dnnl_memory_desc_get_size(&x->md) / td_dtype_size(x->dtype) * sizeof(float);
     if (n->variant == TD__DROP_CHANNEL) {
         if (x->blocked && td__md_offset4(&x->md, 0, 0, 0, 0) < 0)
             return td__fail(TD_EUNSUPPORTED, "dropout2d: unsupported input layout for '%s'",
@@ -50,68 +51,92 @@ static void draw_mask(td_rng *rng, float *mask, size_t n, float p, float keep) {
     }
 }
 
+/* Element access for the kernels below: f32 directly, 16-bit types through f32. */
+#define F32_LD(p, i) (((const float *)(p))[i])
+#define F32_ST(p, i, v) (((float *)(p))[i] = (v))
+#define ANY_LD(p, i) td__load((p), dt, (i))
+#define ANY_ST(p, i, v) td__store((p), dt, (i), (v))
+
 /* out = in * cmask[n, c] (or out += ...) over a 4-d tensor in layout md. Dense plain and
  * channel-blocked layouts (what convolutions hand over) walk memory in order with the
  * block's masks in a small table; anything else goes element by element. */
-static void apply_channels(const dnnl_memory_desc_t *md, const td_shape *sh, const float *cm,
-                           const float *in, float *out, int accumulate) {
-    int64_t N = sh->dim[0], C = sh->dim[1], H = sh->dim[2], W = sh->dim[3], HW = H * W;
-    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
-    int64_t blk = b->inner_nblks == 1 && b->inner_idxs[0] == 1 ? b->inner_blks[0] : 1;
-    int64_t cblocks = md->padded_dims[1] / blk;
-    int dense = md->format_kind == dnnl_blocked && md->ndims == 4 && blk <= 64 &&
-                (b->inner_nblks == 0 || blk > 1) && b->strides[3] == blk &&
-                b->strides[2] == W * blk && b->strides[1] == HW * blk &&
-                b->strides[0] == cblocks * HW * blk;
-    if (!dense) {
-        for (int64_t nn = 0; nn < N; nn++)
-            for (int64_t c = 0; c < C; c++)
-                for (int64_t h = 0; h < H; h++)
-                    for (int64_t w = 0; w < W; w++) {
-                        int64_t o = td__md_offset4(md, nn, c, h, w);
-                        float v = in[o] * cm[nn * C + c];
-                        out[o] = accumulate ? out[o] + v : v;
-                    }
-        return;
+#define APPLY_CHANNELS(name, LD, ST)                                                               \
+    static void name(const dnnl_memory_desc_t *md, const td_shape *sh, const float *cm,            \
+                     const void *in, void *out, int accumulate, td_dtype dt) {                     \
+        (void)dt;                                                                                  \
+        int64_t N = sh->dim[0], C = sh->dim[1], H = sh->dim[2], W = sh->dim[3], HW = H * W;        \
+        const dnnl_blocking_desc_t *b = &md->format_desc.blocking;                                 \
+        int64_t blk = b->inner_nblks == 1 && b->inner_idxs[0] == 1 ? b->inner_blks[0] : 1;         \
+        int64_t cblocks = md->padded_dims[1] / blk;                                                \
+        int dense = md->format_kind == dnnl_blocked && md->ndims == 4 && blk <= 64 &&              \
+                    (b->inner_nblks == 0 || blk > 1) && b->strides[3] == blk &&                    \
+                    b->strides[2] == W * blk && b->strides[1] == HW * blk &&                       \
+                    b->strides[0] == cblocks * HW * blk;                                           \
+        if (!dense) {                                                                              \
+            for (int64_t nn = 0; nn < N; nn++)                                                     \
+                for (int64_t c = 0; c < C; c++)                                                    \
+                    for (int64_t h = 0; h < H; h++)                                                \
+                        for (int64_t w = 0; w < W; w++) {                                          \
+                            size_t o = (size_t)td__md_offset4(md, nn, c, h, w);                    \
+                            float v = LD(in, o) * cm[nn * C + c];                                  \
+                            ST(out, o, accumulate ? LD(out, o) + v : v);                           \
+                        }                                                                          \
+            return;                                                                                \
+        }                                                                                          \
+        float lane_mask[64];                                                                       \
+        for (int64_t nn = 0; nn < N; nn++)                                                         \
+            for (int64_t cb = 0; cb < cblocks; cb++) {                                             \
+                for (int64_t l = 0; l < blk; l++) {                                                \
+                    int64_t c = cb * blk + l;                                                      \
+                    lane_mask[l] = c < C ? cm[nn * C + c] : 0.f; /* padding stays zero */          \
+                }                                                                                  \
+                size_t base = (size_t)((nn * cblocks + cb) * HW * blk);                            \
+                for (int64_t i = 0; i < HW; i++, base += (size_t)blk)                              \
+                    for (int64_t l = 0; l < blk; l++) {                                            \
+                        float v = LD(in, base + (size_t)l) * lane_mask[l];                         \
+                        ST(out, base + (size_t)l, accumulate ? LD(out, base + (size_t)l) + v : v); \
+                    }                                                                              \
+            }                                                                                      \
     }
-    float lane_mask[64];
-    for (int64_t nn = 0; nn < N; nn++)
-        for (int64_t cb = 0; cb < cblocks; cb++) {
-            for (int64_t l = 0; l < blk; l++) {
-                int64_t c = cb * blk + l;
-                lane_mask[l] = c < C ? cm[nn * C + c] : 0.f; /* padded channels stay zero */
-            }
-            size_t base = (size_t)((nn * cblocks + cb) * HW * blk);
-            const float *src = in + base;
-            float *dst = out + base;
-            for (int64_t i = 0; i < HW; i++, src += blk, dst += blk)
-                for (int64_t l = 0; l < blk; l++) {
-                    float v = src[l] * lane_mask[l];
-                    dst[l] = accumulate ? dst[l] + v : v;
-                }
-        }
-}
+
+APPLY_CHANNELS(apply_channels_f32, F32_LD, F32_ST)
+APPLY_CHANNELS(apply_channels_any, ANY_LD, ANY_ST)
+
+/* out = in * mask (or out += ...) element by element over n elements. */
+#define APPLY_ELEMENTS(name, LD, ST)                                                         \
+    static void name(const float *mask, const void *in, void *out, size_t n, int accumulate, \
+                     td_dtype dt) {                                                          \
+        (void)dt;                                                                            \
+        for (size_t i = 0; i < n; i++) {                                                     \
+            float v = mask ? LD(in, i) * mask[i] : LD(in, i);                                \
+            ST(out, i, accumulate ? LD(out, i) + v : v);                                     \
+        }                                                                                    \
+    }
+
+APPLY_ELEMENTS(apply_elements_f32, F32_LD, F32_ST)
+APPLY_ELEMENTS(apply_elements_any, ANY_LD, ANY_ST)
 
 static td_status drop_forward(td__op_ctx *ctx, td__node *n) {
     drop_state *s = n->state;
     td_tensor *x = n->in[0], *y = n->out;
-    const float *in = x->data;
-    float *out = y->data;
-    size_t total = td__nfloats(x);
+    size_t total = td__nelems(x);
     float p = n->attr.p;
     s->trained = ctx->training && p > 0.f;
     if (!s->trained) {
-        memcpy(out, in, x->bytes);
+        memcpy(y->data, x->data, x->bytes);
         return TD_OK;
     }
     float keep = p >= 1.f ? 0.f : 1.f / (1.f - p);
+    int f32 = x->dtype == TD_F32;
     if (n->variant == TD__DROP_CHANNEL) {
         int64_t nc = x->shape.dim[0] * x->shape.dim[1];
         draw_mask(ctx->rng, s->cmask, (size_t)nc, p, keep);
-        apply_channels(&x->md, &x->shape, s->cmask, in, out, 0);
+        (f32 ? apply_channels_f32 : apply_channels_any)(&x->md, &x->shape, s->cmask, x->data,
+                                                        y->data, 0, x->dtype);
     } else {
         draw_mask(ctx->rng, s->mask, total, p, keep);
-        for (size_t i = 0; i < total; i++) out[i] = in[i] * s->mask[i];
+        (f32 ? apply_elements_f32 : apply_elements_any)(s->mask, x->data, y->data, total, 0,
+                                                        x->dtype);
     }
     return TD_OK;
 }
@@ -119,17 +144,14 @@ static td_status drop_forward(td__op_ctx *ctx, td__node *n) {
 static td_status drop_backward(td__op_ctx *ctx, td__node *n) {
     drop_state *s = n->state;
     td_tensor *x = n->in[0];
-    const float *dy = n->out->grad;
-    size_t total = td__nfloats(x);
-    int acc = !x->grad_zero;
-    float *dx = x->grad;
-    if (!s->trained) {
-        for (size_t i = 0; i < total; i++) dx[i] = acc ? dx[i] + dy[i] : dy[i];
-    } else if (n->variant == TD__DROP_CHANNEL) {
-        apply_channels(&x->md, &x->shape, s->cmask, dy, dx, acc);
-    } else {
-        for (size_t i = 0; i < total; i++) dx[i] = (acc ? dx[i] : 0.f) + dy[i] * s->mask[i];
-    }
+    int acc = !x->grad_zero, f32 = x->dtype == TD_F32;
+    const void *dy = n->out->grad;
+    if (n->variant == TD__DROP_CHANNEL && s->trained)
+        (f32 ? apply_channels_f32 : apply_channels_any)(&x->md, &x->shape, s->cmask, dy, x->grad,
+                                                        acc, x->dtype);
+    else
+        (f32 ? apply_elements_f32 : apply_elements_any)(s->trained ? s->mask : NULL, dy, x->grad,
+                                                        td__nelems(x), acc, x->dtype);
     x->grad_zero = 0;
     (void)ctx;
     return TD_OK;
@@ -142,13 +164,13 @@ static td_status drop_infer(const td__node *n, td_shape *shape, td_dtype *dtype)
     float p = n->attr.p;
     if (!(p >= 0.f && p <= 1.f))
         return td__fail(TD_EINVAL, "%s: p = %g, must be in [0, 1]", n->what, (double)p);
-    if (x->dtype != TD_F32)
-        return td__fail(TD_EDTYPE, "%s: input '%s' must be f32", n->what, x->name);
+    if (!td__is_float(x->dtype))
+        return td__fail(TD_EDTYPE, "%s: input '%s' must be f32, bf16 or f16", n->what, x->name);
     if (n->variant == TD__DROP_CHANNEL && x->shape.ndim != 4)
         return td__fail(TD_ESHAPE, "dropout2d: input '%s' must be (N, C, H, W), got %d dims",
                         x->name, x->shape.ndim);
     *shape = x->shape;
-    *dtype = TD_F32;
+    *dtype = x->dtype;
     return TD_OK;
 }
 

@@ -102,10 +102,10 @@ static void elt_destroy(td__node *n) {
 
 static td_status elt_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
     const td_tensor *x = n->in[0];
-    if (x->dtype != TD_F32)
-        return td__fail(TD_EDTYPE, "%s: input '%s' must be f32", n->what, x->name);
+    if (!td__is_float(x->dtype))
+        return td__fail(TD_EDTYPE, "%s: input '%s' must be f32, bf16 or f16", n->what, x->name);
     *shape = x->shape;
-    *dtype = TD_F32;
+    *dtype = x->dtype;
     return TD_OK;
 }
 
@@ -119,4 +119,5 @@ const td__op td__op_eltwise = {
     .destroy = elt_destroy,
     .activation = elt_activation,
     .set_alias = elt_set_alias,
+    .supports = td__onednn_supports,
 };

@@ -17,7 +17,7 @@ static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     dnnl_memory_desc_t xmd = x->md, wmd = w->md, ymd = n->out->md, bmd;
     td_shape bs = td_shape_1d(w->shape.dim[0]);
-    td__md_plain(&bmd, &bs, TD_F32);
+    td__md_plain(&bmd, &bs, b ? b->dtype : x->dtype);
     dnnl_inner_product_desc_t d;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
     TD__DNNL(dnnl_inner_product_forward_desc_init(&d, dnnl_forward_training, &xmd, &wmd,
@@ -110,9 +110,14 @@ static void linear_destroy(td__node *n) {
 static td_status linear_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
     const td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     if (!w) return td__fail(TD_EINVAL, "linear: the weight is NULL");
-    if (x->dtype != TD_F32 || x->shape.ndim != 2)
-        return td__fail(TD_ESHAPE, "linear: input '%s' must be f32 (N, IN), got %d dims", x->name,
+    if (!td__is_float(x->dtype) || x->shape.ndim != 2)
+        return td__fail(TD_ESHAPE,
+                        "linear: input '%s' must be (N, IN) of a float dtype, got %d dims", x->name,
                         x->shape.ndim);
+    if (w->dtype != x->dtype || (b && b->dtype != x->dtype))
+        return td__fail(TD_EDTYPE, "linear: '%s' is %s, its weight %s and bias %s: one dtype",
+                        x->name, td_dtype_name(x->dtype), td_dtype_name(w->dtype),
+                        b ? td_dtype_name(b->dtype) : "none");
     if (w->shape.ndim != 2 || w->shape.dim[1] != x->shape.dim[1])
         return td__fail(TD_ESHAPE, "linear: weight '%s' must be (OUT, %lld)", w->name,
                         (long long)x->shape.dim[1]);
@@ -120,7 +125,7 @@ static td_status linear_infer(const td__node *n, td_shape *shape, td_dtype *dtyp
         return td__fail(TD_ESHAPE, "linear: bias '%s' must be (%lld)", b->name,
                         (long long)w->shape.dim[0]);
     *shape = td_shape_2d(x->shape.dim[0], w->shape.dim[0]);
-    *dtype = TD_F32;
+    *dtype = x->dtype;
     return TD_OK;
 }
 
@@ -131,4 +136,6 @@ const td__op td__op_linear = {
     .forward = linear_forward,
     .backward = linear_backward,
     .destroy = linear_destroy,
+    .precision = TD__PREC_LOW,
+    .supports = td__onednn_supports,
 };

@@ -27,7 +27,7 @@ static td_status nll_backward(td__op_ctx *ctx, td__node *n) {
     td_tensor *lp = n->in[0];
     const int64_t *lab = n->in[1]->data;
     int64_t N = lp->shape.dim[0], C = lp->shape.dim[1];
-    float gy = n->out->grad[0];
+    float gy = ((const float *)n->out->grad)[0];
     float scale = n->attr.reduction == TD_REDUCTION_MEAN ? gy / (float)N : gy;
     int acc = !lp->grad_zero;
     float *d = lp->grad;
@@ -59,4 +59,5 @@ const td__op td__op_nll = {
     .infer = nll_infer,
     .forward = nll_forward,
     .backward = nll_backward,
+    .precision = TD__PREC_F32,
 };

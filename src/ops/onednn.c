@@ -4,6 +4,11 @@
 
 #include <string.h>
 
+int td__onednn_supports(const td__node *n, td_dtype dtype, const td__op_ctx *ctx) {
+    (void)n;
+    return dtype == TD_F32 || (dtype == TD_BF16 && ctx->bf16_native);
+}
+
 td_status td__mem_init(td__op_ctx *ctx, td__mem *m, const dnnl_memory_desc_t *md) {
     m->ptr = NULL;
     TD__DNNL(dnnl_memory_create(&m->mem, md, ctx->engine, DNNL_MEMORY_NONE), "memory");
@@ -22,11 +27,11 @@ td_status td__pd_create(td__op_ctx *ctx, dnnl_primitive_desc_t *pd, const_dnnl_o
     return TD_OK;
 }
 
-int td__pd_is_reference(const_dnnl_primitive_desc_t pd) {
+int td__pd_is_slow(const_dnnl_primitive_desc_t pd) {
     const char *impl = NULL;
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
         return 0;
-    return strncmp(impl, "ref", 3) == 0;
+    return strncmp(impl, "ref", 3) == 0 || strstr(impl, "gemm") != NULL;
 }
 
 dnnl_memory_desc_t td__pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what) {

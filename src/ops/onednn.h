@@ -28,6 +28,10 @@ typedef struct {
                             (int)td_s_);                                                         \
     } while (0)
 
+/* The op table's `supports` for ops that run through oneDNN: f32, and bf16 where oneDNN
+ * computes it natively (td__op_ctx.bf16_native). */
+int td__onednn_supports(const td__node *n, td_dtype dtype, const td__op_ctx *ctx);
+
 /* Creates a memory object for md (handle set later with td__mem_bind). */
 td_status td__mem_init(td__op_ctx *ctx, td__mem *m, const dnnl_memory_desc_t *md);
 void td__mem_free(td__mem *m);
@@ -43,8 +47,9 @@ static inline void td__mem_bind(td__mem *m, void *ptr) {
 td_status td__pd_create(td__op_ctx *ctx, dnnl_primitive_desc_t *pd, const_dnnl_op_desc_t desc,
                         const_dnnl_primitive_desc_t hint, const char *what);
 
-/* 1 when oneDNN fell back to its slow reference kernel for this pd. */
-int td__pd_is_reference(const_dnnl_primitive_desc_t pd);
+/* 1 when oneDNN picked a slow kernel for this pd: its reference one, or a gemm-based one
+ * (im2col + gemm), several times slower than its direct kernels where those exist. */
+int td__pd_is_slow(const_dnnl_primitive_desc_t pd);
 
 /* A copy of the md that a pd reports for `what` (dnnl_query_src_md, ...). */
 dnnl_memory_desc_t td__pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what);

@@ -10,7 +10,7 @@ void *td__op_alloc(td__op_ctx *ctx, size_t bytes) {
     return p;
 }
 
-float *td__grad_begin(td__op_ctx *ctx, td_tensor *t, int slot) {
+void *td__grad_begin(td__op_ctx *ctx, td_tensor *t, int slot) {
     if (t->grad_zero) {
         t->grad_scratch = 0;
         return t->grad;
@@ -21,10 +21,7 @@ float *td__grad_begin(td__op_ctx *ctx, td_tensor *t, int slot) {
 
 void td__grad_end(td__op_ctx *ctx, td_tensor *t) {
     if (t->grad_scratch) {
-        const float *s = ctx->scratch[t->grad_scratch - 1];
-        float *d = t->grad;
-        size_t n = td__nfloats(t);
-        for (size_t i = 0; i < n; i++) d[i] += s[i];
+        td__accumulate(t->grad, ctx->scratch[t->grad_scratch - 1], t->dtype, td__nelems(t));
         t->grad_scratch = 0;
     }
     t->grad_zero = 0;

@@ -32,6 +32,7 @@ struct td__op_ctx {
     size_t scratch_bytes;
     int training;      /* training mode (dropout drops, batch norm uses batch statistics) */
     int conv_winograd; /* convolutions may use Winograd */
+    int bf16_native;   /* oneDNN computes bf16 here (the CPU has AVX512_BF16 or AMX) */
     td_rng *rng;       /* the graph's dropout RNG */
     /* Tells the engine that node n's parameter gradients are final (weights_only: all but
      * the data input in[0]'s), so DDP can start reducing them while backward goes on. */
@@ -61,6 +62,13 @@ typedef enum {
     TD__IN_PLACE,       /* overwrites its input (and the input's gradient) */
 } td__alias;
 
+/* In what dtype a node computes (mixed precision, graph.h's td_amp_params). */
+typedef enum {
+    TD__PREC_FOLLOW = 0, /* its inputs' dtype (pooling, activations, dropout, add, reshape) */
+    TD__PREC_LOW,        /* the low dtype from AMP level O1 on (linear, conv2d) */
+    TD__PREC_F32,        /* f32 whatever its inputs (softmax, the losses) */
+} td__precision;
+
 /* The activations a producer can fold into its own primitive. */
 typedef enum { TD__NO_ACTIVATION = 0, TD__ACT_RELU = 1 } td__activation;
 
@@ -89,6 +97,14 @@ typedef struct td__op {
     void (*set_alias)(td__node *n, td__alias alias);
     /* Backward reads the forward output, so nothing may overwrite it in place. */
     int backward_reads_output;
+    /* Mixed precision. The graph casts inputs before adding the node: to the dtype the node
+     * computes in (`precision`), and around it, in f32, when `supports` says it cannot compute
+     * in that dtype here (NULL: every float dtype, as plain-C ops can). `input_dtype` (NULL:
+     * the compute dtype for every float input) lets an input keep another dtype (batch norm's
+     * f32 weight and bias). */
+    td__precision precision;
+    int (*supports)(const td__node *n, td_dtype dtype, const td__op_ctx *ctx);
+    td_dtype (*input_dtype)(const td__node *n, int i, td_dtype dtype);
 } td__op;
 
 struct td__node {
@@ -110,11 +126,12 @@ void *td__op_alloc(td__op_ctx *ctx, size_t bytes);
 /* Where to write t's gradient now: t->grad while nothing has been written since zeroing
  * (oneDNN backward primitives overwrite), otherwise a scratch slot that td__grad_end adds
  * into t->grad. */
-float *td__grad_begin(td__op_ctx *ctx, td_tensor *t, int slot);
+void *td__grad_begin(td__op_ctx *ctx, td_tensor *t, int slot);
 void td__grad_end(td__op_ctx *ctx, td_tensor *t);
 
 /* The op tables (one file each in src/ops). */
 extern const td__op td__op_linear, td__op_conv2d, td__op_pool2d, td__op_eltwise, td__op_dropout,
-    td__op_batch_norm, td__op_reshape, td__op_add, td__op_concat, td__op_softmax, td__op_nll;
+    td__op_batch_norm, td__op_reshape, td__op_add, td__op_concat, td__op_softmax, td__op_nll,
+    td__op_cast;
 
 #endif

@@ -33,7 +33,7 @@ static td_status pool_compile(td__op_ctx *ctx, td__node *n) {
     dnnl_memory_desc_t ymd = y->md;
     if (x->blocked) {
         dnnl_dims_t yd = {y->shape.dim[0], y->shape.dim[1], y->shape.dim[2], y->shape.dim[3]};
-        dnnl_memory_desc_init_by_tag(&ymd, 4, yd, dnnl_f32, dnnl_format_tag_any);
+        dnnl_memory_desc_init_by_tag(&ymd, 4, yd, td__dnnl_dtype(x->dtype), dnnl_format_tag_any);
     }
     dnnl_alg_kind_t alg =
         n->variant == TD__POOL_MAX ? dnnl_pooling_max : dnnl_pooling_avg_include_padding;
@@ -104,8 +104,9 @@ static void pool_destroy(td__node *n) {
 static td_status pool_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
     const td_tensor *x = n->in[0];
     const td_pool2d_params *p = &n->attr.pool;
-    if (x->dtype != TD_F32 || x->shape.ndim != 4)
-        return td__fail(TD_ESHAPE, "%s: input '%s' must be f32 (N, C, H, W)", n->what, x->name);
+    if (!td__is_float(x->dtype) || x->shape.ndim != 4)
+        return td__fail(TD_ESHAPE, "%s: input '%s' must be (N, C, H, W) of a float dtype", n->what,
+                        x->name);
     int64_t out[2];
     for (int i = 0; i < 2; i++) {
         if (p->kernel[i] < 1 || p->stride[i] < 1 || p->padding[i] < 0 ||
@@ -119,7 +120,7 @@ static td_status pool_infer(const td__node *n, td_shape *shape, td_dtype *dtype)
                             p->kernel[i], (long long)(x->shape.dim[2 + i] + 2 * p->padding[i]));
     }
     *shape = td_shape_4d(x->shape.dim[0], x->shape.dim[1], out[0], out[1]);
-    *dtype = TD_F32;
+    *dtype = x->dtype;
     return TD_OK;
 }
 
@@ -131,4 +132,5 @@ const td__op td__op_pool2d = {
     .forward = pool_forward,
     .backward = pool_backward,
     .destroy = pool_destroy,
+    .supports = td__onednn_supports,
 };

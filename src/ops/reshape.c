@@ -54,14 +54,14 @@ static void reshape_destroy(td__node *n) {
 static td_status reshape_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
     const td_tensor *x = n->in[0];
     const td_shape *to = &n->attr.to;
-    if (x->dtype != TD_F32)
-        return td__fail(TD_EDTYPE, "%s: input '%s' must be f32", n->what, x->name);
+    if (!td__is_float(x->dtype))
+        return td__fail(TD_EDTYPE, "%s: input '%s' must be f32, bf16 or f16", n->what, x->name);
     if (to->ndim < 0 || to->ndim > TD_MAX_DIMS || td_shape_numel(to) != td_shape_numel(&x->shape))
         return td__fail(TD_ESHAPE, "%s: '%s' has %lld elements, the new shape %lld", n->what,
                         x->name, (long long)td_shape_numel(&x->shape),
                         (long long)td_shape_numel(to));
     *shape = *to;
-    *dtype = TD_F32;
+    *dtype = x->dtype;
     return TD_OK;
 }
 
@@ -73,4 +73,5 @@ const td__op td__op_reshape = {
     .forward = reshape_forward,
     .backward = reshape_backward,
     .destroy = reshape_destroy,
+    .supports = td__onednn_supports,
 };

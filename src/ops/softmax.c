@@ -98,4 +98,5 @@ const td__op td__op_softmax = {
     .backward = sm_backward,
     .destroy = sm_destroy,
     .backward_reads_output = 1,
+    .precision = TD__PREC_F32,
 };

@@ -2,7 +2,8 @@
  * scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm).
  *
  * The norm is summed in double, so it can differ from PyTorch's float reduction in the last
- * bits. A non-finite norm is returned as is and leaves the gradients untouched. */
+ * bits. A non-finite norm is returned as is and leaves the gradients untouched. bf16 and f16
+ * gradients (mixed precision) are read and scaled through f32. */
 #include <math.h>
 
 #include "tandem/optim.h"
@@ -15,15 +16,23 @@ td_status td_clip_grad_norm(td_param *params, size_t n, double max_norm, double 
     if (!(max_norm > 0))
         return td__fail(TD_EINVAL, "td_clip_grad_norm: max_norm %g, expected > 0", max_norm);
     for (size_t i = 0; i < n; i++)
-        if (params[i].grad && params[i].dtype != TD_F32)
-            return td__fail(TD_EDTYPE, "td_clip_grad_norm: gradient of %s is %s, expected f32",
+        if (params[i].grad && !td__is_float(params[i].dtype))
+            return td__fail(TD_EDTYPE,
+                            "td_clip_grad_norm: gradient of %s is %s, expected f32, bf16 or f16",
                             params[i].name ? params[i].name : "?", td_dtype_name(params[i].dtype));
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
-        const float *g = params[i].grad;
+        const void *g = params[i].grad;
         if (!g) continue;
         double s = 0.0;
-        for (size_t j = 0; j < params[i].count; j++) s += (double)g[j] * g[j];
+        if (params[i].dtype == TD_F32)
+            for (size_t j = 0; j < params[i].count; j++)
+                s += (double)((const float *)g)[j] * ((const float *)g)[j];
+        else
+            for (size_t j = 0; j < params[i].count; j++) {
+                double v = td__load(g, params[i].dtype, j);
+                s += v * v;
+            }
         sum += s;
     }
     double norm = sqrt(sum);
@@ -32,9 +41,13 @@ td_status td_clip_grad_norm(td_param *params, size_t n, double max_norm, double 
     if (coef < 1.0) {
         const float c = (float)coef;
         for (size_t i = 0; i < n; i++) {
-            float *g = params[i].grad;
+            void *g = params[i].grad;
             if (!g) continue;
-            for (size_t j = 0; j < params[i].count; j++) g[j] *= c;
+            if (params[i].dtype == TD_F32)
+                for (size_t j = 0; j < params[i].count; j++) ((float *)g)[j] *= c;
+            else
+                for (size_t j = 0; j < params[i].count; j++)
+                    td__store(g, params[i].dtype, j, td__load(g, params[i].dtype, j) * c);
         }
     }
     return TD_OK;

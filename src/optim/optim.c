@@ -1,5 +1,8 @@
 /* SGD and AdamW with torch.optim's update rules (single-tensor, non-fused paths of PyTorch
- * 1.13), over fp32 td_param arrays, plus the state they expose for checkpoints.
+ * 1.13), over td_param arrays, plus the state they expose for checkpoints. A parameter stored
+ * in bf16 or f16 (mixed precision's O2) gets f32 master weights here: each step updates the
+ * master from the converted gradient and writes the rounded values back to the parameter, so
+ * small updates accumulate instead of vanishing in the low dtype (apex's master weights).
  *
  * Scalars follow PyTorch: hyperparameters and bias corrections are computed in double (as
  * Python floats) and cast to float where PyTorch passes them into a float kernel. It does
@@ -33,6 +36,7 @@ struct td_optim {
     int64_t *steps;  /* (n) steps taken by each parameter */
     float **buf1;    /* (n) momentum_buffer or exp_avg, each (params[i].count), or NULL */
     float **buf2;    /* (n) exp_avg_sq, each (params[i].count), or NULL */
+    float **master;  /* (n) f32 master weights of low-precision parameters, or NULL */
     td_param *state; /* (n_state) */
     size_t n_state;
     char **names; /* (n_state) owned strings behind state[].name */
@@ -59,7 +63,9 @@ void td_optim_destroy(td_optim *o) {
     for (size_t i = 0; i < o->n; i++) {
         if (o->buf1) free(o->buf1[i]);
         if (o->buf2) free(o->buf2[i]);
+        if (o->master) free(o->master[i]);
     }
+    free(o->master);
     for (size_t i = 0; i < o->n_state; i++) free(o->names[i]);
     free(o->names);
     free(o->state);
@@ -74,9 +80,9 @@ static td_status check_params(const char *who, const td_param *params, size_t n)
     for (size_t i = 0; i < n; i++) {
         const td_param *p = &params[i];
         if (!p->name) return td__fail(TD_EINVAL, "%s: params[%zu] has no name", who, i);
-        if (p->dtype != TD_F32)
-            return td__fail(TD_EDTYPE, "%s: parameter %s is %s, expected f32", who, p->name,
-                            td_dtype_name(p->dtype));
+        if (!td__is_float(p->dtype))
+            return td__fail(TD_EDTYPE, "%s: parameter %s is %s, expected f32, bf16 or f16", who,
+                            p->name, td_dtype_name(p->dtype));
         if (!p->data && p->count)
             return td__fail(TD_EINVAL, "%s: parameter %s has no data", who, p->name);
         for (size_t j = 0; j < i; j++)
@@ -121,9 +127,10 @@ static td_status create_common(td_optim **out, int kind, td_param *params, size_
     o->steps = calloc(n ? n : 1, sizeof *o->steps);
     o->buf1 = calloc(n ? n : 1, sizeof *o->buf1);
     o->buf2 = calloc(n ? n : 1, sizeof *o->buf2);
-    o->state = calloc(1 + 2 * n, sizeof *o->state);
-    o->names = calloc(1 + 2 * n, sizeof *o->names);
-    if (!o->steps || !o->buf1 || !o->buf2 || !o->state || !o->names) {
+    o->master = calloc(n ? n : 1, sizeof *o->master);
+    o->state = calloc(1 + 3 * n, sizeof *o->state);
+    o->names = calloc(1 + 3 * n, sizeof *o->names);
+    if (!o->steps || !o->buf1 || !o->buf2 || !o->master || !o->state || !o->names) {
         td_optim_destroy(o);
         return td__fail(TD_ENOMEM, "optimizer: out of memory");
     }
@@ -147,6 +154,21 @@ static td_status create_common(td_optim **out, int kind, td_param *params, size_
                            params[i].shape);
             if (st != TD_OK) goto fail;
         }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (params[i].dtype == TD_F32) continue;
+        size_t c = params[i].count;
+        o->master[i] = malloc((c ? c : 1) * sizeof(float));
+        if (!o->master[i]) {
+            st =
+                td__fail(TD_ENOMEM, "optimizer: cannot allocate master weights for %s (%zu floats)",
+                         params[i].name, c);
+            goto fail;
+        }
+        td__convert(o->master[i], TD_F32, params[i].data, params[i].dtype, c);
+        st = add_state(o, params[i].name, "master", o->master[i], c, TD_F32, params[i].ndim,
+                       params[i].shape);
+        if (st != TD_OK) goto fail;
     }
     *out = o;
     return TD_OK;
@@ -237,14 +259,26 @@ TD__VECTORIZE static void sgd_block(const td_sgd_params *hp, double lr, float *r
     }
 }
 
+enum { BLOCK = 2048 }; /* floats per block: a few blocks of state stay in L1 */
+
 /* Block by block, so the momentum written by the first loop is still in L1 when the second
- * reads it: one pass over memory instead of two (a third less traffic on large layers). */
-static void sgd_update(const td_sgd_params *hp, double lr, float *p, const float *g, float *buf,
-                       size_t count, int first) {
-    enum { BLOCK = 2048 };
+ * reads it: one pass over memory instead of two (a third less traffic on large layers). A
+ * low-precision parameter updates its f32 master block from the converted gradient block and
+ * takes the rounded result. */
+static void sgd_update(const td_sgd_params *hp, double lr, const td_param *prm, float *master,
+                       float *buf, int first) {
+    float g32[BLOCK];
+    size_t count = prm->count;
     for (size_t j = 0; j < count; j += BLOCK) {
         size_t len = count - j < BLOCK ? count - j : BLOCK;
-        sgd_block(hp, lr, p + j, g + j, buf ? buf + j : NULL, len, first);
+        if (!master) {
+            sgd_block(hp, lr, (float *)prm->data + j, (const float *)prm->grad + j,
+                      buf ? buf + j : NULL, len, first);
+            continue;
+        }
+        td__convert(g32, TD_F32, (const uint16_t *)prm->grad + j, prm->dtype, len);
+        sgd_block(hp, lr, master + j, g32, buf ? buf + j : NULL, len, first);
+        td__convert((uint16_t *)prm->data + j, prm->dtype, master + j, TD_F32, len);
     }
 }
 
@@ -268,6 +302,22 @@ TD__VECTORIZE static void adamw_update(const td_adamw_params *hp, double lr, int
     }
 }
 
+/* AdamW on parameter i, through its master weights when it has them. */
+static void adamw_step(td_optim *o, size_t i) {
+    const td_param *p = &o->params[i];
+    float *master = o->master[i], *m = o->buf1[i], *v = o->buf2[i], g32[BLOCK];
+    if (!master) {
+        adamw_update(&o->adamw, o->lr, o->steps[i], p->data, p->grad, m, v, p->count);
+        return;
+    }
+    for (size_t j = 0; j < p->count; j += BLOCK) {
+        size_t len = p->count - j < BLOCK ? p->count - j : BLOCK;
+        td__convert(g32, TD_F32, (const uint16_t *)p->grad + j, p->dtype, len);
+        adamw_update(&o->adamw, o->lr, o->steps[i], master + j, g32, m + j, v + j, len);
+        td__convert((uint16_t *)p->data + j, p->dtype, master + j, TD_F32, len);
+    }
+}
+
 td_status td_optim_step(td_optim *o) {
     if (!o) return td__fail(TD_EINVAL, "td_optim_step: optimizer is NULL");
     for (size_t i = 0; i < o->n; i++) {
@@ -278,12 +328,11 @@ td_status td_optim_step(td_optim *o) {
                             "td_optim_step: optim.step of %s is %lld (a bad checkpoint?)", p->name,
                             (long long)o->steps[i]);
         if (o->kind == KIND_SGD) {
-            sgd_update(&o->sgd, o->lr, p->data, p->grad, o->buf1[i], p->count, o->steps[i] == 0);
+            sgd_update(&o->sgd, o->lr, p, o->master[i], o->buf1[i], o->steps[i] == 0);
             o->steps[i]++;
         } else {
             o->steps[i]++;
-            adamw_update(&o->adamw, o->lr, o->steps[i], p->data, p->grad, o->buf1[i], o->buf2[i],
-                         p->count);
+            adamw_step(o, i);
         }
     }
     return TD_OK;
@@ -292,7 +341,13 @@ td_status td_optim_step(td_optim *o) {
 void td_optim_zero_grad(td_optim *o) {
     if (!o) return;
     for (size_t i = 0; i < o->n; i++)
-        if (o->params[i].grad) memset(o->params[i].grad, 0, o->params[i].count * sizeof(float));
+        if (o->params[i].grad)
+            memset(o->params[i].grad, 0, o->params[i].count * td_dtype_size(o->params[i].dtype));
+}
+
+void td_optim_parameters(const td_optim *o, td_param **params, size_t *n) {
+    if (params) *params = o ? o->params : NULL;
+    if (n) *n = o ? o->n : 0;
 }
 
 void td_optim_set_lr(td_optim *o, double lr) {

@@ -12,17 +12,22 @@
 
 #include "core/core_impl.h"
 
-#define DDP_ALIGN_FLOATS 16               /* 64-byte offsets inside a bucket */
+#define DDP_ALIGN_BYTES 64                /* gradient offsets inside a bucket */
 #define DDP_BCAST_CHUNK ((size_t)8 << 20) /* staging size of the coalesced broadcasts */
 #define DDP_UNUSED_NAMES 10               /* names listed in a TD_EUNUSED message */
 #define DDP_TRACE_TID_BASE 0x7f000000     /* one trace track per bucket, apart from threads */
-/* What memory a gradient left holds: a signalling NaN, so that reading it poisons the result
- * and any arithmetic on it (a `+=` through a stale pointer) quiets it and changes its bits. */
-#define DDP_CANARY 0x7fa0ddadu
+/* What memory a gradient left holds: a signalling NaN of its dtype, so that reading it poisons
+ * the result and any arithmetic on it (a `+=` through a stale pointer) quiets it and changes its
+ * bits. */
+#define DDP_CANARY_F32 0x7fa0ddadu
+#define DDP_CANARY_BF16 0x7fa0u
+#define DDP_CANARY_F16 0x7d00u
 
 typedef struct {
-    float *buf;      /* (count + 1): gradients at their offsets, then the unready-count slot */
-    size_t count;    /* gradient floats, alignment padding included */
+    void *buf;       /* (count + 1) of dtype: gradients at their offsets, then the unready slot */
+    td_dtype dtype;  /* of every gradient in the bucket */
+    void *wire;      /* (count + 1) of comm_dtype, what travels when it differs, else NULL */
+    size_t count;    /* gradient elements, alignment padding included */
     size_t *members; /* (n_members) parameter indices in layout order */
     size_t n_members;
     size_t pending;  /* members not yet ready in this backward */
@@ -43,7 +48,7 @@ struct td_ddp {
     size_t n_buckets;
     void *grad_mem; /* every bucket's buf, from td_comm_alloc: in-place all-reduces skip a copy */
     size_t *bucket_of;      /* (n_params) */
-    size_t *offset_of;      /* (n_params) float offset inside its bucket */
+    size_t *offset_of;      /* (n_params) element offset inside its bucket */
     unsigned char *ready;   /* (n_params) grad_ready seen in this synchronised backward */
     unsigned char *touched; /* (n_params) grad_ready seen since the last reduction */
     size_t *order;          /* (n_params) ready order of the first synchronised backward */
@@ -51,11 +56,11 @@ struct td_ddp {
     size_t next_bucket; /* buckets [0, next_bucket) are launched */
     size_t n_ready;
     int sync;
-    int open;           /* an iteration began (prepare_forward or grad_ready) and is not finished */
-    float **moved_from; /* (n_params) where gradient i lived before the last move, or NULL */
-    void *moved_mem;    /* old bucket memory, freed once moved_from has been checked */
-    int moved;          /* gradients moved since the last synchronised backward */
-    td_status err;      /* first error of this backward, message kept in err_msg */
+    int open;          /* an iteration began (prepare_forward or grad_ready) and is not finished */
+    void **moved_from; /* (n_params) where gradient i lived before the last move, or NULL */
+    void *moved_mem;   /* old bucket memory, freed once moved_from has been checked */
+    int moved;         /* gradients moved since the last synchronised backward */
+    td_status err;     /* first error of this backward, message kept in err_msg */
     char err_msg[768];
     td_ddp_stats stats;
 };
@@ -69,6 +74,7 @@ td_ddp_params td_ddp_default_params(void) {
         .broadcast_buffers = 1,
         .rebuild_buckets = 1,
         .trace = NULL,
+        .comm_dtype = TD_F32,
     };
     return p;
 }
@@ -184,9 +190,10 @@ static td_status ddp_check_local(td_ddp *d) {
         const td_param *p = &d->params[i];
         if (!p->name)
             return td__fail(TD_EINVAL, "ddp rank %d: parameter %zu has no name", d->rank, i);
-        if (p->dtype != TD_F32)
+        if (!td__is_float(p->dtype))
             return td__fail(TD_EDTYPE,
-                            "ddp rank %d: parameter '%s' is %s; DDP reduces f32 parameters",
+                            "ddp rank %d: parameter '%s' is %s; DDP reduces f32, bf16 and f16 "
+                            "gradients",
                             d->rank, p->name, td_dtype_name(p->dtype));
         if (!p->data && p->count)
             return td__fail(TD_EINVAL, "ddp rank %d: parameter '%s' has no data", d->rank, p->name);
@@ -315,9 +322,18 @@ static void ddp_free_buckets(ddp_bucket *b, size_t n) {
     free(b);
 }
 
-static void ddp_fill_canary(float *p, size_t n) {
-    uint32_t bits = DDP_CANARY;
-    for (size_t i = 0; i < n; i++) memcpy(&p[i], &bits, sizeof bits);
+/* The bit pattern of the canary in a dtype, and its size (2 or 4 bytes). */
+static uint32_t ddp_canary(td_dtype dt, size_t *size) {
+    *size = td_dtype_size(dt);
+    return dt == TD_BF16 ? DDP_CANARY_BF16 : dt == TD_F16 ? DDP_CANARY_F16 : DDP_CANARY_F32;
+}
+
+static void ddp_fill_canary(void *p, td_dtype dt, size_t n) {
+    size_t es;
+    uint32_t bits = ddp_canary(dt, &es);
+    uint16_t half = (uint16_t)bits;
+    for (size_t i = 0; i < n; i++)
+        memcpy((unsigned char *)p + i * es, es == 2 ? (void *)&half : (void *)&bits, es);
 }
 
 /* The first synchronised backward after gradients moved checks that nothing wrote to where
@@ -326,11 +342,14 @@ static td_status ddp_check_moved(td_ddp *d) {
     td_status s = TD_OK;
     if (!d->moved) return TD_OK;
     d->moved = 0;
-    uint32_t bits = DDP_CANARY;
     for (size_t i = 0; i < d->n_params && s == TD_OK; i++) {
-        const float *p = d->moved_from[i];
+        const unsigned char *p = d->moved_from[i];
+        size_t es;
+        uint32_t bits = ddp_canary(d->params[i].dtype, &es);
+        uint16_t half = (uint16_t)bits;
+        const void *want = es == 2 ? (const void *)&half : (const void *)&bits;
         for (size_t k = 0; p && k < d->params[i].count; k++)
-            if (memcmp(&p[k], &bits, sizeof bits) != 0) {
+            if (memcmp(p + k * es, want, es) != 0) {
                 s = td__fail(TD_ESTATE,
                              "ddp rank %d: the gradient of '%s' was written at its old address "
                              "%p after DDP moved it to %p: re-read params[%zu].grad after "
@@ -345,11 +364,23 @@ static td_status ddp_check_moved(td_ddp *d) {
     return s;
 }
 
-/* Lays the parameters out in `order` (first bucket first_bucket_bytes, then bucket_bytes;
- * a bucket closes once it reaches its cap), copies the current gradients in and re-points
- * params[i].grad; what the gradients left holds NaN (see ddp_check_moved). All buckets live in one
- * td_comm_alloc block, so this is collective: every rank builds at creation and at the one
- * rebuild, which every rank decides alike (from all-reduced counts). */
+/* Bytes of a bucket's (count + 1) elements of dtype, rounded up to 64. */
+static size_t ddp_span(size_t count, td_dtype dt) {
+    return ((count + 1) * td_dtype_size(dt) + 63) / 64 * 64;
+}
+
+/* The dtype a bucket of `dt` travels in: comm_dtype for f32 gradients (half-width
+ * communication), the gradients' own otherwise. */
+static td_dtype ddp_wire_dtype(const td_ddp *d, td_dtype dt) {
+    return dt == TD_F32 ? d->opt.comm_dtype : dt;
+}
+
+/* Lays the parameters out in `order` (first bucket first_bucket_bytes, then bucket_bytes; a
+ * bucket closes once it reaches its cap or the next gradient has another dtype), copies the
+ * current gradients in and re-points params[i].grad; what the gradients left holds NaN (see
+ * ddp_check_moved). All buckets, and their half-width copies when gradients travel narrower,
+ * live in one td_comm_alloc block, so this is collective: every rank builds at creation and at
+ * the one rebuild, which every rank decides alike (from all-reduced counts). */
 static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
     size_t n = d->n_params;
     size_t *bucket_of = malloc((n ? n : 1) * sizeof *bucket_of);
@@ -359,20 +390,27 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
     size_t k = 0, fill = 0;
     for (size_t j = 0; j < n; j++) {
         size_t i = order[j];
-        size_t off = (fill + DDP_ALIGN_FLOATS - 1) / DDP_ALIGN_FLOATS * DDP_ALIGN_FLOATS;
+        td_dtype dt = d->params[i].dtype;
+        size_t es = td_dtype_size(dt), align = DDP_ALIGN_BYTES / es;
+        size_t off = (fill + align - 1) / align * align;
         bucket_of[i] = k;
         offset_of[i] = off;
         fill = off + d->params[i].count;
+        nb[k].dtype = dt;
         nb[k].n_members++;
         size_t cap = k == 0 ? d->opt.first_bucket_bytes : d->opt.bucket_bytes;
-        if (fill * sizeof(float) >= cap || j + 1 == n) {
+        if (fill * es >= cap || j + 1 == n || d->params[order[j + 1]].dtype != dt) {
             nb[k].count = fill;
             k++;
             fill = 0;
         }
     }
     size_t n_buckets = k, total = 0;
-    for (k = 0; k < n_buckets; k++) total += ((nb[k].count + 1) * sizeof(float) + 63) / 64 * 64;
+    for (k = 0; k < n_buckets; k++) {
+        td_dtype wire = ddp_wire_dtype(d, nb[k].dtype);
+        total += ddp_span(nb[k].count, nb[k].dtype);
+        if (wire != nb[k].dtype) total += ddp_span(nb[k].count, wire);
+    }
     void *mem = NULL;
     if (n_buckets) {
         td_status s = td_comm_alloc(d->comm, total, &mem);
@@ -385,8 +423,13 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
         memset(mem, 0, total);
     }
     for (k = 0, total = 0; k < n_buckets; k++) {
-        nb[k].buf = (float *)((unsigned char *)mem + total);
-        total += ((nb[k].count + 1) * sizeof(float) + 63) / 64 * 64;
+        td_dtype wire = ddp_wire_dtype(d, nb[k].dtype);
+        nb[k].buf = (unsigned char *)mem + total;
+        total += ddp_span(nb[k].count, nb[k].dtype);
+        if (wire != nb[k].dtype) {
+            nb[k].wire = (unsigned char *)mem + total;
+            total += ddp_span(nb[k].count, wire);
+        }
         nb[k].members = malloc(nb[k].n_members * sizeof(size_t));
         if (!nb[k].members) {
             td_comm_free(d->comm, mem);
@@ -398,11 +441,12 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
         size_t i = order[j];
         ddp_bucket *b = &nb[bucket_of[i]];
         b->members[b->n_members++] = i;
-        float *dst = b->buf + offset_of[i];
-        float *old = d->params[i].grad;
+        size_t bytes = d->params[i].count * td_dtype_size(b->dtype);
+        void *dst = (unsigned char *)b->buf + offset_of[i] * td_dtype_size(b->dtype);
+        void *old = d->params[i].grad;
         if (old) {
-            memcpy(dst, old, d->params[i].count * sizeof(float));
-            ddp_fill_canary(old, d->params[i].count);
+            memcpy(dst, old, bytes);
+            ddp_fill_canary(old, b->dtype, d->params[i].count);
         }
         d->moved_from[i] = old;
         d->params[i].grad = dst;
@@ -447,6 +491,12 @@ td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_
         d->opt = *p;
     else
         d->opt = td_ddp_default_params();
+    if (!td__is_float(d->opt.comm_dtype)) {
+        td_dtype bad = d->opt.comm_dtype;
+        free(d);
+        return td__fail(TD_EINVAL, "td_ddp_create: comm_dtype %s, expected f32, bf16 or f16",
+                        td_dtype_name(bad));
+    }
     d->sync = 1;
     size_t n = n_params ? n_params : 1;
     d->orig_grad = calloc(n, sizeof *d->orig_grad);
@@ -482,22 +532,37 @@ td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_
 
 /* ---- one backward ------------------------------------------------------------------ */
 
-static void ddp_trace_done(td_ddp *d, size_t k) {
-    if (!d->opt.trace) return;
-    char name[64];
-    snprintf(name, sizeof name, "allreduce bucket %zu (%zu bytes)", k,
-             d->buckets[k].count * sizeof(float));
-    (void)td_trace_span_on(d->opt.trace, name, "ddp", DDP_TRACE_TID_BASE + (int)k,
-                           d->buckets[k].t_launch, td_time_ns());
+/* A bucket's all-reduce is over: its span ends, and narrow gradients widen back. */
+static void ddp_done(td_ddp *d, size_t k, td_status s) {
+    ddp_bucket *b = &d->buckets[k];
+    b->req = NULL;
+    if (b->wire && s == TD_OK)
+        td__convert(b->buf, b->dtype, b->wire, d->opt.comm_dtype, b->count + 1);
+    if (d->opt.trace) {
+        char name[80];
+        snprintf(name, sizeof name, "allreduce bucket %zu (%zu bytes %s)", k,
+                 b->count * td_dtype_size(ddp_wire_dtype(d, b->dtype)),
+                 td_dtype_name(ddp_wire_dtype(d, b->dtype)));
+        (void)td_trace_span_on(d->opt.trace, name, "ddp", DDP_TRACE_TID_BASE + (int)k, b->t_launch,
+                               td_time_ns());
+    }
+    ddp_note_error(d, s);
 }
 
 static void ddp_launch(td_ddp *d, size_t k, float unready) {
     ddp_bucket *b = &d->buckets[k];
-    b->buf[b->count] = unready;
+    td__store(b->buf, b->dtype, b->count, unready);
     b->t_launch = td_time_ns();
+    /* Half-width communication: the bucket travels narrow and the reduction adds in f32. */
+    void *data = b->buf;
+    if (b->wire) {
+        td__convert(b->wire, d->opt.comm_dtype, b->buf, b->dtype, b->count + 1);
+        data = b->wire;
+    }
     /* AVG divides inside the reduction, so averaging costs no extra pass over the gradients. */
     td_reduce_op op = d->opt.average ? TD_OP_AVG : TD_OP_SUM;
-    td_status s = td_comm_iallreduce(d->comm, b->buf, b->buf, b->count + 1, TD_F32, op, &b->req);
+    td_status s = td_comm_iallreduce(d->comm, data, data, b->count + 1, ddp_wire_dtype(d, b->dtype),
+                                     op, &b->req);
     if (s != TD_OK) {
         b->req = NULL;
         ddp_note_error(d, s);
@@ -512,9 +577,7 @@ static void ddp_poll(td_ddp *d) {
         int done = 0;
         td_status s = td_request_test(b->req, &done);
         if (!done && s == TD_OK) break; /* they complete in launch order */
-        b->req = NULL;
-        ddp_trace_done(d, k);
-        ddp_note_error(d, s);
+        ddp_done(d, k, s);
     }
 }
 
@@ -522,10 +585,7 @@ static void ddp_wait_all(td_ddp *d) {
     for (size_t k = 0; k < d->n_buckets; k++) {
         ddp_bucket *b = &d->buckets[k];
         if (!b->req) continue;
-        td_status s = td_request_wait(b->req);
-        b->req = NULL;
-        ddp_trace_done(d, k);
-        ddp_note_error(d, s);
+        ddp_done(d, k, td_request_wait(b->req));
     }
 }
 
@@ -631,7 +691,8 @@ td_status td_ddp_finish_backward(td_ddp *d) {
     for (size_t i = 0; i < d->n_params; i++) {
         if (d->ready[i]) continue;
         n_unready++;
-        if (!d->touched[i]) memset(d->params[i].grad, 0, d->params[i].count * sizeof(float));
+        if (!d->touched[i])
+            memset(d->params[i].grad, 0, d->params[i].count * td_dtype_size(d->params[i].dtype));
     }
     while (d->next_bucket < d->n_buckets) {
         size_t k = d->next_bucket++;
@@ -648,8 +709,8 @@ td_status td_ddp_finish_backward(td_ddp *d) {
     }
     /* The last bucket is always launched last, so its slot holds every rank's count (their
      * mean when averaging). */
-    double unready_all =
-        d->n_buckets ? d->buckets[d->n_buckets - 1].buf[d->buckets[d->n_buckets - 1].count] : 0;
+    const ddp_bucket *last = d->n_buckets ? &d->buckets[d->n_buckets - 1] : NULL;
+    double unready_all = last ? td__load(last->buf, last->dtype, last->count) : 0;
     if (d->opt.average) unready_all *= d->size;
     d->stats.sync_steps++;
     td_status s = TD_OK;
@@ -708,7 +769,7 @@ td_status td_ddp_prepare_forward(td_ddp *d) {
 void td_ddp_zero_grad(td_ddp *d) {
     if (!d) return;
     for (size_t k = 0; k < d->n_buckets; k++)
-        memset(d->buckets[k].buf, 0, d->buckets[k].count * sizeof(float));
+        memset(d->buckets[k].buf, 0, d->buckets[k].count * td_dtype_size(d->buckets[k].dtype));
 }
 
 td_status td_ddp_set_sync(td_ddp *d, int sync) {
@@ -739,7 +800,8 @@ void td_ddp_destroy(td_ddp *d) {
         for (size_t i = 0; i < d->n_params; i++) {
             void *orig = d->orig_grad[i];
             if (orig && d->params[i].grad)
-                memcpy(orig, d->params[i].grad, d->params[i].count * sizeof(float));
+                memcpy(orig, d->params[i].grad,
+                       d->params[i].count * td_dtype_size(d->params[i].dtype));
             d->params[i].grad = orig;
         }
     }

@@ -5,7 +5,7 @@
 
 #include "tensor/tensor_impl.h"
 
-static dnnl_data_type_t dnnl_dtype(td_dtype dtype) {
+dnnl_data_type_t td__dnnl_dtype(td_dtype dtype) {
     switch (dtype) {
     case TD_BF16:
         return dnnl_bf16;
@@ -32,7 +32,7 @@ static void plain(dnnl_memory_desc_t *md, const td_shape *shape, dnnl_data_type_
 }
 
 void td__md_plain(dnnl_memory_desc_t *md, const td_shape *shape, td_dtype dtype) {
-    plain(md, shape, dnnl_dtype(dtype));
+    plain(md, shape, td__dnnl_dtype(dtype));
 }
 
 int td__md_is_plain(const dnnl_memory_desc_t *md, const td_shape *shape) {

@@ -27,7 +27,7 @@ struct td_tensor {
     size_t bytes;          /* storage size of md (>= numel * dtype size with padding) */
     void *own;             /* storage the graph owns (leaves: malloc, activations: arena) */
     void *data;            /* current storage: own, or caller memory for inputs */
-    float *grad;           /* (bytes / 4) in md's layout, or NULL */
+    void *grad;            /* the same layout and dtype as data, or NULL */
     int requires_grad;     /* a gradient is computed and stored for it */
     int grad_zero;         /* nothing has been written to grad since it was last zeroed */
     int grad_scratch;      /* slot + 1 while td__grad_begin handed out scratch, else 0 */
@@ -40,14 +40,17 @@ struct td_tensor {
     td_tensor *alias_of; /* shares data and grad storage with this tensor (fused ops) */
 };
 
+/* The oneDNN data type of a dtype (i64 and f64 have none: their md only describes a shape). */
+dnnl_data_type_t td__dnnl_dtype(td_dtype dtype);
+
 /* The plain row-major layout of `shape` in `dtype` (a scalar is one element). */
 void td__md_plain(dnnl_memory_desc_t *md, const td_shape *shape, td_dtype dtype);
 
 /* 1 when md is the plain row-major layout of `shape` (in md's own dtype). */
 int td__md_is_plain(const dnnl_memory_desc_t *md, const td_shape *shape);
 
-/* Floats in t's storage (md size / 4, including blocked padding). */
-static inline size_t td__nfloats(const td_tensor *t) { return t->bytes / sizeof(float); }
+/* Elements in t's storage (md size over the element size, blocked padding included). */
+static inline size_t td__nelems(const td_tensor *t) { return t->bytes / td_dtype_size(t->dtype); }
 
 /* Offset in elements of logical element (n, c, h, w) of a 4-d md, plain or with one inner
  * channel block (nChw8c / nChw16c); -1 for other layouts. */

@@ -1,0 +1,57 @@
+/* The cast node: the same values in another float dtype (f32, bf16, f16), element by element
+ * over storage, so the output keeps the input's layout, blocked or plain. Backward converts
+ * the gradient back and adds it to the input's. Mixed precision inserts these (graph.h's
+ * td_amp_params); plain C, round to nearest even. */
+#include <stdlib.h>
+
+#include "ops/onednn.h"
+
+static td_status cast_compile(td__op_ctx *ctx, td__node *n) {
+    (void)ctx;
+    td_tensor *x = n->in[0], *y = n->out;
+    y->md = x->md;
+    y->md.data_type = td__dnnl_dtype(y->dtype);
+    y->blocked = x->blocked;
+    return TD_OK;
+}
+
+static td_status cast_forward(td__op_ctx *ctx, td__node *n) {
+    (void)ctx;
+    td_tensor *x = n->in[0], *y = n->out;
+    td__convert(y->data, y->dtype, x->data, x->dtype, td__nelems(x));
+    return TD_OK;
+}
+
+static td_status cast_backward(td__op_ctx *ctx, td__node *n) {
+    td_tensor *x = n->in[0], *y = n->out;
+    size_t count = td__nelems(x);
+    if (x->grad_zero) {
+        td__convert(x->grad, x->dtype, y->grad, y->dtype, count);
+    } else { /* add dy, converted, through scratch */
+        void *t = ctx->scratch[0];
+        td__convert(t, x->dtype, y->grad, y->dtype, count);
+        td__accumulate(x->grad, t, x->dtype, count);
+    }
+    x->grad_zero = 0;
+    return TD_OK;
+}
+
+static td_status cast_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
+    const td_tensor *x = n->in[0];
+    td_dtype to = (td_dtype)n->variant;
+    if (!td__is_float(x->dtype) || !td__is_float(to))
+        return td__fail(TD_EDTYPE, "cast: '%s' is %s, to %s; only f32, bf16 and f16 convert",
+                        x->name, td_dtype_name(x->dtype), td_dtype_name(to));
+    *shape = x->shape;
+    *dtype = to;
+    return TD_OK;
+}
+
+const td__op td__op_cast = {
+    .name = "cast",
+    .propagates_layout = 1,
+    .infer = cast_infer,
+    .compile = cast_compile,
+    .forward = cast_forward,
+    .backward = cast_backward,
+};

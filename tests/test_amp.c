@@ -1,0 +1,561 @@
+/* Mixed precision: every op in bf16 and f16 against the same op in f32 (forward, and the
+ * gradients of its input and parameters), on oneDNN's bf16 kernels and on the emulated path
+ * (f32 between casts) that f16 and CPUs without bf16 take; where each level keeps its
+ * parameters; dynamic loss scaling with a forced overflow on one rank of two (every rank
+ * skips, the scale halves, parameters stay) and growth after 2000 clean steps; DDP at world 2
+ * with O2 against one process with O2; half-width gradient communication moving half the bytes.
+ *
+ * Tolerances are the dtype's: |low - f32| <= TOL (1 + max |f32|) per tensor, with TOL 3e-2 for
+ * bf16 (8 significant bits) and 4e-3 for f16 (11), loose enough for rounding the inputs,
+ * weights and every output of a chain, tight enough that a wrong kernel or a lost cast fails. */
+#include <math.h>
+#include <string.h>
+
+#include "tandem/tandem.h"
+
+#include "test.h"
+#include "test_comm_util.h"
+
+/* ---- one op in every precision ------------------------------------------------------- */
+
+enum { MAXT = 6 };
+
+/* What a case builds: its leaves are made here, with values, before the op is added. */
+typedef struct {
+    td_graph *g;
+    td_tensor *x[MAXT]; /* inputs that take a gradient, then parameters */
+    int nx;
+    td_rng *rng;
+} build_ctx;
+
+typedef td_status (*op_builder)(build_ctx *b, td_tensor **y);
+
+static td_tensor *input(build_ctx *b, const char *name, td_shape s) {
+    td_tensor *t = NULL;
+    CHECK_OK(td_graph_input(b->g, name, s, TD_F32, 1, &t));
+    if (!t) return NULL;
+    size_t n = (size_t)td_shape_numel(&s);
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = td_rng_normal(b->rng);
+    CHECK_OK(td_tensor_write(t, v));
+    free(v);
+    b->x[b->nx++] = t;
+    return t;
+}
+
+static td_tensor *param(build_ctx *b, const char *name, td_shape s, float lo, float hi) {
+    td_tensor *t = NULL;
+    CHECK_OK(td_graph_param(b->g, name, s, &t));
+    if (!t) return NULL;
+    td_rng_fill_uniform(b->rng, td_tensor_data(t), (size_t)td_shape_numel(&s), lo, hi);
+    b->x[b->nx++] = t;
+    return t;
+}
+
+static td_status b_linear(build_ctx *b, td_tensor **y) {
+    td_tensor *x = input(b, "x", td_shape_2d(8, 12));
+    td_tensor *w = param(b, "fc.weight", td_shape_2d(10, 12), -0.3f, 0.3f);
+    td_tensor *bias = param(b, "fc.bias", td_shape_1d(10), -0.3f, 0.3f);
+    return td_graph_linear(b->g, x, w, bias, y);
+}
+
+static td_status b_conv(build_ctx *b, td_tensor **y) {
+    td_tensor *x = input(b, "x", td_shape_4d(4, 16, 9, 9));
+    td_tensor *w = param(b, "conv.weight", td_shape_4d(16, 16, 3, 3), -0.1f, 0.1f);
+    td_tensor *bias = param(b, "conv.bias", td_shape_1d(16), -0.1f, 0.1f);
+    td_conv2d_params p = td_conv2d_default_params();
+    p.padding[0] = p.padding[1] = 1;
+    return td_graph_conv2d(b->g, x, w, bias, &p, y);
+}
+
+static td_status b_max_pool(build_ctx *b, td_tensor **y) {
+    td_pool2d_params p = td_pool2d_default_params();
+    return td_graph_max_pool2d(b->g, input(b, "x", td_shape_4d(3, 16, 8, 8)), &p, y);
+}
+
+static td_status b_avg_pool(build_ctx *b, td_tensor **y) {
+    td_pool2d_params p = td_pool2d_default_params();
+    return td_graph_avg_pool2d(b->g, input(b, "x", td_shape_4d(3, 16, 8, 8)), &p, y);
+}
+
+static td_status b_relu(build_ctx *b, td_tensor **y) {
+    return td_graph_relu(b->g, input(b, "x", td_shape_2d(6, 40)), y);
+}
+
+static td_status b_gelu(build_ctx *b, td_tensor **y) {
+    return td_graph_gelu(b->g, input(b, "x", td_shape_2d(6, 40)), y);
+}
+
+static td_status b_dropout(build_ctx *b, td_tensor **y) {
+    return td_graph_dropout(b->g, input(b, "x", td_shape_2d(6, 40)), 0.3f, y);
+}
+
+static td_status b_dropout2d(build_ctx *b, td_tensor **y) {
+    return td_graph_dropout2d(b->g, input(b, "x", td_shape_4d(4, 16, 5, 5)), 0.3f, y);
+}
+
+static td_status b_batch_norm(build_ctx *b, td_tensor **y) {
+    td_tensor *x = input(b, "x", td_shape_4d(4, 16, 6, 6));
+    td_tensor *w = param(b, "bn.weight", td_shape_1d(16), 0.5f, 1.5f);
+    td_tensor *bias = param(b, "bn.bias", td_shape_1d(16), -0.5f, 0.5f);
+    td_tensor *rm, *rv;
+    CHECK_OK(td_graph_buffer(b->g, "bn.running_mean", td_shape_1d(16), &rm));
+    CHECK_OK(td_graph_buffer(b->g, "bn.running_var", td_shape_1d(16), &rv));
+    return td_graph_batch_norm2d(b->g, x, w, bias, rm, rv, NULL, y);
+}
+
+static td_status b_add(build_ctx *b, td_tensor **y) {
+    td_tensor *a = input(b, "a", td_shape_2d(6, 40)), *c = input(b, "c", td_shape_2d(6, 40));
+    return td_graph_add(b->g, a, c, y);
+}
+
+static td_status b_concat(build_ctx *b, td_tensor **y) {
+    td_tensor *xs[2] = {input(b, "a", td_shape_4d(2, 3, 4, 4)), input(b, "c", td_shape_4d(2, 5, 4, 4))};
+    return td_graph_concat(b->g, xs, 2, y);
+}
+
+static td_status b_flatten(build_ctx *b, td_tensor **y) {
+    return td_graph_flatten(b->g, input(b, "x", td_shape_4d(3, 4, 5, 5)), 1, y);
+}
+
+static td_status b_softmax(build_ctx *b, td_tensor **y) {
+    return td_graph_softmax(b->g, input(b, "x", td_shape_2d(6, 10)), y);
+}
+
+static td_status b_log_softmax(build_ctx *b, td_tensor **y) {
+    return td_graph_log_softmax(b->g, input(b, "x", td_shape_2d(6, 10)), y);
+}
+
+static td_status b_cross_entropy(build_ctx *b, td_tensor **y) {
+    td_tensor *x = input(b, "x", td_shape_2d(6, 10)), *labels;
+    CHECK_OK(td_graph_input(b->g, "labels", td_shape_1d(6), TD_I64, 0, &labels));
+    int64_t l[6] = {0, 3, 9, 2, 2, 7};
+    CHECK_OK(td_tensor_write(labels, l));
+    return td_graph_cross_entropy(b->g, x, labels, TD_REDUCTION_MEAN, y, NULL);
+}
+
+#define TRY(call)                            \
+    do {                                     \
+        td_status try_s_ = (call);           \
+        if (try_s_ != TD_OK) return try_s_;  \
+    } while (0)
+
+/* Batch norm with the ReLU the graph folds into it. The bias keeps every pre-activation far
+ * from zero: rounding would otherwise flip the sign of a few near zero, and each flip moves a
+ * whole gradient element (a property of low precision, not an error). */
+static td_status b_bn_relu(build_ctx *b, td_tensor **y) {
+    td_tensor *x = input(b, "x", td_shape_4d(4, 16, 6, 6)), *t;
+    td_tensor *w = param(b, "bn.weight", td_shape_1d(16), 0.5f, 1.0f);
+    td_tensor *bias = param(b, "bn.bias", td_shape_1d(16), 5.0f, 6.0f);
+    td_tensor *rm, *rv;
+    CHECK_OK(td_graph_buffer(b->g, "bn.running_mean", td_shape_1d(16), &rm));
+    CHECK_OK(td_graph_buffer(b->g, "bn.running_var", td_shape_1d(16), &rv));
+    td_status st = td_graph_batch_norm2d(b->g, x, w, bias, rm, rv, NULL, &t);
+    return st ? st : td_graph_relu(b->g, t, y);
+}
+
+/* A small chain: conv, batch norm, gelu, avg pool, flatten, linear, cross entropy, so that
+ * activations cross primitives in the engine's own layouts. Smooth ops only, for the reason
+ * above (ties in a max-pool window move whole elements just as ReLU's signs do); those ops
+ * alone are checked above. */
+static td_status b_chain(build_ctx *b, td_tensor **y) {
+    td_tensor *t, *x = input(b, "x", td_shape_4d(4, 16, 8, 8));
+    td_conv2d_params cp = td_conv2d_default_params();
+    cp.padding[0] = cp.padding[1] = 1;
+    td_tensor *w = param(b, "conv.weight", td_shape_4d(16, 16, 3, 3), -0.1f, 0.1f);
+    TRY(td_graph_conv2d(b->g, x, w, NULL, &cp, &t));
+    td_tensor *bw = param(b, "bn.weight", td_shape_1d(16), 0.5f, 1.5f);
+    td_tensor *bb = param(b, "bn.bias", td_shape_1d(16), -0.5f, 0.5f), *rm, *rv;
+    CHECK_OK(td_graph_buffer(b->g, "bn.running_mean", td_shape_1d(16), &rm));
+    CHECK_OK(td_graph_buffer(b->g, "bn.running_var", td_shape_1d(16), &rv));
+    TRY(td_graph_batch_norm2d(b->g, t, bw, bb, rm, rv, NULL, &t));
+    TRY(td_graph_gelu(b->g, t, &t));
+    td_pool2d_params pp = td_pool2d_default_params();
+    TRY(td_graph_avg_pool2d(b->g, t, &pp, &t));
+    TRY(td_graph_flatten(b->g, t, 1, &t));
+    td_tensor *fw = param(b, "fc.weight", td_shape_2d(10, 256), -0.06f, 0.06f);
+    TRY(td_graph_linear(b->g, t, fw, NULL, &t));
+    td_tensor *labels;
+    CHECK_OK(td_graph_input(b->g, "labels", td_shape_1d(4), TD_I64, 0, &labels));
+    int64_t l[4] = {1, 7, 3, 3};
+    CHECK_OK(td_tensor_write(labels, l));
+    return td_graph_cross_entropy(b->g, t, labels, TD_REDUCTION_SUM, y, NULL);
+}
+
+/* A tensor's values (or gradient) as f32, whatever its dtype; malloc'd. */
+static float *as_f32(td_tensor *t, int grad) {
+    size_t n = (size_t)td_tensor_numel(t);
+    td_dtype dt = td_tensor_dtype(t);
+    void *raw = malloc(n * td_dtype_size(dt));
+    float *out = malloc(n * sizeof *out);
+    CHECK_OK(grad ? td_tensor_read_grad(t, raw) : td_tensor_read(t, raw));
+    for (size_t i = 0; i < n; i++)
+        out[i] = dt == TD_F32    ? ((float *)raw)[i]
+                 : dt == TD_BF16 ? td_bf16_to_f32(((uint16_t *)raw)[i])
+                                 : td_f16_to_f32(((uint16_t *)raw)[i]);
+    free(raw);
+    return out;
+}
+
+/* Everything a run produces: the output and each leaf's gradient, as f32. */
+typedef struct {
+    float *v[1 + MAXT];
+    size_t n[1 + MAXT];
+    int count;
+    td_dtype out_dtype, param_dtype;
+} results;
+
+static void results_free(results *r) {
+    for (int i = 0; i < r->count; i++) free(r->v[i]);
+}
+
+static int run_case(op_builder build, td_amp_level level, td_dtype dtype, int emulate,
+                    results *out) {
+    memset(out, 0, sizeof *out);
+    td_graph_params gp = td_graph_default_params();
+    gp.amp.level = level;
+    gp.amp.dtype = dtype;
+    gp.amp.emulate = emulate;
+    gp.seed = 5;
+    td_rng rng;
+    td_rng_init(&rng, 77); /* the same values at every precision */
+    build_ctx b = {.rng = &rng};
+    td_tensor *y = NULL;
+    CHECK_OK(td_graph_create(&b.g, &gp));
+    if (!b.g) return 0;
+    td_status st = build(&b, &y);
+    CHECK_OK(st);
+    if (st == TD_OK) st = td_graph_compile(b.g);
+    CHECK_OK(st);
+    if (st == TD_OK) st = td_graph_forward(b.g);
+    CHECK_OK(st);
+    size_t ny = y ? (size_t)td_tensor_numel(y) : 0;
+    float *dy = malloc((ny ? ny : 1) * sizeof *dy);
+    for (size_t i = 0; i < ny; i++) dy[i] = td_rng_normal(&rng);
+    if (st == TD_OK) st = td_graph_backward_from(b.g, y, dy);
+    CHECK_OK(st);
+    free(dy);
+    if (st == TD_OK) {
+        out->out_dtype = td_tensor_dtype(y);
+        out->v[0] = as_f32(y, 0);
+        out->n[0] = ny;
+        out->count = 1;
+        for (int i = 0; i < b.nx; i++) {
+            out->v[out->count] = as_f32(b.x[i], 1);
+            out->n[out->count++] = (size_t)td_tensor_numel(b.x[i]);
+        }
+        td_param *p;
+        size_t np;
+        CHECK_OK(td_graph_parameters(b.g, &p, &np));
+        out->param_dtype = np ? p[0].dtype : TD_F32;
+    }
+    td_graph_destroy(b.g);
+    return st == TD_OK;
+}
+
+/* Element by element for one op; for a chain, the relative L2 norm of the difference, since
+ * rounding may move a max-pool's argmax and so a whole gradient element. */
+static void compare(const char *what, const results *got, const results *want, double tol,
+                    int by_norm) {
+    CHECK_EQ(got->count, want->count);
+    for (int k = 0; k < got->count && k < want->count; k++) {
+        double scale = 0, worst = 0, num = 0, den = 0;
+        for (size_t i = 0; i < want->n[k]; i++) {
+            double w = want->v[k][i], d = fabs((double)got->v[k][i] - w);
+            if (fabs(w) > scale) scale = fabs(w);
+            if (d > worst || d != d) worst = d;
+            num += d * d;
+            den += w * w;
+        }
+        double rel = sqrt(num / (den > 0 ? den : 1));
+        if (by_norm ? !(rel <= tol) : !(worst <= tol * (1 + scale)))
+            TEST_FAIL_AT("%s, %s %d: largest difference %.3g (relative norm %.3g), allowed %.3g", what,
+                         k == 0 ? "output" : "gradient", k, worst, rel,
+                         by_norm ? tol : tol * (1 + scale));
+    }
+}
+
+static const struct {
+    const char *name;
+    op_builder build;
+} OPS[] = {
+    {"linear", b_linear},         {"conv2d", b_conv},     {"max_pool2d", b_max_pool},
+    {"avg_pool2d", b_avg_pool},   {"relu", b_relu},       {"gelu", b_gelu},
+    {"dropout", b_dropout},       {"dropout2d", b_dropout2d}, {"batch_norm2d", b_batch_norm},
+    {"add", b_add},               {"concat", b_concat},   {"flatten", b_flatten},
+    {"softmax", b_softmax},       {"log_softmax", b_log_softmax},
+    {"cross_entropy", b_cross_entropy}, {"batch_norm2d + relu", b_bn_relu},
+    {"chain", b_chain},
+};
+
+/* O3 puts every op and parameter in the low dtype; each path against plain f32. */
+static void every_op_in_bf16_and_f16_matches_f32(void) {
+    const struct {
+        td_dtype dtype;
+        int emulate;
+        double tol;
+        const char *path;
+    } paths[] = {{TD_BF16, 0, 3e-2, "bf16 (oneDNN)"},
+                 {TD_BF16, 1, 3e-2, "bf16 (emulated)"},
+                 {TD_F16, 0, 4e-3, "f16 (emulated)"}};
+    for (size_t o = 0; o < sizeof OPS / sizeof *OPS; o++) {
+        results want;
+        if (!run_case(OPS[o].build, TD_AMP_O0, TD_BF16, 0, &want)) continue;
+        for (size_t p = 0; p < sizeof paths / sizeof *paths; p++) {
+            results got;
+            char what[96];
+            snprintf(what, sizeof what, "%s in %s", OPS[o].name, paths[p].path);
+            if (run_case(OPS[o].build, TD_AMP_O3, paths[p].dtype, paths[p].emulate, &got))
+                compare(what, &got, &want, paths[p].tol, OPS[o].build == b_chain);
+            results_free(&got);
+        }
+        results_free(&want);
+    }
+}
+
+/* The low dtype really is used: a bf16 result differs from f32 in the last bits, and so do the
+ * two paths from each other only by rounding. */
+static void low_precision_is_not_f32_in_disguise(void) {
+    results f32, bf16;
+    if (!run_case(b_linear, TD_AMP_O0, TD_BF16, 0, &f32)) return;
+    if (run_case(b_linear, TD_AMP_O3, TD_BF16, 0, &bf16)) {
+        CHECK_EQ(bf16.out_dtype, TD_BF16);
+        int differ = 0;
+        for (size_t i = 0; i < f32.n[0]; i++) differ += f32.v[0][i] != bf16.v[0][i];
+        CHECK(differ > 0);
+        for (size_t i = 0; i < bf16.n[0]; i++) /* exactly representable in bf16 */
+            CHECK(td_bf16_to_f32(td_f32_to_bf16(bf16.v[0][i])) == bf16.v[0][i]);
+    }
+    results_free(&f32);
+    results_free(&bf16);
+}
+
+/* Where each level keeps parameters and what the output dtype is. */
+static void levels_place_parameters_like_apex(void) {
+    struct {
+        td_amp_level level;
+        op_builder build;
+        td_dtype param, out;
+    } cases[] = {
+        {TD_AMP_O1, b_linear, TD_F32, TD_BF16},       /* f32 weights, cast copies */
+        {TD_AMP_O2, b_linear, TD_BF16, TD_BF16},      /* low weights */
+        {TD_AMP_O2, b_batch_norm, TD_F32, TD_F32},    /* batch norm's stay f32; f32 input */
+        {TD_AMP_O3, b_batch_norm, TD_BF16, TD_F32},   /* ... but not at O3 */
+        {TD_AMP_O1, b_log_softmax, TD_F32, TD_F32},   /* the loss side stays f32 */
+        {TD_AMP_O3, b_cross_entropy, TD_F32, TD_F32},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        results r;
+        if (run_case(cases[i].build, cases[i].level, TD_BF16, 0, &r)) {
+            if (cases[i].build == b_linear || cases[i].build == b_batch_norm)
+                CHECK_EQ(r.param_dtype, cases[i].param);
+            CHECK_EQ(r.out_dtype, cases[i].out);
+        }
+        results_free(&r);
+    }
+}
+
+/* ---- dynamic loss scaling -------------------------------------------------------------- */
+
+static float w_host[4];
+
+/* Two ranks, one parameter; on step `boom` rank 1's gradient overflows. */
+static void scaler_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *comm = NULL;
+    CHECK_OK(test_comm_create(&comm, rank, size, port, 30));
+    if (!comm) return;
+    float w[4] = {1, 2, 3, 4}, g[4];
+    td_param p = {"w", w, g, 4, TD_F32, 1, {4}};
+    td_optim *opt;
+    td_sgd_params sp = td_sgd_default_params();
+    sp.lr = 0.5;
+    CHECK_OK(td_optim_create_sgd(&opt, &p, 1, &sp));
+    td_grad_scaler_params gp = td_grad_scaler_default_params();
+    gp.comm = comm;
+    td_grad_scaler *s;
+    CHECK_OK(td_grad_scaler_create(&s, &gp));
+    CHECK_EQ(td_grad_scaler_scale(s), 65536);
+    for (int step = 0; step < 3; step++) {
+        float scale = td_grad_scaler_scale(s);
+        for (int k = 0; k < 4; k++) g[k] = 0.25f * scale; /* a backward on the scaled loss */
+        if (step == 1 && rank == 1) g[2] = INFINITY;
+        memcpy(w_host, w, sizeof w);
+        int skipped = -1;
+        CHECK_OK(td_grad_scaler_step(s, opt, &skipped));
+        td_grad_scaler_update(s);
+        if (step == 1) { /* skipped on every rank, parameters untouched, scale halved */
+            CHECK_EQ(skipped, 1);
+            CHECK(memcmp(w, w_host, sizeof w) == 0);
+            CHECK_EQ(td_grad_scaler_scale(s), 32768);
+        } else {
+            CHECK_EQ(skipped, 0);
+            CHECK_NEAR(w[0], w_host[0] - 0.5f * 0.25f, 1e-6); /* unscaled before the step */
+        }
+    }
+    CHECK_EQ(td_grad_scaler_skipped(s), 1);
+    td_grad_scaler_destroy(s);
+    td_optim_destroy(opt);
+    td_comm_destroy(comm);
+}
+
+static void overflow_on_one_rank_skips_the_step_everywhere(void) {
+    CHECK_EQ(test_run_ranks(2, scaler_rank, NULL, 30, 0), 0);
+}
+
+static void scale_doubles_after_2000_clean_steps(void) {
+    float w[2] = {0, 0}, g[2];
+    td_param p = {"w", w, g, 2, TD_F32, 1, {2}};
+    td_optim *opt;
+    td_sgd_params sp = td_sgd_default_params();
+    CHECK_OK(td_optim_create_sgd(&opt, &p, 1, &sp));
+    td_grad_scaler *s;
+    CHECK_OK(td_grad_scaler_create(&s, NULL));
+    for (int step = 1; step <= 2000; step++) {
+        g[0] = g[1] = td_grad_scaler_scale(s) * 1e-3f;
+        CHECK_OK(td_grad_scaler_step(s, opt, NULL));
+        td_grad_scaler_update(s);
+        if (step == 1999) CHECK_EQ(td_grad_scaler_scale(s), 65536);
+    }
+    CHECK_EQ(td_grad_scaler_scale(s), 131072);
+    td_param *st;
+    size_t n;
+    td_grad_scaler_state(s, &st, &n);
+    CHECK_EQ(n, 2);
+    CHECK_EQ(*(double *)st[0].data, 131072);
+    CHECK_EQ(*(int64_t *)st[1].data, 0);
+    td_grad_scaler_destroy(s);
+    td_optim_destroy(opt);
+}
+
+/* ---- data parallel --------------------------------------------------------------------- */
+
+enum { GLOBAL = 32, STEPS = 4 };
+
+typedef struct {
+    td_amp_level level;
+    td_dtype comm_dtype;
+} dp_case;
+
+/* Trains the MLP for STEPS steps of SGD on this rank's slice; params out as f32 (bf16 ones
+ * widened). world 1 runs the whole batch. With DDP, *bytes_per_step gets the bytes the bucket
+ * all-reduces moved per step, from their trace spans. */
+static void train_mlp(td_comm *comm, int rank, int world, const dp_case *c, float *out,
+                      double *bytes_per_step) {
+    td_graph_params gp = td_graph_default_params();
+    gp.amp.level = c->level;
+    td_graph *g;
+    td_model m;
+    int b = GLOBAL / world;
+    CHECK_OK(td_graph_create(&g, &gp));
+    CHECK_OK(td_model_build(g, TD_MODEL_MLP, b, 9, &m));
+    td_dataset *data;
+    CHECK_OK(td_dataset_load_fashion_mnist(&data, NULL, TD_SPLIT_TEST));
+    CHECK_OK(td_tensor_write(m.input, td_dataset_x(data) + (size_t)rank * b * 784));
+    CHECK_OK(td_tensor_write(m.labels, td_dataset_y(data) + rank * b));
+    td_dataset_destroy(data);
+    td_param *p;
+    size_t n;
+    CHECK_OK(td_graph_parameters(g, &p, &n));
+    td_sgd_params sp = td_sgd_default_params();
+    sp.lr = 0.05;
+    sp.momentum = 0.9;
+    td_optim *opt;
+    CHECK_OK(td_optim_create_sgd(&opt, p, n, &sp));
+    td_ddp *ddp = NULL;
+    td_trace *trace = NULL;
+    if (comm) {
+        td_ddp_params dp = td_ddp_default_params();
+        dp.comm_dtype = c->comm_dtype;
+        CHECK_OK(td_trace_create(&trace, rank));
+        dp.trace = trace;
+        CHECK_OK(td_ddp_create(&ddp, comm, p, n, NULL, 0, &dp));
+        td_graph_set_grad_ready_hook(g, td_ddp_grad_ready_hook, ddp);
+    }
+    for (int s = 0; s < STEPS; s++) {
+        if (ddp) CHECK_OK(td_ddp_prepare_forward(ddp));
+        CHECK_OK(td_graph_forward(g));
+        CHECK_OK(td_graph_backward(g, m.loss));
+        if (ddp) CHECK_OK(td_ddp_finish_backward(ddp));
+        CHECK_OK(td_optim_step(opt));
+        CHECK_OK(td_graph_zero_grad(g));
+    }
+    double bytes = 0;
+    for (size_t e = 0; trace && e < td_trace_count(trace); e++) {
+        td_trace_event ev;
+        CHECK_OK(td_trace_event_get(trace, e, &ev));
+        const char *at = strchr(ev.name, '(');
+        if (strncmp(ev.name, "allreduce bucket", 16) == 0 && at) bytes += atof(at + 1);
+    }
+    if (bytes_per_step) *bytes_per_step = bytes / STEPS;
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (size_t k = 0; k < p[i].count; k++)
+            out[off + k] = p[i].dtype == TD_F32 ? ((float *)p[i].data)[k]
+                                                : td_bf16_to_f32(((uint16_t *)p[i].data)[k]);
+        off += p[i].count;
+    }
+    td_ddp_destroy(ddp);
+    td_trace_destroy(trace);
+    td_optim_destroy(opt);
+    td_graph_destroy(g);
+}
+
+enum { MLP_PARAMS = 784 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10 };
+static float *reference;
+
+static void dp_rank(int rank, int size, int port, void *arg) {
+    const dp_case *c = arg;
+    td_comm *comm = NULL;
+    CHECK_OK(test_comm_create(&comm, rank, size, port, 60));
+    if (!comm) return;
+    float *mine = malloc(MLP_PARAMS * sizeof *mine);
+    double bytes = 0;
+    train_mlp(comm, rank, size, c, mine, &bytes);
+    /* Every gradient once per step, in the dtype it travels in (alignment adds a little). */
+    double wire = c->level >= TD_AMP_O2 || c->comm_dtype != TD_F32 ? 2 : 4;
+    if (rank == 0)
+        fprintf(stderr, "    gradients travelling as %s: %.0f bytes a step for %d of them\n",
+                wire == 2 ? "bf16" : "f32", bytes, MLP_PARAMS);
+    CHECK(bytes >= wire * MLP_PARAMS && bytes < wire * MLP_PARAMS * 1.001);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < MLP_PARAMS; i++) {
+        num += ((double)mine[i] - reference[i]) * ((double)mine[i] - reference[i]);
+        den += (double)reference[i] * reference[i];
+    }
+    double rel = sqrt(num / den);
+    if (rank == 0) fprintf(stderr, "    world %d vs 1: relative difference %.2e\n", size, rel);
+    CHECK(rel < 4e-3); /* bf16 rounding, not a different trajectory */
+    free(mine);
+    td_comm_destroy(comm);
+}
+
+static void ddp_with_o2_equals_one_process_with_o2(void) {
+    dp_case c = {TD_AMP_O2, TD_F32};
+    reference = malloc(MLP_PARAMS * sizeof *reference);
+    train_mlp(NULL, 0, 1, &c, reference, NULL);
+    CHECK_EQ(test_run_ranks(2, dp_rank, &c, 60, 0), 0);
+    free(reference);
+}
+
+/* f32 gradients travelling as bf16: half the bytes per bucket, and still the same training up
+ * to bf16 rounding. */
+static void half_width_communication_halves_the_bytes(void) {
+    reference = malloc(MLP_PARAMS * sizeof *reference);
+    dp_case plain = {TD_AMP_O0, TD_F32}, half = {TD_AMP_O0, TD_BF16};
+    train_mlp(NULL, 0, 1, &plain, reference, NULL);
+    CHECK_EQ(test_run_ranks(2, dp_rank, &plain, 60, 0), 0);
+    CHECK_EQ(test_run_ranks(2, dp_rank, &half, 60, 0), 0);
+    free(reference);
+}
+
+int main(void) {
+    RUN(every_op_in_bf16_and_f16_matches_f32);
+    RUN(low_precision_is_not_f32_in_disguise);
+    RUN(levels_place_parameters_like_apex);
+    RUN(overflow_on_one_rank_skips_the_step_everywhere);
+    RUN(scale_doubles_after_2000_clean_steps);
+    RUN(ddp_with_o2_equals_one_process_with_o2);
+    RUN(half_width_communication_halves_the_bytes);
+    TEST_END();
+}
