@@ -3,7 +3,7 @@
  * the same parameters as one process on the same batch (relative difference <= 1e-5 after K
  * steps); with batch norm, the same as one process run micro-batch by micro-batch (parameters
  * and running statistics). Pipeline x DDP (2 stages x 2 replicas) equals one process on the
- * global batch. Dropout masks are the same in every schedule and replay bit for bit; the stage
+ * global batch; mixed precision (O1, bf16) inside stages stays close to one process at O1. Dropout masks are the same in every schedule and replay bit for bit; the stage
  * evaluation equals one process's; 1F1B keeps at most P - stage micro-batches alive. Faults: a
  * stage that dies (in the middle or at the end) gives every other rank an error naming it,
  * stages built from different models are refused at creation naming both shapes, and ranks
@@ -17,10 +17,11 @@
 #include "test.h"
 #include "test_comm_util.h"
 
-#define B 16     /* global batch */
-#define STEPS 3  /* K */
-#define IMG 8    /* the conv model's images are 1 x IMG x IMG */
-#define TOL 1e-5 /* relative difference of a parameter tensor */
+#define B 16         /* global batch */
+#define STEPS 3      /* K */
+#define IMG 8        /* the conv model's images are 1 x IMG x IMG */
+#define TOL 1e-5     /* relative difference of a parameter tensor */
+#define AMP_TOL 1e-2 /* the same in bf16, where micro-batches round differently */
 
 /* ---- models ------------------------------------------------------------------------- */
 
@@ -119,11 +120,13 @@ typedef struct {
 /* STEPS steps on the whole batch in micro-batches of B / micro (1: the batch at once),
  * accumulating the micro-batch gradients scaled by 1 / micro. */
 static void reference_train(reference *r, const td_sequential *s, int micro, const float *x,
-                            const int64_t *y, uint64_t seed) {
+                            const int64_t *y, uint64_t seed, td_amp_level amp) {
     int64_t b = B / micro;
     td_shape sh = td_sequential_sample_shape(s);
     size_t sample = (size_t)td_shape_numel(&sh);
-    CHECK_OK(td_graph_create(&r->g, NULL));
+    td_graph_params gp = td_graph_default_params();
+    gp.amp.level = amp;
+    CHECK_OK(td_graph_create(&r->g, &gp));
     CHECK_OK(td_model_build_sequential(r->g, s, b, seed, &r->m));
     td_param *p;
     size_t n;
@@ -182,6 +185,7 @@ typedef struct {
     int stages, micro, bn;
     const char *split; /* NULL: balanced */
     double *worst;     /* (world) shared with the parent */
+    td_amp_level amp;  /* mixed precision of both the stages and the reference */
 } equiv_job;
 
 static void equiv_rank(int rank, int size, int port, void *arg) {
@@ -202,6 +206,7 @@ static void equiv_rank(int rank, int size, int port, void *arg) {
     pp.split = j->split;
     pp.seed = 5;
     pp.balance_reps = 1;
+    pp.graph.amp.level = j->amp;
     td_pipeline *pipe = NULL;
     CHECK_OK(td_pipeline_create(&pipe, comm, s, &pp));
     if (!pipe) return;
@@ -236,7 +241,7 @@ static void equiv_rank(int rank, int size, int port, void *arg) {
     CHECK(st.activation_bytes > 0 && st.busy_ns > 0 && st.end_ns > st.start_ns);
     /* One process on the same (global) batch; with batch norm, micro-batch by micro-batch. */
     reference r;
-    reference_train(&r, s, j->bn ? M : 1, x, y, pp.seed);
+    reference_train(&r, s, j->bn ? M : 1, x, y, pp.seed, j->amp);
     td_param *rp, *rb;
     size_t rn, rbn, found = 0, found_buf = 0;
     CHECK_OK(td_graph_parameters(r.g, &rp, &rn));
@@ -246,14 +251,15 @@ static void equiv_rank(int rank, int size, int port, void *arg) {
     CHECK_EQ(found, n);
     CHECK_EQ(found_buf, nbuf);
     CHECK(n > 0);
-    if (worst > TOL || worst_buf > TOL)
+    double tol = j->amp ? AMP_TOL : TOL;
+    if (worst > tol || worst_buf > tol)
         TEST_FAIL_AT("rank %d (stage %d): parameters differ by %.3g, buffers by %.3g", rank,
                      info.stage, worst, worst_buf);
-    if (info.stage + 1 == j->stages && D == 1) CHECK_NEAR(loss, r.loss, 1e-5);
+    if (info.stage + 1 == j->stages && D == 1) CHECK_NEAR(loss, r.loss, j->amp ? 1e-2 : 1e-5);
     if (info.stage + 1 != j->stages) CHECK(isnan(loss));
     j->worst[rank] = worst > worst_buf ? worst : worst_buf;
     /* The stage evaluation equals one process's, with a short last micro-batch. */
-    if (!j->bn && D == 1) {
+    if (!j->bn && D == 1 && !j->amp) {
         double lsum = -1;
         int64_t correct = -1;
         CHECK_OK(td_pipeline_evaluate(pipe, x, y, 13, &lsum, &correct));
@@ -296,17 +302,22 @@ static double *shared_doubles(int n) {
     return d;
 }
 
-static void equiv(td_pipeline_schedule schedule, int stages, int replicas, int micro, int bn,
-                  const char *split) {
+static void equiv_amp(td_pipeline_schedule schedule, int stages, int replicas, int micro, int bn,
+                      const char *split, td_amp_level amp) {
     int world = stages * replicas;
-    equiv_job j = {schedule, stages, micro, bn, split, shared_doubles(world)};
+    equiv_job j = {schedule, stages, micro, bn, split, shared_doubles(world), amp};
     CHECK_EQ(test_run_ranks(world, equiv_rank, &j, 120, 0), 0);
     double worst = 0;
     for (int r = 0; r < world; r++) worst = j.worst[r] > worst ? j.worst[r] : worst;
-    printf("    %s P=%d D=%d M=%d%s: largest relative difference %.2e\n",
+    printf("    %s P=%d D=%d M=%d%s%s: largest relative difference %.2e\n",
            td_pipeline_schedule_name(schedule), stages, replicas, micro,
-           bn ? " (batch norm, per micro-batch)" : "", worst);
+           bn ? " (batch norm, per micro-batch)" : "", amp ? " (bf16, O1)" : "", worst);
     munmap(j.worst, (size_t)world * sizeof(double));
+}
+
+static void equiv(td_pipeline_schedule schedule, int stages, int replicas, int micro, int bn,
+                  const char *split) {
+    equiv_amp(schedule, stages, replicas, micro, bn, split, TD_AMP_O0);
 }
 
 static void gpipe_equals_one_process(void) {
@@ -335,6 +346,13 @@ static void batch_norm_per_micro_batch(void) {
 static void pipeline_times_ddp_equals_one_process(void) {
     equiv(TD_SCHEDULE_1F1B, 2, 2, 4, 0, "conv2");
     equiv(TD_SCHEDULE_GPIPE, 2, 2, 2, 0, "fc1");
+}
+
+/* Mixed precision inside the stages, f32 between them: O1 computes the convolutions and linears
+ * in bf16; the pipeline stays close to one process at O1 (micro-batches round differently). */
+static void mixed_precision_stages(void) {
+    equiv_amp(TD_SCHEDULE_1F1B, 2, 1, 4, 0, "conv2", TD_AMP_O1);
+    equiv_amp(TD_SCHEDULE_GPIPE, 2, 1, 2, 1, "layer2", TD_AMP_O1);
 }
 
 /* ---- dropout, trace ------------------------------------------------------------------ */
@@ -598,6 +616,7 @@ int main(void) {
     RUN(naive_split_equals_one_process);
     RUN(batch_norm_per_micro_batch);
     RUN(pipeline_times_ddp_equals_one_process);
+    RUN(mixed_precision_stages);
     RUN(dropout_masks_replay_in_every_schedule);
     RUN(a_dead_stage_is_named_on_every_rank);
     RUN(stages_of_different_models_are_refused);

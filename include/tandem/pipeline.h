@@ -27,6 +27,10 @@
  * micro-batch's masks from a stream of (seed, stage, step, micro-batch), so every schedule gives
  * the same masks and a run replays bit for bit.
  *
+ * Mixed precision (graph.amp in the params) works inside each stage; activations and their
+ * gradients cross stages in f32. td_pipeline_step applies no loss scale, which bf16 does not
+ * need; f16 levels would need one and are not scaled here.
+ *
  * Errors: td_pipeline_create checks, on every rank, that all ranks agree on the model and the
  * options and that each stage reads the shape its upstream stage produces (TD_ESHAPE naming both
  * stages and shapes). Any error in a step ends the pipeline's groups (td_comm_abort) so that no

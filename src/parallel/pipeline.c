@@ -224,6 +224,10 @@ static td_status build_slot(td_pipeline *pp, const td_sequential *model, int k) 
                            &sl->input));
     TD__TRY(td_sequential_build(model, sl->g, pp->first_layer, pp->last_layer, sl->input,
                                 pp->opt.seed, &sl->output));
+    /* Under mixed precision a stage may end in bf16 or f16; activations cross stages in f32,
+     * as its input was declared. */
+    if (!last && td_tensor_dtype(sl->output) != TD_F32)
+        TD__TRY(td_graph_cast(sl->g, sl->output, TD_F32, &sl->output));
     if (last) {
         TD__TRY(td_graph_input(sl->g, "labels", td_shape_1d(pp->b), TD_I64, 0, &sl->labels));
         TD__TRY(td_graph_cross_entropy(sl->g, sl->output, sl->labels, TD_REDUCTION_MEAN, &sl->loss,
