@@ -8,8 +8,10 @@
  * parameter's gradient is final in a backward sweep (DDP hangs its buckets there).
  * The graph is single-threaded: compile and run it on one thread, since oneDNN keeps each
  * primitive's scratchpad with the thread that created it (each thread of a DataParallel
- * builds and drives its own graph). It does not optimise (see optim.h) or
- * communicate (see parallel/).
+ * builds and drives its own graph). It does not optimise (see optim.h) or reduce gradients
+ * (see parallel/); its collective ops (all_gather, all_reduce, SyncBatchNorm) run on the
+ * process group given in td_graph_params, in node order, forward and backward, so every rank
+ * must run the same graph (compiling checks that they agree).
  *
  * Compile fuses a batch norm whose output feeds only a ReLU into one primitive, and runs
  * any other ReLU in place when nothing else reads its input: such an input tensor then
@@ -19,6 +21,7 @@
 #ifndef TANDEM_GRAPH_H
 #define TANDEM_GRAPH_H
 
+#include "tandem/comm.h"
 #include "tandem/core.h"
 #include "tandem/ops.h"
 #include "tandem/param.h"
@@ -66,9 +69,16 @@ typedef struct {
                                  faster (f32 results differ from direct in the last bits);
                                  0: direct convolution only */
     td_amp_params amp;        /* mixed precision: O0 (f32), bf16 when a level is set */
+    td_comm *comm;            /* the process group collective ops run on (not owned; it must
+                                 outlive the graph); NULL: this process alone, a group of one */
+    int sync_batch_norm;      /* 1: every td_graph_batch_norm2d (so every td_nn_batch_norm2d
+                                 and every model's batch norm) is td_graph_sync_batch_norm2d,
+                                 as torch.nn.SyncBatchNorm.convert_sync_batchnorm converts a
+                                 model; 0: plain batch norm, per-rank statistics */
 } td_graph_params;
 
-/* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16. */
+/* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no
+ * process group, plain batch norm. */
 td_graph_params td_graph_default_params(void);
 
 /* Creates an empty graph in training mode; params may be NULL for the defaults. */
@@ -125,10 +135,42 @@ td_status td_graph_dropout2d(td_graph *g, td_tensor *x, float p, td_tensor **y);
 
 /* Batch norm over (N, C, H, W). weight/bias (C) parameters, running_mean/var (C) buffers.
  * Training normalises with batch statistics and updates the running ones; eval uses the
- * running ones. */
+ * running ones. A graph created with sync_batch_norm = 1 adds td_graph_sync_batch_norm2d. */
 td_status td_graph_batch_norm2d(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
                                 td_tensor *running_mean, td_tensor *running_var,
                                 const td_batch_norm_params *p, td_tensor **y);
+
+/* SyncBatchNorm (torch.nn.SyncBatchNorm): td_graph_batch_norm2d whose training statistics are
+ * the whole group's batch: per channel, the sum, the sum of squares and the count are
+ * all-reduced forward and the sums of dy and dy * (x - mean) backward; the running variance is
+ * unbiased over the global count; weight and bias gradients stay per rank (DDP averages them).
+ * Ranks may hold different batch sizes. Eval mode uses the running stats and communicates
+ * nothing. Computes in f32 at every AMP level. With no group or a group of one it adds plain
+ * batch norm, as PyTorch does, so one process trains bit for bit as without it. */
+td_status td_graph_sync_batch_norm2d(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
+                                     td_tensor *running_mean, td_tensor *running_var,
+                                     const td_batch_norm_params *p, td_tensor **y);
+
+/* ---- collective ops (on the graph's process group; a copy in a group of one) ------------ */
+
+/* torch.distributed.nn.functional.all_gather, concatenated: every rank's x (N, ...) in rank
+ * order along dim 0, (world_size * N, ...), the same on every rank. Backward sums the gradient
+ * over ranks and keeps this rank's rows (a reduce-scatter), so each rank's loss trains every
+ * rank's x. Every rank's x has the same shape; the output follows x's dtype. */
+td_status td_graph_all_gather(td_graph *g, td_tensor *x, td_tensor **y);
+
+/* torch.distributed.nn.functional.all_reduce: the sum (TD_OP_SUM) or mean (TD_OP_AVG) over
+ * ranks of x, any shape; backward all-reduces the gradient with the same op. */
+td_status td_graph_all_reduce(td_graph *g, td_tensor *x, td_reduce_op op, td_tensor **y);
+
+/* ---- ops for contrastive losses --------------------------------------------------------- */
+
+/* F.normalize(x, p=2, dim=1): each row of (N, D) divided by max(||row||_2, eps) (PyTorch's
+ * eps is 1e-12); in f32. */
+td_status td_graph_normalize(td_graph *g, td_tensor *x, float eps, td_tensor **y);
+
+/* alpha * x, any shape and float dtype (a temperature: alpha = 1 / t). */
+td_status td_graph_scale(td_graph *g, td_tensor *x, float alpha, td_tensor **y);
 
 /* Flattens dims start_dim.. into one (start_dim 1 is nn.Flatten). */
 td_status td_graph_flatten(td_graph *g, td_tensor *x, int start_dim, td_tensor **y);

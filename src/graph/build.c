@@ -62,9 +62,45 @@ td_status td_graph_dropout2d(td_graph *g, td_tensor *x, float p, td_tensor **y) 
 td_status td_graph_batch_norm2d(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
                                 td_tensor *running_mean, td_tensor *running_var,
                                 const td_batch_norm_params *p, td_tensor **y) {
+    if (g && g->opt.sync_batch_norm)
+        return td_graph_sync_batch_norm2d(g, x, weight, bias, running_mean, running_var, p, y);
     td_tensor *ins[5] = {x, weight, bias, running_mean, running_var};
     td__op_attr a = {.bn = p ? *p : td_batch_norm_default_params()};
     return td__graph_add(g, &td__op_batch_norm, "batch_norm2d", ins, 5, &a, 0, y);
+}
+
+/* Ranks in the graph's group (1 without one). */
+static int world_size(const td_graph *g) { return g->opt.comm ? td_comm_size(g->opt.comm) : 1; }
+
+td_status td_graph_sync_batch_norm2d(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
+                                     td_tensor *running_mean, td_tensor *running_var,
+                                     const td_batch_norm_params *p, td_tensor **y) {
+    td_tensor *ins[5] = {x, weight, bias, running_mean, running_var};
+    td__op_attr a = {.bn = p ? *p : td_batch_norm_default_params()};
+    /* One rank: PyTorch's SyncBatchNorm runs plain batch norm, and so does this. */
+    if (!g || world_size(g) == 1)
+        return td__graph_add(g, &td__op_batch_norm, "batch_norm2d", ins, 5, &a, 0, y);
+    return td__graph_add(g, &td__op_sync_batch_norm, "sync_batch_norm2d", ins, 5, &a, 0, y);
+}
+
+td_status td_graph_all_gather(td_graph *g, td_tensor *x, td_tensor **y) {
+    td__op_attr a = {.coll = {.world_size = g ? world_size(g) : 1}};
+    return unary(g, &td__op_all_gather, "all_gather", x, &a, 0, y);
+}
+
+td_status td_graph_all_reduce(td_graph *g, td_tensor *x, td_reduce_op op, td_tensor **y) {
+    td__op_attr a = {.coll = {.world_size = g ? world_size(g) : 1, .op = op}};
+    return unary(g, &td__op_all_reduce, "all_reduce", x, &a, 0, y);
+}
+
+td_status td_graph_normalize(td_graph *g, td_tensor *x, float eps, td_tensor **y) {
+    td__op_attr a = {.eps = eps};
+    return unary(g, &td__op_normalize, "normalize", x, &a, 0, y);
+}
+
+td_status td_graph_scale(td_graph *g, td_tensor *x, float alpha, td_tensor **y) {
+    td__op_attr a = {.alpha = alpha};
+    return unary(g, &td__op_scale, "scale", x, &a, 0, y);
 }
 
 td_status td_graph_reshape(td_graph *g, td_tensor *x, td_shape shape, td_tensor **y) {

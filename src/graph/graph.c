@@ -13,7 +13,9 @@ td_graph_params td_graph_default_params(void) {
                          .seed = 0,
                          .arena_block_bytes = 0,
                          .conv_winograd = 1,
-                         .amp = {.level = TD_AMP_O0, .dtype = TD_BF16, .emulate = 0}};
+                         .amp = {.level = TD_AMP_O0, .dtype = TD_BF16, .emulate = 0},
+                         .comm = NULL,
+                         .sync_batch_norm = 0};
     return p;
 }
 
@@ -41,6 +43,7 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     g->ctx.training = 1;
     g->ctx.conv_winograd = g->opt.conv_winograd;
     g->ctx.rng = &g->rng;
+    g->ctx.comm = g->opt.comm;
     g->ctx.params_ready = params_ready;
     if (dnnl_engine_create(&g->ctx.engine, dnnl_cpu, 0) != dnnl_success ||
         dnnl_stream_create(&g->ctx.stream, g->ctx.engine, dnnl_stream_default_flags) !=

@@ -201,18 +201,18 @@ static int bn_fold_activation(td__node *n, td__activation act) {
 static td_status bn_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
     const td_tensor *x = n->in[0];
     if (!td__is_float(x->dtype) || x->shape.ndim != 4)
-        return td__fail(TD_ESHAPE, "batch_norm2d: input '%s' must be (N, C, H, W) of a float dtype",
+        return td__fail(TD_ESHAPE, "%s: input '%s' must be (N, C, H, W) of a float dtype", n->what,
                         x->name);
     for (int i = 1; i < 5; i++) {
         const td_tensor *t = n->in[i];
-        if (!t) return td__fail(TD_EINVAL, "batch_norm2d: input %d is NULL", i);
+        if (!t) return td__fail(TD_EINVAL, "%s: input %d is NULL", n->what, i);
         if (t->shape.ndim != 1 || t->shape.dim[0] != x->shape.dim[1] || t->dtype != TD_F32)
-            return td__fail(TD_ESHAPE, "batch_norm2d: '%s' must be f32 (%lld)", t->name,
+            return td__fail(TD_ESHAPE, "%s: '%s' must be f32 (%lld)", n->what, t->name,
                             (long long)x->shape.dim[1]);
     }
     if (n->in[3]->kind == TD__ACT || n->in[4]->kind == TD__ACT)
-        return td__fail(TD_EINVAL,
-                        "batch_norm2d: running stats must be graph buffers, not activations");
+        return td__fail(TD_EINVAL, "%s: running stats must be graph buffers, not activations",
+                        n->what);
     *shape = x->shape;
     *dtype = x->dtype;
     return TD_OK;

@@ -13,6 +13,7 @@
 
 #include <dnnl.h>
 
+#include "tandem/comm.h"
 #include "tandem/ops.h"
 
 #include "tensor/tensor_impl.h"
@@ -34,6 +35,7 @@ struct td__op_ctx {
     int conv_winograd; /* convolutions may use Winograd */
     int bf16_native;   /* oneDNN computes bf16 here (the CPU has AVX512_BF16 or AMX) */
     td_rng *rng;       /* the graph's dropout RNG */
+    td_comm *comm;     /* the graph's process group for collective ops; NULL: a group of one */
     /* Tells the engine that node n's parameter gradients are final (weights_only: all but
      * the data input in[0]'s), so DDP can start reducing them while backward goes on. */
     void (*params_ready)(td__op_ctx *ctx, const td__node *n, int weights_only);
@@ -47,6 +49,12 @@ typedef union {
     float p;     /* dropout probability */
     td_shape to; /* reshape's target shape */
     td_reduction reduction;
+    struct {
+        int world_size;  /* ranks of the group when the node was added */
+        td_reduce_op op; /* all_reduce's reduction */
+    } coll;              /* collective ops */
+    float alpha;         /* scale's factor */
+    float eps;           /* normalize's lower bound on the norm */
 } td__op_attr;
 
 /* Variants of the ops that have more than one (td__node.variant). */
@@ -133,5 +141,7 @@ void td__grad_end(td__op_ctx *ctx, td_tensor *t);
 extern const td__op td__op_linear, td__op_conv2d, td__op_pool2d, td__op_eltwise, td__op_dropout,
     td__op_batch_norm, td__op_reshape, td__op_add, td__op_concat, td__op_softmax, td__op_nll,
     td__op_cast;
+extern const td__op td__op_all_gather, td__op_all_reduce, td__op_sync_batch_norm, td__op_normalize,
+    td__op_scale;
 
 #endif

@@ -1,0 +1,59 @@
+/* The helpers of collective ops (collective.h): group size and rank, the compile-time
+ * agreement check, and errors that name the node. */
+#include "ops/collective.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int td__coll_size(const td__op_ctx *ctx) { return ctx->comm ? td_comm_size(ctx->comm) : 1; }
+
+int td__coll_rank(const td__op_ctx *ctx) { return ctx->comm ? td_comm_rank(ctx->comm) : 0; }
+
+/* What one rank says about a collective node; compared byte for byte. */
+typedef struct {
+    char what[32]; /* the builder's word: "all_gather" */
+    int64_t grad, dtype, ndim, dim[TD_MAX_DIMS];
+} coll_sig;
+
+static void describe(const coll_sig *s, char *buf, size_t cap) {
+    int at = snprintf(buf, cap, "%s of %s (", s->what, td_dtype_name((td_dtype)s->dtype));
+    for (int i = 0; i < s->ndim && at > 0 && (size_t)at < cap; i++)
+        at += snprintf(buf + at, cap - (size_t)at, i ? ", %lld" : "%lld", (long long)s->dim[i]);
+    if (at > 0 && (size_t)at < cap)
+        snprintf(buf + at, cap - (size_t)at, ")%s", s->grad ? " with a backward" : "");
+}
+
+td_status td__coll_agree(td__op_ctx *ctx, const td__node *n, const td_shape *shape, td_dtype dtype,
+                         int grad) {
+    int world = td__coll_size(ctx);
+    if (world == 1) return TD_OK;
+    coll_sig mine;
+    memset(&mine, 0, sizeof mine);
+    snprintf(mine.what, sizeof mine.what, "%s", n->what);
+    mine.grad = grad != 0;
+    mine.dtype = dtype;
+    mine.ndim = shape->ndim;
+    for (int i = 0; i < shape->ndim; i++) mine.dim[i] = shape->dim[i];
+    coll_sig *all = td__op_alloc(ctx, (size_t)world * sizeof *all);
+    if (!all) return td__fail(TD_ENOMEM, "%s: out of memory", n->what);
+    td_status st = td_comm_allgather(ctx->comm, &mine, all, sizeof mine, TD_U8);
+    if (st != TD_OK) return td__coll_fail(n, "compile", st);
+    for (int r = 1; r < world; r++) {
+        if (memcmp(&all[r], &all[0], sizeof mine) == 0) continue;
+        char a[160], b[160];
+        describe(&all[0], a, sizeof a);
+        describe(&all[r], b, sizeof b);
+        return td__fail(TD_ESHAPE,
+                        "%s (node %d, input '%s'): ranks build different graphs: rank 0 has %s "
+                        "here, rank %d has %s",
+                        n->what, n->index, n->in[0]->name, a, r, b);
+    }
+    return TD_OK;
+}
+
+td_status td__coll_fail(const td__node *n, const char *step, td_status status) {
+    char group[768];
+    snprintf(group, sizeof group, "%s", td_last_error());
+    return td__fail(status, "%s %s (node %d, input '%s'): %s", n->what, step, n->index,
+                    n->in[0]->name, group);
+}
