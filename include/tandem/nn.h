@@ -25,6 +25,17 @@ td_status td_nn_conv2d(td_graph *g, const char *name, td_tensor *x, int64_t out_
 /* nn.BatchNorm2d(x's channels), eps 1e-5, momentum 0.1. */
 td_status td_nn_batch_norm2d(td_graph *g, const char *name, td_tensor *x, td_tensor **y);
 
+/* SimCLR's NT-Xent loss (normalised temperature-scaled cross entropy), the mean over 2n
+ * anchors. z (2n, D): this rank's L2-normalised features (td_graph_normalize), the first
+ * views of its n images in rows [0, n), their second views in rows [n, 2n). keys (K, D): the
+ * normalised features anchors are compared with, z itself (local negatives) or
+ * td_graph_all_gather(z) (the global batch's: every rank's features as negatives), holding z's
+ * rows at [first, first + 2n) (rank * 2n after an all-gather). Anchor i's logits are its
+ * similarities with every key but itself divided by `temperature`, its target its other view.
+ * Adds the inputs "<name>.mask" and "<name>.labels", filled here. */
+td_status td_nn_nt_xent(td_graph *g, const char *name, td_tensor *z, td_tensor *keys, int64_t first,
+                        float temperature, td_tensor **loss);
+
 /* The reference models (all take (B, 1, 28, 28) f32 images and (B) i64 labels). */
 typedef enum {
     TD_MODEL_NET = 0,    /* the seeds' Net: 2 convs, dropout2d, 2 linears, dropout */
