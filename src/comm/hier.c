@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/comm_impl.h"
 #include "core/core_impl.h"
@@ -87,6 +88,27 @@ static td_status step(const td__backend_ops *ops, void *g, const td__coll *c, td
 
 static int usable(td_status s) { return s == TD_EINVAL || s == TD_EDTYPE; }
 
+/* The local group's messages number its ranks 0 .. L-1: says which ranks those are, after
+ * `msg` (truncated to fit). */
+static void name_local_ranks(const hier_ctx *h, char *msg, size_t cap) {
+    char host[64] = "";
+    gethostname(host, sizeof host - 1);
+    size_t at = strlen(msg);
+    at += (size_t)snprintf(msg + at, at < cap ? cap - at : 0, " [host %s's local ranks:", host);
+    for (int i = 0; i < h->shape.local_size && at < cap; i++)
+        at += (size_t)snprintf(msg + at, cap - at, "%s %d = rank %d", i ? "," : "", i, h->host_ranks[i]);
+    if (at < cap) snprintf(msg + at, cap - at, "]");
+}
+
+/* A step on the local group failed with `s` (not rejected arguments): its message, with the
+ * local ranks named. */
+static td_status local_failed(const hier_ctx *h, td_status s) {
+    char msg[768];
+    snprintf(msg, sizeof msg, "%s", td_last_error());
+    name_local_ranks(h, msg, sizeof msg);
+    return td__fail(s, "%s", msg);
+}
+
 /* What every rank of a host says about its arguments, to find the lowest rejecting rank. */
 typedef struct {
     int32_t error, rank;
@@ -97,8 +119,9 @@ typedef struct {
  * lowest rejecting rank and tells the other hosts, and every rank returns that error. Anything
  * else ends the group: the other hosts hear of it in their cross step. */
 static td_status first_step_failed(hier_ctx *h, const td__coll *c, td_status s, double timeout_s) {
-    char msg[512];
+    char msg[768];
     snprintf(msg, sizeof msg, "%s", td_last_error());
+    if (!usable(s)) name_local_ranks(h, msg, sizeof msg);
     td__coll tell = {.kind = TD__COLL_BARRIER, .seq = c->seq, .sig = td__coll_sig(c),
                      .error = s, .error_rank = c->error_rank, .error_msg = msg};
     if (usable(s)) {
@@ -106,8 +129,10 @@ static td_status first_step_failed(hier_ctx *h, const td__coll *c, td_status s, 
         rejection mine = {.error = c->error, .rank = c->error_rank}, *all = calloc((size_t)L, sizeof *all);
         if (!all) return td__fail(TD_ENOMEM, "hier: out of memory");
         if (c->error) snprintf(mine.why, sizeof mine.why, "%s", c->error_msg ? c->error_msg : "");
-        td_status t = LOCAL(TD__COLL_ALLGATHER, &mine, all, sizeof mine, TD_U8, TD_OP_SUM, 0,
-                            timeout_s);
+        td__coll quiet = *c; /* the same call, its rejection now carried in `mine` */
+        quiet.error = TD_OK;
+        td_status t = step(h->local_ops, h->local, &quiet, TD__COLL_ALLGATHER, &mine, all,
+                           sizeof mine, TD_U8, TD_OP_SUM, 0, timeout_s);
         int low = -1;
         for (int i = 0; t == TD_OK && i < L; i++)
             if (all[i].error && (low < 0 || all[i].rank < all[low].rank)) low = i;
@@ -171,7 +196,7 @@ static td_status hier_allreduce(hier_ctx *h, const td__coll *c, double timeout_s
     s = LOCAL(TD__COLL_ALLGATHER, shard, recv, k, c->dtype, TD_OP_SUM, 0, timeout_s);
     if (!s && t)
         s = LOCAL(TD__COLL_BROADCAST, recv + L * k * e, recv + L * k * e, t, c->dtype, TD_OP_SUM, (int)L - 1, timeout_s);
-    return s;
+    return s ? local_failed(h, s) : TD_OK;
 }
 
 static td_status hier_broadcast(hier_ctx *h, const td__coll *c, double timeout_s) {
@@ -193,7 +218,7 @@ static td_status hier_broadcast(hier_ctx *h, const td__coll *c, double timeout_s
     s = LOCAL(TD__COLL_ALLGATHER, part, buf, k, c->dtype, TD_OP_SUM, 0, timeout_s);
     if (!s && t)
         s = LOCAL(TD__COLL_BROADCAST, buf + L * k * e, buf + L * k * e, t, c->dtype, TD_OP_SUM, (int)L - 1, timeout_s);
-    return s;
+    return s ? local_failed(h, s) : TD_OK;
 }
 
 /* Across hosts within each cross group (rank (h, l) gets the blocks of every (h', l)), then
@@ -216,7 +241,7 @@ static td_status hier_allgather(hier_ctx *h, const td__coll *c, double timeout_s
                all + ((size_t)h->local_of[r] * H + (size_t)h->node_of[r]) * b, b);
     free(across);
     free(all);
-    return s;
+    return s ? local_failed(h, s) : TD_OK;
 }
 
 static td_status hier_barrier(hier_ctx *h, const td__coll *c, double timeout_s) {

@@ -7,6 +7,7 @@
  * every rank gets the same bits as one process would. In a ring each hop adds its own
  * contribution to the partial sum it received: bf16 and f16 partials are rounded once per hop
  * (as NCCL's are); u8 and i32 averages run in i64 so that no partial sum wraps. */
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,10 +39,10 @@ _Static_assert(sizeof(hdr) == HDR, "call header size");
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
-/* The tag of message `sub` of the current collective. Tags repeat after 2^(tag_bits - 12)
- * collectives, long after any message of a finished one has been taken. */
+/* The tag of message `sub` of the current collective: never 0 (notices), repeating after
+ * 2^(tag_bits - 12) - 1 collectives, long after any message of a finished one was taken. */
 static uint32_t tag_of(const td__p2p *g, unsigned sub) {
-    uint32_t op = g->op & ((1u << (g->tag_bits - SUB_BITS)) - 1);
+    uint32_t op = 1 + g->op % ((1u << (g->tag_bits - SUB_BITS)) - 1);
     return (op << SUB_BITS) | (sub < (1u << SUB_BITS) ? sub : (1u << SUB_BITS) - 1);
 }
 
@@ -98,6 +99,20 @@ static void describe(const td__coll *c, char *out, size_t cap) {
         td__coll_describe_call(out, cap, c);
 }
 
+/* Fails with the formatted message after telling every other member why (a notice), so that
+ * they fail at once naming the cause rather than this rank when it leaves. */
+static td_status give_up(td__p2p *g, td_status s, const char *fmt, ...) TD__PRINTF(3, 4);
+static td_status give_up(td__p2p *g, td_status s, const char *fmt, ...) {
+    char msg[TD__P2P_NOTICE_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    g->broken = 1;
+    g->ops->notify(g->t, msg);
+    return td__fail(s, "%s", msg);
+}
+
 /* Gives up on every request still pending; the group is unusable afterwards. */
 static void abandon(td__p2p *g, pend *p, int n) {
     for (int i = 0; i < n; i++)
@@ -134,7 +149,7 @@ static td_status wait_for(td__p2p *g, pend *p, int n, int k, const td__coll *c, 
                 describe(c, what, sizeof what);
                 g->ops->describe_peer(g->t, g->rank, me, sizeof me);
                 abandon(g, p, n);
-                return td__fail(s, "%s: %s: %s", what, me, why);
+                return give_up(g, s, "%s: %s: %s", what, me, why);
             }
             if (done) {
                 p[i].got = got;
@@ -158,13 +173,23 @@ static td_status wait_for(td__p2p *g, pend *p, int n, int k, const td__coll *c, 
             g->ops->describe_peer(g->t, p[w].peer, peer, sizeof peer);
             int recv = p[w].recv;
             abandon(g, p, n);
-            return td__fail(TD_ETIMEOUT,
-                            "%s: %s waited %.3g s for %s %s: it failed, is slow, its host is "
-                            "unreachable, or it did not make the same call",
-                            what, me, timeout_s, recv ? "a message from" : "its message to be taken by",
-                            peer);
+            return give_up(g, TD_ETIMEOUT,
+                           "%s: %s waited %.3g s for %s %s: it failed, is slow, its host is "
+                           "unreachable, or it did not make the same call",
+                           what, me, timeout_s,
+                           recv ? "a message from" : "its message to be taken by", peer);
         }
-        if (now - last > SPIN_NS) g->ops->idle(g->t, now - last);
+        if (now - last > SPIN_NS) {
+            char why[TD__P2P_NOTICE_MAX];
+            if (g->ops->noticed(g->t, why, sizeof why)) {
+                char what[160], me[96];
+                describe(c, what, sizeof what);
+                g->ops->describe_peer(g->t, g->rank, me, sizeof me);
+                abandon(g, p, n);
+                return td__fail(TD_EPEER, "%s: %s gave up: %s", what, me, why);
+            }
+            g->ops->idle(g->t, now - last);
+        }
     }
 }
 
@@ -287,10 +312,10 @@ static td_status disseminate(td__p2p *g, const td__coll *c, const hdr *mine, con
                 g->ops->describe_peer(g->t, from, peer, sizeof peer);
                 describe(c, what, sizeof what);
                 abandon(g, p, np);
-                s = td__fail(TD_EMISMATCH,
-                             "%s: %s announced %llu bytes, more than this call can take: the "
-                             "ranks called different collectives",
-                             what, peer, (unsigned long long)h->payload);
+                s = give_up(g, TD_EMISMATCH,
+                            "%s: %s announced %llu bytes, more than this call can take: the "
+                            "ranks called different collectives",
+                            what, peer, (unsigned long long)h->payload);
                 break;
             }
             in += align64(h->payload);
@@ -309,11 +334,11 @@ static td_status disseminate(td__p2p *g, const td__coll *c, const hdr *mine, con
         if (s == TD_OK && first >= 0) {
             int kin = pieces(g, in);
             size_t len = kin > 1 ? g->eager : in;
-            if (p[first].got != len) {
-                g->broken = 1;
-                s = td__fail(TD_EMISMATCH, "p2p agreement: a %zu-byte payload piece arrived where "
-                                           "the headers announced %zu", p[first].got, len);
-            }
+            if (p[first].got != len)
+                s = give_up(g, TD_EMISMATCH,
+                            "p2p agreement: a %zu-byte payload piece arrived where the headers "
+                            "announced %zu: the ranks called different collectives",
+                            p[first].got, len);
         }
         held += k;
     }

@@ -11,15 +11,22 @@
  * reduce-scatter and all-gather, a pipelined chain broadcast, or direct sends.
  *
  * The messages of collectives travel on a channel of their own (tags 0 .. 2^30-1 there), never
- * matched by the user's point-to-point messages. Not installed. */
+ * matched by the user's point-to-point messages. A rank that gives up on a collective (a peer
+ * failed, a wait timed out, the calls differ) sends a notice to every other member, and every
+ * wait watches for one: all ranks then fail naming the first cause, not the rank that left
+ * after seeing it. Not installed. */
 #ifndef TANDEM_P2P_COLL_H
 #define TANDEM_P2P_COLL_H
 
 #include "comm/comm_impl.h"
 
 /* Tags on the collectives' channel are below 2^TD__P2P_TAG_BITS (or the fewer bits a
- * transport gives, at least 15). */
+ * transport gives, at least 15). Tag 0 is never a collective's: transports carry failure
+ * notices on it. */
 #define TD__P2P_TAG_BITS 30
+#define TD__P2P_NOTICE_TAG 0
+/* Longest failure notice, in bytes. */
+#define TD__P2P_NOTICE_MAX 512
 
 /* Internal kinds in call headers, beside the td__coll_kind values. */
 #define TD__P2P_KIND_SPLIT 100
@@ -40,6 +47,10 @@ typedef struct {
     void (*idle)(void *t, uint64_t waited_ns);
     /* "rank 3 (host tdhost1)": a member, as messages name it. */
     void (*describe_peer)(void *t, int peer, char *out, size_t cap);
+    /* Failure notices: `notify` tells every other member why this rank gives up on the group
+     * (best effort, bounded); `noticed` returns 1 and the text once such a notice arrived. */
+    void (*notify)(void *t, const char *why);
+    int (*noticed)(void *t, char *why, size_t cap);
 } td__p2p_ops;
 
 /* The collectives' state of one group. */

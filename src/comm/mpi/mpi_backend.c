@@ -183,6 +183,7 @@ static void ctx_free(td__mpi_ctx *ctx) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) {
+        td__mpi_notice_cancel(ctx);
         td__mpi_lock();
         if (ctx->comm != MPI_COMM_NULL) MPI_Comm_free(&ctx->comm);
         if (ctx->coll != MPI_COMM_NULL) MPI_Comm_free(&ctx->coll);
@@ -205,6 +206,7 @@ static td_status wrap(MPI_Comm comm, td__mpi_job *job, td__mpi_ctx **out, td__gr
     }
     ctx->comm = comm;
     ctx->coll = MPI_COMM_NULL;
+    ctx->notice_req = MPI_REQUEST_NULL;
     ctx->job = job;
     atomic_fetch_add(&job->refs, 1);
     td__mpi_lock();
@@ -243,6 +245,11 @@ static td_status wrap(MPI_Comm comm, td__mpi_job *job, td__mpi_ctx **out, td__gr
     td__mpi_lock();
     MPI_Comm_set_errhandler(ctx->coll, MPI_ERRORS_RETURN);
     td__mpi_unlock();
+    st = td__mpi_notice_post(ctx);
+    if (st != TD_OK) {
+        ctx_free(ctx);
+        return st;
+    }
     *out = ctx;
     return TD_OK;
 }

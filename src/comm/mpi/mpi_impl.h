@@ -27,6 +27,9 @@ typedef struct {
     int *world; /* (size) each member's rank in MPI_COMM_WORLD */
     td__mpi_job *job;
     td__p2p p2p; /* the collectives (p2p_coll.c) over mpi_transport.c */
+    MPI_Request notice_req;           /* the receive of a failure notice from any member */
+    char notice[TD__P2P_NOTICE_MAX];  /* its text */
+    int noticed;
     _Atomic int broken; /* a wait timed out and MPI may still deliver into it: unusable */
 } td__mpi_ctx;
 
@@ -48,5 +51,9 @@ void td__mpi_describe(const td__mpi_ctx *ctx, int rank, char *out, size_t cap);
 
 /* The transport the collectives run on: messages on ctx->coll. */
 extern const td__p2p_ops td__mpi_transport;
+
+/* Posts the group's receive of failure notices; td__mpi_notice_cancel takes it back. */
+td_status td__mpi_notice_post(td__mpi_ctx *ctx);
+void td__mpi_notice_cancel(td__mpi_ctx *ctx);
 
 #endif

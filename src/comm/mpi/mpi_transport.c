@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "comm/mpi/mpi_impl.h"
@@ -92,6 +93,60 @@ static void t_describe(void *t, int peer, char *out, size_t cap) {
     td__mpi_describe(t, peer, out, cap);
 }
 
+td_status td__mpi_notice_post(td__mpi_ctx *ctx) {
+    td__mpi_lock();
+    int rc = MPI_Irecv(ctx->notice, (int)sizeof ctx->notice, MPI_CHAR, MPI_ANY_SOURCE,
+                       TD__P2P_NOTICE_TAG, ctx->coll, &ctx->notice_req);
+    td__mpi_unlock();
+    return rc == MPI_SUCCESS ? TD_OK : td__mpi_error(rc, "MPI_Irecv");
+}
+
+void td__mpi_notice_cancel(td__mpi_ctx *ctx) {
+    if (ctx->notice_req == MPI_REQUEST_NULL) return;
+    td__mpi_lock();
+    MPI_Cancel(&ctx->notice_req);
+    MPI_Wait(&ctx->notice_req, MPI_STATUS_IGNORE);
+    td__mpi_unlock();
+}
+
+/* Sends `why` to every other member and gives the sends 50 ms; those still pending then are
+ * detached. */
+static void t_notify(void *t, const char *why) {
+    td__mpi_ctx *ctx = t;
+    int len = (int)(strlen(why) + 1 < TD__P2P_NOTICE_MAX ? strlen(why) + 1 : TD__P2P_NOTICE_MAX);
+    MPI_Request *reqs = malloc((size_t)ctx->size * sizeof *reqs);
+    if (!reqs) return;
+    td__mpi_lock();
+    for (int r = 0; r < ctx->size; r++) {
+        reqs[r] = MPI_REQUEST_NULL;
+        if (r != ctx->rank)
+            MPI_Isend(why, len, MPI_CHAR, r, TD__P2P_NOTICE_TAG, ctx->coll, &reqs[r]);
+    }
+    uint64_t until = td_time_ns() + 50000000u;
+    int done = 0;
+    while (!done && td_time_ns() < until)
+        if (MPI_Testall(ctx->size, reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) break;
+    for (int r = 0; !done && r < ctx->size; r++)
+        if (reqs[r] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[r]);
+    td__mpi_unlock();
+    free(reqs);
+}
+
+static int t_noticed(void *t, char *why, size_t cap) {
+    td__mpi_ctx *ctx = t;
+    if (!ctx->noticed && ctx->notice_req != MPI_REQUEST_NULL) {
+        int flag = 0;
+        td__mpi_lock();
+        MPI_Test(&ctx->notice_req, &flag, MPI_STATUS_IGNORE);
+        td__mpi_unlock();
+        ctx->noticed = flag;
+    }
+    if (!ctx->noticed) return 0;
+    ctx->notice[sizeof ctx->notice - 1] = 0;
+    snprintf(why, cap, "%s", ctx->notice);
+    return 1;
+}
+
 const td__p2p_ops td__mpi_transport = {
     .isend = t_isend,
     .irecv = t_irecv,
@@ -99,4 +154,6 @@ const td__p2p_ops td__mpi_transport = {
     .cancel = t_cancel,
     .idle = t_idle,
     .describe_peer = t_describe,
+    .notify = t_notify,
+    .noticed = t_noticed,
 };
