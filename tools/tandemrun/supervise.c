@@ -7,8 +7,9 @@
  * pipes and a self-pipe fed by the signal handlers; the library's job core (src/launch, shared
  * with td_spawn) reaps the ranks and, when one fails, gives the others SIGTERM and, after the
  * grace period, SIGKILL. The final report names a rank that is stopped (SIGSTOP) as the one
- * the others waited for. It does not restart ranks (no elastic training) and does not span
- * hosts. */
+ * the others waited for. In a job across hosts (--nnodes) the nodes meet first (rendezvous.c),
+ * ranks are numbered node by node, the first failure on any node ends the job on every node,
+ * and reports name the host. It does not restart ranks (no elastic training). */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -26,6 +27,9 @@
 
 static int self_pipe[2] = {-1, -1};
 
+/* A byte on the self-pipe that is no signal: the watcher learned the job's end. */
+#define WAKE_END 0
+
 static void on_signal(int sig) {
     int saved = errno;
     unsigned char b = (unsigned char)sig;
@@ -37,6 +41,7 @@ static void on_signal(int sig) {
 /* Runs in the forked child; never returns. */
 static void exec_rank(const tr_options *o, const td__rank_env *env, int out_w, int err_w,
                       const cpu_set_t *cpus, pid_t launcher) {
+    if (o->nnodes > 1) setenv("TANDEM_STORE_HOSTED", "1", 1); /* node 0's tandemrun hosts it */
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != launcher) _exit(1); /* the launcher died before prctl took effect */
@@ -74,19 +79,27 @@ static void exec_rank(const tr_options *o, const td__rank_env *env, int out_w, i
 }
 
 /* Reaps ended ranks and reports the job's first failure, naming any rank that is stopped:
- * the others usually failed because they gave up waiting for it. */
-static void reap(td__job *j) {
+ * the others usually failed because they gave up waiting for it. Across hosts the report
+ * names this host, and the failure ends the job on every node. */
+static void reap(td__job *j, tr_rdzv *z) {
     int f = td__job_reap(j);
     if (f < 0) return;
     const td__proc *p = &j->procs[f];
-    char how[96], stopped[256];
+    char how[96], stopped[256], where[128] = "";
     td__describe_exit(p->status, how, sizeof how);
+    if (z) {
+        snprintf(where, sizeof where, " on %s (node %d)", z->host, z->node_rank);
+        char what[256];
+        snprintf(what, sizeof what, "rank %d (pid %d)%s %s", p->rank, (int)p->pid, where, how);
+        tr_rdzv_end_job(z, td__exit_code(p->status), what);
+    }
     int others = j->running;
     if (others > 0)
-        fprintf(stderr, "tandemrun: rank %d (pid %d) %s; stopping the other %d rank%s\n", p->rank,
-                (int)p->pid, how, others, others == 1 ? "" : "s");
+        fprintf(stderr, "tandemrun: rank %d (pid %d)%s %s; stopping the other %d rank%s%s\n",
+                p->rank, (int)p->pid, where, how, others, others == 1 ? "" : "s",
+                z ? " here and the other nodes" : "");
     else
-        fprintf(stderr, "tandemrun: rank %d (pid %d) %s\n", p->rank, (int)p->pid, how);
+        fprintf(stderr, "tandemrun: rank %d (pid %d)%s %s\n", p->rank, (int)p->pid, where, how);
     if (td__job_stopped_ranks(j, stopped, sizeof stopped) > 0)
         fprintf(stderr,
                 "tandemrun: %s stopped (SIGSTOP) and never arrived: the job was stuck on it; "
@@ -121,7 +134,9 @@ static int open_pipe(int p[2]) {
 
 int tr_run_job(const tr_options *o) {
     char token[33];
-    if (td__job_token(token) != TD_OK) {
+    if (o->nnodes > 1) {
+        snprintf(token, sizeof token, "%s", o->token); /* (only for the env; the store takes o's) */
+    } else if (td__job_token(token) != TD_OK) {
         fprintf(stderr, "tandemrun: %s\n", td_last_error());
         return 1;
     }
@@ -148,6 +163,16 @@ int tr_run_job(const tr_options *o) {
     for (size_t k = 0; k < sizeof handled / sizeof *handled; k++) sigaction(handled[k], &sa, NULL);
     signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill the launcher before its ranks */
 
+    /* A job across hosts: meet the other nodes first. */
+    tr_rdzv rdzv, *z = NULL;
+    if (o->nnodes > 1) {
+        int rc = tr_rdzv_join(o, self_pipe[1], &rdzv);
+        if (rc) return rc;
+        z = &rdzv;
+    }
+    int rank0 = z ? z->rank_offset : 0, world = z ? z->world_size : o->nproc;
+    const char *job_token = z ? o->token : token;
+
     if (o->tee && mkdir(o->log_dir, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "tandemrun: cannot create log directory '%s': %s\n", o->log_dir,
                 strerror(errno));
@@ -168,13 +193,13 @@ int tr_run_job(const tr_options *o) {
     fflush(NULL);
     for (int r = 0; r < o->nproc; r++) {
         tr_rank *rk = &ranks[r];
-        rk->rank = r;
+        rk->rank = rank0 + r;
         rk->out.fd = rk->err.fd = rk->log_fd = -1;
         rk->out.out_fd = 1;
         rk->err.out_fd = 2;
         if (o->tee) {
             char path[4096];
-            snprintf(path, sizeof path, "%s/rank_%d.log", o->log_dir, r);
+            snprintf(path, sizeof path, "%s/rank_%d.log", o->log_dir, rank0 + r);
             rk->log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
             if (rk->log_fd < 0)
                 fprintf(stderr, "tandemrun: cannot write '%s': %s\n", path, strerror(errno));
@@ -187,7 +212,8 @@ int tr_run_job(const tr_options *o) {
         }
         cpu_set_t set;
         td__rank_cpus(r, o->nproc, cpus, ncpus, &set);
-        td__rank_env env = {r, o->nproc, r, o->nproc, 0, o->master_addr, port, token};
+        td__rank_env env = {rank0 + r, world, r, o->nproc, o->node_rank, o->master_addr, port,
+                            job_token};
         pid_t pid = fork();
         if (pid == 0) exec_rank(o, &env, po[1], pe[1], &set, self);
         if (capture) {
@@ -204,7 +230,7 @@ int tr_run_job(const tr_options *o) {
             break;
         }
         setpgid(pid, pid); /* also here, so that kill(-pid) works before the child runs */
-        procs[r] = (td__proc){.rank = r, .pid = pid, .running = 1};
+        procs[r] = (td__proc){.rank = rank0 + r, .pid = pid, .running = 1};
         td__job_add(&j);
         rk->out.fd = po[0];
         rk->err.fd = pe[0];
@@ -250,12 +276,26 @@ int tr_run_job(const tr_options *o) {
             ssize_t got;
             while ((got = read(self_pipe[0], sigs, sizeof sigs)) > 0) {
                 for (ssize_t k = 0; k < got; k++) {
-                    int sig = sigs[k];
+                    int sig = sigs[k], code;
+                    char what[512];
                     if (sig == SIGCHLD) continue;
+                    if (sig == WAKE_END) {
+                        if (!j.stopping && tr_rdzv_ended(z, &code, what, sizeof what)) {
+                            fprintf(stderr, "tandemrun: %s; stopping the %d rank%s on this node\n",
+                                    what, j.running, j.running == 1 ? "" : "s");
+                            td__job_stop(&j, SIGTERM, code ? code : 1);
+                        }
+                        continue;
+                    }
                     if (!j.stopping) {
                         char name[16];
                         fprintf(stderr, "tandemrun: received %s; stopping %d rank%s\n",
                                 td__signal_name(sig, name), j.running, j.running == 1 ? "" : "s");
+                        if (z) {
+                            snprintf(what, sizeof what, "tandemrun on %s (node %d) received %s",
+                                     z->host, z->node_rank, name);
+                            tr_rdzv_end_job(z, 128 + sig, what);
+                        }
                         td__job_stop(&j, sig, 128 + sig);
                     } else if (sig == SIGINT) { /* a second Ctrl-C: do not wait out the grace */
                         td__job_signal(&j, SIGKILL);
@@ -263,12 +303,18 @@ int tr_run_job(const tr_options *o) {
                 }
             }
         }
-        reap(&j);
+        reap(&j, z);
         td__job_tick(&j);
         if (!j.stopping && deadline > 0 && td__now_s() >= deadline) {
             char stopped[256];
             fprintf(stderr, "tandemrun: job timed out after %g s; stopping %d rank%s\n",
                     o->timeout_s, j.running, j.running == 1 ? "" : "s");
+            if (z) {
+                char what[128];
+                snprintf(what, sizeof what, "the job timed out after %g s on %s (node %d)",
+                         o->timeout_s, z->host, z->node_rank);
+                tr_rdzv_end_job(z, 124, what);
+            }
             if (td__job_stopped_ranks(&j, stopped, sizeof stopped) > 0)
                 fprintf(stderr, "tandemrun: %s stopped (SIGSTOP): the job was stuck on it\n",
                         stopped);
@@ -292,5 +338,7 @@ int tr_run_job(const tr_options *o) {
     free(owner_ranks);
     free(ranks);
     free(procs);
-    return j.exit_code < 0 ? 0 : j.exit_code;
+    int rc = j.exit_code < 0 ? 0 : j.exit_code;
+    if (z) tr_rdzv_leave(z, rc == 0);
+    return rc;
 }
