@@ -8,7 +8,9 @@
  * job too. A node whose ranks all succeeded says so; node 0 keeps the store up until every
  * node has, or has stopped answering. */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,7 +78,30 @@ static int missing_nodes(tr_rdzv *z, char *out, size_t cap) {
     return n;
 }
 
-int tr_rdzv_join(const tr_options *o, int wake_fd, tr_rdzv *z) {
+/* A signal that arrived on the supervisor's self-pipe while the nodes wait for each other
+ * (SIGINT, SIGTERM, SIGHUP): its number, or 0. */
+static int signalled(int sig_fd) {
+    struct pollfd p = {.fd = sig_fd, .events = POLLIN};
+    unsigned char b;
+    while (poll(&p, 1, 0) > 0 && read(sig_fd, &b, 1) == 1)
+        if (b != SIGCHLD && b != 0) return b;
+    return 0;
+}
+
+/* Waits for `key` until `deadline` in short slices, so that a signal stops the wait: TD_OK,
+ * TD_ETIMEOUT, another store error, or TD_ESTATE with *sig set. */
+static td_status wait_key(tr_rdzv *z, const char *key, uint64_t deadline, int sig_fd, int *sig) {
+    for (;;) {
+        if ((*sig = signalled(sig_fd))) return TD_ESTATE;
+        uint64_t now = td_time_ns();
+        if (now >= deadline) return TD_ETIMEOUT;
+        double left = (double)(deadline - now) / 1e9;
+        td_status s = td_store_wait(z->store, key, left < 0.2 ? left + 0.001 : 0.2);
+        if (s != TD_ETIMEOUT) return s;
+    }
+}
+
+int tr_rdzv_join(const tr_options *o, int wake_fd, int sig_fd, tr_rdzv *z) {
     memset(z, 0, sizeof *z);
     z->nnodes = o->nnodes;
     z->node_rank = o->node_rank;
@@ -91,7 +116,22 @@ int tr_rdzv_join(const tr_options *o, int wake_fd, tr_rdzv *z) {
     sp.is_server = o->node_rank == 0;
     sp.token = o->token;
     sp.timeout_s = o->rdzv_timeout_s;
-    td_status s = td_store_create(&z->store, &sp);
+    uint64_t deadline = td_time_ns() + (uint64_t)(o->rdzv_timeout_s * 1e9);
+    td_status s;
+    int sig = 0;
+    if (sp.is_server) {
+        s = td_store_create(&z->store, &sp);
+    } else { /* connect attempts of a second each, so that a signal stops them */
+        sp.timeout_s = 1;
+        do {
+            s = td_store_create(&z->store, &sp);
+        } while (s != TD_OK && s != TD_EAUTH && td_time_ns() < deadline && !(sig = signalled(sig_fd)));
+        if (s == TD_OK) td_store_set_timeout(z->store, o->rdzv_timeout_s);
+    }
+    if (sig) {
+        fprintf(stderr, "tandemrun: signal %d during the rendezvous; leaving\n", sig);
+        return 128 + sig;
+    }
     if (s == TD_EAUTH) {
         fprintf(stderr,
                 "tandemrun: the rendezvous store at %s:%d refused node %d's token: another job "
@@ -129,15 +169,16 @@ int tr_rdzv_join(const tr_options *o, int wake_fd, tr_rdzv *z) {
     memcpy(mine.host, z->host, sizeof mine.host);
     snprintf(key, sizeof key, "tandem/rdzv/node/%d", o->node_rank);
     if (s == TD_OK) s = td_store_set(z->store, key, &mine, sizeof mine);
-    /* Everyone's record, within the rendezvous timeout counted from here. */
-    uint64_t deadline = td_time_ns() + (uint64_t)(o->rdzv_timeout_s * 1e9);
+    /* Everyone's record, within the rendezvous timeout. */
     for (int r = 0; s == TD_OK && r < o->nnodes; r++) {
         node_record theirs;
         size_t len = 0;
-        double left = (double)(deadline - td_time_ns()) / 1e9;
         snprintf(key, sizeof key, "tandem/rdzv/node/%d", r);
-        s = td_time_ns() < deadline ? td_store_wait(z->store, key, left > 0.01 ? left : 0.01)
-                                    : TD_ETIMEOUT;
+        s = wait_key(z, key, deadline, sig_fd, &sig);
+        if (sig) {
+            fprintf(stderr, "tandemrun: signal %d during the rendezvous; leaving\n", sig);
+            return 128 + sig;
+        }
         if (s == TD_OK) s = td_store_get(z->store, key, &theirs, sizeof theirs, &len);
         if (s == TD_ETIMEOUT) {
             char missing[256];
@@ -179,13 +220,26 @@ int tr_rdzv_join(const tr_options *o, int wake_fd, tr_rdzv *z) {
     return 0;
 }
 
-void tr_rdzv_end_job(tr_rdzv *z, int code, const char *what) {
+int tr_rdzv_end_job(tr_rdzv *z, int code, const char *what, int *job_code, char *job_what,
+                    size_t cap) {
     char buf[sizeof z->end];
     int64_t first = 0;
     snprintf(buf, sizeof buf, "%d|%s", code, what);
+    *job_code = code;
+    snprintf(job_what, cap, "%s", what);
     /* The first end anywhere is the job's: later ones (the others giving up) do not replace it. */
-    if (td_store_add(z->store, KEY_END "/claims", 1, &first) == TD_OK && first == 1)
+    if (td_store_add(z->store, KEY_END "/claims", 1, &first) != TD_OK) return 1;
+    if (first == 1) {
         td_store_set(z->store, KEY_END, buf, strlen(buf) + 1);
+        return 1;
+    }
+    size_t len = 0;
+    if (td_store_get(z->store, KEY_END, buf, sizeof buf - 1, &len) != TD_OK) return 1;
+    buf[len < sizeof buf ? len : sizeof buf - 1] = 0;
+    char *bar = strchr(buf, '|');
+    *job_code = atoi(buf);
+    snprintf(job_what, cap, "%s", bar ? bar + 1 : buf);
+    return 0;
 }
 
 int tr_rdzv_ended(tr_rdzv *z, int *code, char *what, size_t cap) {

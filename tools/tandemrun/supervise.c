@@ -78,28 +78,76 @@ static void exec_rank(const tr_options *o, const td__rank_env *env, int out_w, i
     _exit(127);
 }
 
+/* A failure of this node's that may end the job on every node: a rank that exited with a
+ * status is most often one that gave up because a rank elsewhere failed first, so its claim
+ * waits SETTLE_S for another node's (a killed rank claims at once). */
+#define SETTLE_S 0.5
+typedef struct {
+    int pending;
+    double at;
+    int code, others;
+    char what[256];
+} tr_claim;
+
+/* Reports this node's first failure as the job's end, or as what followed another node's. */
+static void claim_end(td__job *j, tr_rdzv *z, tr_claim *c) {
+    char job[512];
+    int code;
+    c->pending = 0;
+    if (tr_rdzv_end_job(z, c->code, c->what, &code, job, sizeof job)) {
+        fprintf(stderr, "tandemrun: %s; stopping the other %d rank%s here and the other nodes\n",
+                c->what, c->others, c->others == 1 ? "" : "s");
+        return;
+    }
+    fprintf(stderr, "tandemrun: %s; then %s; stopping the other %d rank%s on this node\n", job,
+            c->what, c->others, c->others == 1 ? "" : "s");
+    j->exit_code = code;
+}
+
+/* Settles a pending claim: another node ended the job meanwhile, or its time has come (with
+ * `wait`, after waiting for that). */
+static void settle(td__job *j, tr_rdzv *z, tr_claim *c, int wait) {
+    while (c->pending) {
+        int code;
+        char job[512];
+        if (tr_rdzv_ended(z, &code, job, sizeof job)) {
+            c->pending = 0;
+            fprintf(stderr, "tandemrun: %s; then %s; stopping the other %d rank%s on this node\n",
+                    job, c->what, c->others, c->others == 1 ? "" : "s");
+            j->exit_code = code;
+        } else if (td__now_s() >= c->at) {
+            claim_end(j, z, c);
+        } else if (!wait) {
+            return;
+        } else {
+            struct timespec pause = {0, 10000000};
+            nanosleep(&pause, NULL);
+        }
+    }
+}
+
 /* Reaps ended ranks and reports the job's first failure, naming any rank that is stopped:
  * the others usually failed because they gave up waiting for it. Across hosts the report
- * names this host, and the failure ends the job on every node. */
-static void reap(td__job *j, tr_rdzv *z) {
+ * names this host, and the failure ends the job on every node (see tr_claim). */
+static void reap(td__job *j, tr_rdzv *z, tr_claim *claim) {
     int f = td__job_reap(j);
     if (f < 0) return;
     const td__proc *p = &j->procs[f];
-    char how[96], stopped[256], where[128] = "";
+    char how[96], stopped[256];
     td__describe_exit(p->status, how, sizeof how);
-    if (z) {
-        snprintf(where, sizeof where, " on %s (node %d)", z->host, z->node_rank);
-        char what[256];
-        snprintf(what, sizeof what, "rank %d (pid %d)%s %s", p->rank, (int)p->pid, where, how);
-        tr_rdzv_end_job(z, td__exit_code(p->status), what);
-    }
     int others = j->running;
-    if (others > 0)
-        fprintf(stderr, "tandemrun: rank %d (pid %d)%s %s; stopping the other %d rank%s%s\n",
-                p->rank, (int)p->pid, where, how, others, others == 1 ? "" : "s",
-                z ? " here and the other nodes" : "");
-    else
-        fprintf(stderr, "tandemrun: rank %d (pid %d)%s %s\n", p->rank, (int)p->pid, where, how);
+    if (z) {
+        *claim = (tr_claim){.pending = 1, .code = td__exit_code(p->status), .others = others,
+                            .at = td__now_s() + (WIFSIGNALED(p->status) ? 0 : SETTLE_S)};
+        snprintf(claim->what, sizeof claim->what, "rank %d (pid %d) on %s (node %d) %s", p->rank,
+                 (int)p->pid, z->host, z->node_rank, how);
+        settle(j, z, claim, 0);
+    } else if (others > 0) {
+        fprintf(stderr, "tandemrun: rank %d (pid %d) %s; stopping the other %d rank%s\n", p->rank,
+                (int)p->pid, how, others, others == 1 ? "" : "s");
+    } else {
+        fprintf(stderr, "tandemrun: rank %d (pid %d) %s\n", p->rank, (int)p->pid, how);
+    }
     if (td__job_stopped_ranks(j, stopped, sizeof stopped) > 0)
         fprintf(stderr,
                 "tandemrun: %s stopped (SIGSTOP) and never arrived: the job was stuck on it; "
@@ -166,11 +214,12 @@ int tr_run_job(const tr_options *o) {
     /* A job across hosts: meet the other nodes first. */
     tr_rdzv rdzv, *z = NULL;
     if (o->nnodes > 1) {
-        int rc = tr_rdzv_join(o, self_pipe[1], &rdzv);
+        int rc = tr_rdzv_join(o, self_pipe[1], self_pipe[0], &rdzv);
         if (rc) return rc;
         z = &rdzv;
     }
     int rank0 = z ? z->rank_offset : 0, world = z ? z->world_size : o->nproc;
+    tr_claim claim = {0};
     const char *job_token = z ? o->token : token;
 
     if (o->tee && mkdir(o->log_dir, 0777) != 0 && errno != EEXIST) {
@@ -261,6 +310,7 @@ int tr_run_job(const tr_options *o) {
         double t = td__now_s(), wake = 0;
         if (j.stopping && j.kill_at > 0) wake = j.kill_at;
         if (!j.stopping && deadline > 0) wake = deadline;
+        if (claim.pending && (wake == 0 || claim.at < wake)) wake = claim.at;
         int ms = -1;
         if (wake > 0) ms = wake <= t ? 0 : (int)((wake - t) * 1000) + 1;
         if (!fds) ms = ms < 0 || ms > 100 ? 100 : ms;
@@ -280,6 +330,7 @@ int tr_run_job(const tr_options *o) {
                     char what[512];
                     if (sig == SIGCHLD) continue;
                     if (sig == WAKE_END) {
+                        settle(&j, z, &claim, 0);
                         if (!j.stopping && tr_rdzv_ended(z, &code, what, sizeof what)) {
                             fprintf(stderr, "tandemrun: %s; stopping the %d rank%s on this node\n",
                                     what, j.running, j.running == 1 ? "" : "s");
@@ -292,9 +343,10 @@ int tr_run_job(const tr_options *o) {
                         fprintf(stderr, "tandemrun: received %s; stopping %d rank%s\n",
                                 td__signal_name(sig, name), j.running, j.running == 1 ? "" : "s");
                         if (z) {
+                            char job[512];
                             snprintf(what, sizeof what, "tandemrun on %s (node %d) received %s",
                                      z->host, z->node_rank, name);
-                            tr_rdzv_end_job(z, 128 + sig, what);
+                            tr_rdzv_end_job(z, 128 + sig, what, &code, job, sizeof job);
                         }
                         td__job_stop(&j, sig, 128 + sig);
                     } else if (sig == SIGINT) { /* a second Ctrl-C: do not wait out the grace */
@@ -303,17 +355,19 @@ int tr_run_job(const tr_options *o) {
                 }
             }
         }
-        reap(&j, z);
+        reap(&j, z, &claim);
+        if (z) settle(&j, z, &claim, 0);
         td__job_tick(&j);
         if (!j.stopping && deadline > 0 && td__now_s() >= deadline) {
             char stopped[256];
             fprintf(stderr, "tandemrun: job timed out after %g s; stopping %d rank%s\n",
                     o->timeout_s, j.running, j.running == 1 ? "" : "s");
             if (z) {
-                char what[128];
+                char what[128], job[512];
+                int code;
                 snprintf(what, sizeof what, "the job timed out after %g s on %s (node %d)",
                          o->timeout_s, z->host, z->node_rank);
-                tr_rdzv_end_job(z, 124, what);
+                tr_rdzv_end_job(z, 124, what, &code, job, sizeof job);
             }
             if (td__job_stopped_ranks(&j, stopped, sizeof stopped) > 0)
                 fprintf(stderr, "tandemrun: %s stopped (SIGSTOP): the job was stuck on it\n",
@@ -338,6 +392,7 @@ int tr_run_job(const tr_options *o) {
     free(owner_ranks);
     free(ranks);
     free(procs);
+    if (z) settle(&j, z, &claim, 1);
     int rc = j.exit_code < 0 ? 0 : j.exit_code;
     if (z) tr_rdzv_leave(z, rc == 0);
     return rc;

@@ -65,13 +65,16 @@ typedef struct {
     char end[512]; /* "code|message" of the job's end, once known */
 } tr_rdzv;
 
-/* Joins the job's rendezvous (node 0 hosts the store) and starts watching for its end; 0, or
- * the exit status after printing why not. */
-int tr_rdzv_join(const tr_options *opts, int wake_fd, tr_rdzv *z);
+/* Joins the job's rendezvous (node 0 hosts the store) and starts watching for its end, which
+ * it reports by writing to wake_fd; a signal byte on sig_fd (the supervisor's self-pipe) stops
+ * the waiting. 0, or the exit status after printing why not. */
+int tr_rdzv_join(const tr_options *opts, int wake_fd, int sig_fd, tr_rdzv *z);
 
 /* Records the job's end (a rank of this node failed with exit `code`), unless another node
- * ended it first. */
-void tr_rdzv_end_job(tr_rdzv *z, int code, const char *what);
+ * ended it first; returns 1 when this was the job's end, else 0 with the earlier end's code
+ * and message in *job_code, job_what (which otherwise repeat this one). */
+int tr_rdzv_end_job(tr_rdzv *z, int code, const char *what, int *job_code, char *job_what,
+                    size_t cap);
 
 /* 1 when the job has ended (here or elsewhere): its exit code and message. */
 int tr_rdzv_ended(tr_rdzv *z, int *code, char *what, size_t cap);
