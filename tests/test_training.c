@@ -16,6 +16,7 @@
 #include "tandem/tandem.h"
 
 #include "test.h"
+#include "test_checkpoint_diff.h"
 
 static char example[PATH_MAX], launcher[PATH_MAX], dir[64];
 static char output[1 << 16];
@@ -128,41 +129,6 @@ static void resume_continues_bit_for_bit(void) {
     resume_is_bitwise("--model net --max-steps 25 --no-eval --amp O2 --amp-dtype f16");
     /* (a constant lr: the cosine schedule spans --epochs, which the halves differ in) */
     resume_is_bitwise("--model cnn --max-steps 6 --no-eval --constant-lr --amp O1");
-}
-
-/* Largest relative difference between the f32 tensors of two checkpoints. */
-static double checkpoint_difference(const char *pa, const char *pb) {
-    td_checkpoint *a, *b;
-    CHECK_OK(td_checkpoint_open(&a, pa));
-    CHECK_OK(td_checkpoint_open(&b, pb));
-    double worst = 0;
-    size_t n = td_checkpoint_count(a), compared = 0;
-    CHECK_EQ(n, td_checkpoint_count(b));
-    for (size_t i = 0; i < n; i++) {
-        td_param info;
-        CHECK_OK(td_checkpoint_tensor(a, i, &info));
-        if (info.dtype != TD_F32) continue;
-        float *x = malloc(info.count * sizeof *x), *y = malloc(info.count * sizeof *y);
-        td_param ta = info, tb = info;
-        ta.data = x;
-        tb.data = y;
-        CHECK_OK(td_checkpoint_read(a, &ta, 1));
-        CHECK_OK(td_checkpoint_read(b, &tb, 1));
-        double num = 0, den = 0;
-        for (size_t k = 0; k < info.count; k++) {
-            num += ((double)x[k] - y[k]) * ((double)x[k] - y[k]);
-            den += (double)x[k] * x[k];
-        }
-        double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-        if (rel > worst) worst = rel;
-        compared++;
-        free(x);
-        free(y);
-    }
-    CHECK(compared >= 6);
-    td_checkpoint_close(a);
-    td_checkpoint_close(b);
-    return worst;
 }
 
 static void ddp_equals_one_process_on_the_global_batch(void) {
