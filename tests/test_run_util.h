@@ -85,4 +85,11 @@ static inline void release(run_result *r) {
     free(r->err);
 }
 
+/* How many times `needle` occurs in `text`. */
+static inline int count_lines_with(const char *text, const char *needle) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p++) n++;
+    return n;
+}
+
 #endif

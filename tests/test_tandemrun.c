@@ -19,12 +19,6 @@
 #include "test.h"
 #include "test_run_util.h"
 
-static int count_lines_with(const char *text, const char *needle) {
-    int n = 0;
-    for (const char *p = text; (p = strstr(p, needle)); p++) n++;
-    return n;
-}
-
 /* Every "PID <n>" in text names a process that must no longer exist. */
 static void check_pids_gone(const char *text, int expected) {
     int seen = 0;

@@ -83,7 +83,15 @@ static td_status step(const td__backend_ops *ops, void *g, const td__coll *c, td
     return ops->collective(g, &sub, timeout_s);
 }
 
-#define LOCAL(...) step(h->local_ops, h->local, c, __VA_ARGS__)
+/* Steps on the host wait a little longer than the timeout: a local rank that does not come is
+ * most often waiting across hosts itself, and its failure, which names the host it lost,
+ * should reach the others before their own timeout does. */
+static double local_timeout(double timeout_s) {
+    return timeout_s + (timeout_s / 10 > 1 ? timeout_s / 10 : 1);
+}
+
+#define LOCAL(kind, send, recv, count, dtype, op, root, timeout_s) \
+    step(h->local_ops, h->local, c, kind, send, recv, count, dtype, op, root, local_timeout(timeout_s))
 #define CROSS(...) step(h->flat_ops, h->cross, c, __VA_ARGS__)
 
 static int usable(td_status s) { return s == TD_EINVAL || s == TD_EDTYPE; }

@@ -207,6 +207,9 @@ int tr_rdzv_join(const tr_options *o, int wake_fd, int sig_fd, tr_rdzv *z) {
                 o->master_port, td_last_error());
         return 1;
     }
+    /* From now on a store that does not answer within seconds is a lost node 0 (its host's
+     * link may be down): nothing may hang on it. */
+    td_store_set_timeout(z->store, 10);
     sp.is_server = 0;
     sp.timeout_s = 1; /* the watcher's waits: one second each */
     s = td_store_create(&z->watch, &sp);

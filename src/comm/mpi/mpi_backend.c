@@ -7,8 +7,9 @@
  * MPI has no timeouts, so every wait here is a non-blocking call polled against the group's
  * timeout. MPI can be initialised only once per process, so when we initialised it we finalise
  * it at process exit (atexit), not when the last group is destroyed: a program may create a
- * group again later. A program that initialised MPI itself also finalises it itself, after
- * destroying its groups.
+ * group again later; but not after a group failed in flight (a peer gone, a link down), as
+ * MPI_Finalize would wait for the lost peers forever. A program that initialised MPI itself
+ * also finalises it itself, after destroying its groups.
  *
  * It does not launch processes (mpirun/srun do) and does not look at the tandemrun
  * environment: under MPI the ranks are MPI's. The collectives are p2p_coll.c's, over the
@@ -26,6 +27,9 @@
 
 static pthread_mutex_t mpi_mutex = PTHREAD_MUTEX_INITIALIZER;
 static int mpi_serialise; /* set once at initialisation, read-only afterwards */
+/* A group of this process failed with messages in flight: when a peer is gone or its link is
+ * down, MPI_Finalize, which waits for every peer, never returns. */
+static _Atomic int mpi_failed;
 
 void td__mpi_lock(void) {
     if (mpi_serialise) pthread_mutex_lock(&mpi_mutex);
@@ -57,14 +61,25 @@ void td__mpi_idle(uint64_t waited_ns) {
     nanosleep(&ts, NULL);
 }
 
+void td__mpi_give_up(MPI_Request *req, int recv) {
+    if (*req == MPI_REQUEST_NULL) return; /* MPI_Test already released one that failed */
+    int done = 0;
+    if (recv) MPI_Cancel(req);
+    for (uint64_t until = td_time_ns() + 100000000u; !done && td_time_ns() < until;)
+        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+    if (!done && *req != MPI_REQUEST_NULL) MPI_Request_free(req);
+}
+
 void td__mpi_describe(const td__mpi_ctx *ctx, int rank, char *out, size_t cap) {
     if (rank < 0 || rank >= ctx->size) {
         snprintf(out, cap, "rank %d", rank);
         return;
     }
-    int w = ctx->world[rank];
+    /* A sub-group's member is named by its rank in the world, which is what a user sees. */
+    int w = ctx->world[rank], sub = ctx->size != ctx->job->size;
     if (w >= 0 && w < ctx->job->size)
-        snprintf(out, cap, "rank %d (host %s)", rank, ctx->job->hosts[w]);
+        snprintf(out, cap, "%srank %d (host %s)", sub ? "world " : "", sub ? w : rank,
+                 ctx->job->hosts[w]);
     else
         snprintf(out, cap, "rank %d", rank);
 }
@@ -95,11 +110,27 @@ static td_status wait_request(td__mpi_ctx *ctx, MPI_Request *req, MPI_Status *st
     }
 }
 
-/* Finalises MPI at exit when this library initialised it. */
+static void *finalize_main(void *done) {
+    MPI_Finalize();
+    atomic_store((_Atomic int *)done, 1);
+    return NULL;
+}
+
+/* Finalises MPI at exit when this library initialised it; after a failure in flight, gives
+ * MPI_Finalize two seconds (on a separate thread) and lets the process end without it. */
 static void finalize_at_exit(void) {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
+    if (finalized) return;
+    if (!atomic_load(&mpi_failed)) {
+        MPI_Finalize();
+        return;
+    }
+    static _Atomic int done;
+    pthread_t t;
+    if (pthread_create(&t, NULL, finalize_main, (void *)&done) != 0) return;
+    for (int i = 0; i < 200 && !atomic_load(&done); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
+    if (atomic_load(&done)) pthread_join(t, NULL);
 }
 
 static td_status ensure_initialised(void) {
@@ -180,6 +211,7 @@ static void job_release(td__mpi_job *job) {
 }
 
 static void ctx_free(td__mpi_ctx *ctx) {
+    if (ctx->p2p.broken || ctx->broken) atomic_store(&mpi_failed, 1);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) {
@@ -340,14 +372,7 @@ static td_status mpi_p2p_wait(void *vctx, void *req, double timeout_s) {
     /* Give up on the transfer: a receive can be cancelled; a send cannot (MPI deprecates it),
      * so it is detached and finishes, or not, in the background. */
     td__mpi_lock();
-    if (p->req != MPI_REQUEST_NULL) { /* MPI_Test already released a request that failed */
-        if (p->recv) {
-            MPI_Cancel(&p->req);
-            MPI_Wait(&p->req, MPI_STATUS_IGNORE);
-        } else {
-            MPI_Request_free(&p->req);
-        }
-    }
+    td__mpi_give_up(&p->req, p->recv);
     td__mpi_unlock();
     free(p);
     return st;

@@ -46,6 +46,11 @@ td_status td__mpi_error(int code, const char *call);
  * a second, which is a slow or dead peer rather than a transfer. */
 void td__mpi_idle(uint64_t waited_ns);
 
+/* Gives up on an unfinished request (called with the MPI lock held): a receive is cancelled,
+ * and anything still not done 100 ms later (a send, or a receive whose message has begun to
+ * arrive over a link that went down) is detached to finish, or not, in the background. */
+void td__mpi_give_up(MPI_Request *req, int recv);
+
 /* "rank 3 (host tdhost1)" for member `rank` of the group. */
 void td__mpi_describe(const td__mpi_ctx *ctx, int rank, char *out, size_t cap);
 

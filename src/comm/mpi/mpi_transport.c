@@ -66,20 +66,11 @@ static td_status t_test(void *t, void *req, int *done, size_t *bytes) {
     return TD_OK;
 }
 
-/* A receive is cancelled; a send cannot be (MPI deprecates it), so it is detached and
- * finishes, or not, in the background. */
 static void t_cancel(void *t, void *req) {
     (void)t;
     mpi_msg *m = req;
     td__mpi_lock();
-    if (m->req != MPI_REQUEST_NULL) {
-        if (m->recv) {
-            MPI_Cancel(&m->req);
-            MPI_Wait(&m->req, MPI_STATUS_IGNORE);
-        } else {
-            MPI_Request_free(&m->req);
-        }
-    }
+    td__mpi_give_up(&m->req, m->recv);
     td__mpi_unlock();
     free(m);
 }
@@ -104,8 +95,7 @@ td_status td__mpi_notice_post(td__mpi_ctx *ctx) {
 void td__mpi_notice_cancel(td__mpi_ctx *ctx) {
     if (ctx->notice_req == MPI_REQUEST_NULL) return;
     td__mpi_lock();
-    MPI_Cancel(&ctx->notice_req);
-    MPI_Wait(&ctx->notice_req, MPI_STATUS_IGNORE);
+    td__mpi_give_up(&ctx->notice_req, 1);
     td__mpi_unlock();
 }
 

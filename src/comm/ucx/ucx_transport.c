@@ -121,11 +121,13 @@ void td__ucx_msg_cancel(td__ucx_group *g, void *msg) {
     ucx_msg *m = msg;
     pthread_mutex_lock(&w->lock);
     if (m->req) {
-        /* A send cannot be taken back: UCX frees it when it ends (the peer's failure ends it). */
-        if (m->recv) {
-            ucp_request_cancel(w->worker, m->req);
-            while (ucp_request_check_status(m->req) == UCS_INPROGRESS) ucp_worker_progress(w->worker);
-        }
+        /* A send cannot be taken back, nor a receive whose message has begun to arrive (over a
+         * link that went down it never ends): give either 100 ms, then let UCX free it whenever
+         * it ends. The group is unusable afterwards anyway. */
+        if (m->recv) ucp_request_cancel(w->worker, m->req);
+        uint64_t until = td_time_ns() + 100000000u;
+        while (m->recv && ucp_request_check_status(m->req) == UCS_INPROGRESS && td_time_ns() < until)
+            ucp_worker_progress(w->worker);
         ucp_request_free(m->req);
     }
     pthread_mutex_unlock(&w->lock);
@@ -181,7 +183,9 @@ void td__ucx_notice_cancel(td__ucx_group *g) {
     td__ucx_world *w = g->w;
     pthread_mutex_lock(&w->lock);
     ucp_request_cancel(w->worker, g->notice_req);
-    while (ucp_request_check_status(g->notice_req) == UCS_INPROGRESS) ucp_worker_progress(w->worker);
+    uint64_t until = td_time_ns() + 100000000u;
+    while (ucp_request_check_status(g->notice_req) == UCS_INPROGRESS && td_time_ns() < until)
+        ucp_worker_progress(w->worker);
     ucp_request_free(g->notice_req);
     pthread_mutex_unlock(&w->lock);
     g->notice_req = NULL;
