@@ -9,9 +9,9 @@
  * timeout naming a rank of the lost host, and mpirun must name the host it lost. Nothing may
  * be left behind: no namespace, no shared memory, no process.
  *
- * Needs root (network namespaces), iproute2 and, on kernels without netem, iptables: where it
- * cannot have them it says so and skips. Users of the emulated hosts take a lock, so two runs
- * never share them. */
+ * The cases run inside `scripts/hosts.sh run`, which waits for the hosts' lock (two runs never
+ * share them) and takes them down whatever happens. Needs root (network namespaces), iproute2
+ * and, on kernels without netem, iptables: where it cannot have them it says so and skips. */
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -158,11 +157,9 @@ static int loop_main(const char *out) {
 
 /* ---------------------------------------------------------------- the hosts */
 
-static int lock_fd = -1, hosts_up;
-
 static int shell(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int shell(const char *fmt, ...) {
-    char cmd[5 * PATH_MAX];
+    char cmd[4096];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(cmd, sizeof cmd, fmt, ap);
@@ -174,38 +171,12 @@ static int shell(const char *fmt, ...) {
     return r.status;
 }
 
-static const char *only; /* argv[1]: run just the case of that name */
+static const char *only; /* a case's name: run just that one */
 
-#define CASE(fn)                                  \
-    do {                                          \
+#define CASE(fn)                                      \
+    do {                                              \
         if (!only || strcmp(only, #fn) == 0) RUN(fn); \
     } while (0)
-
-static void hosts_down(void) {
-    if (!hosts_up) return;
-    hosts_up = 0;
-    shell("sh %s/hosts.sh down", scripts);
-}
-
-static void on_signal(int sig) {
-    hosts_down();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-/* Takes the hosts' lock (waiting for another run to finish with them), clears what a crashed
- * run may have left, and brings two hosts up. */
-static int bring_hosts_up(void) {
-    mkdir("/run/lock", 0755);
-    lock_fd = open("/run/lock/tandem-hosts.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock_fd < 0 || flock(lock_fd, LOCK_EX) != 0) return 0;
-    hosts_up = 1;
-    atexit(hosts_down);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    shell("sh %s/hosts.sh down", scripts); /* ours to clear: we hold the lock */
-    return shell("sh %s/hosts.sh up 2 --rate 10gbit --delay 50us", scripts) == 0;
-}
 
 /* Processes left in host i, other than its delay helper: names them and returns how many. */
 static int leftovers_in_host(int i) {
@@ -587,21 +558,44 @@ static void mpirun_link_down_is_named(void) {
     nothing_left_behind();
 }
 
+/* Inside `hosts.sh run` (the hosts are up): every case, then the tally into DIR/tally. */
+static int inside_main(void) {
+    printf("    2 hosts up: 10 Gbit/s, 50 us each way\n");
+    CASE(mpirun_runs_the_matrix);
+    CASE(tandemrun_runs_the_matrix);
+    CASE(ddp_equals_one_process);
+    CASE(ddp2_equals_one_graph);
+    CASE(killed_host_is_named);
+    CASE(link_down_is_named);
+    CASE(mpirun_names_the_lost_host);
+    CASE(mpirun_link_down_is_named);
+    char path[128], tally[64];
+    snprintf(path, sizeof path, "%s/tally", dir);
+    int n = snprintf(tally, sizeof tally, "%d %d\n", test_passed, test_failed);
+    test_write_file(path, tally, (size_t)n);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--matrix") == 0) return matrix_main();
     if (argc > 1 && strcmp(argv[1], "--ddp2") == 0) return ddp2_main();
     if (argc > 2 && strcmp(argv[1], "--loop") == 0) return loop_main(argv[2]);
+    if (!realpath(argv[0], self)) return 1;
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", self);
+    snprintf(bin, sizeof bin, "%s", dirname(dirname(tmp))); /* BUILD/tests/x -> BUILD */
+    if (!realpath(test_source_path("scripts"), scripts)) return 1;
+    if (argc > 2 && strcmp(argv[1], "--inside") == 0) { /* DIR [case] */
+        snprintf(dir, sizeof dir, "%s", argv[2]);
+        snprintf(hostfile, sizeof hostfile, "%s/hostfile", dir);
+        only = argc > 3 ? argv[3] : NULL;
+        return inside_main();
+    }
     if (geteuid() != 0 || system("ip netns list >/dev/null 2>&1") != 0) {
         printf("test_multihost: skipped: emulated hosts need root and ip netns "
                "(scripts/hosts.sh)\n");
         TEST_END();
     }
-    if (!realpath(argv[0], self)) return 1;
-    only = argc > 1 ? argv[1] : NULL;
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s", self);
-    snprintf(bin, sizeof bin, "%s", dirname(dirname(tmp))); /* BUILD/tests/x -> BUILD */
-    if (!realpath(test_source_path("scripts"), scripts)) return 1;
     test_temp_dir(dir, sizeof dir, "multihost");
     snprintf(hostfile, sizeof hostfile, "%s/hostfile", dir);
     test_write_file(hostfile, "tdhost0 slots=2\ntdhost1 slots=2\n", 32);
@@ -615,28 +609,27 @@ int main(int argc, char **argv) {
     char opts[512];
     snprintf(opts, sizeof opts, "%s%sdetect_leaks=0", asan ? asan : "", asan && *asan ? ":" : "");
     setenv("ASAN_OPTIONS", opts, 1);
+    /* The cases run inside hosts.sh run, which takes the hosts down whatever happens. */
     double t0 = now_s();
-    if (!bring_hosts_up()) {
-        printf("FAIL could not bring the emulated hosts up (scripts/hosts.sh up)\n");
+    char cmd[4 * PATH_MAX];
+    snprintf(cmd, sizeof cmd, "sh %s/hosts.sh run 2 --rate 10gbit --delay 50us %s --inside %s %s",
+             scripts, self, dir, argc > 1 ? argv[1] : "");
+    int rc = system(cmd);
+    char path[128];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/tally", dir);
+    char *tally = (char *)test_read_file(path, &len);
+    if (!tally || sscanf(tally, "%d %d", &test_passed, &test_failed) != 2 || rc != 0) {
+        printf("FAIL the cases did not all run (hosts.sh run exited with %d)\n", rc);
         test_failed++;
-        TEST_END();
     }
-    printf("    2 hosts up in %.1f s\n", now_s() - t0);
-    CASE(mpirun_runs_the_matrix);
-    CASE(tandemrun_runs_the_matrix);
-    CASE(ddp_equals_one_process);
-    CASE(ddp2_equals_one_graph);
-    CASE(killed_host_is_named);
-    CASE(link_down_is_named);
-    CASE(mpirun_names_the_lost_host);
-    CASE(mpirun_link_down_is_named);
-    hosts_down();
+    free(tally);
     FILE *p = popen("ip netns list | grep -c 'tdhost\\|tdbridge'", "r");
     int left = -1;
     if (p && fscanf(p, "%d", &left) != 1) left = -1;
     if (p) pclose(p);
     if (left != 0) {
-        printf("FAIL %d emulated hosts left after hosts.sh down\n", left);
+        printf("FAIL %d emulated hosts left after hosts.sh run\n", left);
         test_failed++;
     }
     test_remove_dir(dir);
