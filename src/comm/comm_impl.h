@@ -67,7 +67,9 @@ typedef struct td__backend_ops {
      * any rank's call carries an error (this one's or a peer's), every rank returns the error
      * of the lowest such rank, "<call>: rank R: <its message>", with its status (TD_EINVAL or
      * TD_EDTYPE): the group stays usable, so a backend returns those two statuses for nothing
-     * else. Receive buffers of the other ranks may have been partly written. */
+     * else. Receive buffers of the other ranks may have been partly written. A call carrying
+     * any other status is a failure met elsewhere (hier.c passes one on): the backend ends the
+     * group, telling the other members why as far as it can. */
     td_status (*collective)(void *ctx, const td__coll *coll, double timeout_s);
     /* Starts a point-to-point transfer of `bytes`; *req is the backend's handle. */
     td_status (*isend)(void *ctx, const void *buf, size_t bytes, int dst, int tag, void **req);

@@ -19,7 +19,8 @@
 enum {
     HDR = 256,                /* bytes of a call header in the agreement */
     WHY = 192,                /* of which the reason for rejected arguments */
-    SMALL = 256 << 10,        /* all ranks' data together below this: ride in the agreement */
+    SMALL = 128 << 10,        /* all ranks' data together up to this: ride in the agreement */
+    SMALL_PAIR = 2 << 20,     /* the same for two ranks, where a ring moves no fewer bytes */
     EXCHANGE_MAX = 1024,      /* bytes per rank td__p2p_exchange may carry */
     SEG = 512 << 10,        /* bytes per message of the large algorithms */
     SLICE = 8 << 20,          /* a ring works on at most this many bytes of each chunk at once */
@@ -46,6 +47,12 @@ static uint32_t tag_of(const td__p2p *g, unsigned sub) {
     return (op << SUB_BITS) | (sub < (1u << SUB_BITS) ? sub : (1u << SUB_BITS) - 1);
 }
 
+/* What all ranks' data together may weigh to ride in the agreement: where that moves more
+ * bytes than the large algorithms (an all-gather of everything, against a ring's 2(n-1)/n of
+ * the buffer), only latency-bound sizes; between two ranks, where the bytes are the same and
+ * the ring would take three round trips instead of one, much more. */
+static size_t small_limit(const td__p2p *g) { return g->size == 2 ? SMALL_PAIR : SMALL; }
+
 td_status td__p2p_init(td__p2p *g, const td__p2p_ops *ops, void *t, int rank, int size,
                        int tag_bits, size_t eager) {
     memset(g, 0, sizeof *g);
@@ -58,7 +65,9 @@ td_status td__p2p_init(td__p2p *g, const td__p2p_ops *ops, void *t, int rank, in
     g->t = t;
     g->rank = rank;
     g->size = size;
-    g->agree_cap = (size_t)size * (HDR + EXCHANGE_MAX) + SMALL;
+    /* Room for every header and the most data a call that rides in the agreement brings, so
+     * that whatever another rank sends (even for another call) fits. */
+    g->agree_cap = (size_t)size * (HDR + EXCHANGE_MAX + 64) + small_limit(g);
     g->agree = aligned_alloc(64, g->agree_cap);
     if (!g->agree) return td__fail(TD_ENOMEM, "p2p collectives: out of memory for %d ranks", size);
     return TD_OK;
@@ -103,14 +112,26 @@ static void describe(const td__coll *c, char *out, size_t cap) {
  * they fail at once naming the cause rather than this rank when it leaves. */
 static td_status give_up(td__p2p *g, td_status s, const char *fmt, ...) TD__PRINTF(3, 4);
 static td_status give_up(td__p2p *g, td_status s, const char *fmt, ...) {
-    char msg[TD__P2P_NOTICE_MAX];
+    char msg[TD__P2P_NOTICE_MAX - 16], notice[TD__P2P_NOTICE_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     g->broken = 1;
-    g->ops->notify(g->t, msg);
+    snprintf(notice, sizeof notice, "%d|%s", (int)s, msg);
+    g->ops->notify(g->t, notice);
     return td__fail(s, "%s", msg);
+}
+
+/* A notice from another member, if one came: its status (the failure it met), and its text
+ * in `why`; TD_OK when none came. */
+static td_status notice(td__p2p *g, char *why, size_t cap) {
+    char text[TD__P2P_NOTICE_MAX];
+    if (!g->ops->noticed(g->t, text, sizeof text)) return TD_OK;
+    const char *bar = strchr(text, '|');
+    td_status s = (td_status)atoi(text);
+    snprintf(why, cap, "%s", bar ? bar + 1 : text);
+    return s == TD_OK || s == TD_EINVAL || s == TD_EDTYPE ? TD_EPEER : s;
 }
 
 /* Gives up on every request still pending; the group is unusable afterwards. */
@@ -144,11 +165,14 @@ static td_status wait_for(td__p2p *g, pend *p, int n, int k, const td__coll *c, 
                              peer, got, p[i].want);
             }
             if (s != TD_OK) {
-                char what[160], me[96], why[512];
+                char what[160], me[96], why[TD__P2P_NOTICE_MAX];
                 snprintf(why, sizeof why, "%s", td_last_error());
                 describe(c, what, sizeof what);
                 g->ops->describe_peer(g->t, g->rank, me, sizeof me);
                 abandon(g, p, n);
+                /* A peer that left often told us why first: name that cause, not its leaving. */
+                td_status told = s == TD_EPEER ? notice(g, why, sizeof why) : TD_OK;
+                if (told) return td__fail(told, "%s: %s gave up: %s", what, me, why);
                 return give_up(g, s, "%s: %s: %s", what, me, why);
             }
             if (done) {
@@ -181,12 +205,13 @@ static td_status wait_for(td__p2p *g, pend *p, int n, int k, const td__coll *c, 
         }
         if (now - last > SPIN_NS) {
             char why[TD__P2P_NOTICE_MAX];
-            if (g->ops->noticed(g->t, why, sizeof why)) {
+            td_status told = notice(g, why, sizeof why);
+            if (told) {
                 char what[160], me[96];
                 describe(c, what, sizeof what);
                 g->ops->describe_peer(g->t, g->rank, me, sizeof me);
                 abandon(g, p, n);
-                return td__fail(TD_EPEER, "%s: %s gave up: %s", what, me, why);
+                return td__fail(told, "%s: %s gave up: %s", what, me, why);
             }
             g->ops->idle(g->t, now - last);
         }
@@ -387,13 +412,13 @@ static td_status decide(td__p2p *g, const hdr *const *blocks) {
 /* ---------------------------------------------------------------- small collectives */
 
 /* Bytes `rank` carries inside the agreement when `c` rides in it; *fits = 0 when all ranks'
- * data together is too large for that. */
+ * data together is too much to ride. */
 static size_t small_payload(const td__p2p *g, const td__coll *c, int rank, int *fits) {
-    size_t n = (size_t)g->size, e = td_dtype_size(c->dtype), b = c->count * e, total, mine;
+    size_t n = (size_t)g->size, e = td_dtype_size(c->dtype), b = c->count * e, total = 0, mine;
     int root = rank == c->root;
     *fits = 1;
     if (c->kind == TD__COLL_BARRIER || c->count == 0) return 0;
-    if (b > SMALL) {
+    if (b > small_limit(g)) {
         *fits = 0;
         return 0;
     }
@@ -412,7 +437,7 @@ static size_t small_payload(const td__p2p *g, const td__coll *c, int rank, int *
         total = n * b, mine = b;
         break;
     }
-    if (total > SMALL || total / n / n > b) *fits = 0;
+    if (total > small_limit(g) || total / n / n > b) *fits = 0;
     return *fits ? mine : 0;
 }
 
@@ -755,6 +780,14 @@ td_status td__p2p_collective(td__p2p *g, const td__coll *c, double timeout_s) {
         return td__fail(TD_ESTATE, "%s: the group is unusable after an earlier failure", what);
     }
     g->op++;
+    if (c->error && c->error != TD_EINVAL && c->error != TD_EDTYPE) {
+        /* Not rejected arguments but a failure this rank met elsewhere (hier.c's other groups):
+         * every member hears of it, wherever it waits. */
+        char what[160];
+        describe(c, what, sizeof what);
+        return give_up(g, c->error, "%s: rank %d: %s", what, c->error_rank,
+                       c->error_msg ? c->error_msg : "failed");
+    }
     int fits = 1;
     size_t mine = c->error ? 0 : small_payload(g, c, g->rank, &fits);
     const void *payload = c->kind == TD__COLL_BROADCAST ? c->recv : c->send;
