@@ -18,7 +18,7 @@ layer_of_public() {
     data) echo data ;;
     optim) echo optim ;;
     checkpoint) echo checkpoint ;;
-    ddp | dp | amp) echo parallel ;;
+    ddp | dp | amp | pipeline) echo parallel ;;
     *) echo "?$1" ;;
     esac
 }

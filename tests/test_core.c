@@ -7,7 +7,7 @@
 #include "test.h"
 
 /* The bulk conversions (vector instructions where the CPU has them) give the scalar rules' bits
- * for every f16 value, and for f32 values around every f16 rounding boundary. */
+ * for every f16 and bf16 value, and for f32 values around every rounding boundary. */
 static void bulk_conversions_match_the_scalar_rules(void) {
     enum { N = 1 << 16 };
     uint16_t *h = malloc(N * sizeof *h), *back = malloc(4 * N * sizeof *back);
@@ -41,6 +41,32 @@ static void bulk_conversions_match_the_scalar_rules(void) {
         if (back[i] != want && !(isnan(f[i]) && (back[i] & 0x7c00) == 0x7c00 && (back[i] & 0x3ff)))
             wrong++;
     }
+    CHECK_EQ(wrong, 0);
+    /* bf16 both ways: every bf16 value back and forth, and f32 values at and around every
+     * bf16 rounding boundary (subnormals and NaNs included). */
+    td__convert(f, TD_F32, h, TD_BF16, N);
+    for (uint32_t i = 0; i < N; i++) {
+        float want = td_bf16_to_f32(h[i]);
+        wrong += memcmp(&f[i], &want, sizeof want) != 0;
+    }
+    m = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        uint32_t u = i << 16;
+        float x, halfway, below, above;
+        memcpy(&x, &u, 4);
+        u |= 0x8000;
+        memcpy(&halfway, &u, 4);
+        u -= 1;
+        memcpy(&below, &u, 4);
+        u += 2;
+        memcpy(&above, &u, 4);
+        f[m++] = x;
+        f[m++] = halfway;
+        f[m++] = below;
+        f[m++] = above;
+    }
+    td__convert(back, TD_BF16, f, TD_F32, m);
+    for (size_t i = 0; i < m; i++) wrong += back[i] != td_f32_to_bf16(f[i]);
     CHECK_EQ(wrong, 0);
     free(h);
     free(back);

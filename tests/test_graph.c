@@ -560,14 +560,14 @@ static void models_build_and_share_params(void) {
         size_t n;
         CHECK_OK(td_graph_parameters(g, &p, &n));
         CHECK(strcmp(p[0].name, k == TD_MODEL_MLP ? "fc1.weight" : "conv1.weight") == 0);
-        CHECK_EQ(n, k == TD_MODEL_NET ? 8 : k == TD_MODEL_MLP ? 6 : 18);
+        CHECK_EQ(n, k == TD_MODEL_NET ? 8 : k == TD_MODEL_MLP ? 6 : k == TD_MODEL_CNN ? 18 : 38);
         td_graph_destroy(e);
         td_graph_destroy(g);
     }
     td_model_kind kind;
     CHECK_OK(td_model_kind_parse("cnn", &kind));
     CHECK_EQ(kind, TD_MODEL_CNN);
-    CHECK_STATUS(td_model_kind_parse("resnet", &kind), TD_EINVAL);
+    CHECK_STATUS(td_model_kind_parse("vgg", &kind), TD_EINVAL);
 }
 
 static void input_gradient_and_errors(void) {

@@ -642,6 +642,57 @@ static void add_matches_reference(void) {
     free(a), free(b), free(dy), free(y), free(da), free(db), free(ry);
 }
 
+/* Residual sums of convolution outputs (which oneDNN may keep blocked) and a plain input, in
+ * every pairing: s = conv(x, w1) + conv(x, w2), u = p + s, y = s + u, so y = 2 s + p, against
+ * the reference kernels, whatever layouts the graph picked. */
+static void add_of_blocked_layouts_matches_reference(void) {
+    enum { N = 2, C = 3, H = 6, W = 6, OC = 16 };
+    size_t nx = N * C * H * W, nw = OC * C * 9, ny = N * OC * H * W;
+    float *x = randn(nx), *w1 = randn(nw), *w2 = randn(nw), *p = randn(ny), *dy = randn(ny);
+    float *y = scratch(ny), *dx = scratch(nx), *dw1 = scratch(nw), *dw2 = scratch(nw);
+    float *dp = scratch(ny), *ry = scratch(ny), *r2 = scratch(ny), *rdx = scratch(nx);
+    float *rdx2 = scratch(nx), *rdw1 = scratch(nw), *rdw2 = scratch(nw), *dy2 = scratch(ny);
+    rig r;
+    rig_init(&r);
+    td_tensor *tx = rig_leaf(&r, 0, "x", td_shape_4d(N, C, H, W), TD_F32, x);
+    td_tensor *t1w = rig_leaf(&r, 1, "w1", td_shape_4d(OC, C, 3, 3), TD_F32, w1);
+    td_tensor *t2w = rig_leaf(&r, 1, "w2", td_shape_4d(OC, C, 3, 3), TD_F32, w2);
+    td_tensor *tp = rig_leaf(&r, 0, "p", td_shape_4d(N, OC, H, W), TD_F32, p);
+    td_tensor *t1 = NULL, *t2 = NULL, *ts = NULL, *tu = NULL, *ty = NULL;
+    td_conv2d_params cp = td_conv2d_default_params();
+    cp.padding[0] = cp.padding[1] = 1;
+    if (r.ok) RIG_CALL(&r, td_graph_conv2d(r.g, tx, t1w, NULL, &cp, &t1));
+    if (r.ok) RIG_CALL(&r, td_graph_conv2d(r.g, tx, t2w, NULL, &cp, &t2));
+    if (r.ok) RIG_CALL(&r, td_graph_add(r.g, t1, t2, &ts));
+    if (r.ok) RIG_CALL(&r, td_graph_add(r.g, tp, ts, &tu));
+    if (r.ok) RIG_CALL(&r, td_graph_add(r.g, ts, tu, &ty));
+    if (rig_run(&r, ty, dy)) {
+        rig_read(&r, ty, y);
+        rig_grad(&r, tx, dx);
+        rig_grad(&r, t1w, dw1);
+        rig_grad(&r, t2w, dw2);
+        rig_grad(&r, tp, dp);
+    }
+    if (r.ok) {
+        td__ref_conv2d_dims d = {N, C, H, W, OC, 3, 3, 1, 1, 1, 1, 1, 1};
+        td__ref_conv2d_forward(ry, x, w1, NULL, &d);
+        td__ref_conv2d_forward(r2, x, w2, NULL, &d);
+        for (size_t i = 0; i < ny; i++) ry[i] = 2 * (ry[i] + r2[i]) + p[i];
+        for (size_t i = 0; i < ny; i++) dy2[i] = 2 * dy[i];
+        td__ref_conv2d_backward(rdx, rdw1, NULL, dy2, x, w1, &d);
+        td__ref_conv2d_backward(rdx2, rdw2, NULL, dy2, x, w2, &d);
+        for (size_t i = 0; i < nx; i++) rdx[i] += rdx2[i];
+        check_close("blocked add y", y, ry, ny, 1e-4);
+        check_close("blocked add dx", dx, rdx, nx, 1e-4);
+        check_close("blocked add dw1", dw1, rdw1, nw, 1e-4);
+        check_close("blocked add dw2", dw2, rdw2, nw, 1e-4);
+        check_close("blocked add dp", dp, dy, ny, TOL);
+    }
+    rig_free(&r);
+    free(x), free(w1), free(w2), free(p), free(dy), free(y), free(dx), free(dw1), free(dw2);
+    free(dp), free(ry), free(r2), free(rdx), free(rdx2), free(rdw1), free(rdw2), free(dy2);
+}
+
 /* Three inputs (N, C_k, H, W) concatenated on dim 1. */
 static int graph_concat(int N, const int *C, int H, int W, const float *const *xs, const float *dy,
                         float *y, float *const *dxs) {
@@ -927,6 +978,7 @@ int main(void) {
     RUN(batch_norm_matches_reference);
     RUN(batch_norm_matches_pytorch);
     RUN(add_matches_reference);
+    RUN(add_of_blocked_layouts_matches_reference);
     RUN(concat_matches_reference_and_pytorch);
     RUN(losses_match_reference);
     RUN(losses_match_pytorch);

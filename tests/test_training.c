@@ -2,8 +2,10 @@
  * files, alone and under tandemrun with DDP over shared memory. Checks accuracy, bitwise
  * resume from a checkpoint, N-rank DDP == one process on the same global batch, the trace's
  * overlap of all-reduce and backward, and the refusal of a corrupt checkpoint.
- * Mixed precision in bf16 (O1, O2) stays within half a point of f32's accuracy. TD_LONG=1
- * (make check-long) adds the CNN's 90% within three epochs, and its O1/O2 runs. */
+ * Mixed precision in bf16 (O1, O2) stays within half a point of f32's accuracy; the pipeline
+ * mode of the example runs (2 stages, and 2 stages x 2 replicas). TD_LONG=1 (make check-long)
+ * adds the CNN's 90% within three epochs and its O1/O2 runs, and the ResNet's 90% with 1F1B on
+ * 2 stages. */
 #include <libgen.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -81,6 +83,35 @@ static void cnn_reaches_90_percent_in_three_epochs(void) {
     printf("    cnn, 3 epochs, 2 ranks: test accuracy %.4f\n", accuracy);
     CHECK(accuracy >= 0.90);
     amp_within_half_a_point(prefix, "cnn", accuracy);
+}
+
+static void resnet_1f1b_on_two_stages_reaches_90_percent_in_three_epochs(void) {
+    if (!getenv("TD_LONG")) return;
+    CHECK_EQ(run("%s --nproc-per-node 2 %s --model resnet --pipeline 1f1b --stages 2 "
+                 "--micro-batches 4 --epochs 3",
+                 launcher, example),
+             0);
+    double accuracy = field("test_accuracy ");
+    printf("    resnet, 3 epochs, 1F1B on 2 stages: test accuracy %.4f\n", accuracy);
+    CHECK(accuracy >= 0.90);
+}
+
+/* The example's pipeline mode end to end: 2 stages alone and 2 stages x 2 replicas. */
+static void pipeline_example_runs_under_tandemrun(void) {
+    CHECK_EQ(run("%s --nproc-per-node 2 %s --model resnet --pipeline gpipe --stages 2 "
+                 "--micro-batches 2 --epochs 1 --max-steps 3 --no-eval",
+                 launcher, example),
+             0);
+    CHECK(strstr(output, "pipeline gpipe stages 2 micro_batches 2") != NULL);
+    CHECK_EQ(run("%s --nproc-per-node 4 %s --model mlp --pipeline 1f1b --stages 2 "
+                 "--micro-batches 4 --epochs 1 --max-steps 20 --split fc2",
+                 launcher, example),
+             0);
+    double accuracy = field("test_accuracy ");
+    printf("    mlp, 20 steps, 1F1B 2 stages x 2 replicas: test accuracy %.4f\n", accuracy);
+    CHECK(accuracy > 0.5);
+    CHECK_EQ(run("%s --model mlp --pipeline 1f1b --stages 2 --epochs 1", example), 2);
+    CHECK(strstr(output, "needs 2 ranks") != NULL);
 }
 
 static long file_bytes(const char *path, char **data) {
@@ -213,7 +244,9 @@ int main(int argc, char **argv) {
     RUN(ddp_equals_one_process_on_the_global_batch);
     RUN(trace_shows_allreduce_during_backward);
     RUN(corrupt_checkpoint_is_refused_by_name);
+    RUN(pipeline_example_runs_under_tandemrun);
     RUN(cnn_reaches_90_percent_in_three_epochs);
+    RUN(resnet_1f1b_on_two_stages_reaches_90_percent_in_three_epochs);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) return 1;

@@ -1,4 +1,5 @@
-/* Trains the seeds' Net, an MLP or a CNN on Fashion-MNIST, in one process or data-parallel.
+/* Trains the seeds' Net, an MLP, a CNN or a ResNet on Fashion-MNIST, in one process or
+ * data-parallel (pipeline-parallel with --pipeline: pipeline.c).
  *
  *   build/examples/mnist --model net --epochs 2
  *   build/bin/tandemrun --nproc-per-node 2 build/examples/mnist --model cnn --epochs 3
@@ -17,6 +18,8 @@
 #include <unistd.h>
 
 #include "tandem/tandem.h"
+
+#include "pipeline.h"
 
 #define CHECK(call)                                                                    \
     do {                                                                               \
@@ -47,13 +50,14 @@ typedef struct {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: mnist [--model net|mlp|cnn] [--epochs N] [--batch GLOBAL] [--lr X]\n"
+            "usage: mnist [--model net|mlp|cnn|resnet] [--epochs N] [--batch GLOBAL] [--lr X]\n"
             "             [--momentum X] [--seed N] [--max-steps N] [--data DIR]\n"
             "             [--checkpoint PATH] [--resume PATH] [--trace PREFIX] [--no-eval]\n"
             "             [--cosine | --constant-lr] [--bucket-kb N]\n"
             "             [--amp O0|O1|O2|O3] [--amp-dtype bf16|f16]\n"
             "             [--loss-scale dynamic|none|N] [--comm-dtype f32|bf16|f16]\n"
-            "             [--spawn N]\n");
+            "             [--spawn N]\n"
+            "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n");
     exit(2);
 }
 
@@ -120,8 +124,9 @@ static options parse(int argc, char **argv) {
         i++;
     }
     if (o.epochs < 1 || o.batch < 1) usage();
-    /* The seeds' SGD for their Net; the MLP and CNN train faster with more momentum. */
-    if (o.lr < 0) o.lr = o.model == TD_MODEL_MLP ? 0.05 : 0.01;
+    /* The seeds' SGD for their Net; the others train faster with more momentum (and the
+     * ResNet, with batch norm after every convolution, with a larger step). */
+    if (o.lr < 0) o.lr = o.model == TD_MODEL_MLP ? 0.05 : o.model == TD_MODEL_RESNET ? 0.1 : 0.01;
     if (o.momentum < 0) o.momentum = o.model == TD_MODEL_NET ? 0.5 : 0.9;
     if (o.cosine < 0) o.cosine = o.model != TD_MODEL_NET;
     /* f16's range needs loss scaling (apex); bf16 has f32's range and does without. */
@@ -379,6 +384,7 @@ static void evaluate(trainer *t, td_loader *test, double *accuracy, double *loss
 static int train(int rank, int world_size, void *arg);
 
 int main(int argc, char **argv) {
+    if (mnist_pipeline_requested(argc, argv)) return mnist_pipeline_main(argc, argv);
     options opt = parse(argc, argv);
     if (opt.spawn > 0 && !getenv("WORLD_SIZE")) {
         td_spawn_params sp = td_spawn_default_params();

@@ -178,6 +178,16 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy);
  * ones it never reaches; until that backward they still hold their old values. */
 td_status td_graph_zero_grad(td_graph *g);
 
+/* Like td_graph_zero_grad for the inputs that take a gradient only: parameter gradients keep
+ * accumulating. A pipeline stage runs one backward per micro-batch into the same parameter
+ * gradients, and each backward must hand upstream its own micro-batch's input gradient. */
+td_status td_graph_zero_input_grads(td_graph *g);
+
+/* Cancels a pending zero of the parameter gradients: the next backward adds to what they hold.
+ * For graphs whose td_param arrays point at one gradient storage (a pipeline stage's
+ * micro-batch graphs): the first backward of a step writes, the others add. */
+td_status td_graph_accumulate_param_grads(td_graph *g);
+
 /* Training (1, the default) or eval (0) mode: dropout and batch norm behave accordingly. */
 void td_graph_set_training(td_graph *g, int training);
 

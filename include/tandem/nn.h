@@ -27,9 +27,10 @@ td_status td_nn_batch_norm2d(td_graph *g, const char *name, td_tensor *x, td_ten
 
 /* The reference models (all take (B, 1, 28, 28) f32 images and (B) i64 labels). */
 typedef enum {
-    TD_MODEL_NET = 0, /* the seeds' Net: 2 convs, dropout2d, 2 linears, dropout */
-    TD_MODEL_MLP = 1, /* 784 -> 1024 -> 1024 -> 10 */
-    TD_MODEL_CNN = 2, /* 4 conv3x3 + BN + ReLU, 2 max-pools, linear 3136 -> 10 */
+    TD_MODEL_NET = 0,    /* the seeds' Net: 2 convs, dropout2d, 2 linears, dropout */
+    TD_MODEL_MLP = 1,    /* 784 -> 1024 -> 1024 -> 10 */
+    TD_MODEL_CNN = 2,    /* 4 conv3x3 + BN + ReLU, 2 max-pools, linear 3136 -> 10 */
+    TD_MODEL_RESNET = 3, /* td_resnet_default_params(): BasicBlocks [1, 1, 1, 1], width 16 */
     TD_MODEL_COUNT
 } td_model_kind;
 
@@ -49,11 +50,102 @@ typedef struct {
 td_status td_model_build(td_graph *g, td_model_kind kind, int64_t batch, uint64_t seed,
                          td_model *out);
 
-/* "net", "mlp", "cnn". */
+/* "net", "mlp", "cnn", "resnet". */
 const char *td_model_name(td_model_kind kind);
 
-/* Parses "net" / "mlp" / "cnn"; TD_EINVAL names the bad string. */
+/* Parses "net" / "mlp" / "cnn" / "resnet"; TD_EINVAL names the bad string. */
 td_status td_model_kind_parse(const char *name, td_model_kind *out);
+
+/* ---- sequential models ------------------------------------------------------------------ */
+
+/* A model as consecutive named layers (nn.Sequential), the shape a pipeline cuts into stages.
+ * Every reference model is one (td_model_sequential); td_model_build builds it whole. */
+typedef struct td_sequential td_sequential;
+
+/* One layer: adds its parameters (named "<name>.<...>", initialised from rng) and nodes to g,
+ * reading x and giving y. `arg` is the layer's own copy of what td_sequential_add was given. */
+typedef td_status (*td_layer_fn)(td_graph *g, const char *name, td_tensor *x, td_rng *rng,
+                                 const void *arg, td_tensor **y);
+
+/* An empty model whose input is (B, sample...) f32 and whose last layer gives (B, classes)
+ * logits. The caller owns it (td_sequential_destroy). */
+td_status td_sequential_create(td_sequential **out, td_shape sample);
+
+/* Frees the model description (not graphs built from it); NULL-safe. */
+void td_sequential_destroy(td_sequential *s);
+
+/* Appends a layer; arg_bytes of arg are copied (arg may be NULL when arg_bytes is 0). Names
+ * are unique, at most 47 characters, and may hold dots ("layer1.0"). */
+td_status td_sequential_add(td_sequential *s, const char *name, td_layer_fn fn, const void *arg,
+                            size_t arg_bytes);
+
+/* Number of layers. */
+size_t td_sequential_count(const td_sequential *s);
+
+/* Name of layer i, or NULL past the end. */
+const char *td_sequential_layer_name(const td_sequential *s, size_t i);
+
+/* The per-sample input shape given at creation. */
+td_shape td_sequential_sample_shape(const td_sequential *s);
+
+/* The first layer called `name` or, failing that, whose name starts with "<name>." (so
+ * "layer3" finds "layer3.0"); TD_ENOTFOUND names the layers there are. */
+td_status td_sequential_find(const td_sequential *s, const char *name, size_t *index);
+
+/* The shape layer `index` reads at batch `batch` (index == count: the logits' shape). */
+td_status td_sequential_shape_at(const td_sequential *s, size_t index, int64_t batch,
+                                 td_shape *out);
+
+/* Adds layers [first, last) to g reading x (of the shape td_sequential_shape_at(first) gives)
+ * and returns the last one's output in *y. Parameters are initialised exactly as the whole
+ * model built from `seed` initialises them, whatever `first` is: the draws of the layers
+ * before `first` are replayed (in a scratch graph that holds no activations). */
+td_status td_sequential_build(const td_sequential *s, td_graph *g, size_t first, size_t last,
+                              td_tensor *x, uint64_t seed, td_tensor **y);
+
+/* Builds the whole model for batch size `batch` into an empty graph as a td_model (inputs
+ * "input" and "labels", cross-entropy loss) and compiles it. out->kind is the reference
+ * model's kind, or TD_MODEL_COUNT for a model the caller assembled. */
+td_status td_model_build_sequential(td_graph *g, const td_sequential *s, int64_t batch,
+                                    uint64_t seed, td_model *out);
+
+/* The layers of a reference model (the ResNet with td_resnet_default_params()): net "conv1",
+ * "conv2", "fc1", "fc2"; mlp "fc1" .. "fc3"; cnn "conv1" .. "conv4", "fc"; resnet as
+ * td_resnet_sequential. The caller destroys it. */
+td_status td_model_sequential(td_model_kind kind, td_sequential **out);
+
+/* ---- ResNet -------------------------------------------------------------------------------- */
+
+/* The residual block kinds of He et al. (torchvision's BasicBlock and Bottleneck, v1.5:
+ * a bottleneck strides in its 3x3 convolution). */
+typedef enum { TD_RESNET_BASIC = 0, TD_RESNET_BOTTLENECK = 1 } td_resnet_block;
+
+#define TD_RESNET_MAX_STAGES 6
+
+/* A ResNet for small images; fill with td_resnet_default_params. The stem is a 3x3 stride-1
+ * convolution to base_width channels + batch norm + ReLU (no max pool: 28x28 inputs are small
+ * already); stage i (torchvision's layer<i+1>) has blocks[i] blocks of base_width * 2^i
+ * planes, striding by 2 from the second stage on; then global average pooling and a linear
+ * classifier. Convolutions are bias-free and kaiming_normal(fan_out) initialised, batch norms
+ * start at weight 1, bias 0, as in torchvision. */
+typedef struct {
+    td_resnet_block block;
+    int stages;                       /* 1 .. TD_RESNET_MAX_STAGES */
+    int blocks[TD_RESNET_MAX_STAGES]; /* blocks per stage, >= 1 */
+    int64_t base_width;               /* channels of the stem and of stage 1's planes */
+    int64_t in_channels, image_size;  /* input (in_channels, image_size, image_size) */
+    int64_t classes;
+} td_resnet_params;
+
+/* BasicBlock, 4 stages of [1, 1, 1, 1] blocks, base width 16, 1 x 28 x 28 inputs, 10 classes:
+ * 308,538 parameters; an epoch of Fashion-MNIST takes about a minute on one core. */
+td_resnet_params td_resnet_default_params(void);
+
+/* The ResNet as layers named like torchvision's modules: "stem" (parameters conv1, bn1),
+ * one layer per block "layer<i>.<j>" (parameters "layer<i>.<j>.conv1.weight", ...,
+ * "layer<i>.<j>.downsample.0.weight" and ".1" for a projection shortcut), and "fc" (average
+ * pooling, flatten and the classifier fc). The caller destroys it. */
+td_status td_resnet_sequential(const td_resnet_params *p, td_sequential **out);
 
 /* Writes the argmax of each row of `output` into pred[0..B) and returns how many equal
  * labels (both read from the graph after forward). */

@@ -14,6 +14,7 @@
 #include "tandem/ops.h"
 #include "tandem/optim.h"
 #include "tandem/param.h"
+#include "tandem/pipeline.h"
 #include "tandem/spawn.h"
 #include "tandem/store.h"
 #include "tandem/tensor.h"

@@ -11,85 +11,6 @@
 #define TD__PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
 #define TD__PRINTF(a, b)
-/* The conversions of tandem/core.h as inline functions for loops over elements: round to
- * nearest even, NaN stays NaN (quiet), f16 overflows to infinity and keeps subnormals. */
-static inline uint32_t td__f32_bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return u;
-}
-
-static inline float td__bits_f32(uint32_t u) {
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
-static inline uint16_t td__f32_to_bf16(float x) {
-    uint32_t u = td__f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static inline float td__bf16_to_f32(uint16_t x) { return td__bits_f32((uint32_t)x << 16); }
-
-static inline uint16_t td__f32_to_f16(float x) {
-    uint32_t u = td__f32_bits(x);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
-    if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow to inf */
-    if (abs < 0x38800000u) {                                   /* subnormal or zero */
-        float f = td__bits_f32(abs) * 16777216.0f;             /* scale by 2^24 */
-        uint32_t m = (uint32_t)f;
-        float rem = f - (float)m;
-        if (rem > 0.5f || (rem == 0.5f && (m & 1u))) m++;
-        return (uint16_t)(sign | m);
-    }
-    uint32_t e = ((abs >> 23) - 112u) << 10;
-    uint32_t m = (abs >> 13) & 0x3ffu;
-    uint32_t h = e | m;
-    uint32_t rest = abs & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-}
-
-static inline float td__f16_to_f32(uint16_t x) {
-    uint32_t sign = (uint32_t)(x & 0x8000u) << 16;
-    uint32_t e = (x >> 10) & 0x1fu;
-    uint32_t m = x & 0x3ffu;
-    if (e == 0) {
-        float f = (float)m / 16777216.0f; /* m * 2^-24 */
-        return (sign ? -f : f);
-    }
-    if (e == 31) return td__bits_f32(sign | 0x7f800000u | (m << 13));
-    return td__bits_f32(sign | ((e + 112u) << 23) | (m << 13));
-}
-
-/* 1 for the floating dtypes a tensor may have (f32, bf16, f16). */
-static inline int td__is_float(td_dtype dt) { return dt == TD_F32 || dt == TD_BF16 || dt == TD_F16; }
-
-/* Element i of a buffer of float dtype dt, as f32, and back. */
-static inline float td__load(const void *p, td_dtype dt, size_t i) {
-    if (dt == TD_F32) return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    return dt == TD_BF16 ? td__bf16_to_f32(h) : td__f16_to_f32(h);
-}
-
-static inline void td__store(void *p, td_dtype dt, size_t i, float v) {
-    if (dt == TD_F32)
-        ((float *)p)[i] = v;
-    else
-        ((uint16_t *)p)[i] = dt == TD_BF16 ? td__f32_to_bf16(v) : td__f32_to_f16(v);
-}
-
-/* dst (n elements of dt) = src (n elements of st), between f32, bf16 and f16. */
-void td__convert(void *dst, td_dtype dt, const void *src, td_dtype st, size_t n);
-
-/* dst += src over n elements of float dtype dt, each sum in f32 then rounded. */
-void td__accumulate(void *dst, const void *src, td_dtype dt, size_t n);
-
 #endif
 
 /* Records a formatted message as this thread's last error and returns `status`, so that
@@ -105,6 +26,10 @@ td_status td__fail(td_status status, const char *fmt, ...) TD__PRINTF(2, 3);
 
 /* Sends a formatted message to the installed log sink, if any accepts `level`. */
 void td__log(td_log_level level, const char *fmt, ...) TD__PRINTF(2, 3);
+
+/* The state letter /proc/<pid>/stat gives the process (R, S, D, T, t, Z, X, ...), or 0 when it
+ * cannot be read (no such process). */
+char td__proc_state(int pid);
 
 /* The conversions of tandem/core.h as inline functions for loops over elements: round to
  * nearest even, NaN stays NaN (quiet), f16 overflows to infinity and keeps subnormals. */

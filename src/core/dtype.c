@@ -8,8 +8,9 @@
 #include "core/core_impl.h"
 
 #if defined(__x86_64__)
-/* F16C converts eight at a time, rounding to nearest even and keeping subnormals as the scalar
- * rules do. Chosen at run time: the library may run on another CPU than it was built on. */
+/* Vector conversions, chosen at run time (the library may run on another CPU than it was built
+ * on). F16C converts eight at a time, rounding to nearest even and keeping subnormals as the
+ * scalar rules do. */
 static int have_f16c(void) {
     static int known = -1;
     if (known < 0) known = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
@@ -30,6 +31,42 @@ __attribute__((target("avx,f16c"))) static size_t f16_to_f32_f16c(float *d, cons
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    return i;
+}
+
+/* bf16 sixteen at a time with AVX-512F integer operations: the scalar rule (round to nearest
+ * even, NaNs kept quiet) bit for bit. Not AVX512_BF16's vcvtneps2bf16, which flushes
+ * subnormals: a CPU with it would then round differently from one without. */
+static int have_avx512f(void) {
+    static int known = -1;
+    if (known < 0) known = __builtin_cpu_supports("avx512f");
+    return known;
+}
+
+__attribute__((target("avx512f"))) static size_t f32_to_bf16_avx512(uint16_t *d, const float *s,
+                                                                  size_t n) {
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff),
+                  abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                  quiet = _mm512_set1_epi32(0x400000);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i u = _mm512_loadu_si512(s + i);
+        __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, odd));
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
+        _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    }
+    return i;
+}
+
+__attribute__((target("avx512f"))) static size_t bf16_to_f32_avx512(float *d, const uint16_t *s,
+                                                                  size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i)));
+        _mm512_storeu_si512(d + i, _mm512_slli_epi32(h, 16));
+    }
     return i;
 }
 #endif
@@ -59,6 +96,9 @@ void td__convert(void *dst, td_dtype dt, const void *src, td_dtype st, size_t n)
         uint16_t *d = dst;
         size_t i = 0;
         if (dt == TD_BF16) {
+#if defined(__x86_64__)
+            if (have_avx512f()) i = f32_to_bf16_avx512(d, s, n);
+#endif
             for (; i < n; i++) d[i] = td__f32_to_bf16(s[i]);
             return;
         }
@@ -71,6 +111,9 @@ void td__convert(void *dst, td_dtype dt, const void *src, td_dtype st, size_t n)
         float *d = dst;
         size_t i = 0;
         if (st == TD_BF16) {
+#if defined(__x86_64__)
+            if (have_avx512f()) i = bf16_to_f32_avx512(d, s, n);
+#endif
             for (; i < n; i++) d[i] = td__bf16_to_f32(s[i]);
             return;
         }

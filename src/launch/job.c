@@ -76,6 +76,8 @@ int td__job_reap(td__job *j) {
     }
     if (first >= 0) {
         j->first_failed = first;
+        /* Signalled after the pass: the ranks this failure stops are reaped by later calls,
+         * so `running` still counts them. */
         if (j->stop_on_failure) td__job_stop(j, SIGTERM, td__exit_code(j->procs[first].status));
     }
     return first;
@@ -91,15 +93,8 @@ void td__job_tick(td__job *j) {
 
 /* 1 when /proc says the process is stopped by a signal (T) or traced (t). */
 static int is_stopped(pid_t pid) {
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+    char state = td__proc_state((int)pid);
+    return state == 'T' || state == 't';
 }
 
 int td__job_stopped_ranks(const td__job *j, char *out, size_t cap) {

@@ -65,15 +65,8 @@ int td__shm_pid_dead(int pid) {
     if (pid <= 0) return 0;
     if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
     /* A killed child stays a zombie until its parent reaps it; it is dead all the same. */
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+    char state = td__proc_state(pid);
+    return state == 'Z' || state == 'X';
 }
 
 static void ring_all(shm_ctx *c) {
@@ -152,8 +145,9 @@ static td_status wait_peers(shm_ctx *c, uint32_t target, const shm_call *call,
         uint64_t now = td_time_ns();
         if (now - start < c->spin_ns) {
             /* A peer that shares our core cannot arrive while we spin: let it run now and
-             * then (a no-op when no one else waits for the core). */
-            if (++spins % 64 == 0)
+             * then. Only then: yielding to some other program on our core would hand it a
+             * whole time slice while every peer waits for us. */
+            if (c->yield && ++spins % 64 == 0)
                 sched_yield();
             else
                 cpu_relax();
@@ -274,7 +268,27 @@ static void attach(shm_ctx *c, void *base, size_t bytes) {
     c->staging = (unsigned char *)base + l.staging;
     c->result = (unsigned char *)base + l.result;
     c->ring_data = (unsigned char *)base + l.ring_data;
-    c->ranks[c->rank].pid = (int32_t)getpid();
+    shm_rank *me = &c->ranks[c->rank];
+    me->pid = (int32_t)getpid();
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        for (int i = 0; i < CPU_SETSIZE; i++) CPU_SET(i, &set);
+    for (int i = 0; i < CPU_SETSIZE && i < 1024; i++)
+        if (CPU_ISSET(i, &set)) me->cpus[i / 64] |= 1ull << (i % 64);
+}
+
+/* Once every rank has published its CPUs: how to wait. Spinning pays when the ranks have at
+ * least a CPU each (pinned to their own, or free to spread); with fewer CPUs than ranks a
+ * spinning rank holds the core a peer needs, so waits spin briefly and yield. */
+static void share_cores(shm_ctx *c) {
+    uint64_t all[16] = {0};
+    for (int r = 0; r < c->size; r++)
+        for (int w = 0; w < 16; w++) all[w] |= c->ranks[r].cpus[w];
+    int cpus = 0;
+    for (int w = 0; w < 16; w++) cpus += __builtin_popcountll(all[w]);
+    c->yield = c->size > cpus;
+    c->spin_ns = c->yield ? 2000 : 50000;
 }
 
 static shm_ctx *ctx_new(int rank, int size) {
@@ -282,9 +296,9 @@ static shm_ctx *ctx_new(int rank, int size) {
     if (!c) return NULL;
     c->rank = rank;
     c->size = size;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    /* Spinning only pays when every rank has a core; otherwise it steals the peer's. */
-    c->spin_ns = size <= cpus ? 50000 : 2000;
+    /* Until the ranks' CPUs are known (share_cores), wait as if they shared them. */
+    c->spin_ns = 2000;
+    c->yield = 1;
     /* The chunk trades cache fit against barriers per byte; the creator's choice wins. */
     const char *v = getenv("TANDEM_SHM_CHUNK");
     long long want = v ? atoll(v) : 0;
@@ -413,6 +427,7 @@ td_status td__shm_create_local(int rank, int n, td__shm_share_fn share, void *ar
         ctx_free(c);
         return s;
     }
+    share_cores(c); /* every rank published its CPUs before the barrier */
     *shape = (td__group_shape){rank, n, rank, n, 0, 1};
     *ctx = c;
     *ops = &shm_ops;
@@ -527,7 +542,10 @@ static td_status shm_split(void *ctx, int color, int key, double timeout_s, void
         local = td__fail(
             TD_EIO, "split: another rank of the new group (colour %d) could not map its segment",
             color);
-    if (!s && !local && k) shm_file_sealed(&k->fd); /* every member has mapped it */
+    if (!s && !local && k) {
+        shm_file_sealed(&k->fd); /* every member has mapped it */
+        share_cores(k);
+    }
     free(all);
     free(members);
     if (!s) s = local;

@@ -24,7 +24,7 @@
 
 #include "comm/shm/shm_impl.h"
 
-#define SHM_SMALL (16u * 1024u)    /* below this an allreduce reduces everything on every rank */
+#define SHM_SMALL (64u * 1024u)    /* below this an allreduce reduces everything on every rank */
 #define SHM_ZC_BLOCK (32u * 1024u) /* bytes a zero-copy all-reduce reduces before copying out */
 
 /* Copies the elements [lo, hi) of a stream (src holds element lo) that fall in the window

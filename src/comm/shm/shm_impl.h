@@ -63,6 +63,7 @@ typedef struct {
     _Atomic uint32_t p2p_sleeping;
     _Atomic uint32_t p2p_bell;
     int32_t pid;
+    uint64_t cpus[16]; /* the CPUs this rank may run on (its affinity, CPUs 0-1023) */
     _Alignas(64) shm_call call[2];
     char error_msg[2][192]; /* why call[parity].error, when it is set */
 } shm_rank;
@@ -104,7 +105,8 @@ typedef struct shm_ctx {
     int fd;         /* this process created the segment and its peers may still open it, else -1 */
     uint32_t phase; /* phases this rank has posted */
     uint64_t next_seq; /* the sequence number a split uses */
-    uint64_t spin_ns;
+    uint64_t spin_ns; /* how long a wait spins before it sleeps */
+    int yield;        /* the ranks have fewer CPUs than ranks: spinning yields to them */
     td_store *store; /* world group only */
     pthread_mutex_t p2p_lock;
     shm_p2p_req *sends, *recvs; /* pending, in posting order */

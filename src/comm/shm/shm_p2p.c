@@ -395,8 +395,8 @@ td_status td__shm_p2p_wait(void *ctx, void *req, double timeout_s) {
             free(r);
             return s;
         }
-        if (!sleeper && ++spins % 64 == 0)
-            sched_yield(); /* a peer on our core needs it */
+        if (!sleeper && c->yield && ++spins % 64 == 0)
+            sched_yield(); /* a peer on our core needs it (share_cores) */
         else if (!sleeper)
             cpu_relax();
     }

@@ -1,0 +1,279 @@
+/* The example's pipeline-parallel training: the model cut into stages, one per rank, trained
+ * with the naive split, GPipe or 1F1B, and replicated when there are more ranks than stages
+ * (P stages x D replicas; each stage's replicas average gradients through DDP).
+ *
+ *   build/bin/tandemrun --nproc-per-node 2 build/examples/mnist --model resnet --pipeline 1f1b \
+ *       --stages 2 --micro-batches 4 --epochs 3
+ *
+ * Each replica trains on its slice of every global batch (the loader shards it as in the data
+ * parallel mode); stage 0 reads the images and the last stage the labels. The last stage of
+ * replica 0 prints progress and the test accuracy, which every replica helps evaluate, through
+ * the pipeline, batch by batch. With --trace PREFIX every rank writes PREFIX.rank<r>.json, a
+ * Chrome trace of its forwards, backwards, transfers and optimizer steps. Checkpoints are not
+ * written in this mode. */
+#include "pipeline.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tandem/tandem.h"
+
+#define CHECK(call)                                                                    \
+    do {                                                                               \
+        td_status s_ = (call);                                                         \
+        if (s_ != TD_OK) {                                                             \
+            fprintf(stderr, "mnist: %s: %s\n", td_status_string(s_), td_last_error()); \
+            exit(1);                                                                   \
+        }                                                                              \
+    } while (0)
+
+typedef struct {
+    td_model_kind model;
+    td_pipeline_schedule schedule;
+    int stages, micro, epochs, batch, eval, cosine;
+    double lr, momentum;
+    uint64_t seed;
+    long max_steps;
+    const char *split, *data_dir, *trace;
+} pp_options;
+
+int mnist_pipeline_requested(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--pipeline")) return 1;
+    return 0;
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: mnist --pipeline naive|gpipe|1f1b [--stages P] [--micro-batches M]\n"
+            "             [--split NAMES|balanced] [--model resnet|net|mlp|cnn] [--epochs N]\n"
+            "             [--batch GLOBAL] [--lr X] [--momentum X] [--seed N] [--max-steps N]\n"
+            "             [--data DIR] [--trace PREFIX] [--no-eval] [--cosine | --constant-lr]\n"
+            "       run under tandemrun with P x replicas ranks\n");
+    exit(2);
+}
+
+static pp_options parse(int argc, char **argv) {
+    pp_options o = {
+        TD_MODEL_RESNET, TD_SCHEDULE_1F1B, 2, 4, 2, 128, 1, 1, -1, -1, 1, 0, NULL, NULL, NULL};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--no-eval") || !strcmp(a, "--cosine") || !strcmp(a, "--constant-lr")) {
+            if (!strcmp(a, "--no-eval"))
+                o.eval = 0;
+            else
+                o.cosine = !strcmp(a, "--cosine");
+            continue;
+        }
+        if (!v) usage();
+        if (!strcmp(a, "--pipeline"))
+            CHECK(td_pipeline_schedule_parse(v, &o.schedule));
+        else if (!strcmp(a, "--stages"))
+            o.stages = atoi(v);
+        else if (!strcmp(a, "--micro-batches"))
+            o.micro = atoi(v);
+        else if (!strcmp(a, "--split"))
+            o.split = strcmp(v, "balanced") ? v : NULL;
+        else if (!strcmp(a, "--model"))
+            CHECK(td_model_kind_parse(v, &o.model));
+        else if (!strcmp(a, "--epochs"))
+            o.epochs = atoi(v);
+        else if (!strcmp(a, "--batch"))
+            o.batch = atoi(v);
+        else if (!strcmp(a, "--lr"))
+            o.lr = atof(v);
+        else if (!strcmp(a, "--momentum"))
+            o.momentum = atof(v);
+        else if (!strcmp(a, "--seed"))
+            o.seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--max-steps"))
+            o.max_steps = atol(v);
+        else if (!strcmp(a, "--data"))
+            o.data_dir = v;
+        else if (!strcmp(a, "--trace"))
+            o.trace = v;
+        else
+            usage();
+        i++;
+    }
+    if (o.epochs < 1 || o.batch < 1 || o.stages < 1 || o.micro < 1) usage();
+    /* The data-parallel mode's defaults, so that both train the same way. */
+    if (o.lr < 0) o.lr = o.model == TD_MODEL_MLP ? 0.05 : o.model == TD_MODEL_RESNET ? 0.1 : 0.01;
+    if (o.momentum < 0) o.momentum = o.model == TD_MODEL_NET ? 0.5 : 0.9;
+    return o;
+}
+
+/* A group for this process: the launcher's world, or one rank of its own. */
+static td_comm *make_comm(const pp_options *o) {
+    td_comm_params cp = td_comm_default_params();
+    if (!getenv("WORLD_SIZE")) {
+        if (o->stages > 1) {
+            fprintf(stderr,
+                    "mnist: --stages %d needs %d ranks: run it under tandemrun "
+                    "--nproc-per-node %d (or a multiple, for replicas)\n",
+                    o->stages, o->stages, o->stages);
+            exit(2);
+        }
+        cp.rank = 0;
+        cp.world_size = 1;
+        cp.local_rank = 0;
+        cp.local_world_size = 1;
+        cp.master_port = 20000 + (int)(getpid() % 20000);
+    }
+    td_comm *comm;
+    CHECK(td_comm_create(&comm, &cp));
+    return comm;
+}
+
+/* Test accuracy and mean loss; each replica evaluates every D-th batch. */
+static void evaluate(td_pipeline *pp, td_comm *comm, td_loader *test, double *accuracy,
+                     double *loss) {
+    td_pipeline_info info = td_pipeline_get_info(pp);
+    CHECK(td_loader_set_epoch(test, 0));
+    double sums[3] = {0, 0, 0}; /* correct, loss sum, samples (counted on last stages) */
+    td_batch b;
+    for (size_t i = 0;; i++) {
+        CHECK(td_loader_next(test, &b));
+        if (b.size == 0) break;
+        if ((int)(i % (size_t)info.replicas) != info.replica) continue;
+        double lsum;
+        int64_t correct;
+        CHECK(td_pipeline_evaluate(pp, b.x, b.y, (int64_t)b.size, &lsum, &correct));
+        if (info.stage + 1 == info.stages) {
+            sums[0] += (double)correct;
+            sums[1] += lsum;
+            sums[2] += (double)b.size;
+        }
+    }
+    CHECK(td_comm_allreduce(comm, sums, sums, 3, TD_F64, TD_OP_SUM));
+    *accuracy = sums[0] / sums[2];
+    *loss = sums[1] / sums[2];
+}
+
+int mnist_pipeline_main(int argc, char **argv) {
+    pp_options o = parse(argc, argv);
+    td_comm *comm = make_comm(&o);
+    int rank = td_comm_rank(comm), world = td_comm_size(comm);
+    if (world % o.stages) {
+        fprintf(stderr, "mnist: %d ranks do not make replicas of %d stages\n", world, o.stages);
+        return 2;
+    }
+    int replicas = world / o.stages, replica = rank / o.stages;
+    int micro = o.schedule == TD_SCHEDULE_NAIVE ? 1 : o.micro;
+    if (o.batch % replicas || (o.batch / replicas) % micro) {
+        fprintf(stderr,
+                "mnist: --batch %d must split into %d replica(s) of %d micro-batch(es) each\n",
+                o.batch, replicas, micro);
+        return 2;
+    }
+    td_sequential *model;
+    CHECK(td_model_sequential(o.model, &model));
+    td_trace *trace = NULL;
+    if (o.trace) CHECK(td_trace_create(&trace, rank));
+    td_pipeline_params pp = td_pipeline_default_params();
+    pp.schedule = o.schedule;
+    pp.stages = o.stages;
+    pp.micro_batches = o.micro;
+    pp.batch = o.batch / replicas;
+    pp.split = o.split;
+    pp.seed = o.seed;
+    pp.trace = trace;
+    pp.graph.seed = o.seed;
+    td_pipeline *pipe;
+    CHECK(td_pipeline_create(&pipe, comm, model, &pp));
+    td_pipeline_info info = td_pipeline_get_info(pipe);
+    int reporter = info.stage + 1 == info.stages && info.replica == 0;
+
+    td_param *params;
+    size_t n_params;
+    CHECK(td_pipeline_parameters(pipe, &params, &n_params));
+    td_sgd_params sp = td_sgd_default_params();
+    sp.lr = o.lr;
+    sp.momentum = o.momentum;
+    td_optim *optim;
+    CHECK(td_optim_create_sgd(&optim, params, n_params, &sp));
+
+    td_dataset *train_set, *test_set;
+    CHECK(td_dataset_load_fashion_mnist(&train_set, o.data_dir, TD_SPLIT_TRAIN));
+    CHECK(td_dataset_load_fashion_mnist(&test_set, o.data_dir, TD_SPLIT_TEST));
+    td_loader_params lp = td_loader_default_params();
+    lp.sampler.global_batch = (size_t)o.batch;
+    lp.sampler.seed = o.seed;
+    lp.sampler.drop_last = 1;
+    lp.sampler.rank = replica;
+    lp.sampler.world_size = replicas;
+    td_loader *loader, *test_loader;
+    CHECK(td_loader_create(&loader, train_set, &lp));
+    td_loader_params tp = td_loader_default_params();
+    tp.batch_size = (size_t)pp.batch;
+    tp.sampler.shuffle = 0;
+    CHECK(td_loader_create(&test_loader, test_set, &tp));
+
+    if (reporter) {
+        printf("training %s on Fashion-MNIST: %s pipeline, %d stage(s) x %d replica(s), %d "
+               "micro-batch(es), global batch %d, %d epoch(s)\n",
+               td_model_name(o.model), td_pipeline_schedule_name(o.schedule), o.stages, replicas,
+               info.micro_batches, o.batch, o.epochs);
+        printf("stages start at layers:");
+        for (int s = 0; s < info.stages; s++)
+            printf(" %s", td_sequential_layer_name(model, info.stage_first[s]));
+        printf("\n");
+        fflush(stdout);
+    }
+    double accuracy = 0, test_loss = 0, rate = 0;
+    for (int epoch = 0; epoch < o.epochs; epoch++) {
+        CHECK(td_loader_set_epoch(loader, (uint64_t)epoch));
+        size_t steps = td_loader_batches_per_epoch(loader);
+        if (o.max_steps > 0 && (size_t)o.max_steps < steps) steps = (size_t)o.max_steps;
+        uint64_t start = td_time_ns();
+        for (size_t step = 0; step < steps; step++) {
+            if (o.cosine) {
+                int64_t total = (int64_t)(steps * (size_t)o.epochs);
+                td_optim_set_lr(
+                    optim, td_lr_cosine(o.lr, 0.0, total, (int64_t)((size_t)epoch * steps + step)));
+            }
+            td_batch batch;
+            CHECK(td_loader_next(loader, &batch));
+            float loss;
+            CHECK(td_pipeline_step(pipe, batch.x, batch.y, &loss));
+            uint64_t t0 = td_time_ns();
+            CHECK(td_optim_step(optim));
+            if (trace) CHECK(td_trace_span(trace, "optimizer", "compute", t0, td_time_ns()));
+            if (reporter && ((step + 1) % 100 == 0 || step + 1 == steps)) {
+                double secs = (double)(td_time_ns() - start) * 1e-9;
+                printf("epoch %d step %zu/%zu loss %.4f %.0f samples/s\n", epoch + 1, step + 1,
+                       steps, loss, (double)(step + 1) * o.batch / secs);
+                fflush(stdout);
+            }
+        }
+        rate = (double)steps * o.batch / ((double)(td_time_ns() - start) * 1e-9);
+        if (o.eval) evaluate(pipe, comm, test_loader, &accuracy, &test_loss);
+        if (reporter && o.eval) {
+            printf("epoch %d: test accuracy %.4f, test loss %.4f, %.0f samples/s\n", epoch + 1,
+                   accuracy, test_loss, rate);
+            fflush(stdout);
+        }
+    }
+    if (reporter)
+        printf("final: model %s ranks %d pipeline %s stages %d micro_batches %d epochs %d "
+               "test_accuracy %.4f test_loss %.4f samples_per_s %.0f\n",
+               td_model_name(o.model), world, td_pipeline_schedule_name(o.schedule), o.stages,
+               info.micro_batches, o.epochs, accuracy, test_loss, rate);
+    if (trace) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.rank%d.json", o.trace, rank);
+        CHECK(td_trace_write(trace, path));
+    }
+    td_loader_destroy(loader);
+    td_loader_destroy(test_loader);
+    td_dataset_destroy(train_set);
+    td_dataset_destroy(test_set);
+    td_optim_destroy(optim);
+    td_pipeline_destroy(pipe);
+    td_trace_destroy(trace);
+    td_sequential_destroy(model);
+    td_comm_destroy(comm);
+    return 0;
+}

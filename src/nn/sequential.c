@@ -1,0 +1,224 @@
+/* td_sequential: a model as consecutive named layers, and building any run of them into a
+ * graph with the parameters the whole model would have. A pipeline builds each stage from its
+ * run of layers; td_model_build builds them all.
+ *
+ * Initialisation draws from one stream per model seed, layer after layer, so that a model built
+ * whole equals one built stage by stage: a run that starts at layer k first replays layers
+ * [0, k) into a scratch graph that is never compiled (it allocates their parameters, no
+ * activations) to reach layer k's place in the stream and its input shape. This file does not
+ * define any layers (models.c and resnet.c do) or train. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core_impl.h"
+#include "nn/nn_impl.h"
+
+#define SEQ_NAME_MAX 48
+
+typedef struct {
+    char name[SEQ_NAME_MAX];
+    td_layer_fn fn;
+    void *arg; /* (arg_bytes) the layer's own copy, or NULL */
+} seq_layer;
+
+struct td_sequential {
+    td_model_kind kind; /* the reference model it describes, TD_MODEL_COUNT for the caller's */
+    td_shape sample;
+    seq_layer *layers;
+    size_t n, cap;
+};
+
+td_status td_sequential_create(td_sequential **out, td_shape sample) {
+    if (!out) return td__fail(TD_EINVAL, "td_sequential_create: out is NULL");
+    *out = NULL;
+    if (sample.ndim < 1 || sample.ndim >= TD_MAX_DIMS)
+        return td__fail(TD_ESHAPE, "td_sequential_create: a sample has %d dims (1 to %d)",
+                        sample.ndim, TD_MAX_DIMS - 1);
+    for (int i = 0; i < sample.ndim; i++)
+        if (sample.dim[i] < 1)
+            return td__fail(TD_ESHAPE, "td_sequential_create: sample dim %d is %lld", i,
+                            (long long)sample.dim[i]);
+    td_sequential *s = calloc(1, sizeof *s);
+    if (!s) return td__fail(TD_ENOMEM, "td_sequential_create: out of memory");
+    s->kind = TD_MODEL_COUNT;
+    s->sample = sample;
+    *out = s;
+    return TD_OK;
+}
+
+void td_sequential_destroy(td_sequential *s) {
+    if (!s) return;
+    for (size_t i = 0; i < s->n; i++) free(s->layers[i].arg);
+    free(s->layers);
+    free(s);
+}
+
+td_status td_sequential_add(td_sequential *s, const char *name, td_layer_fn fn, const void *arg,
+                            size_t arg_bytes) {
+    if (!s || !name || !fn || (arg_bytes && !arg))
+        return td__fail(TD_EINVAL, "td_sequential_add: NULL model, name, function or arg");
+    if (!*name || strlen(name) >= SEQ_NAME_MAX)
+        return td__fail(TD_EINVAL, "td_sequential_add: layer name '%s' is empty or over %d chars",
+                        name, SEQ_NAME_MAX - 1);
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->layers[i].name, name) == 0)
+            return td__fail(TD_EINVAL, "td_sequential_add: layer '%s' is already there", name);
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 16;
+        seq_layer *l = realloc(s->layers, cap * sizeof *l);
+        if (!l) return td__fail(TD_ENOMEM, "td_sequential_add: out of memory");
+        s->layers = l;
+        s->cap = cap;
+    }
+    seq_layer *l = &s->layers[s->n];
+    memset(l, 0, sizeof *l);
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->fn = fn;
+    if (arg_bytes) {
+        l->arg = malloc(arg_bytes);
+        if (!l->arg) return td__fail(TD_ENOMEM, "td_sequential_add: out of memory");
+        memcpy(l->arg, arg, arg_bytes);
+    }
+    s->n++;
+    return TD_OK;
+}
+
+size_t td_sequential_count(const td_sequential *s) { return s ? s->n : 0; }
+
+const char *td_sequential_layer_name(const td_sequential *s, size_t i) {
+    return s && i < s->n ? s->layers[i].name : NULL;
+}
+
+td_shape td_sequential_sample_shape(const td_sequential *s) {
+    td_shape none = {0, {0}};
+    return s ? s->sample : none;
+}
+
+td_status td_sequential_find(const td_sequential *s, const char *name, size_t *index) {
+    if (!s || !name || !index) return td__fail(TD_EINVAL, "td_sequential_find: NULL argument");
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->layers[i].name, name) == 0) {
+            *index = i;
+            return TD_OK;
+        }
+    size_t len = strlen(name);
+    for (size_t i = 0; i < s->n; i++)
+        if (strncmp(s->layers[i].name, name, len) == 0 && s->layers[i].name[len] == '.') {
+            *index = i;
+            return TD_OK;
+        }
+    char names[512];
+    size_t at = 0;
+    names[0] = 0;
+    for (size_t i = 0; i < s->n && at + 1 < sizeof names; i++)
+        at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
+                               s->layers[i].name);
+    return td__fail(TD_ENOTFOUND, "no layer '%s' (or '%s.*'); the layers are: %s", name, name,
+                    names);
+}
+
+static void shape_str(const td_shape *s, char *out, size_t cap) {
+    size_t at = (size_t)snprintf(out, cap, "(");
+    for (int i = 0; i < s->ndim && at < cap; i++)
+        at += (size_t)snprintf(out + at, cap - at, i ? ", %lld" : "%lld", (long long)s->dim[i]);
+    if (at < cap) snprintf(out + at, cap - at, ")");
+}
+
+/* Builds layers [first, last) reading x, drawing from rng. */
+static td_status build_run(const td_sequential *s, td_graph *g, size_t first, size_t last,
+                           td_tensor *x, td_rng *rng, td_tensor **y) {
+    td_tensor *t = x;
+    for (size_t i = first; i < last; i++) {
+        const seq_layer *l = &s->layers[i];
+        td_status st = l->fn(g, l->name, t, rng, l->arg, &t);
+        if (st != TD_OK) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", td_last_error());
+            return td__fail(st, "layer %zu '%s': %s", i, l->name, msg);
+        }
+    }
+    *y = t;
+    return TD_OK;
+}
+
+/* Replays layers [0, upto) in a scratch graph: leaves rng where layer `upto` starts drawing
+ * and gives the shape it reads. */
+static td_status replay(const td_sequential *s, size_t upto, int64_t batch, uint64_t seed,
+                        td_rng *rng, td_shape *shape) {
+    td_rng_init(rng, seed);
+    td_shape in = s->sample;
+    memmove(in.dim + 1, in.dim, (size_t)in.ndim * sizeof in.dim[0]);
+    in.dim[0] = batch;
+    in.ndim++;
+    if (upto == 0) {
+        *shape = in;
+        return TD_OK;
+    }
+    td_graph_params gp = td_graph_default_params();
+    gp.grad_enabled = 0;
+    gp.arena_block_bytes = 4096; /* never compiled: the arena stays empty */
+    td_graph *g;
+    TD__TRY(td_graph_create(&g, &gp));
+    td_tensor *x, *y;
+    td_status st = td_graph_input(g, "input", in, TD_F32, 0, &x);
+    if (st == TD_OK) st = build_run(s, g, 0, upto, x, rng, &y);
+    if (st == TD_OK) *shape = td_tensor_shape(y);
+    td_graph_destroy(g);
+    return st;
+}
+
+td_status td_sequential_shape_at(const td_sequential *s, size_t index, int64_t batch,
+                                 td_shape *out) {
+    if (!s || !out) return td__fail(TD_EINVAL, "td_sequential_shape_at: NULL argument");
+    if (index > s->n)
+        return td__fail(TD_EINVAL, "td_sequential_shape_at: layer %zu of %zu", index, s->n);
+    if (batch < 1)
+        return td__fail(TD_EINVAL, "td_sequential_shape_at: batch %lld", (long long)batch);
+    td_rng rng;
+    return replay(s, index, batch, 0, &rng, out);
+}
+
+td_status td_sequential_build(const td_sequential *s, td_graph *g, size_t first, size_t last,
+                              td_tensor *x, uint64_t seed, td_tensor **y) {
+    if (!s || !g || !x || !y) return td__fail(TD_EINVAL, "td_sequential_build: NULL argument");
+    if (first >= last || last > s->n)
+        return td__fail(TD_EINVAL, "td_sequential_build: layers [%zu, %zu) of a model of %zu",
+                        first, last, s->n);
+    td_shape want, got = td_tensor_shape(x);
+    td_rng rng;
+    TD__TRY(replay(s, first, got.ndim > 0 ? got.dim[0] : 1, seed, &rng, &want));
+    if (!td_shape_equal(&want, &got)) {
+        char a[96], b[96];
+        shape_str(&want, a, sizeof a);
+        shape_str(&got, b, sizeof b);
+        return td__fail(TD_ESHAPE, "td_sequential_build: layer %zu '%s' reads %s, x is %s", first,
+                        s->layers[first].name, a, b);
+    }
+    return build_run(s, g, first, last, x, &rng, y);
+}
+
+td_status td_model_build_sequential(td_graph *g, const td_sequential *s, int64_t batch,
+                                    uint64_t seed, td_model *out) {
+    if (!g || !s || !out) return td__fail(TD_EINVAL, "td_model_build_sequential: NULL argument");
+    if (batch < 1)
+        return td__fail(TD_EINVAL, "td_model_build: batch %lld (must be >= 1)", (long long)batch);
+    if (s->n == 0) return td__fail(TD_EINVAL, "td_model_build_sequential: the model has no layers");
+    memset(out, 0, sizeof *out);
+    out->kind = s->kind;
+    out->batch = batch;
+    td_shape in;
+    td_rng rng;
+    TD__TRY(replay(s, 0, batch, seed, &rng, &in));
+    TD__TRY(td_graph_input(g, "input", in, TD_F32, 0, &out->input));
+    TD__TRY(td_graph_input(g, "labels", td_shape_1d(batch), TD_I64, 0, &out->labels));
+    td_tensor *logits;
+    TD__TRY(build_run(s, g, 0, s->n, out->input, &rng, &logits));
+    TD__TRY(td_graph_cross_entropy(g, logits, out->labels, TD_REDUCTION_MEAN, &out->loss,
+                                   &out->output));
+    return td_graph_compile(g);
+}
+
+void td__sequential_set_kind(td_sequential *s, td_model_kind kind) {
+    if (s) s->kind = kind;
+}
