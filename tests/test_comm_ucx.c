@@ -98,7 +98,9 @@ static void missing_rank(int r, int n, int port, void *arg) {
     (void)arg, (void)n;
     td_comm *w = NULL;
     td_status s = ucx_world(&w, r, 3, port, 1, 1, 1.5);
-    CHECK_EQ(s, TD_ETIMEOUT);
+    /* Rank 0 hosts the store: rank 1 may see it close before its own wait ends. */
+    if (r == 0) CHECK_EQ(s, TD_ETIMEOUT);
+    else CHECK(s == TD_ETIMEOUT || s == TD_EPEER);
     CHECK(strstr(td_last_error(), "rank 2") != NULL);
     td_comm_destroy(w);
 }

@@ -371,6 +371,10 @@ static td_status rendezvous(td__ucx_world *w, const td_comm_params *p, td_store 
                          "ucx: rank %d waited %.3g s for rank %d at the rendezvous (%s:%d): did "
                          "it start, with the same MASTER_ADDR, MASTER_PORT and TANDEM_TOKEN?",
                          w->rank, p->timeout_s, r, p->master_addr, p->master_port);
+        else if (s) /* the store's host gave up first (often on the same missing rank) */
+            s = td__fail(s, "ucx: rank %d lost the rendezvous store (%s:%d) while waiting for "
+                            "rank %d: %s", w->rank, p->master_addr, p->master_port, r,
+                         td_last_error());
         if (s) break;
         if (len < sizeof *rec || len != sizeof *rec + rec->address_bytes) {
             s = td__fail(TD_EBACKEND, "ucx: rank %d's rendezvous record is malformed", r);
