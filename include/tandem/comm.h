@@ -26,8 +26,6 @@
  *    td_comm_alloc, and p2p argument errors (only the calling rank is involved).
  *  - the group ends: TD_EMISMATCH, TD_EPEER, TD_ETIMEOUT, TD_EBACKEND, and td_comm_abort. From
  *    then on every call on that rank fails fast with the first error; destroy the group.
- *    (Under mpi with TANDEM_MPI_CHECK=0 there is no header exchange, so a rejection is known to
- *    the rejecting rank only.)
  *
  * td_comm_alloc gives buffers that every rank's backend can reach: on shm, rank r's buffer is
  * region r of a segment all ranks map (unlinked once mapped, so a crash leaks nothing), and an
