@@ -456,7 +456,7 @@ static td_status job_create(MPI_Comm comm, td__mpi_job **out) {
     MPI_Comm_size(comm, &job->size);
     MPI_Get_processor_name(name, &len);
     job->hosts = calloc((size_t)job->size, sizeof *job->hosts);
-    snprintf(mine, sizeof mine, "%s", name);
+    snprintf(mine, sizeof mine, "%.63s", name); /* host names beyond 63 bytes are cut */
     int rc = job->hosts ? MPI_Allgather(mine, 64, MPI_CHAR, job->hosts, 64, MPI_CHAR, comm)
                         : MPI_SUCCESS;
     td__mpi_unlock();
