@@ -215,7 +215,11 @@ int tr_run_job(const tr_options *o) {
     tr_rdzv rdzv, *z = NULL;
     if (o->nnodes > 1) {
         int rc = tr_rdzv_join(o, self_pipe[1], self_pipe[0], &rdzv);
-        if (rc) return rc;
+        if (rc) { /* it failed before its watcher started: only the connections to close */
+            td_store_destroy(rdzv.watch);
+            td_store_destroy(rdzv.store);
+            return rc;
+        }
         z = &rdzv;
     }
     int rank0 = z ? z->rank_offset : 0, world = z ? z->world_size : o->nproc;
