@@ -833,7 +833,7 @@ td_status td__p2p_exchange(td__p2p *g, const void *mine, void *all, size_t bytes
             s = td__fail(TD_EMISMATCH, "split: rank %d sent %llu bytes, expected %zu", r,
                          (unsigned long long)blocks[r]->payload, bytes);
         } else {
-            memcpy((unsigned char *)all + (size_t)r * bytes, data[r], bytes);
+            if (bytes) memcpy((unsigned char *)all + (size_t)r * bytes, data[r], bytes);
         }
     }
     free(blocks);
