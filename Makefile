@@ -33,10 +33,19 @@ MPI_LIBS := $(shell mpicc --showme:link)
 LIB_SRC_MPI := $(wildcard src/comm/mpi/*.c)
 endif
 
-# Backends may have folders of their own (src/comm/shm/); mpi's needs the MPI flags.
-LIB_SRC := $(wildcard src/*/*.c) $(filter-out src/comm/mpi/%,$(wildcard src/*/*/*.c)) $(LIB_SRC_MPI)
+# The ucx backend is built when UCX's headers are present (libucx-dev).
+UCX := $(shell pkg-config --exists ucx 2>/dev/null && echo yes)
+ifeq ($(UCX),yes)
+UCX_CFLAGS := $(shell pkg-config --cflags ucx) -DTD_HAVE_UCX
+UCX_LIBS := -lucp -lucs
+LIB_SRC_UCX := $(wildcard src/comm/ucx/*.c)
+endif
+
+# Backends may have folders of their own (src/comm/shm/); mpi's and ucx's need their flags.
+LIB_SRC := $(wildcard src/*/*.c) $(LIB_SRC_MPI) $(LIB_SRC_UCX) \
+	$(filter-out src/comm/mpi/% src/comm/ucx/%,$(wildcard src/*/*/*.c))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-ALL_LIBS := $(LIBS) $(MPI_LIBS)
+ALL_LIBS := $(LIBS) $(MPI_LIBS) $(UCX_LIBS)
 
 STATIC := $(BUILD)/lib/libtandem.a
 SHARED := $(BUILD)/lib/libtandem.so
@@ -52,6 +61,10 @@ $(BUILD)/obj/src/comm/mpi/%.o: src/comm/mpi/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
+$(BUILD)/obj/src/comm/ucx/%.o: src/comm/ucx/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(UCX_CFLAGS) -c $< -o $@
+
 # Benchmarks may call Open MPI directly to measure it side by side.
 $(BUILD)/obj/bench/%.o: bench/%.c
 	@mkdir -p $(dir $@)
@@ -59,7 +72,7 @@ $(BUILD)/obj/bench/%.o: bench/%.c
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(if $(MPICC),-DTD_HAVE_MPI) -c $< -o $@
+	$(CC) $(CFLAGS) $(if $(MPICC),-DTD_HAVE_MPI) $(if $(UCX),-DTD_HAVE_UCX) -c $< -o $@
 
 $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)

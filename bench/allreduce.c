@@ -2,8 +2,10 @@
  * steps), the median time of several timed iterations after warm-up, algbw = bytes / time
  * and busbw = algbw * 2(n-1)/n, for tandem's shm backend and, when launched under mpirun
  * with an MPI build, tandem's mpi backend and Open MPI's own MPI_Allreduce in the same run,
- * with the shm/MPI ratio. The shm-reg column is the shm backend in place on a td_comm_alloc
- * buffer (the zero-copy path DDP's buckets take), with its own reg/MPI ratio. It checks each
+ * with the shm/MPI and mpi-backend/MPI ratios (MPI_Allreduce's time over the other's: above 1
+ * is faster) and, at 4 KB, the mpi backend's overhead over MPI_Allreduce in microseconds. The
+ * shm-reg column is the shm backend in place on a td_comm_alloc buffer (the zero-copy path
+ * DDP's buckets take), with its own reg/MPI ratio. It checks each
  * result once but is not a test.
  *
  *   mpirun --oversubscribe -np 2 build/bench/allreduce [--json] [--max-bytes N]
@@ -126,7 +128,7 @@ static void run(bench *b, int json, size_t max_bytes) {
         for (int k = 0; k < IMPL_COUNT; k++)
             if (have[k])
                 printf(" | %-13s %9s %8s %8s", impl_names[k], "time(us)", "algbw", "busbw");
-        if (have[IMPL_MPI]) printf(" | shm/MPI reg/MPI");
+        if (have[IMPL_MPI]) printf(" | shm/MPI reg/MPI%s", have[IMPL_TDMPI] ? " mpi/MPI" : "");
         printf("\n");
     }
     for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
@@ -148,6 +150,8 @@ static void run(bench *b, int json, size_t max_bytes) {
             if (have[IMPL_MPI])
                 printf(",\"shm_over_mpi\":%.3f,\"shm_reg_over_mpi\":%.3f",
                        t[IMPL_MPI] / t[IMPL_SHM], t[IMPL_MPI] / t[IMPL_SHM_REG]);
+            if (have[IMPL_MPI] && have[IMPL_TDMPI])
+                printf(",\"mpi_backend_over_mpi\":%.3f", t[IMPL_MPI] / t[IMPL_TDMPI]);
             printf("}\n");
         } else {
             printf("  %10zu %10zu", bytes, count);
@@ -158,6 +162,7 @@ static void run(bench *b, int json, size_t max_bytes) {
             if (have[IMPL_MPI])
                 printf(" | %6.2fx %6.2fx", t[IMPL_MPI] / t[IMPL_SHM],
                        t[IMPL_MPI] / t[IMPL_SHM_REG]);
+            if (have[IMPL_MPI] && have[IMPL_TDMPI]) printf(" %6.2fx", t[IMPL_MPI] / t[IMPL_TDMPI]);
             printf("\n");
         }
         fflush(stdout);
@@ -178,6 +183,8 @@ static void run(bench *b, int json, size_t max_bytes) {
                 if (have[k])
                     printf(" %s %.2f us%s", impl_names[k], lat[k] * 1e6,
                            k + 1 < IMPL_COUNT && have[k + 1] ? "," : "");
+            if (have[IMPL_MPI] && have[IMPL_TDMPI])
+                printf("; mpi-backend - MPI_Allreduce %+.2f us", (lat[IMPL_TDMPI] - lat[IMPL_MPI]) * 1e6);
             printf("\n");
         }
     }

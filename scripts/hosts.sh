@@ -5,6 +5,7 @@
 #   sh scripts/hosts.sh down
 #   sh scripts/hosts.sh exec I cmd [args...]
 #   sh scripts/hosts.sh status
+#   sh scripts/hosts.sh run N [--rate 1gbit] [--delay 50us] cmd [args...]
 #
 # `up` makes N network namespaces tdhost0 .. tdhost<N-1>. Host I has loopback and one veth
 # end, tdeth0, with address 10.77.0.<10+I>/24; the other ends are ports of the bridge tdbr0
@@ -26,6 +27,11 @@
 # everything `up` made; it is safe to run at any time, also after a failed `up` (which
 # cleans up after itself anyway).
 #
+# `run` is what tests and benchmarks use: it waits for the hosts' lock (/run/lock/tandem-hosts.lock,
+# so that two runs never share the hosts), clears whatever a crashed run left, brings N hosts up,
+# runs cmd (in the root namespace; it reaches the hosts with `exec`), and always takes them down
+# again, whatever cmd does, exiting with cmd's status.
+#
 # It does not emulate loss, jitter, reordering or separate file systems (the hosts share
 # this machine's files, /tmp included), and it does not start any job: see
 # scripts/netns-agent.sh for mpirun. Needs root, iproute2 and, without netem, cc + iptables.
@@ -45,6 +51,7 @@ usage: sh scripts/hosts.sh up N [--rate RATE] [--delay DELAY]
        sh scripts/hosts.sh down
        sh scripts/hosts.sh exec I cmd [args...]
        sh scripts/hosts.sh status
+       sh scripts/hosts.sh run N [--rate RATE] [--delay DELAY] cmd [args...]
   N      number of hosts, 1..$MAXHOSTS (namespaces ${PREFIX}0 .. ${PREFIX}N-1)
   RATE   egress rate of every host, tc units (100mbit, 1gbit, 10gbit) or none (default 1gbit)
   DELAY  one-way delay of every packet between hosts, us or ms (50us, 1ms) or 0 (default 50us)
@@ -258,6 +265,34 @@ cmd_exec() {
         sh "$ns" "$STATE/shm/$ns" "$@"
 }
 
+cmd_run() {
+    [ $# -ge 2 ] || usage
+    n=$1
+    shift
+    opts=""
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --rate | --delay) [ $# -ge 2 ] || usage; opts="$opts $1 $2"; shift 2 ;;
+            --rate=* | --delay=*) opts="$opts $1"; shift ;;
+            *) break ;;
+        esac
+    done
+    [ $# -ge 1 ] || usage
+    mkdir -p /run/lock
+    exec 9>/run/lock/tandem-hosts.lock
+    flock 9
+    teardown
+    trap 'teardown' EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    trap 'exit 129' HUP
+    # shellcheck disable=SC2086 # the options are words
+    (cmd_up "$n" $opts) || exit 1
+    rc=0
+    "$@" 9>&- || rc=$?
+    exit $rc
+}
+
 cmd_status() {
     for ns in $(our_netns); do
         [ "$ns" = $BRNS ] && continue
@@ -274,5 +309,6 @@ case "$verb" in
     down) [ $# -eq 0 ] || usage; teardown ;;
     exec) cmd_exec "$@" ;;
     status) [ $# -eq 0 ] || usage; cmd_status ;;
+    run) cmd_run "$@" ;;
     *) usage ;;
 esac

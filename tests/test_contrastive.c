@@ -12,7 +12,7 @@
 
 #include "fixture.h"
 #include "test.h"
-#include "test_program.h" /* run, field, checkpoint_difference */
+#include "test_program.h" /* run, field, checkpoint_distance */
 
 #define TOL 1e-5
 

@@ -5,7 +5,9 @@
  * statistics are per replica in DataParallel (as in PyTorch), so it is compared with one
  * graph of the per-replica batch size that runs the replicas' slices one after another and
  * accumulates their gradients: the computation DataParallel is meant to spread over
- * devices. Also: replica 0 holds more memory than the others, and bad input is refused. */
+ * devices. Also: DDP2 (td_dp in each of two processes, their gradients averaged by td_ddp)
+ * matches one graph on both processes' batches together; replica 0 holds more memory than the
+ * others; bad input is refused. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +18,7 @@
 #include "tandem/tensor.h"
 
 #include "test.h"
+#include "test_comm_util.h" /* test_run_ranks, test_comm_create */
 
 #define SAMPLE (28 * 28)
 #define STEPS 3
@@ -228,6 +231,48 @@ static void test_conv_3_replicas_equal_single(void) {
 static void test_cnn_bn_2_replicas_equal_sliced(void) { compare(TD_MODEL_CNN, NULL, 2, 8, 1); }
 static void test_cnn_bn_3_replicas_equal_sliced(void) { compare(TD_MODEL_CNN, NULL, 3, 6, 1); }
 
+/* DDP2: each of two processes runs td_dp with 2 replicas on its half of the global batch, and
+ * td_ddp averages across the processes: the same weights as one graph on the whole batch. */
+static void ddp2_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    enum { B = 12 };
+    td_comm *comm = NULL;
+    CHECK_OK(test_comm_create(&comm, rank, size, port, 20));
+    if (!comm) return;
+    float *x = malloc((size_t)(B * SAMPLE) * sizeof(float));
+    int64_t y[B];
+    td_dp_params p = td_dp_default_params();
+    p.global_batch = B / size;
+    p.sgd = sgd();
+    p.pin_threads = 0;
+    p.comm = comm;
+    td_dp *dp = NULL;
+    ref_trainer ref;
+    CHECK_OK(td_dp_create(&dp, &p));
+    if (dp && ref_init(&ref, TD_MODEL_MLP, NULL, B)) {
+        td_param *dparams = NULL;
+        size_t dn = 0;
+        CHECK_OK(td_graph_parameters(td_dp_graph(dp, 0), &dparams, &dn));
+        for (int step = 0; step < STEPS; step++) {
+            make_batch(B, 100 + (uint64_t)step, x, y);
+            float loss;
+            int64_t b = B / size;
+            CHECK_OK(td_dp_step(dp, x + rank * b * SAMPLE, y + rank * b, &loss));
+            ref_step_full(&ref, x, y, &loss);
+        }
+        double diff = rel_diff(dparams, ref.params, ref.n);
+        if (!(diff <= 1e-5)) TEST_FAIL_AT("rank %d: DDP2 differs from one graph by %.3g", rank, diff);
+        ref_free(&ref);
+    }
+    td_dp_destroy(dp);
+    td_comm_destroy(comm);
+    free(x);
+}
+
+static void test_ddp2_two_processes_equal_single(void) {
+    CHECK_EQ(test_run_ranks(2, ddp2_rank, NULL, 60, 0), 0);
+}
+
 /* The bench's size: large enough that oneDNN's convolutions use a scratchpad, which lives
  * with the thread that created the primitive; replicas built on another thread crash here. */
 static void test_cnn_full_size_runs_on_replica_threads(void) {
@@ -333,6 +378,7 @@ int main(void) {
     RUN(test_cnn_bn_2_replicas_equal_sliced);
     RUN(test_cnn_bn_3_replicas_equal_sliced);
     RUN(test_cnn_full_size_runs_on_replica_threads);
+    RUN(test_ddp2_two_processes_equal_single);
     RUN(test_memory_replica0_holds_more);
     RUN(test_bad_input_refused);
     TEST_END();

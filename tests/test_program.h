@@ -1,6 +1,7 @@
 /* What the tests that drive the real programs share (examples under tandemrun): running a
  * command and keeping its output, reading a number the program printed, and comparing two
- * checkpoints of one model (N ranks against one process must land on the same weights).
+ * checkpoints of one model as a whole (N ranks against one process must land on the same
+ * weights; test_checkpoint_diff.h's checkpoint_difference gives the worst single tensor).
  * Header-only; include it after test.h. */
 #ifndef TANDEM_TEST_PROGRAM_H
 #define TANDEM_TEST_PROGRAM_H
@@ -15,6 +16,7 @@
 #include "tandem/checkpoint.h"
 
 #include "test.h"
+#include "test_checkpoint_diff.h" /* checkpoint_difference */
 
 static char output[1 << 16]; /* the last run's stdout and stderr */
 
@@ -83,14 +85,6 @@ static inline double checkpoint_distance(const char *pa, const char *pb, double 
     td_checkpoint_close(a);
     td_checkpoint_close(b);
     return den_all > 0 ? sqrt(num_all / den_all) : sqrt(num_all);
-}
-
-/* Largest relative difference between the f32 tensors of two checkpoints. */
-static inline double checkpoint_difference(const char *pa, const char *pb) {
-    double worst;
-    char name[64];
-    checkpoint_distance(pa, pb, &worst, name, sizeof name);
-    return worst;
 }
 
 #endif

@@ -17,86 +17,7 @@
 #include "tandem/comm.h"
 
 #include "test.h"
-
-typedef struct {
-    int status;  /* the launcher's exit status, or 128 + signal */
-    char *out;   /* its stdout */
-    char *err;   /* its stderr */
-    double secs; /* wall time */
-} run_result;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static char *slurp(int fd) {
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    lseek(fd, 0, SEEK_SET);
-    for (;;) {
-        if (len + 1024 > cap) buf = realloc(buf, cap *= 2);
-        ssize_t n = read(fd, buf + len, cap - len - 1);
-        if (n <= 0) break;
-        len += (size_t)n;
-    }
-    buf[len] = '\0';
-    close(fd);
-    return buf;
-}
-
-static int temp_file(void) {
-    char path[] = "/tmp/td_tandemrun_XXXXXX";
-    int fd = mkstemp(path);
-    if (fd >= 0) unlink(path);
-    return fd;
-}
-
-/* Starts "tandemrun argv..." with stdout/stderr going to temp files; OMP_NUM_THREADS is
- * removed from its environment so that the launcher's default shows. */
-static pid_t start(char *const argv[], int *out_fd, int *err_fd) {
-    *out_fd = temp_file();
-    *err_fd = temp_file();
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(*out_fd, 1);
-        dup2(*err_fd, 2);
-        unsetenv("OMP_NUM_THREADS");
-        execvp("tandemrun", argv);
-        _exit(126);
-    }
-    return pid;
-}
-
-static run_result finish(pid_t pid, int out_fd, int err_fd, double t0) {
-    run_result r;
-    int st = 0;
-    waitpid(pid, &st, 0);
-    r.secs = now_s() - t0;
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = slurp(out_fd);
-    r.err = slurp(err_fd);
-    return r;
-}
-
-static run_result run(char *const argv[]) {
-    int o, e;
-    double t0 = now_s();
-    pid_t pid = start(argv, &o, &e);
-    return finish(pid, o, e, t0);
-}
-
-static void release(run_result *r) {
-    free(r->out);
-    free(r->err);
-}
-
-static int count_lines_with(const char *text, const char *needle) {
-    int n = 0;
-    for (const char *p = text; (p = strstr(p, needle)); p++) n++;
-    return n;
-}
+#include "test_run_util.h"
 
 /* Every "PID <n>" in text names a process that must no longer exist. */
 static void check_pids_gone(const char *text, int expected) {
@@ -435,7 +356,7 @@ static void job_timeout_exits_124(void) {
 
 static void usage_errors_exit_2_and_say_why(void) {
     struct {
-        char *argv[6];
+        char *argv[8];
         const char *message;
     } cases[] = {
         {{"tandemrun", "--nproc-per-node", "2", NULL}, "no program"},
@@ -444,7 +365,9 @@ static void usage_errors_exit_2_and_say_why(void) {
         {{"tandemrun", "--nproc-per-node", NULL}, "needs a value"},
         {{"tandemrun", "td_no_such_program_x", NULL}, "td_no_such_program_x"},
         {{"tandemrun", "--bogus", "true", NULL}, "--bogus"},
-        {{"tandemrun", "--nnodes", "2", "true", NULL}, "mpirun"},
+        {{"tandemrun", "--nnodes", "2", "true", NULL}, "--token T"},
+        {{"tandemrun", "--nnodes", "2", "--node-rank", "2", "true", NULL}, "--node-rank 2"},
+        {{"tandemrun", "--nnodes", "1:4", "true", NULL}, "elastic"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         run_result r = run(cases[k].argv);

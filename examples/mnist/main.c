@@ -3,8 +3,9 @@
  *
  *   build/examples/mnist --model net --epochs 2
  *   build/bin/tandemrun --nproc-per-node 2 build/examples/mnist --model cnn --epochs 3
+ *   build/examples/mnist --spawn 2 --model cnn --epochs 3       (forks its own ranks)
  *
- * Under a launcher (WORLD_SIZE in the environment) every rank builds the same model, DDP
+ * Under a launcher (tandemrun, mpirun, srun), or with --spawn N, every rank builds the same model, DDP
  * broadcasts rank 0's parameters and averages gradients bucket by bucket during backward,
  * and each rank trains on its slice of every global batch: the batch split as evenly as it
  * goes (128 over 3 ranks: 43, 43, 42), each rank's gradient weighted by its share so that the
@@ -44,6 +45,7 @@ typedef struct {
     td_dtype amp_dtype;   /* bf16 or f16 */
     double loss_scale;    /* 0: dynamic; > 0: static; < 0: none */
     td_dtype comm_dtype;  /* what DDP's f32 gradients travel as */
+    int spawn;            /* > 0: fork this many ranks (td_spawn, the seeds' mp.spawn) */
 } options;
 
 static void usage(void) {
@@ -54,6 +56,7 @@ static void usage(void) {
             "             [--cosine | --constant-lr] [--bucket-kb N]\n"
             "             [--amp O0|O1|O2|O3] [--amp-dtype bf16|f16]\n"
             "             [--loss-scale dynamic|none|N] [--comm-dtype f32|bf16|f16]\n"
+            "             [--spawn N]\n"
             "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n");
     exit(2);
 }
@@ -112,6 +115,8 @@ static options parse(int argc, char **argv) {
         else if (!strcmp(a, "--comm-dtype") && (!strcmp(v, "f32") || !strcmp(v, "bf16") ||
                                                   !strcmp(v, "f16")))
             o.comm_dtype = !strcmp(v, "f32") ? TD_F32 : !strcmp(v, "f16") ? TD_F16 : TD_BF16;
+        else if (!strcmp(a, "--spawn") && atoi(v) > 0)
+            o.spawn = atoi(v);
         else if (!strcmp(a, "--loss-scale"))
             o.loss_scale = !strcmp(v, "dynamic") ? 0 : !strcmp(v, "none") ? -1 : atof(v);
         else
@@ -212,7 +217,7 @@ static void resume(trainer *t) {
 static void setup(trainer *t) {
     t->rank = 0;
     t->world = 1;
-    if (getenv("WORLD_SIZE")) {
+    if (getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE") || getenv("SLURM_NTASKS")) {
         td_comm_params cp = td_comm_default_params();
         CHECK(td_comm_create(&t->comm, &cp));
         t->rank = td_comm_rank(t->comm);
@@ -376,9 +381,24 @@ static void evaluate(trainer *t, td_loader *test, double *accuracy, double *loss
     free(logp);
 }
 
+static int train(int rank, int world_size, void *arg);
+
 int main(int argc, char **argv) {
     if (mnist_pipeline_requested(argc, argv)) return mnist_pipeline_main(argc, argv);
-    trainer t = {.opt = parse(argc, argv)};
+    options opt = parse(argc, argv);
+    if (opt.spawn > 0 && !getenv("WORLD_SIZE")) {
+        td_spawn_params sp = td_spawn_default_params();
+        sp.nprocs = opt.spawn;
+        CHECK(td_spawn(train, &opt, &sp)); /* names a rank that failed */
+        return 0;
+    }
+    return train(0, 1, &opt);
+}
+
+/* One rank (or the only process). */
+static int train(int rank, int world_size, void *arg) {
+    (void)rank, (void)world_size; /* the environment says, as under a launcher */
+    trainer t = {.opt = *(const options *)arg};
     setup(&t);
 
     td_dataset *train_set, *test_set;

@@ -8,8 +8,14 @@
  * bounded by the group's timeout: a dead peer becomes TD_EPEER or TD_ETIMEOUT on every
  * surviving rank.
  *
- * Backends: "shm" (one host, POSIX shared memory; the default) and "mpi" (Open MPI, chosen
- * automatically under mpirun/srun; spans hosts). The API is the same for both.
+ * Backends: "shm" (one host, POSIX shared memory; the default), "mpi" (Open MPI, chosen
+ * automatically under mpirun/srun) and "ucx" (UCX, chosen for ranks on several hosts started
+ * by tandemrun --nnodes). The API is the same for all. A group whose ranks span hosts runs its
+ * collectives hierarchically by default ("mpi+shm", "ucx+shm"): all-reduce as a reduce-scatter
+ * over each host's shared memory, an all-reduce among the ranks of equal local rank across
+ * hosts, and an all-gather over shared memory again (as NCCL and Horovod do); broadcast and
+ * all-gather likewise. td_comm_params.hierarchical = 0 (or TANDEM_HIERARCHICAL=0) keeps them
+ * flat, every rank talking to every other through the inter-host transport.
  *
  * Errors. Which ones leave the group usable:
  *  - usable: arguments rejected on any rank (a NULL buffer, a bad dtype, op or root, a NULL
@@ -20,8 +26,6 @@
  *    td_comm_alloc, and p2p argument errors (only the calling rank is involved).
  *  - the group ends: TD_EMISMATCH, TD_EPEER, TD_ETIMEOUT, TD_EBACKEND, and td_comm_abort. From
  *    then on every call on that rank fails fast with the first error; destroy the group.
- *    (Under mpi with TANDEM_MPI_CHECK=0 there is no header exchange, so a rejection is known to
- *    the rejecting rank only.)
  *
  * td_comm_alloc gives buffers that every rank's backend can reach: on shm, rank r's buffer is
  * region r of a segment all ranks map (unlinked once mapped, so a crash leaks nothing), and an
@@ -54,14 +58,16 @@ typedef enum {
 } td_reduce_op;
 
 /* Which transport a group uses. */
-typedef enum { TD_BACKEND_AUTO = 0, TD_BACKEND_SHM, TD_BACKEND_MPI } td_backend;
+typedef enum { TD_BACKEND_AUTO = 0, TD_BACKEND_SHM, TD_BACKEND_MPI, TD_BACKEND_UCX } td_backend;
 
 /* How to create the world group. Fields left at their defaults are read from the environment:
- * torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus
- * TANDEM_TOKEN (the rendezvous store's job token) and TANDEM_TIMEOUT (seconds); under mpirun
- * or srun, Open MPI's OMPI_COMM_WORLD_* or Slurm's SLURM_* variables. */
+ * torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR,
+ * MASTER_PORT, plus TANDEM_TOKEN (the rendezvous store's job token), TANDEM_TIMEOUT (seconds),
+ * TANDEM_HIERARCHICAL and TANDEM_STORE_HOSTED; under mpirun or srun, Open MPI's
+ * OMPI_COMM_WORLD_* or Slurm's SLURM_* variables. */
 typedef struct {
-    td_backend backend;      /* TD_BACKEND_AUTO: mpi under an MPI launcher, else shm */
+    td_backend backend;      /* TD_BACKEND_AUTO: mpi under an MPI launcher, ucx when the ranks
+                                span hosts (local_world_size < world_size), else shm */
     int rank;                /* -1: from the environment */
     int world_size;          /* -1: from the environment */
     int local_rank;          /* -1: from the environment (or rank, on one host) */
@@ -70,6 +76,10 @@ typedef struct {
     int master_port;         /* 0: MASTER_PORT, else 29500 */
     const char *token;       /* NULL: TANDEM_TOKEN, else no token */
     double timeout_s;        /* 0: TANDEM_TIMEOUT, else 300 */
+    int node_rank;           /* ucx: this host's index, -1: NODE_RANK (or GROUP_RANK), else 0 */
+    int hierarchical;        /* -1: TANDEM_HIERARCHICAL, else 1; 0: flat collectives across hosts */
+    int store_hosted;        /* ucx: -1: TANDEM_STORE_HOSTED, else 0; 1: a launcher hosts the
+                                store (tandemrun --nnodes), rank 0 only connects to it */
 } td_comm_params;
 
 /* The defaults described above: everything from the environment. */
@@ -93,7 +103,14 @@ int td_comm_local_rank(const td_comm *comm);
 /* Number of the group's ranks on this host. */
 int td_comm_local_size(const td_comm *comm);
 
-/* "shm" or "mpi". */
+/* Which of the group's hosts the caller is on: 0 .. td_comm_num_nodes - 1, hosts numbered in
+ * the order of their lowest rank (torchrun's node rank for the world of tandemrun --nnodes). */
+int td_comm_node_rank(const td_comm *comm);
+
+/* Number of hosts the group's ranks are on. */
+int td_comm_num_nodes(const td_comm *comm);
+
+/* "shm", "mpi", "ucx", or "mpi+shm" / "ucx+shm" for a hierarchical group across hosts. */
 const char *td_comm_backend_name(const td_comm *comm);
 
 /* Sets the bound on every wait of this group, in seconds (> 0). */
@@ -102,6 +119,11 @@ td_status td_comm_set_timeout(td_comm *comm, double seconds);
 /* Splits the group by colour (MPI_Comm_split): ranks with the same colour >= 0 form a new
  * group ordered by (key, old rank); a negative colour gets *out = NULL. Collective. */
 td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out);
+
+/* The group's ranks on the caller's host, in rank order (MPI_Comm_split_type's
+ * MPI_COMM_TYPE_SHARED), over shared memory: cheap, as it talks to no other host. Collective
+ * over the group. */
+td_status td_comm_split_host(td_comm *comm, td_comm **out);
 
 /* A sub-group of the listed ranks, in list order (torch.distributed.new_group). Collective
  * over the parent; ranks not in the list get *out = NULL. */

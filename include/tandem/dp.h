@@ -15,11 +15,20 @@
  * normalises each replica's slice with that slice's statistics and only replica 0's running
  * statistics survive step (1), exactly as in PyTorch's DataParallel; each replica's dropout RNG is
  * seeded with seed + d. A device is one core: run with OMP_NUM_THREADS=1, or every pinned worker's
- * oneDNN calls start an OpenMP team that spins on that single core. It does not overlap
- * communication with compute, shard anything or span processes: that is td_ddp's job (ddp.h). */
+ * oneDNN calls start an OpenMP team that spins on that single core.
+ *
+ * DDP2 (PyTorch Lightning's name, the seeds' "DataParallel inside a node, DDP across nodes"):
+ * with params.comm set to a group of one process per host, replica 0's parameters are wrapped in
+ * a td_ddp over that group: rank 0's parameters and buffers win at creation, and in step (7) each
+ * parameter's gradient, once summed over the replicas, is handed to DDP, whose buckets are
+ * all-reduced across hosts while the rest are still being summed; the optimizer then steps on
+ * the average over every host's batch. td_dp_create and td_dp_step are then collective over
+ * comm. Without comm it does not overlap communication with compute, shard anything or span
+ * processes: that is td_ddp's job (ddp.h). */
 #ifndef TANDEM_DP_H
 #define TANDEM_DP_H
 
+#include "tandem/comm.h"
 #include "tandem/core.h"
 #include "tandem/graph.h"
 #include "tandem/nn.h"
@@ -50,9 +59,11 @@ typedef struct {
     void *build_ctx;      /* passed to build */
     td_sgd_params sgd;    /* step (8): td_sgd_default_params() */
     int pin_threads;      /* 1: pin worker d to a core; 0: leave placement to the OS */
+    td_comm *comm;        /* DDP2: NULL, or one process per host whose gradients DDP averages;
+                             global_batch is then each host's share */
 } td_dp_params;
 
-/* n_devices 2, global_batch 128, the MLP, seed 0, SGD defaults, pinned threads. */
+/* n_devices 2, global_batch 128, the MLP, seed 0, SGD defaults, pinned threads, no comm. */
 td_dp_params td_dp_default_params(void);
 
 /* Builds n_devices replicas, starts their worker threads and the optimizer over replica 0's
@@ -98,7 +109,7 @@ typedef enum {
     TD_DP_GATHER,
     TD_DP_LOSS,
     TD_DP_BACKWARD, /* scatter of the output gradient and the parallel backward */
-    TD_DP_REDUCE,
+    TD_DP_REDUCE, /* with comm: also the all-reduce across hosts left after the sums */
     TD_DP_OPTIMIZER,
     TD_DP_PHASE_COUNT
 } td_dp_phase;

@@ -55,3 +55,8 @@ int td__coll_is_rooted(td__coll_kind kind) {
     return kind == TD__COLL_REDUCE || kind == TD__COLL_BROADCAST || kind == TD__COLL_GATHER ||
            kind == TD__COLL_SCATTER;
 }
+
+void td__coll_describe_call(char *out, size_t cap, const td__coll *c) {
+    const td__coll *s = td__coll_sig(c);
+    td__coll_describe(out, cap, s->kind, s->seq, s->dtype, s->count, s->op, s->root);
+}

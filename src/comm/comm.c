@@ -15,7 +15,7 @@
 #include "comm/comm_impl.h"
 #include "core/core_impl.h"
 
-typedef enum { ITEM_COLL, ITEM_SPLIT, ITEM_P2P, ITEM_SELF, ITEM_ALLOC } item_kind;
+typedef enum { ITEM_COLL, ITEM_SPLIT, ITEM_SPLIT_HOST, ITEM_P2P, ITEM_SELF, ITEM_ALLOC } item_kind;
 
 /* One td_comm_alloc allocation; `backend` says whether ops->free or free() releases it. */
 typedef struct comm_alloc {
@@ -87,9 +87,21 @@ td_status td_comm_create(td_comm **out, const td_comm_params *params) {
     void *ctx = NULL;
     td__group_shape shape;
     const td__backend_ops *ops = NULL;
-    s = p.backend == TD_BACKEND_MPI ? td__mpi_create(&p, &ctx, &shape, &ops)
-                                    : td__shm_create(&p, &ctx, &shape, &ops);
+    s = p.backend == TD_BACKEND_MPI   ? td__mpi_create(&p, &ctx, &shape, &ops)
+        : p.backend == TD_BACKEND_UCX ? td__ucx_create(&p, &ctx, &shape, &ops)
+                                      : td__shm_create(&p, &ctx, &shape, &ops);
     if (s) return s;
+    if (shape.nodes > 1 && p.hierarchical) {
+        void *hier = NULL;
+        td__group_shape hier_shape;
+        const td__backend_ops *hier_ops = NULL;
+        s = td__hier_create(ops, ctx, &shape, p.timeout_s, &hier, &hier_shape, &hier_ops);
+        if (s) {
+            ops->destroy(ctx);
+            return s;
+        }
+        ctx = hier, shape = hier_shape, ops = hier_ops;
+    }
     return comm_wrap(out, ops, ctx, shape, p.timeout_s);
 }
 
@@ -113,6 +125,8 @@ int td_comm_rank(const td_comm *comm) { return comm ? comm->shape.rank : -1; }
 int td_comm_size(const td_comm *comm) { return comm ? comm->shape.size : 0; }
 int td_comm_local_rank(const td_comm *comm) { return comm ? comm->shape.local_rank : -1; }
 int td_comm_local_size(const td_comm *comm) { return comm ? comm->shape.local_size : 0; }
+int td_comm_node_rank(const td_comm *comm) { return comm ? comm->shape.node : -1; }
+int td_comm_num_nodes(const td_comm *comm) { return comm ? comm->shape.nodes : 0; }
 const char *td_comm_backend_name(const td_comm *comm) { return comm ? comm->ops->name : "none"; }
 
 td_status td_comm_set_timeout(td_comm *comm, double seconds) {
@@ -139,7 +153,7 @@ td_status td_comm_abort(td_comm *comm) {
     if (!comm) return td__fail(TD_EINVAL, "td_comm_abort: the group is NULL");
     td__fail(TD_ESTATE, "rank %d aborted the group (td_comm_abort)", comm->shape.rank);
     poison(comm, TD_ESTATE);
-    if (comm->ops->abort) comm->ops->abort(comm->ctx, comm->shape.rank);
+    if (comm->ops->abort) comm->ops->abort(comm->ctx, comm->shape.rank, "td_comm_abort");
     return TD_OK;
 }
 
@@ -153,11 +167,14 @@ static td_status run_item(td_comm *comm, td_request *r) {
     if (failed)
         return td__fail(failed, "rank %d: the group failed earlier: %s", comm->shape.rank, msg);
     td_status s;
-    if (r->kind == ITEM_SPLIT) {
+    if (r->kind == ITEM_SPLIT || r->kind == ITEM_SPLIT_HOST) {
         void *child = NULL;
         td__group_shape shape = {0};
-        s = comm->ops->split(comm->ctx, r->color, r->key, timeout, &child, &shape);
-        if (!s && child) s = comm_wrap(r->split_out, comm->ops, child, shape, timeout);
+        const td__backend_ops *ops = comm->ops;
+        s = r->kind == ITEM_SPLIT
+                ? comm->ops->split(comm->ctx, r->color, r->key, timeout, &child, &shape)
+                : comm->ops->split_host(comm->ctx, timeout, &child, &shape, &ops);
+        if (!s && child) s = comm_wrap(r->split_out, ops, child, shape, timeout);
     } else if (r->kind == ITEM_ALLOC) {
         s = comm->ops->alloc(comm->ctx, r->bytes, timeout, r->alloc_out);
     } else {
@@ -299,6 +316,7 @@ static td_status coll(td_comm *comm, td__coll_kind kind, const void *send, void 
     char why[192];
     k.error = check_coll(comm, &k, async, req, why, sizeof why);
     if (k.error) k.error_msg = why;
+    k.error_rank = comm->shape.rank;
     if (!async || k.error) {
         td_request r = {.kind = ITEM_COLL, .comm = comm, .coll = k};
         return submit(comm, &r, 1);
@@ -458,6 +476,14 @@ td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out) {
     if (!comm || !out) return td__fail(TD_EINVAL, "td_comm_split: NULL group or out");
     *out = NULL;
     td_request r = {.kind = ITEM_SPLIT, .comm = comm, .color = color, .key = key, .split_out = out};
+    return submit(comm, &r, 1);
+}
+
+td_status td_comm_split_host(td_comm *comm, td_comm **out) {
+    if (!comm || !out) return td__fail(TD_EINVAL, "td_comm_split_host: NULL group or out");
+    *out = NULL;
+    if (!comm->ops->split_host) return td_comm_split(comm, comm->shape.node, comm->shape.rank, out);
+    td_request r = {.kind = ITEM_SPLIT_HOST, .comm = comm, .split_out = out};
     return submit(comm, &r, 1);
 }
 

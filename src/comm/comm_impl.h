@@ -1,9 +1,9 @@
 /* The private contract between the generic process-group layer (comm.c: parameters,
- * environment, request queue, progress thread, sub-groups) and a backend (shm, mpi).
- * Not installed. A backend fills a td__backend_ops table; the generic layer owns the
- * td_comm and calls the table. Backends run one operation at a time per group for
- * collectives (the generic layer serialises them on the progress thread in call order);
- * point-to-point may run concurrently with a collective. */
+ * environment, request queue, progress thread, sub-groups) and a backend (shm, mpi, ucx, and
+ * hier, which composes the others for groups that span hosts). Not installed. A backend fills
+ * a td__backend_ops table; the generic layer owns the td_comm and calls the table. Backends
+ * run one operation at a time per group for collectives (the generic layer serialises them on
+ * the progress thread in call order); point-to-point may run concurrently with a collective. */
 #ifndef TANDEM_COMM_IMPL_H
 #define TANDEM_COMM_IMPL_H
 
@@ -25,7 +25,7 @@ typedef enum {
 
 /* One collective call as every rank must agree on it. `count` is the per-rank count for
  * allgather, gather, scatter, reduce_scatter and alltoall, the total otherwise. */
-typedef struct {
+typedef struct td__coll {
     td__coll_kind kind;
     uint64_t seq;     /* 0, 1, 2, ... per group, in call order */
     const void *send; /* == recv for in place */
@@ -39,11 +39,23 @@ typedef struct {
      * of it and returns the same error, and nothing else happens. */
     td_status error;
     const char *error_msg;
+    int error_rank; /* the rank an error names: the caller's rank in the group the user called */
+    /* The call every rank must agree on and that messages describe, when this one is a step of
+     * a collective of another group (hier.c runs a user's allreduce as steps on its host's and
+     * its cross-host groups); NULL: this call itself. Backends compare and describe `sig`'s
+     * kind, seq, dtype, count, op and root, and move data as this call says. */
+    const struct td__coll *sig;
 } td__coll;
 
-/* What the backend learned about the job when it was created. */
+/* The call `c` stands for in agreement checks and messages. */
+static inline const td__coll *td__coll_sig(const td__coll *c) { return c->sig ? c->sig : c; }
+
+/* What the backend learned about the job when it was created: the rank's place in the group,
+ * among the group's ranks on its host, and which of the group's hosts it is on (hosts are
+ * numbered 0 .. nodes-1 in the order of their lowest rank). */
 typedef struct {
     int rank, size, local_rank, local_size;
+    int node, nodes;
 } td__group_shape;
 
 /* A backend: a table of functions over an opaque per-group context. Every function
@@ -55,7 +67,9 @@ typedef struct td__backend_ops {
      * any rank's call carries an error (this one's or a peer's), every rank returns the error
      * of the lowest such rank, "<call>: rank R: <its message>", with its status (TD_EINVAL or
      * TD_EDTYPE): the group stays usable, so a backend returns those two statuses for nothing
-     * else. Receive buffers of the other ranks may have been partly written. */
+     * else. Receive buffers of the other ranks may have been partly written. A call carrying
+     * any other status is a failure met elsewhere (hier.c passes one on): the backend ends the
+     * group, telling the other members why as far as it can. */
     td_status (*collective)(void *ctx, const td__coll *coll, double timeout_s);
     /* Starts a point-to-point transfer of `bytes`; *req is the backend's handle. */
     td_status (*isend)(void *ctx, const void *buf, size_t bytes, int dst, int tag, void **req);
@@ -66,15 +80,21 @@ typedef struct td__backend_ops {
     /* MPI_Comm_split semantics; a negative colour yields *child = NULL. Collective. */
     td_status (*split)(void *ctx, int color, int key, double timeout_s, void **child,
                        td__group_shape *child_shape);
+    /* Optional (NULL: split by node): the group's ranks on this host, as a group of the
+     * backend that serves one host best (*child_ops says which), without talking to other
+     * hosts. Collective over the host's ranks. */
+    td_status (*split_host)(void *ctx, double timeout_s, void **child, td__group_shape *child_shape,
+                            const struct td__backend_ops **child_ops);
     /* Optional (NULL: plain aligned memory). Collective: `bytes` that every rank of the group
      * can reach, for td_comm_alloc; *out is this rank's part. Local failures are TD_ENOMEM on
      * every rank. Never runs concurrently with a collective of the same group. */
     td_status (*alloc)(void *ctx, size_t bytes, double timeout_s, void **out);
     /* Releases what alloc returned; local, and may run while other collectives are in flight. */
     void (*free)(void *ctx, void *ptr);
-    /* Optional: td_comm_abort. Ends the group for every rank it can reach, now (shm: the
-     * segment is poisoned, so every peer's current and next wait fails naming `rank`). */
-    void (*abort)(void *ctx, int rank);
+    /* Optional: td_comm_abort. Ends the group for every rank it can reach, now, `why` being
+     * what they report (shm: the segment is poisoned, so every peer's current and next wait
+     * fails naming `rank` and `why`). */
+    void (*abort)(void *ctx, int rank, const char *why);
     /* Frees the context and everything it holds. */
     void (*destroy)(void *ctx);
 } td__backend_ops;
@@ -86,6 +106,27 @@ td_status td__shm_create(const td_comm_params *params, void **ctx, td__group_sha
 /* Open MPI backend; returns TD_EUNSUPPORTED when the library was built without MPI. */
 td_status td__mpi_create(const td_comm_params *params, void **ctx, td__group_shape *shape,
                          const td__backend_ops **ops);
+
+/* UCX backend (ranks on any hosts, bootstrapped through the store); TD_EUNSUPPORTED when the
+ * library was built without UCX. */
+td_status td__ucx_create(const td_comm_params *params, void **ctx, td__group_shape *shape,
+                         const td__backend_ops **ops);
+
+/* A shm group of this host's ranks whose segment name travels by any means: `share` (unless
+ * NULL, for one rank) is called once on every rank, collectively; rank 0 passes the name of the
+ * segment it made (empty when it could not make one) and every other rank receives it. */
+typedef td_status (*td__shm_share_fn)(void *arg, int rank, char name[96], double timeout_s);
+td_status td__shm_create_local(int rank, int size, td__shm_share_fn share, void *arg,
+                               double timeout_s, void **ctx, td__group_shape *shape,
+                               const td__backend_ops **ops);
+
+/* Wraps a group that spans hosts (`flat`, any backend with collectives and split) into one
+ * whose collectives run hierarchically (hier.c): a shm group per host for the steps inside a
+ * host and a split of `flat` among the ranks of equal local rank for the steps across hosts.
+ * On success the hier group owns `flat_ctx`; on failure the caller still does. */
+td_status td__hier_create(const td__backend_ops *flat_ops, void *flat_ctx,
+                          const td__group_shape *flat_shape, double timeout_s, void **ctx,
+                          td__group_shape *shape, const td__backend_ops **ops);
 
 /* "allreduce", "broadcast", ... (coll.c) */
 const char *td__coll_name(td__coll_kind kind);
@@ -121,5 +162,8 @@ void td__reduce(void *dst, const void *const *src, int nsrc, size_t count, td_dt
 /* Writes "allreduce #3 (f32, 1024 elements, sum)" for error messages. */
 void td__coll_describe(char *out, size_t cap, td__coll_kind kind, uint64_t seq, td_dtype dtype,
                        size_t count, td_reduce_op op, int root);
+
+/* td__coll_describe of the call `c` stands for (its sig). */
+void td__coll_describe_call(char *out, size_t cap, const td__coll *c);
 
 #endif

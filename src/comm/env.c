@@ -1,7 +1,8 @@
 /* Where a process learns its place in the job: td_comm_params defaults and their resolution
  * from the environment, in torchrun's words (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
- * MASTER_ADDR, MASTER_PORT), tandem's (TANDEM_TOKEN, TANDEM_TIMEOUT), Open MPI's
- * (OMPI_COMM_WORLD_*) and Slurm's (SLURM_*). It does not start or contact anything. */
+ * NODE_RANK, MASTER_ADDR, MASTER_PORT), tandem's (TANDEM_TOKEN, TANDEM_TIMEOUT,
+ * TANDEM_HIERARCHICAL, TANDEM_STORE_HOSTED), Open MPI's (OMPI_COMM_WORLD_*) and Slurm's
+ * (SLURM_*). It does not start or contact anything. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +15,10 @@ td_comm_params td_comm_default_params(void) {
                         .rank = -1,
                         .world_size = -1,
                         .local_rank = -1,
-                        .local_world_size = -1};
+                        .local_world_size = -1,
+                        .node_rank = -1,
+                        .hierarchical = -1,
+                        .store_hosted = -1};
     return p;
 }
 
@@ -53,6 +57,9 @@ static const char *const local_rank_vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOC
 static const char *const local_size_vars[] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
                                               "SLURM_NTASKS_PER_NODE", NULL};
 static const char *const port_vars[] = {"MASTER_PORT", NULL};
+static const char *const node_vars[] = {"NODE_RANK", "GROUP_RANK", NULL};
+static const char *const hier_vars[] = {"TANDEM_HIERARCHICAL", NULL};
+static const char *const hosted_vars[] = {"TANDEM_STORE_HOSTED", NULL};
 
 td_status td__comm_resolve_params(const td_comm_params *in, td_comm_params *out) {
     *out = *in;
@@ -113,16 +120,30 @@ td_status td__comm_resolve_params(const td_comm_params *in, td_comm_params *out)
     }
     if (!(out->timeout_s > 0))
         return td__fail(TD_EINVAL, "timeout_s %g must be positive", out->timeout_s);
+    if (out->node_rank < 0) {
+        if ((s = env_int(node_vars, 0, 1 << 24, &out->node_rank, &found))) return s;
+        if (!found) out->node_rank = -1; /* the ucx backend then tells hosts apart by name */
+    }
+    if (out->hierarchical < 0) {
+        if ((s = env_int(hier_vars, 0, 1, &out->hierarchical, &found))) return s;
+        if (!found) out->hierarchical = 1;
+    }
+    if (out->store_hosted < 0) {
+        if ((s = env_int(hosted_vars, 0, 1, &out->store_hosted, &found))) return s;
+        if (!found) out->store_hosted = 0;
+    }
     if (out->backend == TD_BACKEND_AUTO) {
         int mpi_launcher = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK");
 #ifdef TD_HAVE_MPI
-        out->backend = mpi_launcher ? TD_BACKEND_MPI : TD_BACKEND_SHM;
+        if (mpi_launcher) out->backend = TD_BACKEND_MPI;
 #else
         (void)mpi_launcher;
-        out->backend = TD_BACKEND_SHM;
 #endif
+        if (out->backend == TD_BACKEND_AUTO)
+            out->backend = out->local_world_size < out->world_size ? TD_BACKEND_UCX : TD_BACKEND_SHM;
     }
-    if (out->backend != TD_BACKEND_SHM && out->backend != TD_BACKEND_MPI)
+    if (out->backend != TD_BACKEND_SHM && out->backend != TD_BACKEND_MPI &&
+        out->backend != TD_BACKEND_UCX)
         return td__fail(TD_EINVAL, "unknown backend %d", (int)out->backend);
     return TD_OK;
 }

@@ -70,12 +70,15 @@ int td__job_reap(td__job *j) {
         j->running--;
         int failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
         if (!failed || j->stopping || j->first_failed >= 0) continue;
-        first = i;
-        j->first_failed = i;
-        if (j->stop_on_failure) td__job_stop(j, SIGTERM, td__exit_code(st));
-        /* Return now: the ranks just signalled are reaped by the next call, so `running`
-         * still counts the ones this failure stops. */
-        break;
+        /* Of the ranks that ended in one pass, one killed by a signal is the likelier cause:
+         * the others most often gave up because of it. */
+        if (first < 0 || (WIFSIGNALED(st) && !WIFSIGNALED(j->procs[first].status))) first = i;
+    }
+    if (first >= 0) {
+        j->first_failed = first;
+        /* Signalled after the pass: the ranks this failure stops are reaped by later calls,
+         * so `running` still counts them. */
+        if (j->stop_on_failure) td__job_stop(j, SIGTERM, td__exit_code(j->procs[first].status));
     }
     return first;
 }

@@ -5,9 +5,12 @@
  * (parameters out, batch slices, outputs in, output gradients out, gradients in), so the
  * memory each replica holds and the time the single coordinating thread spends are what
  * DataParallel costs on real devices, minus the bus. Only forward and backward run on the
- * worker threads; everything else is serial, as in torch.nn.DataParallel. It does not
- * overlap anything and does not talk to other processes. */
+ * worker threads; everything else is serial, as in torch.nn.DataParallel. With a comm (DDP2)
+ * replica 0's gradients go through a td_ddp as step (7) finishes each one, so the buckets'
+ * all-reduces across hosts overlap the rest of the summing. */
 #include "tandem/dp.h"
+
+#include "tandem/ddp.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -48,6 +51,8 @@ struct td_dp {
     float *staging;     /* (total parameter floats): another replica's gradients, copied in */
     size_t grad_floats;
     td_optim *optim;
+    td_ddp *ddp; /* DDP2: replica 0's parameters across hosts, or NULL */
+    size_t *offset; /* (n_params) each parameter's first float in staging */
     double phase_s[TD_DP_PHASE_COUNT];
     /* worker dispatch */
     pthread_mutex_t mu;
@@ -278,7 +283,14 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
     }
     if (s == TD_OK) {
         const dp_replica *r0 = &dp->r[0];
-        for (size_t i = 0; i < r0->n_params; i++) dp->grad_floats += r0->params[i].count;
+        dp->offset = malloc((r0->n_params ? r0->n_params : 1) * sizeof *dp->offset);
+        if (!dp->offset) s = td__fail(TD_ENOMEM, "td_dp_create: out of memory");
+        for (size_t i = 0; dp->offset && i < r0->n_params; i++) {
+            dp->offset[i] = dp->grad_floats;
+            dp->grad_floats += r0->params[i].count;
+        }
+    }
+    if (s == TD_OK) {
         size_t B = (size_t)params->global_batch;
         dp->batch_x = malloc(B * (size_t)dp->sample * sizeof(float));
         dp->batch_y = malloc(B * sizeof(int64_t));
@@ -290,6 +302,10 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
             (dp->n > 1 && !dp->staging))
             s = td__fail(TD_ENOMEM, "td_dp_create: out of memory for replica 0's gather buffers");
     }
+    /* DDP2: every host starts from rank 0's replica 0 (collective over comm). */
+    if (s == TD_OK && params->comm)
+        s = td_ddp_create(&dp->ddp, params->comm, dp->r[0].params, dp->r[0].n_params,
+                          dp->r[0].buffers, dp->r[0].n_buffers, NULL);
     if (s == TD_OK)
         s = td_optim_create_sgd(&dp->optim, dp->r[0].params, dp->r[0].n_params, &params->sgd);
     if (s != TD_OK) {
@@ -302,6 +318,7 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
 
 void td_dp_destroy(td_dp *dp) {
     if (!dp) return;
+    td_ddp_destroy(dp->ddp); /* gives replica 0 its gradient memory back */
     if (dp->n_started > 0) (void)run_on(dp, JOB_DESTROY, -1, "td_dp_destroy");
     pthread_mutex_lock(&dp->mu);
     dp->job = JOB_QUIT;
@@ -321,6 +338,7 @@ void td_dp_destroy(td_dp *dp) {
     free(dp->gathered);
     free(dp->gathered_dy);
     free(dp->staging);
+    free(dp->offset);
     free(dp->r);
     free(dp);
 }
@@ -378,25 +396,21 @@ static void loss_on_replica0(td_dp *dp, float *loss) {
     if (loss) *loss = (float)(sum / (double)B);
 }
 
-/* (7) Each other replica's gradients are copied onto replica 0, then added to its own. */
-static void reduce_grads(td_dp *dp) {
+/* (7) Each other replica's gradients are copied onto replica 0, then added to its own; last
+ * parameter first, as DDP lays its first bucket out, so that with DDP2 each parameter goes to
+ * DDP as soon as it is summed and full buckets cross hosts while the rest are summed. */
+static td_status reduce_grads(td_dp *dp) {
     dp_replica *r0 = &dp->r[0];
-    for (int d = 1; d < dp->n; d++) {
-        const dp_replica *r = &dp->r[d];
-        size_t off = 0;
-        for (size_t i = 0; i < r->n_params; i++) {
-            memcpy(dp->staging + off, r->params[i].grad, r->params[i].count * sizeof(float));
-            off += r->params[i].count;
-        }
-        off = 0;
-        for (size_t i = 0; i < r0->n_params; i++) {
-            float *g = r0->params[i].grad;
-            const float *in = dp->staging + off;
-            size_t n = r0->params[i].count;
+    for (size_t i = r0->n_params; i-- > 0;) {
+        float *g = r0->params[i].grad, *in = dp->staging + dp->offset[i];
+        size_t n = r0->params[i].count;
+        for (int d = 1; d < dp->n; d++) {
+            memcpy(in, dp->r[d].params[i].grad, n * sizeof(float));
             for (size_t k = 0; k < n; k++) g[k] += in[k];
-            off += n;
         }
+        if (dp->ddp) TD__TRY(td_ddp_grad_ready(dp->ddp, i));
     }
+    return dp->ddp ? td_ddp_finish_backward(dp->ddp) : TD_OK;
 }
 
 static void lap(td_dp *dp, td_dp_phase phase, uint64_t *t) {
@@ -408,6 +422,7 @@ static void lap(td_dp *dp, td_dp_phase phase, uint64_t *t) {
 td_status td_dp_step(td_dp *dp, const float *images, const int64_t *labels, float *loss) {
     if (!dp || !images || !labels) return td__fail(TD_EINVAL, "td_dp_step: NULL argument");
     uint64_t t = td_time_ns();
+    if (dp->ddp) TD__TRY(td_ddp_prepare_forward(dp->ddp)); /* buffers from rank 0 */
     replicate(dp);
     lap(dp, TD_DP_REPLICATE, &t);
     TD__TRY(scatter(dp, images, labels));
@@ -424,7 +439,7 @@ td_status td_dp_step(td_dp *dp, const float *images, const int64_t *labels, floa
                (size_t)(dp->b * dp->classes) * sizeof(float));
     TD__TRY(run_on(dp, JOB_BACKWARD, -1, "td_dp_step: backward"));
     lap(dp, TD_DP_BACKWARD, &t);
-    reduce_grads(dp);
+    TD__TRY(reduce_grads(dp));
     lap(dp, TD_DP_REDUCE, &t);
     TD__TRY(td_optim_step(dp->optim));
     lap(dp, TD_DP_OPTIMIZER, &t);

@@ -1,10 +1,12 @@
-/* tandemrun: starts the ranks of a job on one host, torchrun style.
+/* tandemrun: starts the ranks of a job on one host, torchrun style, or on several hosts when
+ * started once on each (torchrun's multi-node form).
  *
  *   tandemrun --nproc-per-node 4 ./train --epochs 3
+ *   tandemrun --nnodes 2 --node-rank R --master-addr A --master-port P --token T \
+ *       --nproc-per-node 2 ./train
  *
  * This file reads and checks the command line (torchrun's spellings included) and hands
- * the job to supervise.c. It does not span hosts: for several hosts use mpirun or srun,
- * whose environment the library reads directly (docs/launching.md). */
+ * the job to supervise.c; rendezvous.c joins the nodes of a multi-node job. */
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -32,7 +34,13 @@ static const char usage_text[] =
     "  --tee                also write rank K's output to <log-dir>/rank_K.log\n"
     "  --log-dir DIR        directory for --tee (default tandemrun-logs)\n"
     "  --prefix, --no-prefix  prefix each output line with \"[rank K] \" (default on)\n"
-    "  --standalone, --nnodes 1, --node-rank 0, --no-python  accepted for torchrun users\n"
+    "  --nnodes N           hosts of the job, each running tandemrun with its --node-rank\n"
+    "  --node-rank R        this host's index, 0 .. N-1; node 0 hosts the rendezvous store\n"
+    "                       on --master-addr:--master-port (default port 29500 then)\n"
+    "  --token T            the job's token, the same on every node (or TANDEM_TOKEN;\n"
+    "                       torchrun's --rdzv-id works too)\n"
+    "  --rdzv-timeout S     seconds the nodes wait for each other (default 300)\n"
+    "  --standalone, --no-python  accepted for torchrun users\n"
     "\n"
     "Options also take torchrun's forms: --nproc_per_node=4, --master_port 29500.\n"
     "When a rank fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
@@ -128,6 +136,8 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
     o->prefix = 1;
     o->log_dir = "tandemrun-logs";
     o->grace_s = 5.0;
+    o->nnodes = 1;
+    o->rdzv_timeout_s = 300;
     const char *nproc_arg = NULL;
     int i = 1;
     for (; i < argc; i++) {
@@ -198,14 +208,30 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
             /* one host is all tandemrun does, and it always runs the program directly */
         } else if (strcmp(name, "nnodes") == 0) {
             TAKES_VALUE();
-            if (strcmp(value, "1") != 0 && strcmp(value, "1:1") != 0)
-                return usage_error("--nnodes %s: tandemrun runs one host; use mpirun or srun for "
-                                   "several (see docs/launching.md)",
+            /* torchrun's MIN:MAX is elastic; a fixed count may be written N:N. */
+            char lo[32] = "", hi[32] = "";
+            long v = 0;
+            int fixed = sscanf(value, "%31[0-9]:%31[0-9]", lo, hi) == 2 ? strcmp(lo, hi) == 0 : 1;
+            if (!fixed || !parse_int(lo[0] ? lo : value, 1, TR_MAX_RANKS, &v))
+                return usage_error("--nnodes wants a number of hosts (or N:N; elastic ranges "
+                                   "are not supported), got '%s'",
                                    value);
+            o->nnodes = (int)v;
         } else if (strcmp(name, "node-rank") == 0) {
             TAKES_VALUE();
-            if (strcmp(value, "0") != 0)
-                return usage_error("--node-rank %s: tandemrun runs one host (node rank 0)", value);
+            long v;
+            if (!parse_int(value, 0, TR_MAX_RANKS, &v))
+                return usage_error("--node-rank wants a host index from 0, got '%s'", value);
+            o->node_rank = (int)v;
+        } else if (strcmp(name, "token") == 0 || strcmp(name, "rdzv-id") == 0) {
+            TAKES_VALUE();
+            if (!*value) return usage_error("--token is empty%s", "");
+            o->token = value;
+        } else if (strcmp(name, "rdzv-timeout") == 0) {
+            TAKES_VALUE();
+            if (!parse_seconds(value, &o->rdzv_timeout_s))
+                return usage_error("--rdzv-timeout must be a positive number of seconds, got '%s'",
+                                   value);
         } else {
             return usage_error("unknown option '%s'", arg);
         }
@@ -231,6 +257,20 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
                 "give one device per rank\n",
                 o->nproc, o->have_devices);
         return 2;
+    }
+    if (o->node_rank >= o->nnodes) {
+        fprintf(stderr, "tandemrun: --node-rank %d is not below --nnodes %d (nodes are 0 to %d)\n",
+                o->node_rank, o->nnodes, o->nnodes - 1);
+        return 2;
+    }
+    if (o->nnodes > 1) {
+        if (!o->token) o->token = getenv("TANDEM_TOKEN");
+        if (!o->token || !*o->token)
+            return usage_error("a job on several hosts (--nnodes > 1) needs the job's token, the "
+                               "same on every node: pass --token T or set TANDEM_TOKEN (see "
+                               "docs/multihost.md)%s",
+                               "");
+        if (!o->master_port) o->master_port = 29500; /* torchrun's default: nodes must agree */
     }
     if (i >= argc) return usage_error("no program to run%s", "");
     char *path = resolve_program(argv[i]);

@@ -7,8 +7,9 @@
  * pipes and a self-pipe fed by the signal handlers; the library's job core (src/launch, shared
  * with td_spawn) reaps the ranks and, when one fails, gives the others SIGTERM and, after the
  * grace period, SIGKILL. The final report names a rank that is stopped (SIGSTOP) as the one
- * the others waited for. It does not restart ranks (no elastic training) and does not span
- * hosts. */
+ * the others waited for. In a job across hosts (--nnodes) the nodes meet first (rendezvous.c),
+ * ranks are numbered node by node, the first failure on any node ends the job on every node,
+ * and reports name the host. It does not restart ranks (no elastic training). */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -26,6 +27,9 @@
 
 static int self_pipe[2] = {-1, -1};
 
+/* A byte on the self-pipe that is no signal: the watcher learned the job's end. */
+#define WAKE_END 0
+
 static void on_signal(int sig) {
     int saved = errno;
     unsigned char b = (unsigned char)sig;
@@ -37,6 +41,7 @@ static void on_signal(int sig) {
 /* Runs in the forked child; never returns. */
 static void exec_rank(const tr_options *o, const td__rank_env *env, int out_w, int err_w,
                       const cpu_set_t *cpus, pid_t launcher) {
+    if (o->nnodes > 1) setenv("TANDEM_STORE_HOSTED", "1", 1); /* node 0's tandemrun hosts it */
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != launcher) _exit(1); /* the launcher died before prctl took effect */
@@ -73,20 +78,76 @@ static void exec_rank(const tr_options *o, const td__rank_env *env, int out_w, i
     _exit(127);
 }
 
+/* A failure of this node's that may end the job on every node: a rank that exited with a
+ * status is most often one that gave up because a rank elsewhere failed first, so its claim
+ * waits SETTLE_S for another node's (a killed rank claims at once). */
+#define SETTLE_S 0.5
+typedef struct {
+    int pending;
+    double at;
+    int code, others;
+    char what[256];
+} tr_claim;
+
+/* Reports this node's first failure as the job's end, or as what followed another node's. */
+static void claim_end(td__job *j, tr_rdzv *z, tr_claim *c) {
+    char job[512];
+    int code;
+    c->pending = 0;
+    if (tr_rdzv_end_job(z, c->code, c->what, &code, job, sizeof job)) {
+        fprintf(stderr, "tandemrun: %s; stopping the other %d rank%s here and the other nodes\n",
+                c->what, c->others, c->others == 1 ? "" : "s");
+        return;
+    }
+    fprintf(stderr, "tandemrun: %s; then %s; stopping the other %d rank%s on this node\n", job,
+            c->what, c->others, c->others == 1 ? "" : "s");
+    j->exit_code = code;
+}
+
+/* Settles a pending claim: another node ended the job meanwhile, or its time has come (with
+ * `wait`, after waiting for that). */
+static void settle(td__job *j, tr_rdzv *z, tr_claim *c, int wait) {
+    while (c->pending) {
+        int code;
+        char job[512];
+        if (tr_rdzv_ended(z, &code, job, sizeof job)) {
+            c->pending = 0;
+            fprintf(stderr, "tandemrun: %s; then %s; stopping the other %d rank%s on this node\n",
+                    job, c->what, c->others, c->others == 1 ? "" : "s");
+            j->exit_code = code;
+        } else if (td__now_s() >= c->at) {
+            claim_end(j, z, c);
+        } else if (!wait) {
+            return;
+        } else {
+            struct timespec pause = {0, 10000000};
+            nanosleep(&pause, NULL);
+        }
+    }
+}
+
 /* Reaps ended ranks and reports the job's first failure, naming any rank that is stopped:
- * the others usually failed because they gave up waiting for it. */
-static void reap(td__job *j) {
+ * the others usually failed because they gave up waiting for it. Across hosts the report
+ * names this host, and the failure ends the job on every node (see tr_claim). */
+static void reap(td__job *j, tr_rdzv *z, tr_claim *claim) {
     int f = td__job_reap(j);
     if (f < 0) return;
     const td__proc *p = &j->procs[f];
     char how[96], stopped[256];
     td__describe_exit(p->status, how, sizeof how);
     int others = j->running;
-    if (others > 0)
+    if (z) {
+        *claim = (tr_claim){.pending = 1, .code = td__exit_code(p->status), .others = others,
+                            .at = td__now_s() + (WIFSIGNALED(p->status) ? 0 : SETTLE_S)};
+        snprintf(claim->what, sizeof claim->what, "rank %d (pid %d) on %s (node %d) %s", p->rank,
+                 (int)p->pid, z->host, z->node_rank, how);
+        settle(j, z, claim, 0);
+    } else if (others > 0) {
         fprintf(stderr, "tandemrun: rank %d (pid %d) %s; stopping the other %d rank%s\n", p->rank,
                 (int)p->pid, how, others, others == 1 ? "" : "s");
-    else
+    } else {
         fprintf(stderr, "tandemrun: rank %d (pid %d) %s\n", p->rank, (int)p->pid, how);
+    }
     if (td__job_stopped_ranks(j, stopped, sizeof stopped) > 0)
         fprintf(stderr,
                 "tandemrun: %s stopped (SIGSTOP) and never arrived: the job was stuck on it; "
@@ -121,7 +182,9 @@ static int open_pipe(int p[2]) {
 
 int tr_run_job(const tr_options *o) {
     char token[33];
-    if (td__job_token(token) != TD_OK) {
+    if (o->nnodes > 1) {
+        snprintf(token, sizeof token, "%s", o->token); /* (only for the env; the store takes o's) */
+    } else if (td__job_token(token) != TD_OK) {
         fprintf(stderr, "tandemrun: %s\n", td_last_error());
         return 1;
     }
@@ -148,6 +211,21 @@ int tr_run_job(const tr_options *o) {
     for (size_t k = 0; k < sizeof handled / sizeof *handled; k++) sigaction(handled[k], &sa, NULL);
     signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill the launcher before its ranks */
 
+    /* A job across hosts: meet the other nodes first. */
+    tr_rdzv rdzv, *z = NULL;
+    if (o->nnodes > 1) {
+        int rc = tr_rdzv_join(o, self_pipe[1], self_pipe[0], &rdzv);
+        if (rc) { /* it failed before its watcher started: only the connections to close */
+            td_store_destroy(rdzv.watch);
+            td_store_destroy(rdzv.store);
+            return rc;
+        }
+        z = &rdzv;
+    }
+    int rank0 = z ? z->rank_offset : 0, world = z ? z->world_size : o->nproc;
+    tr_claim claim = {0};
+    const char *job_token = z ? o->token : token;
+
     if (o->tee && mkdir(o->log_dir, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "tandemrun: cannot create log directory '%s': %s\n", o->log_dir,
                 strerror(errno));
@@ -168,13 +246,13 @@ int tr_run_job(const tr_options *o) {
     fflush(NULL);
     for (int r = 0; r < o->nproc; r++) {
         tr_rank *rk = &ranks[r];
-        rk->rank = r;
+        rk->rank = rank0 + r;
         rk->out.fd = rk->err.fd = rk->log_fd = -1;
         rk->out.out_fd = 1;
         rk->err.out_fd = 2;
         if (o->tee) {
             char path[4096];
-            snprintf(path, sizeof path, "%s/rank_%d.log", o->log_dir, r);
+            snprintf(path, sizeof path, "%s/rank_%d.log", o->log_dir, rank0 + r);
             rk->log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
             if (rk->log_fd < 0)
                 fprintf(stderr, "tandemrun: cannot write '%s': %s\n", path, strerror(errno));
@@ -187,7 +265,8 @@ int tr_run_job(const tr_options *o) {
         }
         cpu_set_t set;
         td__rank_cpus(r, o->nproc, cpus, ncpus, &set);
-        td__rank_env env = {r, o->nproc, r, o->nproc, 0, o->master_addr, port, token};
+        td__rank_env env = {rank0 + r, world, r, o->nproc, o->node_rank, o->master_addr, port,
+                            job_token};
         pid_t pid = fork();
         if (pid == 0) exec_rank(o, &env, po[1], pe[1], &set, self);
         if (capture) {
@@ -204,7 +283,7 @@ int tr_run_job(const tr_options *o) {
             break;
         }
         setpgid(pid, pid); /* also here, so that kill(-pid) works before the child runs */
-        procs[r] = (td__proc){.rank = r, .pid = pid, .running = 1};
+        procs[r] = (td__proc){.rank = rank0 + r, .pid = pid, .running = 1};
         td__job_add(&j);
         rk->out.fd = po[0];
         rk->err.fd = pe[0];
@@ -235,6 +314,7 @@ int tr_run_job(const tr_options *o) {
         double t = td__now_s(), wake = 0;
         if (j.stopping && j.kill_at > 0) wake = j.kill_at;
         if (!j.stopping && deadline > 0) wake = deadline;
+        if (claim.pending && (wake == 0 || claim.at < wake)) wake = claim.at;
         int ms = -1;
         if (wake > 0) ms = wake <= t ? 0 : (int)((wake - t) * 1000) + 1;
         if (!fds) ms = ms < 0 || ms > 100 ? 100 : ms;
@@ -250,12 +330,28 @@ int tr_run_job(const tr_options *o) {
             ssize_t got;
             while ((got = read(self_pipe[0], sigs, sizeof sigs)) > 0) {
                 for (ssize_t k = 0; k < got; k++) {
-                    int sig = sigs[k];
+                    int sig = sigs[k], code;
+                    char what[512];
                     if (sig == SIGCHLD) continue;
+                    if (sig == WAKE_END) {
+                        settle(&j, z, &claim, 0);
+                        if (!j.stopping && tr_rdzv_ended(z, &code, what, sizeof what)) {
+                            fprintf(stderr, "tandemrun: %s; stopping the %d rank%s on this node\n",
+                                    what, j.running, j.running == 1 ? "" : "s");
+                            td__job_stop(&j, SIGTERM, code ? code : 1);
+                        }
+                        continue;
+                    }
                     if (!j.stopping) {
                         char name[16];
                         fprintf(stderr, "tandemrun: received %s; stopping %d rank%s\n",
                                 td__signal_name(sig, name), j.running, j.running == 1 ? "" : "s");
+                        if (z) {
+                            char job[512];
+                            snprintf(what, sizeof what, "tandemrun on %s (node %d) received %s",
+                                     z->host, z->node_rank, name);
+                            tr_rdzv_end_job(z, 128 + sig, what, &code, job, sizeof job);
+                        }
                         td__job_stop(&j, sig, 128 + sig);
                     } else if (sig == SIGINT) { /* a second Ctrl-C: do not wait out the grace */
                         td__job_signal(&j, SIGKILL);
@@ -263,12 +359,20 @@ int tr_run_job(const tr_options *o) {
                 }
             }
         }
-        reap(&j);
+        reap(&j, z, &claim);
+        if (z) settle(&j, z, &claim, 0);
         td__job_tick(&j);
         if (!j.stopping && deadline > 0 && td__now_s() >= deadline) {
             char stopped[256];
             fprintf(stderr, "tandemrun: job timed out after %g s; stopping %d rank%s\n",
                     o->timeout_s, j.running, j.running == 1 ? "" : "s");
+            if (z) {
+                char what[128], job[512];
+                int code;
+                snprintf(what, sizeof what, "the job timed out after %g s on %s (node %d)",
+                         o->timeout_s, z->host, z->node_rank);
+                tr_rdzv_end_job(z, 124, what, &code, job, sizeof job);
+            }
             if (td__job_stopped_ranks(&j, stopped, sizeof stopped) > 0)
                 fprintf(stderr, "tandemrun: %s stopped (SIGSTOP): the job was stuck on it\n",
                         stopped);
@@ -292,5 +396,8 @@ int tr_run_job(const tr_options *o) {
     free(owner_ranks);
     free(ranks);
     free(procs);
-    return j.exit_code < 0 ? 0 : j.exit_code;
+    if (z) settle(&j, z, &claim, 1);
+    int rc = j.exit_code < 0 ? 0 : j.exit_code;
+    if (z) tr_rdzv_leave(z, rc == 0);
+    return rc;
 }

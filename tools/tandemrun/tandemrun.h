@@ -1,12 +1,16 @@
-/* tandemrun's pieces: the parsed command line, the per-rank output state, and the functions
- * that spawn, relay output for and supervise the ranks of one job on one host. Private to the
- * launcher; the library knows nothing of it (the supervision core it uses is the library's,
- * shared with td_spawn: src/launch). */
+/* tandemrun's pieces: the parsed command line, the per-rank output state, the rendezvous of
+ * the nodes of a multi-node job, and the functions that spawn, relay output for and supervise
+ * the ranks of one host. Private to the launcher; the library knows nothing of it (the
+ * supervision core it uses is the library's, shared with td_spawn: src/launch). */
 #ifndef TANDEMRUN_H
 #define TANDEMRUN_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <sys/types.h>
+
+#include "tandem/store.h"
 
 #define TR_MAX_RANKS 1024
 
@@ -22,6 +26,10 @@ typedef struct {
     const char *log_dir;
     double timeout_s;    /* 0: no limit on the job's wall-clock time */
     double grace_s;      /* SIGTERM -> SIGKILL delay when stopping ranks */
+    int nnodes;          /* hosts of the job, each running one tandemrun (1) */
+    int node_rank;       /* this host's index, 0 .. nnodes-1 */
+    const char *token;   /* the job's token, the same on every node (nnodes > 1) */
+    double rdzv_timeout_s; /* how long the nodes wait for each other */
     const char *program; /* resolved path of the program */
     char **argv;         /* program's argv (argv[0] as the user wrote it) */
 } tr_options;
@@ -40,6 +48,40 @@ typedef struct {
     tr_stream out, err;
     int log_fd; /* --tee file, or -1 */
 } tr_rank;
+
+/* The nodes' rendezvous and the job's end, for a job across hosts (rendezvous.c). */
+typedef struct {
+    int nnodes, node_rank;
+    int world_size, rank_offset; /* ranks of the whole job; this node's first rank */
+    const char *addr;
+    int port;
+    char host[64];
+    td_store *store, *watch; /* the supervisor's connection, the watcher thread's */
+    pthread_t thread;
+    int thread_started;
+    _Atomic int stop;
+    int wake_fd; /* written to when the job's end is known */
+    pthread_mutex_t lock;
+    char end[512]; /* "code|message" of the job's end, once known */
+} tr_rdzv;
+
+/* Joins the job's rendezvous (node 0 hosts the store) and starts watching for its end, which
+ * it reports by writing to wake_fd; a signal byte on sig_fd (the supervisor's self-pipe) stops
+ * the waiting. 0, or the exit status after printing why not. */
+int tr_rdzv_join(const tr_options *opts, int wake_fd, int sig_fd, tr_rdzv *z);
+
+/* Records the job's end (a rank of this node failed with exit `code`), unless another node
+ * ended it first; returns 1 when this was the job's end, else 0 with the earlier end's code
+ * and message in *job_code, job_what (which otherwise repeat this one). */
+int tr_rdzv_end_job(tr_rdzv *z, int code, const char *what, int *job_code, char *job_what,
+                    size_t cap);
+
+/* 1 when the job has ended (here or elsewhere): its exit code and message. */
+int tr_rdzv_ended(tr_rdzv *z, int *code, char *what, size_t cap);
+
+/* Leaves the rendezvous; with ok, says this node finished, and node 0 first waits for every
+ * node to have finished (or failed, or fallen silent). */
+void tr_rdzv_leave(tr_rdzv *z, int ok);
 
 /* Parses argv into opts; on a usage error prints why and returns 2, on --help returns 1. */
 int tr_parse_args(int argc, char **argv, tr_options *opts);

@@ -1,16 +1,19 @@
 /* The Open MPI backend's life cycle, point-to-point and split: td__mpi_create initialises
  * MPI when nobody has (MPI_THREAD_MULTIPLE, so that the progress thread and the caller may
- * both talk), works on a duplicate of MPI_COMM_WORLD, and reads the group's shape from MPI
- * (local rank and size from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)).
+ * both talk), works on duplicates of MPI_COMM_WORLD, and reads the group's shape from MPI
+ * (local rank and size from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), the host's index from
+ * the lowest rank on each host).
  *
- * MPI has no timeouts, so every wait here is a non-blocking call polled by td__mpi_wait
- * against the group's timeout. MPI can be initialised only once per process, so when we
- * initialised it we finalise it at process exit (atexit), not when the last group is
- * destroyed: a program may create a group again later. A program that initialised MPI
- * itself also finalises it itself, after destroying its groups.
+ * MPI has no timeouts, so every wait here is a non-blocking call polled against the group's
+ * timeout. MPI can be initialised only once per process, so when we initialised it we finalise
+ * it at process exit (atexit), not when the last group is destroyed: a program may create a
+ * group again later; but not after a group failed in flight (a peer gone, a link down), as
+ * MPI_Finalize would wait for the lost peers forever. A program that initialised MPI itself
+ * also finalises it itself, after destroying its groups.
  *
  * It does not launch processes (mpirun/srun do) and does not look at the tandemrun
- * environment: under MPI the ranks are MPI's. The collectives are in mpi_collective.c. */
+ * environment: under MPI the ranks are MPI's. The collectives are p2p_coll.c's, over the
+ * channel in mpi_transport.c. */
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
@@ -24,6 +27,9 @@
 
 static pthread_mutex_t mpi_mutex = PTHREAD_MUTEX_INITIALIZER;
 static int mpi_serialise; /* set once at initialisation, read-only afterwards */
+/* A group of this process failed with messages in flight: when a peer is gone or its link is
+ * down, MPI_Finalize, which waits for every peer, never returns. */
+static _Atomic int mpi_failed;
 
 void td__mpi_lock(void) {
     if (mpi_serialise) pthread_mutex_lock(&mpi_mutex);
@@ -45,46 +51,86 @@ td_status td__mpi_error(int code, const char *call) {
     return td__fail(TD_EBACKEND, "%s failed: %s", call, text);
 }
 
-td_status td__mpi_wait(td__mpi_ctx *ctx, MPI_Request *req, MPI_Status *status, double timeout_s,
-                       const char *what) {
+void td__mpi_idle(uint64_t waited_ns) {
+    if (waited_ns < 1000000000u) {
+        sched_yield();
+        return;
+    }
+    long nap = (long)(waited_ns / 1000u);
+    struct timespec ts = {0, nap < 1000000 ? nap : 1000000};
+    nanosleep(&ts, NULL);
+}
+
+void td__mpi_give_up(MPI_Request *req, int recv) {
+    if (*req == MPI_REQUEST_NULL) return; /* MPI_Test already released one that failed */
+    int done = 0;
+    if (recv) MPI_Cancel(req);
+    for (uint64_t until = td_time_ns() + 100000000u; !done && td_time_ns() < until;)
+        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+    if (!done && *req != MPI_REQUEST_NULL) MPI_Request_free(req);
+}
+
+void td__mpi_describe(const td__mpi_ctx *ctx, int rank, char *out, size_t cap) {
+    if (rank < 0 || rank >= ctx->size) {
+        snprintf(out, cap, "rank %d", rank);
+        return;
+    }
+    /* A sub-group's member is named by its rank in the world, which is what a user sees. */
+    int w = ctx->world[rank], sub = ctx->size != ctx->job->size;
+    if (w >= 0 && w < ctx->job->size)
+        snprintf(out, cap, "%srank %d (host %s)", sub ? "world " : "", sub ? w : rank,
+                 ctx->job->hosts[w]);
+    else
+        snprintf(out, cap, "rank %d", rank);
+}
+
+/* Completes a user point-to-point request by polling within timeout_s; TD_ETIMEOUT names
+ * `what` and the rank. */
+static td_status wait_request(td__mpi_ctx *ctx, MPI_Request *req, MPI_Status *status,
+                              double timeout_s, const char *what) {
     uint64_t start = td_time_ns();
     uint64_t limit = timeout_s > 0 ? (uint64_t)(timeout_s * 1e9) : UINT64_MAX;
-    long nap_ns = 10000;
-    MPI_Status ignored;
     for (unsigned spins = 0;; spins++) {
         int done = 0;
         td__mpi_lock();
-        int rc = MPI_Test(req, &done, status ? status : &ignored);
+        int rc = MPI_Test(req, &done, status);
         td__mpi_unlock();
         if (rc != MPI_SUCCESS) return td__mpi_error(rc, what);
         if (done) return TD_OK;
         uint64_t elapsed = td_time_ns() - start;
-        if (elapsed > limit)
+        if (elapsed > limit) {
+            char me[96];
+            td__mpi_describe(ctx, ctx->rank, me, sizeof me);
             return td__fail(TD_ETIMEOUT,
-                            "%s on rank %d of %d timed out after %.3g s (a peer failed, "
-                            "is slow, or did not make the same call)",
-                            what, ctx->rank, ctx->size, timeout_s);
-        /* MPI moves data only inside our MPI_Test calls, so a sleep between calls stalls a
-         * transfer that is under way (a 1 ms nap made large all-reduces 3x slower). Poll,
-         * yielding the core so that more ranks than cores still progress; only a wait longer
-         * than a second, which is a slow or dead peer rather than a transfer, backs off into
-         * sleeps of up to 1 ms. */
-        if (spins < 100) continue;
-        if (elapsed < 1000000000u) {
-            sched_yield();
-            continue;
+                            "%s on %s of %d timed out after %.3g s (a peer failed, is slow, or "
+                            "did not make the same call)",
+                            what, me, ctx->size, timeout_s);
         }
-        struct timespec ts = {0, nap_ns};
-        nanosleep(&ts, NULL);
-        if (nap_ns < 1000000) nap_ns *= 2;
+        if (spins >= 100) td__mpi_idle(elapsed);
     }
 }
 
-/* Finalises MPI at exit when this library initialised it. */
+static void *finalize_main(void *done) {
+    MPI_Finalize();
+    atomic_store((_Atomic int *)done, 1);
+    return NULL;
+}
+
+/* Finalises MPI at exit when this library initialised it; after a failure in flight, gives
+ * MPI_Finalize two seconds (on a separate thread) and lets the process end without it. */
 static void finalize_at_exit(void) {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
+    if (finalized) return;
+    if (!atomic_load(&mpi_failed)) {
+        MPI_Finalize();
+        return;
+    }
+    static _Atomic int done;
+    pthread_t t;
+    if (pthread_create(&t, NULL, finalize_main, (void *)&done) != 0) return;
+    for (int i = 0; i < 200 && !atomic_load(&done); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
+    if (atomic_load(&done)) pthread_join(t, NULL);
 }
 
 static td_status ensure_initialised(void) {
@@ -115,22 +161,74 @@ static td_status ensure_initialised(void) {
     return st;
 }
 
-/* Rank and size within this host, for the ranks of `comm`. */
-static td_status local_shape(MPI_Comm comm, int rank, td__group_shape *shape) {
+/* Rank and size within this host, and which of the group's hosts this is (hosts in the order
+ * of their lowest rank), for the ranks of `comm`. Collective, blocking: only called where
+ * every rank is known to be present. */
+static td_status host_shape(MPI_Comm comm, int rank, int size, td__group_shape *shape) {
     MPI_Comm node;
     td__mpi_lock();
     int rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    int lowest = rank, *all = malloc((size_t)size * sizeof *all);
     if (rc == MPI_SUCCESS) {
         MPI_Comm_rank(node, &shape->local_rank);
         MPI_Comm_size(node, &shape->local_size);
+        MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, node);
         MPI_Comm_free(&node);
+        if (all) rc = MPI_Allgather(&lowest, 1, MPI_INT, all, 1, MPI_INT, comm);
     }
     td__mpi_unlock();
-    return rc == MPI_SUCCESS ? TD_OK : td__mpi_error(rc, "MPI_Comm_split_type");
+    if (rc != MPI_SUCCESS || !all) {
+        free(all);
+        return all ? td__mpi_error(rc, "MPI_Comm_split_type") : td__fail(TD_ENOMEM, "mpi: out of memory");
+    }
+    shape->nodes = shape->node = 0;
+    for (int r = 0; r < size; r++)
+        if (all[r] == r) { /* the lowest rank of its host */
+            if (r < lowest) shape->node++;
+            shape->nodes++;
+        }
+    free(all);
+    return TD_OK;
 }
 
-/* Wraps a communicator we own into a context and fills its shape. */
-static td_status wrap(MPI_Comm comm, td__mpi_ctx **out, td__group_shape *shape) {
+/* Bits of the collectives' tags: as many as MPI_TAG_UB allows, up to TD__P2P_TAG_BITS. */
+static int tag_bits(void) {
+    void *ub = NULL;
+    int flag = 0, bits = 0;
+    td__mpi_lock();
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    td__mpi_unlock();
+    long max = flag && ub ? *(int *)ub : 32767;
+    while (bits < TD__P2P_TAG_BITS && (1l << (bits + 1)) - 1 <= max) bits++;
+    return bits;
+}
+
+static void job_release(td__mpi_job *job) {
+    if (job && atomic_fetch_sub(&job->refs, 1) == 1) {
+        free(job->hosts);
+        free(job);
+    }
+}
+
+static void ctx_free(td__mpi_ctx *ctx) {
+    if (ctx->p2p.broken || ctx->broken) atomic_store(&mpi_failed, 1);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+        td__mpi_notice_cancel(ctx);
+        td__mpi_lock();
+        if (ctx->comm != MPI_COMM_NULL) MPI_Comm_free(&ctx->comm);
+        if (ctx->coll != MPI_COMM_NULL) MPI_Comm_free(&ctx->coll);
+        td__mpi_unlock();
+    }
+    td__p2p_free(&ctx->p2p);
+    free(ctx->world);
+    job_release(ctx->job);
+    free(ctx);
+}
+
+/* Wraps a communicator we own into a context of `job` and fills its shape. Collective. */
+static td_status wrap(MPI_Comm comm, td__mpi_job *job, td__mpi_ctx **out, td__group_shape *shape) {
     td__mpi_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) {
         td__mpi_lock();
@@ -139,21 +237,49 @@ static td_status wrap(MPI_Comm comm, td__mpi_ctx **out, td__group_shape *shape) 
         return td__fail(TD_ENOMEM, "mpi backend: out of memory for a group context");
     }
     ctx->comm = comm;
+    ctx->coll = MPI_COMM_NULL;
+    ctx->notice_req = MPI_REQUEST_NULL;
+    ctx->job = job;
+    atomic_fetch_add(&job->refs, 1);
     td__mpi_lock();
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN); /* errors come back to us, not abort() */
     MPI_Comm_rank(comm, &ctx->rank);
     MPI_Comm_size(comm, &ctx->size);
+    int rc = MPI_Comm_dup(comm, &ctx->coll);
     td__mpi_unlock();
-    const char *check = getenv("TANDEM_MPI_CHECK");
-    ctx->check = !(check && strcmp(check, "0") == 0);
-    shape->rank = ctx->rank;
-    shape->size = ctx->size;
-    td_status st = local_shape(comm, ctx->rank, shape);
-    if (st != TD_OK) {
+    td_status st = rc == MPI_SUCCESS ? TD_OK : td__mpi_error(rc, "MPI_Comm_dup");
+    ctx->world = malloc((size_t)ctx->size * sizeof *ctx->world);
+    int *mine = malloc((size_t)ctx->size * sizeof *mine);
+    if (st == TD_OK && (!ctx->world || !mine)) st = td__fail(TD_ENOMEM, "mpi: out of memory");
+    if (st == TD_OK) {
+        MPI_Group group, world;
         td__mpi_lock();
-        MPI_Comm_free(&ctx->comm);
+        MPI_Comm_group(comm, &group);
+        MPI_Comm_group(MPI_COMM_WORLD, &world);
+        for (int r = 0; r < ctx->size; r++) mine[r] = r;
+        MPI_Group_translate_ranks(group, ctx->size, mine, world, ctx->world);
+        MPI_Group_free(&group);
+        MPI_Group_free(&world);
         td__mpi_unlock();
-        free(ctx);
+        shape->rank = ctx->rank;
+        shape->size = ctx->size;
+        st = host_shape(comm, ctx->rank, ctx->size, shape);
+    }
+    free(mine);
+    /* Open MPI's shared-memory transport sends up to 4 KiB (its header included) at once. */
+    if (st == TD_OK)
+        st = td__p2p_init(&ctx->p2p, &td__mpi_transport, ctx, ctx->rank, ctx->size, tag_bits(),
+                          4000);
+    if (st != TD_OK) {
+        ctx_free(ctx);
+        return st;
+    }
+    td__mpi_lock();
+    MPI_Comm_set_errhandler(ctx->coll, MPI_ERRORS_RETURN);
+    td__mpi_unlock();
+    st = td__mpi_notice_post(ctx);
+    if (st != TD_OK) {
+        ctx_free(ctx);
         return st;
     }
     *out = ctx;
@@ -241,19 +367,12 @@ static td_status mpi_p2p_wait(void *vctx, void *req, double timeout_s) {
     char what[64];
     snprintf(what, sizeof what, "%s with rank %d, tag %d", p->recv ? "recv" : "send", p->peer,
              p->tag);
-    td_status st = td__mpi_wait(ctx, &p->req, &status, timeout_s, what);
+    td_status st = wait_request(ctx, &p->req, &status, timeout_s, what);
     if (st == TD_OK) return finish_p2p(ctx, p, &status);
     /* Give up on the transfer: a receive can be cancelled; a send cannot (MPI deprecates it),
      * so it is detached and finishes, or not, in the background. */
     td__mpi_lock();
-    if (p->req != MPI_REQUEST_NULL) { /* MPI_Test already released a request that failed */
-        if (p->recv) {
-            MPI_Cancel(&p->req);
-            MPI_Wait(&p->req, MPI_STATUS_IGNORE);
-        } else {
-            MPI_Request_free(&p->req);
-        }
-    }
+    td__mpi_give_up(&p->req, p->recv);
     td__mpi_unlock();
     free(p);
     return st;
@@ -281,9 +400,7 @@ static td_status mpi_split(void *vctx, int color, int key, double timeout_s, voi
         return td__fail(TD_ESTATE, "mpi split: the group is unusable after an earlier timeout");
     /* MPI_Comm_split blocks without a bound, so first make sure, within the timeout, that
      * every rank is alive and splitting too. */
-    int64_t hdr[TD__MPI_HDR] = {TD__MPI_KIND_SPLIT, -1, -1, 0, -1, -1, 0};
-    td_status st = td__mpi_agree(ctx, hdr, NULL, timeout_s);
-    if (st != TD_OK) return st;
+    TD__TRY(td__p2p_exchange(&ctx->p2p, NULL, NULL, 0, timeout_s));
     MPI_Comm sub;
     td__mpi_lock();
     int rc = MPI_Comm_split(ctx->comm, color < 0 ? MPI_UNDEFINED : color, key, &sub);
@@ -291,34 +408,35 @@ static td_status mpi_split(void *vctx, int color, int key, double timeout_s, voi
     if (rc != MPI_SUCCESS) return td__mpi_error(rc, "MPI_Comm_split");
     if (sub == MPI_COMM_NULL) return TD_OK;
     td__mpi_ctx *sub_ctx = NULL;
-    st = wrap(sub, &sub_ctx, child_shape);
+    td_status st = wrap(sub, ctx->job, &sub_ctx, child_shape);
     if (st == TD_OK) *child = sub_ctx;
     return st;
 }
 
-static void mpi_destroy(void *vctx) {
+static td_status mpi_collective(void *vctx, const td__coll *c, double timeout_s) {
     td__mpi_ctx *ctx = vctx;
-    if (!ctx) return;
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) {
-        td__mpi_lock();
-        MPI_Comm_free(&ctx->comm);
-        td__mpi_unlock();
+    if (ctx->broken) {
+        char what[160];
+        td__coll_describe_call(what, sizeof what, c);
+        return td__fail(TD_ESTATE, "mpi %s: the group is unusable after an earlier failure", what);
     }
-    free(ctx);
+    return td__p2p_collective(&ctx->p2p, c, timeout_s);
 }
 
-/* MPI cannot reach the peers without killing them (MPI_Abort): they learn at their next
- * collective's header check, or by its timeout. */
-static void mpi_abort(void *vctx, int rank) {
-    (void)rank;
+static void mpi_destroy(void *vctx) {
+    if (vctx) ctx_free(vctx);
+}
+
+/* MPI cannot reach the peers without killing them (MPI_Abort): they learn by the timeout of
+ * their next collective with this rank. */
+static void mpi_abort(void *vctx, int rank, const char *why) {
+    (void)rank, (void)why;
     ((td__mpi_ctx *)vctx)->broken = 1;
 }
 
 static const td__backend_ops mpi_ops = {
     .name = "mpi",
-    .collective = td__mpi_collective,
+    .collective = mpi_collective,
     .isend = mpi_isend,
     .irecv = mpi_irecv,
     .p2p_wait = mpi_p2p_wait,
@@ -327,6 +445,32 @@ static const td__backend_ops mpi_ops = {
     .abort = mpi_abort,
     .destroy = mpi_destroy,
 };
+
+/* The world's host names, gathered once (blocking: every rank is creating the world). */
+static td_status job_create(MPI_Comm comm, td__mpi_job **out) {
+    td__mpi_job *job = calloc(1, sizeof *job);
+    if (!job) return td__fail(TD_ENOMEM, "mpi: out of memory");
+    char name[MPI_MAX_PROCESSOR_NAME] = "", mine[64] = "";
+    int len = 0;
+    td__mpi_lock();
+    MPI_Comm_size(comm, &job->size);
+    MPI_Get_processor_name(name, &len);
+    job->hosts = calloc((size_t)job->size, sizeof *job->hosts);
+    snprintf(mine, sizeof mine, "%.63s", name); /* host names beyond 63 bytes are cut */
+    int rc = job->hosts ? MPI_Allgather(mine, 64, MPI_CHAR, job->hosts, 64, MPI_CHAR, comm)
+                        : MPI_SUCCESS;
+    td__mpi_unlock();
+    if (!job->hosts || rc != MPI_SUCCESS) {
+        td_status st = job->hosts ? td__mpi_error(rc, "MPI_Allgather")
+                                  : td__fail(TD_ENOMEM, "mpi: out of memory");
+        free(job->hosts);
+        free(job);
+        return st;
+    }
+    job->refs = 1;
+    *out = job;
+    return TD_OK;
+}
 
 td_status td__mpi_create(const td_comm_params *params, void **out, td__group_shape *shape,
                          const td__backend_ops **ops) {
@@ -338,8 +482,17 @@ td_status td__mpi_create(const td_comm_params *params, void **out, td__group_sha
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     td__mpi_unlock();
     if (rc != MPI_SUCCESS) return td__mpi_error(rc, "MPI_Comm_dup(MPI_COMM_WORLD)");
+    td__mpi_job *job = NULL;
+    st = job_create(comm, &job);
+    if (st != TD_OK) {
+        td__mpi_lock();
+        MPI_Comm_free(&comm);
+        td__mpi_unlock();
+        return st;
+    }
     td__mpi_ctx *ctx = NULL;
-    st = wrap(comm, &ctx, shape);
+    st = wrap(comm, job, &ctx, shape);
+    job_release(job); /* the context holds its own reference */
     if (st != TD_OK) return st;
     /* Explicit values in params must agree with what MPI says, or the caller is confused
      * about which job it is in. */

@@ -224,8 +224,8 @@ td_status td__shm_step(shm_ctx *c, const shm_call *call, const char *error_msg,
         if (!theirs->error) continue;
         char what[160];
         describe(what, sizeof what, theirs);
-        return td__fail((td_status)theirs->error, "rank %d: %s: %s", r, what,
-                        c->ranks[r].error_msg[parity]);
+        return td__fail((td_status)theirs->error, "rank %d: %s: %s", (int)theirs->error_rank,
+                        what, c->ranks[r].error_msg[parity]);
     }
     for (int r = 0; r < c->size; r++) {
         const shm_call *theirs = &c->ranks[r].call[parity];
@@ -382,8 +382,8 @@ static td_status mapped_barrier(shm_ctx *c, uint32_t kind, uint64_t seq, uint64_
 
 static void shm_destroy(void *ctx) { ctx_free(ctx); }
 
-static void shm_abort(void *ctx, int rank) {
-    td__shm_poison(ctx, TD_EPEER, "rank %d aborted the group (td_comm_abort)", rank);
+static void shm_abort(void *ctx, int rank, const char *why) {
+    td__shm_poison(ctx, TD_EPEER, "rank %d aborted the group (%s)", rank, why);
 }
 
 static td_status shm_split(void *ctx, int color, int key, double timeout_s, void **child,
@@ -403,6 +403,46 @@ static const td__backend_ops shm_ops = {
     .destroy = shm_destroy,
 };
 
+td_status td__shm_create_local(int rank, int n, td__shm_share_fn share, void *arg,
+                               double timeout_s, void **ctx, td__group_shape *shape,
+                               const td__backend_ops **ops) {
+    if (n < 1 || rank < 0 || rank >= n)
+        return td__fail(TD_EINVAL, "shm: rank %d / size %d out of range", rank, n);
+    shm_ctx *c = ctx_new(rank, n);
+    if (!c) return td__fail(TD_ENOMEM, "shm: out of memory");
+    td_status s = TD_OK, made = TD_OK;
+    char name[96] = "";
+    if (rank == 0) {
+        made = segment_create(c, "host");
+        if (!made) memcpy(name, c->name, sizeof name);
+    }
+    if (share) s = share(arg, rank, name, timeout_s);
+    if (!s) s = made;
+    if (!s && rank > 0)
+        s = name[0] ? segment_open(c, name)
+                    : td__fail(TD_EIO, "shm: rank %d: rank 0 of this host could not create the "
+                                       "group's segment", rank);
+    if (!s) s = mapped_barrier(c, SHM_COLL_CREATE, 0, (uint64_t)(timeout_s * 1e9));
+    if (s) {
+        ctx_free(c);
+        return s;
+    }
+    share_cores(c); /* every rank published its CPUs before the barrier */
+    *shape = (td__group_shape){rank, n, rank, n, 0, 1};
+    *ctx = c;
+    *ops = &shm_ops;
+    return TD_OK;
+}
+
+/* Rank 0 publishes the segment's name in the store, the others wait for it. */
+static td_status share_by_store(void *arg, int rank, char name[96], double timeout_s) {
+    td_store *store = arg;
+    size_t len = 0;
+    (void)timeout_s; /* the store's own */
+    if (rank == 0) return td_store_set(store, "tandem/shm/world", name, strlen(name) + 1);
+    return td_store_get(store, "tandem/shm/world", name, 95, &len);
+}
+
 td_status td__shm_create(const td_comm_params *p, void **ctx, td__group_shape *shape,
                          const td__backend_ops **ops) {
     int n = p->world_size, rank = p->rank;
@@ -411,44 +451,25 @@ td_status td__shm_create(const td_comm_params *p, void **ctx, td__group_shape *s
     if (p->local_world_size != n)
         return td__fail(TD_EUNSUPPORTED,
                         "shm: the shm backend needs every rank on one host (world_size %d, "
-                        "local_world_size %d); use the mpi backend",
+                        "local_world_size %d); use the mpi or ucx backend",
                         n, p->local_world_size);
-    uint64_t timeout_ns = (uint64_t)(p->timeout_s * 1e9);
-    shm_ctx *c = ctx_new(rank, n);
-    if (!c) return td__fail(TD_ENOMEM, "shm: out of memory");
-    td_status s = TD_OK;
-    char tag[32];
-    snprintf(tag, sizeof tag, "%d", p->master_port);
-    if (n == 1) {
-        s = segment_create(c, tag);
-        if (!s) s = mapped_barrier(c, SHM_COLL_CREATE, 0, timeout_ns);
-    } else {
+    td_store *store = NULL;
+    if (n > 1) {
         td_store_params sp = td_store_default_params();
         sp.host = p->master_addr;
         sp.port = p->master_port;
         sp.is_server = rank == 0;
         sp.token = p->token;
         sp.timeout_s = p->timeout_s;
-        s = td_store_create(&c->store, &sp);
-        if (!s && rank == 0) {
-            s = segment_create(c, tag);
-            if (!s) s = td_store_set(c->store, "tandem/shm/world", c->name, strlen(c->name) + 1);
-        } else if (!s) {
-            char name[sizeof c->name] = {0};
-            size_t len = 0;
-            s = td_store_get(c->store, "tandem/shm/world", name, sizeof name - 1, &len);
-            if (!s) s = segment_open(c, name);
-        }
-        if (!s) s = mapped_barrier(c, SHM_COLL_CREATE, 0, timeout_ns);
+        TD__TRY(td_store_create(&store, &sp));
     }
+    td_status s = td__shm_create_local(rank, n, store ? share_by_store : NULL, store, p->timeout_s,
+                                       ctx, shape, ops);
     if (s) {
-        ctx_free(c);
+        td_store_destroy(store);
         return s;
     }
-    share_cores(c);
-    *shape = (td__group_shape){rank, n, rank, n};
-    *ctx = c;
-    *ops = &shm_ops;
+    ((shm_ctx *)*ctx)->store = store;
     return TD_OK;
 }
 
@@ -535,7 +556,7 @@ static td_status shm_split(void *ctx, int color, int key, double timeout_s, void
     if (k) {
         /* Every member's phase counter in the new segment starts at 0. */
         *child = k;
-        *shape = (td__group_shape){me, m, me, m};
+        *shape = (td__group_shape){me, m, me, m, 0, 1};
     }
     return TD_OK;
 }

@@ -265,19 +265,21 @@ td_status td__shm_collective(void *ctx, const td__coll *k, double timeout_s) {
     shm_ctx *c = ctx;
     char what[160];
     if (atomic_load(&c->head->poison)) {
-        td__coll_describe(what, sizeof what, k->kind, k->seq, k->dtype, k->count, k->op, k->root);
+        td__coll_describe_call(what, sizeof what, k);
         return td__shm_poisoned(c, what);
     }
     c->next_seq = k->seq + 1;
     uint64_t tmo = (uint64_t)(timeout_s * 1e9);
-    shm_call call = {.kind = (uint32_t)k->kind, .seq = k->seq, .count = k->count, .root = -1};
+    const td__coll *sig = td__coll_sig(k); /* what the ranks must agree on */
+    shm_call call = {.kind = (uint32_t)sig->kind, .seq = sig->seq, .count = sig->count, .root = -1};
     int n = c->size, me = c->rank;
     size_t es = td_dtype_size(k->dtype), cnt = k->count;
-    if (k->kind != TD__COLL_BARRIER) call.dtype = (uint32_t)k->dtype;
-    if (td__coll_is_reduction(k->kind)) call.op = (uint32_t)k->op;
-    if (td__coll_is_rooted(k->kind)) call.root = k->root;
+    if (sig->kind != TD__COLL_BARRIER) call.dtype = (uint32_t)sig->dtype;
+    if (td__coll_is_reduction(sig->kind)) call.op = (uint32_t)sig->op;
+    if (td__coll_is_rooted(sig->kind)) call.root = sig->root;
     if (k->error) { /* this rank's arguments were rejected: only tell the others */
         call.error = k->error;
+        call.error_rank = k->error_rank;
         return td__shm_step(c, &call, k->error_msg, tmo);
     }
     const unsigned char *send = k->send;

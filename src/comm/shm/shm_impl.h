@@ -51,7 +51,7 @@ typedef struct {
     int32_t root;
     uint64_t seq, count;
     uint64_t reg, reg_off;
-    int32_t error;
+    int32_t error, error_rank; /* error_rank: the rank the error names */
 } shm_call;
 
 /* Per-rank control block. Counters are futex words: waiters sleep on their own `bell`,
