@@ -380,8 +380,8 @@ static void damaged_fixtures_are_errors(void) {
     rmdir(dir);
 }
 
-/* Every fixture the generator writes is checked by a case above: a new .tdf without a
- * case here fails, so no fixture sits unread. */
+/* Every fixture the generator writes is checked by a case above (normalize and NT-Xent by
+ * test_contrastive.c): a new .tdf without a case fails, so no fixture sits unread. */
 static void every_fixture_is_checked(void) {
     static const char *const covered[] = {"linear",
                                           "conv2d",
@@ -404,7 +404,10 @@ static void every_fixture_is_checked(void) {
                                           "cross_entropy_sum",
                                           "nll_loss_mean_ignore",
                                           "cross_entropy_mean_ignore",
-                                          "cross_entropy_sum_ignore"};
+                                          "cross_entropy_sum_ignore",
+                                          "normalize",
+                                          "nt_xent_local",
+                                          "nt_xent_global"};
     const size_t ncovered = sizeof covered / sizeof *covered;
     DIR *dir = opendir(fixture_dir());
     CHECK(dir != NULL);
