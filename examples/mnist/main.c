@@ -159,10 +159,9 @@ static options parse(int argc, char **argv) {
                 o.batch, o.shards);
         exit(2);
     }
-    if (o.deterministic && (o.amp != TD_AMP_O0 || o.comm_dtype != TD_F32)) {
-        fprintf(stderr, "mnist: --deterministic trains in f32: drop --amp and --comm-dtype (the "
-                        "fixed summation order is defined for f32 gradients; see "
-                        "docs/reproducibility.md)\n");
+    if (o.deterministic && (o.amp > TD_AMP_O1 || o.comm_dtype != TD_F32)) {
+        fprintf(stderr, "mnist: --deterministic sums f32 gradients: it takes --amp O0 or O1 (f32 "
+                        "weights and gradients) and no --comm-dtype (docs/reproducibility.md)\n");
         exit(2);
     }
     /* The seeds' SGD for their Net; the others train faster with more momentum (and the
@@ -237,6 +236,10 @@ static void save(trainer *t, int epochs_done, size_t batches_done, uint64_t step
                                  {"dropout_rng_offset", offset}};
     CHECK(td_checkpoint_save(t->opt.checkpoint, all, n, meta, sizeof meta / sizeof *meta));
     free(all);
+    if (t->opt.checkpoint_every > 0) {
+        printf("checkpoint at step %llu: %s\n", (unsigned long long)step, t->opt.checkpoint);
+        fflush(stdout);
+    }
 }
 
 /* An integer the checkpoint may lack (written before it existed): `absent` then. */
@@ -273,12 +276,15 @@ static void resume(trainer *t) {
     int64_t shards = meta_or(ck, "shards", INT32_MAX, 0);
     int want = t->opt.deterministic ? t->opt.shards : 0;
     if (global != t->opt.batch || shards != want) {
+        char was[64], is[64];
+        snprintf(was, sizeof was, shards ? " --deterministic --shards %lld" : " (not deterministic)",
+                 (long long)shards);
+        snprintf(is, sizeof is, want ? " --deterministic --shards %d" : " (not deterministic)",
+                 want);
         fprintf(stderr,
-                "mnist: %s was written with --batch %lld and %s%lld shards, this run has --batch "
-                "%d and %s%d: resume with the same global batch and shards (at any world size "
-                "that divides them)\n",
-                path, (long long)global, shards ? "--deterministic --shards " : "",
-                (long long)shards, t->opt.batch, want ? "--deterministic --shards " : "", want);
+                "mnist: %s was written with --batch %lld%s, this run has --batch %d%s: resume "
+                "with the same global batch and shards (at any world size that divides them)\n",
+                path, (long long)global, was, t->opt.batch, is);
         exit(1);
     }
     size_t n;
@@ -443,7 +449,9 @@ static float forward_backward_shards(trainer *t, const td_batch *batch, uint64_t
         CHECK(td_graph_forward(t->train));
         td_ddp_set_loss(t->ddp, *(float *)td_tensor_data(t->model.loss));
         CHECK(td_graph_zero_grad(t->train));
-        CHECK(td_graph_backward(t->train, t->model.loss));
+        /* every shard's loss is its mean; DDP averages over the shards (and f16 scales it) */
+        float seed = t->scaler ? td_grad_scaler_scale(t->scaler) : 1.0f;
+        CHECK(td_graph_backward_from(t->train, t->model.loss, &seed));
         CHECK(td_ddp_finish_backward(t->ddp));
         if (t->trace) CHECK(td_trace_span(t->trace, "shard", "compute", t0, td_time_ns()));
     }
@@ -557,9 +565,13 @@ int main(int argc, char **argv) {
                td_model_name(t.opt.model), t.world, t.opt.batch, t.opt.epochs, (int)t.opt.amp,
                td_dtype_name(t.opt.amp_dtype),
                t.first_epoch || t.first_batch ? " (resumed)" : "");
-        if (t.opt.deterministic)
-            printf("deterministic: %d shards of %lld samples, %lld per rank\n", t.opt.shards,
-                   (long long)t.shard_batch, (long long)(t.opt.shards / t.world));
+        if (t.opt.deterministic) {
+            /* oneDNN's sums depend on its thread count: the bits match runs with the same one */
+            const char *threads = getenv("OMP_NUM_THREADS");
+            printf("deterministic: %d shards of %lld samples, %lld per rank, OMP_NUM_THREADS=%s\n",
+                   t.opt.shards, (long long)t.shard_batch, (long long)(t.opt.shards / t.world),
+                   threads ? threads : "(unset: OpenMP's default)");
+        }
     }
     double accuracy = 0, test_loss = 0, rate = 0;
     for (int epoch = t.first_epoch; epoch < t.opt.epochs; epoch++) {

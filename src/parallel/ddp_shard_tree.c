@@ -126,38 +126,62 @@ void td__ddp_tree_zero_grad(td_ddp *d) {
     memset(shard_target(d->tree), 0, d->tree->flat * sizeof(float));
 }
 
+/* dst = lower[up-1] + (... + (lower[0] + leaf)), times `by` (1 leaves it), element by element:
+ * the new node of an odd shard that climbs `up` levels, each addition with the earlier leaves'
+ * sum first, in one pass over memory. */
+static void climb(float *dst, float *const *lower, int up, const float *leaf, size_t n, float by) {
+    if (up == 1 && by == 1.0f) {
+        const float *l0 = lower[0];
+        for (size_t e = 0; e < n; e++) dst[e] = l0[e] + leaf[e];
+        return;
+    }
+    if (up == 2 && by == 1.0f) {
+        const float *l0 = lower[0], *l1 = lower[1];
+        for (size_t e = 0; e < n; e++) dst[e] = l1[e] + (l0[e] + leaf[e]);
+        return;
+    }
+    float acc[TREE_CHUNK];
+    for (size_t c = 0; c < n; c += TREE_CHUNK) {
+        size_t m = n - c < TREE_CHUNK ? n - c : TREE_CHUNK;
+        for (size_t e = 0; e < m; e++) acc[e] = leaf[c + e];
+        for (int l = 0; l < up; l++) {
+            const float *x = lower[l] + c;
+            for (size_t e = 0; e < m; e++) acc[e] = x[e] + acc[e];
+        }
+        for (size_t e = 0; e < m; e++) dst[c + e] = acc[e] * by;
+    }
+}
+
 /* Folds floats [off, off + n) of the current shard into the tree. An even shard's values stay
  * in level 0 as a leaf; an odd shard j climbs as many levels as j has trailing one bits: its
  * leaf is added to the waiting lower sibling at each level, lower subtree first. After the last
  * shard, a count L that is not a power of two (one rank alone) leaves a node at each of its one
- * bits; the tree's root adds them from the lowest up, each time the earlier leaves first. */
-static void tree_fold(ddp_tree *t, size_t off, size_t n) {
-    size_t j = t->shard;
-    float acc[TREE_CHUNK];
+ * bits; the tree's root adds them from the lowest up, each time the earlier leaves first. One
+ * rank alone averages as it writes the root (`by`): the same product the ranks take of their
+ * segments of it. */
+static void tree_fold(ddp_tree *t, size_t off, size_t n, float by) {
+    size_t j = t->shard, L = t->local;
+    int last = j + 1 == L, power = (L & (L - 1)) == 0;
+    float *lower[64];
     if (j & 1) {
         int up = 0;
         while ((j >> up) & 1) up++;
-        const float *leaf = t->spare + off;
-        float *dst = t->level[up] + off;
-        for (size_t c = 0; c < n; c += TREE_CHUNK) {
-            size_t m = n - c < TREE_CHUNK ? n - c : TREE_CHUNK;
-            memcpy(acc, leaf + c, m * sizeof *acc);
-            for (int l = 0; l < up; l++) {
-                const float *lower = t->level[l] + off + c;
-                for (size_t e = 0; e < m; e++) acc[e] = lower[e] + acc[e];
-            }
-            memcpy(dst + c, acc, m * sizeof *acc);
-        }
+        for (int l = 0; l < up; l++) lower[l] = t->level[l] + off;
+        climb(t->level[up] + off, lower, up, t->spare + off, n, last && power ? by : 1.0f);
     }
-    size_t L = t->local;
-    if (j + 1 < L || (L & (L - 1)) == 0) return;
-    int low = 0;
+    if (!last || (power && (L > 1 || by == 1.0f))) return;
+    if (power) { /* a single shard: its leaf is the root */
+        float *top = t->level[0] + off;
+        for (size_t e = 0; e < n; e++) top[e] *= by;
+        return;
+    }
+    int low = 0, high = t->levels;
     while (!((L >> low) & 1)) low++;
-    for (int l = low + 1; l <= t->levels; l++) {
+    for (int l = low + 1; l <= high; l++) {
         if (!((L >> l) & 1)) continue;
-        float *upper = t->level[l] + off;
-        const float *lower = t->level[low] + off;
-        for (size_t e = 0; e < n; e++) upper[e] = upper[e] + lower[e];
+        float *upper = t->level[l] + off, f = l == high ? by : 1.0f;
+        const float *below = t->level[low] + off;
+        for (size_t e = 0; e < n; e++) upper[e] = (upper[e] + below[e]) * f;
         low = l;
     }
 }
@@ -176,9 +200,15 @@ static void tree_launch(td_ddp *d, size_t k) {
     }
 }
 
+/* The factor a parameter's gradients are averaged by where the root is written: one rank alone
+ * writes the root itself; across ranks, the segments are averaged after the last additions. */
+static float root_factor(const td_ddp *d) {
+    return d->size == 1 && d->opt.average ? 1.0f / (float)d->tree->shards : 1.0f;
+}
+
 td_status td__ddp_tree_grad_ready(td_ddp *d, size_t i) {
     ddp_tree *t = d->tree;
-    tree_fold(t, param_at(d, i), d->params[i].count);
+    tree_fold(t, param_at(d, i), d->params[i].count, root_factor(d));
     if (t->shard + 1 < t->local) return TD_OK;
     /* The last shard: once a bucket's subtree sums are final it may go across ranks. All-to-alls
      * go out in bucket order on every rank, so every rank queues the same collectives. */
@@ -204,11 +234,7 @@ static td_status tree_across_ranks(td_ddp *d) {
     int average = d->opt.average && t->shards > 1;
     size_t w = (size_t)d->size, nb = d->n_buckets + 1;
     td_status s = d->err;
-    if (w == 1) {
-        for (size_t k = 0; k < d->n_buckets && average; k++)
-            scale(top + t->base[k], d->buckets[k].count, inv);
-        return s;
-    }
+    if (w == 1) return s; /* the root was written averaged (root_factor) */
     for (size_t k = 0; k < nb; k++) {
         td_status r = t->req[k] ? td_request_wait(t->req[k]) : TD_OK;
         t->req[k] = NULL;
@@ -266,7 +292,7 @@ td_status td__ddp_tree_finish(td_ddp *d) {
     }
     tail[0] = (float)n_unready;
     tail[1] = d->loss;
-    tree_fold(t, t->base[d->n_buckets], t->n_buffer_floats + DDP_SLOTS);
+    tree_fold(t, t->base[d->n_buckets], t->n_buffer_floats + DDP_SLOTS, 1.0f);
     memset(d->ready, 0, d->n_params ? d->n_params : 1);
     d->n_ready = 0;
     d->open = 0;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "launch/launch_impl.h"
 #include "tandemrun.h"
 
 static const char usage_text[] =
@@ -32,11 +33,16 @@ static const char usage_text[] =
     "  --tee                also write rank K's output to <log-dir>/rank_K.log\n"
     "  --log-dir DIR        directory for --tee (default tandemrun-logs)\n"
     "  --prefix, --no-prefix  prefix each output line with \"[rank K] \" (default on)\n"
+    "  --max-restarts K     when a rank fails, stop the others and start the job again,\n"
+    "                       up to K times (the program resumes from its checkpoint)\n"
+    "  --restart-nproc-per-node N|left  ranks of a restart (default: as before; 'left':\n"
+    "                       one fewer, without the rank that failed)\n"
     "  --standalone, --nnodes 1, --node-rank 0, --no-python  accepted for torchrun users\n"
     "\n"
     "Options also take torchrun's forms: --nproc_per_node=4, --master_port 29500.\n"
     "When a rank fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
-    "tandemrun exits with the failed rank's status (128 + signal when it was killed).\n";
+    "tandemrun exits with the failed rank's status (128 + signal when it was killed), or\n"
+    "restarts the job while --max-restarts allows.\n";
 
 static int usage_error(const char *fmt, const char *arg) {
     fputs("tandemrun: ", stderr);
@@ -185,6 +191,23 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
             if (!parse_seconds(value, &o->grace_s))
                 return usage_error("--grace-period must be a positive number of seconds, got '%s'",
                                    value);
+        } else if (strcmp(name, "max-restarts") == 0) {
+            TAKES_VALUE();
+            long v;
+            if (!parse_int(value, 0, 1000000, &v))
+                return usage_error("--max-restarts must be a count from 0, got '%s'", value);
+            o->max_restarts = (int)v;
+        } else if (strcmp(name, "restart-nproc-per-node") == 0) {
+            TAKES_VALUE();
+            long v;
+            if (strcmp(value, "left") == 0)
+                o->restart_nproc = -1;
+            else if (parse_int(value, 1, TR_MAX_RANKS, &v))
+                o->restart_nproc = (int)v;
+            else
+                return usage_error("--restart-nproc-per-node must be 'left' or an integer from 1 "
+                                   "to 1024, got '%s'",
+                                   value);
         } else if (strcmp(name, "log-dir") == 0) {
             TAKES_VALUE();
             o->log_dir = value;
@@ -245,7 +268,21 @@ int main(int argc, char **argv) {
     int rc = tr_parse_args(argc, argv, &opts);
     if (rc == 1) return 0;
     if (rc != 0) return rc;
-    rc = tr_run_job(&opts);
+    if (opts.have_devices && opts.restart_nproc) {
+        fprintf(stderr, "tandemrun: --restart-nproc-per-node cannot change the world size with "
+                        "--devices (one device per rank)\n");
+        return 2;
+    }
+    td__restart restart = {opts.max_restarts, 0, opts.restart_nproc};
+    for (;;) {
+        int failed, next;
+        rc = tr_run_job(&opts, &failed);
+        if (tr_interrupted() || !td__restart_next(&restart, failed, opts.nproc, &next)) break;
+        fprintf(stderr, "tandemrun: restart %d of %d after rank %d failed: starting %d rank%s\n",
+                restart.done, restart.max_restarts, failed, next, next == 1 ? "" : "s");
+        opts.nproc = next;
+        opts.attempt = restart.done;
+    }
     free((char *)opts.program);
     return rc;
 }
