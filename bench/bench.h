@@ -116,8 +116,9 @@ static inline const char *bench_cpu_name(char *buf, size_t cap) {
         }
         fclose(f);
     }
-    snprintf(buf, cap, "%s (family %s model %s;%s)", name, family, model,
-             *found ? found : " no avx512");
+    int n = snprintf(buf, cap, "%s (family %s model %s;%s)", name, family, model,
+                     *found ? found : " no avx512");
+    if (n >= (int)cap && cap > 4) memcpy(buf + cap - 4, "...", 4); /* say it was cut */
     return buf;
 }
 
