@@ -3,11 +3,12 @@
  * the same parameters as one process on the same batch (relative difference <= 1e-5 after K
  * steps); with batch norm, the same as one process run micro-batch by micro-batch (parameters
  * and running statistics). Pipeline x DDP (2 stages x 2 replicas) equals one process on the
- * global batch; mixed precision (O1, bf16) inside stages stays close to one process at O1. Dropout masks are the same in every schedule and replay bit for bit; the stage
- * evaluation equals one process's; 1F1B keeps at most P - stage micro-batches alive. Faults: a
- * stage that dies (in the middle or at the end) gives every other rank an error naming it,
- * stages built from different models are refused at creation naming both shapes, and ranks
- * that disagree on options or on what they run are told so. Also the balanced split. */
+ * global batch; mixed precision (O1, bf16) inside stages stays close to one process at O1.
+ * Dropout masks are the same in every schedule and replay bit for bit; the stage evaluation
+ * equals one process's; 1F1B keeps at most P - stage micro-batches alive. Faults: a stage that
+ * dies (in the middle or at the end) gives every other rank an error naming it, stages built
+ * from different models are refused at creation naming both shapes, and ranks that disagree on
+ * options or on what they run are told so. Also the balanced split. */
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>

@@ -73,6 +73,9 @@ int td__job_reap(td__job *j) {
         first = i;
         j->first_failed = i;
         if (j->stop_on_failure) td__job_stop(j, SIGTERM, td__exit_code(st));
+        /* Return now: the ranks just signalled are reaped by the next call, so `running`
+         * still counts the ones this failure stops. */
+        break;
     }
     return first;
 }

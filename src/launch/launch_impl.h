@@ -85,8 +85,10 @@ void td__job_signal(td__job *j, int sig);
  * exit code unless one is set. */
 void td__job_stop(td__job *j, int sig, int exit_code);
 
-/* Reaps every rank that ended; returns the index of a rank whose failure is the job's first
- * (then, with stop_on_failure, the job is stopping with SIGTERM and its exit code set), or -1. */
+/* Reaps the ranks that ended; returns the index of a rank whose failure is the job's first
+ * (then, with stop_on_failure, the job is stopping with SIGTERM and its exit code set, and the
+ * ranks after it are left for the next call, so `running` counts those the failure stops), or
+ * -1. */
 int td__job_reap(td__job *j);
 
 /* Escalates to SIGKILL once the grace period is over. */
