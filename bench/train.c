@@ -105,7 +105,8 @@ static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int worl
         for (int i = 0; i < iters; i++) {
             for (size_t j = 0; j < count; j++) { /* one pass, or this rank's shards */
                 if (ddp) CHECK(td_ddp_prepare_forward(ddp));
-                if (shards) CHECK(td_graph_set_rng_key(g, (uint64_t)i, (first + j) * (size_t)local));
+                if (shards)
+                    CHECK(td_graph_set_rng_key(g, (uint64_t)i, (first + j) * (size_t)local));
                 CHECK(td_graph_forward(g));
                 float seed = scaler ? td_grad_scaler_scale(scaler) : 1.0f;
                 if (shards) CHECK(td_graph_zero_grad(g));

@@ -56,8 +56,13 @@ static void det_model_init(det_model *m) {
     for (size_t i = 0; i < NPAR; i++) {
         m->data[i] = calloc(SIZES[i], sizeof(float));
         m->grad[i] = calloc(SIZES[i], sizeof(float));
-        m->p[i] = (td_param){.name = names[i], .data = m->data[i], .grad = m->grad[i],
-                             .count = SIZES[i], .dtype = TD_F32, .ndim = 1, .shape = {(int64_t)SIZES[i]}};
+        m->p[i] = (td_param){.name = names[i],
+                             .data = m->data[i],
+                             .grad = m->grad[i],
+                             .count = SIZES[i],
+                             .dtype = TD_F32,
+                             .ndim = 1,
+                             .shape = {(int64_t)SIZES[i]}};
     }
     for (size_t e = 0; e < NBUF; e++) m->buf[e] = 1.0f + (float)e;
     m->b[0] = (td_param){.name = "bn.running_mean", .data = m->buf, .count = NBUF,
@@ -132,7 +137,8 @@ static void tree_rank(td_comm *comm, int rank, int world, const det_cfg *cfg) {
         wrong += memcmp(&want_loss, &loss, sizeof loss) != 0;
     }
     if (wrong)
-        TEST_FAIL_AT("world %d, %zu shards: %zu values differ from the fixed tree", world, S, wrong);
+        TEST_FAIL_AT("world %d, %zu shards: %zu values differ from the fixed tree", world, S,
+                     wrong);
     CHECK(differs_from_a_plain_sum > 100); /* the order shows in the bits */
     CHECK_EQ(td_ddp_get_stats(ddp).sync_steps, STEPS);
     CHECK(td_ddp_get_stats(ddp).n_buckets >= 2);

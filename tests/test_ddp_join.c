@@ -6,9 +6,10 @@
  *    step's reduced gradient is the mean over every sample of that step, short batch included
  *    (td_ddp_set_samples), on the rank that trains and the one that shadows, and the buffers
  *    follow the lowest rank that still has data;
- *  - with a graph MLP trained by SGD on both ranks (10 and 13 full batches) (the joined one steps on what it receives),
- *    the final weights equal one process trained on the same samples step by step (both
- *    ranks' batches together, then rank 1's alone), and the two ranks end with the same bits.
+ *  - with a graph MLP trained by SGD on both ranks (10 and 13 full batches; the joined one
+ *    steps on what it receives), the final weights equal one process trained on the same
+ *    samples step by step (both ranks' batches together, then rank 1's alone), and the two
+ *    ranks end with the same bits.
  * Also: a rank whose peer is not in join mode is refused, and set_samples outside join mode. */
 #include <math.h>
 #include <string.h>
@@ -23,7 +24,9 @@ enum { B = 4, N0 = 10, N1 = 13, LAST1 = 3, D = 24 };
 
 /* Batches rank r has, and the samples in its batch k. */
 static int batches_of(int r) { return r == 0 ? N0 : N1; }
-static int samples_in(int r, int k) { return r == 1 && k == N1 - 1 ? LAST1 : k < batches_of(r) ? B : 0; }
+static int samples_in(int r, int k) {
+    return r == 1 && k == N1 - 1 ? LAST1 : k < batches_of(r) ? B : 0;
+}
 
 /* Element e of sample i of rank r's batch k. */
 static float value(int r, int k, int i, int e) {

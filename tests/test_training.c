@@ -8,8 +8,9 @@
  * another, the default mode another per world size; O1 one of its own at worlds 1 and 2); a
  * checkpoint of a 2-rank run resumes at world sizes 1 and 4 to the uninterrupted run's bytes; a
  * rank killed at a random moment under tandemrun --max-restarts ends, after the restart resumes
- * from the last checkpoint, with the undisturbed run's parameters. TD_LONG=1 (make check-long) adds the CNN's 90% within three
- * epochs and its O1/O2 runs, the ResNet's 90% with 1F1B on 2 stages, and 20 kill trials. */
+ * from the last checkpoint, with the undisturbed run's parameters. TD_LONG=1 (make check-long)
+ * adds the CNN's 90% within three epochs and its O1/O2 runs, the ResNet's 90% with 1F1B on 2
+ * stages, and 20 kill trials. */
 #include <libgen.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -414,7 +415,11 @@ static void restarts_after_a_killed_rank_end_on_the_same_bits(void) {
     int trials = getenv("TD_LONG") ? 20 : 3;
     char args[512], want[65], got[65];
     snprintf(args, sizeof args, "%s --epochs 2 --max-steps 40 --checkpoint-every 8", det_args);
+    double t_start = now_s();
     det_run(2, args, want);
+    /* The kill moments scale with how long an undisturbed run takes on this machine now, so a
+     * loaded machine does not turn every trial into a kill after the job ended. */
+    double run_s = now_s() - t_start;
     td_rng rng;
     td_rng_init(&rng, (uint64_t)time(NULL));
     int resumed = 0;
@@ -442,15 +447,16 @@ static void restarts_after_a_killed_rank_end_on_the_same_bits(void) {
             execv(argv[0], argv);
             _exit(127);
         }
-        /* A random rank (a child of the launcher) at a random moment: two trials in three after
-         * the first checkpoint, the third any time from the start (loading the data takes
-         * about a second). */
-        int ms = (int)td_rng_below(&rng, k % 3 == 1 ? 2500 : 1200),
-            victim = (int)td_rng_below(&rng, 2);
+        /* A random rank (a child of the launcher) at a random moment: two trials in three
+         * within the first 70% of what is left of the run after its first checkpoint, the third
+         * within the first 90% of the run from the start (loading the data included). */
+        int victim = (int)td_rng_below(&rng, 2);
         double t0 = now_s();
         for (int w = 0; k % 3 != 1 && access(ck, F_OK) != 0 && w < 30000; w += 10)
             test_sleep(10);
-        double waited = now_s() - t0;
+        double waited = now_s() - t0, left_s = run_s - waited;
+        int span_ms = (int)(1000 * (k % 3 == 1 ? 0.9 * run_s : 0.7 * left_s));
+        int ms = (int)td_rng_below(&rng, (uint32_t)(span_ms > 50 ? span_ms : 50));
         test_sleep(ms);
         pid_t ranks[8];
         int killed = children_of(pid, ranks, 8) == 2 && kill(ranks[victim], SIGKILL) == 0;
@@ -475,7 +481,7 @@ static void restarts_after_a_killed_rank_end_on_the_same_bits(void) {
              c++)
             last = atol(c + 19);
         printf("    trial %2d: killed rank %d %.1f s after %s%s; %s %ld; final %.12s...\n", k,
-               victim, ms / 1000.0 + (k % 3 != 1 ? 0 : waited),
+               victim, ms / 1000.0,
                k % 3 != 1 ? "the first checkpoint" : "the start",
                killed ? "" : " (it had finished)",
                resume_at ? "resumed at step" : "restarted from step", resume_at ? step : 0, got);

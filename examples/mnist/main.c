@@ -277,7 +277,8 @@ static void resume(trainer *t) {
     int want = t->opt.deterministic ? t->opt.shards : 0;
     if (global != t->opt.batch || shards != want) {
         char was[64], is[64];
-        snprintf(was, sizeof was, shards ? " --deterministic --shards %lld" : " (not deterministic)",
+        snprintf(was, sizeof was,
+                 shards ? " --deterministic --shards %lld" : " (not deterministic)",
                  (long long)shards);
         snprintf(is, sizeof is, want ? " --deterministic --shards %d" : " (not deterministic)",
                  want);

@@ -7,7 +7,9 @@
 
 int td__restart_next(td__restart *r, int failed_rank, int nproc, int *next_nproc) {
     if (failed_rank < 0 || r->done >= r->max_restarts) return 0;
-    int n = r->nproc == TD__RESTART_SAME ? nproc : r->nproc == TD__RESTART_LEFT ? nproc - 1 : r->nproc;
+    int n = r->nproc == TD__RESTART_SAME   ? nproc
+            : r->nproc == TD__RESTART_LEFT ? nproc - 1
+                                           : r->nproc;
     if (n < 1) return 0;
     r->done++;
     *next_nproc = n;

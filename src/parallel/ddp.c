@@ -469,7 +469,8 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
     }
     for (size_t i = 0; i < d->n_params; i++) {
         ddp_bucket *b = &nb[bucket_of[i]];
-        td__ddp_move_gradient(d, i, (unsigned char *)b->buf + offset_of[i] * td_dtype_size(b->dtype));
+        td__ddp_move_gradient(d, i,
+                              (unsigned char *)b->buf + offset_of[i] * td_dtype_size(b->dtype));
     }
     td__ddp_free_buckets(d->buckets, d->n_buckets);
     d->moved_mem = d->grad_mem; /* NULL at creation: the trainer's own memory stays its own */

@@ -68,9 +68,9 @@ td_status td__ddp_tree_create(td_ddp *d) {
     size_t bytes = ((size_t)t->levels + 2) * t->flat * sizeof(float);
     t->mem = aligned_alloc(64, bytes);
     if (!t->mem)
-        return td__fail(TD_ENOMEM,
-                        "ddp rank %d: out of memory for the %d levels of the shard tree (%zu bytes)",
-                        d->rank, t->levels + 1, bytes);
+        return td__fail(
+            TD_ENOMEM, "ddp rank %d: out of memory for the %d levels of the shard tree (%zu bytes)",
+            d->rank, t->levels + 1, bytes);
     memset(t->mem, 0, bytes);
     for (int l = 0; l <= t->levels; l++) t->level[l] = t->mem + (size_t)l * t->flat;
     t->spare = t->mem + ((size_t)t->levels + 1) * t->flat;
@@ -192,8 +192,8 @@ static void tree_launch(td_ddp *d, size_t k) {
     ddp_tree *t = d->tree;
     if (k < d->n_buckets) d->buckets[k].t_launch = td_time_ns();
     if (d->size == 1) return;
-    td_status s = td_comm_ialltoall(d->comm, t->level[t->levels] + t->base[k], t->spare + t->base[k],
-                                    t->seg[k], TD_F32, &t->req[k]);
+    td_status s = td_comm_ialltoall(d->comm, t->level[t->levels] + t->base[k],
+                                    t->spare + t->base[k], t->seg[k], TD_F32, &t->req[k]);
     if (s != TD_OK) {
         t->req[k] = NULL;
         td__ddp_note_error(d, s);

@@ -184,8 +184,8 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
             char path[4096];
             snprintf(path, sizeof path, "%s/rank_%d.log", o->log_dir, r);
             /* a restart adds to what the earlier starts wrote */
-            rk->log_fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (o->attempt ? O_APPEND : O_TRUNC),
-                              0666);
+            rk->log_fd = open(
+                path, O_WRONLY | O_CREAT | O_CLOEXEC | (o->attempt ? O_APPEND : O_TRUNC), 0666);
             if (rk->log_fd < 0)
                 fprintf(stderr, "tandemrun: cannot write '%s': %s\n", path, strerror(errno));
         }
