@@ -126,28 +126,62 @@ void td__ddp_tree_zero_grad(td_ddp *d) {
     memset(shard_target(d->tree), 0, d->tree->flat * sizeof(float));
 }
 
+/* The loops below run in blocks of TREE_VEC floats: a fixed trip count over restrict pointers
+ * is what -O2 vectorizes (a loop of unknown length it leaves scalar). Each element's additions
+ * keep their order, so the bits are the scalar loop's. */
+#define TREE_VEC 16
+
+/* dst = a + b */
+static void add2(float *restrict dst, const float *restrict a, const float *restrict b,
+                 size_t n) {
+    size_t e = 0;
+    for (; e + TREE_VEC <= n; e += TREE_VEC)
+        for (size_t k = 0; k < TREE_VEC; k++) dst[e + k] = a[e + k] + b[e + k];
+    for (; e < n; e++) dst[e] = a[e] + b[e];
+}
+
+/* dst = b + (a + leaf) */
+static void add3(float *restrict dst, const float *restrict a, const float *restrict b,
+                 const float *restrict leaf, size_t n) {
+    size_t e = 0;
+    for (; e + TREE_VEC <= n; e += TREE_VEC)
+        for (size_t k = 0; k < TREE_VEC; k++) dst[e + k] = b[e + k] + (a[e + k] + leaf[e + k]);
+    for (; e < n; e++) dst[e] = b[e] + (a[e] + leaf[e]);
+}
+
+/* acc = x + acc */
+static void add_to(float *restrict acc, const float *restrict x, size_t n) {
+    size_t e = 0;
+    for (; e + TREE_VEC <= n; e += TREE_VEC)
+        for (size_t k = 0; k < TREE_VEC; k++) acc[e + k] = x[e + k] + acc[e + k];
+    for (; e < n; e++) acc[e] = x[e] + acc[e];
+}
+
+/* upper = (upper + below) * f */
+static void add_scaled(float *restrict upper, const float *restrict below, size_t n, float f) {
+    size_t e = 0;
+    for (; e + TREE_VEC <= n; e += TREE_VEC)
+        for (size_t k = 0; k < TREE_VEC; k++) upper[e + k] = (upper[e + k] + below[e + k]) * f;
+    for (; e < n; e++) upper[e] = (upper[e] + below[e]) * f;
+}
+
 /* dst = lower[up-1] + (... + (lower[0] + leaf)), times `by` (1 leaves it), element by element:
  * the new node of an odd shard that climbs `up` levels, each addition with the earlier leaves'
  * sum first, in one pass over memory. */
 static void climb(float *dst, float *const *lower, int up, const float *leaf, size_t n, float by) {
     if (up == 1 && by == 1.0f) {
-        const float *l0 = lower[0];
-        for (size_t e = 0; e < n; e++) dst[e] = l0[e] + leaf[e];
+        add2(dst, lower[0], leaf, n);
         return;
     }
     if (up == 2 && by == 1.0f) {
-        const float *l0 = lower[0], *l1 = lower[1];
-        for (size_t e = 0; e < n; e++) dst[e] = l1[e] + (l0[e] + leaf[e]);
+        add3(dst, lower[0], lower[1], leaf, n);
         return;
     }
     float acc[TREE_CHUNK];
     for (size_t c = 0; c < n; c += TREE_CHUNK) {
         size_t m = n - c < TREE_CHUNK ? n - c : TREE_CHUNK;
-        for (size_t e = 0; e < m; e++) acc[e] = leaf[c + e];
-        for (int l = 0; l < up; l++) {
-            const float *x = lower[l] + c;
-            for (size_t e = 0; e < m; e++) acc[e] = x[e] + acc[e];
-        }
+        memcpy(acc, leaf + c, m * sizeof *acc);
+        for (int l = 0; l < up; l++) add_to(acc, lower[l] + c, m);
         for (size_t e = 0; e < m; e++) dst[c + e] = acc[e] * by;
     }
 }
@@ -179,9 +213,7 @@ static void tree_fold(ddp_tree *t, size_t off, size_t n, float by) {
     while (!((L >> low) & 1)) low++;
     for (int l = low + 1; l <= high; l++) {
         if (!((L >> l) & 1)) continue;
-        float *upper = t->level[l] + off, f = l == high ? by : 1.0f;
-        const float *below = t->level[low] + off;
-        for (size_t e = 0; e < n; e++) upper[e] = (upper[e] + below[e]) * f;
+        add_scaled(t->level[l] + off, t->level[low] + off, n, l == high ? by : 1.0f);
         low = l;
     }
 }
