@@ -19,8 +19,13 @@
  * (torch.autocast("cpu", dtype=torch.bfloat16)); "vs f32" is the speed-up over our own O0 row
  * of the same world size.
  *
+ * A second table puts deterministic mode (docs/reproducibility.md: the global batch in --shards
+ * fixed shards run one by one per rank, their gradients summed in a fixed tree) beside the
+ * default DDP at each world size above 1, f32, same models, interleaved with it. --shards 0
+ * leaves it out.
+ *
  *   build/bench/train [--models net,mlp,cnn] [--worlds 1,2] [--amp O0,O2] [--amp-dtype bf16]
- *                     [--iters 20] [--windows 5] [--repeat K] [--no-torch] [--json]
+ *                     [--iters 20] [--windows 5] [--repeat K] [--shards 8] [--no-torch] [--json]
  *
  * Every measurement runs in fresh child processes, so no oneDNN or OpenMP state crosses a
  * fork. */
@@ -48,11 +53,12 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* One rank of a run: returns the median samples/s (global) on rank 0. */
+/* One rank of a run: returns the median samples/s (global) on rank 0. shards > 0: deterministic
+ * mode, the graph built for one shard and run for each of this rank's. */
 static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int world, int comm_on,
-                        const timing *tm) {
+                        int shards, const timing *tm) {
     td_comm *comm = world > 1 && comm_on ? bench_comm() : NULL;
-    int64_t local = GLOBAL_BATCH / world;
+    int64_t local = shards ? GLOBAL_BATCH / shards : GLOBAL_BATCH / world;
     td_graph *g;
     td_model m;
     td_graph_params gp = td_graph_default_params();
@@ -83,20 +89,30 @@ static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int worl
     }
     td_ddp *ddp = NULL;
     if (comm) {
-        CHECK(td_ddp_create(&ddp, comm, params, n_params, buffers, n_buffers, NULL));
+        td_ddp_params dp = td_ddp_default_params();
+        dp.deterministic = shards > 0;
+        dp.shards = (size_t)shards;
+        CHECK(td_ddp_create(&ddp, comm, params, n_params, buffers, n_buffers, &dp));
         td_graph_set_grad_ready_hook(g, td_ddp_grad_ready_hook, ddp);
     }
+    size_t first = 0, count = 1;
+    if (shards) td_ddp_shards(ddp, &first, &count);
     double *rates = malloc((size_t)tm->windows * sizeof *rates);
     for (int w = -1; w < tm->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? tm->warmup : tm->iters;
         if (comm) CHECK(td_comm_barrier(comm));
         uint64_t t0 = td_time_ns();
         for (int i = 0; i < iters; i++) {
-            if (ddp) CHECK(td_ddp_prepare_forward(ddp));
-            CHECK(td_graph_forward(g));
-            float seed = scaler ? td_grad_scaler_scale(scaler) : 1.0f;
-            CHECK(td_graph_backward_from(g, m.loss, &seed));
-            if (ddp) CHECK(td_ddp_finish_backward(ddp));
+            for (size_t j = 0; j < count; j++) { /* one pass, or this rank's shards */
+                if (ddp) CHECK(td_ddp_prepare_forward(ddp));
+                if (shards)
+                    CHECK(td_graph_set_rng_key(g, (uint64_t)i, (first + j) * (size_t)local));
+                CHECK(td_graph_forward(g));
+                float seed = scaler ? td_grad_scaler_scale(scaler) : 1.0f;
+                if (shards) CHECK(td_graph_zero_grad(g));
+                CHECK(td_graph_backward_from(g, m.loss, &seed));
+                if (ddp) CHECK(td_ddp_finish_backward(ddp));
+            }
             if (scaler) {
                 CHECK(td_grad_scaler_step(scaler, opt, NULL));
                 td_grad_scaler_update(scaler);
@@ -121,22 +137,22 @@ static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int worl
 typedef struct {
     td_model_kind kind;
     td_amp_level amp;
-    int comm_on;
+    int comm_on, shards;
     const timing *tm;
 } run_job;
 
 static int run_rank(int rank, int world, void *result, void *arg) {
     const run_job *j = arg;
-    *(double *)result = rank_main(j->kind, j->amp, rank, world, j->comm_on, j->tm);
+    *(double *)result = rank_main(j->kind, j->amp, rank, world, j->comm_on, j->shards, j->tm);
     return 0;
 }
 
-/* Runs `world` ranks (each on its own core), with DDP or (comm_on 0) each on its own; returns
- * rank 0's samples/s, or -1 on failure. */
-static double run_tandem(td_model_kind kind, td_amp_level amp, int world, int comm_on,
+/* Runs `world` ranks (each on its own core), with DDP (deterministic over `shards` when > 0) or
+ * (comm_on 0) each on its own; returns rank 0's samples/s, or -1 on failure. */
+static double run_tandem(td_model_kind kind, td_amp_level amp, int world, int comm_on, int shards,
                          const timing *tm) {
     double rates[8];
-    run_job j = {kind, amp, comm_on, tm};
+    run_job j = {kind, amp, comm_on, shards, tm};
     return bench_ranks(world, world > 1, run_rank, &j, rates, sizeof *rates) ? -1 : rates[0];
 }
 
@@ -220,7 +236,7 @@ static int parse_levels(const char *list, td_amp_level *out) {
 int main(int argc, char **argv) {
     const char *models = "net,mlp,cnn", *worlds = "1,2", *amps = "O0";
     timing tm = {20, 5, 5, TD_BF16};
-    int torch = 1, json = 0, repeat = 1;
+    int torch = 1, json = 0, repeat = 1, shards = 8;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--models") && i + 1 < argc)
             models = argv[++i];
@@ -240,6 +256,8 @@ int main(int argc, char **argv) {
             tm.amp_dtype = TD_BF16;
         else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
             repeat = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--shards") && i + 1 < argc)
+            shards = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-torch"))
             torch = 0;
         else if (!strcmp(argv[i], "--json"))
@@ -247,13 +265,16 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr, "usage: train [--models net,mlp,cnn] [--worlds 1,2] [--amp O0,O2] "
                             "[--amp-dtype bf16|f16] [--iters N] [--windows N] [--repeat K] "
-                            "[--no-torch] [--json]\n");
+                            "[--shards S] [--no-torch] [--json]\n");
             return 2;
         }
     }
-    if (tm.iters < 1 || tm.windows < 1 || repeat < 1 || repeat > MAX_REPEAT) {
-        fprintf(stderr, "bench/train: --iters and --windows must be >= 1, --repeat 1..%d\n",
-                MAX_REPEAT);
+    if (tm.iters < 1 || tm.windows < 1 || repeat < 1 || repeat > MAX_REPEAT || shards < 0 ||
+        (shards && GLOBAL_BATCH % shards)) {
+        fprintf(stderr,
+                "bench/train: --iters and --windows must be >= 1, --repeat 1..%d, --shards 0 or "
+                "a divisor of %d\n",
+                MAX_REPEAT, GLOBAL_BATCH);
         return 2;
     }
     td_amp_level levels[MAX_LEVELS];
@@ -288,6 +309,13 @@ int main(int argc, char **argv) {
     char mlist[64];
     snprintf(mlist, sizeof mlist, "%s", models);
     int failed = 0;
+    /* Deterministic mode beside the default f32 DDP of the same repeat (printed at the end). */
+    struct {
+        const char *model;
+        int world;
+        double det, def, ratio;
+    } det_rows[16];
+    int n_det = 0;
     for (char *save = NULL, *name = strtok_r(mlist, ",", &save); name;
          name = strtok_r(NULL, ",", &save)) {
         td_model_kind kind;
@@ -296,12 +324,12 @@ int main(int argc, char **argv) {
             return 2;
         }
         double ours[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], alone[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
-            theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT];
+            theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], det[MAX_WORLDS][MAX_REPEAT];
         for (int r = 0; r < repeat; r++)
             for (int l = 0; l < nl; l++)
                 for (int i = 0; i < nw; i++) {
-                    ours[l][i][r] = run_tandem(kind, levels[l], ws[i], 1, &tm);
-                    alone[l][i][r] = ws[i] > 1 ? run_tandem(kind, levels[l], ws[i], 0, &tm) : -1;
+                    ours[l][i][r] = run_tandem(kind, levels[l], ws[i], 1, 0, &tm);
+                    alone[l][i][r] = ws[i] > 1 ? run_tandem(kind, levels[l], ws[i], 0, 0, &tm) : -1;
                     /* PyTorch's autocast has no levels: one peer row serves them all. */
                     int same = l > 0 && levels[l] != TD_AMP_O0 && levels[l - 1] != TD_AMP_O0;
                     theirs[l][i][r] = !torch                ? -1
@@ -310,7 +338,23 @@ int main(int argc, char **argv) {
                                           ? -1 /* CPU autocast is bf16 only */
                                           : run_torch(name, levels[l], ws[i], &tm);
                     failed |= ours[l][i][r] < 0 || (ws[i] > 1 && alone[l][i][r] < 0);
+                    /* S / world must be a power of two for the shard tree. */
+                    int per = shards && ws[i] > 1 && shards % ws[i] == 0 ? shards / ws[i] : 0;
+                    if (levels[l] == TD_AMP_O0 && per && !(per & (per - 1))) {
+                        det[i][r] = run_tandem(kind, TD_AMP_O0, ws[i], 1, shards, &tm);
+                        failed |= det[i][r] < 0;
+                    } else {
+                        det[i][r] = -1;
+                    }
                 }
+        for (int i = 0; i < nw && l0 >= 0; i++)
+            if (det[i][0] >= 0 && n_det < 16) {
+                det_rows[n_det].model = name;
+                det_rows[n_det].world = ws[i];
+                det_rows[n_det].det = median_of(det[i], repeat);
+                det_rows[n_det].def = median_of(ours[l0][i], repeat);
+                det_rows[n_det++].ratio = median_ratio(det[i], ours[l0][i], repeat);
+            }
         for (int l = 0; l < nl; l++)
             for (int i = 0; i < nw; i++) {
                 char amp[16] = "f32";
@@ -330,6 +374,21 @@ int main(int argc, char **argv) {
                     print_row(&na, json);
                 }
             }
+    }
+    if (n_det) {
+        printf("\ndeterministic mode: %d shards of %d samples, f32, samples/s (ratio: median of "
+               "each repeat's deterministic / default)\n%-6s %-6s %10s %14s %8s\n",
+               shards, GLOBAL_BATCH / shards, "model", "world", "default", "deterministic",
+               "ratio");
+        for (int k = 0; k < n_det; k++) {
+            printf("%-6s %-6d %10.0f %14.0f %7.2fx\n", det_rows[k].model, det_rows[k].world,
+                   det_rows[k].def, det_rows[k].det, det_rows[k].ratio);
+            if (json)
+                printf("{\"model\": \"%s\", \"world\": %d, \"shards\": %d, \"default\": %.1f, "
+                       "\"deterministic\": %.1f, \"ratio\": %.3f}\n",
+                       det_rows[k].model, det_rows[k].world, shards, det_rows[k].def,
+                       det_rows[k].det, det_rows[k].ratio);
+        }
     }
     return failed;
 }

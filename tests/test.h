@@ -128,7 +128,8 @@ static inline void test_write_file(const char *path, const void *data, size_t le
     fclose(f);
 }
 
-/* The bytes of a whole file (malloc'd, the caller frees), or NULL when it cannot be read. */
+/* The bytes of a whole file (malloc'd, the caller frees) with a NUL after them, so a text file
+ * reads as a string, or NULL when it cannot be read. */
 static inline unsigned char *test_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     *len = 0;
@@ -142,7 +143,10 @@ static inline unsigned char *test_read_file(const char *path, size_t *len) {
         buf = NULL;
     }
     fclose(f);
-    if (buf) *len = (size_t)n;
+    if (buf) {
+        buf[n] = 0;
+        *len = (size_t)n;
+    }
     return buf;
 }
 

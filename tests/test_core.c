@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/core_impl.h"
+#include "tandem/param.h"
 #include "test.h"
 
 /* The bulk conversions (vector instructions where the CPU has them) give the scalar rules' bits
@@ -122,6 +123,66 @@ static void philox_matches_the_published_vectors(void) {
     CHECK_EQ(out[1], 0xe169c58du);
     CHECK_EQ(out[2], 0xbc57ac4cu);
     CHECK_EQ(out[3], 0x9b00dbd8u);
+    /* All four counter words: the last two are the sub-stream. */
+    td_philox4x32_stream(0xffffffffffffffffull, 0xffffffffffffffffull, 0xffffffffffffffffull, out);
+    CHECK_EQ(out[0], 0x408f276du);
+    CHECK_EQ(out[3], 0x6d5451fdu);
+    td_philox4x32_stream(0x299f31d0a4093822ull, 0x0370734413198a2eull, 0x85a308d3243f6a88ull, out);
+    CHECK_EQ(out[0], 0xd16cfe09u);
+    CHECK_EQ(out[1], 0x94fdccebu);
+    CHECK_EQ(out[2], 0x5001e420u);
+    CHECK_EQ(out[3], 0x24126ea1u);
+    uint32_t zero[4];
+    td_philox4x32_stream(7, 0, 5, zero);
+    td_philox4x32(7, 5, out);
+    CHECK(memcmp(zero, out, sizeof out) == 0); /* stream 0 is td_rng's */
+}
+
+static void hex_of(const uint8_t d[32], char out[65]) {
+    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+/* FIPS 180-4's examples, a message fed in uneven pieces, and a parameter digest. */
+static void sha256_matches_the_published_vectors(void) {
+    uint8_t d[32];
+    char hex[65];
+    td_sha256("abc", 3, d);
+    hex_of(d, hex);
+    CHECK(!strcmp(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"));
+    td_sha256("", 0, d);
+    hex_of(d, hex);
+    CHECK(!strcmp(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"));
+    const char *two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"; /* 56 bytes */
+    td_sha256(two, strlen(two), d);
+    hex_of(d, hex);
+    CHECK(!strcmp(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"));
+    /* A million 'a', in pieces of 1, 63, 64, 65 and 1000 bytes. */
+    static char a[1000];
+    memset(a, 'a', sizeof a);
+    td_sha256_ctx ctx;
+    td_sha256_init(&ctx);
+    size_t pieces[] = {1, 63, 64, 65, 1000}, left = 1000000;
+    for (size_t k = 0; left; k++) {
+        size_t n = pieces[k % 5] < left ? pieces[k % 5] : left;
+        td_sha256_update(&ctx, a, n);
+        left -= n;
+    }
+    td_sha256_final(&ctx, d);
+    hex_of(d, hex);
+    CHECK(!strcmp(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"));
+    /* The parameters' digest is the digest of their bytes, in order. */
+    float w[2] = {1.0f, -2.0f}, b[1] = {0.5f};
+    td_param ps[2] = {{.name = "w", .data = w, .count = 2, .dtype = TD_F32},
+                      {.name = "b", .data = b, .count = 1, .dtype = TD_F32}};
+    float all[3] = {1.0f, -2.0f, 0.5f};
+    td_sha256(all, sizeof all, d);
+    hex_of(d, hex);
+    char digest[65];
+    td_params_sha256(ps, 2, digest);
+    CHECK(!strcmp(hex, digest));
+    b[0] = 0.25f;
+    td_params_sha256(ps, 2, digest);
+    CHECK(strcmp(hex, digest) != 0);
 }
 
 static void rng_is_reproducible_and_uniform(void) {
@@ -154,5 +215,6 @@ int main(void) {
     RUN(arena_aligns_reuses_and_tracks_peak);
     RUN(philox_matches_the_published_vectors);
     RUN(rng_is_reproducible_and_uniform);
+    RUN(sha256_matches_the_published_vectors);
     TEST_END();
 }

@@ -1,8 +1,9 @@
 /* The launcher, end to end: runs tandemrun (found on PATH; tests/run.sh puts build/bin
  * there) on small sh scripts and checks the env contract of every rank, the output
  * prefixes, --devices, exit statuses of failing and killed ranks, that no rank outlives
- * a failed job, signal forwarding, torchrun's spellings and usage errors, and that ranks
- * started by it form a tandem process group from the env contract alone. */
+ * a failed job, signal forwarding, torchrun's spellings and usage errors, that ranks
+ * started by it form a tandem process group from the env contract alone, and restarts after a
+ * failure (--max-restarts, at the same or another world size, never after an interruption). */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -356,7 +357,7 @@ static void job_timeout_exits_124(void) {
 
 static void usage_errors_exit_2_and_say_why(void) {
     struct {
-        char *argv[8];
+        char *argv[10];
         const char *message;
     } cases[] = {
         {{"tandemrun", "--nproc-per-node", "2", NULL}, "no program"},
@@ -368,6 +369,10 @@ static void usage_errors_exit_2_and_say_why(void) {
         {{"tandemrun", "--nnodes", "2", "true", NULL}, "--token T"},
         {{"tandemrun", "--nnodes", "2", "--node-rank", "2", "true", NULL}, "--node-rank 2"},
         {{"tandemrun", "--nnodes", "1:4", "true", NULL}, "elastic"},
+        {{"tandemrun", "--max-restarts", "-1", "true", NULL}, "--max-restarts"},
+        {{"tandemrun", "--nnodes", "2", "--token", "t", "--max-restarts", "1", "true", NULL},
+         "cannot restart"},
+        {{"tandemrun", "--restart-nproc-per-node", "some", "true", NULL}, "'some'"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         run_result r = run(cases[k].argv);
@@ -494,6 +499,85 @@ static void failure_before_rendezvous_leaves_no_segment(void) {
     CHECK_EQ(shm_entries(), before);
 }
 
+/* A rank fails on the first start only: the job starts again and finishes; each start is
+ * numbered in TANDEM_RESTART_COUNT, and rank processes of the first start are gone. */
+static void a_failed_job_restarts_and_finishes(void) {
+    char marker[] = "/tmp/td_restart_XXXXXX";
+    int fd = mkstemp(marker);
+    close(fd);
+    unlink(marker);
+    char script[512];
+    snprintf(script, sizeof script,
+             "echo PID $$; echo \"START $TANDEM_RESTART_COUNT $RANK $WORLD_SIZE\"; "
+             "if [ $RANK = 1 ] && [ ! -e %s ]; then touch %s; sleep 0.2; exit 3; fi; sleep 0.3",
+             marker, marker);
+    char *argv[] = {"tandemrun", "--max-restarts", "2", "--nproc-per-node", "2", "sh", "-c", script,
+                    NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 0);
+    CHECK(strstr(r.err, "rank 1 (pid ") != NULL);
+    CHECK(strstr(r.err, "restart 1 of 2 after rank 1 failed: starting 2 ranks") != NULL);
+    CHECK_EQ(count_lines_with(r.out, "START 0 "), 2);
+    CHECK_EQ(count_lines_with(r.out, "START 1 "), 2);
+    check_pids_gone(r.out, 4);
+    release(&r);
+    unlink(marker);
+}
+
+/* A rank that always fails: 1 + K starts, then the rank's status. */
+static void restarts_stop_at_the_limit(void) {
+    char *argv[] = {"tandemrun", "--max-restarts", "2", "--nproc-per-node", "2", "sh", "-c",
+                    "echo \"START $TANDEM_RESTART_COUNT\"; if [ $RANK = 0 ]; then sleep 0.2; exit 5; fi; "
+                    "exec sleep 30",
+                    NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 5);
+    CHECK_EQ(count_lines_with(r.out, "START "), 6);
+    CHECK(strstr(r.err, "restart 2 of 2") != NULL);
+    CHECK(strstr(r.err, "restart 3") == NULL);
+    CHECK(r.secs < 10);
+    release(&r);
+}
+
+/* --restart-nproc-per-node left starts the ranks that did not fail; a number, that many. */
+static void a_restart_may_change_the_world_size(void) {
+    char *left[] = {"tandemrun", "--max-restarts", "1", "--restart-nproc-per-node", "left",
+                    "--nproc-per-node", "3", "sh", "-c",
+                    "echo \"WORLD $WORLD_SIZE\"; if [ $WORLD_SIZE = 3 ] && [ $RANK = 2 ]; then "
+                    "sleep 0.2; exit 1; fi; sleep 0.4",
+                    NULL};
+    run_result r = run(left);
+    CHECK_EQ(r.status, 0);
+    CHECK_EQ(count_lines_with(r.out, "WORLD 3"), 3);
+    CHECK_EQ(count_lines_with(r.out, "WORLD 2"), 2);
+    CHECK(strstr(r.err, "starting 2 ranks") != NULL);
+    release(&r);
+    char *four[] = {"tandemrun", "--max-restarts=1", "--restart_nproc_per_node=4",
+                    "--nproc-per-node", "2", "sh", "-c",
+                    "echo \"WORLD $WORLD_SIZE\"; if [ $WORLD_SIZE = 2 ]; then exit 1; fi", NULL};
+    r = run(four);
+    CHECK_EQ(r.status, 0);
+    CHECK_EQ(count_lines_with(r.out, "WORLD 4"), 4);
+    release(&r);
+}
+
+/* SIGTERM to the launcher ends the job for good, restarts left or not. */
+static void an_interrupted_job_does_not_restart(void) {
+    char *argv[] = {"tandemrun", "--max-restarts", "3", "--nproc-per-node", "2", "sh", "-c",
+                    "echo START; exec sleep 30", NULL};
+    int o, e;
+    double t0 = now_s();
+    pid_t pid = start(argv, &o, &e);
+    struct timespec ts = {0, 400 * 1000000L};
+    nanosleep(&ts, NULL);
+    kill(pid, SIGTERM);
+    run_result r = finish(pid, o, e, t0);
+    CHECK_EQ(r.status, 128 + SIGTERM);
+    CHECK(strstr(r.err, "restart") == NULL);
+    CHECK_EQ(count_lines_with(r.out, "START"), 2);
+    release(&r);
+}
+
 static void ranks_form_a_process_group(void) {
     char self[4096];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -532,5 +616,9 @@ int main(int argc, char **argv) {
     RUN(ranks_form_a_process_group);
     RUN(stopped_rank_is_named_as_the_stuck_one);
     RUN(failure_before_rendezvous_leaves_no_segment);
+    RUN(a_failed_job_restarts_and_finishes);
+    RUN(restarts_stop_at_the_limit);
+    RUN(a_restart_may_change_the_world_size);
+    RUN(an_interrupted_job_does_not_restart);
     TEST_END();
 }

@@ -3,16 +3,25 @@
  * resume from a checkpoint, N-rank DDP == one process on the same global batch, the trace's
  * overlap of all-reduce and backward, and the refusal of a corrupt checkpoint.
  * Mixed precision in bf16 (O1, O2) stays within half a point of f32's accuracy; the pipeline
- * mode of the example runs (2 stages, and 2 stages x 2 replicas). TD_LONG=1 (make check-long)
- * adds the CNN's 90% within three epochs and its O1/O2 runs, and the ResNet's 90% with 1F1B on
- * 2 stages. */
+ * mode of the example runs (2 stages, and 2 stages x 2 replicas). Deterministic mode: 200 steps
+ * of the CNN with dropout at world sizes 1, 2 and 4 give one parameter digest (another seed
+ * another, the default mode another per world size; O1 one of its own at worlds 1 and 2); a
+ * checkpoint of a 2-rank run resumes at world sizes 1 and 4 to the uninterrupted run's bytes; a
+ * rank killed at a random moment under tandemrun --max-restarts ends, after the restart resumes
+ * from the last checkpoint, with the undisturbed run's parameters. TD_LONG=1 (make check-long)
+ * adds the CNN's 90% within three epochs and its O1/O2 runs, the ResNet's 90% with 1F1B on 2
+ * stages, and 20 kill trials. */
 #include <libgen.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tandem/tandem.h"
@@ -192,6 +201,247 @@ static void trace_shows_allreduce_during_backward(void) {
     free(json);
 }
 
+/* ---- deterministic mode -------------------------------------------------------------- */
+
+/* The CNN (batch norm) with dropout before its classifier, SGD with momentum, global batch 16 in
+ * 8 shards of 2: small enough for 200 steps in a few seconds. */
+static const char det_args[] =
+    "--model cnn --dropout 0.25 --deterministic --batch 16 --shards 8 --no-eval";
+
+/* The params_sha256 of the last run's final line, or "" (the case fails). */
+static void digest_of_run(char out[65]) {
+    const char *at = strstr(output, "params_sha256 ");
+    out[0] = 0;
+    if (at) sscanf(at + 14, "%64[0-9a-f]", out);
+    CHECK(strlen(out) == 64);
+}
+
+/* `world` ranks (1: no launcher) of the example with args; its digest in out. */
+static void det_run(int world, const char *args, char out[65]) {
+    if (world == 1)
+        CHECK_EQ(run("%s %s", example, args), 0);
+    else
+        CHECK_EQ(run("%s --nproc-per-node %d %s %s", launcher, world, example, args), 0);
+    digest_of_run(out);
+}
+
+static void deterministic_same_bits_at_world_1_2_4(void) {
+    char args[512], d[4][65];
+    snprintf(args, sizeof args, "%s --epochs 1 --max-steps 200", det_args);
+    int worlds[3] = {1, 2, 4};
+    for (int i = 0; i < 3; i++) {
+        det_run(worlds[i], args, d[i]);
+        printf("    world %d, 200 steps: params sha256 %s\n", worlds[i], d[i]);
+    }
+    CHECK(!strcmp(d[0], d[1]));
+    CHECK(!strcmp(d[0], d[2]));
+    snprintf(args, sizeof args, "%s --epochs 1 --max-steps 200 --seed 2", det_args);
+    det_run(2, args, d[3]);
+    printf("    seed 2, world 2:    params sha256 %s\n", d[3]);
+    CHECK(strcmp(d[0], d[3]) != 0);
+    /* Mixed precision O1 (bf16 convolutions on f32 weights and gradients) keeps the guarantee. */
+    char o1[2][65];
+    snprintf(args, sizeof args, "%s --epochs 1 --max-steps 20 --amp O1", det_args);
+    det_run(1, args, o1[0]);
+    det_run(2, args, o1[1]);
+    CHECK(!strcmp(o1[0], o1[1]));
+    CHECK(strcmp(o1[0], d[0]) != 0);
+    /* Without --deterministic the same runs differ by world size: the check above can fail. */
+    char a[65], b[65];
+    det_run(1, "--model cnn --dropout 0.25 --batch 16 --no-eval --epochs 1 --max-steps 20", a);
+    det_run(2, "--model cnn --dropout 0.25 --batch 16 --no-eval --epochs 1 --max-steps 20", b);
+    CHECK(strcmp(a, b) != 0);
+}
+
+static int same_file(const char *pa, const char *pb) {
+    char *a = NULL, *b = NULL;
+    long na = file_bytes(pa, &a), nb = file_bytes(pb, &b);
+    int same = na > 0 && na == nb && memcmp(a, b, (size_t)na) == 0;
+    free(a);
+    free(b);
+    return same;
+}
+
+/* Two epochs at world 2, and one epoch at world 2 resumed for the second at world 1 and 4: the
+ * same checkpoint bytes (parameters, buffers, momentum, metadata). A checkpoint of other shards
+ * or another global batch is refused by name. */
+static void deterministic_resume_at_another_world_size(void) {
+    char args[512], p[4][160];
+    /* (a constant lr: the cosine schedule spans --epochs, which the halves differ in) */
+    snprintf(args, sizeof args, "%s --max-steps 20 --constant-lr", det_args);
+    CHECK_EQ(run("%s --nproc-per-node 2 %s %s --epochs 2 --checkpoint %s/det_straight.st",
+                 launcher, example, args, dir),
+             0);
+    CHECK_EQ(run("%s --nproc-per-node 2 %s %s --epochs 1 --checkpoint %s/det_half.st", launcher,
+                 example, args, dir),
+             0);
+    snprintf(p[0], sizeof p[0], "%s/det_straight.st", dir);
+    int worlds[2] = {1, 4};
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(run("%s --nproc-per-node %d %s %s --epochs 2 --resume %s/det_half.st "
+                     "--checkpoint %s/det_w%d.st",
+                     launcher, worlds[i], example, args, dir, dir, worlds[i]),
+                 0);
+        CHECK(strstr(output, "resuming from") != NULL);
+        snprintf(p[1 + i], sizeof p[1 + i], "%s/det_w%d.st", dir, worlds[i]);
+        if (!same_file(p[0], p[1 + i]))
+            TEST_FAIL_AT("resumed at world %d: the checkpoint differs from the straight run's",
+                         worlds[i]);
+    }
+    snprintf(p[3], sizeof p[3], "%s/det_half.st", dir);
+    CHECK(!same_file(p[0], p[3]));
+    CHECK_EQ(run("%s --model cnn --dropout 0.25 --deterministic --batch 16 --shards 4 --no-eval "
+                 "--max-steps 20 --epochs 2 --resume %s/det_half.st",
+                 example, dir),
+             1);
+    CHECK(strstr(output, "--batch 16 --deterministic --shards 8, this run has --batch 16 "
+                         "--deterministic --shards 4") != NULL);
+}
+
+/* Bad combinations say what is wrong: a batch the shards do not divide, a world size that does
+ * not split them into a power of two per rank, mixed precision. */
+static void deterministic_refuses_what_it_cannot_do(void) {
+    CHECK_EQ(run("%s --deterministic --batch 100 --shards 8 --epochs 1", example), 2);
+    CHECK(strstr(output, "--batch 100 is not a multiple of --shards 8") != NULL);
+    CHECK_EQ(run("%s --nproc-per-node 3 %s --model mlp --deterministic --batch 24 --shards 8 "
+                 "--epochs 1 --max-steps 1 --no-eval",
+                 launcher, example),
+             1);
+    CHECK(strstr(output, "8 shards at world size 3") != NULL);
+    CHECK_EQ(run("%s --deterministic --amp O2 --epochs 1", example), 2);
+    CHECK(strstr(output, "takes --amp O0 or O1") != NULL);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void test_sleep(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* The live processes whose parent is `pid`, up to max; returns how many. */
+static int children_of(pid_t pid, pid_t *kids, int max) {
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < max) {
+        int child = atoi(e->d_name);
+        if (child <= 0) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%d/stat", child);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = 0;
+        const char *close_paren = strrchr(buf, ')');
+        int ppid = 0;
+        char state = 0;
+        if (close_paren && sscanf(close_paren + 2, "%c %d", &state, &ppid) == 2 && ppid == pid &&
+            state != 'Z') /* a rank that already ended cannot be killed any more */
+            kids[n++] = child;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* Kill -9 of a random rank at a random moment under --max-restarts 3: the job finishes, the
+ * restart resumes from the last checkpoint (at the same world size, or with the ranks left), and
+ * the final parameters are the undisturbed run's. Nothing is left in /dev/shm. */
+static void restarts_after_a_killed_rank_end_on_the_same_bits(void) {
+    int trials = getenv("TD_LONG") ? 20 : 3;
+    char args[512], want[65], got[65];
+    snprintf(args, sizeof args, "%s --epochs 2 --max-steps 40 --checkpoint-every 8", det_args);
+    double t_start = now_s();
+    det_run(2, args, want);
+    /* The kill moments scale with how long an undisturbed run takes on this machine now, so a
+     * loaded machine does not turn every trial into a kill after the job ended. */
+    double run_s = now_s() - t_start;
+    td_rng rng;
+    td_rng_init(&rng, (uint64_t)time(NULL));
+    int resumed = 0;
+    for (int k = 0; k < trials; k++) {
+        char ck[160], log[160];
+        snprintf(ck, sizeof ck, "%s/kill%d.st", dir, k);
+        snprintf(log, sizeof log, "%s/kill%d.log", dir, k);
+        /* Every third trial restarts with the ranks that are left (2 -> 1). */
+        const char *restart_world = k % 3 == 2 ? "left" : "2";
+        char cmd[3 * PATH_MAX];
+        snprintf(cmd, sizeof cmd, "%s --max-restarts 3 --restart-nproc-per-node %s "
+                 "--nproc-per-node 2 %s %s --checkpoint %s --resume auto",
+                 launcher, restart_world, example, args, ck);
+        char *argv[32];
+        int argc = 0;
+        for (char *save = NULL, *w = strtok_r(cmd, " ", &save); w && argc < 31;
+             w = strtok_r(NULL, " ", &save))
+            argv[argc++] = w;
+        argv[argc] = NULL;
+        pid_t pid = fork();
+        if (pid == 0) {
+            int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            dup2(fd, 1);
+            dup2(fd, 2);
+            execv(argv[0], argv);
+            _exit(127);
+        }
+        /* A random rank (a child of the launcher) at a random moment: two trials in three
+         * within the first 70% of what is left of the run after its first checkpoint, the third
+         * within the first 90% of the run from the start (loading the data included). */
+        int victim = (int)td_rng_below(&rng, 2);
+        double t0 = now_s();
+        for (int w = 0; k % 3 != 1 && access(ck, F_OK) != 0 && w < 30000; w += 10)
+            test_sleep(10);
+        double waited = now_s() - t0, left_s = run_s - waited;
+        int span_ms = (int)(1000 * (k % 3 == 1 ? 0.9 * run_s : 0.7 * left_s));
+        int ms = (int)td_rng_below(&rng, (uint32_t)(span_ms > 50 ? span_ms : 50));
+        test_sleep(ms);
+        pid_t ranks[8];
+        int killed = children_of(pid, ranks, 8) == 2 && kill(ranks[victim], SIGKILL) == 0;
+        int status = 0;
+        waitpid(pid, &status, 0);
+        char *text = NULL;
+        long n = file_bytes(log, &text);
+        if (n > 0) {
+            text = realloc(text, (size_t)n + 1);
+            text[n] = 0;
+            size_t keep = (size_t)n < sizeof output - 1 ? (size_t)n : sizeof output - 1;
+            memcpy(output, text + n - (long)keep, keep);
+            output[keep] = 0;
+        }
+        digest_of_run(got);
+        /* The restart resumes from the last checkpoint the killed start wrote. */
+        const char *restart = text ? strstr(text, "restart 1 of 3") : NULL;
+        const char *resume_at = restart ? strstr(restart, "resuming from") : NULL;
+        long step = resume_at ? atol(strstr(resume_at, "step ") + 5) : -1, last = -1;
+        for (const char *c = text; c && (c = strstr(c, "checkpoint at step ")) &&
+                                   (!restart || c < restart);
+             c++)
+            last = atol(c + 19);
+        printf("    trial %2d: killed rank %d %.1f s after %s%s; %s %ld; final %.12s...\n", k,
+               victim, ms / 1000.0,
+               k % 3 != 1 ? "the first checkpoint" : "the start",
+               killed ? "" : " (it had finished)",
+               resume_at ? "resumed at step" : "restarted from step", resume_at ? step : 0, got);
+        resumed += resume_at != NULL;
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (killed) CHECK(restart != NULL);
+        if (restart) CHECK_EQ(step, last); /* -1 == -1: no checkpoint yet, a fresh start */
+        if (strcmp(got, want) != 0) TEST_FAIL_AT("trial %d ended on other parameters", k);
+        free(text);
+    }
+    CHECK(resumed >= 1);
+    /* the shm backend names nothing in /dev/shm; any tandem-* file there is a leak */
+    DIR *shm = opendir("/dev/shm");
+    struct dirent *e;
+    while (shm && (e = readdir(shm)))
+        if (!strncmp(e->d_name, "tandem-", 7)) TEST_FAIL_AT("left in /dev/shm: %s", e->d_name);
+    if (shm) closedir(shm);
+}
+
 static void corrupt_checkpoint_is_refused_by_name(void) {
     char path[128];
     snprintf(path, sizeof path, "%s/corrupt.st", dir);
@@ -220,6 +470,10 @@ int main(int argc, char **argv) {
     RUN(trace_shows_allreduce_during_backward);
     RUN(corrupt_checkpoint_is_refused_by_name);
     RUN(pipeline_example_runs_under_tandemrun);
+    RUN(deterministic_same_bits_at_world_1_2_4);
+    RUN(deterministic_resume_at_another_world_size);
+    RUN(deterministic_refuses_what_it_cannot_do);
+    RUN(restarts_after_a_killed_rank_end_on_the_same_bits);
     RUN(cnn_reaches_90_percent_in_three_epochs);
     RUN(resnet_1f1b_on_two_stages_reaches_90_percent_in_three_epochs);
     char cmd[128];

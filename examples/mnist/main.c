@@ -10,7 +10,15 @@
  * and each rank trains on its slice of every global batch: the batch split as evenly as it
  * goes (128 over 3 ranks: 43, 43, 42), each rank's gradient weighted by its share so that the
  * average is the global batch's mean. Only rank 0 prints and writes checkpoints. Test
- * accuracy is computed each epoch with the test set split across ranks. */
+ * accuracy is computed each epoch with the test set split across ranks.
+ *
+ * --deterministic trains to the same bits at any world size (docs/reproducibility.md): the
+ * global batch is --shards fixed shards, each rank runs its shards one by one (batch norm sees
+ * one shard's statistics, dropout draws by sample and step), and DDP sums them in one fixed
+ * tree. Its checkpoints (--checkpoint-every N steps) resume at any world size that divides the
+ * shards, on the same trajectory; --resume auto picks up the --checkpoint file if there is one,
+ * which is what a restarted job (tandemrun --max-restarts) needs. The last line gives the
+ * SHA-256 of the parameters, to compare runs by. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +54,11 @@ typedef struct {
     double loss_scale;    /* 0: dynamic; > 0: static; < 0: none */
     td_dtype comm_dtype;  /* what DDP's f32 gradients travel as */
     int spawn;            /* > 0: fork this many ranks (td_spawn, the seeds' mp.spawn) */
+    int deterministic;    /* the same bits at any world size */
+    int shards;           /* S: fixed shards of the global batch (deterministic mode) */
+    double dropout;       /* > 0: a dropout layer of this probability before the classifier */
+    long checkpoint_every; /* also write the checkpoint every N steps (0: each epoch only) */
+    int resume_auto;      /* --resume auto: from --checkpoint when that file exists */
 } options;
 
 static void usage(void) {
@@ -57,6 +70,8 @@ static void usage(void) {
             "             [--amp O0|O1|O2|O3] [--amp-dtype bf16|f16]\n"
             "             [--loss-scale dynamic|none|N] [--comm-dtype f32|bf16|f16]\n"
             "             [--spawn N]\n"
+            "             [--deterministic [--shards S]] [--dropout P] [--checkpoint-every N]\n"
+            "             [--resume auto]\n"
             "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n");
     exit(2);
 }
@@ -73,12 +88,16 @@ static options parse(int argc, char **argv) {
                  .amp = TD_AMP_O0,
                  .amp_dtype = TD_BF16,
                  .loss_scale = -2, /* unset: dynamic for f16, none for bf16 */
-                 .comm_dtype = TD_F32};
+                 .comm_dtype = TD_F32,
+                 .shards = 8};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--no-eval") || !strcmp(a, "--cosine") || !strcmp(a, "--constant-lr")) {
+        if (!strcmp(a, "--no-eval") || !strcmp(a, "--cosine") || !strcmp(a, "--constant-lr") ||
+            !strcmp(a, "--deterministic")) {
             if (!strcmp(a, "--no-eval"))
                 o.eval = 0;
+            else if (!strcmp(a, "--deterministic"))
+                o.deterministic = 1;
             else
                 o.cosine = !strcmp(a, "--cosine");
             continue;
@@ -104,8 +123,16 @@ static options parse(int argc, char **argv) {
             o.data_dir = v;
         else if (!strcmp(a, "--checkpoint"))
             o.checkpoint = v;
+        else if (!strcmp(a, "--resume") && !strcmp(v, "auto"))
+            o.resume_auto = 1;
         else if (!strcmp(a, "--resume"))
             o.resume = v;
+        else if (!strcmp(a, "--shards"))
+            o.shards = atoi(v);
+        else if (!strcmp(a, "--dropout"))
+            o.dropout = atof(v);
+        else if (!strcmp(a, "--checkpoint-every"))
+            o.checkpoint_every = atol(v);
         else if (!strcmp(a, "--trace"))
             o.trace = v;
         else if (!strcmp(a, "--amp") && v[0] == 'O' && v[1] >= '0' && v[1] <= '3' && !v[2])
@@ -123,7 +150,25 @@ static options parse(int argc, char **argv) {
             usage();
         i++;
     }
-    if (o.epochs < 1 || o.batch < 1) usage();
+    if (o.epochs < 1 || o.batch < 1 || o.shards < 1 || o.checkpoint_every < 0 ||
+        !(o.dropout >= 0 && o.dropout < 1))
+        usage();
+    if (o.resume_auto && !o.checkpoint) {
+        fprintf(stderr, "mnist: --resume auto resumes from the --checkpoint file; give one\n");
+        exit(2);
+    }
+    if (o.deterministic && o.batch % o.shards) {
+        fprintf(stderr,
+                "mnist: --batch %d is not a multiple of --shards %d: deterministic mode cuts every "
+                "global batch into equal shards\n",
+                o.batch, o.shards);
+        exit(2);
+    }
+    if (o.deterministic && (o.amp > TD_AMP_O1 || o.comm_dtype != TD_F32)) {
+        fprintf(stderr, "mnist: --deterministic sums f32 gradients: it takes --amp O0 or O1 (f32 "
+                        "weights and gradients) and no --comm-dtype (docs/reproducibility.md)\n");
+        exit(2);
+    }
     /* The seeds' SGD for their Net; the others train faster with more momentum (and the
      * ResNet, with batch norm after every convolution, with a larger step). */
     if (o.lr < 0) o.lr = o.model == TD_MODEL_MLP ? 0.05 : o.model == TD_MODEL_RESNET ? 0.1 : 0.01;
@@ -148,7 +193,9 @@ typedef struct {
     td_ddp *ddp;
     td_trace *trace;
     int first_epoch;
+    size_t first_batch;  /* of first_epoch, when resuming in the middle of one */
     int64_t local_batch; /* this rank's slice of the global batch */
+    int64_t shard_batch; /* deterministic mode: samples per shard, what the graph is built for */
     float grad_scale;    /* world * local_batch / batch: weights the rank average by share */
 } trainer;
 
@@ -170,28 +217,52 @@ static td_param *checkpoint_tensors(trainer *t, size_t *n) {
     return all;
 }
 
-static void save(trainer *t, int epochs_done) {
+/* Writes the checkpoint (rank 0) after `epochs_done` whole epochs and `batches_done` batches of
+ * the next, global step `step`. It holds no world size: the same file resumes at any. */
+static void save(trainer *t, int epochs_done, size_t batches_done, uint64_t step) {
     size_t n;
     td_param *all = checkpoint_tensors(t, &n);
     td_rng *rng = td_graph_rng(t->train);
-    char epoch[32], seed[32], offset[32];
+    char epoch[32], batch[32], steps[32], global[32], shards[32], seed[32], offset[32];
     snprintf(epoch, sizeof epoch, "%d", epochs_done);
+    snprintf(batch, sizeof batch, "%zu", batches_done);
+    snprintf(steps, sizeof steps, "%llu", (unsigned long long)step);
+    snprintf(global, sizeof global, "%d", t->opt.batch);
+    snprintf(shards, sizeof shards, "%d", t->opt.deterministic ? t->opt.shards : 0);
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)rng->seed);
     snprintf(offset, sizeof offset, "%llu", (unsigned long long)rng->offset);
     td_checkpoint_meta meta[] = {{"model", td_model_name(t->opt.model)},
                                  {"epoch", epoch},
+                                 {"batch", batch},
+                                 {"step", steps},
+                                 {"global_batch", global},
+                                 {"shards", shards},
                                  {"dropout_rng_seed", seed},
                                  {"dropout_rng_offset", offset}};
     CHECK(td_checkpoint_save(t->opt.checkpoint, all, n, meta, sizeof meta / sizeof *meta));
     free(all);
+    if (t->opt.checkpoint_every > 0) {
+        printf("checkpoint at step %llu: %s\n", (unsigned long long)step, t->opt.checkpoint);
+        fflush(stdout);
+    }
+}
+
+/* An integer the checkpoint may lack (written before it existed): `absent` then. */
+static int64_t meta_or(td_checkpoint *ck, const char *key, int64_t max, int64_t absent) {
+    int64_t v = absent;
+    td_status s = td_checkpoint_get_meta_i64(ck, key, 0, max, &v);
+    if (s != TD_OK && s != TD_ENOTFOUND) CHECK(s);
+    return v;
 }
 
 static void resume(trainer *t) {
+    const char *path = t->opt.resume ? t->opt.resume : t->opt.checkpoint;
+    if (!t->opt.resume && access(path, F_OK) != 0) return; /* --resume auto, nothing yet */
     td_checkpoint *ck;
-    CHECK(td_checkpoint_open(&ck, t->opt.resume));
+    CHECK(td_checkpoint_open(&ck, path));
     const char *model = td_checkpoint_get_meta(ck, "model");
     if (!model || strcmp(model, td_model_name(t->opt.model))) {
-        fprintf(stderr, "mnist: %s holds model %s, but --model is %s\n", t->opt.resume,
+        fprintf(stderr, "mnist: %s holds model %s, but --model is %s\n", path,
                 model ? model : "(none)", td_model_name(t->opt.model));
         exit(1);
     }
@@ -203,22 +274,70 @@ static void resume(trainer *t) {
     CHECK(td_checkpoint_get_meta_i64(ck, "epoch", 0, t->opt.epochs, &epoch));
     CHECK(td_checkpoint_get_meta_u64(ck, "dropout_rng_seed", 0, UINT64_MAX, &seed));
     CHECK(td_checkpoint_get_meta_u64(ck, "dropout_rng_offset", 0, UINT64_MAX, &offset));
+    int64_t batch = meta_or(ck, "batch", INT32_MAX, 0), step = meta_or(ck, "step", INT64_MAX, 0);
+    /* The trajectory is a function of the global batch and, deterministic, of the shards: a
+     * checkpoint of other ones cannot continue it. */
+    int64_t global = meta_or(ck, "global_batch", INT32_MAX, t->opt.batch);
+    int64_t shards = meta_or(ck, "shards", INT32_MAX, 0);
+    int want = t->opt.deterministic ? t->opt.shards : 0;
+    if (global != t->opt.batch || shards != want) {
+        char was[64], is[64];
+        snprintf(was, sizeof was,
+                 shards ? " --deterministic --shards %lld" : " (not deterministic)",
+                 (long long)shards);
+        snprintf(is, sizeof is, want ? " --deterministic --shards %d" : " (not deterministic)",
+                 want);
+        fprintf(stderr,
+                "mnist: %s was written with --batch %lld%s, this run has --batch %d%s: resume "
+                "with the same global batch and shards (at any world size that divides them)\n",
+                path, (long long)global, was, t->opt.batch, is);
+        exit(1);
+    }
     size_t n;
     td_param *all = checkpoint_tensors(t, &n);
     CHECK(td_checkpoint_read(ck, all, n));
     free(all);
     t->first_epoch = (int)epoch;
+    t->first_batch = (size_t)batch;
     td_rng *rng = td_graph_rng(t->train);
     rng->seed = seed;
     rng->offset = offset;
     td_checkpoint_close(ck);
+    if (t->rank == 0)
+        printf("resuming from %s: epoch %lld, batch %lld, step %lld, world size %d\n", path,
+               (long long)epoch + 1, (long long)batch, (long long)step, t->world);
+}
+
+static td_status dropout_layer(td_graph *g, const char *name, td_tensor *x, td_rng *rng,
+                               const void *arg, td_tensor **y) {
+    (void)name;
+    (void)rng;
+    return td_graph_dropout(g, x, *(const float *)arg, y);
+}
+
+/* The model of --model, with --dropout's layer before its classifier, built for `batch`. */
+static void build_model(const options *o, td_graph *g, int64_t batch, td_model *m) {
+    td_sequential *s;
+    CHECK(td_model_sequential(o->model, &s));
+    if (o->dropout > 0) {
+        float p = (float)o->dropout;
+        CHECK(td_sequential_insert(s, td_sequential_count(s) - 1, "dropout", dropout_layer, &p,
+                                   sizeof p));
+    }
+    CHECK(td_model_build_sequential(g, s, batch, o->seed, m));
+    td_sequential_destroy(s);
 }
 
 static void setup(trainer *t) {
     t->rank = 0;
     t->world = 1;
-    if (getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE") || getenv("SLURM_NTASKS")) {
+    int launched = getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE") || getenv("SLURM_NTASKS");
+    if (launched || t->opt.deterministic) {
         td_comm_params cp = td_comm_default_params();
+        if (!launched) { /* deterministic alone: DDP's shard tree on one rank */
+            cp.rank = cp.local_rank = 0;
+            cp.world_size = cp.local_world_size = 1;
+        }
         CHECK(td_comm_create(&t->comm, &cp));
         t->rank = td_comm_rank(t->comm);
         t->world = td_comm_size(t->comm);
@@ -233,17 +352,17 @@ static void setup(trainer *t) {
     td_split_even((size_t)t->opt.batch, t->world, t->rank, &first, &count);
     t->local_batch = (int64_t)count;
     t->grad_scale = (float)((double)t->world * (double)count / (double)t->opt.batch);
+    t->shard_batch = t->opt.batch / t->opt.shards;
     td_graph_params go = td_graph_default_params();
     go.seed = t->opt.seed;
     go.amp.level = t->opt.amp;
     go.amp.dtype = t->opt.amp_dtype;
     CHECK(td_graph_create(&t->train, &go));
-    CHECK(td_model_build(t->train, t->opt.model, t->local_batch, t->opt.seed, &t->model));
-    CHECK(td_graph_compile(t->train));
+    build_model(&t->opt, t->train,
+                t->opt.deterministic ? t->shard_batch : t->local_batch, &t->model);
     go.grad_enabled = 0;
     CHECK(td_graph_create(&t->eval, &go));
-    CHECK(td_model_build(t->eval, t->opt.model, t->local_batch, t->opt.seed, &t->eval_model));
-    CHECK(td_graph_compile(t->eval));
+    build_model(&t->opt, t->eval, t->local_batch, &t->eval_model);
     CHECK(td_graph_share_params(t->eval, t->train));
     td_graph_set_training(t->eval, 0);
 
@@ -262,12 +381,14 @@ static void setup(trainer *t) {
         }
         CHECK(td_grad_scaler_create(&t->scaler, &gp));
     }
-    if (t->opt.resume) resume(t);
+    if (t->opt.resume || t->opt.resume_auto) resume(t);
     if (t->opt.trace) CHECK(td_trace_create(&t->trace, t->rank));
     if (t->comm) {
         td_ddp_params dp = td_ddp_default_params();
         dp.trace = t->trace;
         dp.comm_dtype = t->opt.comm_dtype;
+        dp.deterministic = t->opt.deterministic;
+        dp.shards = (size_t)t->opt.shards;
         if (t->opt.bucket_kb > 0) {
             dp.bucket_bytes = (size_t)t->opt.bucket_kb << 10;
             if (dp.first_bucket_bytes > dp.bucket_bytes) dp.first_bucket_bytes = dp.bucket_bytes;
@@ -295,32 +416,77 @@ static void progress(const trainer *t, int epoch, size_t step, size_t steps, dou
     }
 }
 
-/* One epoch of training; returns samples/s over the epoch (all ranks). */
-static double train_epoch(trainer *t, td_loader *loader, int epoch) {
-    CHECK(td_loader_set_epoch(loader, (uint64_t)epoch));
+/* Forward and backward of the loader's batch, one rank's slice of a global batch; the gradients
+ * are the global batch's mean after it. Returns the loss to show. */
+static float forward_backward(trainer *t, const td_batch *batch) {
+    uint64_t t0 = td_time_ns();
+    if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
+    /* The batch stays valid until the next td_loader_next: train on it in place. */
+    CHECK(td_tensor_set_data(t->model.input, batch->x));
+    CHECK(td_tensor_set_data(t->model.labels, batch->y));
+    CHECK(td_graph_forward(t->train));
+    uint64_t t1 = td_time_ns();
+    float loss = *(float *)td_tensor_data(t->model.loss);
+    /* The loss is this rank's mean; its share of the global mean has this weight, times the
+     * loss scale under mixed precision. */
+    float seed = t->grad_scale * (t->scaler ? td_grad_scaler_scale(t->scaler) : 1.0f);
+    if (t->ddp) td_ddp_set_loss(t->ddp, loss * t->grad_scale);
+    CHECK(td_graph_backward_from(t->train, t->model.loss, &seed));
+    if (t->ddp) CHECK(td_ddp_finish_backward(t->ddp));
+    if (t->trace) {
+        CHECK(td_trace_span(t->trace, "forward", "compute", t0, t1));
+        CHECK(td_trace_span(t->trace, "backward", "compute", t1, td_time_ns()));
+    }
+    return t->ddp ? td_ddp_loss(t->ddp) : loss;
+}
+
+/* The same in deterministic mode: this rank's shards of the global batch one after another, each
+ * with the graph built for one shard, its dropout keyed by (step, sample index in the global
+ * batch); DDP folds their gradients, buffers and losses into its fixed tree. */
+static float forward_backward_shards(trainer *t, const td_batch *batch, uint64_t step) {
+    size_t first, count, b = (size_t)t->shard_batch;
+    size_t sample = (size_t)td_tensor_numel(t->model.input) / b;
+    td_ddp_shards(t->ddp, &first, &count);
+    for (size_t j = 0; j < count; j++) {
+        uint64_t t0 = td_time_ns();
+        CHECK(td_ddp_prepare_forward(t->ddp));
+        CHECK(td_tensor_set_data(t->model.input, batch->x + j * b * sample));
+        CHECK(td_tensor_set_data(t->model.labels, batch->y + j * b));
+        CHECK(td_graph_set_rng_key(t->train, step, (first + j) * b));
+        CHECK(td_graph_forward(t->train));
+        td_ddp_set_loss(t->ddp, *(float *)td_tensor_data(t->model.loss));
+        CHECK(td_graph_zero_grad(t->train));
+        /* every shard's loss is its mean; DDP averages over the shards (and f16 scales it) */
+        float seed = t->scaler ? td_grad_scaler_scale(t->scaler) : 1.0f;
+        CHECK(td_graph_backward_from(t->train, t->model.loss, &seed));
+        CHECK(td_ddp_finish_backward(t->ddp));
+        if (t->trace) CHECK(td_trace_span(t->trace, "shard", "compute", t0, td_time_ns()));
+    }
+    return td_ddp_loss(t->ddp);
+}
+
+/* Steps per epoch: the loader's batches, or --max-steps. */
+static size_t epoch_steps(const trainer *t, const td_loader *loader) {
     size_t steps = td_loader_batches_per_epoch(loader);
-    if (t->opt.max_steps > 0 && (size_t)t->opt.max_steps < steps) steps = (size_t)t->opt.max_steps;
+    return t->opt.max_steps > 0 && (size_t)t->opt.max_steps < steps ? (size_t)t->opt.max_steps
+                                                                    : steps;
+}
+
+/* One epoch of training from batch `first` on; returns samples/s over it (all ranks). */
+static double train_epoch(trainer *t, td_loader *loader, int epoch, size_t first) {
+    CHECK(td_loader_seek(loader, (uint64_t)epoch, first));
+    size_t steps = epoch_steps(t, loader);
     uint64_t start = td_time_ns();
-    for (size_t step = 0; step < steps; step++) {
+    for (size_t step = first; step < steps; step++) {
+        uint64_t global_step = (uint64_t)epoch * steps + step;
         if (t->opt.cosine) {
             int64_t total = (int64_t)(steps * (size_t)t->opt.epochs);
-            td_optim_set_lr(t->optim, td_lr_cosine(t->opt.lr, 0.0, total,
-                                                   (int64_t)((size_t)epoch * steps + step)));
+            td_optim_set_lr(t->optim, td_lr_cosine(t->opt.lr, 0.0, total, (int64_t)global_step));
         }
         td_batch batch;
         CHECK(td_loader_next(loader, &batch));
-        uint64_t t0 = td_time_ns();
-        if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
-        /* The batch stays valid until the next td_loader_next: train on it in place. */
-        CHECK(td_tensor_set_data(t->model.input, batch.x));
-        CHECK(td_tensor_set_data(t->model.labels, batch.y));
-        CHECK(td_graph_forward(t->train));
-        uint64_t t1 = td_time_ns();
-        /* The loss is this rank's mean; its share of the global mean has this weight, times
-         * the loss scale under mixed precision. */
-        float seed = t->grad_scale * (t->scaler ? td_grad_scaler_scale(t->scaler) : 1.0f);
-        CHECK(td_graph_backward_from(t->train, t->model.loss, &seed));
-        if (t->ddp) CHECK(td_ddp_finish_backward(t->ddp));
+        float loss = t->opt.deterministic ? forward_backward_shards(t, &batch, global_step)
+                                          : forward_backward(t, &batch);
         uint64_t t2 = td_time_ns();
         if (t->scaler) {
             CHECK(td_grad_scaler_step(t->scaler, t->optim, NULL));
@@ -330,16 +496,14 @@ static double train_epoch(trainer *t, td_loader *loader, int epoch) {
         }
         CHECK(td_graph_zero_grad(t->train));
         uint64_t t3 = td_time_ns();
-        if (t->trace) {
-            CHECK(td_trace_span(t->trace, "forward", "compute", t0, t1));
-            CHECK(td_trace_span(t->trace, "backward", "compute", t1, t2));
-            CHECK(td_trace_span(t->trace, "optimizer", "compute", t2, t3));
-        }
-        float loss = *(float *)td_tensor_data(t->model.loss);
+        if (t->trace) CHECK(td_trace_span(t->trace, "optimizer", "compute", t2, t3));
+        if (t->rank == 0 && t->opt.checkpoint && t->opt.checkpoint_every > 0 &&
+            (global_step + 1) % (uint64_t)t->opt.checkpoint_every == 0 && step + 1 < steps)
+            save(t, epoch, step + 1, global_step + 1);
         double secs = (double)(td_time_ns() - start) * 1e-9;
-        progress(t, epoch, step, steps, loss, (double)(step + 1) * t->opt.batch / secs);
+        progress(t, epoch, step, steps, loss, (double)(step + 1 - first) * t->opt.batch / secs);
     }
-    return (double)steps * t->opt.batch / ((double)(td_time_ns() - start) * 1e-9);
+    return (double)(steps - first) * t->opt.batch / ((double)(td_time_ns() - start) * 1e-9);
 }
 
 /* Test accuracy and mean loss, the test set split across ranks batch by batch. */
@@ -417,33 +581,46 @@ static int train(int rank, int world_size, void *arg) {
     tp.sampler.shuffle = 0;
     CHECK(td_loader_create(&test_loader, test_set, &tp));
 
-    if (t.rank == 0)
+    if (t.rank == 0) {
         printf("training %s on Fashion-MNIST: %d rank(s), global batch %d, %d epoch(s), amp O%d "
                "%s%s\n",
                td_model_name(t.opt.model), t.world, t.opt.batch, t.opt.epochs, (int)t.opt.amp,
-               td_dtype_name(t.opt.amp_dtype), t.first_epoch ? " (resumed)" : "");
+               td_dtype_name(t.opt.amp_dtype),
+               t.first_epoch || t.first_batch ? " (resumed)" : "");
+        if (t.opt.deterministic) {
+            /* oneDNN's sums depend on its thread count: the bits match runs with the same one */
+            const char *threads = getenv("OMP_NUM_THREADS");
+            printf("deterministic: %d shards of %lld samples, %lld per rank, OMP_NUM_THREADS=%s\n",
+                   t.opt.shards, (long long)t.shard_batch, (long long)(t.opt.shards / t.world),
+                   threads ? threads : "(unset: OpenMP's default)");
+        }
+    }
     double accuracy = 0, test_loss = 0, rate = 0;
     for (int epoch = t.first_epoch; epoch < t.opt.epochs; epoch++) {
-        rate = train_epoch(&t, loader, epoch);
+        rate = train_epoch(&t, loader, epoch, epoch == t.first_epoch ? t.first_batch : 0);
         if (t.opt.eval) evaluate(&t, test_loader, &accuracy, &test_loss);
         if (t.rank == 0) {
             if (t.opt.eval)
                 printf("epoch %d: test accuracy %.4f, test loss %.4f, %.0f samples/s\n", epoch + 1,
                        accuracy, test_loss, rate);
-            if (t.opt.checkpoint) save(&t, epoch + 1);
+            if (t.opt.checkpoint)
+                save(&t, epoch + 1, 0, (uint64_t)(epoch + 1) * epoch_steps(&t, loader));
         }
     }
+    char digest[65];
+    td_params_sha256(t.params, t.n_params, digest);
     if (t.rank == 0 && t.scaler)
         printf("loss scale %g, %lld step(s) skipped for inf/NaN gradients\n",
                (double)td_grad_scaler_scale(t.scaler),
                (long long)td_grad_scaler_skipped(t.scaler));
     if (t.rank == 0 && t.opt.eval)
         printf("final: model %s ranks %d epochs %d test_accuracy %.4f test_loss %.4f "
-               "samples_per_s %.0f\n",
-               td_model_name(t.opt.model), t.world, t.opt.epochs, accuracy, test_loss, rate);
+               "samples_per_s %.0f params_sha256 %s\n",
+               td_model_name(t.opt.model), t.world, t.opt.epochs, accuracy, test_loss, rate,
+               digest);
     else if (t.rank == 0)
-        printf("final: model %s ranks %d epochs %d samples_per_s %.0f\n",
-               td_model_name(t.opt.model), t.world, t.opt.epochs, rate);
+        printf("final: model %s ranks %d epochs %d samples_per_s %.0f params_sha256 %s\n",
+               td_model_name(t.opt.model), t.world, t.opt.epochs, rate, digest);
     if (t.trace) {
         char path[4096];
         snprintf(path, sizeof path, "%s.rank%d.json", t.opt.trace, t.rank);

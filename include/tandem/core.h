@@ -155,6 +155,30 @@ void td_rng_fill_uniform(td_rng *rng, float *out, size_t n, float lo, float hi);
 /* The four 32-bit words of block `counter` of stream `seed`; the primitive the rest use. */
 void td_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]);
 
+/* Block `counter` of sub-stream `stream` of `seed` (Philox's 128-bit counter is (counter,
+ * stream)); stream 0 is td_philox4x32's. Deterministic training keys dropout by (step, sample)
+ * this way, so a sample's masks do not depend on which rank or batch draws them. */
+void td_philox4x32_stream(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]);
+
+/* SHA-256 (FIPS 180-4) of n bytes. */
+void td_sha256(const void *data, size_t n, uint8_t digest[32]);
+
+/* An incremental SHA-256 (caller-allocated): init, update with the pieces in order, final. */
+typedef struct {
+    uint32_t h[8];
+    uint64_t bytes; /* hashed so far */
+    uint8_t block[64];
+} td_sha256_ctx;
+
+/* Starts a digest. */
+void td_sha256_init(td_sha256_ctx *ctx);
+
+/* Hashes the next n bytes. */
+void td_sha256_update(td_sha256_ctx *ctx, const void *data, size_t n);
+
+/* Pads, writes the digest; ctx must be initialised again before reuse. */
+void td_sha256_final(td_sha256_ctx *ctx, uint8_t digest[32]);
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,6 +57,19 @@ typedef struct {
                                    reduction (PyTorch's bf16/fp16_compress_hook, Horovod's fp16
                                    compression): half the bytes, bf16/f16 rounding. bf16 and f16
                                    gradients always travel in their own dtype. */
+    int deterministic;          /* 1: the same bits at any world size (docs/reproducibility.md):
+                                   the global batch is `shards` fixed shards, this rank's
+                                   td_ddp_shards of them run one by one (prepare_forward, forward,
+                                   backward, finish_backward each), and their gradients, buffers
+                                   and losses are summed in one fixed pairwise tree over all
+                                   shards whichever rank holds them. f32 parameters, buffers and
+                                   comm_dtype; no no_sync, no join, no rebuild */
+    size_t shards;              /* 8: S, for deterministic mode; S / world_size must be a power
+                                   of two (1, 2, 4, ...) unless the world size is 1 */
+    int join;                   /* 1: uneven inputs (PyTorch's Join): ranks may run out of
+                                   batches at different steps (td_ddp_join); each synchronised step
+                                   averages over the ranks that contributed, weighted by their
+                                   td_ddp_set_samples. Costs one small all-gather per step */
 } td_ddp_params;
 
 /* Counters for tests, logs and benchmarks. */
@@ -67,7 +80,7 @@ typedef struct {
     uint64_t buckets_early; /* buckets launched from td_ddp_grad_ready (overlapping backward) */
 } td_ddp_stats;
 
-/* The defaults above. */
+/* The defaults above (deterministic 0 with 8 shards, join 0). */
 td_ddp_params td_ddp_default_params(void);
 
 /* Collective over `comm`: checks registrations agree on every rank (TD_ESHAPE naming the
@@ -106,6 +119,31 @@ td_status td_ddp_finish_backward(td_ddp *ddp);
 /* sync = 0 is PyTorch's no_sync: backwards only accumulate locally (no communication, no
  * unused check) until a backward with sync = 1 reduces the sum. Not allowed mid-backward. */
 td_status td_ddp_set_sync(td_ddp *ddp, int sync);
+
+/* The loss of the backward about to run (or of the shard, in deterministic mode), times the
+ * weight its backward uses; call it before td_ddp_finish_backward. It is reduced exactly as the
+ * gradients are (averaged over ranks, or over shards in the fixed tree) and read back with
+ * td_ddp_loss. */
+void td_ddp_set_loss(td_ddp *ddp, float loss);
+
+/* The reduced loss of the last synchronised step (0 before the first, or when nobody set one). */
+float td_ddp_loss(const td_ddp *ddp);
+
+/* Deterministic mode: this rank's shards of every global batch, shards [*first, *first + *count)
+ * (each of global_batch / shards samples, in order). Default mode: 0 and 1. */
+void td_ddp_shards(const td_ddp *ddp, size_t *first, size_t *count);
+
+/* Join mode: the samples this rank's next synchronised backward averages over (default 1, which
+ * counts every contributing rank alike, PyTorch's rule); the step's gradients are then the
+ * samples-weighted average over ranks: the mean over every sample that took part. */
+td_status td_ddp_set_samples(td_ddp *ddp, double samples);
+
+/* Join mode, on a rank that has no batches left: shadows one synchronised step of the others
+ * (contributing zeros with weight 0, running their collectives) and leaves their average in
+ * params[i].grad, so stepping the optimizer on it keeps this replica equal to theirs. Call it in
+ * a loop until *done: once every rank has joined, the last rank to have had data broadcasts its
+ * parameters and buffers to all, and *done is 1 on every rank. Collective. */
+td_status td_ddp_join(td_ddp *ddp, int *done);
 
 /* Current counters. */
 td_ddp_stats td_ddp_get_stats(const td_ddp *ddp);

@@ -239,6 +239,13 @@ int td_graph_training(const td_graph *g);
 /* The dropout RNG: save its two fields and restore them to replay masks bit for bit. */
 td_rng *td_graph_rng(td_graph *g);
 
+/* Keys dropout by sample from now on (deterministic training, docs/reproducibility.md): in each
+ * forward, sample n of the batch draws its masks from the Philox sub-stream of (step,
+ * first_sample + n) under the seed of td_graph_rng, node after node, in logical element order.
+ * A sample's masks then depend on the seed, the step and its index only, not on the batch, the
+ * layout or the rank it runs in. step and first_sample + batch must be below 2^32. */
+td_status td_graph_set_rng_key(td_graph *g, uint64_t step, uint64_t first_sample);
+
 /* The parameters in registration order; the array is owned by the graph and its address
  * is stable after td_graph_compile (grad pointers are valid after compile). The array is
  * the one place that says where parameter i's values and gradient live: a caller may

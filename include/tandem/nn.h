@@ -90,6 +90,11 @@ void td_sequential_destroy(td_sequential *s);
 td_status td_sequential_add(td_sequential *s, const char *name, td_layer_fn fn, const void *arg,
                             size_t arg_bytes);
 
+/* Inserts a layer before layer `index` (index == count appends), as td_sequential_add; a
+ * reference model changed this way builds as the caller's (td_model.kind TD_MODEL_COUNT). */
+td_status td_sequential_insert(td_sequential *s, size_t index, const char *name, td_layer_fn fn,
+                               const void *arg, size_t arg_bytes);
+
 /* Number of layers. */
 size_t td_sequential_count(const td_sequential *s);
 

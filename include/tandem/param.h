@@ -24,6 +24,10 @@ typedef struct {
     int64_t shape[TD_MAX_DIMS];
 } td_param;
 
+/* SHA-256 of the data bytes of params[0..n) in order, as 64 lower-case hex digits and a NUL:
+ * two runs that trained to the same bits print the same digest. */
+void td_params_sha256(const td_param *params, size_t n, char hex[65]);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,11 +1,14 @@
 /* Philox4x32-10 (Salmon et al., SC'11): a counter-based generator, so any value of the
- * stream can be computed directly from (seed, position) without sequential state. */
+ * stream can be computed directly from (seed, position) without sequential state. The 128-bit
+ * counter is (position, stream): td_rng walks stream 0; deterministic training gives each
+ * (step, sample) a stream of its own. */
 #include <math.h>
 
 #include "tandem/core.h"
 
-void td_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]) {
-    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
+void td_philox4x32_stream(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]) {
+    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = (uint32_t)stream,
+             c3 = (uint32_t)(stream >> 32);
     uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
     for (int round = 0; round < 10; round++) {
         uint64_t p0 = (uint64_t)0xD2511F53u * c0;
@@ -23,6 +26,10 @@ void td_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]) {
     out[1] = c1;
     out[2] = c2;
     out[3] = c3;
+}
+
+void td_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]) {
+    td_philox4x32_stream(seed, 0, counter, out);
 }
 
 void td_rng_init(td_rng *rng, uint64_t seed) {

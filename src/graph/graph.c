@@ -293,6 +293,7 @@ td_status td_graph_forward(td_graph *g) {
     if (!g) return td__fail(TD_EINVAL, "td_graph_forward: graph is NULL");
     if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_forward: call td_graph_compile first");
     td__graph_sync_storage(g);
+    g->ctx.rng_sample_offset = 0;
     for (int k = 0; k < g->nnodes; k++) TD__TRY(g->nodes[k]->op->forward(&g->ctx, g->nodes[k]));
     return TD_OK;
 }
@@ -398,6 +399,20 @@ void td_graph_set_training(td_graph *g, int training) {
 int td_graph_training(const td_graph *g) { return g ? g->ctx.training : 0; }
 
 td_rng *td_graph_rng(td_graph *g) { return g ? &g->rng : NULL; }
+
+td_status td_graph_set_rng_key(td_graph *g, uint64_t step, uint64_t first_sample) {
+    if (!g) return td__fail(TD_EINVAL, "td_graph_set_rng_key: graph is NULL");
+    /* The sub-stream holds the step in its upper and the sample in its lower 32 bits (dropout
+     * checks first_sample + n). */
+    if (step >> 32 || first_sample >> 32)
+        return td__fail(TD_EINVAL,
+                        "td_graph_set_rng_key: step %llu, first sample %llu; both must be below 2^32",
+                        (unsigned long long)step, (unsigned long long)first_sample);
+    g->ctx.rng_by_sample = 1;
+    g->ctx.rng_step = step;
+    g->ctx.rng_first_sample = first_sample;
+    return TD_OK;
+}
 
 td_status td_graph_parameters(td_graph *g, td_param **params, size_t *n) {
     if (!g || !params || !n) return td__fail(TD_EINVAL, "td_graph_parameters: NULL argument");

@@ -98,4 +98,18 @@ void td__job_tick(td__job *j);
  * reason why the others gave up waiting: "rank 1 (pid 42)"; returns how many. */
 int td__job_stopped_ranks(const td__job *j, char *out, size_t cap);
 
+/* Restarts after a rank failed (restart.c, torchrun's --max-restarts). */
+enum { TD__RESTART_SAME = 0, TD__RESTART_LEFT = -1 };
+typedef struct {
+    int max_restarts; /* starts allowed after the first */
+    int done;         /* restarts so far */
+    int nproc;        /* ranks of a restart: TD__RESTART_SAME as the run before, TD__RESTART_LEFT
+                         the ones that did not fail, or a count */
+} td__restart;
+
+/* After a run of `nproc` ranks ended with rank `failed_rank` failing first (-1: none failed, as
+ * when it finished, was interrupted or timed out): 1 when the job starts again, with
+ * *next_nproc ranks (the restart is counted), else 0. */
+int td__restart_next(td__restart *r, int failed_rank, int nproc, int *next_nproc);
+
 #endif

@@ -54,34 +54,45 @@ void td_sequential_destroy(td_sequential *s) {
     free(s);
 }
 
-td_status td_sequential_add(td_sequential *s, const char *name, td_layer_fn fn, const void *arg,
-                            size_t arg_bytes) {
+td_status td_sequential_insert(td_sequential *s, size_t index, const char *name, td_layer_fn fn,
+                               const void *arg, size_t arg_bytes) {
     if (!s || !name || !fn || (arg_bytes && !arg))
-        return td__fail(TD_EINVAL, "td_sequential_add: NULL model, name, function or arg");
+        return td__fail(TD_EINVAL, "sequential: NULL model, name, function or arg");
+    if (index > s->n)
+        return td__fail(TD_EINVAL, "sequential: position %zu of a model of %zu layers",
+                        index, s->n);
     if (!*name || strlen(name) >= SEQ_NAME_MAX)
-        return td__fail(TD_EINVAL, "td_sequential_add: layer name '%s' is empty or over %d chars",
+        return td__fail(TD_EINVAL, "sequential: layer name '%s' is empty or over %d chars",
                         name, SEQ_NAME_MAX - 1);
     for (size_t i = 0; i < s->n; i++)
         if (strcmp(s->layers[i].name, name) == 0)
-            return td__fail(TD_EINVAL, "td_sequential_add: layer '%s' is already there", name);
+            return td__fail(TD_EINVAL, "sequential: layer '%s' is already there", name);
     if (s->n == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 16;
         seq_layer *l = realloc(s->layers, cap * sizeof *l);
-        if (!l) return td__fail(TD_ENOMEM, "td_sequential_add: out of memory");
+        if (!l) return td__fail(TD_ENOMEM, "sequential: out of memory");
         s->layers = l;
         s->cap = cap;
     }
-    seq_layer *l = &s->layers[s->n];
-    memset(l, 0, sizeof *l);
-    snprintf(l->name, sizeof l->name, "%s", name);
-    l->fn = fn;
+    seq_layer l;
+    memset(&l, 0, sizeof l);
+    snprintf(l.name, sizeof l.name, "%s", name);
+    l.fn = fn;
     if (arg_bytes) {
-        l->arg = malloc(arg_bytes);
-        if (!l->arg) return td__fail(TD_ENOMEM, "td_sequential_add: out of memory");
-        memcpy(l->arg, arg, arg_bytes);
+        l.arg = malloc(arg_bytes);
+        if (!l.arg) return td__fail(TD_ENOMEM, "sequential: out of memory");
+        memcpy(l.arg, arg, arg_bytes);
     }
+    memmove(&s->layers[index + 1], &s->layers[index], (s->n - index) * sizeof *s->layers);
+    s->layers[index] = l;
     s->n++;
+    s->kind = TD_MODEL_COUNT; /* no longer a reference model as it stands */
     return TD_OK;
+}
+
+td_status td_sequential_add(td_sequential *s, const char *name, td_layer_fn fn, const void *arg,
+                            size_t arg_bytes) {
+    return td_sequential_insert(s, s ? s->n : 0, name, fn, arg, arg_bytes);
 }
 
 size_t td_sequential_count(const td_sequential *s) { return s ? s->n : 0; }

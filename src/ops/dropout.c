@@ -1,7 +1,9 @@
 /* Dropout and channel-wise dropout (dropout2d) nodes, PyTorch semantics: in training each
  * element (or each (n, c) channel) is kept with probability 1 - p and scaled by 1/(1-p);
  * in eval the node copies. Masks are drawn from the graph's td_rng, so saving that state
- * replays them exactly. Plain C (no oneDNN primitive does this); blocked layouts are
+ * replays them exactly, or, once td_graph_set_rng_key was called, from each sample's own
+ * Philox stream (seed, step, sample index), so that a sample's mask does not depend on the
+ * batch it runs in. Plain C (no oneDNN primitive does this); blocked layouts are
  * handled through td__md_offset4. */
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +51,56 @@ static void draw_mask(td_rng *rng, float *mask, size_t n, float p, float keep) {
             mask[i] = u < p ? 0.f : keep;
         }
     }
+}
+
+/* A sample's own stream (td_graph_set_rng_key): its 32-bit words from `word` on. */
+typedef struct {
+    uint64_t seed, stream, word;
+    uint32_t block[4];
+} sample_stream;
+
+static void sample_stream_open(sample_stream *st, const td__op_ctx *ctx, int64_t n) {
+    st->seed = ctx->rng->seed;
+    st->stream = ctx->rng_step << 32 | (ctx->rng_first_sample + (uint64_t)n);
+    st->word = ctx->rng_sample_offset;
+    td_philox4x32_stream(st->seed, st->stream, st->word >> 2, st->block);
+}
+
+static float sample_stream_mask(sample_stream *st, float p, float keep) {
+    if ((st->word & 3) == 0) td_philox4x32_stream(st->seed, st->stream, st->word >> 2, st->block);
+    float u = (float)(st->block[st->word++ & 3] >> 8) * (1.0f / 16777216.0f);
+    return u < p ? 0.f : keep;
+}
+
+/* Masks keyed by sample: sample n's `per_sample` values in logical order from its own stream;
+ * mask is (N, per_sample) plain, or the physical layout md of a blocked 4-d tensor (its padding
+ * keeps the zeros it was allocated with). Advances the forward's offset past these draws. */
+static td_status draw_mask_by_sample(td__op_ctx *ctx, const td_tensor *x, float *mask,
+                                     int64_t per_sample, const dnnl_memory_desc_t *md, float p,
+                                     float keep) {
+    int64_t N = x->shape.dim[0];
+    if (ctx->rng_first_sample + (uint64_t)N > ((uint64_t)1 << 32))
+        return td__fail(TD_EINVAL, "dropout: samples %llu..%llu of the RNG key pass 2^32",
+                        (unsigned long long)ctx->rng_first_sample,
+                        (unsigned long long)(ctx->rng_first_sample + (uint64_t)N));
+    if (md && (x->shape.ndim != 4 || td__md_offset4(md, 0, 0, 0, 0) < 0))
+        return td__fail(TD_EUNSUPPORTED, "dropout: unsupported layout of '%s' for per-sample masks",
+                        x->name);
+    sample_stream st;
+    for (int64_t n = 0; n < N; n++) {
+        sample_stream_open(&st, ctx, n);
+        if (!md) {
+            for (int64_t e = 0; e < per_sample; e++)
+                mask[n * per_sample + e] = sample_stream_mask(&st, p, keep);
+            continue;
+        }
+        for (int64_t c = 0; c < x->shape.dim[1]; c++)
+            for (int64_t h = 0; h < x->shape.dim[2]; h++)
+                for (int64_t w = 0; w < x->shape.dim[3]; w++)
+                    mask[td__md_offset4(md, n, c, h, w)] = sample_stream_mask(&st, p, keep);
+    }
+    ctx->rng_sample_offset += ((uint64_t)per_sample + 3) & ~(uint64_t)3;
+    return TD_OK;
 }
 
 /* Element access for the kernels below: f32 directly, 16-bit types through f32. */
@@ -128,13 +180,21 @@ static td_status drop_forward(td__op_ctx *ctx, td__node *n) {
     }
     float keep = p >= 1.f ? 0.f : 1.f / (1.f - p);
     int f32 = x->dtype == TD_F32;
+    int64_t N = x->shape.dim[0];
     if (n->variant == TD__DROP_CHANNEL) {
-        int64_t nc = x->shape.dim[0] * x->shape.dim[1];
-        draw_mask(ctx->rng, s->cmask, (size_t)nc, p, keep);
+        int64_t nc = N * x->shape.dim[1];
+        if (ctx->rng_by_sample)
+            TD__TRY(draw_mask_by_sample(ctx, x, s->cmask, x->shape.dim[1], NULL, p, keep));
+        else
+            draw_mask(ctx->rng, s->cmask, (size_t)nc, p, keep);
         (f32 ? apply_channels_f32 : apply_channels_any)(&x->md, &x->shape, s->cmask, x->data,
                                                         y->data, 0, x->dtype);
     } else {
-        draw_mask(ctx->rng, s->mask, total, p, keep);
+        if (ctx->rng_by_sample)
+            TD__TRY(draw_mask_by_sample(ctx, x, s->mask, td_shape_numel(&x->shape) / N,
+                                        x->blocked ? &x->md : NULL, p, keep));
+        else
+            draw_mask(ctx->rng, s->mask, total, p, keep);
         (f32 ? apply_elements_f32 : apply_elements_any)(s->mask, x->data, y->data, total, 0,
                                                         x->dtype);
     }

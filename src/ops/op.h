@@ -36,6 +36,12 @@ struct td__op_ctx {
     int bf16_native;   /* oneDNN computes bf16 here (the CPU has AVX512_BF16 or AMX) */
     td_rng *rng;       /* the graph's dropout RNG */
     td_comm *comm;     /* the graph's process group for collective ops; NULL: a group of one */
+    /* Dropout keyed by sample instead (td_graph_set_rng_key): sample n of the batch draws from
+     * Philox sub-stream (rng_step << 32 | (rng_first_sample + n)) of rng->seed, from word
+     * rng_sample_offset on, which each dropout node advances past its draws per sample (a
+     * multiple of 4) and each forward resets to 0. */
+    int rng_by_sample;
+    uint64_t rng_step, rng_first_sample, rng_sample_offset;
     /* Tells the engine that node n's parameter gradients are final (weights_only: all but
      * the data input in[0]'s), so DDP can start reducing them while backward goes on. */
     void (*params_ready)(td__op_ctx *ctx, const td__node *n, int weights_only);

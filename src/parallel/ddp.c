@@ -4,13 +4,12 @@
  *
  * It does not compute gradients or step the optimizer, and it knows nothing of graphs: the
  * caller says when a gradient is final. Collectives go through comm.h only. */
-#include "tandem/ddp.h"
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core_impl.h"
+#include "parallel/ddp_impl.h"
 
 #define DDP_ALIGN_BYTES 64                /* gradient offsets inside a bucket */
 #define DDP_BCAST_CHUNK ((size_t)8 << 20) /* staging size of the coalesced broadcasts */
@@ -23,48 +22,6 @@
 #define DDP_CANARY_BF16 0x7fa0u
 #define DDP_CANARY_F16 0x7d00u
 
-typedef struct {
-    void *buf;       /* (count + 1) of dtype: gradients at their offsets, then the unready slot */
-    td_dtype dtype;  /* of every gradient in the bucket */
-    void *wire;      /* (count + 1) of comm_dtype, what travels when it differs, else NULL */
-    size_t count;    /* gradient elements, alignment padding included */
-    size_t *members; /* (n_members) parameter indices in layout order */
-    size_t n_members;
-    size_t pending;  /* members not yet ready in this backward */
-    td_request *req; /* non-NULL while the all-reduce is in flight */
-    uint64_t t_launch;
-} ddp_bucket;
-
-struct td_ddp {
-    td_comm *comm;
-    int rank, size;
-    td_param *params; /* (n_params), the caller's array */
-    size_t n_params;
-    td_param *buffers; /* (n_buffers), the caller's array */
-    size_t n_buffers;
-    td_ddp_params opt;
-    void **orig_grad;    /* (n_params) grad pointers at creation, restored by destroy */
-    ddp_bucket *buckets; /* (n_buckets) */
-    size_t n_buckets;
-    void *grad_mem; /* every bucket's buf, from td_comm_alloc: in-place all-reduces skip a copy */
-    size_t *bucket_of;      /* (n_params) */
-    size_t *offset_of;      /* (n_params) element offset inside its bucket */
-    unsigned char *ready;   /* (n_params) grad_ready seen in this synchronised backward */
-    unsigned char *touched; /* (n_params) grad_ready seen since the last reduction */
-    size_t *order;          /* (n_params) ready order of the first synchronised backward */
-    size_t n_order;
-    size_t next_bucket; /* buckets [0, next_bucket) are launched */
-    size_t n_ready;
-    int sync;
-    int open;          /* an iteration began (prepare_forward or grad_ready) and is not finished */
-    void **moved_from; /* (n_params) where gradient i lived before the last move, or NULL */
-    void *moved_mem;   /* old bucket memory, freed once moved_from has been checked */
-    int moved;         /* gradients moved since the last synchronised backward */
-    td_status err;     /* first error of this backward, message kept in err_msg */
-    char err_msg[768];
-    td_ddp_stats stats;
-};
-
 td_ddp_params td_ddp_default_params(void) {
     td_ddp_params p = {
         .first_bucket_bytes = (size_t)1 << 20,
@@ -75,6 +32,9 @@ td_ddp_params td_ddp_default_params(void) {
         .rebuild_buckets = 1,
         .trace = NULL,
         .comm_dtype = TD_F32,
+        .deterministic = 0,
+        .shards = 8,
+        .join = 0,
     };
     return p;
 }
@@ -88,8 +48,7 @@ static void ddp_shape_str(char *out, size_t cap, int64_t ndim, const int64_t *sh
     if (n < cap) snprintf(out + n, cap - n, "]");
 }
 
-/* Keeps the first error of a backward; later ones (usually consequences) are dropped. */
-static void ddp_note_error(td_ddp *d, td_status s) {
+void td__ddp_note_error(td_ddp *d, td_status s) {
     if (s == TD_OK || d->err != TD_OK) return;
     d->err = s;
     snprintf(d->err_msg, sizeof d->err_msg, "%s", td_last_error());
@@ -102,7 +61,8 @@ typedef struct {
     size_t bytes;
 } ddp_segment;
 
-static td_status ddp_broadcast_segments(td_ddp *d, const ddp_segment *seg, size_t n_seg) {
+static td_status ddp_broadcast_segments(td_ddp *d, const ddp_segment *seg, size_t n_seg,
+                                        int root) {
     size_t total = 0;
     for (size_t i = 0; i < n_seg; i++) total += seg[i].bytes;
     if (d->size == 1 || total == 0) return TD_OK;
@@ -116,7 +76,7 @@ static td_status ddp_broadcast_segments(td_ddp *d, const ddp_segment *seg, size_
     for (size_t done = 0; done < total && s == TD_OK;) {
         size_t len = total - done < cap ? total - done : cap;
         size_t gi = si, go = so;
-        if (d->rank == 0) {
+        if (d->rank == root) {
             for (size_t k = 0; k < len;) {
                 size_t take = seg[gi].bytes - go < len - k ? seg[gi].bytes - go : len - k;
                 memcpy(stage + k, (unsigned char *)seg[gi].ptr + go, take);
@@ -126,12 +86,12 @@ static td_status ddp_broadcast_segments(td_ddp *d, const ddp_segment *seg, size_
                 while (gi < n_seg && seg[gi].bytes == 0) gi++;
             }
         }
-        s = td_comm_broadcast(d->comm, stage, len, TD_U8, 0);
+        s = td_comm_broadcast(d->comm, stage, len, TD_U8, root);
         if (s == TD_OK) {
             for (size_t k = 0; k < len;) {
                 while (si < n_seg && seg[si].bytes == 0) si++;
                 size_t take = seg[si].bytes - so < len - k ? seg[si].bytes - so : len - k;
-                if (d->rank != 0) memcpy((unsigned char *)seg[si].ptr + so, stage + k, take);
+                if (d->rank != root) memcpy((unsigned char *)seg[si].ptr + so, stage + k, take);
                 k += take;
                 so += take;
                 if (so == seg[si].bytes) si++, so = 0;
@@ -143,13 +103,13 @@ static td_status ddp_broadcast_segments(td_ddp *d, const ddp_segment *seg, size_
     return s;
 }
 
-static td_status ddp_broadcast_tensors(td_ddp *d, td_param *t, size_t n) {
+td_status td__ddp_broadcast_tensors(td_ddp *d, td_param *t, size_t n, int root) {
     if (n == 0 || d->size == 1) return TD_OK;
     ddp_segment *seg = calloc(n, sizeof *seg);
     if (!seg) return td__fail(TD_ENOMEM, "ddp rank %d: out of memory", d->rank);
     for (size_t i = 0; i < n; i++)
         seg[i] = (ddp_segment){t[i].data, t[i].count * td_dtype_size(t[i].dtype)};
-    td_status s = ddp_broadcast_segments(d, seg, n);
+    td_status s = ddp_broadcast_segments(d, seg, n, root);
     free(seg);
     return s;
 }
@@ -186,6 +146,24 @@ static const char *ddp_kind(int64_t kind) { return kind ? "buffer" : "parameter"
 
 /* Local checks whose failure every rank must learn about, or the others would wait. */
 static td_status ddp_check_local(td_ddp *d) {
+    if (d->opt.deterministic) {
+        size_t S = d->opt.shards, w = (size_t)d->size, L = S / w;
+        if (S == 0 || S % w != 0 || (w > 1 && (L & (L - 1)) != 0))
+            return td__fail(TD_EINVAL,
+                            "ddp rank %d: deterministic mode with %zu shards at world size %d: "
+                            "each rank must hold the same power of two of them (1, 2, 4, ...), so "
+                            "the world size must be 1 or %zu divided by a power of two",
+                            d->rank, S, d->size, S);
+        if (d->opt.join)
+            return td__fail(TD_EINVAL,
+                            "ddp rank %d: deterministic mode and join exclude each other: every "
+                            "rank holds S / world_size shards of every global batch",
+                            d->rank);
+        if (d->opt.comm_dtype != TD_F32)
+            return td__fail(TD_EINVAL,
+                            "ddp rank %d: deterministic mode sums f32 gradients; comm_dtype is %s",
+                            d->rank, td_dtype_name(d->opt.comm_dtype));
+    }
     for (size_t i = 0; i < d->n_params; i++) {
         const td_param *p = &d->params[i];
         if (!p->name)
@@ -194,6 +172,11 @@ static td_status ddp_check_local(td_ddp *d) {
             return td__fail(TD_EDTYPE,
                             "ddp rank %d: parameter '%s' is %s; DDP reduces f32, bf16 and f16 "
                             "gradients",
+                            d->rank, p->name, td_dtype_name(p->dtype));
+        if (d->opt.deterministic && p->dtype != TD_F32)
+            return td__fail(TD_EDTYPE,
+                            "ddp rank %d: parameter '%s' is %s; deterministic mode sums f32 "
+                            "gradients (mixed precision O2/O3 is not supported there)",
                             d->rank, p->name, td_dtype_name(p->dtype));
         if (!p->data && p->count)
             return td__fail(TD_EINVAL, "ddp rank %d: parameter '%s' has no data", d->rank, p->name);
@@ -207,6 +190,11 @@ static td_status ddp_check_local(td_ddp *d) {
             return td__fail(TD_EINVAL,
                             "ddp rank %d: buffer %zu (%s) has no name, no data or a bad dtype",
                             d->rank, i, b->name ? b->name : "unnamed");
+        if (d->opt.deterministic && b->dtype != TD_F32)
+            return td__fail(TD_EDTYPE,
+                            "ddp rank %d: buffer '%s' is %s; deterministic mode averages f32 "
+                            "buffers over shards",
+                            d->rank, b->name, td_dtype_name(b->dtype));
     }
     return TD_OK;
 }
@@ -226,31 +214,43 @@ static td_status ddp_check_registration(td_ddp *d) {
             ddp_sig_fill(&mine[i], &d->buffers[i - d->n_params], 1);
         hash = ddp_fnv(hash, &mine[i], sizeof mine[i]);
     }
-    int64_t summary[4] = {(int64_t)d->n_params, (int64_t)d->n_buffers, (int64_t)hash, local};
-    int64_t *all = calloc((size_t)d->size * 4, sizeof *all);
+    /* The options that change which collectives run must agree too. */
+    int64_t modes = (int64_t)(d->opt.deterministic ? d->opt.shards : 0) << 1 | (d->opt.join != 0);
+    int64_t summary[5] = {(int64_t)d->n_params, (int64_t)d->n_buffers, (int64_t)hash, local, modes};
+    int64_t *all = calloc((size_t)d->size * 5, sizeof *all);
     ddp_sig *theirs = NULL;
     ddp_diff *diffs = NULL;
-    td_status s = all ? td_comm_allgather(d->comm, summary, all, 4, TD_I64) : TD_ENOMEM;
+    td_status s = all ? td_comm_allgather(d->comm, summary, all, 5, TD_I64) : TD_ENOMEM;
     if (s != TD_OK) {
         if (s == TD_ENOMEM) td__fail(s, "ddp rank %d: out of memory", d->rank);
         goto done;
     }
+    if (local != TD_OK) {
+        s = td__fail(local, "%s", local_msg);
+        goto done;
+    }
     for (int r = 0; r < d->size; r++) {
-        if (all[r * 4 + 3] != 0) {
-            s = (td_status)all[r * 4 + 3];
-            if (r == d->rank)
-                td__fail(s, "%s", local_msg);
-            else
-                td__fail(s,
-                         "ddp rank %d: rank %d rejected its parameters (%s; its error names the "
-                         "problem)",
-                         d->rank, r, td_status_string(s));
+        if (all[r * 5 + 3] != 0) {
+            s = (td_status)all[r * 5 + 3];
+            td__fail(s,
+                     "ddp rank %d: rank %d rejected its parameters (%s; its error names the "
+                     "problem)",
+                     d->rank, r, td_status_string(s));
+            goto done;
+        }
+        if (all[r * 5 + 4] != modes) {
+            s = td__fail(TD_EINVAL,
+                         "ddp rank %d: rank %d created DDP with deterministic shards %lld and join "
+                         "%lld, this rank with %lld and %lld; every rank must pass the same",
+                         d->rank, r, (long long)(all[r * 5 + 4] >> 1),
+                         (long long)(all[r * 5 + 4] & 1), (long long)(modes >> 1),
+                         (long long)(modes & 1));
             goto done;
         }
     }
     /* Different counts: say so per kind, without comparing entries that do not correspond. */
     for (int r = 1; r < d->size; r++) {
-        const int64_t *x = &all[r * 4];
+        const int64_t *x = &all[r * 5];
         if (x[0] == all[0] && x[1] == all[1]) continue;
         s = td__fail(TD_ESHAPE,
                      "ddp rank %d: rank %d registered %lld parameter%s and %lld buffer%s, rank 0 "
@@ -262,7 +262,7 @@ static td_status ddp_check_registration(td_ddp *d) {
         goto done;
     }
     int same = 1;
-    for (int r = 1; r < d->size; r++) same &= all[r * 4 + 2] == all[2];
+    for (int r = 1; r < d->size; r++) same &= all[r * 5 + 2] == all[2];
     if (same) goto done;
 
     /* Names or shapes differ somewhere: each rank compares itself with rank 0's list and the
@@ -317,7 +317,7 @@ done:
 
 /* ---- buckets ----------------------------------------------------------------------- */
 
-static void ddp_free_buckets(ddp_bucket *b, size_t n) {
+void td__ddp_free_buckets(ddp_bucket *b, size_t n) {
     for (size_t k = 0; k < n; k++) free(b[k].members);
     free(b);
 }
@@ -336,9 +336,18 @@ static void ddp_fill_canary(void *p, td_dtype dt, size_t n) {
         memcpy((unsigned char *)p + i * es, es == 2 ? (void *)&half : (void *)&bits, es);
 }
 
-/* The first synchronised backward after gradients moved checks that nothing wrote to where
- * they were (a cached pointer), then releases old bucket memory. */
-static td_status ddp_check_moved(td_ddp *d) {
+void td__ddp_move_gradient(td_ddp *d, size_t i, void *dst) {
+    void *old = d->params[i].grad;
+    if (old) {
+        memcpy(dst, old, d->params[i].count * td_dtype_size(d->params[i].dtype));
+        ddp_fill_canary(old, d->params[i].dtype, d->params[i].count);
+    }
+    d->moved_from[i] = old;
+    d->params[i].grad = dst;
+    d->moved = 1;
+}
+
+td_status td__ddp_check_moved(td_ddp *d) {
     td_status s = TD_OK;
     if (!d->moved) return TD_OK;
     d->moved = 0;
@@ -364,9 +373,9 @@ static td_status ddp_check_moved(td_ddp *d) {
     return s;
 }
 
-/* Bytes of a bucket's (count + 1) elements of dtype, rounded up to 64. */
+/* Bytes of a bucket's (count + DDP_SLOTS) elements of dtype, rounded up to 64. */
 static size_t ddp_span(size_t count, td_dtype dt) {
-    return ((count + 1) * td_dtype_size(dt) + 63) / 64 * 64;
+    return ((count + DDP_SLOTS) * td_dtype_size(dt) + 63) / 64 * 64;
 }
 
 /* The dtype a bucket of `dt` travels in: comm_dtype for f32 gradients (half-width
@@ -375,13 +384,8 @@ static td_dtype ddp_wire_dtype(const td_ddp *d, td_dtype dt) {
     return dt == TD_F32 ? d->opt.comm_dtype : dt;
 }
 
-/* Lays the parameters out in `order` (first bucket first_bucket_bytes, then bucket_bytes; a
- * bucket closes once it reaches its cap or the next gradient has another dtype), copies the
- * current gradients in and re-points params[i].grad; what the gradients left holds NaN (see
- * ddp_check_moved). All buckets, and their half-width copies when gradients travel narrower,
- * live in one td_comm_alloc block, so this is collective: every rank builds at creation and at
- * the one rebuild, which every rank decides alike (from all-reduced counts). */
-static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
+td_status td__ddp_plan_buckets(td_ddp *d, const size_t *order, ddp_bucket **buckets,
+                               size_t *n_buckets, size_t **bucket_of_out, size_t **offset_of_out) {
     size_t n = d->n_params;
     size_t *bucket_of = malloc((n ? n : 1) * sizeof *bucket_of);
     size_t *offset_of = malloc((n ? n : 1) * sizeof *offset_of);
@@ -405,8 +409,39 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
             fill = 0;
         }
     }
-    size_t n_buckets = k, total = 0;
-    for (k = 0; k < n_buckets; k++) {
+    for (size_t m = 0; m < k; m++) {
+        nb[m].members = malloc(nb[m].n_members * sizeof(size_t));
+        if (!nb[m].members) goto oom;
+        nb[m].n_members = 0;
+    }
+    for (size_t j = 0; j < n; j++) {
+        ddp_bucket *b = &nb[bucket_of[order[j]]];
+        b->members[b->n_members++] = order[j];
+    }
+    for (size_t m = 0; m < k; m++) nb[m].pending = nb[m].n_members;
+    *buckets = nb;
+    *n_buckets = k;
+    *bucket_of_out = bucket_of;
+    *offset_of_out = offset_of;
+    return TD_OK;
+oom:
+    if (nb) td__ddp_free_buckets(nb, n);
+    free(bucket_of);
+    free(offset_of);
+    return td__fail(TD_ENOMEM, "ddp rank %d: out of memory laying out gradient buckets", d->rank);
+}
+
+/* Lays the parameters out in `order`, copies the current gradients in and re-points
+ * params[i].grad; what the gradients left holds NaN (see td__ddp_check_moved). All buckets, and
+ * their half-width copies when gradients travel narrower, live in one td_comm_alloc block, so
+ * this is collective: every rank builds at creation and at the one rebuild, which every rank
+ * decides alike (from all-reduced counts). */
+static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
+    ddp_bucket *nb;
+    size_t n_buckets, *bucket_of, *offset_of;
+    TD__TRY(td__ddp_plan_buckets(d, order, &nb, &n_buckets, &bucket_of, &offset_of));
+    size_t total = 0;
+    for (size_t k = 0; k < n_buckets; k++) {
         td_dtype wire = ddp_wire_dtype(d, nb[k].dtype);
         total += ddp_span(nb[k].count, nb[k].dtype);
         if (wire != nb[k].dtype) total += ddp_span(nb[k].count, wire);
@@ -415,14 +450,15 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
     if (n_buckets) {
         td_status s = td_comm_alloc(d->comm, total, &mem);
         if (s != TD_OK) {
-            ddp_free_buckets(nb, n);
+            td__ddp_free_buckets(nb, n_buckets);
             free(bucket_of);
             free(offset_of);
             return s;
         }
         memset(mem, 0, total);
     }
-    for (k = 0, total = 0; k < n_buckets; k++) {
+    total = 0;
+    for (size_t k = 0; k < n_buckets; k++) {
         td_dtype wire = ddp_wire_dtype(d, nb[k].dtype);
         nb[k].buf = (unsigned char *)mem + total;
         total += ddp_span(nb[k].count, nb[k].dtype);
@@ -430,30 +466,13 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
             nb[k].wire = (unsigned char *)mem + total;
             total += ddp_span(nb[k].count, wire);
         }
-        nb[k].members = malloc(nb[k].n_members * sizeof(size_t));
-        if (!nb[k].members) {
-            td_comm_free(d->comm, mem);
-            goto oom;
-        }
-        nb[k].n_members = 0;
     }
-    for (size_t j = 0; j < n; j++) {
-        size_t i = order[j];
+    for (size_t i = 0; i < d->n_params; i++) {
         ddp_bucket *b = &nb[bucket_of[i]];
-        b->members[b->n_members++] = i;
-        size_t bytes = d->params[i].count * td_dtype_size(b->dtype);
-        void *dst = (unsigned char *)b->buf + offset_of[i] * td_dtype_size(b->dtype);
-        void *old = d->params[i].grad;
-        if (old) {
-            memcpy(dst, old, bytes);
-            ddp_fill_canary(old, b->dtype, d->params[i].count);
-        }
-        d->moved_from[i] = old;
-        d->params[i].grad = dst;
+        td__ddp_move_gradient(d, i,
+                              (unsigned char *)b->buf + offset_of[i] * td_dtype_size(b->dtype));
     }
-    d->moved = 1;
-    for (k = 0; k < n_buckets; k++) nb[k].pending = nb[k].n_members;
-    ddp_free_buckets(d->buckets, d->n_buckets);
+    td__ddp_free_buckets(d->buckets, d->n_buckets);
     d->moved_mem = d->grad_mem; /* NULL at creation: the trainer's own memory stays its own */
     free(d->bucket_of);
     free(d->offset_of);
@@ -464,11 +483,6 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
     d->offset_of = offset_of;
     d->stats.n_buckets = n_buckets;
     return TD_OK;
-oom:
-    if (nb) ddp_free_buckets(nb, n);
-    free(bucket_of);
-    free(offset_of);
-    return td__fail(TD_ENOMEM, "ddp rank %d: out of memory laying out gradient buckets", d->rank);
 }
 
 /* ---- creation ---------------------------------------------------------------------- */
@@ -511,13 +525,14 @@ td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_
     for (size_t i = 0; i < n_params; i++) d->orig_grad[i] = params[i].grad;
 
     td_status s = ddp_check_registration(d);
-    if (s == TD_OK) s = ddp_broadcast_tensors(d, params, n_params);
-    if (s == TD_OK) s = ddp_broadcast_tensors(d, buffers, n_buffers);
+    if (s == TD_OK) s = td__ddp_broadcast_tensors(d, params, n_params, 0);
+    if (s == TD_OK) s = td__ddp_broadcast_tensors(d, buffers, n_buffers, 0);
     if (s == TD_OK) {
         /* Reverse registration order: the last layers' gradients are ready first. */
         for (size_t i = 0; i < n_params; i++) d->order[i] = n_params - 1 - i;
-        s = ddp_build_buckets(d, d->order);
+        s = d->opt.deterministic ? td__ddp_tree_create(d) : ddp_build_buckets(d, d->order);
     }
+    if (s == TD_OK && d->opt.join) s = td__ddp_join_create(d);
     if (s != TD_OK) {
         char msg[768];
         snprintf(msg, sizeof msg, "%s", td_last_error());
@@ -537,7 +552,7 @@ static void ddp_done(td_ddp *d, size_t k, td_status s) {
     ddp_bucket *b = &d->buckets[k];
     b->req = NULL;
     if (b->wire && s == TD_OK)
-        td__convert(b->buf, b->dtype, b->wire, d->opt.comm_dtype, b->count + 1);
+        td__convert(b->buf, b->dtype, b->wire, d->opt.comm_dtype, b->count + DDP_SLOTS);
     if (d->opt.trace) {
         char name[80];
         snprintf(name, sizeof name, "allreduce bucket %zu (%zu bytes %s)", k,
@@ -546,26 +561,32 @@ static void ddp_done(td_ddp *d, size_t k, td_status s) {
         (void)td_trace_span_on(d->opt.trace, name, "ddp", DDP_TRACE_TID_BASE + (int)k, b->t_launch,
                                td_time_ns());
     }
-    ddp_note_error(d, s);
+    td__ddp_note_error(d, s);
 }
 
 static void ddp_launch(td_ddp *d, size_t k, float unready) {
     ddp_bucket *b = &d->buckets[k];
+    /* Uneven inputs: this rank's share of the step's samples weights its gradients and loss. */
+    float weight = d->join && !d->join->uniform ? d->join->weight : 1.0f;
+    if (weight != 1.0f)
+        for (size_t e = 0; e < b->count; e++)
+            td__store(b->buf, b->dtype, e, td__load(b->buf, b->dtype, e) * weight);
     td__store(b->buf, b->dtype, b->count, unready);
+    td__store(b->buf, b->dtype, b->count + 1, k + 1 == d->n_buckets ? d->loss * weight : 0.0f);
     b->t_launch = td_time_ns();
     /* Half-width communication: the bucket travels narrow and the reduction adds in f32. */
     void *data = b->buf;
     if (b->wire) {
-        td__convert(b->wire, d->opt.comm_dtype, b->buf, b->dtype, b->count + 1);
+        td__convert(b->wire, d->opt.comm_dtype, b->buf, b->dtype, b->count + DDP_SLOTS);
         data = b->wire;
     }
     /* AVG divides inside the reduction, so averaging costs no extra pass over the gradients. */
     td_reduce_op op = d->opt.average ? TD_OP_AVG : TD_OP_SUM;
-    td_status s = td_comm_iallreduce(d->comm, data, data, b->count + 1, ddp_wire_dtype(d, b->dtype),
-                                     op, &b->req);
+    td_status s = td_comm_iallreduce(d->comm, data, data, b->count + DDP_SLOTS,
+                                     ddp_wire_dtype(d, b->dtype), op, &b->req);
     if (s != TD_OK) {
         b->req = NULL;
-        ddp_note_error(d, s);
+        td__ddp_note_error(d, s);
     }
 }
 
@@ -618,6 +639,10 @@ td_status td_ddp_grad_ready(td_ddp *d, size_t i) {
             d->rank, d->params[i].name, i);
     d->ready[i] = 1;
     d->n_ready++;
+    if (d->tree) {
+        td__ddp_note_error(d, td__ddp_tree_grad_ready(d, i));
+        return d->err != TD_OK ? td__fail(d->err, "%s", d->err_msg) : TD_OK;
+    }
     if (d->opt.rebuild_buckets && d->stats.rebuilds == 0) d->order[d->n_order++] = i;
     d->buckets[d->bucket_of[i]].pending--;
     /* Launch strictly in bucket order: a complete bucket waits for the ones before it, so
@@ -632,7 +657,7 @@ td_status td_ddp_grad_ready(td_ddp *d, size_t i) {
 }
 
 void td_ddp_grad_ready_hook(size_t param_index, void *ddp) {
-    if (ddp) ddp_note_error(ddp, td_ddp_grad_ready(ddp, param_index));
+    if (ddp) td__ddp_note_error(ddp, td_ddp_grad_ready(ddp, param_index));
 }
 
 static td_status ddp_rebuild(td_ddp *d) {
@@ -680,6 +705,7 @@ td_status td_ddp_finish_backward(td_ddp *d) {
                         "ddp rank %d: td_ddp_finish_backward without a backward since the last "
                         "one (call td_ddp_prepare_forward, run backward, then finish once)",
                         d->rank);
+    if (d->tree) return td__ddp_tree_finish(d);
     if (!d->sync) {
         d->open = 0;
         return TD_OK;
@@ -699,7 +725,7 @@ td_status td_ddp_finish_backward(td_ddp *d) {
         ddp_launch(d, k, k + 1 == d->n_buckets ? (float)n_unready : 0.0f);
     }
     ddp_wait_all(d);
-    if (d->err == TD_OK) ddp_note_error(d, ddp_check_moved(d));
+    if (d->err == TD_OK) td__ddp_note_error(d, td__ddp_check_moved(d));
     if (d->err != TD_OK) {
         td_status s = d->err;
         char msg[768];
@@ -712,6 +738,7 @@ td_status td_ddp_finish_backward(td_ddp *d) {
     const ddp_bucket *last = d->n_buckets ? &d->buckets[d->n_buckets - 1] : NULL;
     double unready_all = last ? td__load(last->buf, last->dtype, last->count) : 0;
     if (d->opt.average) unready_all *= d->size;
+    d->loss_all = last ? td__load(last->buf, last->dtype, last->count + 1) : 0.0f;
     d->stats.sync_steps++;
     td_status s = TD_OK;
     if (unready_all > 0.5 && !d->opt.find_unused_parameters) {
@@ -761,13 +788,24 @@ td_status td_ddp_prepare_forward(td_ddp *d) {
             TD_ESTATE,
             "ddp rank %d: the previous backward was not ended with td_ddp_finish_backward",
             d->rank);
+    if (d->tree) return td__ddp_tree_prepare(d);
     d->open = 1;
-    if (!d->sync || !d->opt.broadcast_buffers) return TD_OK;
-    return ddp_broadcast_tensors(d, d->buffers, d->n_buffers);
+    if (!d->sync) return TD_OK;
+    int root = 0;
+    if (d->join) {
+        TD__TRY(td__ddp_join_prepare(d, d->join->samples));
+        root = d->join->authority;
+    }
+    if (!d->opt.broadcast_buffers) return TD_OK;
+    return td__ddp_broadcast_tensors(d, d->buffers, d->n_buffers, root);
 }
 
 void td_ddp_zero_grad(td_ddp *d) {
     if (!d) return;
+    if (d->tree) {
+        td__ddp_tree_zero_grad(d);
+        return;
+    }
     for (size_t k = 0; k < d->n_buckets; k++)
         memset(d->buckets[k].buf, 0, d->buckets[k].count * td_dtype_size(d->buckets[k].dtype));
 }
@@ -777,8 +815,24 @@ td_status td_ddp_set_sync(td_ddp *d, int sync) {
     if (d->sync && (d->n_ready > 0 || d->next_bucket > 0))
         return td__fail(TD_ESTATE, "ddp rank %d: td_ddp_set_sync in the middle of a backward",
                         d->rank);
+    if (d->tree && !sync)
+        return td__fail(TD_EUNSUPPORTED,
+                        "ddp rank %d: no_sync in deterministic mode: its shards already are the "
+                        "accumulated micro-batches; make the global batch larger instead",
+                        d->rank);
     d->sync = sync != 0;
     return TD_OK;
+}
+
+void td_ddp_set_loss(td_ddp *d, float loss) {
+    if (d) d->loss = loss;
+}
+
+float td_ddp_loss(const td_ddp *d) { return d ? d->loss_all : 0.0f; }
+
+void td_ddp_shards(const td_ddp *d, size_t *first, size_t *count) {
+    *first = d && d->tree ? (size_t)d->rank * d->tree->local : 0;
+    *count = d && d->tree ? d->tree->local : 1;
 }
 
 td_ddp_stats td_ddp_get_stats(const td_ddp *d) {
@@ -797,6 +851,7 @@ void td_ddp_destroy(td_ddp *d) {
     if (!d) return;
     if (d->buckets) {
         ddp_wait_all(d);
+        td__ddp_tree_wait(d);
         for (size_t i = 0; i < d->n_params; i++) {
             void *orig = d->orig_grad[i];
             if (orig && d->params[i].grad)
@@ -805,7 +860,9 @@ void td_ddp_destroy(td_ddp *d) {
             d->params[i].grad = orig;
         }
     }
-    ddp_free_buckets(d->buckets, d->n_buckets);
+    td__ddp_tree_destroy(d);
+    td__ddp_join_destroy(d);
+    td__ddp_free_buckets(d->buckets, d->n_buckets);
     td_comm_free(d->comm, d->grad_mem);
     td_comm_free(d->comm, d->moved_mem);
     free(d->moved_from);

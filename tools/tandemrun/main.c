@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "launch/launch_impl.h"
 #include "tandemrun.h"
 
 static const char usage_text[] =
@@ -41,10 +42,15 @@ static const char usage_text[] =
     "                       torchrun's --rdzv-id works too)\n"
     "  --rdzv-timeout S     seconds the nodes wait for each other (default 300)\n"
     "  --standalone, --no-python  accepted for torchrun users\n"
+    "  --max-restarts K     when a rank fails, stop the others and start the job again,\n"
+    "                       up to K times (the program resumes from its checkpoint; one node)\n"
+    "  --restart-nproc-per-node N|left  ranks of a restart (default: as before; 'left':\n"
+    "                       one fewer, without the rank that failed)\n"
     "\n"
     "Options also take torchrun's forms: --nproc_per_node=4, --master_port 29500.\n"
     "When a rank fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
-    "tandemrun exits with the failed rank's status (128 + signal when it was killed).\n";
+    "tandemrun exits with the failed rank's status (128 + signal when it was killed), or\n"
+    "restarts the job while --max-restarts allows.\n";
 
 static int usage_error(const char *fmt, const char *arg) {
     fputs("tandemrun: ", stderr);
@@ -195,6 +201,23 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
             if (!parse_seconds(value, &o->grace_s))
                 return usage_error("--grace-period must be a positive number of seconds, got '%s'",
                                    value);
+        } else if (strcmp(name, "max-restarts") == 0) {
+            TAKES_VALUE();
+            long v;
+            if (!parse_int(value, 0, 1000000, &v))
+                return usage_error("--max-restarts must be a count from 0, got '%s'", value);
+            o->max_restarts = (int)v;
+        } else if (strcmp(name, "restart-nproc-per-node") == 0) {
+            TAKES_VALUE();
+            long v;
+            if (strcmp(value, "left") == 0)
+                o->restart_nproc = -1;
+            else if (parse_int(value, 1, TR_MAX_RANKS, &v))
+                o->restart_nproc = (int)v;
+            else
+                return usage_error("--restart-nproc-per-node must be 'left' or an integer from 1 "
+                                   "to 1024, got '%s'",
+                                   value);
         } else if (strcmp(name, "log-dir") == 0) {
             TAKES_VALUE();
             o->log_dir = value;
@@ -271,6 +294,10 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
                                "docs/multihost.md)%s",
                                "");
         if (!o->master_port) o->master_port = 29500; /* torchrun's default: nodes must agree */
+        if (o->max_restarts)
+            return usage_error("--max-restarts restarts the ranks of one node; a job on several "
+                               "hosts (--nnodes > 1) cannot restart yet%s",
+                               "");
     }
     if (i >= argc) return usage_error("no program to run%s", "");
     char *path = resolve_program(argv[i]);
@@ -285,7 +312,21 @@ int main(int argc, char **argv) {
     int rc = tr_parse_args(argc, argv, &opts);
     if (rc == 1) return 0;
     if (rc != 0) return rc;
-    rc = tr_run_job(&opts);
+    if (opts.have_devices && opts.restart_nproc) {
+        fprintf(stderr, "tandemrun: --restart-nproc-per-node cannot change the world size with "
+                        "--devices (one device per rank)\n");
+        return 2;
+    }
+    td__restart restart = {opts.max_restarts, 0, opts.restart_nproc};
+    for (;;) {
+        int failed, next;
+        rc = tr_run_job(&opts, &failed);
+        if (tr_interrupted() || !td__restart_next(&restart, failed, opts.nproc, &next)) break;
+        fprintf(stderr, "tandemrun: restart %d of %d after rank %d failed: starting %d rank%s\n",
+                restart.done, restart.max_restarts, failed, next, next == 1 ? "" : "s");
+        opts.nproc = next;
+        opts.attempt = restart.done;
+    }
     free((char *)opts.program);
     return rc;
 }

@@ -9,7 +9,8 @@
  * grace period, SIGKILL. The final report names a rank that is stopped (SIGSTOP) as the one
  * the others waited for. In a job across hosts (--nnodes) the nodes meet first (rendezvous.c),
  * ranks are numbered node by node, the first failure on any node ends the job on every node,
- * and reports name the host. It does not restart ranks (no elastic training). */
+ * and reports name the host. It runs one start of the job:
+ * restarts after a failure are main.c's loop around it, on one node. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -26,12 +27,16 @@
 #include "tandemrun.h"
 
 static int self_pipe[2] = {-1, -1};
+static volatile sig_atomic_t interrupted; /* SIGINT, SIGTERM or SIGHUP reached the launcher */
+
+int tr_interrupted(void) { return interrupted != 0; }
 
 /* A byte on the self-pipe that is no signal: the watcher learned the job's end. */
 #define WAKE_END 0
 
 static void on_signal(int sig) {
     int saved = errno;
+    if (sig != SIGCHLD) interrupted = 1;
     unsigned char b = (unsigned char)sig;
     ssize_t unused = write(self_pipe[1], &b, 1); /* full pipe: a wake-up is already queued */
     (void)unused;
@@ -67,6 +72,9 @@ static void exec_rank(const tr_options *o, const td__rank_env *env, int out_w, i
     sched_setaffinity(0, sizeof *cpus, cpus);
 
     td__rank_env_apply(env, CPU_COUNT(cpus));
+    char attempt[16];
+    snprintf(attempt, sizeof attempt, "%d", o->attempt);
+    setenv("TANDEM_RESTART_COUNT", attempt, 1); /* torchrun's TORCHELASTIC_RESTART_COUNT */
     if (o->have_devices) {
         char dev[16];
         snprintf(dev, sizeof dev, "%d", o->devices[env->local_rank]);
@@ -180,7 +188,8 @@ static int open_pipe(int p[2]) {
     return 0;
 }
 
-int tr_run_job(const tr_options *o) {
+int tr_run_job(const tr_options *o, int *failed_rank) {
+    *failed_rank = -1;
     char token[33];
     if (o->nnodes > 1) {
         snprintf(token, sizeof token, "%s", o->token); /* (only for the env; the store takes o's) */
@@ -253,7 +262,9 @@ int tr_run_job(const tr_options *o) {
         if (o->tee) {
             char path[4096];
             snprintf(path, sizeof path, "%s/rank_%d.log", o->log_dir, rank0 + r);
-            rk->log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+            /* a restart adds to what the earlier starts wrote */
+            rk->log_fd = open(
+                path, O_WRONLY | O_CREAT | O_CLOEXEC | (o->attempt ? O_APPEND : O_TRUNC), 0666);
             if (rk->log_fd < 0)
                 fprintf(stderr, "tandemrun: cannot write '%s': %s\n", path, strerror(errno));
         }
@@ -391,6 +402,7 @@ int tr_run_job(const tr_options *o) {
         }
         if (ranks[r].log_fd >= 0) close(ranks[r].log_fd);
     }
+    if (j.first_failed >= 0) *failed_rank = procs[j.first_failed].rank;
     free(fds);
     free(owners);
     free(owner_ranks);
@@ -399,5 +411,8 @@ int tr_run_job(const tr_options *o) {
     if (z) settle(&j, z, &claim, 1);
     int rc = j.exit_code < 0 ? 0 : j.exit_code;
     if (z) tr_rdzv_leave(z, rc == 0);
+    close(self_pipe[0]);
+    close(self_pipe[1]);
+    self_pipe[0] = self_pipe[1] = -1;
     return rc;
 }

@@ -32,6 +32,9 @@ typedef struct {
     double rdzv_timeout_s; /* how long the nodes wait for each other */
     const char *program; /* resolved path of the program */
     char **argv;         /* program's argv (argv[0] as the user wrote it) */
+    int max_restarts;    /* starts after a rank failed (torchrun's --max-restarts) */
+    int restart_nproc;   /* ranks of a restart: 0 as before, -1 the ones left, or a count */
+    int attempt;         /* 0 for the first start, then the restart's number */
 } tr_options;
 
 /* One captured output stream of a rank (stdout or stderr). */
@@ -87,8 +90,12 @@ void tr_rdzv_leave(tr_rdzv *z, int ok);
 int tr_parse_args(int argc, char **argv, tr_options *opts);
 
 /* Launches every rank, relays output and supervises them until all are gone; returns the
- * launcher's exit status. */
-int tr_run_job(const tr_options *opts);
+ * launcher's exit status and in *failed_rank the rank whose failure stopped the job (-1 when
+ * none did: it finished, or the launcher was interrupted or timed out). */
+int tr_run_job(const tr_options *opts, int *failed_rank);
+
+/* 1 once SIGINT, SIGTERM or SIGHUP reached the launcher (then no restart follows). */
+int tr_interrupted(void);
 
 /* Appends bytes read from a rank's stream and writes out every complete line (prefixed). */
 void tr_relay_bytes(tr_rank *rank, tr_stream *s, const char *data, size_t n, int prefix);
