@@ -8,17 +8,16 @@ Prints one JSON line: {"model", "world", "samples_per_s", "windows"}.
 Run with Debian's interpreter: /usr/bin/python3 bench/train_torch.py --model net --world 2
 """
 import argparse
-import gzip
 import json
-import os
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+
+from torch_peer import load_images, run_ranks
 
 
 class Net(nn.Module):
@@ -55,15 +54,6 @@ def cnn():
 
 
 MODELS = {"net": Net, "mlp": mlp, "cnn": cnn}
-
-
-def load_images(n):
-    path = os.path.join(os.environ.get("TD_FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist"),
-                        "train-images-idx3-ubyte.gz")
-    with gzip.open(path) as f:
-        raw = f.read(16 + n * 784)[16:]
-    x = torch.frombuffer(bytearray(raw), dtype=torch.uint8).float().div_(255)
-    return ((x - 0.2860) / 0.3530).view(n, 1, 28, 28)
 
 
 def run(rank, args, result):
@@ -104,13 +94,6 @@ def run(rank, args, result):
         dist.destroy_process_group()
 
 
-def worker(rank, args, queue):
-    result = {}
-    run(rank, args, result)
-    if rank == 0:
-        queue.put(result)
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=sorted(MODELS), required=True)
@@ -121,16 +104,7 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--autocast", choices=["none", "bf16"], default="none")
     args = p.parse_args()
-    if args.world == 1:
-        result = {}
-        run(0, args, result)
-    else:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
-        ctx = mp.get_context("spawn")
-        queue = ctx.SimpleQueue()
-        mp.spawn(worker, args=(args, queue), nprocs=args.world)
-        result = queue.get()
+    result = run_ranks(run, args)
     print(json.dumps(result), flush=True)
 
 
