@@ -1,10 +1,13 @@
 """What the benchmarks' PyTorch peers share: Fashion-MNIST training images normalised as the C
-benchmarks read them, and running a peer's rank function on --world processes (mp.spawn,
-rendezvous through MASTER_ADDR/MASTER_PORT) to get rank 0's result."""
+benchmarks read them, timing a training step in windows, and running a peer's rank function
+on --world processes (mp.spawn, rendezvous through MASTER_ADDR/MASTER_PORT) to get rank 0's
+result."""
 import gzip
 import os
+import time
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
@@ -15,6 +18,22 @@ def load_images(n):
         raw = f.read(16 + n * 784)[16:]
     x = torch.frombuffer(bytearray(raw), dtype=torch.uint8).float().div_(255)
     return ((x - 0.2860) / 0.3530).view(n, 1, 28, 28)
+
+
+def time_windows(step, args):
+    """args.warmup steps, then args.windows windows of args.iters steps, the ranks meeting at a
+    barrier before each; returns each window's rate in samples per second over args.batch."""
+    for _ in range(args.warmup):
+        step()
+    windows = []
+    for _ in range(args.windows):
+        if args.world > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
+            step()
+        windows.append(args.batch * args.iters / (time.perf_counter() - t0))
+    return windows
 
 
 def _worker(rank, run, args, queue):

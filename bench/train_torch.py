@@ -10,14 +10,13 @@ Run with Debian's interpreter: /usr/bin/python3 bench/train_torch.py --model net
 import argparse
 import json
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torch_peer import load_images, run_ranks
+from torch_peer import load_images, run_ranks, time_windows
 
 
 class Net(nn.Module):
@@ -77,16 +76,7 @@ def run(rank, args, result):
         loss.backward()
         opt.step()
 
-    for _ in range(args.warmup):
-        step()
-    windows = []
-    for _ in range(args.windows):
-        if args.world > 1:
-            dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            step()
-        windows.append(args.batch * args.iters / (time.perf_counter() - t0))
+    windows = time_windows(step, args)
     if rank == 0:
         result.update(model=args.model, world=args.world, samples_per_s=statistics.median(windows),
                       windows=windows)

@@ -27,16 +27,7 @@
 
 #include "tandem/tandem.h"
 
-#include "pipeline.h"
-
-#define CHECK(call)                                                                    \
-    do {                                                                               \
-        td_status s_ = (call);                                                         \
-        if (s_ != TD_OK) {                                                             \
-            fprintf(stderr, "mnist: %s: %s\n", td_status_string(s_), td_last_error()); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
+#include "mnist.h"
 
 typedef struct {
     td_model_kind model;
@@ -169,10 +160,7 @@ static options parse(int argc, char **argv) {
                         "weights and gradients) and no --comm-dtype (docs/reproducibility.md)\n");
         exit(2);
     }
-    /* The seeds' SGD for their Net; the others train faster with more momentum (and the
-     * ResNet, with batch norm after every convolution, with a larger step). */
-    if (o.lr < 0) o.lr = o.model == TD_MODEL_MLP ? 0.05 : o.model == TD_MODEL_RESNET ? 0.1 : 0.01;
-    if (o.momentum < 0) o.momentum = o.model == TD_MODEL_NET ? 0.5 : 0.9;
+    mnist_sgd_defaults(o.model, &o.lr, &o.momentum);
     if (o.cosine < 0) o.cosine = o.model != TD_MODEL_NET;
     /* f16's range needs loss scaling (apex); bf16 has f32's range and does without. */
     if (o.loss_scale == -2) o.loss_scale = o.amp != TD_AMP_O0 && o.amp_dtype == TD_F16 ? 0 : -1;

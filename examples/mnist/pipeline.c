@@ -11,7 +11,7 @@
  * the pipeline, batch by batch. With --trace PREFIX every rank writes PREFIX.rank<r>.json, a
  * Chrome trace of its forwards, backwards, transfers and optimizer steps. Checkpoints are not
  * written in this mode. */
-#include "pipeline.h"
+#include "mnist.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,15 +19,6 @@
 #include <unistd.h>
 
 #include "tandem/tandem.h"
-
-#define CHECK(call)                                                                    \
-    do {                                                                               \
-        td_status s_ = (call);                                                         \
-        if (s_ != TD_OK) {                                                             \
-            fprintf(stderr, "mnist: %s: %s\n", td_status_string(s_), td_last_error()); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
 
 typedef struct {
     td_model_kind model;
@@ -99,9 +90,7 @@ static pp_options parse(int argc, char **argv) {
         i++;
     }
     if (o.epochs < 1 || o.batch < 1 || o.stages < 1 || o.micro < 1) usage();
-    /* The data-parallel mode's defaults, so that both train the same way. */
-    if (o.lr < 0) o.lr = o.model == TD_MODEL_MLP ? 0.05 : o.model == TD_MODEL_RESNET ? 0.1 : 0.01;
-    if (o.momentum < 0) o.momentum = o.model == TD_MODEL_NET ? 0.5 : 0.9;
+    mnist_sgd_defaults(o.model, &o.lr, &o.momentum); /* both modes train the same way */
     return o;
 }
 
