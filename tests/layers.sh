@@ -5,7 +5,8 @@
 # (only src/graph/build.c, the public op builders, does). Prints one line per violation and a
 # closing "P passed, F failed" line like the test programs. Collective ops (all-gather,
 # SyncBatchNorm) are graph ops that call comm/ (ARCHITECTURE.md), so ops and graph may use
-# process groups, through the public tandem/comm.h only, never comm's internals.
+# process groups, through the public tandem/comm.h only, never comm's internals. oneDNN stays
+# inside the CPU backend's files.
 cd "$(dirname "$0")/.."
 # Which layer a public header belongs to.
 layer_of_public() {
@@ -68,6 +69,19 @@ for f in src/graph/*.c; do
     if grep -n 'td__op_[a-z]' "$f" | grep -v 'td__op_ctx\|td__op_attr\|td__op_alloc' >/dev/null; then
         echo "layers: $f names a particular op (only build.c may):"
         grep -n 'td__op_[a-z]' "$f" | grep -v 'td__op_ctx\|td__op_attr\|td__op_alloc' | sed 's/^/    /'
+        bad=$((bad + 1))
+    fi
+done
+# oneDNN is the CPU backend's business (src/ops/backend.h): the tensor, the op contract and
+# everything above the ops name no oneDNN header or type.
+for f in $(find src -name '*.[ch]' | sort); do
+    case "$f" in
+    src/ops/op.h | src/ops/op.c | src/ops/backend.h) ;;
+    src/ops/*) continue ;;
+    esac
+    if grep -n '<dnnl\|dnnl_\|ops/onednn.h' "$f" >/dev/null; then
+        echo "layers: $f names oneDNN (only the CPU backend's files in src/ops may):"
+        grep -n '<dnnl\|dnnl_\|ops/onednn.h' "$f" | sed 's/^/    /'
         bad=$((bad + 1))
     fi
 done

@@ -62,7 +62,7 @@ static td_status param_to(td_graph *g, td_tensor *t, td_dtype dtype) {
     t->own = t->data = own;
     t->dtype = dtype;
     t->bytes = bytes;
-    td__md_plain(&t->md, &t->shape, dtype);
+    TD__TRY(g->ctx.backend->describe(&g->ctx, t));
     g->params[t->index].data = own;
     g->params[t->index].dtype = dtype;
     return TD_OK;
@@ -79,8 +79,9 @@ td_status td__autocast(td_graph *g, const td__op *op, const char *what, td_tenso
                        : op->precision == TD__PREC_LOW && amp->level >= TD_AMP_O1 ? low
                                                                                   : follow(&probe);
     *back = TD_DTYPE_COUNT; /* no cast after the node */
-    if (compute != TD_F32 && op->supports &&
-        (amp->emulate || !op->supports(&probe, compute, &g->ctx))) {
+    const td__kernels *k = td__kernels_of(&g->ctx, op);
+    if (compute != TD_F32 && k->supports &&
+        (amp->emulate || !k->supports(&probe, compute, &g->ctx))) {
         *back = compute; /* computes in f32, hands on the low dtype */
         compute = TD_F32;
     }

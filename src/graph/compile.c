@@ -6,7 +6,7 @@
 
 #include "graph/graph_impl.h"
 
-/* A tensor may stay in a oneDNN-chosen layout only when every consumer copes. */
+/* A tensor may stay in a backend-chosen layout only when every consumer copes. */
 void td__graph_plan_layouts(td_graph *g) {
     for (int i = 0; i < g->ntensors; i++) {
         td_tensor *t = g->tensors[i];
@@ -23,12 +23,13 @@ void td__graph_plan_layouts(td_graph *g) {
 td_status td__graph_make_primitives(td_graph *g) {
     for (int k = 0; k < g->nnodes; k++) {
         td__node *n = g->nodes[k];
-        if (n->op->compile) TD__TRY(n->op->compile(&g->ctx, n));
+        const td__kernels *k = td__kernels_of(&g->ctx, n->op);
+        if (k->compile) TD__TRY(k->compile(&g->ctx, n));
     }
     return TD_OK;
 }
 
-/* Storage of the tensor size its md gives, zeroed (blocked layouts rely on zero padding). */
+/* Storage of the size the tensor's layout needs, zeroed (blocked layouts rely on zero padding). */
 static void *zeroed(td_graph *g, size_t bytes) {
     void *p = td_arena_alloc(g->ctx.arena, bytes);
     if (p) memset(p, 0, bytes);
@@ -39,7 +40,7 @@ td_status td__graph_allocate(td_graph *g) {
     size_t scratch = 64;
     for (int i = 0; i < g->ntensors; i++) {
         td_tensor *t = g->tensors[i];
-        if (t->kind == TD__ACT) t->bytes = dnnl_memory_desc_get_size(&t->md);
+        if (t->kind == TD__ACT) t->bytes = g->ctx.backend->storage_bytes(t);
         if (!g->opt.grad_enabled && t->kind == TD__ACT) {
             t->requires_grad = 0;
             continue; /* td__plan_inference_memory below */

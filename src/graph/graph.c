@@ -36,23 +36,20 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
                         "dtypes bf16 or f16)",
                         (int)a.level, td_dtype_name(a.dtype));
     }
-    /* oneDNN computes bf16 itself with AVX512_BF16 (or AMX); elsewhere it runs slowly or not. */
-    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    g->ctx.bf16_native = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
     td_rng_init(&g->rng, g->opt.seed);
     g->ctx.training = 1;
     g->ctx.conv_winograd = g->opt.conv_winograd;
     g->ctx.rng = &g->rng;
     g->ctx.comm = g->opt.comm;
     g->ctx.params_ready = params_ready;
-    if (dnnl_engine_create(&g->ctx.engine, dnnl_cpu, 0) != dnnl_success ||
-        dnnl_stream_create(&g->ctx.stream, g->ctx.engine, dnnl_stream_default_flags) !=
-            dnnl_success) {
+    g->ctx.backend = &td__backend_cpu;
+    td_status s = g->ctx.backend->init(&g->ctx, "td_graph_create");
+    if (s != TD_OK) {
         td_graph_destroy(g);
-        return td__fail(TD_EBACKEND, "td_graph_create: cannot create the oneDNN cpu engine");
+        return s;
     }
-    td_status s = td_arena_create(&g->ctx.arena, g->opt.arena_block_bytes ? g->opt.arena_block_bytes
-                                                                          : (size_t)8 << 20);
+    s = td_arena_create(&g->ctx.arena,
+                        g->opt.arena_block_bytes ? g->opt.arena_block_bytes : (size_t)8 << 20);
     if (s != TD_OK) {
         td_graph_destroy(g);
         return s;
@@ -65,7 +62,8 @@ void td_graph_destroy(td_graph *g) {
     if (!g) return;
     for (int i = 0; i < g->nnodes; i++) {
         td__node *n = g->nodes[i];
-        if (n->op->destroy) n->op->destroy(n);
+        const td__kernels *k = td__kernels_of(&g->ctx, n->op);
+        if (k->destroy) k->destroy(n);
         free(n);
     }
     for (int i = 0; i < g->ntensors; i++) {
@@ -82,8 +80,7 @@ void td_graph_destroy(td_graph *g) {
     free(g->casts);
     free(g->fired);
     td_arena_destroy(g->ctx.arena);
-    if (g->ctx.stream) dnnl_stream_destroy(g->ctx.stream);
-    if (g->ctx.engine) dnnl_engine_destroy(g->ctx.engine);
+    if (g->ctx.backend) g->ctx.backend->destroy(&g->ctx);
     free(g);
 }
 
@@ -130,8 +127,12 @@ static td_status tensor_new(td_graph *g, const char *name, td_shape shape, td_dt
     t->kind = kind;
     t->producer = -1;
     t->grad_zero = 1;
-    td__md_plain(&t->md, &shape, dtype);
     t->bytes = (size_t)td_shape_numel(&shape) * td_dtype_size(dtype);
+    td_status ds = g->ctx.backend->describe(&g->ctx, t);
+    if (ds != TD_OK) {
+        free(t);
+        return ds;
+    }
     if (kind != TD__ACT) {
         size_t alloc = (t->bytes + 63) & ~(size_t)63;
         t->own = aligned_alloc(64, alloc);
@@ -294,7 +295,10 @@ td_status td_graph_forward(td_graph *g) {
     if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_forward: call td_graph_compile first");
     td__graph_sync_storage(g);
     g->ctx.rng_sample_offset = 0;
-    for (int k = 0; k < g->nnodes; k++) TD__TRY(g->nodes[k]->op->forward(&g->ctx, g->nodes[k]));
+    for (int k = 0; k < g->nnodes; k++) {
+        td__node *n = g->nodes[k];
+        TD__TRY(td__kernels_of(&g->ctx, n->op)->forward(&g->ctx, n));
+    }
     return TD_OK;
 }
 
@@ -342,14 +346,8 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
         if (g->tensors[i]->kind == TD__ACT) g->tensors[i]->grad_zero = 1;
     void *d = td__grad_begin(&g->ctx, y, 0);
     size_t numel = (size_t)td_shape_numel(&y->shape);
-    if (y->blocked) { /* f32 plain -> y's dtype and layout in one reorder */
-        td__reorder r;
-        dnnl_memory_desc_t plain;
-        td__md_plain(&plain, &y->shape, TD_F32);
-        TD__TRY(td__reorder_init(&g->ctx, &r, &plain, &y->md));
-        td_status s = td__reorder_run(&g->ctx, &r, dy, d);
-        td__reorder_free(&r);
-        TD__TRY(s);
+    if (y->blocked) { /* f32 plain -> y's dtype and layout in one copy */
+        TD__TRY(g->ctx.backend->copy_plain(&g->ctx, y, dy, d, TD_F32, 0));
     } else {
         td__convert(d, y->dtype, dy, TD_F32, numel);
     }
@@ -357,7 +355,8 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     memset(g->fired, 0, (size_t)g->nparams);
     for (int k = g->nnodes - 1; k >= 0; k--) {
         td__node *n = g->nodes[k];
-        if (n->out->requires_grad && !n->out->grad_zero) TD__TRY(n->op->backward(&g->ctx, n));
+        if (n->out->requires_grad && !n->out->grad_zero)
+            TD__TRY(td__kernels_of(&g->ctx, n->op)->backward(&g->ctx, n));
         params_ready(&g->ctx, n, 0);
     }
     for (int i = 0; i < g->nparams; i++)
@@ -405,9 +404,10 @@ td_status td_graph_set_rng_key(td_graph *g, uint64_t step, uint64_t first_sample
     /* The sub-stream holds the step in its upper and the sample in its lower 32 bits (dropout
      * checks first_sample + n). */
     if (step >> 32 || first_sample >> 32)
-        return td__fail(TD_EINVAL,
-                        "td_graph_set_rng_key: step %llu, first sample %llu; both must be below 2^32",
-                        (unsigned long long)step, (unsigned long long)first_sample);
+        return td__fail(
+            TD_EINVAL,
+            "td_graph_set_rng_key: step %llu, first sample %llu; both must be below 2^32",
+            (unsigned long long)step, (unsigned long long)first_sample);
     g->ctx.rng_by_sample = 1;
     g->ctx.rng_step = step;
     g->ctx.rng_first_sample = first_sample;

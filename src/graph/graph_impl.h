@@ -7,7 +7,7 @@
 
 #include "tandem/graph.h"
 
-#include "ops/onednn.h"
+#include "ops/backend.h"
 
 /* A cast the graph made (autocast.c), so that a tensor is cast to a dtype only once. */
 typedef struct {

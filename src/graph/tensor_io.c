@@ -1,5 +1,5 @@
 /* The public accessors of graph-owned tensors that touch storage: plain views, and copies in
- * and out that undo a blocked layout through a one-off reorder on the graph's engine. They
+ * and out that undo a backend-chosen layout through the graph's backend. They
  * follow the graph's td_param entries first, so a caller always sees where a parameter's
  * values and gradient live now. */
 #include <string.h>
@@ -22,17 +22,10 @@ void *td_tensor_grad(const td_tensor *t) {
     return t && !t->blocked ? t->grad : NULL;
 }
 
-/* Copies between a blocked buffer and plain memory through a one-off reorder. */
+/* Copies between a backend-chosen layout and plain memory in the tensor's dtype. */
 static td_status copy_blocked(const td_tensor *t, const void *src, void *dst, int to_plain) {
-    dnnl_memory_desc_t plain;
-    td__md_plain(&plain, &t->shape, t->dtype);
-    td__reorder r;
     td__op_ctx *ctx = &t->g->ctx;
-    TD__TRY(to_plain ? td__reorder_init(ctx, &r, &t->md, &plain)
-                     : td__reorder_init(ctx, &r, &plain, &t->md));
-    td_status s = td__reorder_run(ctx, &r, src, dst);
-    td__reorder_free(&r);
-    return s;
+    return ctx->backend->copy_plain(ctx, t, src, dst, t->dtype, to_plain);
 }
 
 td_status td_tensor_read(const td_tensor *t, void *dst) {

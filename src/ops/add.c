@@ -17,10 +17,10 @@ static td_status add_compile(td__op_ctx *ctx, td__node *n) {
     if (!s) return td__fail(TD_ENOMEM, "add: out of memory");
     n->state = s;
     td_tensor *a = n->in[0], *b = n->in[1], *y = n->out;
-    y->md = a->md;
+    *td__md(y) = *td__md(a);
     y->blocked = a->blocked;
-    TD__TRY(td__adapt_init(ctx, &s->b_in, &b->md, &a->md));
-    if (b->requires_grad) TD__TRY(td__adapt_init(ctx, &s->db_out, &a->md, &b->md));
+    TD__TRY(td__adapt_init(ctx, &s->b_in, td__md(b), td__md(a)));
+    if (b->requires_grad) TD__TRY(td__adapt_init(ctx, &s->db_out, td__md(a), td__md(b)));
     return TD_OK;
 }
 
@@ -81,8 +81,13 @@ static td_status add_infer(const td__node *n, td_shape *shape, td_dtype *dtype) 
 
 const td__op td__op_add = {
     .name = "add",
+    .id = TD__OP_ADD,
     .propagates_layout = 1,
     .infer = add_infer,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_add = {
     .compile = add_compile,
     .forward = add_forward,
     .backward = add_backward,

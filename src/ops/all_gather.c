@@ -52,7 +52,12 @@ static td_status ag_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
 
 const td__op td__op_all_gather = {
     .name = "all_gather",
+    .id = TD__OP_ALL_GATHER,
     .infer = ag_infer,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_all_gather = {
     .compile = ag_compile,
     .forward = ag_forward,
     .backward = ag_backward,

@@ -56,7 +56,12 @@ static td_status ar_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
 
 const td__op td__op_all_reduce = {
     .name = "all_reduce",
+    .id = TD__OP_ALL_REDUCE,
     .infer = ar_infer,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_all_reduce = {
     .compile = ar_compile,
     .forward = ar_forward,
     .backward = ar_backward,

@@ -35,29 +35,29 @@ static td_status bn_compile(td__op_ctx *ctx, td__node *n) {
     if (!s) return td__fail(TD_ENOMEM, "batch_norm2d: out of memory");
     n->state = s;
     td_tensor *x = n->in[0], *y = n->out;
-    y->md = x->md;
+    *td__md(y) = *td__md(x);
     y->blocked = x->blocked;
     float eps = n->attr.bn.eps;
     unsigned flags = dnnl_use_scale | dnnl_use_shift;
     if (n->variant == BN_RELU) flags |= dnnl_fuse_norm_relu;
     dnnl_batch_normalization_desc_t d;
     dnnl_primitive_desc_t tpd = NULL, epd = NULL;
-    TD__DNNL(
-        dnnl_batch_normalization_forward_desc_init(&d, dnnl_forward_training, &x->md, eps, flags),
-        "batch_norm2d forward");
+    TD__DNNL(dnnl_batch_normalization_forward_desc_init(&d, dnnl_forward_training, td__md(x), eps,
+                                                        flags),
+             "batch_norm2d forward");
     TD__TRY(make(ctx, &s->fwd_train, &tpd, &d, NULL, "batch_norm2d forward"));
     td_status st = TD_OK;
-    if (dnnl_batch_normalization_forward_desc_init(&d, dnnl_forward_training, &x->md, eps,
+    if (dnnl_batch_normalization_forward_desc_init(&d, dnnl_forward_training, td__md(x), eps,
                                                    flags | dnnl_use_global_stats) != dnnl_success)
         st = td__fail(TD_EBACKEND, "batch_norm2d: eval descriptor");
     if (st == TD_OK) st = make(ctx, &s->fwd_eval, &epd, &d, NULL, "batch_norm2d eval forward");
     if (st == TD_OK && y->requires_grad) {
-        if (dnnl_batch_normalization_backward_desc_init(&d, dnnl_backward, &y->md, &x->md, eps,
-                                                        flags) != dnnl_success)
+        if (dnnl_batch_normalization_backward_desc_init(&d, dnnl_backward, td__md(y), td__md(x),
+                                                        eps, flags) != dnnl_success)
             st = td__fail(TD_EBACKEND, "batch_norm2d: backward descriptor");
         if (st == TD_OK) st = make(ctx, &s->bwd_train, NULL, &d, tpd, "batch_norm2d backward");
         if (st == TD_OK && dnnl_batch_normalization_backward_desc_init(
-                               &d, dnnl_backward, &y->md, &x->md, eps,
+                               &d, dnnl_backward, td__md(y), td__md(x), eps,
                                flags | dnnl_use_global_stats) != dnnl_success)
             st = td__fail(TD_EBACKEND, "batch_norm2d: eval backward descriptor");
         if (st == TD_OK) st = make(ctx, &s->bwd_eval, NULL, &d, epd, "batch_norm2d eval backward");
@@ -95,7 +95,7 @@ static td_status bn_compile(td__op_ctx *ctx, td__node *n) {
     for (size_t i = 0; i < sizeof vec / sizeof *vec; i++) TD__TRY(td__mem_init(ctx, vec[i], &cmd));
     td__mem *act[] = {&s->x, &s->y, &s->dy, &s->dx};
     for (size_t i = 0; i < sizeof act / sizeof *act; i++)
-        TD__TRY(td__mem_init(ctx, act[i], &x->md));
+        TD__TRY(td__mem_init(ctx, act[i], td__md(x)));
     td__mem_bind(&s->mean_m, s->mean);
     td__mem_bind(&s->var_m, s->var);
     return TD_OK;
@@ -227,13 +227,18 @@ static td_dtype bn_input_dtype(const td__node *n, int i, td_dtype dtype) {
 
 const td__op td__op_batch_norm = {
     .name = "batch_norm2d",
+    .id = TD__OP_BATCH_NORM,
     .propagates_layout = 1,
     .infer = bn_infer,
+    .fold_activation = bn_fold_activation,
+    .input_dtype = bn_input_dtype,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_batch_norm = {
     .compile = bn_compile,
     .forward = bn_forward,
     .backward = bn_backward,
     .destroy = bn_destroy,
-    .fold_activation = bn_fold_activation,
     .supports = td__onednn_supports,
-    .input_dtype = bn_input_dtype,
 };

@@ -9,8 +9,8 @@
 static td_status cast_compile(td__op_ctx *ctx, td__node *n) {
     (void)ctx;
     td_tensor *x = n->in[0], *y = n->out;
-    y->md = x->md;
-    y->md.data_type = td__dnnl_dtype(y->dtype);
+    *td__md(y) = *td__md(x);
+    td__md(y)->data_type = td__dnnl_dtype(y->dtype);
     y->blocked = x->blocked;
     return TD_OK;
 }
@@ -49,8 +49,13 @@ static td_status cast_infer(const td__node *n, td_shape *shape, td_dtype *dtype)
 
 const td__op td__op_cast = {
     .name = "cast",
+    .id = TD__OP_CAST,
     .propagates_layout = 1,
     .infer = cast_infer,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_cast = {
     .compile = cast_compile,
     .forward = cast_forward,
     .backward = cast_backward,

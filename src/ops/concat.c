@@ -64,7 +64,12 @@ static td_status concat_infer(const td__node *n, td_shape *shape, td_dtype *dtyp
 
 const td__op td__op_concat = {
     .name = "concat",
+    .id = TD__OP_CONCAT,
     .infer = concat_infer,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_concat = {
     .forward = concat_forward,
     .backward = concat_backward,
 };

@@ -55,7 +55,7 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
     dnnl_dims_t strides, dil, pl, pr;
     int64_t oh, ow;
     conv_geometry(n, strides, dil, pl, pr, &oh, &ow);
-    dnnl_memory_desc_t any_x, any_w, any_y, bmd, wplain = w->md;
+    dnnl_memory_desc_t any_x, any_w, any_y, bmd, wplain = *td__md(w);
     dnnl_dims_t xd = {x->shape.dim[0], x->shape.dim[1], x->shape.dim[2], x->shape.dim[3]};
     dnnl_dims_t wd = {w->shape.dim[0], w->shape.dim[1], w->shape.dim[2], w->shape.dim[3]};
     dnnl_dims_t yd = {y->shape.dim[0], y->shape.dim[1], y->shape.dim[2], y->shape.dim[3]};
@@ -63,7 +63,7 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
     dnnl_memory_desc_init_by_tag(&any_x, 4, xd, dt, dnnl_format_tag_any);
     dnnl_memory_desc_init_by_tag(&any_w, 4, wd, dt, dnnl_format_tag_any);
     dnnl_memory_desc_init_by_tag(&any_y, 4, yd, dt, dnnl_format_tag_any);
-    dnnl_memory_desc_t fy = y->may_block ? any_y : y->md;
+    dnnl_memory_desc_t fy = y->may_block ? any_y : *td__md(y);
     td_shape bs = td_shape_1d(w->shape.dim[0]);
     td__md_plain(&bmd, &bs, b ? b->dtype : x->dtype);
     /* "auto" lets oneDNN take Winograd for 3x3 kernels, about 1.45x faster on the CNN's layers
@@ -81,25 +81,26 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
     TD__TRY(td__pd_create(ctx, &fpd, &d, NULL, "conv2d forward"));
     dnnl_memory_desc_t smd = td__pd_md(fpd, dnnl_query_src_md);
     dnnl_memory_desc_t fwmd = td__pd_md(fpd, dnnl_query_weights_md);
-    y->md = td__pd_md(fpd, dnnl_query_dst_md);
-    y->blocked = !td__md_is_plain(&y->md, &y->shape);
+    *td__md(y) = td__pd_md(fpd, dnnl_query_dst_md);
+    y->blocked = !td__md_is_plain(td__md(y), &y->shape);
     td_status st = td__prim_create(&s->fwd, fpd, "conv2d forward");
-    if (st == TD_OK) st = td__adapt_init(ctx, &s->x_fwd, &x->md, &smd);
+    if (st == TD_OK) st = td__adapt_init(ctx, &s->x_fwd, td__md(x), &smd);
     if (st == TD_OK) st = td__adapt_init(ctx, &s->w_fwd, &wplain, &fwmd);
     if (st == TD_OK) st = td__mem_init(ctx, &s->src, &smd);
     if (st == TD_OK) st = td__mem_init(ctx, &s->w, &fwmd);
     if (st == TD_OK) st = td__mem_init(ctx, &s->b, &bmd);
-    if (st == TD_OK) st = td__mem_init(ctx, &s->dst, &y->md);
+    if (st == TD_OK) st = td__mem_init(ctx, &s->dst, td__md(y));
     dnnl_memory_desc_t bd_dy;
     memset(&bd_dy, 0, sizeof bd_dy);
     if (st == TD_OK && x->requires_grad) {
         for (int attempt = 0; attempt < 2 && st == TD_OK && !pd; attempt++) {
-            const dnnl_memory_desc_t *bx = attempt ? &any_x : &x->md,
-                                     *by = attempt ? &any_y : &y->md;
+            const dnnl_memory_desc_t *bx = attempt ? &any_x : td__md(x),
+                                     *by = attempt ? &any_y : td__md(y);
             if (dnnl_dilated_convolution_backward_data_desc_init(&d, alg, bx, &any_w, by, strides,
                                                                  dil, pl, pr) != dnnl_success)
                 st = td__fail(TD_EBACKEND, "conv2d: backward-data descriptor");
-            else if (dnnl_primitive_desc_create(&pd, &d, NULL, ctx->engine, fpd) != dnnl_success ||
+            else if (dnnl_primitive_desc_create(&pd, &d, NULL, td__cpu_of(ctx)->engine, fpd) !=
+                         dnnl_success ||
                      (attempt == 0 && td__pd_is_slow(pd))) {
                 if (pd) dnnl_primitive_desc_destroy(pd);
                 pd = NULL;
@@ -112,9 +113,9 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
             dnnl_memory_desc_t wm = td__pd_md(pd, dnnl_query_weights_md);
             bd_dy = td__pd_md(pd, dnnl_query_diff_dst_md);
             s->w_bd_reuse = dnnl_memory_desc_equal(&wm, &fwmd);
-            st = td__adapt_init(ctx, &s->dy_bd, &y->md, &bd_dy);
+            st = td__adapt_init(ctx, &s->dy_bd, td__md(y), &bd_dy);
             if (st == TD_OK && !s->w_bd_reuse) st = td__adapt_init(ctx, &s->w_bd, &wplain, &wm);
-            if (st == TD_OK) st = td__adapt_init(ctx, &s->dx_bd, &dx, &x->md);
+            if (st == TD_OK) st = td__adapt_init(ctx, &s->dx_bd, &dx, td__md(x));
             if (st == TD_OK) st = td__mem_init(ctx, &s->bd_dy, &bd_dy);
             if (st == TD_OK) st = td__mem_init(ctx, &s->bd_w, &wm);
             if (st == TD_OK) st = td__mem_init(ctx, &s->bd_dx, &dx);
@@ -133,8 +134,8 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
         dnnl_primitive_desc_t hint32 = NULL;
         int last = dt == dnnl_f32 ? 2 : 3;
         for (int attempt = 0; attempt <= last && st == TD_OK && !pd; attempt++) {
-            const dnnl_memory_desc_t *cand_x[4] = {&x->md, &smd, &any_x, &fx};
-            const dnnl_memory_desc_t *bx = cand_x[attempt], *by = attempt < 2 ? &y->md : &any_y;
+            const dnnl_memory_desc_t *cand_x[4] = {td__md(x), &smd, &any_x, &fx};
+            const dnnl_memory_desc_t *bx = cand_x[attempt], *by = attempt < 2 ? td__md(y) : &any_y;
             const dnnl_memory_desc_t *bw = &any_w, *bb = b ? &bmd : NULL;
             const_dnnl_primitive_desc_t hint = fpd;
             if (attempt == 3) { /* f32, with an f32 forward as the hint */
@@ -142,7 +143,7 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
                 if (dnnl_dilated_convolution_forward_desc_init(&d, dnnl_forward_training, alg, &fx,
                                                                &fw, bb, &fy, strides, dil, pl,
                                                                pr) != dnnl_success ||
-                    dnnl_primitive_desc_create(&hint32, &d, NULL, ctx->engine, NULL) !=
+                    dnnl_primitive_desc_create(&hint32, &d, NULL, td__cpu_of(ctx)->engine, NULL) !=
                         dnnl_success)
                     break;
                 hint = hint32;
@@ -150,7 +151,8 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
             if (dnnl_dilated_convolution_backward_weights_desc_init(
                     &d, alg, bx, bw, bb, by, strides, dil, pl, pr) != dnnl_success)
                 st = td__fail(TD_EBACKEND, "conv2d: backward-weights descriptor");
-            else if (dnnl_primitive_desc_create(&pd, &d, NULL, ctx->engine, hint) != dnnl_success ||
+            else if (dnnl_primitive_desc_create(&pd, &d, NULL, td__cpu_of(ctx)->engine, hint) !=
+                         dnnl_success ||
                      (attempt < last && td__pd_is_slow(pd))) {
                 if (pd) dnnl_primitive_desc_destroy(pd);
                 pd = NULL;
@@ -161,7 +163,7 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
             if (dnnl_dilated_convolution_backward_weights_desc_init(
                     &d, alg, &any_x, &any_w, b ? &bmd : NULL, &any_y, strides, dil, pl, pr) ==
                 dnnl_success)
-                dnnl_primitive_desc_create(&pd, &d, NULL, ctx->engine, fpd);
+                dnnl_primitive_desc_create(&pd, &d, NULL, td__cpu_of(ctx)->engine, fpd);
         }
         if (st == TD_OK && !pd) st = td__fail(TD_EBACKEND, "conv2d: no backward-weights kernel");
         if (st == TD_OK) st = td__prim_create(&s->bwd_w, pd, "conv2d backward weights");
@@ -171,8 +173,9 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
             dnnl_memory_desc_t dwm = td__pd_md(pd, dnnl_query_diff_weights_md);
             s->x_bw_reuse = dnnl_memory_desc_equal(&xm, &smd);
             s->dy_bw_reuse = s->bwd_data && dnnl_memory_desc_equal(&dym, &bd_dy);
-            if (!s->x_bw_reuse) st = td__adapt_init(ctx, &s->x_bw, &x->md, &xm);
-            if (st == TD_OK && !s->dy_bw_reuse) st = td__adapt_init(ctx, &s->dy_bw, &y->md, &dym);
+            if (!s->x_bw_reuse) st = td__adapt_init(ctx, &s->x_bw, td__md(x), &xm);
+            if (st == TD_OK && !s->dy_bw_reuse)
+                st = td__adapt_init(ctx, &s->dy_bw, td__md(y), &dym);
             dnnl_memory_desc_t dbm = bmd; /* index 1 of diff_weights is the bias */
             if (b) {
                 dbm = *dnnl_primitive_desc_query_md(pd, dnnl_query_diff_weights_md, 1);
@@ -305,12 +308,17 @@ static td_status conv_infer(const td__node *n, td_shape *shape, td_dtype *dtype)
 
 const td__op td__op_conv2d = {
     .name = "conv2d",
+    .id = TD__OP_CONV2D,
     .accepts_blocked = 1,
     .infer = conv_infer,
+    .precision = TD__PREC_LOW,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_conv2d = {
     .compile = conv_compile,
     .forward = conv_forward,
     .backward = conv_backward,
     .destroy = conv_destroy,
-    .precision = TD__PREC_LOW,
     .supports = td__onednn_supports,
 };

@@ -21,12 +21,12 @@ static td_status drop_compile(td__op_ctx *ctx, td__node *n) {
     if (!s) return td__fail(TD_ENOMEM, "dropout: out of memory");
     n->state = s;
     td_tensor *x = n->in[0], *y = n->out;
-    y->md = x->md;
+    *td__md(y) = *td__md(x);
     y->blocked = x->blocked;
     /* One f32 mask value per element of x's storage, whatever x's dtype. */
-    size_t bytes = dnnl_memory_desc_get_size(&x->md) / td_dtype_size(x->dtype) * sizeof(float);
+    size_t bytes = dnnl_memory_desc_get_size(td__md(x)) / td_dtype_size(x->dtype) * sizeof(float);
     if (n->variant == TD__DROP_CHANNEL) {
-        if (x->blocked && td__md_offset4(&x->md, 0, 0, 0, 0) < 0)
+        if (x->blocked && td__md_offset4(td__md(x), 0, 0, 0, 0) < 0)
             return td__fail(TD_EUNSUPPORTED, "dropout2d: unsupported input layout for '%s'",
                             x->name);
         bytes = (size_t)(x->shape.dim[0] * x->shape.dim[1]) * sizeof(float);
@@ -187,12 +187,12 @@ static td_status drop_forward(td__op_ctx *ctx, td__node *n) {
             TD__TRY(draw_mask_by_sample(ctx, x, s->cmask, x->shape.dim[1], NULL, p, keep));
         else
             draw_mask(ctx->rng, s->cmask, (size_t)nc, p, keep);
-        (f32 ? apply_channels_f32 : apply_channels_any)(&x->md, &x->shape, s->cmask, x->data,
+        (f32 ? apply_channels_f32 : apply_channels_any)(td__md(x), &x->shape, s->cmask, x->data,
                                                         y->data, 0, x->dtype);
     } else {
         if (ctx->rng_by_sample)
             TD__TRY(draw_mask_by_sample(ctx, x, s->mask, td_shape_numel(&x->shape) / N,
-                                        x->blocked ? &x->md : NULL, p, keep));
+                                        x->blocked ? td__md(x) : NULL, p, keep));
         else
             draw_mask(ctx->rng, s->mask, total, p, keep);
         (f32 ? apply_elements_f32 : apply_elements_any)(s->mask, x->data, y->data, total, 0,
@@ -207,7 +207,7 @@ static td_status drop_backward(td__op_ctx *ctx, td__node *n) {
     int acc = !x->grad_zero, f32 = x->dtype == TD_F32;
     const void *dy = n->out->grad;
     if (n->variant == TD__DROP_CHANNEL && s->trained)
-        (f32 ? apply_channels_f32 : apply_channels_any)(&x->md, &x->shape, s->cmask, dy, x->grad,
+        (f32 ? apply_channels_f32 : apply_channels_any)(td__md(x), &x->shape, s->cmask, dy, x->grad,
                                                         acc, x->dtype);
     else
         (f32 ? apply_elements_f32 : apply_elements_any)(s->trained ? s->mask : NULL, dy, x->grad,
@@ -236,8 +236,13 @@ static td_status drop_infer(const td__node *n, td_shape *shape, td_dtype *dtype)
 
 const td__op td__op_dropout = {
     .name = "dropout",
+    .id = TD__OP_DROPOUT,
     .propagates_layout = 1,
     .infer = drop_infer,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_dropout = {
     .compile = drop_compile,
     .forward = drop_forward,
     .backward = drop_backward,

@@ -14,7 +14,7 @@ static td_status elt_compile(td__op_ctx *ctx, td__node *n) {
     if (!s) return td__fail(TD_ENOMEM, "eltwise: out of memory");
     n->state = s;
     td_tensor *x = n->in[0], *y = n->out;
-    y->md = x->md;
+    *td__md(y) = *td__md(x);
     y->blocked = x->blocked;
     if (n->alias == TD__FOLDED) return TD_OK;
     /* In place, backward has only the output to go by. */
@@ -23,12 +23,13 @@ static td_status elt_compile(td__op_ctx *ctx, td__node *n) {
                                                        : dnnl_eltwise_relu;
     dnnl_eltwise_desc_t d;
     dnnl_primitive_desc_t fpd = NULL, bpd = NULL;
-    TD__DNNL(dnnl_eltwise_forward_desc_init(&d, dnnl_forward_training, alg, &x->md, 0.f, 0.f),
+    TD__DNNL(dnnl_eltwise_forward_desc_init(&d, dnnl_forward_training, alg, td__md(x), 0.f, 0.f),
              "eltwise forward");
     TD__TRY(td__pd_create(ctx, &fpd, &d, NULL, "eltwise forward"));
     td_status st = td__prim_create(&s->fwd, fpd, "eltwise forward");
     if (st == TD_OK && y->requires_grad) {
-        if (dnnl_eltwise_backward_desc_init(&d, alg, &x->md, &x->md, 0.f, 0.f) != dnnl_success)
+        if (dnnl_eltwise_backward_desc_init(&d, alg, td__md(x), td__md(x), 0.f, 0.f) !=
+            dnnl_success)
             st = td__fail(TD_EBACKEND, "eltwise: backward descriptor");
         if (st == TD_OK) st = td__pd_create(ctx, &bpd, &d, fpd, "eltwise backward");
         if (st == TD_OK) st = td__prim_create(&s->bwd, bpd, "eltwise backward");
@@ -36,10 +37,10 @@ static td_status elt_compile(td__op_ctx *ctx, td__node *n) {
     }
     dnnl_primitive_desc_destroy(fpd);
     TD__TRY(st);
-    TD__TRY(td__mem_init(ctx, &s->x, &x->md));
-    TD__TRY(td__mem_init(ctx, &s->y, &x->md));
-    TD__TRY(td__mem_init(ctx, &s->dy, &x->md));
-    return td__mem_init(ctx, &s->dx, &x->md);
+    TD__TRY(td__mem_init(ctx, &s->x, td__md(x)));
+    TD__TRY(td__mem_init(ctx, &s->y, td__md(x)));
+    TD__TRY(td__mem_init(ctx, &s->dy, td__md(x)));
+    return td__mem_init(ctx, &s->dx, td__md(x));
 }
 
 /* A ReLU that owns its output is what a producer may fold in or run in place. */
@@ -111,13 +112,18 @@ static td_status elt_infer(const td__node *n, td_shape *shape, td_dtype *dtype) 
 
 const td__op td__op_eltwise = {
     .name = "eltwise",
+    .id = TD__OP_ELTWISE,
     .propagates_layout = 1,
     .infer = elt_infer,
+    .activation = elt_activation,
+    .set_alias = elt_set_alias,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_eltwise = {
     .compile = elt_compile,
     .forward = elt_forward,
     .backward = elt_backward,
     .destroy = elt_destroy,
-    .activation = elt_activation,
-    .set_alias = elt_set_alias,
     .supports = td__onednn_supports,
 };

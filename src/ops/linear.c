@@ -15,7 +15,7 @@ static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
     if (!s) return td__fail(TD_ENOMEM, "linear: out of memory");
     n->state = s;
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
-    dnnl_memory_desc_t xmd = x->md, wmd = w->md, ymd = n->out->md, bmd;
+    dnnl_memory_desc_t xmd = *td__md(x), wmd = *td__md(w), ymd = *td__md(n->out), bmd;
     td_shape bs = td_shape_1d(w->shape.dim[0]);
     td__md_plain(&bmd, &bs, b ? b->dtype : x->dtype);
     dnnl_inner_product_desc_t d;
@@ -131,11 +131,16 @@ static td_status linear_infer(const td__node *n, td_shape *shape, td_dtype *dtyp
 
 const td__op td__op_linear = {
     .name = "linear",
+    .id = TD__OP_LINEAR,
     .infer = linear_infer,
+    .precision = TD__PREC_LOW,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_linear = {
     .compile = linear_compile,
     .forward = linear_forward,
     .backward = linear_backward,
     .destroy = linear_destroy,
-    .precision = TD__PREC_LOW,
     .supports = td__onednn_supports,
 };

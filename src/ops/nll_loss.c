@@ -56,8 +56,13 @@ static td_status nll_infer(const td__node *n, td_shape *shape, td_dtype *dtype) 
 
 const td__op td__op_nll = {
     .name = "nll_loss",
+    .id = TD__OP_NLL,
     .infer = nll_infer,
+    .precision = TD__PREC_F32,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_nll = {
     .forward = nll_forward,
     .backward = nll_backward,
-    .precision = TD__PREC_F32,
 };

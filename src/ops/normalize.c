@@ -77,10 +77,15 @@ static td_status norm_infer(const td__node *n, td_shape *shape, td_dtype *dtype)
 
 const td__op td__op_normalize = {
     .name = "normalize",
+    .id = TD__OP_NORMALIZE,
     .infer = norm_infer,
+    .precision = TD__PREC_F32,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_normalize = {
     .compile = norm_compile,
     .forward = norm_forward,
     .backward = norm_backward,
     .destroy = norm_destroy,
-    .precision = TD__PREC_F32,
 };

@@ -1,17 +1,66 @@
-/* oneDNN plumbing for the ops (see onednn.h): memory objects bound lazily, primitive creation
- * and execution with errors that name the op, and reorders between layouts. */
+/* oneDNN plumbing for the CPU backend's kernels (see onednn.h): memory descriptors of plain
+ * and blocked layouts, memory objects bound lazily, primitive creation and execution with
+ * errors that name the op, and reorders between layouts. */
 #include "ops/onednn.h"
 
 #include <string.h>
 
+dnnl_data_type_t td__dnnl_dtype(td_dtype dtype) {
+    switch (dtype) {
+    case TD_BF16:
+        return dnnl_bf16;
+    case TD_F16:
+        return dnnl_f16;
+    case TD_I32:
+        return dnnl_s32;
+    case TD_U8:
+        return dnnl_u8;
+    default:
+        return dnnl_f32;
+    }
+}
+
+/* The plain row-major md of a shape in a oneDNN data type. */
+static void plain(dnnl_memory_desc_t *md, const td_shape *shape, dnnl_data_type_t type) {
+    static const dnnl_format_tag_t tags[] = {dnnl_a,      dnnl_a,       dnnl_ab,
+                                             dnnl_abc,    dnnl_abcd,    dnnl_abcde,
+                                             dnnl_abcdef, dnnl_abcdefg, dnnl_abcdefgh};
+    dnnl_dims_t dims = {1};
+    int nd = shape->ndim ? shape->ndim : 1;
+    for (int i = 0; i < shape->ndim; i++) dims[i] = shape->dim[i];
+    dnnl_memory_desc_init_by_tag(md, nd, dims, type, tags[nd]);
+}
+
+void td__md_plain(dnnl_memory_desc_t *md, const td_shape *shape, td_dtype dtype) {
+    plain(md, shape, td__dnnl_dtype(dtype));
+}
+
+int td__md_is_plain(const dnnl_memory_desc_t *md, const td_shape *shape) {
+    dnnl_memory_desc_t p;
+    plain(&p, shape, md->data_type);
+    return dnnl_memory_desc_equal(md, &p);
+}
+
+int64_t td__md_offset4(const dnnl_memory_desc_t *md, int64_t n, int64_t c, int64_t h, int64_t w) {
+    if (md->ndims != 4 || md->format_kind != dnnl_blocked) return -1;
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    int64_t blk = 1;
+    if (b->inner_nblks == 1 && b->inner_idxs[0] == 1)
+        blk = b->inner_blks[0];
+    else if (b->inner_nblks != 0)
+        return -1;
+    return n * b->strides[0] + (c / blk) * b->strides[1] + h * b->strides[2] + w * b->strides[3] +
+           (c % blk);
+}
+
 int td__onednn_supports(const td__node *n, td_dtype dtype, const td__op_ctx *ctx) {
     (void)n;
-    return dtype == TD_F32 || (dtype == TD_BF16 && ctx->bf16_native);
+    return dtype == TD_F32 || (dtype == TD_BF16 && td__cpu_of(ctx)->bf16_native);
 }
 
 td_status td__mem_init(td__op_ctx *ctx, td__mem *m, const dnnl_memory_desc_t *md) {
     m->ptr = NULL;
-    TD__DNNL(dnnl_memory_create(&m->mem, md, ctx->engine, DNNL_MEMORY_NONE), "memory");
+    TD__DNNL(dnnl_memory_create(&m->mem, md, td__cpu_of(ctx)->engine, DNNL_MEMORY_NONE), "memory");
     return TD_OK;
 }
 
@@ -23,7 +72,7 @@ void td__mem_free(td__mem *m) {
 
 td_status td__pd_create(td__op_ctx *ctx, dnnl_primitive_desc_t *pd, const_dnnl_op_desc_t desc,
                         const_dnnl_primitive_desc_t hint, const char *what) {
-    TD__DNNL(dnnl_primitive_desc_create(pd, desc, NULL, ctx->engine, hint), what);
+    TD__DNNL(dnnl_primitive_desc_create(pd, desc, NULL, td__cpu_of(ctx)->engine, hint), what);
     return TD_OK;
 }
 
@@ -52,7 +101,7 @@ td_status td__prim_create(dnnl_primitive_t *prim, const_dnnl_primitive_desc_t pd
 
 td_status td__exec(td__op_ctx *ctx, dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t *args,
                    const char *what) {
-    TD__DNNL(dnnl_primitive_execute(prim, ctx->stream, nargs, args), what);
+    TD__DNNL(dnnl_primitive_execute(prim, td__cpu_of(ctx)->stream, nargs, args), what);
     return TD_OK;
 }
 
@@ -60,7 +109,8 @@ td_status td__reorder_init(td__op_ctx *ctx, td__reorder *r, const dnnl_memory_de
                            const dnnl_memory_desc_t *dst) {
     memset(r, 0, sizeof *r);
     dnnl_primitive_desc_t pd;
-    TD__DNNL(dnnl_reorder_primitive_desc_create(&pd, src, ctx->engine, dst, ctx->engine, NULL),
+    TD__DNNL(dnnl_reorder_primitive_desc_create(&pd, src, td__cpu_of(ctx)->engine, dst,
+                                                td__cpu_of(ctx)->engine, NULL),
              "reorder");
     td_status s = td__prim_create(&r->prim, pd, "reorder");
     dnnl_primitive_desc_destroy(pd);

@@ -1,11 +1,42 @@
-/* The oneDNN plumbing the ops share: memory objects re-pointed only when a pointer changes,
- * primitive descriptors and primitives created with errors that name the op, execution on the
- * engine's stream, and reorders between layouts (with "adapters" that exist only where two
- * layouts differ). No op logic lives here. Not installed. */
+/* The oneDNN plumbing of the CPU backend's kernels: its handles and per-tensor memory
+ * descriptors, memory objects re-pointed only when a pointer changes, primitive descriptors
+ * and primitives created with errors that name the op, execution on the engine's stream, and
+ * reorders between layouts (with "adapters" that exist only where two layouts differ). No op
+ * logic lives here. Not installed. */
 #ifndef TANDEM_ONEDNN_H
 #define TANDEM_ONEDNN_H
 
-#include "ops/op.h"
+#include <dnnl.h>
+
+#include "ops/backend.h"
+
+/* The CPU backend's handles (td__op_ctx.be). */
+typedef struct {
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    int bf16_native; /* oneDNN computes bf16 here (the CPU has AVX512_BF16 or AMX) */
+} td__cpu;
+
+static inline td__cpu *td__cpu_of(const td__op_ctx *ctx) { return (td__cpu *)ctx->be; }
+
+/* The memory descriptor the CPU backend records for t (td_tensor.extra): the layout of its
+ * data and grad. */
+static inline dnnl_memory_desc_t *td__md(const td_tensor *t) {
+    return (dnnl_memory_desc_t *)t->extra;
+}
+
+/* The oneDNN data type of a dtype (i64 and f64 have none: their md only describes a shape). */
+dnnl_data_type_t td__dnnl_dtype(td_dtype dtype);
+
+/* The plain row-major layout of `shape` in `dtype` (a scalar is one element). */
+void td__md_plain(dnnl_memory_desc_t *md, const td_shape *shape, td_dtype dtype);
+
+/* 1 when md is the plain row-major layout of `shape` (in md's own dtype). */
+int td__md_is_plain(const dnnl_memory_desc_t *md, const td_shape *shape);
+
+/* Offset in elements of logical element (n, c, h, w) of a 4-d md, plain or with one inner
+ * channel block (nChw8c / nChw16c); -1 for other layouts. */
+int64_t td__md_offset4(const dnnl_memory_desc_t *md, int64_t n, int64_t c, int64_t h, int64_t w);
 
 /* A oneDNN memory object whose handle is re-pointed only when the pointer changes. */
 typedef struct {
@@ -28,8 +59,8 @@ typedef struct {
                             (int)td_s_);                                                         \
     } while (0)
 
-/* The op table's `supports` for ops that run through oneDNN: f32, and bf16 where oneDNN
- * computes it natively (td__op_ctx.bf16_native). */
+/* The kernels' `supports` for ops that run through oneDNN: f32, and bf16 where oneDNN
+ * computes it natively (td__cpu.bf16_native). */
 int td__onednn_supports(const td__node *n, td_dtype dtype, const td__op_ctx *ctx);
 
 /* Creates a memory object for md (handle set later with td__mem_bind). */

@@ -1,8 +1,10 @@
 /* The op contract: what an op table is, what a node holds, and what an op's kernels may touch,
- * as src/comm/comm_impl.h is the contract of a comm backend. The graph (src/graph) includes
- * this header, walks nodes and calls their table; it never names a particular op. Ops never
- * include graph internals: everything a kernel needs from the engine comes in td__op_ctx.
- * Not installed.
+ * as src/comm/comm_impl.h is the contract of a comm backend. An op is device-neutral (its
+ * shape inference, precision and fusion rules); its kernels belong to a backend (backend.h),
+ * which keeps its own handles and per-tensor layout records: oneDNN is the CPU backend's
+ * business, never this header's. The graph (src/graph) includes this header, walks nodes and
+ * calls their tables; it never names a particular op. Ops never include graph internals:
+ * everything a kernel needs from the engine comes in td__op_ctx. Not installed.
  *
  * A kernel may read its node's inputs and attributes, read and write its output's data and,
  * in backward, the gradients of its inputs (through td__grad_begin / td__grad_end, which add
@@ -10,8 +12,6 @@
  * not add nodes, allocate tensors or look at other nodes. */
 #ifndef TANDEM_OP_H
 #define TANDEM_OP_H
-
-#include <dnnl.h>
 
 #include "tandem/comm.h"
 #include "tandem/ops.h"
@@ -23,17 +23,39 @@
 
 typedef struct td__node td__node;
 typedef struct td__op_ctx td__op_ctx;
+typedef struct td__backend td__backend;
+
+/* Every op kind, the index of its kernels in a backend's table. */
+typedef enum {
+    TD__OP_LINEAR,
+    TD__OP_CONV2D,
+    TD__OP_POOL2D,
+    TD__OP_ELTWISE,
+    TD__OP_DROPOUT,
+    TD__OP_BATCH_NORM,
+    TD__OP_RESHAPE,
+    TD__OP_ADD,
+    TD__OP_CONCAT,
+    TD__OP_SOFTMAX,
+    TD__OP_NLL,
+    TD__OP_CAST,
+    TD__OP_ALL_GATHER,
+    TD__OP_ALL_REDUCE,
+    TD__OP_SYNC_BATCH_NORM,
+    TD__OP_NORMALIZE,
+    TD__OP_SCALE,
+    TD__OP_COUNT
+} td__op_id;
 
 /* What the engine lends an op's kernels: owned by the graph, valid while the call runs. */
 struct td__op_ctx {
-    dnnl_engine_t engine;
-    dnnl_stream_t stream;
-    td_arena *arena;                   /* lives as long as the graph */
+    const td__backend *backend; /* whose kernels run the nodes */
+    void *be;                   /* the backend's own handles (CPU: oneDNN's engine and stream) */
+    td_arena *arena;            /* lives as long as the graph */
     float *scratch[TD__SCRATCH_SLOTS]; /* each scratch_bytes, for accumulating gradients */
     size_t scratch_bytes;
     int training;      /* training mode (dropout drops, batch norm uses batch statistics) */
     int conv_winograd; /* convolutions may use Winograd */
-    int bf16_native;   /* oneDNN computes bf16 here (the CPU has AVX512_BF16 or AMX) */
     td_rng *rng;       /* the graph's dropout RNG */
     td_comm *comm;     /* the graph's process group for collective ops; NULL: a group of one */
     /* Dropout keyed by sample instead (td_graph_set_rng_key): sample n of the batch draws from
@@ -86,40 +108,46 @@ typedef enum {
 /* The activations a producer can fold into its own primitive. */
 typedef enum { TD__NO_ACTIVATION = 0, TD__ACT_RELU = 1 } td__activation;
 
-/* One op kind: a table filled with designated initializers. */
+/* One op kind, the same on every device: a table filled with designated initializers. */
 typedef struct td__op {
+    td__op_id id;          /* where a backend keeps its kernels */
     const char *name;      /* activation tensors are named "<name>:<node index>" */
-    int propagates_layout; /* output keeps the input's (possibly blocked) layout */
-    int accepts_blocked;   /* consumes a blocked input itself (conv, flatten, reshape) */
+    int propagates_layout; /* output keeps the input's (possibly backend-chosen) layout */
+    int accepts_blocked;   /* consumes a backend-chosen input layout itself (conv, reshape) */
     /* Checks inputs and attributes (naming node->what on error) and gives the output's shape
      * and dtype; runs while the node is being added. */
     td_status (*infer)(const td__node *n, td_shape *shape, td_dtype *dtype);
-    /* Optional (NULL: nothing to prepare): creates primitives and per-node state once the
-     * layouts of its inputs are known; sets the output's md (and blocked) when it is not the
-     * plain layout. */
-    td_status (*compile)(td__op_ctx *ctx, td__node *n);
-    td_status (*forward)(td__op_ctx *ctx, td__node *n);
-    td_status (*backward)(td__op_ctx *ctx, td__node *n);
-    /* Optional: frees node->state. */
-    void (*destroy)(td__node *n);
     /* Optional fusion hooks (src/graph/fuse.c). `activation` says which activation a node
      * computes, if it is one a producer may fold in; `fold_activation` lets a producer take
-     * that activation into its own primitive (returns 1 when it does); `set_alias` makes an
-     * activation node folded or in place. */
+     * that activation into its own computation (returns 1 when it does; every backend's
+     * kernels then apply it); `set_alias` makes an activation node folded or in place. */
     td__activation (*activation)(const td__node *n);
     int (*fold_activation)(td__node *n, td__activation act);
     void (*set_alias)(td__node *n, td__alias alias);
     /* Backward reads the forward output, so nothing may overwrite it in place. */
     int backward_reads_output;
     /* Mixed precision. The graph casts inputs before adding the node: to the dtype the node
-     * computes in (`precision`), and around it, in f32, when `supports` says it cannot compute
-     * in that dtype here (NULL: every float dtype, as plain-C ops can). `input_dtype` (NULL:
-     * the compute dtype for every float input) lets an input keep another dtype (batch norm's
-     * f32 weight and bias). */
+     * computes in (`precision`), and around it, in f32, when its kernels' `supports` says they
+     * cannot compute in that dtype. `input_dtype` (NULL: the compute dtype for every float
+     * input) lets an input keep another dtype (batch norm's f32 weight and bias). */
     td__precision precision;
-    int (*supports)(const td__node *n, td_dtype dtype, const td__op_ctx *ctx);
     td_dtype (*input_dtype)(const td__node *n, int i, td_dtype dtype);
 } td__op;
+
+/* One op's kernels on one backend. */
+typedef struct td__kernels {
+    /* Optional (NULL: nothing to prepare): creates the backend's objects and per-node state
+     * once the layouts of its inputs are known; records the output's layout (and sets
+     * `blocked`) when it is not the plain one. */
+    td_status (*compile)(td__op_ctx *ctx, td__node *n);
+    td_status (*forward)(td__op_ctx *ctx, td__node *n);
+    td_status (*backward)(td__op_ctx *ctx, td__node *n);
+    /* Optional: frees node->state. */
+    void (*destroy)(td__node *n);
+    /* Optional (NULL: every float dtype, as plain-C kernels can): 1 when the kernels compute
+     * in `dtype` on this device. */
+    int (*supports)(const td__node *n, td_dtype dtype, const td__op_ctx *ctx);
+} td__kernels;
 
 struct td__node {
     const td__op *op;
@@ -143,11 +171,15 @@ void *td__op_alloc(td__op_ctx *ctx, size_t bytes);
 void *td__grad_begin(td__op_ctx *ctx, td_tensor *t, int slot);
 void td__grad_end(td__op_ctx *ctx, td_tensor *t);
 
-/* The op tables (one file each in src/ops). */
+/* The op tables (one file each in src/ops) and the CPU backend's kernels beside them. */
 extern const td__op td__op_linear, td__op_conv2d, td__op_pool2d, td__op_eltwise, td__op_dropout,
     td__op_batch_norm, td__op_reshape, td__op_add, td__op_concat, td__op_softmax, td__op_nll,
     td__op_cast;
 extern const td__op td__op_all_gather, td__op_all_reduce, td__op_sync_batch_norm, td__op_normalize,
     td__op_scale;
+extern const td__kernels td__cpu_linear, td__cpu_conv2d, td__cpu_pool2d, td__cpu_eltwise,
+    td__cpu_dropout, td__cpu_batch_norm, td__cpu_reshape, td__cpu_add, td__cpu_concat,
+    td__cpu_softmax, td__cpu_nll, td__cpu_cast, td__cpu_all_gather, td__cpu_all_reduce,
+    td__cpu_sync_batch_norm, td__cpu_normalize, td__cpu_scale;
 
 #endif

@@ -30,7 +30,7 @@ static td_status pool_compile(td__op_ctx *ctx, td__node *n) {
     td_tensor *x = n->in[0], *y = n->out;
     dnnl_dims_t k, st, pl, pr, dil = {0, 0};
     pool_geometry(n, k, st, pl, pr);
-    dnnl_memory_desc_t ymd = y->md;
+    dnnl_memory_desc_t ymd = *td__md(y);
     if (x->blocked) {
         dnnl_dims_t yd = {y->shape.dim[0], y->shape.dim[1], y->shape.dim[2], y->shape.dim[3]};
         dnnl_memory_desc_init_by_tag(&ymd, 4, yd, td__dnnl_dtype(x->dtype), dnnl_format_tag_any);
@@ -39,16 +39,16 @@ static td_status pool_compile(td__op_ctx *ctx, td__node *n) {
         n->variant == TD__POOL_MAX ? dnnl_pooling_max : dnnl_pooling_avg_include_padding;
     dnnl_pooling_v2_desc_t d;
     dnnl_primitive_desc_t fpd = NULL, bpd = NULL;
-    TD__DNNL(dnnl_pooling_v2_forward_desc_init(&d, dnnl_forward_training, alg, &x->md, &ymd, st, k,
-                                               dil, pl, pr),
+    TD__DNNL(dnnl_pooling_v2_forward_desc_init(&d, dnnl_forward_training, alg, td__md(x), &ymd, st,
+                                               k, dil, pl, pr),
              "pool2d forward");
     TD__TRY(td__pd_create(ctx, &fpd, &d, NULL, "pool2d forward"));
-    y->md = td__pd_md(fpd, dnnl_query_dst_md);
-    y->blocked = !td__md_is_plain(&y->md, &y->shape);
+    *td__md(y) = td__pd_md(fpd, dnnl_query_dst_md);
+    y->blocked = !td__md_is_plain(td__md(y), &y->shape);
     dnnl_memory_desc_t wsmd = td__pd_md(fpd, dnnl_query_workspace_md);
     td_status stt = td__prim_create(&s->fwd, fpd, "pool2d forward");
     if (stt == TD_OK && y->requires_grad) {
-        if (dnnl_pooling_v2_backward_desc_init(&d, alg, &x->md, &y->md, st, k, dil, pl, pr) !=
+        if (dnnl_pooling_v2_backward_desc_init(&d, alg, td__md(x), td__md(y), st, k, dil, pl, pr) !=
             dnnl_success)
             stt = td__fail(TD_EBACKEND, "pool2d: backward descriptor");
         if (stt == TD_OK) stt = td__pd_create(ctx, &bpd, &d, fpd, "pool2d backward");
@@ -63,10 +63,10 @@ static td_status pool_compile(td__op_ctx *ctx, td__node *n) {
         TD__TRY(td__mem_init(ctx, &s->wsm, &wsmd));
         td__mem_bind(&s->wsm, s->ws);
     }
-    TD__TRY(td__mem_init(ctx, &s->x, &x->md));
-    TD__TRY(td__mem_init(ctx, &s->y, &y->md));
-    TD__TRY(td__mem_init(ctx, &s->dy, &y->md));
-    return td__mem_init(ctx, &s->dx, &x->md);
+    TD__TRY(td__mem_init(ctx, &s->x, td__md(x)));
+    TD__TRY(td__mem_init(ctx, &s->y, td__md(y)));
+    TD__TRY(td__mem_init(ctx, &s->dy, td__md(y)));
+    return td__mem_init(ctx, &s->dx, td__md(x));
 }
 
 static td_status pool_forward(td__op_ctx *ctx, td__node *n) {
@@ -126,8 +126,13 @@ static td_status pool_infer(const td__node *n, td_shape *shape, td_dtype *dtype)
 
 const td__op td__op_pool2d = {
     .name = "pool2d",
+    .id = TD__OP_POOL2D,
     .propagates_layout = 1,
     .infer = pool_infer,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_pool2d = {
     .compile = pool_compile,
     .forward = pool_forward,
     .backward = pool_backward,

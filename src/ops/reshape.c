@@ -18,8 +18,8 @@ static td_status reshape_compile(td__op_ctx *ctx, td__node *n) {
     if (!x->blocked) return TD_OK;
     dnnl_memory_desc_t plain;
     td__md_plain(&plain, &x->shape, x->dtype);
-    TD__TRY(td__reorder_init(ctx, &s->to_plain, &x->md, &plain));
-    if (x->requires_grad) TD__TRY(td__reorder_init(ctx, &s->from_plain, &plain, &x->md));
+    TD__TRY(td__reorder_init(ctx, &s->to_plain, td__md(x), &plain));
+    if (x->requires_grad) TD__TRY(td__reorder_init(ctx, &s->from_plain, &plain, td__md(x)));
     return TD_OK;
 }
 
@@ -67,8 +67,13 @@ static td_status reshape_infer(const td__node *n, td_shape *shape, td_dtype *dty
 
 const td__op td__op_reshape = {
     .name = "reshape",
+    .id = TD__OP_RESHAPE,
     .accepts_blocked = 1,
     .infer = reshape_infer,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_reshape = {
     .compile = reshape_compile,
     .forward = reshape_forward,
     .backward = reshape_backward,

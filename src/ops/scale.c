@@ -18,7 +18,7 @@ static void scaled(void *out, const void *in, td_dtype dt, size_t count, float a
 
 static td_status scale_compile(td__op_ctx *ctx, td__node *n) {
     (void)ctx;
-    n->out->md = n->in[0]->md;
+    *td__md(n->out) = *td__md(n->in[0]);
     n->out->blocked = n->in[0]->blocked;
     return TD_OK;
 }
@@ -51,8 +51,13 @@ static td_status scale_infer(const td__node *n, td_shape *shape, td_dtype *dtype
 
 const td__op td__op_scale = {
     .name = "scale",
+    .id = TD__OP_SCALE,
     .propagates_layout = 1,
     .infer = scale_infer,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_scale = {
     .compile = scale_compile,
     .forward = scale_forward,
     .backward = scale_backward,

@@ -19,23 +19,23 @@ static td_status sm_compile(td__op_ctx *ctx, td__node *n) {
     td_status st;
     if (n->variant == TD__LOG_SOFTMAX) {
         dnnl_logsoftmax_desc_t d;
-        TD__DNNL(dnnl_logsoftmax_forward_desc_init(&d, dnnl_forward_training, &x->md, axis),
+        TD__DNNL(dnnl_logsoftmax_forward_desc_init(&d, dnnl_forward_training, td__md(x), axis),
                  "log_softmax forward");
         TD__TRY(td__pd_create(ctx, &fpd, &d, NULL, "log_softmax forward"));
         st = td__prim_create(&s->fwd, fpd, "log_softmax forward");
         if (st == TD_OK && n->out->requires_grad) {
-            if (dnnl_logsoftmax_backward_desc_init(&d, &x->md, &x->md, axis) != dnnl_success)
+            if (dnnl_logsoftmax_backward_desc_init(&d, td__md(x), td__md(x), axis) != dnnl_success)
                 st = td__fail(TD_EBACKEND, "log_softmax: backward descriptor");
             if (st == TD_OK) st = td__pd_create(ctx, &bpd, &d, fpd, "log_softmax backward");
         }
     } else {
         dnnl_softmax_desc_t d;
-        TD__DNNL(dnnl_softmax_forward_desc_init(&d, dnnl_forward_training, &x->md, axis),
+        TD__DNNL(dnnl_softmax_forward_desc_init(&d, dnnl_forward_training, td__md(x), axis),
                  "softmax forward");
         TD__TRY(td__pd_create(ctx, &fpd, &d, NULL, "softmax forward"));
         st = td__prim_create(&s->fwd, fpd, "softmax forward");
         if (st == TD_OK && n->out->requires_grad) {
-            if (dnnl_softmax_backward_desc_init(&d, &x->md, &x->md, axis) != dnnl_success)
+            if (dnnl_softmax_backward_desc_init(&d, td__md(x), td__md(x), axis) != dnnl_success)
                 st = td__fail(TD_EBACKEND, "softmax: backward descriptor");
             if (st == TD_OK) st = td__pd_create(ctx, &bpd, &d, fpd, "softmax backward");
         }
@@ -45,7 +45,7 @@ static td_status sm_compile(td__op_ctx *ctx, td__node *n) {
     dnnl_primitive_desc_destroy(fpd);
     TD__TRY(st);
     td__mem *m[] = {&s->x, &s->y, &s->dy, &s->dx};
-    for (size_t i = 0; i < 4; i++) TD__TRY(td__mem_init(ctx, m[i], &x->md));
+    for (size_t i = 0; i < 4; i++) TD__TRY(td__mem_init(ctx, m[i], td__md(x)));
     return TD_OK;
 }
 
@@ -92,11 +92,16 @@ static td_status sm_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
 
 const td__op td__op_softmax = {
     .name = "softmax",
+    .id = TD__OP_SOFTMAX,
     .infer = sm_infer,
+    .backward_reads_output = 1,
+    .precision = TD__PREC_F32,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_softmax = {
     .compile = sm_compile,
     .forward = sm_forward,
     .backward = sm_backward,
     .destroy = sm_destroy,
-    .backward_reads_output = 1,
-    .precision = TD__PREC_F32,
 };

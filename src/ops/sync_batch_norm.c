@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "ops/collective.h"
+#include "ops/onednn.h"
 
 /* How a 4-d activation lies in memory: sample n, channel block cb, position s of an H * W
  * plane, then blk consecutive channels (blk 1: one channel per block, plain NCHW or NHWC). */
@@ -119,9 +120,9 @@ static td_status sbn_compile(td__op_ctx *ctx, td__node *n) {
     sbn_state *s = calloc(1, sizeof *s);
     if (!s) return td__fail(TD_ENOMEM, "sync_batch_norm2d: out of memory");
     n->state = s;
-    y->md = x->md;
+    *td__md(y) = *td__md(x);
     y->blocked = x->blocked;
-    if (!walk_of(&x->md, &s->w))
+    if (!walk_of(td__md(x), &s->w))
         return td__fail(TD_EUNSUPPORTED,
                         "sync_batch_norm2d: input '%s' has a layout it cannot walk", x->name);
     s->Cp = s->w.CB * s->w.blk;
@@ -250,12 +251,17 @@ static td_dtype sbn_input_dtype(const td__node *n, int i, td_dtype dtype) {
 
 const td__op td__op_sync_batch_norm = {
     .name = "sync_batch_norm2d",
+    .id = TD__OP_SYNC_BATCH_NORM,
     .propagates_layout = 1,
     .infer = sbn_infer,
+    .precision = TD__PREC_F32,
+    .input_dtype = sbn_input_dtype,
+};
+
+/* The CPU backend's kernels. */
+const td__kernels td__cpu_sync_batch_norm = {
     .compile = sbn_compile,
     .forward = sbn_forward,
     .backward = sbn_backward,
     .destroy = sbn_destroy,
-    .precision = TD__PREC_F32,
-    .input_dtype = sbn_input_dtype,
 };

@@ -1,0 +1,80 @@
+/* The CPU backend (backend.h): oneDNN's engine and stream as its handles, a oneDNN memory
+ * descriptor as each tensor's layout record, reorders for copies between layouts, and the
+ * kernels of every op (each op's file defines its td__cpu_* table beside the op). */
+#include <stdlib.h>
+
+#include "ops/onednn.h"
+
+static td_status cpu_init(td__op_ctx *ctx, const char *what) {
+    td__cpu *c = calloc(1, sizeof *c);
+    if (!c) return td__fail(TD_ENOMEM, "%s: out of memory", what);
+    ctx->be = c;
+    /* oneDNN computes bf16 itself with AVX512_BF16 (or AMX); elsewhere it runs slowly or not. */
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    c->bf16_native = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+    if (dnnl_engine_create(&c->engine, dnnl_cpu, 0) != dnnl_success ||
+        dnnl_stream_create(&c->stream, c->engine, dnnl_stream_default_flags) != dnnl_success)
+        return td__fail(TD_EBACKEND, "%s: cannot create the oneDNN cpu engine", what);
+    return TD_OK;
+}
+
+static void cpu_destroy(td__op_ctx *ctx) {
+    td__cpu *c = td__cpu_of(ctx);
+    if (!c) return;
+    if (c->stream) dnnl_stream_destroy(c->stream);
+    if (c->engine) dnnl_engine_destroy(c->engine);
+    free(c);
+    ctx->be = NULL;
+}
+
+static td_status cpu_describe(td__op_ctx *ctx, td_tensor *t) {
+    if (!t->extra) t->extra = td__op_alloc(ctx, sizeof(dnnl_memory_desc_t));
+    if (!t->extra) return td__fail(TD_ENOMEM, "graph: out of memory describing '%s'", t->name);
+    td__md_plain(td__md(t), &t->shape, t->dtype);
+    t->blocked = 0;
+    return TD_OK;
+}
+
+static size_t cpu_storage_bytes(const td_tensor *t) { return dnnl_memory_desc_get_size(td__md(t)); }
+
+/* A one-off reorder: both layouts and the dtype change at once. */
+static td_status cpu_copy_plain(td__op_ctx *ctx, const td_tensor *t, const void *src, void *dst,
+                                td_dtype plain_dtype, int to_plain) {
+    dnnl_memory_desc_t plain;
+    td__md_plain(&plain, &t->shape, plain_dtype);
+    td__reorder r;
+    TD__TRY(to_plain ? td__reorder_init(ctx, &r, td__md(t), &plain)
+                     : td__reorder_init(ctx, &r, &plain, td__md(t)));
+    td_status s = td__reorder_run(ctx, &r, src, dst);
+    td__reorder_free(&r);
+    return s;
+}
+
+const td__backend td__backend_cpu = {
+    .name = "cpu",
+    .kernels =
+        {
+            [TD__OP_LINEAR] = &td__cpu_linear,
+            [TD__OP_CONV2D] = &td__cpu_conv2d,
+            [TD__OP_POOL2D] = &td__cpu_pool2d,
+            [TD__OP_ELTWISE] = &td__cpu_eltwise,
+            [TD__OP_DROPOUT] = &td__cpu_dropout,
+            [TD__OP_BATCH_NORM] = &td__cpu_batch_norm,
+            [TD__OP_RESHAPE] = &td__cpu_reshape,
+            [TD__OP_ADD] = &td__cpu_add,
+            [TD__OP_CONCAT] = &td__cpu_concat,
+            [TD__OP_SOFTMAX] = &td__cpu_softmax,
+            [TD__OP_NLL] = &td__cpu_nll,
+            [TD__OP_CAST] = &td__cpu_cast,
+            [TD__OP_ALL_GATHER] = &td__cpu_all_gather,
+            [TD__OP_ALL_REDUCE] = &td__cpu_all_reduce,
+            [TD__OP_SYNC_BATCH_NORM] = &td__cpu_sync_batch_norm,
+            [TD__OP_NORMALIZE] = &td__cpu_normalize,
+            [TD__OP_SCALE] = &td__cpu_scale,
+        },
+    .init = cpu_init,
+    .destroy = cpu_destroy,
+    .describe = cpu_describe,
+    .storage_bytes = cpu_storage_bytes,
+    .copy_plain = cpu_copy_plain,
+};
