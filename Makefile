@@ -7,6 +7,7 @@
 #   make check           the suite once (BUILD=build)
 #   make check-long      the slower training tests
 #   make install PREFIX=/usr/local
+#   make CUDA=0          without libtandem_cuda.so even where nvcc is installed
 #
 # SAN=1 builds with AddressSanitizer and UndefinedBehaviorSanitizer into build-san/.
 
@@ -41,6 +42,21 @@ UCX_LIBS := -lucp -lucs
 LIB_SRC_UCX := $(wildcard src/comm/ucx/*.c)
 endif
 
+# The CUDA library (libtandem_cuda.so, loaded at run time by src/device/cuda_loader.c) is built
+# when nvcc is present; CUDA=0 skips it. It links the CUDA runtime statically and exports one
+# symbol. Hopper (sm_90) machine code, and PTX for newer GPUs.
+NVCC := $(if $(filter 0,$(CUDA)),,$(shell command -v nvcc 2>/dev/null))
+ifneq ($(NVCC),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCCFLAGS := -std=c++17 -O2 -g $(CUDA_ARCH) -Iinclude -Isrc -Werror all-warnings \
+	-Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror
+CUDA_SRC := $(wildcard src/*/cuda/*.cu)
+CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
+CUDA_SO := $(BUILD)/lib/libtandem_cuda.so
+CUDA_LINK := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
+endif
+
 # Backends may have folders of their own (src/comm/shm/); mpi's and ucx's need their flags.
 LIB_SRC := $(wildcard src/*/*.c) $(LIB_SRC_MPI) $(LIB_SRC_UCX) \
 	$(filter-out src/comm/mpi/% src/comm/ucx/%,$(wildcard src/*/*/*.c))
@@ -55,7 +71,7 @@ BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 EXAMPLES := $(patsubst examples/%/,$(BUILD)/examples/%,$(dir $(wildcard examples/*/main.c)))
 TOOLS := $(patsubst tools/%/,$(BUILD)/bin/%,$(dir $(wildcard tools/*/main.c)))
 
-all: $(STATIC) $(SHARED) $(TOOLS) $(EXAMPLES) $(BENCHES) $(BUILD)/tandem.pc
+all: $(STATIC) $(SHARED) $(CUDA_SO) $(TOOLS) $(EXAMPLES) $(BENCHES) $(BUILD)/tandem.pc
 
 $(BUILD)/obj/src/comm/mpi/%.o: src/comm/mpi/%.c
 	@mkdir -p $(dir $@)
@@ -73,6 +89,14 @@ $(BUILD)/obj/bench/%.o: bench/%.c
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(if $(MPICC),-DTD_HAVE_MPI) $(if $(UCX),-DTD_HAVE_UCX) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(CUDA_SO): $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	$(NVCC) -shared $(CUDA_ARCH) -o $@ $^ $(CUDA_LINK)
 
 $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -125,11 +149,12 @@ test:
 check-long: all tests
 	TD_LONG=1 TD_LDFLAGS='$(LDFLAGS)' sh tests/run.sh $(BUILD)
 
-install: $(STATIC) $(SHARED) $(TOOLS)
+install: $(STATIC) $(SHARED) $(CUDA_SO) $(TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/include/tandem $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/tandem/*.h $(DESTDIR)$(PREFIX)/include/tandem/
 	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/libtandem.so.0
+	$(if $(CUDA_SO),install -m 755 $(CUDA_SO) $(DESTDIR)$(PREFIX)/lib/)
 	ln -sf libtandem.so.0 $(DESTDIR)$(PREFIX)/lib/libtandem.so
 	$(call pc_text,$(PREFIX)) > $(DESTDIR)$(PREFIX)/lib/pkgconfig/tandem.pc
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/

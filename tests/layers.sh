@@ -1,7 +1,8 @@
 #!/bin/sh
 # The library's arrows point one way: each folder of src/ may include only the headers of the
 # layers below it (its own included), public (tandem/X.h) or internal (X/...). The engine goes
-# core -> tensor -> ops -> graph -> nn; the graph's passes walk op tables and never name an op
+# core -> device -> tensor -> ops -> graph -> nn (comm, optim and checkpoint may use devices);
+# the graph's passes walk op tables and never name an op
 # (only src/graph/build.c, the public op builders, does). Prints one line per violation and a
 # closing "P passed, F failed" line like the test programs. Collective ops (all-gather,
 # SyncBatchNorm) are graph ops that call comm/ (ARCHITECTURE.md), so ops and graph may use
@@ -12,6 +13,7 @@ cd "$(dirname "$0")/.."
 layer_of_public() {
     case "$1" in
     core | param | trace) echo core ;;
+    device) echo device ;;
     tensor) echo tensor ;;
     ops) echo ops ;;
     graph) echo graph ;;
@@ -29,12 +31,14 @@ layer_of_public() {
 allowed() {
     case "$1" in
     core) echo "core" ;;
-    tensor) echo "core tensor" ;;
-    ops) echo "core tensor ops comm" ;;
-    graph) echo "core tensor ops graph comm" ;;
-    nn) echo "core tensor ops graph nn" ;;
-    comm | launch | data | optim | checkpoint) echo "core $1" ;;
-    parallel) echo "core tensor ops graph nn comm optim parallel" ;;
+    device) echo "core device" ;;
+    tensor) echo "core device tensor" ;;
+    ops) echo "core device tensor ops comm" ;;
+    graph) echo "core device tensor ops graph comm" ;;
+    nn) echo "core device tensor ops graph nn" ;;
+    comm | optim | checkpoint) echo "core device $1" ;;
+    launch | data) echo "core $1" ;;
+    parallel) echo "core device tensor ops graph nn comm optim parallel" ;;
     *) echo "" ;;
     esac
 }

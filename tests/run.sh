@@ -1,11 +1,12 @@
 #!/bin/sh
 # Runs every test program in BUILD/tests, each under a time limit, and adds up their
-# closing "P passed, F failed" lines. A program that crashes, hangs or exits non-zero
+# closing "P passed, F failed[, S skipped]" lines. A program that crashes, hangs or exits non-zero
 # without reporting a failure counts as one failed case. Ends with the suite's total.
 build=${1:-build}
 limit=${TD_TEST_TIMEOUT:-600}
 passed=0
 failed=0
+skipped=0
 logdir="$build/test-logs"
 mkdir -p "$logdir"
 export PATH="$PWD/$build/bin:$PATH"
@@ -18,15 +19,20 @@ for t in "$build"/tests/test_*; do
     rc=$?
     secs=$(( $(date +%s) - start ))
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$logdir/$name.log" | tail -n 1)
-    p=0; f=0
+    p=0; f=0; s=0
     if [ -n "$line" ]; then
         p=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/')
         f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+        case "$line" in *skipped*) s=$(echo "$line" | sed -E 's/.* ([0-9]+) skipped.*/\1/') ;; esac
     fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
     passed=$((passed + p))
     failed=$((failed + f))
-    if [ "$f" -eq 0 ]; then
+    skipped=$((skipped + s))
+    if [ "$f" -eq 0 ] && [ "$s" -gt 0 ]; then
+        printf '%-28s %4d passed  %3ds  (%d skipped: %s)\n' "$name" "$p" "$secs" "$s" \
+            "$(grep -m1 '^skipped: ' "$logdir/$name.log" | sed 's/^skipped: //')"
+    elif [ "$f" -eq 0 ]; then
         printf '%-28s %4d passed  %3ds\n' "$name" "$p" "$secs"
     else
         printf '%-28s %4d passed, %d FAILED (exit %d)  %3ds\n' "$name" "$p" "$f" "$rc" "$secs"
@@ -87,5 +93,5 @@ else
 fi
 rm -rf "$prefix" "$logdir/installed"
 rm -f "$logdir"/snippet_*
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

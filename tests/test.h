@@ -13,8 +13,20 @@
 
 #include "tandem/core.h"
 
-static int test_case_failed; /* set by a failing CHECK inside the current case */
-static int test_passed, test_failed;
+static int test_case_failed;  /* set by a failing CHECK inside the current case */
+static int test_case_skipped; /* set by SKIP inside the current case */
+static int test_passed, test_failed, test_skipped;
+
+/* Ends the current case as skipped, with one line saying why ("no CUDA device"): a case that
+ * needs what this machine lacks is counted as skipped, never as passed. Use as `SKIP(...);
+ * return;`. */
+#define SKIP(...)              \
+    do {                       \
+        printf("skipped: ");   \
+        printf(__VA_ARGS__);   \
+        putchar('\n');         \
+        test_case_skipped = 1; \
+    } while (0)
 
 #define TEST_FAIL_AT(...)                               \
     do {                                                \
@@ -64,23 +76,32 @@ static int test_passed, test_failed;
     } while (0)
 
 /* Runs one case and reports it. */
-#define RUN(test_fn)                                                     \
-    do {                                                                 \
-        test_case_failed = 0;                                            \
-        test_fn();                                                       \
-        if (test_case_failed)                                            \
-            test_failed++;                                               \
-        else                                                             \
-            test_passed++;                                               \
-        printf("%s %s\n", test_case_failed ? "FAIL" : "ok  ", #test_fn); \
-        fflush(stdout);                                                  \
+#define RUN(test_fn)                              \
+    do {                                          \
+        test_case_failed = test_case_skipped = 0; \
+        test_fn();                                \
+        if (test_case_failed)                     \
+            test_failed++;                        \
+        else if (test_case_skipped)               \
+            test_skipped++;                       \
+        else                                      \
+            test_passed++;                        \
+        printf("%s %s\n",                         \
+               test_case_failed    ? "FAIL"       \
+               : test_case_skipped ? "skip"       \
+                                   : "ok  ",      \
+               #test_fn);                         \
+        fflush(stdout);                           \
     } while (0)
 
 /* Ends main: the closing line, and a non-zero exit when anything failed. */
-#define TEST_END()                                                  \
-    do {                                                            \
-        printf("%d passed, %d failed\n", test_passed, test_failed); \
-        return test_failed ? 1 : 0;                                 \
+#define TEST_END()                                                                                \
+    do {                                                                                          \
+        if (test_skipped)                                                                         \
+            printf("%d passed, %d failed, %d skipped\n", test_passed, test_failed, test_skipped); \
+        else                                                                                      \
+            printf("%d passed, %d failed\n", test_passed, test_failed);                           \
+        return test_failed ? 1 : 0;                                                               \
     } while (0)
 
 /* A path below the repository root, as given when it is readable from the current directory

@@ -7,6 +7,7 @@
 #include "tandem/comm.h"
 #include "tandem/core.h"
 #include "tandem/data.h"
+#include "tandem/device.h"
 #include "tandem/ddp.h"
 #include "tandem/dp.h"
 #include "tandem/graph.h"

@@ -1,0 +1,59 @@
+/* The contract between libtandem and libtandem_cuda.so, which is loaded at run time
+ * (cuda_loader.c) so that one build serves machines with and without CUDA. The library
+ * exports one function, TD__CUDA_ENTRY: it takes the host's services (errors go through the
+ * host's td__fail, so messages reach td_last_error) and returns the table of what it does.
+ * Pointers to streams and events are the CUDA runtime's own handles, opaque here. C, and
+ * included by the CUDA C++ side too. Not installed. */
+#ifndef TANDEM_CUDA_API_H
+#define TANDEM_CUDA_API_H
+
+#include "tandem/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever either table changes: a library of another version is refused by name. */
+#define TD__CUDA_ABI 1
+#define TD__CUDA_ENTRY "td_cuda_entry"
+
+/* What the host lends the library. */
+typedef struct {
+    int abi;
+    td_status (*fail)(td_status status, const char *fmt, ...);
+} td__cuda_host;
+
+/* What the library does. Every call names the device it runs on; failures return the
+ * host's td__fail status naming the CUDA call and CUDA's own message. */
+typedef struct {
+    int abi;
+    /* Visible GPUs; 0 with a reason in why (n bytes) where the driver or a GPU is missing. */
+    td_status (*device_count)(int *count, char *why, size_t n);
+    td_status (*properties)(int device, td_device_properties *out);
+    td_status (*synchronize)(int device);
+    td_status (*stream_create)(int device, void **stream);
+    td_status (*stream_synchronize)(int device, void *stream);
+    /* Device memory straight from the driver: TD_ENOMEM (nothing logged) when it has none. */
+    td_status (*malloc)(int device, size_t bytes, void **ptr);
+    void (*free)(int device, void *ptr);
+    /* An event recorded on stream now; done says 1 once the stream has passed it. */
+    td_status (*event_record)(int device, void *stream, void **event);
+    int (*event_done)(void *event);
+    void (*event_destroy)(void *event);
+    /* Any direction (unified addressing), queued on stream. */
+    td_status (*memcpy_async)(int device, void *dst, const void *src, size_t bytes, void *stream);
+} td__cuda_api;
+
+typedef const td__cuda_api *(*td__cuda_entry_fn)(const td__cuda_host *host);
+
+/* The loaded library's table, or NULL; the first call loads it (thread-safe). */
+const td__cuda_api *td__cuda(void);
+
+/* Why td__cuda() is NULL or sees no GPU: the library, the driver or the devices, with what
+ * was tried; NULL when GPUs can be used. */
+const char *td__cuda_unavailable(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

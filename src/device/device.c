@@ -1,0 +1,217 @@
+/* The public device API (tandem/device.h): naming devices, finding this rank's GPU, and each
+ * GPU's compute stream and caching allocator, made the first time the GPU is used. GPU work
+ * goes through libtandem_cuda.so's table (cuda_api.h). The table of GPUs is per process, as
+ * the CUDA driver's own context is. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/core_impl.h"
+#include "device/caching_allocator.h"
+#include "device/cuda_api.h"
+
+#define MAX_GPUS 64
+
+typedef struct {
+    int index;
+    int ready;
+    void *stream; /* compute stream: copies and kernels of this process on this GPU */
+    td__caching_allocator alloc;
+} gpu;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static gpu gpus[MAX_GPUS];
+
+td_device td_device_cpu(void) { return (td_device){TD_DEVICE_CPU, 0}; }
+
+td_device td_device_cuda(int index) { return (td_device){TD_DEVICE_CUDA, index}; }
+
+td_status td_device_parse(const char *text, td_device *out) {
+    if (!text || !out) return td__fail(TD_EINVAL, "td_device_parse: NULL argument");
+    if (strcmp(text, "cpu") == 0) {
+        *out = td_device_cpu();
+        return TD_OK;
+    }
+    if (strcmp(text, "cuda") == 0) {
+        *out = td_device_cuda(0);
+        return TD_OK;
+    }
+    if (strncmp(text, "cuda:", 5) == 0 && text[5] >= '0' && text[5] <= '9') {
+        char *end;
+        long i = strtol(text + 5, &end, 10);
+        if (*end == 0 && i < MAX_GPUS) {
+            *out = td_device_cuda((int)i);
+            return TD_OK;
+        }
+    }
+    return td__fail(TD_EINVAL, "device '%s': expected cpu, cuda or cuda:N (N from 0 to %d)", text,
+                    MAX_GPUS - 1);
+}
+
+void td_device_format(td_device d, char *buf, size_t n) {
+    if (d.type == TD_DEVICE_CUDA)
+        snprintf(buf, n, "cuda:%d", d.index);
+    else
+        snprintf(buf, n, "cpu");
+}
+
+td_status td_device_local(td_device *out) {
+    if (!out) return td__fail(TD_EINVAL, "td_device_local: out is NULL");
+    int n;
+    TD__TRY(td_cuda_device_count(&n));
+    if (n == 0) {
+        *out = td_device_cpu();
+        return TD_OK;
+    }
+    const char *lr = getenv("LOCAL_RANK");
+    long r = 0;
+    if (lr && *lr) {
+        char *end;
+        r = strtol(lr, &end, 10);
+        if (*end || r < 0)
+            return td__fail(TD_EINVAL, "td_device_local: LOCAL_RANK='%s' is not a rank", lr);
+    }
+    if (r >= n) {
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        return td__fail(TD_EINVAL,
+                        "td_device_local: LOCAL_RANK=%ld but %d CUDA device%s visible "
+                        "(CUDA_VISIBLE_DEVICES=%s): one rank per GPU",
+                        r, n, n == 1 ? " is" : "s are", vis ? vis : "unset");
+    }
+    *out = td_device_cuda((int)r);
+    return TD_OK;
+}
+
+/* The raw memory of one GPU, for its caching allocator. */
+static td_status raw_alloc(void *ctx, size_t bytes, void **ptr) {
+    return td__cuda()->malloc(((gpu *)ctx)->index, bytes, ptr);
+}
+static void raw_free(void *ctx, void *ptr) { td__cuda()->free(((gpu *)ctx)->index, ptr); }
+static td_status raw_event(void *ctx, void *stream, void **event) {
+    return td__cuda()->event_record(((gpu *)ctx)->index, stream, event);
+}
+static int raw_done(void *ctx, void *event) {
+    (void)ctx;
+    return td__cuda()->event_done(event);
+}
+static void raw_event_destroy(void *ctx, void *event) {
+    (void)ctx;
+    td__cuda()->event_destroy(event);
+}
+
+/* GPU d, its stream and allocator made on first use; errors name `what` and why. */
+static td_status gpu_of(td_device d, const char *what, gpu **out) {
+    char name[32];
+    td_device_format(d, name, sizeof name);
+    if (d.type != TD_DEVICE_CUDA) return td__fail(TD_EINVAL, "%s: %s is not a GPU", what, name);
+    int n;
+    TD__TRY(td_cuda_device_count(&n));
+    if (n == 0)
+        return td__fail(TD_EUNSUPPORTED, "%s: %s: no GPU can be used here: %s", what, name,
+                        td__cuda_unavailable());
+    if (d.index < 0 || d.index >= n)
+        return td__fail(TD_EINVAL, "%s: %s does not exist (%d CUDA device%s visible)", what, name,
+                        n, n == 1 ? " is" : "s are");
+    gpu *g = &gpus[d.index];
+    td_status s = TD_OK;
+    pthread_mutex_lock(&lock);
+    if (!g->ready) {
+        g->index = d.index;
+        s = td__cuda()->stream_create(d.index, &g->stream);
+        if (s == TD_OK) {
+            td__raw_memory raw = {g, raw_alloc, raw_free, raw_event, raw_done, raw_event_destroy};
+            td__allocator_init(&g->alloc, name, raw);
+            g->ready = 1;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    *out = g;
+    return s;
+}
+
+td_status td_device_get_properties(td_device d, td_device_properties *out) {
+    if (!out) return td__fail(TD_EINVAL, "td_device_get_properties: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (d.type == TD_DEVICE_CPU) {
+        FILE *f = fopen("/proc/cpuinfo", "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f)) {
+            char *colon = strchr(line, ':');
+            if (strncmp(line, "model name", 10) == 0 && colon) {
+                snprintf(out->name, sizeof out->name, "%s", colon + 2);
+                out->name[strcspn(out->name, "\n")] = 0;
+                break;
+            }
+        }
+        if (f) fclose(f);
+        out->total_memory = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+        out->multiprocessors = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        return TD_OK;
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, "td_device_get_properties", &g));
+    return td__cuda()->properties(g->index, out);
+}
+
+td_status td_device_synchronize(td_device d) {
+    if (d.type == TD_DEVICE_CPU) return TD_OK;
+    gpu *g;
+    TD__TRY(gpu_of(d, "td_device_synchronize", &g));
+    return td__cuda()->synchronize(g->index);
+}
+
+td_status td_device_memory(td_device d, td_device_memory_stats *out) {
+    if (!out) return td__fail(TD_EINVAL, "td_device_memory: out is NULL");
+    gpu *g;
+    TD__TRY(gpu_of(d, "td_device_memory", &g));
+    *out = td__allocator_stats(&g->alloc);
+    return TD_OK;
+}
+
+td_status td_device_alloc(td_device d, size_t bytes, void **out) {
+    if (!out) return td__fail(TD_EINVAL, "td_device_alloc: out is NULL");
+    if (d.type == TD_DEVICE_CPU) {
+        *out = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        return *out ? TD_OK : td__fail(TD_ENOMEM, "td_device_alloc: cpu: %zu bytes", bytes);
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, "td_device_alloc", &g));
+    return td__allocator_alloc(&g->alloc, bytes, g->stream, out);
+}
+
+td_status td_device_free(td_device d, void *ptr) {
+    if (d.type == TD_DEVICE_CPU) {
+        free(ptr);
+        return TD_OK;
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, "td_device_free", &g));
+    return td__allocator_free(&g->alloc, ptr);
+}
+
+td_status td_device_empty_cache(td_device d) {
+    if (d.type == TD_DEVICE_CPU) return TD_OK;
+    gpu *g;
+    TD__TRY(gpu_of(d, "td_device_empty_cache", &g));
+    td__allocator_empty_cache(&g->alloc);
+    return TD_OK;
+}
+
+td_status td_device_copy(td_device dst_device, void *dst, td_device src_device, const void *src,
+                         size_t bytes) {
+    if ((!dst || !src) && bytes) return td__fail(TD_EINVAL, "td_device_copy: NULL buffer");
+    if (dst_device.type == TD_DEVICE_CPU && src_device.type == TD_DEVICE_CPU) {
+        if (bytes) memcpy(dst, src, bytes);
+        return TD_OK;
+    }
+    gpu *g;
+    TD__TRY(
+        gpu_of(dst_device.type == TD_DEVICE_CUDA ? dst_device : src_device, "td_device_copy", &g));
+    if (dst_device.type == TD_DEVICE_CUDA && src_device.type == TD_DEVICE_CUDA) {
+        gpu *other;
+        TD__TRY(gpu_of(src_device, "td_device_copy", &other));
+    }
+    TD__TRY(td__cuda()->memcpy_async(g->index, dst, src, bytes, g->stream));
+    return td__cuda()->stream_synchronize(g->index, g->stream);
+}
