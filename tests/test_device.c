@@ -226,8 +226,7 @@ static void without_a_gpu_the_reason_is_named(void) {
     lib[len > 0 ? len : 0] = 0;
     char *slash = strrchr(lib, '/');
     if (slash) strcpy(slash, "/../lib/libtandem_cuda.so");
-    if (access(lib, R_OK) == 0 && why)
-        CHECK(strstr(why, "libtandem_cuda.so not found") == NULL);
+    if (access(lib, R_OK) == 0 && why) CHECK(strstr(why, "libtandem_cuda.so not found") == NULL);
     td_device d;
     CHECK_OK(td_device_local(&d));
     CHECK_EQ(d.type, TD_DEVICE_CPU);
