@@ -54,7 +54,7 @@ NVCCFLAGS := -std=c++17 -O2 -g $(CUDA_ARCH) -Iinclude -Isrc -Werror all-warnings
 CUDA_SRC := $(wildcard src/*/cuda/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 CUDA_SO := $(BUILD)/lib/libtandem_cuda.so
-CUDA_LINK := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
+CUDA_LINK := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lpthread
 endif
 
 # Backends may have folders of their own (src/comm/shm/); mpi's and ucx's need their flags.
@@ -96,7 +96,7 @@ $(BUILD)/obj/%.o: %.cu
 
 $(CUDA_SO): $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
-	$(NVCC) -shared $(CUDA_ARCH) -o $@ $^ $(CUDA_LINK)
+	$(NVCC) -shared $(CUDA_ARCH) -Xlinker -z,defs -o $@ $^ $(CUDA_LINK)
 
 $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)

@@ -110,7 +110,8 @@ static td_status b_add(build_ctx *b, td_tensor **y) {
 }
 
 static td_status b_concat(build_ctx *b, td_tensor **y) {
-    td_tensor *xs[2] = {input(b, "a", td_shape_4d(2, 3, 4, 4)), input(b, "c", td_shape_4d(2, 5, 4, 4))};
+    td_tensor *xs[2] = {input(b, "a", td_shape_4d(2, 3, 4, 4)),
+                        input(b, "c", td_shape_4d(2, 5, 4, 4))};
     return td_graph_concat(b->g, xs, 2, y);
 }
 
@@ -134,10 +135,10 @@ static td_status b_cross_entropy(build_ctx *b, td_tensor **y) {
     return td_graph_cross_entropy(b->g, x, labels, TD_REDUCTION_MEAN, y, NULL);
 }
 
-#define TRY(call)                            \
-    do {                                     \
-        td_status try_s_ = (call);           \
-        if (try_s_ != TD_OK) return try_s_;  \
+#define TRY(call)                           \
+    do {                                    \
+        td_status try_s_ = (call);          \
+        if (try_s_ != TD_OK) return try_s_; \
     } while (0)
 
 /* Batch norm with the ReLU the graph folds into it. The bias keeps every pre-activation far
@@ -269,8 +270,8 @@ static void compare(const char *what, const results *got, const results *want, d
         }
         double rel = sqrt(num / (den > 0 ? den : 1));
         if (by_norm ? !(rel <= tol) : !(worst <= tol * (1 + scale)))
-            TEST_FAIL_AT("%s, %s %d: largest difference %.3g (relative norm %.3g), allowed %.3g", what,
-                         k == 0 ? "output" : "gradient", k, worst, rel,
+            TEST_FAIL_AT("%s, %s %d: largest difference %.3g (relative norm %.3g), allowed %.3g",
+                         what, k == 0 ? "output" : "gradient", k, worst, rel,
                          by_norm ? tol : tol * (1 + scale));
     }
 }
@@ -279,12 +280,22 @@ static const struct {
     const char *name;
     op_builder build;
 } OPS[] = {
-    {"linear", b_linear},         {"conv2d", b_conv},     {"max_pool2d", b_max_pool},
-    {"avg_pool2d", b_avg_pool},   {"relu", b_relu},       {"gelu", b_gelu},
-    {"dropout", b_dropout},       {"dropout2d", b_dropout2d}, {"batch_norm2d", b_batch_norm},
-    {"add", b_add},               {"concat", b_concat},   {"flatten", b_flatten},
-    {"softmax", b_softmax},       {"log_softmax", b_log_softmax},
-    {"cross_entropy", b_cross_entropy}, {"batch_norm2d + relu", b_bn_relu},
+    {"linear", b_linear},
+    {"conv2d", b_conv},
+    {"max_pool2d", b_max_pool},
+    {"avg_pool2d", b_avg_pool},
+    {"relu", b_relu},
+    {"gelu", b_gelu},
+    {"dropout", b_dropout},
+    {"dropout2d", b_dropout2d},
+    {"batch_norm2d", b_batch_norm},
+    {"add", b_add},
+    {"concat", b_concat},
+    {"flatten", b_flatten},
+    {"softmax", b_softmax},
+    {"log_softmax", b_log_softmax},
+    {"cross_entropy", b_cross_entropy},
+    {"batch_norm2d + relu", b_bn_relu},
     {"chain", b_chain},
 };
 
@@ -337,11 +348,11 @@ static void levels_place_parameters_like_apex(void) {
         op_builder build;
         td_dtype param, out;
     } cases[] = {
-        {TD_AMP_O1, b_linear, TD_F32, TD_BF16},       /* f32 weights, cast copies */
-        {TD_AMP_O2, b_linear, TD_BF16, TD_BF16},      /* low weights */
-        {TD_AMP_O2, b_batch_norm, TD_F32, TD_F32},    /* batch norm's stay f32; f32 input */
-        {TD_AMP_O3, b_batch_norm, TD_BF16, TD_F32},   /* ... but not at O3 */
-        {TD_AMP_O1, b_log_softmax, TD_F32, TD_F32},   /* the loss side stays f32 */
+        {TD_AMP_O1, b_linear, TD_F32, TD_BF16},     /* f32 weights, cast copies */
+        {TD_AMP_O2, b_linear, TD_BF16, TD_BF16},    /* low weights */
+        {TD_AMP_O2, b_batch_norm, TD_F32, TD_F32},  /* batch norm's stay f32; f32 input */
+        {TD_AMP_O3, b_batch_norm, TD_BF16, TD_F32}, /* ... but not at O3 */
+        {TD_AMP_O1, b_log_softmax, TD_F32, TD_F32}, /* the loss side stays f32 */
         {TD_AMP_O3, b_cross_entropy, TD_F32, TD_F32},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -366,7 +377,7 @@ static void scaler_rank(int rank, int size, int port, void *arg) {
     CHECK_OK(test_comm_create(&comm, rank, size, port, 30));
     if (!comm) return;
     float w[4] = {1, 2, 3, 4}, g[4];
-    td_param p = {"w", w, g, 4, TD_F32, 1, {4}};
+    td_param p = {"w", w, g, 4, TD_F32, 1, {4}, {TD_DEVICE_CPU, 0}};
     td_optim *opt;
     td_sgd_params sp = td_sgd_default_params();
     sp.lr = 0.5;
@@ -405,7 +416,7 @@ static void overflow_on_one_rank_skips_the_step_everywhere(void) {
 
 static void scale_doubles_after_2000_clean_steps(void) {
     float w[2] = {0, 0}, g[2];
-    td_param p = {"w", w, g, 2, TD_F32, 1, {2}};
+    td_param p = {"w", w, g, 2, TD_F32, 1, {2}, {TD_DEVICE_CPU, 0}};
     td_optim *opt;
     td_sgd_params sp = td_sgd_default_params();
     CHECK_OK(td_optim_create_sgd(&opt, &p, 1, &sp));

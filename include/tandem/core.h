@@ -81,6 +81,15 @@ float td_bf16_to_f32(uint16_t x);
 uint16_t td_f32_to_f16(float x);
 float td_f16_to_f32(uint16_t x);
 
+/* Where memory lives and kernels run: the CPU, or a CUDA GPU numbered within
+ * CUDA_VISIBLE_DEVICES. A value type like td_dtype; tandem/device.h has what acts on it. */
+typedef enum { TD_DEVICE_CPU = 0, TD_DEVICE_CUDA = 1 } td_device_type;
+
+typedef struct {
+    td_device_type type;
+    int index; /* 0 for the CPU */
+} td_device;
+
 /* Most dimensions a tensor or shape has. */
 #define TD_MAX_DIMS 8
 

@@ -16,14 +16,6 @@
 extern "C" {
 #endif
 
-typedef enum { TD_DEVICE_CPU = 0, TD_DEVICE_CUDA = 1 } td_device_type;
-
-/* A device: type and index (0 for the CPU). */
-typedef struct {
-    td_device_type type;
-    int index;
-} td_device;
-
 /* The CPU, and the index-th visible GPU. */
 td_device td_device_cpu(void);
 td_device td_device_cuda(int index);

@@ -23,6 +23,7 @@
 
 #include "tandem/comm.h"
 #include "tandem/core.h"
+#include "tandem/device.h"
 #include "tandem/ops.h"
 #include "tandem/param.h"
 #include "tandem/tensor.h"
@@ -75,10 +76,17 @@ typedef struct {
                                  and every model's batch norm) is td_graph_sync_batch_norm2d,
                                  as torch.nn.SyncBatchNorm.convert_sync_batchnorm converts a
                                  model; 0: plain batch norm, per-rank statistics */
+    td_device device;         /* where the graph computes and keeps its tensors (the CPU by
+                                 default). Leaves stay in host memory until td_graph_compile,
+                                 so initialisers write them there; compiling moves them to
+                                 the device, and from then on td_tensor_data and td_param
+                                 point into device memory (td_tensor_read and td_tensor_write
+                                 copy either way). Creating a graph on a GPU that cannot be
+                                 used here fails naming why. */
 } td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no
- * process group, plain batch norm. */
+ * process group, plain batch norm, the CPU. */
 td_graph_params td_graph_default_params(void);
 
 /* Creates an empty graph in training mode; params may be NULL for the defaults. */

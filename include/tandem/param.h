@@ -22,6 +22,8 @@ typedef struct {
     td_dtype dtype;   /* TD_F32 for trainable parameters today */
     int ndim;         /* 0..TD_MAX_DIMS */
     int64_t shape[TD_MAX_DIMS];
+    td_device device; /* where data and grad live: the CPU (zeroed) unless a graph on a GPU
+                         handed the entry out */
 } td_param;
 
 /* SHA-256 of the data bytes of params[0..n) in order, as 64 lower-case hex digits and a NUL:

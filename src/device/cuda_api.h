@@ -21,6 +21,10 @@ extern "C" {
 typedef struct {
     int abi;
     td_status (*fail)(td_status status, const char *fmt, ...);
+    /* The device's caching allocator (td_device_alloc / td_device_free) and compute stream. */
+    td_status (*alloc)(td_device device, size_t bytes, void **out);
+    td_status (*free)(td_device device, void *ptr);
+    td_status (*stream)(td_device device, void **stream);
 } td__cuda_host;
 
 /* What the library does. Every call names the device it runs on; failures return the
@@ -42,9 +46,17 @@ typedef struct {
     void (*event_destroy)(void *event);
     /* Any direction (unified addressing), queued on stream. */
     td_status (*memcpy_async)(int device, void *dst, const void *src, size_t bytes, void *stream);
+    /* The graph engine's backend on a GPU (its kernels are in src/ops/cuda/), and the sizes of
+     * the engine's private structs it was compiled with (td_tensor, td__node, td__op_ctx), so
+     * that a library built from other sources is refused, not trusted. */
+    const struct td__backend *backend;
+    size_t tensor_size, node_size, op_ctx_size;
 } td__cuda_api;
 
 typedef const td__cuda_api *(*td__cuda_entry_fn)(const td__cuda_host *host);
+
+/* The compute stream of GPU d (made with its allocator on first use; device.c). */
+td_status td__device_stream(td_device d, void **stream);
 
 /* The loaded library's table, or NULL; the first call loads it (thread-safe). */
 const td__cuda_api *td__cuda(void);

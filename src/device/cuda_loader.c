@@ -17,7 +17,11 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static const td__cuda_api *api;
 static char why[1024];
 
-static const td__cuda_host host = {.abi = TD__CUDA_ABI, .fail = td__fail};
+static const td__cuda_host host = {.abi = TD__CUDA_ABI,
+                                   .fail = td__fail,
+                                   .alloc = td_device_alloc,
+                                   .free = td_device_free,
+                                   .stream = td__device_stream};
 
 /* Tries one path: 1 when it loaded (api set or why says what was wrong with it). */
 static int try_open(const char *path) {

@@ -130,6 +130,13 @@ static td_status gpu_of(td_device d, const char *what, gpu **out) {
     return s;
 }
 
+td_status td__device_stream(td_device d, void **stream) {
+    gpu *g;
+    TD__TRY(gpu_of(d, "stream", &g));
+    *stream = g->stream;
+    return TD_OK;
+}
+
 td_status td_device_get_properties(td_device d, td_device_properties *out) {
     if (!out) return td__fail(TD_EINVAL, "td_device_get_properties: out is NULL");
     memset(out, 0, sizeof *out);

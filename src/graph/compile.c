@@ -1,6 +1,7 @@
 /* td_graph_compile as a sequence of named passes over the node list: fuse (fuse.c), plan
  * layouts, make primitives, allocate, and the bookkeeping for the grad-ready hook. After it
  * a training step neither mallocs nor creates primitives. Walks op tables only. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,14 +30,14 @@ td_status td__graph_make_primitives(td_graph *g) {
     return TD_OK;
 }
 
-/* Storage of the size the tensor's layout needs, zeroed (blocked layouts rely on zero padding). */
-static void *zeroed(td_graph *g, size_t bytes) {
-    void *p = td_arena_alloc(g->ctx.arena, bytes);
-    if (p) memset(p, 0, bytes);
-    return p;
+size_t td__storage_place(td__storage_plan *p, size_t bytes) {
+    size_t at = p->total;
+    p->total += (bytes + 63) & ~(size_t)63;
+    return at;
 }
 
-td_status td__graph_allocate(td_graph *g) {
+/* Offsets for every tensor's data and gradient and for the scratch slots. */
+static td_status plan_storage(td_graph *g, td__storage_plan *p, size_t *scratch_at) {
     size_t scratch = 64;
     for (int i = 0; i < g->ntensors; i++) {
         td_tensor *t = g->tensors[i];
@@ -45,39 +46,65 @@ td_status td__graph_allocate(td_graph *g) {
             t->requires_grad = 0;
             continue; /* td__plan_inference_memory below */
         }
-        if (t->alias_of) { /* allocated earlier: producers come before consumers */
+        if (t->alias_of) { /* placed earlier: producers come before consumers */
             t->bytes = t->alias_of->bytes;
-            t->own = NULL;
-            t->data = t->alias_of->data;
-            t->grad = t->alias_of->grad;
-            t->grad_zero = 1;
+            p->data[t->id] = p->data[t->alias_of->id];
+            p->grad[t->id] = p->grad[t->alias_of->id];
             continue;
         }
-        if (t->kind == TD__ACT) {
-            t->own = zeroed(g, t->bytes);
-            if (!t->own)
-                return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for %s", t->name);
-            t->data = t->own;
-        }
+        /* Leaves live in host memory until compile, so that initialisers can write them; a
+         * graph on a GPU moves them into its storage. */
+        if (t->kind == TD__ACT || g->opt.device.type != TD_DEVICE_CPU)
+            p->data[t->id] = td__storage_place(p, t->bytes);
         if (td__is_float(t->dtype) && t->bytes > scratch) scratch = t->bytes;
-        if (t->requires_grad && g->opt.grad_enabled) {
-            t->grad = zeroed(g, t->bytes);
-            if (!t->grad)
-                return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for the gradient of %s",
-                                t->name);
-            t->grad_zero = 1;
-        } else {
+        if (t->requires_grad && g->opt.grad_enabled)
+            p->grad[t->id] = td__storage_place(p, t->bytes);
+        else
             t->requires_grad = 0;
-        }
     }
-    if (!g->opt.grad_enabled) return td__plan_inference_memory(g);
+    if (!g->opt.grad_enabled) return td__plan_inference_memory(g, p);
     g->ctx.scratch_bytes = scratch;
-    for (int s = 0; s < TD__SCRATCH_SLOTS; s++) {
-        g->ctx.scratch[s] = zeroed(g, scratch);
-        if (!g->ctx.scratch[s])
-            return td__fail(TD_ENOMEM, "td_graph_compile: out of memory for scratch");
-    }
+    for (int s = 0; s < TD__SCRATCH_SLOTS; s++) scratch_at[s] = td__storage_place(p, scratch);
     return TD_OK;
+}
+
+td_status td__graph_allocate(td_graph *g) {
+    int n = g->ntensors ? g->ntensors : 1;
+    td__storage_plan p = {malloc((size_t)n * sizeof *p.data), malloc((size_t)n * sizeof *p.grad),
+                          0};
+    size_t scratch_at[TD__SCRATCH_SLOTS] = {0};
+    td_status st = TD_OK;
+    if (!p.data || !p.grad) st = td__fail(TD_ENOMEM, "td_graph_compile: out of memory planning");
+    for (int i = 0; st == TD_OK && i < g->ntensors; i++) p.data[i] = p.grad[i] = SIZE_MAX;
+    if (st == TD_OK) st = plan_storage(g, &p, scratch_at);
+    if (st == TD_OK) st = g->ctx.backend->alloc(&g->ctx, p.total, &g->storage);
+    if (st == TD_OK) {
+        char *base = g->storage;
+        g->storage_bytes = p.total;
+        for (int i = 0; i < g->ntensors; i++) {
+            td_tensor *t = g->tensors[i];
+            if (p.data[i] != SIZE_MAX) {
+                void *at = base + p.data[i];
+                if (t->kind != TD__ACT) { /* a leaf moves from host memory into storage */
+                    st = g->ctx.backend->upload(&g->ctx, at, t->own, t->bytes);
+                    if (st != TD_OK) break;
+                    free(t->own);
+                }
+                t->data = at;
+                if (!t->alias_of) t->own = at;
+            }
+            if (p.grad[i] != SIZE_MAX) {
+                t->grad = base + p.grad[i];
+                t->grad_zero = 1;
+            }
+        }
+        if (g->opt.grad_enabled)
+            for (int s = 0; s < TD__SCRATCH_SLOTS; s++)
+                g->ctx.scratch[s] = (float *)(base + scratch_at[s]);
+    }
+    free(p.data);
+    free(p.grad);
+    return st;
 }
 
 /* For each parameter, the first node that reads it: the last one backward visits, after

@@ -15,7 +15,8 @@ td_graph_params td_graph_default_params(void) {
                          .conv_winograd = 1,
                          .amp = {.level = TD_AMP_O0, .dtype = TD_BF16, .emulate = 0},
                          .comm = NULL,
-                         .sync_batch_norm = 0};
+                         .sync_batch_norm = 0,
+                         .device = {TD_DEVICE_CPU, 0}};
     return p;
 }
 
@@ -42,14 +43,13 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     g->ctx.rng = &g->rng;
     g->ctx.comm = g->opt.comm;
     g->ctx.params_ready = params_ready;
-    g->ctx.backend = &td__backend_cpu;
-    td_status s = g->ctx.backend->init(&g->ctx, "td_graph_create");
-    if (s != TD_OK) {
-        td_graph_destroy(g);
-        return s;
-    }
-    s = td_arena_create(&g->ctx.arena,
-                        g->opt.arena_block_bytes ? g->opt.arena_block_bytes : (size_t)8 << 20);
+    g->ctx.device = g->opt.device;
+    td_status s = td__backend_for(g->opt.device, "td_graph_create", &g->ctx.backend);
+    if (s == TD_OK) s = g->ctx.backend->init(&g->ctx, "td_graph_create");
+    if (s == TD_OK)
+        s = td_arena_create(&g->ctx.arena,
+                            g->opt.arena_block_bytes ? g->opt.arena_block_bytes : (size_t)8 << 20);
+    if (s == TD_OK) s = td_arena_create(&g->ctx.records, 0);
     if (s != TD_OK) {
         td_graph_destroy(g);
         return s;
@@ -66,10 +66,15 @@ void td_graph_destroy(td_graph *g) {
         if (k->destroy) k->destroy(n);
         free(n);
     }
+    char *storage = g->storage;
     for (int i = 0; i < g->ntensors; i++) {
-        if (g->tensors[i]->kind != TD__ACT) free(g->tensors[i]->own);
-        free(g->tensors[i]);
+        td_tensor *t = g->tensors[i];
+        char *own = t->own;
+        /* Leaves still in host memory (a graph on a GPU moves them into storage). */
+        if (t->kind != TD__ACT && (own < storage || own >= storage + g->storage_bytes)) free(own);
+        free(t);
     }
+    if (g->storage) g->ctx.backend->free(&g->ctx, g->storage);
     free(g->nodes);
     free(g->tensors);
     free(g->params);
@@ -80,6 +85,7 @@ void td_graph_destroy(td_graph *g) {
     free(g->casts);
     free(g->fired);
     td_arena_destroy(g->ctx.arena);
+    td_arena_destroy(g->ctx.records);
     if (g->ctx.backend) g->ctx.backend->destroy(&g->ctx);
     free(g);
 }
@@ -173,6 +179,7 @@ static void fill_param(td_param *p, td_tensor *t) {
     p->count = (size_t)td_shape_numel(&t->shape);
     p->dtype = t->dtype;
     p->ndim = t->shape.ndim;
+    p->device = t->g->opt.device;
     for (int i = 0; i < TD_MAX_DIMS; i++) p->shape[i] = i < t->shape.ndim ? t->shape.dim[i] : 0;
 }
 
@@ -305,7 +312,8 @@ td_status td_graph_forward(td_graph *g) {
 static void fire(td_graph *g, int i) {
     td_tensor *t = g->param_t[i];
     /* Zeroing is deferred to here for gradients that backward never wrote (see zero_grad). */
-    if (t->grad_zero && t->grad) memset(t->grad, 0, t->bytes);
+    if (t->grad_zero && t->grad && g->ctx.backend->zero(&g->ctx, t->grad, t->bytes) != TD_OK)
+        g->zero_failed = 1;
     g->fired[i] = 1;
     if (g->hook) g->hook((size_t)i, g->hook_ctx);
 }
@@ -346,12 +354,22 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
         if (g->tensors[i]->kind == TD__ACT) g->tensors[i]->grad_zero = 1;
     void *d = td__grad_begin(&g->ctx, y, 0);
     size_t numel = (size_t)td_shape_numel(&y->shape);
-    if (y->blocked) { /* f32 plain -> y's dtype and layout in one copy */
-        TD__TRY(g->ctx.backend->copy_plain(&g->ctx, y, dy, d, TD_F32, 0));
-    } else {
-        td__convert(d, y->dtype, dy, TD_F32, numel);
+    const td__backend *be = g->ctx.backend;
+    if (g->opt.device.type != TD_DEVICE_CPU) { /* dy comes from host memory */
+        if (numel * sizeof(float) > g->ctx.scratch_bytes)
+            return td__fail(TD_EUNSUPPORTED,
+                            "td_graph_backward: '%s' (%zu elements) is larger than the graph's "
+                            "scratch for an f32 gradient",
+                            y->name, numel);
+        TD__TRY(be->upload(&g->ctx, g->ctx.scratch[1], dy, numel * sizeof(float)));
+        dy = g->ctx.scratch[1];
     }
+    if (y->blocked) /* f32 plain -> y's dtype and layout in one copy */
+        TD__TRY(be->copy_plain(&g->ctx, y, dy, d, TD_F32, 0));
+    else
+        TD__TRY(be->convert(&g->ctx, d, y->dtype, dy, TD_F32, numel));
     td__grad_end(&g->ctx, y);
+    g->zero_failed = 0;
     memset(g->fired, 0, (size_t)g->nparams);
     for (int k = g->nnodes - 1; k >= 0; k--) {
         td__node *n = g->nodes[k];
@@ -361,9 +379,12 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     }
     for (int i = 0; i < g->nparams; i++)
         if (!g->fired[i]) fire(g, i);
+    if (g->zero_failed)
+        return td__fail(TD_EBACKEND, "td_graph_backward: zeroing a parameter gradient failed");
     for (int i = 0; i < g->ntensors; i++) {
         td_tensor *t = g->tensors[i];
-        if (t->kind == TD__INPUT && t->grad && t->grad_zero) memset(t->grad, 0, t->bytes);
+        if (t->kind == TD__INPUT && t->grad && t->grad_zero)
+            TD__TRY(be->zero(&g->ctx, t->grad, t->bytes));
     }
     return TD_OK;
 }
@@ -468,4 +489,6 @@ td_status td_graph_share_params(td_graph *dst, td_graph *src) {
                  "buffers");
 }
 
-size_t td_graph_memory_bytes(const td_graph *g) { return g ? td_arena_peak(g->ctx.arena) : 0; }
+size_t td_graph_memory_bytes(const td_graph *g) {
+    return g ? g->storage_bytes + td_arena_peak(g->ctx.arena) : 0;
+}

@@ -37,7 +37,22 @@ struct td_graph {
     void *hook_ctx;
     td__graph_cast_entry *casts;
     int ncasts, cap_casts;
+    /* Activations, gradients and scratch (and, on a GPU, the leaves too) in one allocation
+     * from the backend, made by td__graph_allocate. */
+    void *storage;
+    size_t storage_bytes;
+    int zero_failed; /* a deferred gradient zeroing failed during this backward */
 };
+
+/* Where td__graph_allocate puts each tensor: offsets into the graph's one storage block, by
+ * tensor id (SIZE_MAX: none). */
+typedef struct {
+    size_t *data, *grad;
+    size_t total;
+} td__storage_plan;
+
+/* Reserves bytes (64-byte aligned) at the end of the plan and returns their offset. */
+size_t td__storage_place(td__storage_plan *p, size_t bytes);
 
 /* Adds a node of `op` over inputs ins (checked: of this graph, not compiled) with
  * attributes `attr` and `variant`; the op's infer gives its output. `what` names the node in
@@ -60,9 +75,9 @@ void td__graph_plan_layouts(td_graph *g);         /* which activations may stay 
 td_status td__graph_make_primitives(td_graph *g); /* every op's compile */
 td_status td__graph_allocate(td_graph *g);        /* activation, gradient and scratch memory */
 
-/* Inference graphs (grad_enabled = 0): gives every activation its storage, letting an
+/* Inference graphs (grad_enabled = 0): places every activation in the plan, letting an
  * activation reuse the memory of one whose consumers have all run (memplan.c). */
-td_status td__plan_inference_memory(td_graph *g);
+td_status td__plan_inference_memory(td_graph *g, td__storage_plan *plan);
 
 /* Points parameter and buffer tensors at the storage their td_param entries name: the
  * td_param arrays are the one source of truth for where parameters, buffers and parameter

@@ -10,7 +10,7 @@
 #include "graph/graph_impl.h"
 
 typedef struct {
-    void *p;
+    size_t at; /* offset in the graph's storage */
     size_t bytes;
 } free_block;
 
@@ -25,7 +25,7 @@ static int shareable(const td_tensor *t) {
            t->bytes == (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype);
 }
 
-td_status td__plan_inference_memory(td_graph *g) {
+td_status td__plan_inference_memory(td_graph *g, td__storage_plan *plan) {
     int n = g->ntensors;
     int *last = malloc((size_t)(n ? n : 1) * sizeof *last);
     unsigned char *released = calloc((size_t)(n ? n : 1), 1);
@@ -49,13 +49,12 @@ td_status td__plan_inference_memory(td_graph *g) {
         if (last[r->id] < k) last[r->id] = k;
         if (nd->out->nconsumers == 0) last[r->id] = INT_MAX;
     }
-    for (int k = 0; k < g->nnodes && st == TD_OK; k++) {
+    for (int k = 0; k < g->nnodes; k++) {
         td_tensor *t = g->nodes[k]->out;
         if (t->alias_of) {
             td_tensor *r = root_of(t);
             t->bytes = r->bytes;
-            t->own = NULL;
-            t->data = r->data;
+            plan->data[t->id] = plan->data[r->id];
         } else {
             int best = -1;
             if (shareable(t))
@@ -63,25 +62,20 @@ td_status td__plan_inference_memory(td_graph *g) {
                     if (pool[b].bytes >= t->bytes && (best < 0 || pool[b].bytes < pool[best].bytes))
                         best = b;
             if (best >= 0) {
-                t->own = pool[best].p;
+                plan->data[t->id] = pool[best].at;
                 pool[best] = pool[--npool];
             } else {
-                t->own = td__op_alloc(&g->ctx, t->bytes);
-                if (!t->own) {
-                    st = td__fail(TD_ENOMEM, "td_graph_compile: out of memory for %s", t->name);
-                    break;
-                }
+                plan->data[t->id] = td__storage_place(plan, t->bytes);
             }
-            t->data = t->own;
         }
         /* Storage whose last reader is this node goes back to the pool. */
         td__node *nd = g->nodes[k];
         for (int i = 0; i < nd->nin; i++) {
             if (!nd->in[i] || nd->in[i]->kind != TD__ACT) continue;
             td_tensor *r = root_of(nd->in[i]);
-            if (last[r->id] == k && !released[r->id] && shareable(r) && r->own) {
+            if (last[r->id] == k && !released[r->id] && shareable(r)) {
                 released[r->id] = 1;
-                pool[npool].p = r->own;
+                pool[npool].at = plan->data[r->id];
                 pool[npool].bytes = r->bytes;
                 npool++;
             }

@@ -22,6 +22,18 @@ void *td_tensor_grad(const td_tensor *t) {
     return t && !t->blocked ? t->grad : NULL;
 }
 
+/* Plain bytes between host memory and t's storage: a leaf is in host memory until compile,
+ * later the backend's device holds it. */
+static td_status move(const td_tensor *t, void *dst, const void *src, size_t bytes, int to_host) {
+    td__op_ctx *ctx = &t->g->ctx;
+    if (!t->g->compiled) {
+        memcpy(dst, src, bytes);
+        return TD_OK;
+    }
+    return to_host ? ctx->backend->download(ctx, dst, src, bytes)
+                   : ctx->backend->upload(ctx, dst, src, bytes);
+}
+
 /* Copies between a backend-chosen layout and plain memory in the tensor's dtype. */
 static td_status copy_blocked(const td_tensor *t, const void *src, void *dst, int to_plain) {
     td__op_ctx *ctx = &t->g->ctx;
@@ -35,8 +47,7 @@ td_status td_tensor_read(const td_tensor *t, void *dst) {
         return td__fail(TD_ESTATE, "td_tensor_read: '%s' has no storage before td_graph_compile",
                         t->name);
     if (t->blocked) return copy_blocked(t, t->data, dst, 1);
-    memcpy(dst, t->data, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype));
-    return TD_OK;
+    return move(t, dst, t->data, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype), 1);
 }
 
 td_status td_tensor_read_grad(const td_tensor *t, void *dst) {
@@ -47,8 +58,7 @@ td_status td_tensor_read_grad(const td_tensor *t, void *dst) {
             TD_ESTATE, "td_tensor_read_grad: '%s' takes no gradient (or the graph is not compiled)",
             t->name);
     if (t->blocked) return copy_blocked(t, t->grad, dst, 1);
-    memcpy(dst, t->grad, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype));
-    return TD_OK;
+    return move(t, dst, t->grad, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype), 1);
 }
 
 td_status td_tensor_write(td_tensor *t, const void *src) {
@@ -58,8 +68,7 @@ td_status td_tensor_write(td_tensor *t, const void *src) {
         return td__fail(TD_ESTATE, "td_tensor_write: '%s' has no storage before td_graph_compile",
                         t->name);
     if (t->blocked) return copy_blocked(t, src, t->data, 0);
-    memcpy(t->data, src, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype));
-    return TD_OK;
+    return move(t, t->data, src, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype), 0);
 }
 
 td_status td_tensor_set_data(td_tensor *t, void *data) {

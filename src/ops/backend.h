@@ -1,9 +1,9 @@
 /* The backend contract: what a device's backend gives the graph, as src/comm/comm_impl.h is
  * what a comm backend gives a process group (ggml's backends are the model). A backend owns
  * its handles (created into td__op_ctx.be), the record of each tensor's layout (td_tensor
- * .extra), the kernels of every op it runs, and the copies between its layouts and the plain
- * row-major one. The graph holds one backend per graph and calls only this table. Not
- * installed. */
+ * .extra), the kernels of every op it runs, its device's storage and the copies between its
+ * layouts and the plain row-major one. The graph holds one backend per graph and calls only this
+ * table. Not installed. */
 #ifndef TANDEM_BACKEND_H
 #define TANDEM_BACKEND_H
 
@@ -13,14 +13,25 @@ struct td__backend {
     const char *name;
     /* By td__op_id; NULL: the op does not run on this backend. */
     const td__kernels *kernels[TD__OP_COUNT];
-    /* Creates the backend's handles into ctx->be (errors name `what`); destroy frees them. */
+    /* Creates the backend's handles for ctx->device into ctx->be (errors name `what`);
+     * destroy frees them. */
     td_status (*init)(td__op_ctx *ctx, const char *what);
     void (*destroy)(td__op_ctx *ctx);
-    /* Records the plain row-major layout of t's shape and dtype in t->extra (from the graph's
-     * arena) and clears t->blocked; called again when the graph changes t's dtype. */
+    /* Records the plain row-major layout of t's shape and dtype in t->extra (from
+     * ctx->records) and clears t->blocked; called again when the graph changes t's dtype. */
     td_status (*describe)(td__op_ctx *ctx, td_tensor *t);
     /* Bytes of storage t's recorded layout needs (padding of a blocked layout included). */
     size_t (*storage_bytes)(const td_tensor *t);
+    /* Storage on the backend's device: zeroed, 64-byte aligned. */
+    td_status (*alloc)(td__op_ctx *ctx, size_t bytes, void **out);
+    void (*free)(td__op_ctx *ctx, void *ptr);
+    td_status (*zero)(td__op_ctx *ctx, void *ptr, size_t bytes);
+    /* Bytes between host memory and storage. */
+    td_status (*upload)(td__op_ctx *ctx, void *dst, const void *host, size_t bytes);
+    td_status (*download)(td__op_ctx *ctx, void *host, const void *src, size_t bytes);
+    /* n elements of storage from one dtype to another (dst and src do not overlap). */
+    td_status (*convert)(td__op_ctx *ctx, void *dst, td_dtype dst_dtype, const void *src,
+                         td_dtype src_dtype, size_t n);
     /* Copies values between t's layout (in t's dtype) and the plain row-major layout in
      * plain_dtype: src in t's layout to dst plain when to_plain, else the other way. */
     td_status (*copy_plain)(td__op_ctx *ctx, const td_tensor *t, const void *src, void *dst,
@@ -29,6 +40,10 @@ struct td__backend {
 
 /* The CPU backend: oneDNN primitives and plain-C kernels (cpu_backend.c). */
 extern const td__backend td__backend_cpu;
+
+/* The backend of a device: the CPU's, or a GPU's from libtandem_cuda.so (backend.c); an error
+ * names `what`, the device and why it cannot be used here. */
+td_status td__backend_for(td_device device, const char *what, const td__backend **out);
 
 /* The kernels of n's op on ctx's backend (NULL when it has none). */
 static inline const td__kernels *td__kernels_of(const td__op_ctx *ctx, const td__op *op) {

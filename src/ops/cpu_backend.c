@@ -2,6 +2,7 @@
  * descriptor as each tensor's layout record, reorders for copies between layouts, and the
  * kernels of every op (each op's file defines its td__cpu_* table beside the op). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "ops/onednn.h"
 
@@ -28,7 +29,7 @@ static void cpu_destroy(td__op_ctx *ctx) {
 }
 
 static td_status cpu_describe(td__op_ctx *ctx, td_tensor *t) {
-    if (!t->extra) t->extra = td__op_alloc(ctx, sizeof(dnnl_memory_desc_t));
+    if (!t->extra) t->extra = td_arena_alloc(ctx->records, sizeof(dnnl_memory_desc_t));
     if (!t->extra) return td__fail(TD_ENOMEM, "graph: out of memory describing '%s'", t->name);
     td__md_plain(td__md(t), &t->shape, t->dtype);
     t->blocked = 0;
@@ -36,6 +37,39 @@ static td_status cpu_describe(td__op_ctx *ctx, td_tensor *t) {
 }
 
 static size_t cpu_storage_bytes(const td_tensor *t) { return dnnl_memory_desc_get_size(td__md(t)); }
+
+static td_status cpu_alloc(td__op_ctx *ctx, size_t bytes, void **out) {
+    (void)ctx;
+    size_t n = (bytes + 63) & ~(size_t)63;
+    *out = aligned_alloc(64, n ? n : 64);
+    if (!*out) return td__fail(TD_ENOMEM, "graph: out of memory for %zu bytes of storage", bytes);
+    memset(*out, 0, n);
+    return TD_OK;
+}
+
+static void cpu_free(td__op_ctx *ctx, void *ptr) {
+    (void)ctx;
+    free(ptr);
+}
+
+static td_status cpu_zero(td__op_ctx *ctx, void *ptr, size_t bytes) {
+    (void)ctx;
+    memset(ptr, 0, bytes);
+    return TD_OK;
+}
+
+static td_status cpu_copy(td__op_ctx *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    if (bytes) memcpy(dst, src, bytes);
+    return TD_OK;
+}
+
+static td_status cpu_convert(td__op_ctx *ctx, void *dst, td_dtype dst_dtype, const void *src,
+                             td_dtype src_dtype, size_t n) {
+    (void)ctx;
+    td__convert(dst, dst_dtype, src, src_dtype, n);
+    return TD_OK;
+}
 
 /* A one-off reorder: both layouts and the dtype change at once. */
 static td_status cpu_copy_plain(td__op_ctx *ctx, const td_tensor *t, const void *src, void *dst,
@@ -76,5 +110,11 @@ const td__backend td__backend_cpu = {
     .destroy = cpu_destroy,
     .describe = cpu_describe,
     .storage_bytes = cpu_storage_bytes,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .convert = cpu_convert,
     .copy_plain = cpu_copy_plain,
 };

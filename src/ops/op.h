@@ -50,8 +50,10 @@ typedef enum {
 /* What the engine lends an op's kernels: owned by the graph, valid while the call runs. */
 struct td__op_ctx {
     const td__backend *backend; /* whose kernels run the nodes */
+    td_device device;           /* the backend's device (td_graph_params.device) */
     void *be;                   /* the backend's own handles (CPU: oneDNN's engine and stream) */
-    td_arena *arena;            /* lives as long as the graph */
+    td_arena *arena;            /* host memory for kernels' state; lives as long as the graph */
+    td_arena *records;          /* the backend's per-tensor layout records (td_tensor.extra) */
     float *scratch[TD__SCRATCH_SLOTS]; /* each scratch_bytes, for accumulating gradients */
     size_t scratch_bytes;
     int training;      /* training mode (dropout drops, batch norm uses batch statistics) */

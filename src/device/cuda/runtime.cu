@@ -1,7 +1,7 @@
-/* libtandem_cuda.so's entry point and its CUDA runtime calls: devices, streams, events and
- * memory (cuda_api.h is the contract). Every call sets its device first (the current device
- * is per thread in CUDA) and turns a CUDA error into the host's td_status naming the call and
- * CUDA's own message. Kernels live beside the ops (src/ops/cuda/), not here. */
+/* libtandem_cuda.so's CUDA runtime calls: devices, streams, events and memory (the entries of
+ * cuda_api.h's table that are not the graph backend). Every call sets its device first (the
+ * current device is per thread in CUDA) and turns a CUDA error into the host's td_status
+ * naming the call and CUDA's own message. Kernels live beside the ops (src/ops/cuda/). */
 #include <cstdio>
 #include <cstring>
 
@@ -9,19 +9,12 @@
 
 #include <cuda_runtime.h>
 
-#include "device/cuda_api.h"
+#include "device/cuda/runtime.cuh"
 
-static const td__cuda_host *host;
+const td__cuda_host *td__host;
 
-#define TD__CU(call)                                                                            \
-    do {                                                                                        \
-        cudaError_t td_e_ = (call);                                                             \
-        if (td_e_ != cudaSuccess)                                                               \
-            return host->fail(TD_EBACKEND, "%s failed: %s (%s)", #call,                         \
-                              cudaGetErrorString(td_e_), cudaGetErrorName(td_e_));              \
-    } while (0)
 
-static td_status device_count(int *count, char *why, size_t n) {
+td_status td__cu_device_count(int *count, char *why, size_t n) {
     *count = 0;
     cudaError_t e = cudaGetDeviceCount(count);
     void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
@@ -41,7 +34,7 @@ static td_status device_count(int *count, char *why, size_t n) {
     return TD_OK;
 }
 
-static td_status properties(int device, td_device_properties *out) {
+td_status td__cu_properties(int device, td_device_properties *out) {
     cudaDeviceProp p;
     TD__CU(cudaGetDeviceProperties(&p, device));
     snprintf(out->name, sizeof out->name, "%s", p.name);
@@ -52,13 +45,13 @@ static td_status properties(int device, td_device_properties *out) {
     return TD_OK;
 }
 
-static td_status synchronize(int device) {
+td_status td__cu_synchronize(int device) {
     TD__CU(cudaSetDevice(device));
     TD__CU(cudaDeviceSynchronize());
     return TD_OK;
 }
 
-static td_status stream_create(int device, void **stream) {
+td_status td__cu_stream_create(int device, void **stream) {
     TD__CU(cudaSetDevice(device));
     cudaStream_t s;
     TD__CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -66,13 +59,13 @@ static td_status stream_create(int device, void **stream) {
     return TD_OK;
 }
 
-static td_status stream_synchronize(int device, void *stream) {
+td_status td__cu_stream_synchronize(int device, void *stream) {
     TD__CU(cudaSetDevice(device));
     TD__CU(cudaStreamSynchronize((cudaStream_t)stream));
     return TD_OK;
 }
 
-static td_status device_malloc(int device, size_t bytes, void **ptr) {
+td_status td__cu_device_malloc(int device, size_t bytes, void **ptr) {
     TD__CU(cudaSetDevice(device));
     cudaError_t e = cudaMalloc(ptr, bytes);
     if (e == cudaErrorMemoryAllocation) {
@@ -83,12 +76,12 @@ static td_status device_malloc(int device, size_t bytes, void **ptr) {
     return TD_OK;
 }
 
-static void device_free(int device, void *ptr) {
+void td__cu_device_free(int device, void *ptr) {
     cudaSetDevice(device);
     cudaFree(ptr);
 }
 
-static td_status event_record(int device, void *stream, void **event) {
+td_status td__cu_event_record(int device, void *stream, void **event) {
     TD__CU(cudaSetDevice(device));
     cudaEvent_t e;
     TD__CU(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -99,24 +92,12 @@ static td_status event_record(int device, void *stream, void **event) {
     return TD_OK;
 }
 
-static int event_done(void *event) { return cudaEventQuery((cudaEvent_t)event) == cudaSuccess; }
+int td__cu_event_done(void *event) { return cudaEventQuery((cudaEvent_t)event) == cudaSuccess; }
 
-static void event_destroy(void *event) { cudaEventDestroy((cudaEvent_t)event); }
+void td__cu_event_destroy(void *event) { cudaEventDestroy((cudaEvent_t)event); }
 
-static td_status memcpy_async(int device, void *dst, const void *src, size_t bytes, void *stream) {
+td_status td__cu_memcpy_async(int device, void *dst, const void *src, size_t bytes, void *stream) {
     TD__CU(cudaSetDevice(device));
     TD__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream));
     return TD_OK;
-}
-
-static const td__cuda_api api = {
-    TD__CUDA_ABI,  device_count, properties,   synchronize, stream_create, stream_synchronize,
-    device_malloc, device_free,  event_record, event_done,  event_destroy, memcpy_async,
-};
-
-extern "C" __attribute__((visibility("default"))) const td__cuda_api *
-td_cuda_entry(const td__cuda_host *h) {
-    if (!h || h->abi != TD__CUDA_ABI) return &api; /* the host compares ABIs and says so */
-    host = h;
-    return &api;
 }

@@ -1,0 +1,34 @@
+/* What the files of libtandem_cuda.so share: the host's services (td__host, set by the entry
+ * point), the macro that turns a CUDA error into a td_status, and the runtime calls the table
+ * of cuda_api.h is made of. CUDA C++, for .cu files only. Not installed. */
+#ifndef TANDEM_CUDA_RUNTIME_CUH
+#define TANDEM_CUDA_RUNTIME_CUH
+
+#include <cuda_runtime.h>
+
+#include "device/cuda_api.h"
+
+extern const td__cuda_host *td__host;
+
+/* Returns the host's td_status naming the call and CUDA's message when a CUDA call fails. */
+#define TD__CU(call)                                                                            \
+    do {                                                                                        \
+        cudaError_t td_e_ = (call);                                                             \
+        if (td_e_ != cudaSuccess)                                                               \
+            return td__host->fail(TD_EBACKEND, "%s failed: %s (%s)", #call,                         \
+                              cudaGetErrorString(td_e_), cudaGetErrorName(td_e_));              \
+    } while (0)
+
+td_status td__cu_device_count(int *count, char *why, size_t n);
+td_status td__cu_properties(int device, td_device_properties *out);
+td_status td__cu_synchronize(int device);
+td_status td__cu_stream_create(int device, void **stream);
+td_status td__cu_stream_synchronize(int device, void *stream);
+td_status td__cu_device_malloc(int device, size_t bytes, void **ptr);
+void td__cu_device_free(int device, void *ptr);
+td_status td__cu_event_record(int device, void *stream, void **event);
+int td__cu_event_done(void *event);
+void td__cu_event_destroy(void *event);
+td_status td__cu_memcpy_async(int device, void *dst, const void *src, size_t bytes, void *stream);
+
+#endif

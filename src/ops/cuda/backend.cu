@@ -1,0 +1,104 @@
+/* The GPU backend (backend.h): the device's compute stream and caching allocator (lent by the
+ * host), a cuBLASLt handle and workspace, plain row-major layouts only (no layout records),
+ * storage in device memory, and the kernels of the ops that have them on a GPU. An op whose
+ * kernels are missing here is refused when it is added to a graph, naming the op and the
+ * device. */
+#include <cstdlib>
+
+#include "ops/cuda/cuda_ops.cuh"
+
+static td_status gpu_init(td__op_ctx *ctx, const char *what) {
+    td__gpu *g = (td__gpu *)calloc(1, sizeof *g);
+    if (!g) return td__host->fail(TD_ENOMEM, "%s: out of memory", what);
+    ctx->be = g;
+    g->device = ctx->device;
+    TD__CU(cudaSetDevice(g->device.index));
+    void *stream;
+    td_status s = td__host->stream(g->device, &stream);
+    if (s != TD_OK) return s;
+    g->stream = (cudaStream_t)stream;
+    TD__CUBLAS(cublasLtCreate(&g->lt));
+    g->workspace_bytes = (size_t)32 << 20;
+    return td__host->alloc(g->device, g->workspace_bytes, &g->workspace);
+}
+
+static void gpu_destroy(td__op_ctx *ctx) {
+    td__gpu *g = td__gpu_of(ctx);
+    if (!g) return;
+    if (g->workspace) td__host->free(g->device, g->workspace);
+    if (g->lt) cublasLtDestroy(g->lt);
+    free(g);
+    ctx->be = NULL;
+}
+
+static td_status gpu_describe(td__op_ctx *ctx, td_tensor *t) {
+    (void)ctx;
+    t->extra = NULL;
+    t->blocked = 0;
+    return TD_OK;
+}
+
+static size_t gpu_storage_bytes(const td_tensor *t) { return td__numel(t) * td__elem_size(t->dtype); }
+
+static td_status gpu_alloc(td__op_ctx *ctx, size_t bytes, void **out) {
+    td__gpu *g = td__gpu_of(ctx);
+    td_status s = td__host->alloc(g->device, bytes ? bytes : 64, out);
+    if (s != TD_OK) return s;
+    TD__CU(cudaMemsetAsync(*out, 0, bytes, g->stream));
+    return TD_OK;
+}
+
+static void gpu_free(td__op_ctx *ctx, void *ptr) { td__host->free(td__gpu_of(ctx)->device, ptr); }
+
+static td_status gpu_zero(td__op_ctx *ctx, void *ptr, size_t bytes) {
+    TD__CU(cudaMemsetAsync(ptr, 0, bytes, td__gpu_of(ctx)->stream));
+    return TD_OK;
+}
+
+/* Host memory may be pageable: the copy completes before the call returns. */
+static td_status gpu_copy(td__op_ctx *ctx, void *dst, const void *src, size_t bytes) {
+    cudaStream_t s = td__gpu_of(ctx)->stream;
+    TD__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+    TD__CU(cudaStreamSynchronize(s));
+    return TD_OK;
+}
+
+static td_status gpu_convert(td__op_ctx *ctx, void *dst, td_dtype dst_dtype, const void *src,
+                             td_dtype src_dtype, size_t n) {
+    return td__cuda_add_into(ctx, dst, dst_dtype, src, src_dtype, n, 1.f, 0.f, "convert");
+}
+
+/* Layouts on a GPU are always plain: only the dtype changes. */
+static td_status gpu_copy_plain(td__op_ctx *ctx, const td_tensor *t, const void *src, void *dst,
+                                td_dtype plain_dtype, int to_plain) {
+    return to_plain ? gpu_convert(ctx, dst, plain_dtype, src, t->dtype, td__numel(t))
+                    : gpu_convert(ctx, dst, t->dtype, src, plain_dtype, td__numel(t));
+}
+
+static td__backend make_backend() {
+    td__backend b = {};
+    b.name = "cuda";
+    b.kernels[TD__OP_LINEAR] = &td__cuda_linear;
+    b.kernels[TD__OP_ELTWISE] = &td__cuda_eltwise;
+    b.kernels[TD__OP_ADD] = &td__cuda_add;
+    b.kernels[TD__OP_SCALE] = &td__cuda_scale;
+    b.kernels[TD__OP_CAST] = &td__cuda_cast;
+    b.kernels[TD__OP_RESHAPE] = &td__cuda_reshape;
+    b.kernels[TD__OP_SOFTMAX] = &td__cuda_softmax;
+    b.kernels[TD__OP_NLL] = &td__cuda_nll;
+    b.init = gpu_init;
+    b.destroy = gpu_destroy;
+    b.describe = gpu_describe;
+    b.storage_bytes = gpu_storage_bytes;
+    b.alloc = gpu_alloc;
+    b.free = gpu_free;
+    b.zero = gpu_zero;
+    b.upload = gpu_copy;
+    b.download = gpu_copy;
+    b.convert = gpu_convert;
+    b.copy_plain = gpu_copy_plain;
+    return b;
+}
+
+/* C++ has no designated array initializers: the table is filled once, at load. */
+const td__backend td__backend_cuda = make_backend();

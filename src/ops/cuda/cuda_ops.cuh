@@ -1,0 +1,130 @@
+/* What the GPU backend's kernel files share (CUDA C++, libtandem_cuda.so only): the backend's
+ * handles, checked calls, launch sizes, element loads and stores in f32 for every float
+ * dtype, and the gradient rule every kernel follows (write when nothing was written since
+ * zeroing, add otherwise: td__grad_begin's contract, with beta instead of scratch). Each
+ * kernel has the CPU op of the same name as its oracle (tests/test_cuda_graph.c). Not
+ * installed. */
+#ifndef TANDEM_CUDA_OPS_CUH
+#define TANDEM_CUDA_OPS_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "device/cuda/runtime.cuh"
+#include "ops/backend.h"
+
+/* A GPU graph's handles (td__op_ctx.be). */
+typedef struct {
+    td_device device;
+    cudaStream_t stream; /* the device's compute stream */
+    cublasLtHandle_t lt;
+    void *workspace; /* cuBLASLt's, from the device's caching allocator */
+    size_t workspace_bytes;
+} td__gpu;
+
+static inline td__gpu *td__gpu_of(const td__op_ctx *ctx) { return (td__gpu *)ctx->be; }
+
+/* Returns the host's td_status naming the call when a cuBLAS(Lt) call fails. */
+#define TD__CUBLAS(call)                                                                       \
+    do {                                                                                       \
+        cublasStatus_t td_b_ = (call);                                                         \
+        if (td_b_ != CUBLAS_STATUS_SUCCESS)                                                    \
+            return td__host->fail(TD_EBACKEND, "%s failed: %s", #call,                         \
+                                  cublasLtGetStatusString(td_b_));                             \
+    } while (0)
+
+/* After a launch: a bad configuration fails here, naming the op. */
+#define TD__LAUNCHED(what)                                                                     \
+    do {                                                                                       \
+        cudaError_t td_l_ = cudaGetLastError();                                                \
+        if (td_l_ != cudaSuccess)                                                              \
+            return td__host->fail(TD_EBACKEND, "%s: kernel launch failed: %s", (what),         \
+                                  cudaGetErrorString(td_l_));                                  \
+    } while (0)
+
+#define TD__THREADS 256
+
+/* Blocks for n elements at TD__THREADS each, capped: kernels loop with a grid stride. */
+static inline unsigned td__blocks(size_t n) {
+    size_t b = (n + TD__THREADS - 1) / TD__THREADS;
+    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+#define TD__GRID_STRIDE(i, n)                                                                  \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                    \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* Elements as f32, whatever their dtype (bf16 and f16 round to nearest even on store). */
+template <typename T> __device__ __forceinline__ float td_ld(const T *p, size_t i);
+template <> __device__ __forceinline__ float td_ld(const float *p, size_t i) { return p[i]; }
+template <> __device__ __forceinline__ float td_ld(const __nv_bfloat16 *p, size_t i) {
+    return __bfloat162float(p[i]);
+}
+template <> __device__ __forceinline__ float td_ld(const __half *p, size_t i) {
+    return __half2float(p[i]);
+}
+template <typename T> __device__ __forceinline__ void td_st(T *p, size_t i, float v);
+template <> __device__ __forceinline__ void td_st(float *p, size_t i, float v) { p[i] = v; }
+template <> __device__ __forceinline__ void td_st(__nv_bfloat16 *p, size_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ void td_st(__half *p, size_t i, float v) {
+    p[i] = __float2half_rn(v);
+}
+
+/* Runs the statements after `what` with T the C++ type of float dtype `dt`; other dtypes fail naming `what`. */
+#define TD__FLOAT_TYPES(dt, what, ...)                                                        \
+    do {                                                                                       \
+        switch (dt) {                                                                          \
+        case TD_F32: {                                                                         \
+            typedef float T;                                                                   \
+            __VA_ARGS__;                                                                       \
+            break;                                                                             \
+        }                                                                                      \
+        case TD_BF16: {                                                                        \
+            typedef __nv_bfloat16 T;                                                           \
+            __VA_ARGS__;                                                                       \
+            break;                                                                             \
+        }                                                                                      \
+        case TD_F16: {                                                                         \
+            typedef __half T;                                                                  \
+            __VA_ARGS__;                                                                       \
+            break;                                                                             \
+        }                                                                                      \
+        default:                                                                               \
+            return td__host->fail(TD_EDTYPE, "%s: dtype %d on a GPU (f32, bf16 or f16)",       \
+                                  (what), (int)(dt));                                          \
+        }                                                                                      \
+    } while (0)
+
+/* The gradient rule: 0 writes (nothing since zeroing), 1 adds. */
+static inline float td__grad_beta(const td_tensor *t) { return t->grad_zero ? 0.f : 1.f; }
+
+static inline void td__grad_written(td_tensor *t) {
+    t->grad_zero = 0;
+    t->grad_scratch = 0;
+}
+
+/* The library calls nothing of libtandem's but the host table, so it counts for itself. */
+static inline size_t td__numel(const td_tensor *t) {
+    size_t n = 1;
+    for (int i = 0; i < t->shape.ndim; i++) n *= (size_t)t->shape.dim[i];
+    return n;
+}
+
+static inline size_t td__elem_size(td_dtype dt) {
+    return dt == TD_F64 || dt == TD_I64 ? 8 : dt == TD_F32 || dt == TD_I32 ? 4 : dt == TD_U8 ? 1 : 2;
+}
+
+/* y[i] = beta * y[i] + x[i] (dtype conversions both ways), on ctx's stream. */
+td_status td__cuda_add_into(td__op_ctx *ctx, void *y, td_dtype yt, const void *x, td_dtype xt,
+                            size_t n, float alpha, float beta, const char *what);
+
+/* The kernels of each op on a GPU (one file per op family). */
+extern const td__kernels td__cuda_linear, td__cuda_eltwise, td__cuda_add, td__cuda_scale,
+    td__cuda_cast, td__cuda_reshape, td__cuda_softmax, td__cuda_nll;
+
+extern const td__backend td__backend_cuda;
+
+#endif

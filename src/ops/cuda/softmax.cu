@@ -1,0 +1,171 @@
+/* Softmax and log-softmax over the last axis, and the negative log-likelihood loss, on a GPU.
+ * One block per row: the row's maximum and sum are reduced in a fixed tree, so results do not
+ * depend on timing. The loss sums its samples in one block in a fixed order as well. Labels
+ * outside [0, C) are skipped and counted in mapped host memory; the next forward of the node
+ * fails naming the first such sample (the GPU cannot stop mid-step to say so). */
+#include <cfloat>
+#include <cstdlib>
+
+#include "ops/cuda/cuda_ops.cuh"
+
+/* Sum (or maximum) of v over the block, in a fixed tree; every thread gets the result. */
+__device__ float block_reduce(float v, int is_max) {
+    __shared__ float buf[TD__THREADS];
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = TD__THREADS / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) {
+            float o = buf[threadIdx.x + half];
+            buf[threadIdx.x] = is_max ? fmaxf(buf[threadIdx.x], o) : buf[threadIdx.x] + o;
+        }
+        __syncthreads();
+    }
+    float r = buf[0];
+    __syncthreads();
+    return r;
+}
+
+__global__ void softmax_forward(float *y, const float *x, int64_t C, int log) {
+    const float *xr = x + (size_t)blockIdx.x * C;
+    float *yr = y + (size_t)blockIdx.x * C;
+    float m = -FLT_MAX;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, xr[c]);
+    m = block_reduce(m, 1);
+    float s = 0.f;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += expf(xr[c] - m);
+    s = block_reduce(s, 0);
+    float ls = logf(s);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        yr[c] = log ? xr[c] - m - ls : expf(xr[c] - m) / s;
+}
+
+/* softmax: dx = y (dy - sum(dy y)); log-softmax: dx = dy - exp(y) sum(dy). */
+__global__ void softmax_backward(float *dx, const float *dy, const float *y, int64_t C, int log,
+                                 float beta) {
+    size_t row = (size_t)blockIdx.x * C;
+    float s = 0.f;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        s += log ? dy[row + c] : dy[row + c] * y[row + c];
+    s = block_reduce(s, 0);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        size_t i = row + c;
+        float d = log ? dy[i] - expf(y[i]) * s : y[i] * (dy[i] - s);
+        dx[i] = beta != 0.f ? beta * dx[i] + d : d;
+    }
+}
+
+static td_status rows_of(const td__node *n, unsigned *rows, int64_t *C) {
+    const td_tensor *x = n->in[0];
+    *C = x->shape.dim[x->shape.ndim - 1];
+    size_t r = td__numel(x) / (size_t)*C;
+    if (x->dtype != TD_F32 || r > 0x7fffffffu)
+        return td__host->fail(TD_EUNSUPPORTED, "%s: '%s' on a GPU must be f32 with < 2^31 rows",
+                              n->what, x->name);
+    *rows = (unsigned)r;
+    return TD_OK;
+}
+
+static td_status sm_forward(td__op_ctx *ctx, td__node *n) {
+    unsigned rows;
+    int64_t C;
+    TD__TRY(rows_of(n, &rows, &C));
+    softmax_forward<<<rows, TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
+        (float *)n->out->data, (const float *)n->in[0]->data, C, n->variant == TD__LOG_SOFTMAX);
+    TD__LAUNCHED(n->what);
+    return TD_OK;
+}
+
+static td_status sm_backward(td__op_ctx *ctx, td__node *n) {
+    td_tensor *x = n->in[0], *y = n->out;
+    unsigned rows;
+    int64_t C;
+    TD__TRY(rows_of(n, &rows, &C));
+    softmax_backward<<<rows, TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
+        (float *)x->grad, (const float *)y->grad, (const float *)y->data, C,
+        n->variant == TD__LOG_SOFTMAX, td__grad_beta(x));
+    TD__LAUNCHED(n->what);
+    td__grad_written(x);
+    return TD_OK;
+}
+
+const td__kernels td__cuda_softmax = {NULL, sm_forward, sm_backward, NULL, NULL};
+
+/* ---- negative log-likelihood ---- */
+
+typedef struct {
+    int64_t *bad; /* mapped host memory: first sample with a label outside [0, C), or -1 */
+} nll_state;
+
+__global__ void nll_forward_kernel(float *loss, const float *logp, const int64_t *lab, int64_t N,
+                                   int64_t C, int mean, int64_t *bad) {
+    float s = 0.f;
+    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+        int64_t l = lab[i];
+        if (l < 0 || l >= C) {
+            atomicCAS((unsigned long long *)bad, (unsigned long long)-1, (unsigned long long)i);
+            continue;
+        }
+        s -= logp[(size_t)i * C + l];
+    }
+    s = block_reduce(s, 0);
+    if (threadIdx.x == 0) *loss = mean ? s / (float)N : s;
+}
+
+/* dlogp = beta dlogp, then -dloss (/ N) at each sample's label. */
+__global__ void nll_backward_kernel(float *dlogp, const float *dloss, const int64_t *lab,
+                                    int64_t N, int64_t C, int mean, float beta) {
+    float scale = mean ? dloss[0] / (float)N : dloss[0];
+    TD__GRID_STRIDE(i, (size_t)(N * C)) {
+        int64_t r = (int64_t)i / C, c = (int64_t)i % C;
+        float d = lab[r] == c ? -scale : 0.f;
+        dlogp[i] = beta != 0.f ? beta * dlogp[i] + d : d;
+    }
+}
+
+static td_status nll_compile(td__op_ctx *ctx, td__node *n) {
+    (void)ctx;
+    nll_state *s = (nll_state *)calloc(1, sizeof *s);
+    if (!s) return td__host->fail(TD_ENOMEM, "nll_loss: out of memory");
+    n->state = s;
+    TD__CU(cudaHostAlloc((void **)&s->bad, sizeof *s->bad, cudaHostAllocMapped));
+    *s->bad = -1;
+    return TD_OK;
+}
+
+static td_status nll_forward(td__op_ctx *ctx, td__node *n) {
+    nll_state *s = (nll_state *)n->state;
+    if (*s->bad >= 0) { /* the last forward saw it; the stream has finished that step since */
+        long long i = (long long)*s->bad;
+        *s->bad = -1;
+        return td__host->fail(TD_EINVAL, "nll_loss: the label of sample %lld (of a previous "
+                                         "step on the GPU) is outside [0, %lld)",
+                              i, (long long)n->in[0]->shape.dim[1]);
+    }
+    const td_tensor *lp = n->in[0];
+    nll_forward_kernel<<<1, TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
+        (float *)n->out->data, (const float *)lp->data, (const int64_t *)n->in[1]->data,
+        lp->shape.dim[0], lp->shape.dim[1], n->attr.reduction == TD_REDUCTION_MEAN, s->bad);
+    TD__LAUNCHED("nll_loss");
+    return TD_OK;
+}
+
+static td_status nll_backward(td__op_ctx *ctx, td__node *n) {
+    td_tensor *lp = n->in[0];
+    int64_t N = lp->shape.dim[0], C = lp->shape.dim[1];
+    nll_backward_kernel<<<td__blocks((size_t)(N * C)), TD__THREADS, 0,
+                          td__gpu_of(ctx)->stream>>>(
+        (float *)lp->grad, (const float *)n->out->grad, (const int64_t *)n->in[1]->data, N, C,
+        n->attr.reduction == TD_REDUCTION_MEAN, td__grad_beta(lp));
+    TD__LAUNCHED("nll_loss backward");
+    td__grad_written(lp);
+    return TD_OK;
+}
+
+static void nll_destroy(td__node *n) {
+    nll_state *s = (nll_state *)n->state;
+    if (!s) return;
+    if (s->bad) cudaFreeHost(s->bad);
+    free(s);
+}
+
+const td__kernels td__cuda_nll = {nll_compile, nll_forward, nll_backward, nll_destroy, NULL};
