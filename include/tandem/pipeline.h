@@ -32,11 +32,16 @@
  * need; f16 levels would need one and are not scaled here.
  *
  * Errors: td_pipeline_create checks, on every rank, that all ranks agree on the model and the
- * options and that each stage reads the shape its upstream stage produces (TD_ESHAPE naming both
- * stages and shapes). Any error in a step ends the pipeline's groups (td_comm_abort) so that no
- * rank waits for it: every rank's error names its stage, what it was doing and the stage that
- * failed or died. Destroy a pipeline after an error. Not thread-safe: drive it from one thread.
- * It does not own the group it is given, the model description, or an optimizer. */
+ * options and that the activations crossing each cut have the same shape on every rank
+ * (TD_ESHAPE naming the cut and both shapes). Every td_pipeline_step and td_pipeline_evaluate
+ * begins with a check on the group it was created on (td_comm_agree) that every rank starts the
+ * same call, so a rank that issues another collective on that group, or another pipeline call,
+ * fails at once on every rank with both calls named (TD_EMISMATCH), as does a dead rank
+ * (TD_EPEER, the group naming it). Any error in a step ends the pipeline's groups
+ * (td_comm_abort) so that no rank waits for it: every rank's error names its stage, what it was
+ * doing and the group's own message. Destroy a pipeline after an error. Not thread-safe: drive
+ * it from one thread. It does not own the group it is given (which must outlive it), the model
+ * description, or an optimizer. */
 #ifndef TANDEM_PIPELINE_H
 #define TANDEM_PIPELINE_H
 
