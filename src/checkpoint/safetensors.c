@@ -646,14 +646,6 @@ td_status td_checkpoint_get_meta_u64(const td_checkpoint *c, const char *key, ui
     return TD_OK;
 }
 
-static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
-    size_t k = 0;
-    k += (size_t)snprintf(buf + k, len - k, "(");
-    for (int d = 0; d < ndim && k < len; d++)
-        k += (size_t)snprintf(buf + k, len - k, d ? ", %lld" : "%lld", (long long)shape[d]);
-    if (k < len) snprintf(buf + k, len - k, ")");
-}
-
 static const entry *find(const td_checkpoint *c, const char *name) {
     for (size_t i = 0; i < c->n; i++)
         if (strcmp(c->entries[i].name, name) == 0) return &c->entries[i];
@@ -677,12 +669,8 @@ td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
         for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == t[i].shape[d];
         if (!same) {
             char want[160], got[160];
-            shape_str(want, sizeof want,
-                      t[i].ndim < 0             ? 0
-                      : t[i].ndim > TD_MAX_DIMS ? TD_MAX_DIMS
-                                                : t[i].ndim,
-                      t[i].shape);
-            shape_str(got, sizeof got, e->ndim, e->shape);
+            td__dims_str(want, sizeof want, t[i].ndim, t[i].shape);
+            td__dims_str(got, sizeof got, e->ndim, e->shape);
             return td__fail(TD_ESHAPE, "%s: tensor %s: expected shape %s, file has %s", c->path,
                             t[i].name, want, got);
         }

@@ -31,6 +31,10 @@ void td__log(td_log_level level, const char *fmt, ...) TD__PRINTF(2, 3);
  * cannot be read (no such process). */
 char td__proc_state(int pid);
 
+/* Writes "(d0, d1, ...)", the first ndim of dims (at most TD_MAX_DIMS), for messages; returns
+ * out. */
+const char *td__dims_str(char *out, size_t cap, int64_t ndim, const int64_t *dims);
+
 /* 1 when process `pid` of this host has exited: it no longer exists, or it is a zombie its
  * parent has not reaped yet. 0 for pid <= 0. */
 int td__pid_dead(int pid);

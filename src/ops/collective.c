@@ -18,11 +18,9 @@ typedef struct {
 static void describe(const void *sig, const void *other, char *buf, size_t cap, void *ctx) {
     (void)other, (void)ctx;
     const coll_sig *s = sig;
-    int at = snprintf(buf, cap, "%s of %s (", s->what, td_dtype_name((td_dtype)s->dtype));
-    for (int i = 0; i < s->ndim && at > 0 && (size_t)at < cap; i++)
-        at += snprintf(buf + at, cap - (size_t)at, i ? ", %lld" : "%lld", (long long)s->dim[i]);
-    if (at > 0 && (size_t)at < cap)
-        snprintf(buf + at, cap - (size_t)at, ")%s", s->grad ? " with a backward" : "");
+    char dims[160];
+    snprintf(buf, cap, "%s of %s %s%s", s->what, td_dtype_name((td_dtype)s->dtype),
+             td__dims_str(dims, sizeof dims, s->ndim, s->dim), s->grad ? " with a backward" : "");
 }
 
 td_status td__coll_agree(td__op_ctx *ctx, const td__node *n, const td_shape *shape, td_dtype dtype,

@@ -228,7 +228,7 @@ typedef struct {
     size_t n_params;
 } ddp_rank0;
 
-/* An entry in words: "parameter 5 'fc3.weight' f32 [12, 16]", numbered within its kind. A rank
+/* An entry in words: "parameter 5 'fc3.weight' f32 (12, 16)", numbered within its kind. A rank
  * that agrees with rank 0 stands for rank 0's entry where the other rank differs. */
 static void describe_diff(const void *sig, const void *other, char *out, size_t cap, void *ctx) {
     const ddp_diff *a = sig, *b = other;
@@ -236,11 +236,10 @@ static void describe_diff(const void *sig, const void *other, char *out, size_t 
     int64_t at = a->index >= 0 ? a->index : b->index;
     const ddp_entry *e = a->index >= 0 ? &a->entry : &rank0->entries[at];
     int64_t within = at - (e->kind ? (int64_t)rank0->n_params : 0);
-    size_t n = (size_t)snprintf(out, cap, "%s %lld '%s' %s [", e->kind ? "buffer" : "parameter",
-                                (long long)within, e->name, td_dtype_name((td_dtype)e->dtype));
-    for (int64_t k = 0; k < e->ndim && k < TD_MAX_DIMS && n < cap; k++)
-        n += (size_t)snprintf(out + n, cap - n, k ? ", %lld" : "%lld", (long long)e->shape[k]);
-    if (n < cap) snprintf(out + n, cap - n, "]");
+    char dims[160];
+    snprintf(out, cap, "%s %lld '%s' %s %s", e->kind ? "buffer" : "parameter", (long long)within,
+             e->name, td_dtype_name((td_dtype)e->dtype),
+             td__dims_str(dims, sizeof dims, e->ndim, e->shape));
 }
 
 static void ddp_entry_fill(ddp_entry *e, const td_param *p, int kind) {

@@ -209,14 +209,12 @@ static void describe_cuts(const void *sig, const void *other, char *out, size_t 
            memcmp(a->dims[c], b->dims[c], sizeof a->dims[c]) == 0)
         c++;
     if (c == w->stages) c = 1;
-    size_t at = (size_t)snprintf(out, cap, "activations of shape (");
-    for (int64_t i = 0; i < a->ndim[c] && at < cap; i++)
-        at += (size_t)snprintf(out + at, cap - at, i ? ", %lld" : "%lld", (long long)a->dims[c][i]);
+    char dims[128];
     size_t layer = (size_t)a->first[c];
-    if (at < cap)
-        snprintf(out + at, cap - at, ") between '%s' and '%s'",
-                 td_sequential_layer_name(w->model, layer - 1),
-                 td_sequential_layer_name(w->model, layer));
+    snprintf(out, cap, "activations of shape %s between '%s' and '%s'",
+             td__dims_str(dims, sizeof dims, a->ndim[c], a->dims[c]),
+             td_sequential_layer_name(w->model, layer - 1),
+             td_sequential_layer_name(w->model, layer));
 }
 
 /* Checks that need no other rank; the message goes to every rank. */
