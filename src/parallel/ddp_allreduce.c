@@ -136,7 +136,8 @@ static void ddp_launch(td_ddp *d, size_t k, float unready) {
 
 /* Notices finished all-reduces, so their trace spans end close to the real completion. */
 static void ddp_poll(td_ddp *d) {
-    for (size_t k = 0; k < ((ar_state *)d->state)->next_bucket; k++) {
+    const ar_state *st = d->state;
+    for (size_t k = 0; k < st->next_bucket; k++) {
         ddp_bucket *b = &d->buckets[k];
         if (!b->req) continue;
         int done = 0;
@@ -190,38 +191,38 @@ static void ar_grad_ready(td_ddp *d, size_t i) {
 static td_status ddp_rebuild(td_ddp *d) {
     ar_state *st = d->state;
     size_t n = d->n_params;
-    unsigned char *seen = calloc(n ? n : 1, 1);
+    unsigned char *placed = calloc(n ? n : 1, 1);
     int64_t *order = malloc((n ? n : 1) * sizeof *order);
-    if (!seen || !order) {
-        free(seen);
+    if (!placed || !order) {
+        free(placed);
         free(order);
         return td__fail(TD_ENOMEM, "ddp rank %d: out of memory rebuilding buckets", d->rank);
     }
     size_t m = 0;
     for (size_t j = 0; j < st->n_seen; j++) {
         order[m++] = (int64_t)st->seen[j];
-        seen[st->seen[j]] = 1;
+        placed[st->seen[j]] = 1;
     }
     for (size_t i = n; i-- > 0;)
-        if (!seen[i]) order[m++] = (int64_t)i;
+        if (!placed[i]) order[m++] = (int64_t)i;
     /* Ranks may have seen different orders; rank 0's decides, as the layout must match. */
     td_status s = d->size > 1 ? td_comm_broadcast(d->comm, order, n, TD_I64, 0) : TD_OK;
     if (s == TD_OK) {
-        memset(seen, 0, n ? n : 1);
+        memset(placed, 0, n ? n : 1);
         for (size_t j = 0; j < n; j++) {
-            if (order[j] < 0 || (size_t)order[j] >= n || seen[order[j]]) {
+            if (order[j] < 0 || (size_t)order[j] >= n || placed[order[j]]) {
                 s = td__fail(TD_EFORMAT,
                              "ddp rank %d: rank 0's bucket order is not a permutation at %zu",
                              d->rank, j);
                 break;
             }
-            seen[order[j]] = 1;
+            placed[order[j]] = 1;
             d->order[j] = (size_t)order[j];
         }
     }
     if (s == TD_OK) s = ddp_build_buckets(d, d->order);
     if (s == TD_OK) d->stats.rebuilds++;
-    free(seen);
+    free(placed);
     free(order);
     return s;
 }

@@ -208,7 +208,10 @@ static void describe_cuts(const void *sig, const void *other, char *out, size_t 
     while (c < w->stages && a->first[c] == b->first[c] && a->ndim[c] == b->ndim[c] &&
            memcmp(a->dims[c], b->dims[c], sizeof a->dims[c]) == 0)
         c++;
-    if (c == w->stages) c = 1;
+    if (c == w->stages) { /* the cuts agree; what differs is not a cut's */
+        snprintf(out, cap, "other cuts");
+        return;
+    }
     char dims[128];
     size_t layer = (size_t)a->first[c];
     snprintf(out, cap, "activations of shape %s between '%s' and '%s'",
