@@ -403,11 +403,14 @@ static void describe_call(const void *sig, const void *other, char *out, size_t 
         snprintf(out, cap, "training step %llu", (unsigned long long)c->index);
 }
 
-/* Every rank starts the same call, checked by a collective on the group the pipeline was made
- * on: a rank that issues a collective of its own there instead, or another pipeline call, fails
- * at once on every rank, named by the group's sequence check or by this comparison, not by a
- * transfer's timeout. `local` is this rank's argument check. A pipeline that failed earlier
- * still takes part, so that the others learn of it, and returns its first error. */
+/* Every rank that takes part in a call starts the same one, checked by a collective on the
+ * group of those ranks: a step on the group the pipeline was made on (the replicas step
+ * together), an evaluation on its replica's stages (each replica evaluates its own batches),
+ * which with one replica is the same group. A rank that issues a collective of its own there
+ * instead, or another pipeline call, fails at once on every rank, named by the group's sequence
+ * check or by this comparison, not by a transfer's timeout. `local` is this rank's argument
+ * check. A pipeline that failed earlier still takes part, so that the others learn of it, and
+ * returns its first error. */
 static td_status start_call(td_pipeline *pp, int evaluation, int64_t samples, td_status local) {
     pp_call mine = {evaluation, evaluation ? pp->evals : pp->step, samples};
     if (pp->failed) local = td__fail(pp->failed, "%s", pp->failed_msg);
@@ -419,7 +422,7 @@ static td_status start_call(td_pipeline *pp, int evaluation, int64_t samples, td
                            .hint = "; every rank must make the same pipeline calls in the same "
                                    "order, and no other collective on the pipeline's group "
                                    "between them"};
-    td_status s = td_comm_agree(pp->group, &a);
+    td_status s = td_comm_agree(evaluation && pp->D > 1 ? pp->pipe : pp->group, &a);
     if (pp->failed) return td__fail(pp->failed, "%s", pp->failed_msg);
     if (s == TD_OK) return TD_OK;
     char msg[768];
