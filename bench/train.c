@@ -64,6 +64,7 @@ static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int worl
     td_graph_params gp = td_graph_default_params();
     gp.amp.level = amp;
     gp.amp.dtype = tm->amp_dtype;
+    gp.threads = shards ? 1 : 0; /* deterministic: no sum depends on OMP_NUM_THREADS */
     CHECK(td_graph_create(&g, &gp));
     CHECK(td_model_build(g, kind, local, 1, &m));
     CHECK(td_graph_compile(g));

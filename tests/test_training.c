@@ -229,14 +229,19 @@ static void digest_of_run(char out[65]) {
     CHECK(strlen(out) == 64);
 }
 
-/* `world` ranks (1: no launcher) of the example with args; its digest in out. */
-static void det_run(int world, const char *args, char out[65]) {
+/* `world` ranks (1: no launcher) of the example with args, each on `threads` OpenMP threads (0:
+ * as this process has it); its digest in out. */
+static void det_run_on(int threads, int world, const char *args, char out[65]) {
+    char env[32] = "";
+    if (threads > 0) snprintf(env, sizeof env, "OMP_NUM_THREADS=%d ", threads);
     if (world == 1)
-        CHECK_EQ(run("%s %s", example, args), 0);
+        CHECK_EQ(run("%s%s %s", env, example, args), 0);
     else
-        CHECK_EQ(run("%s --nproc-per-node %d %s %s", launcher, world, example, args), 0);
+        CHECK_EQ(run("%s%s --nproc-per-node %d %s %s", env, launcher, world, example, args), 0);
     digest_of_run(out);
 }
+
+static void det_run(int world, const char *args, char out[65]) { det_run_on(0, world, args, out); }
 
 static void deterministic_same_bits_at_world_1_2_4(void) {
     char args[512], d[4][65];
@@ -264,6 +269,23 @@ static void deterministic_same_bits_at_world_1_2_4(void) {
     det_run(1, "--model cnn --dropout 0.25 --batch 16 --no-eval --epochs 1 --max-steps 20", a);
     det_run(2, "--model cnn --dropout 0.25 --batch 16 --no-eval --epochs 1 --max-steps 20", b);
     CHECK(strcmp(a, b) != 0);
+}
+
+/* No thread count enters a sum: one rank on 2 OpenMP threads and on 1, and 2 and 4 ranks on one
+ * thread each, train the CNN (batch norm, dropout) to the same bits. */
+static void deterministic_same_bits_at_any_thread_count(void) {
+    char args[512], d[4][65];
+    snprintf(args, sizeof args, "%s --epochs 1 --max-steps 20", det_args);
+    const int threads[4] = {2, 1, 1, 1}, worlds[4] = {1, 1, 2, 4};
+    for (int i = 0; i < 4; i++) {
+        det_run_on(threads[i], worlds[i], args, d[i]);
+        printf("    world %d, %d thread(s) per rank, 20 steps: params sha256 %s\n", worlds[i],
+               threads[i], d[i]);
+    }
+    for (int i = 1; i < 4; i++)
+        if (strcmp(d[0], d[i]) != 0)
+            TEST_FAIL_AT("world %d on %d thread(s) per rank differs from world 1 on 2 threads",
+                         worlds[i], threads[i]);
 }
 
 static int same_file(const char *pa, const char *pb) {
@@ -496,6 +518,7 @@ int main(int argc, char **argv) {
     RUN(corrupt_checkpoint_is_refused_by_name);
     RUN(pipeline_example_runs_under_tandemrun);
     RUN(deterministic_same_bits_at_world_1_2_4);
+    RUN(deterministic_same_bits_at_any_thread_count);
     RUN(deterministic_resume_at_another_world_size);
     RUN(deterministic_refuses_what_it_cannot_do);
     RUN(restarts_after_a_killed_rank_end_on_the_same_bits);

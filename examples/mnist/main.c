@@ -363,10 +363,13 @@ static void setup(trainer *t) {
     go.seed = t->opt.seed;
     go.amp.level = t->opt.amp;
     go.amp.dtype = t->opt.amp_dtype;
+    /* one thread per shard: no sum of oneDNN's depends on OMP_NUM_THREADS */
+    go.threads = t->opt.deterministic ? 1 : 0;
     CHECK(td_graph_create(&t->train, &go));
     build_model(&t->opt, t->train, t->opt.deterministic ? t->shard_batch : t->local_batch,
                 &t->model);
     go.grad_enabled = 0;
+    go.threads = 0;
     CHECK(td_graph_create(&t->eval, &go));
     build_model(&t->opt, t->eval, t->local_batch, &t->eval_model);
     CHECK(td_graph_share_params(t->eval, t->train));
@@ -592,13 +595,9 @@ static int train(int rank, int world_size, void *arg) {
                "steps%s, %s%s\n",
                td_model_name(t.opt.model), t.world, t.opt.batch, t.opt.epochs, t.epoch_batches,
                steps, precision, t.first_epoch || t.first_batch ? " (resumed)" : "");
-        if (t.opt.deterministic) {
-            /* oneDNN's sums depend on its thread count: the bits match runs with the same one */
-            const char *threads = getenv("OMP_NUM_THREADS");
-            printf("deterministic: %d shards of %lld samples, %lld per rank, OMP_NUM_THREADS=%s\n",
-                   t.opt.shards, (long long)t.shard_batch, (long long)(t.opt.shards / t.world),
-                   threads ? threads : "(unset: OpenMP's default)");
-        }
+        if (t.opt.deterministic)
+            printf("deterministic: %d shards of %lld samples, %lld per rank, one thread each\n",
+                   t.opt.shards, (long long)t.shard_batch, (long long)(t.opt.shards / t.world));
     }
     double accuracy = 0, test_loss = 0, rate = 0;
     uint64_t done = (uint64_t)t.first_epoch * t.epoch_batches + t.first_batch; /* steps */

@@ -83,10 +83,17 @@ typedef struct {
                                  point into device memory (td_tensor_read and td_tensor_write
                                  copy either way). Creating a graph on a GPU that cannot be
                                  used here fails naming why. */
+    int threads;              /* threads the CPU kernels (oneDNN) of this graph's compile,
+                                 forward and backward run on; 0: the calling thread's OpenMP
+                                 count (OMP_NUM_THREADS). oneDNN splits some sums among its
+                                 threads (a weight gradient over the batch, batch norm's
+                                 statistics), so their bits depend on the count: 1 makes them
+                                 the same under any OMP_NUM_THREADS (deterministic training,
+                                 docs/reproducibility.md) */
 } td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no
- * process group, plain batch norm, the CPU. */
+ * process group, plain batch norm, the CPU, the caller's thread count. */
 td_graph_params td_graph_default_params(void);
 
 /* Creates an empty graph in training mode; params may be NULL for the defaults. */

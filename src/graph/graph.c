@@ -16,8 +16,21 @@ td_graph_params td_graph_default_params(void) {
                          .amp = {.level = TD_AMP_O0, .dtype = TD_BF16, .emulate = 0},
                          .comm = NULL,
                          .sync_batch_norm = 0,
-                         .device = {TD_DEVICE_CPU, 0}};
+                         .device = {TD_DEVICE_CPU, 0},
+                         .threads = 0};
     return p;
+}
+
+td_status td__graph_threads_enter(td_graph *g, const char *what, int *was) {
+    *was = 0;
+    if (g->opt.threads == 0 || !g->ctx.backend->set_threads) return TD_OK;
+    return g->ctx.backend->set_threads(&g->ctx, g->opt.threads, was, what);
+}
+
+void td__graph_threads_leave(td_graph *g, int was) {
+    int set;
+    if (was && was != g->opt.threads)
+        (void)g->ctx.backend->set_threads(&g->ctx, was, &set, "graph"); /* as enter could */
 }
 
 static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only);
@@ -28,6 +41,11 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     td_graph *g = calloc(1, sizeof *g);
     if (!g) return td__fail(TD_ENOMEM, "td_graph_create: out of memory");
     g->opt = params ? *params : td_graph_default_params();
+    if (g->opt.threads < 0) {
+        int n = g->opt.threads;
+        free(g);
+        return td__fail(TD_EINVAL, "td_graph_create: threads = %d (0: the caller's, or >= 1)", n);
+    }
     if ((unsigned)g->opt.amp.level > TD_AMP_O3 ||
         (g->opt.amp.dtype != TD_BF16 && g->opt.amp.dtype != TD_F16)) {
         td_amp_params a = g->opt.amp;
@@ -50,6 +68,9 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
         s = td_arena_create(&g->ctx.arena,
                             g->opt.arena_block_bytes ? g->opt.arena_block_bytes : (size_t)8 << 20);
     if (s == TD_OK) s = td_arena_create(&g->ctx.records, 0);
+    int was;
+    if (s == TD_OK) s = td__graph_threads_enter(g, "td_graph_create", &was); /* it can */
+    if (s == TD_OK) td__graph_threads_leave(g, was);
     if (s != TD_OK) {
         td_graph_destroy(g);
         return s;
@@ -297,16 +318,24 @@ void td__graph_sync_storage(td_graph *g) {
     }
 }
 
-td_status td_graph_forward(td_graph *g) {
-    if (!g) return td__fail(TD_EINVAL, "td_graph_forward: graph is NULL");
-    if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_forward: call td_graph_compile first");
-    td__graph_sync_storage(g);
-    g->ctx.rng_sample_offset = 0;
+static td_status forward_sweep(td_graph *g) {
     for (int k = 0; k < g->nnodes; k++) {
         td__node *n = g->nodes[k];
         TD__TRY(td__kernels_of(&g->ctx, n->op)->forward(&g->ctx, n));
     }
     return TD_OK;
+}
+
+td_status td_graph_forward(td_graph *g) {
+    if (!g) return td__fail(TD_EINVAL, "td_graph_forward: graph is NULL");
+    if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_forward: call td_graph_compile first");
+    td__graph_sync_storage(g);
+    g->ctx.rng_sample_offset = 0;
+    int was;
+    TD__TRY(td__graph_threads_enter(g, "td_graph_forward", &was));
+    td_status s = forward_sweep(g);
+    td__graph_threads_leave(g, was);
+    return s;
 }
 
 static void fire(td_graph *g, int i) {
@@ -328,6 +357,16 @@ static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only) {
             !g->fired[t->index])
             fire(g, t->index);
     }
+}
+
+static td_status backward_sweep(td_graph *g) {
+    for (int k = g->nnodes - 1; k >= 0; k--) {
+        td__node *n = g->nodes[k];
+        if (n->out->requires_grad && !n->out->grad_zero)
+            TD__TRY(td__kernels_of(&g->ctx, n->op)->backward(&g->ctx, n));
+        params_ready(&g->ctx, n, 0);
+    }
+    return TD_OK;
 }
 
 td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
@@ -371,12 +410,11 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     td__grad_end(&g->ctx, y);
     g->zero_failed = 0;
     memset(g->fired, 0, (size_t)g->nparams);
-    for (int k = g->nnodes - 1; k >= 0; k--) {
-        td__node *n = g->nodes[k];
-        if (n->out->requires_grad && !n->out->grad_zero)
-            TD__TRY(td__kernels_of(&g->ctx, n->op)->backward(&g->ctx, n));
-        params_ready(&g->ctx, n, 0);
-    }
+    int was;
+    TD__TRY(td__graph_threads_enter(g, "td_graph_backward", &was));
+    td_status s = backward_sweep(g);
+    td__graph_threads_leave(g, was);
+    TD__TRY(s);
     for (int i = 0; i < g->nparams; i++)
         if (!g->fired[i]) fire(g, i);
     if (g->zero_failed)

@@ -79,6 +79,12 @@ td_status td__graph_allocate(td_graph *g);        /* activation, gradient and sc
  * activation reuse the memory of one whose consumers have all run (memplan.c). */
 td_status td__plan_inference_memory(td_graph *g, td__storage_plan *plan);
 
+/* The graph's kernel thread count (td_graph_params.threads) for one call into its kernels:
+ * enter sets it (what names the call in errors) and gives the caller's in *was, which leave
+ * sets back; *was is 0 when nothing was changed. */
+td_status td__graph_threads_enter(td_graph *g, const char *what, int *was);
+void td__graph_threads_leave(td_graph *g, int was);
+
 /* Points parameter and buffer tensors at the storage their td_param entries name: the
  * td_param arrays are the one source of truth for where parameters, buffers and parameter
  * gradients live (DDP moves gradients into its buckets; a loader may move data). */

@@ -36,6 +36,11 @@ struct td__backend {
      * plain_dtype: src in t's layout to dst plain when to_plain, else the other way. */
     td_status (*copy_plain)(td__op_ctx *ctx, const td_tensor *t, const void *src, void *dst,
                             td_dtype plain_dtype, int to_plain);
+    /* Optional (NULL: the backend's kernels have no host thread count): makes the kernels that
+     * the calling thread creates and runs from now on use n threads (n >= 1), and gives the
+     * count before in *was, so that a graph runs on its own count (td_graph_params.threads) and
+     * sets the caller's back after; an error names `what` when the backend cannot. */
+    td_status (*set_threads)(td__op_ctx *ctx, int n, int *was, const char *what);
 };
 
 /* The CPU backend: oneDNN primitives and plain-C kernels (cpu_backend.c). */
