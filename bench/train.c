@@ -65,6 +65,7 @@ static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int worl
     gp.amp.level = amp;
     gp.amp.dtype = tm->amp_dtype;
     gp.threads = shards ? 1 : 0; /* deterministic: no sum depends on OMP_NUM_THREADS */
+    gp.blocked_linear = shards > 0; /* laid out once per step, for every shard */
     CHECK(td_graph_create(&g, &gp));
     CHECK(td_model_build(g, kind, local, 1, &m));
     CHECK(td_graph_compile(g));
@@ -106,6 +107,7 @@ static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int worl
         for (int i = 0; i < iters; i++) {
             for (size_t j = 0; j < count; j++) { /* one pass, or this rank's shards */
                 if (ddp) CHECK(td_ddp_prepare_forward(ddp));
+                if (j > 0) td_graph_keep_weights(g); /* the step's parameters */
                 if (shards)
                     CHECK(td_graph_set_rng_key(g, (uint64_t)i, (first + j) * (size_t)local));
                 CHECK(td_graph_forward(g));

@@ -363,13 +363,16 @@ static void setup(trainer *t) {
     go.seed = t->opt.seed;
     go.amp.level = t->opt.amp;
     go.amp.dtype = t->opt.amp_dtype;
-    /* one thread per shard: no sum of oneDNN's depends on OMP_NUM_THREADS */
+    /* One thread per shard: no sum of oneDNN's depends on OMP_NUM_THREADS. Linear layers
+     * take their weights blocked, laid out once per step for all its shards. */
     go.threads = t->opt.deterministic ? 1 : 0;
+    go.blocked_linear = t->opt.deterministic;
     CHECK(td_graph_create(&t->train, &go));
     build_model(&t->opt, t->train, t->opt.deterministic ? t->shard_batch : t->local_batch,
                 &t->model);
     go.grad_enabled = 0;
     go.threads = 0;
+    go.blocked_linear = 0;
     CHECK(td_graph_create(&t->eval, &go));
     build_model(&t->opt, t->eval, t->local_batch, &t->eval_model);
     CHECK(td_graph_share_params(t->eval, t->train));
@@ -459,6 +462,7 @@ static float forward_backward_shards(trainer *t, const td_batch *batch, uint64_t
     for (size_t j = 0; j < count; j++) {
         uint64_t t0 = td_time_ns();
         CHECK(td_ddp_prepare_forward(t->ddp));
+        if (j > 0) td_graph_keep_weights(t->train); /* no optimizer step since shard 0 */
         CHECK(td_tensor_set_data(t->model.input, batch->x + j * b * sample));
         CHECK(td_tensor_set_data(t->model.labels, batch->y + j * b));
         CHECK(td_graph_set_rng_key(t->train, step, (first + j) * b));

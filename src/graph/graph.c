@@ -17,7 +17,8 @@ td_graph_params td_graph_default_params(void) {
                          .comm = NULL,
                          .sync_batch_norm = 0,
                          .device = {TD_DEVICE_CPU, 0},
-                         .threads = 0};
+                         .threads = 0,
+                         .blocked_linear = 0};
     return p;
 }
 
@@ -58,6 +59,7 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     td_rng_init(&g->rng, g->opt.seed);
     g->ctx.training = 1;
     g->ctx.conv_winograd = g->opt.conv_winograd;
+    g->ctx.blocked_linear = g->opt.blocked_linear;
     g->ctx.rng = &g->rng;
     g->ctx.comm = g->opt.comm;
     g->ctx.params_ready = params_ready;
@@ -331,6 +333,8 @@ td_status td_graph_forward(td_graph *g) {
     if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_forward: call td_graph_compile first");
     td__graph_sync_storage(g);
     g->ctx.rng_sample_offset = 0;
+    g->ctx.keep_weights = g->keep_weights;
+    g->keep_weights = 0;
     int was;
     TD__TRY(td__graph_threads_enter(g, "td_graph_forward", &was));
     td_status s = forward_sweep(g);
@@ -357,6 +361,10 @@ static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only) {
             !g->fired[t->index])
             fire(g, t->index);
     }
+}
+
+void td_graph_keep_weights(td_graph *g) {
+    if (g) g->keep_weights = 1;
 }
 
 static td_status backward_sweep(td_graph *g) {

@@ -41,7 +41,8 @@ struct td_graph {
      * from the backend, made by td__graph_allocate. */
     void *storage;
     size_t storage_bytes;
-    int zero_failed; /* a deferred gradient zeroing failed during this backward */
+    int zero_failed;  /* a deferred gradient zeroing failed during this backward */
+    int keep_weights; /* td_graph_keep_weights: the next forward keeps its kernels' weights */
 };
 
 /* Where td__graph_allocate puts each tensor: offsets into the graph's one storage block, by

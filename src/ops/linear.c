@@ -1,14 +1,51 @@
 /* The linear (fully connected) node through oneDNN's inner product: y = x W^T + b with
  * PyTorch's (OUT, IN) weight layout kept as is, so parameters need no reorder. Inputs are
- * plain (N, IN); flatten has already undone any blocked layout. */
+ * plain (N, IN); flatten has already undone any blocked layout.
+ *
+ * With blocked_linear, the products read copies of the weights in the blocked layouts
+ * oneDNN's kernels pick (AB16b64a on AVX-512): with the plain layout the GEMM packs the weights
+ * again at every call, which at 16 samples costs more than the product itself (and a row of
+ * 1024 floats, 4 KiB, maps every row to the same cache sets). The backward data product dx = dy
+ * W is then a forward kernel over W^T, whose blocked copy needs no transposition from the
+ * plain weights, where oneDNN's backward-data kernel would transpose its copy at every call.
+ * The copies are made at each forward, or once per step when the graph keeps its weights; the
+ * weight gradient stays plain, where a blocked kernel is no faster and the td_param view needs
+ * it. */
 #include <stdlib.h>
 
 #include "ops/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd, bwd_data, bwd_w;
-    td__mem x, w, b, y, dy, dx, dw, db;
+    int bwd_data_on_wt; /* bwd_data is a forward kernel: dx (N, IN) = dy (N, OUT) x W^T (IN, OUT) */
+    td__adapt w_fwd;    /* plain weights -> the forward's layout, where it differs */
+    td__adapt wt_bd;    /* plain weights seen as W^T -> bwd_data's layout (bwd_data_on_wt) */
+    void *w_now;        /* the weights of the current pass in the forward's layout */
+    td__mem x, w, wt, b, y, dy, dx, dw, db;
 } linear_state;
+
+/* Backward data as a forward inner product of dy on W^T in a blocked layout (see above). */
+static td_status bwd_data_on_wt_init(td__op_ctx *ctx, linear_state *s,
+                                     const dnnl_memory_desc_t *xmd, const dnnl_memory_desc_t *wmd,
+                                     const dnnl_memory_desc_t *ymd) {
+    dnnl_dims_t dims = {wmd->dims[1], wmd->dims[0]}, strides = {1, wmd->dims[1]};
+    dnnl_memory_desc_t wt_plain, wt_any;
+    dnnl_memory_desc_init_by_strides(&wt_plain, 2, dims, wmd->data_type, strides);
+    dnnl_memory_desc_init_by_tag(&wt_any, 2, dims, wmd->data_type, dnnl_format_tag_any);
+    dnnl_inner_product_desc_t d;
+    dnnl_primitive_desc_t pd;
+    TD__DNNL(
+        dnnl_inner_product_forward_desc_init(&d, dnnl_forward_inference, ymd, &wt_any, NULL, xmd),
+        "linear backward data");
+    TD__TRY(td__pd_create(ctx, &pd, &d, NULL, "linear backward data"));
+    dnnl_memory_desc_t wt = td__pd_md(pd, dnnl_query_weights_md);
+    td_status st = td__prim_create(&s->bwd_data, pd, "linear backward data");
+    dnnl_primitive_desc_destroy(pd);
+    if (st == TD_OK) st = td__adapt_init(ctx, &s->wt_bd, &wt_plain, &wt);
+    if (st == TD_OK) st = td__mem_init(ctx, &s->wt, &wt);
+    s->bwd_data_on_wt = 1;
+    return st;
+}
 
 static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
     linear_state *s = calloc(1, sizeof *s);
@@ -16,17 +53,24 @@ static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
     n->state = s;
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     dnnl_memory_desc_t xmd = *td__md(x), wmd = *td__md(w), ymd = *td__md(n->out), bmd;
+    dnnl_memory_desc_t kwmd = wmd; /* the weights as forward and backward data take them */
+    if (ctx->blocked_linear)
+        dnnl_memory_desc_init_by_tag(&kwmd, 2, wmd.dims, wmd.data_type, dnnl_format_tag_any);
     td_shape bs = td_shape_1d(w->shape.dim[0]);
     td__md_plain(&bmd, &bs, b ? b->dtype : x->dtype);
     dnnl_inner_product_desc_t d;
     dnnl_primitive_desc_t fpd = NULL, pd = NULL;
-    TD__DNNL(dnnl_inner_product_forward_desc_init(&d, dnnl_forward_training, &xmd, &wmd,
+    TD__DNNL(dnnl_inner_product_forward_desc_init(&d, dnnl_forward_training, &xmd, &kwmd,
                                                   b ? &bmd : NULL, &ymd),
              "linear forward");
     TD__TRY(td__pd_create(ctx, &fpd, &d, NULL, "linear forward"));
+    kwmd = td__pd_md(fpd, dnnl_query_weights_md);
     td_status st = td__prim_create(&s->fwd, fpd, "linear forward");
-    if (st == TD_OK && x->requires_grad) {
-        if (dnnl_inner_product_backward_data_desc_init(&d, &xmd, &wmd, &ymd) != dnnl_success)
+    if (st == TD_OK) st = td__adapt_init(ctx, &s->w_fwd, &wmd, &kwmd);
+    if (st == TD_OK && x->requires_grad && ctx->blocked_linear) {
+        st = bwd_data_on_wt_init(ctx, s, &xmd, &wmd, &ymd);
+    } else if (st == TD_OK && x->requires_grad) {
+        if (dnnl_inner_product_backward_data_desc_init(&d, &xmd, &kwmd, &ymd) != dnnl_success)
             st = td__fail(TD_EBACKEND, "linear: backward-data descriptor");
         if (st == TD_OK) st = td__pd_create(ctx, &pd, &d, fpd, "linear backward data");
         if (st == TD_OK) st = td__prim_create(&s->bwd_data, pd, "linear backward data");
@@ -44,7 +88,7 @@ static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
     dnnl_primitive_desc_destroy(fpd);
     TD__TRY(st);
     TD__TRY(td__mem_init(ctx, &s->x, &xmd));
-    TD__TRY(td__mem_init(ctx, &s->w, &wmd));
+    TD__TRY(td__mem_init(ctx, &s->w, &kwmd));
     TD__TRY(td__mem_init(ctx, &s->b, &bmd));
     TD__TRY(td__mem_init(ctx, &s->y, &ymd));
     TD__TRY(td__mem_init(ctx, &s->dy, &ymd));
@@ -55,8 +99,10 @@ static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
 
 static td_status linear_forward(td__op_ctx *ctx, td__node *n) {
     linear_state *s = n->state;
+    s->w_now = td__adapt_weights(ctx, &s->w_fwd, n->in[1]->data);
+    if (!s->w_now) return td__fail(TD_EBACKEND, "linear: weight reorder failed");
     td__mem_bind(&s->x, n->in[0]->data);
-    td__mem_bind(&s->w, n->in[1]->data);
+    td__mem_bind(&s->w, s->w_now);
     td__mem_bind(&s->y, n->out->data);
     dnnl_exec_arg_t a[4] = {{DNNL_ARG_SRC, s->x.mem},
                             {DNNL_ARG_WEIGHTS, s->w.mem},
@@ -84,8 +130,17 @@ static td_status linear_backward(td__op_ctx *ctx, td__node *n) {
     }
     /* Final weight gradients go to DDP before the data gradient is computed. */
     ctx->params_ready(ctx, n, 1);
-    if (s->bwd_data) {
-        td__mem_bind(&s->w, w->data);
+    if (s->bwd_data_on_wt) {
+        void *wt = td__adapt_weights(ctx, &s->wt_bd, w->data);
+        if (!wt) return td__fail(TD_EBACKEND, "linear: weight reorder failed");
+        td__mem_bind(&s->wt, wt);
+        td__mem_bind(&s->dx, td__grad_begin(ctx, x, 0));
+        dnnl_exec_arg_t a[3] = {
+            {DNNL_ARG_SRC, s->dy.mem}, {DNNL_ARG_WEIGHTS, s->wt.mem}, {DNNL_ARG_DST, s->dx.mem}};
+        TD__TRY(td__exec(ctx, s->bwd_data, 3, a, "linear backward data"));
+        td__grad_end(ctx, x);
+    } else if (s->bwd_data) {
+        td__mem_bind(&s->w, s->w_now); /* forward's */
         td__mem_bind(&s->dx, td__grad_begin(ctx, x, 0));
         dnnl_exec_arg_t a[3] = {{DNNL_ARG_DIFF_DST, s->dy.mem},
                                 {DNNL_ARG_WEIGHTS, s->w.mem},
@@ -102,7 +157,9 @@ static void linear_destroy(td__node *n) {
     if (s->fwd) dnnl_primitive_destroy(s->fwd);
     if (s->bwd_data) dnnl_primitive_destroy(s->bwd_data);
     if (s->bwd_w) dnnl_primitive_destroy(s->bwd_w);
-    td__mem *m[] = {&s->x, &s->w, &s->b, &s->y, &s->dy, &s->dx, &s->dw, &s->db};
+    td__adapt_free(&s->w_fwd);
+    td__adapt_free(&s->wt_bd);
+    td__mem *m[] = {&s->x, &s->w, &s->wt, &s->b, &s->y, &s->dy, &s->dx, &s->dw, &s->db};
     for (size_t i = 0; i < sizeof m / sizeof *m; i++) td__mem_free(m[i]);
     free(s);
 }

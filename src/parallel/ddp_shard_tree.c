@@ -8,17 +8,22 @@
  * after shard j, j's trailing one bits say how many levels the new node climbs. The upper levels
  * run across ranks: an all-to-all hands each rank every rank's subtree sum of one segment of a
  * bucket, the rank adds those w values in the same pairwise order, and an all-gather spreads the
- * segments back. So every element is summed in the same order at every world size, and every
- * rank ends with the same bits. Buffers (batch norm's running statistics) start each shard from
- * the step's values and their per-shard results are averaged by the same tree, as is the loss.
+ * segments back. Across two ranks the upper levels are one addition per element, which any
+ * all-reduce computes exactly (a + b and b + a are the same bits), so two ranks all-reduce each
+ * bucket in place instead: zero-copy on the shm backend, where the all-to-all and all-gather
+ * stream through staging copies. So every element is summed in the same order at every world
+ * size, and every rank ends with the same bits. Buffers (batch norm's running statistics) start
+ * each shard from the step's values and their per-shard results are averaged by the same tree,
+ * as is the loss.
  *
  * One rank alone may hold any number of shards (the root then adds the subtrees its count's one
  * bits leave); across ranks, L must be a power of two so that each rank's leaves are a subtree.
  *
  * Memory: levels 0 .. log2 L (one node each, in the bucket layout) and a spare of the same size
  * that holds an odd shard's gradients and, at the end of the step, what the all-to-all receives.
- * An even shard's gradients go straight to level 0. This file is td_ddp's reducer for
- * deterministic mode (reducer.h); it does not decide bucket membership (ddp_layout.c plans it)
+ * An even shard's gradients go straight to level 0. The top level, which goes across ranks, is
+ * td_comm_alloc memory, where in-place all-reduces need no staging. This file is td_ddp's reducer
+ * for deterministic mode (reducer.h); it does not decide bucket membership (ddp_layout.c plans it)
  * and knows nothing of graphs. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +46,8 @@ typedef struct {
     size_t shard;       /* this rank's shard of the step under way, 0 .. L-1 */
     size_t flat;        /* floats per level */
     size_t *base, *seg; /* (n_buckets + 1) where bucket k starts, its per-rank segment; tail last */
-    float *mem;         /* (levels + 2) * flat */
+    float *mem;         /* (levels + 1) * flat: the levels below the top, and the spare */
+    float *top;         /* (flat), td_comm_alloc memory: level[levels] */
     float **level;      /* (levels + 1): level[l] holds a node of 2^l leaves */
     float *spare;       /* an odd shard's gradients; at the step's end, the all-to-all's receive */
     float *buffers0;    /* (n_buffer_floats) the buffers at the start of the step */
@@ -120,15 +126,19 @@ static td_status tree_create(td_ddp *d) {
         t->base[k] = t->flat;
         t->flat += w * t->seg[k];
     }
-    size_t bytes = ((size_t)t->levels + 2) * t->flat * sizeof(float);
+    /* collective: every rank gets here with the same layout, before anything local can fail */
+    TD__TRY(td_comm_alloc(d->comm, t->flat * sizeof(float), (void **)&t->top));
+    memset(t->top, 0, t->flat * sizeof(float));
+    size_t bytes = ((size_t)t->levels + 1) * t->flat * sizeof(float);
     t->mem = aligned_alloc(64, bytes);
     if (!t->mem)
         return td__fail(
             TD_ENOMEM, "ddp rank %d: out of memory for the %d levels of the shard tree (%zu bytes)",
             d->rank, t->levels + 1, bytes);
     memset(t->mem, 0, bytes);
-    for (int l = 0; l <= t->levels; l++) t->level[l] = t->mem + (size_t)l * t->flat;
-    t->spare = t->mem + ((size_t)t->levels + 1) * t->flat;
+    for (int l = 0; l < t->levels; l++) t->level[l] = t->mem + (size_t)l * t->flat;
+    t->level[t->levels] = t->top;
+    t->spare = t->mem + (size_t)t->levels * t->flat;
     for (size_t k = 0; k < d->n_buckets; k++)
         d->buckets[k].buf = t->level[t->levels] + t->base[k]; /* where the step's result lands */
     for (size_t i = 0; i < d->n_params; i++)
@@ -155,6 +165,7 @@ static void tree_destroy(td_ddp *d) {
     free(t->level);
     free(t->buffers0);
     free(t->mem);
+    td_comm_free(d->comm, t->top);
     free(t);
     d->state = NULL;
 }
@@ -273,13 +284,16 @@ static void tree_fold(ddp_tree *t, size_t off, size_t n, float by) {
 }
 
 /* Queues bucket k's all-to-all (k == n_buckets: the tail): rank r receives every rank's segment
- * r of the bucket, in rank order, into the spare. */
+ * r of the bucket, in rank order, into the spare. Two ranks all-reduce the bucket in place. */
 static void tree_launch(td_ddp *d, size_t k) {
     ddp_tree *t = d->state;
     if (k < d->n_buckets) d->buckets[k].t_launch = td_time_ns();
     if (d->size == 1) return;
-    td_status s = td_comm_ialltoall(d->comm, t->level[t->levels] + t->base[k],
-                                    t->spare + t->base[k], t->seg[k], TD_F32, &t->req[k]);
+    float *top = t->level[t->levels] + t->base[k];
+    td_status s =
+        d->size == 2
+            ? td_comm_iallreduce(d->comm, top, top, 2 * t->seg[k], TD_F32, TD_OP_SUM, &t->req[k])
+            : td_comm_ialltoall(d->comm, top, t->spare + t->base[k], t->seg[k], TD_F32, &t->req[k]);
     if (s != TD_OK) {
         t->req[k] = NULL;
         td__ddp_note_error(d, s);
@@ -320,6 +334,16 @@ static td_status tree_across_ranks(td_ddp *d) {
     size_t w = (size_t)d->size, nb = d->n_buckets + 1;
     td_status s = d->err;
     if (w == 1) return s; /* the root was written averaged (root_factor) */
+    if (w == 2) {         /* all-reduced in place: the root */
+        for (size_t k = 0; k < nb; k++) {
+            td_status r = t->req[k] ? td_request_wait(t->req[k]) : TD_OK;
+            t->req[k] = NULL;
+            if (s == TD_OK) s = r;
+            if (s == TD_OK && k < d->n_buckets && average)
+                scale(top + t->base[k], 2 * t->seg[k], inv);
+        }
+        return s;
+    }
     for (size_t k = 0; k < nb; k++) {
         td_status r = t->req[k] ? td_request_wait(t->req[k]) : TD_OK;
         t->req[k] = NULL;
