@@ -2,50 +2,25 @@
  * PyTorch's (OUT, IN) weight layout kept as is, so parameters need no reorder. Inputs are
  * plain (N, IN); flatten has already undone any blocked layout.
  *
- * With blocked_linear, the products read copies of the weights in the blocked layouts
- * oneDNN's kernels pick (AB16b64a on AVX-512): with the plain layout the GEMM packs the weights
- * again at every call, which at 16 samples costs more than the product itself (and a row of
- * 1024 floats, 4 KiB, maps every row to the same cache sets). The backward data product dx = dy
- * W is then a forward kernel over W^T, whose blocked copy needs no transposition from the
- * plain weights, where oneDNN's backward-data kernel would transpose its copy at every call.
- * The copies are made at each forward, or once per step when the graph keeps its weights; the
- * weight gradient stays plain, where a blocked kernel is no faster and the td_param view needs
- * it. */
+ * With blocked_linear, forward and backward data read a copy of the weights in the blocked
+ * layout oneDNN's kernels pick (AB16b64a on AVX-512): with the plain layout the GEMM packs the
+ * weights again at every call, which at 16 samples costs more than the product itself (and a
+ * row of 1024 floats, 4 KiB, maps every row to the same cache sets). The copy is made at each
+ * forward, or once per step when the graph keeps its weights; the weight gradient stays plain,
+ * where a blocked kernel is no faster and the td_param view needs it. (Backward data as a
+ * forward kernel over a blocked W^T, which spares oneDNN's backward-data kernel the
+ * transposition it makes of its copy at every call, measured no faster for the MLP: a second
+ * copy per step costs what it saves.) */
 #include <stdlib.h>
 
 #include "ops/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd, bwd_data, bwd_w;
-    int bwd_data_on_wt; /* bwd_data is a forward kernel: dx (N, IN) = dy (N, OUT) x W^T (IN, OUT) */
-    td__adapt w_fwd;    /* plain weights -> the forward's layout, where it differs */
-    td__adapt wt_bd;    /* plain weights seen as W^T -> bwd_data's layout (bwd_data_on_wt) */
-    void *w_now;        /* the weights of the current pass in the forward's layout */
-    td__mem x, w, wt, b, y, dy, dx, dw, db;
+    td__adapt w_fwd; /* plain weights -> the kernels' layout, where it differs */
+    void *w_now;     /* the weights of the current pass in the kernels' layout */
+    td__mem x, w, b, y, dy, dx, dw, db;
 } linear_state;
-
-/* Backward data as a forward inner product of dy on W^T in a blocked layout (see above). */
-static td_status bwd_data_on_wt_init(td__op_ctx *ctx, linear_state *s,
-                                     const dnnl_memory_desc_t *xmd, const dnnl_memory_desc_t *wmd,
-                                     const dnnl_memory_desc_t *ymd) {
-    dnnl_dims_t dims = {wmd->dims[1], wmd->dims[0]}, strides = {1, wmd->dims[1]};
-    dnnl_memory_desc_t wt_plain, wt_any;
-    dnnl_memory_desc_init_by_strides(&wt_plain, 2, dims, wmd->data_type, strides);
-    dnnl_memory_desc_init_by_tag(&wt_any, 2, dims, wmd->data_type, dnnl_format_tag_any);
-    dnnl_inner_product_desc_t d;
-    dnnl_primitive_desc_t pd;
-    TD__DNNL(
-        dnnl_inner_product_forward_desc_init(&d, dnnl_forward_inference, ymd, &wt_any, NULL, xmd),
-        "linear backward data");
-    TD__TRY(td__pd_create(ctx, &pd, &d, NULL, "linear backward data"));
-    dnnl_memory_desc_t wt = td__pd_md(pd, dnnl_query_weights_md);
-    td_status st = td__prim_create(&s->bwd_data, pd, "linear backward data");
-    dnnl_primitive_desc_destroy(pd);
-    if (st == TD_OK) st = td__adapt_init(ctx, &s->wt_bd, &wt_plain, &wt);
-    if (st == TD_OK) st = td__mem_init(ctx, &s->wt, &wt);
-    s->bwd_data_on_wt = 1;
-    return st;
-}
 
 static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
     linear_state *s = calloc(1, sizeof *s);
@@ -67,9 +42,7 @@ static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
     kwmd = td__pd_md(fpd, dnnl_query_weights_md);
     td_status st = td__prim_create(&s->fwd, fpd, "linear forward");
     if (st == TD_OK) st = td__adapt_init(ctx, &s->w_fwd, &wmd, &kwmd);
-    if (st == TD_OK && x->requires_grad && ctx->blocked_linear) {
-        st = bwd_data_on_wt_init(ctx, s, &xmd, &wmd, &ymd);
-    } else if (st == TD_OK && x->requires_grad) {
+    if (st == TD_OK && x->requires_grad) {
         if (dnnl_inner_product_backward_data_desc_init(&d, &xmd, &kwmd, &ymd) != dnnl_success)
             st = td__fail(TD_EBACKEND, "linear: backward-data descriptor");
         if (st == TD_OK) st = td__pd_create(ctx, &pd, &d, fpd, "linear backward data");
@@ -130,17 +103,8 @@ static td_status linear_backward(td__op_ctx *ctx, td__node *n) {
     }
     /* Final weight gradients go to DDP before the data gradient is computed. */
     ctx->params_ready(ctx, n, 1);
-    if (s->bwd_data_on_wt) {
-        void *wt = td__adapt_weights(ctx, &s->wt_bd, w->data);
-        if (!wt) return td__fail(TD_EBACKEND, "linear: weight reorder failed");
-        td__mem_bind(&s->wt, wt);
-        td__mem_bind(&s->dx, td__grad_begin(ctx, x, 0));
-        dnnl_exec_arg_t a[3] = {
-            {DNNL_ARG_SRC, s->dy.mem}, {DNNL_ARG_WEIGHTS, s->wt.mem}, {DNNL_ARG_DST, s->dx.mem}};
-        TD__TRY(td__exec(ctx, s->bwd_data, 3, a, "linear backward data"));
-        td__grad_end(ctx, x);
-    } else if (s->bwd_data) {
-        td__mem_bind(&s->w, s->w_now); /* forward's */
+    if (s->bwd_data) {
+        td__mem_bind(&s->w, s->w_now); /* forward's, in the kernels' layout */
         td__mem_bind(&s->dx, td__grad_begin(ctx, x, 0));
         dnnl_exec_arg_t a[3] = {{DNNL_ARG_DIFF_DST, s->dy.mem},
                                 {DNNL_ARG_WEIGHTS, s->w.mem},
@@ -158,8 +122,7 @@ static void linear_destroy(td__node *n) {
     if (s->bwd_data) dnnl_primitive_destroy(s->bwd_data);
     if (s->bwd_w) dnnl_primitive_destroy(s->bwd_w);
     td__adapt_free(&s->w_fwd);
-    td__adapt_free(&s->wt_bd);
-    td__mem *m[] = {&s->x, &s->w, &s->wt, &s->b, &s->y, &s->dy, &s->dx, &s->dw, &s->db};
+    td__mem *m[] = {&s->x, &s->w, &s->b, &s->y, &s->dy, &s->dx, &s->dw, &s->db};
     for (size_t i = 0; i < sizeof m / sizeof *m; i++) td__mem_free(m[i]);
     free(s);
 }

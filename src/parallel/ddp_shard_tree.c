@@ -75,9 +75,9 @@ static float *shard_target(const ddp_tree *t) { return t->buf[t->leaf]; }
 static int power_of_two(size_t n) { return (n & (n - 1)) == 0; }
 
 /* The buffer shard j's gradients go to: buffer 0 for the last shard when L is a power of two
- * (its node becomes the root), else the lowest buffer no waiting node holds. A counter of j
- * shards holds popcount(j) <= levels + 1 nodes (levels when L is a power of two), so one is
- * always free. */
+ * (its node becomes the root), else the lowest buffer no waiting node holds. After j shards
+ * popcount(j) nodes wait, at most levels of them (j <= L - 1 < 2^(levels + 1) - 1), so one of
+ * buffers 1 .. levels + 1 is always free. */
 static int leaf_for(const ddp_tree *t, size_t j) {
     if (j + 1 == t->local && power_of_two(t->local)) return 0;
     for (int b = 1; b < t->n_bufs; b++) {
