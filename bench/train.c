@@ -22,7 +22,9 @@
  * A second table puts deterministic mode (docs/reproducibility.md: the global batch in --shards
  * fixed shards run one by one per rank, their gradients summed in a fixed tree) beside the
  * default DDP at each world size above 1, f32, same models, interleaved with it. --shards 0
- * leaves it out.
+ * leaves it out. Beside the samples/s it gives rank 0's CPU time per step (every thread of the
+ * process: compute, communication progress), which other jobs on a shared machine disturb far
+ * less than the wall clock, and the ratio of the two modes' CPU times.
  *
  *   build/bench/train [--models net,mlp,cnn] [--worlds 1,2] [--amp O0,O2] [--amp-dtype bf16]
  *                     [--iters 20] [--windows 5] [--repeat K] [--shards 8] [--no-torch] [--json]
@@ -33,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tandem/tandem.h"
 
@@ -53,10 +56,22 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* One rank of a run: returns the median samples/s (global) on rank 0. shards > 0: deterministic
- * mode, the graph built for one shard and run for each of this rank's. */
-static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int world, int comm_on,
-                        int shards, const timing *tm) {
+/* What a rank measured: the median over windows of samples/s (global) and of its process's CPU
+ * milliseconds per step. */
+typedef struct {
+    double rate, cpu_ms;
+} measure;
+
+static double cpu_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* One rank of a run. shards > 0: deterministic mode, the graph built for one shard and run for
+ * each of this rank's. */
+static measure rank_main(td_model_kind kind, td_amp_level amp, int rank, int world, int comm_on,
+                         int shards, const timing *tm) {
     td_comm *comm = world > 1 && comm_on ? bench_comm() : NULL;
     int64_t local = shards ? GLOBAL_BATCH / shards : GLOBAL_BATCH / world;
     td_graph *g;
@@ -65,7 +80,7 @@ static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int worl
     gp.amp.level = amp;
     gp.amp.dtype = tm->amp_dtype;
     gp.threads = shards ? 1 : 0; /* deterministic: no sum depends on OMP_NUM_THREADS */
-    gp.blocked_linear = shards > 0; /* laid out once per step, for every shard */
+    gp.blocked_linear = shards > 0 && local <= 16; /* as examples/mnist chooses */
     CHECK(td_graph_create(&g, &gp));
     CHECK(td_model_build(g, kind, local, 1, &m));
     CHECK(td_graph_compile(g));
@@ -100,10 +115,12 @@ static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int worl
     size_t first = 0, count = 1;
     if (shards) td_ddp_shards(ddp, &first, &count);
     double *rates = malloc((size_t)tm->windows * sizeof *rates);
+    double *cpu = malloc((size_t)tm->windows * sizeof *cpu);
     for (int w = -1; w < tm->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? tm->warmup : tm->iters;
         if (comm) CHECK(td_comm_barrier(comm));
         uint64_t t0 = td_time_ns();
+        double c0 = cpu_s();
         for (int i = 0; i < iters; i++) {
             for (size_t j = 0; j < count; j++) { /* one pass, or this rank's shards */
                 if (ddp) CHECK(td_ddp_prepare_forward(ddp));
@@ -124,11 +141,16 @@ static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int worl
             }
             CHECK(td_graph_zero_grad(g));
         }
-        if (w >= 0) rates[w] = (double)GLOBAL_BATCH * iters / ((double)(td_time_ns() - t0) * 1e-9);
+        if (w >= 0) {
+            rates[w] = (double)GLOBAL_BATCH * iters / ((double)(td_time_ns() - t0) * 1e-9);
+            cpu[w] = (cpu_s() - c0) * 1e3 / iters;
+        }
     }
     qsort(rates, (size_t)tm->windows, sizeof *rates, cmp_double);
-    double median = rates[tm->windows / 2];
+    qsort(cpu, (size_t)tm->windows, sizeof *cpu, cmp_double);
+    measure median = {rates[tm->windows / 2], cpu[tm->windows / 2]};
     free(rates);
+    free(cpu);
     td_ddp_destroy(ddp);
     td_grad_scaler_destroy(scaler);
     td_optim_destroy(opt);
@@ -146,17 +168,20 @@ typedef struct {
 
 static int run_rank(int rank, int world, void *result, void *arg) {
     const run_job *j = arg;
-    *(double *)result = rank_main(j->kind, j->amp, rank, world, j->comm_on, j->shards, j->tm);
+    *(measure *)result = rank_main(j->kind, j->amp, rank, world, j->comm_on, j->shards, j->tm);
     return 0;
 }
 
 /* Runs `world` ranks (each on its own core), with DDP (deterministic over `shards` when > 0) or
- * (comm_on 0) each on its own; returns rank 0's samples/s, or -1 on failure. */
+ * (comm_on 0) each on its own; returns rank 0's samples/s, or -1 on failure, and its CPU
+ * milliseconds per step in *cpu_ms when cpu_ms is not NULL. */
 static double run_tandem(td_model_kind kind, td_amp_level amp, int world, int comm_on, int shards,
-                         const timing *tm) {
-    double rates[8];
+                         const timing *tm, double *cpu_ms) {
+    measure m[8];
     run_job j = {kind, amp, comm_on, shards, tm};
-    return bench_ranks(world, world > 1, run_rank, &j, rates, sizeof *rates) ? -1 : rates[0];
+    int failed = bench_ranks(world, world > 1, run_rank, &j, m, sizeof *m);
+    if (cpu_ms) *cpu_ms = failed ? -1 : m[0].cpu_ms;
+    return failed ? -1 : m[0].rate;
 }
 
 /* The PyTorch peer's samples/s (under autocast for a mixed-precision level), or -1 when it
@@ -316,7 +341,7 @@ int main(int argc, char **argv) {
     struct {
         const char *model;
         int world;
-        double det, def, ratio;
+        double det, def, ratio, det_cpu, def_cpu, cpu_ratio;
     } det_rows[16];
     int n_det = 0;
     for (char *save = NULL, *name = strtok_r(mlist, ",", &save); name;
@@ -327,12 +352,15 @@ int main(int argc, char **argv) {
             return 2;
         }
         double ours[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], alone[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
-            theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], det[MAX_WORLDS][MAX_REPEAT];
+            theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], det[MAX_WORLDS][MAX_REPEAT],
+            ours_cpu[MAX_WORLDS][MAX_REPEAT], det_cpu[MAX_WORLDS][MAX_REPEAT];
         for (int r = 0; r < repeat; r++)
             for (int l = 0; l < nl; l++)
                 for (int i = 0; i < nw; i++) {
-                    ours[l][i][r] = run_tandem(kind, levels[l], ws[i], 1, 0, &tm);
-                    alone[l][i][r] = ws[i] > 1 ? run_tandem(kind, levels[l], ws[i], 0, 0, &tm) : -1;
+                    ours[l][i][r] = run_tandem(kind, levels[l], ws[i], 1, 0, &tm,
+                                               levels[l] == TD_AMP_O0 ? &ours_cpu[i][r] : NULL);
+                    alone[l][i][r] =
+                        ws[i] > 1 ? run_tandem(kind, levels[l], ws[i], 0, 0, &tm, NULL) : -1;
                     /* PyTorch's autocast has no levels: one peer row serves them all. */
                     int same = l > 0 && levels[l] != TD_AMP_O0 && levels[l - 1] != TD_AMP_O0;
                     theirs[l][i][r] = !torch                ? -1
@@ -344,7 +372,8 @@ int main(int argc, char **argv) {
                     /* S / world must be a power of two for the shard tree. */
                     int per = shards && ws[i] > 1 && shards % ws[i] == 0 ? shards / ws[i] : 0;
                     if (levels[l] == TD_AMP_O0 && per && !(per & (per - 1))) {
-                        det[i][r] = run_tandem(kind, TD_AMP_O0, ws[i], 1, shards, &tm);
+                        det[i][r] =
+                            run_tandem(kind, TD_AMP_O0, ws[i], 1, shards, &tm, &det_cpu[i][r]);
                         failed |= det[i][r] < 0;
                     } else {
                         det[i][r] = -1;
@@ -356,7 +385,11 @@ int main(int argc, char **argv) {
                 det_rows[n_det].world = ws[i];
                 det_rows[n_det].det = median_of(det[i], repeat);
                 det_rows[n_det].def = median_of(ours[l0][i], repeat);
-                det_rows[n_det++].ratio = median_ratio(det[i], ours[l0][i], repeat);
+                det_rows[n_det].ratio = median_ratio(det[i], ours[l0][i], repeat);
+                det_rows[n_det].det_cpu = median_of(det_cpu[i], repeat);
+                det_rows[n_det].def_cpu = median_of(ours_cpu[i], repeat);
+                /* default / deterministic CPU time: comparable with the samples/s ratio */
+                det_rows[n_det++].cpu_ratio = median_ratio(ours_cpu[i], det_cpu[i], repeat);
             }
         for (int l = 0; l < nl; l++)
             for (int i = 0; i < nw; i++) {
@@ -379,18 +412,22 @@ int main(int argc, char **argv) {
             }
     }
     if (n_det) {
-        printf("\ndeterministic mode: %d shards of %d samples, f32, samples/s (ratio: median of "
-               "each repeat's deterministic / default)\n%-6s %-6s %10s %14s %8s\n",
+        printf("\ndeterministic mode: %d shards of %d samples, f32, samples/s and rank 0's CPU ms "
+               "per step (ratios: medians of each repeat's deterministic / default samples/s,\n"
+               "and default / deterministic CPU time)\n%-6s %-6s %10s %14s %8s %12s %12s %10s\n",
                shards, GLOBAL_BATCH / shards, "model", "world", "default", "deterministic",
-               "ratio");
+               "ratio", "cpu default", "cpu determ.", "cpu ratio");
         for (int k = 0; k < n_det; k++) {
-            printf("%-6s %-6d %10.0f %14.0f %7.2fx\n", det_rows[k].model, det_rows[k].world,
-                   det_rows[k].def, det_rows[k].det, det_rows[k].ratio);
+            printf("%-6s %-6d %10.0f %14.0f %7.2fx %12.2f %12.2f %9.2fx\n", det_rows[k].model,
+                   det_rows[k].world, det_rows[k].def, det_rows[k].det, det_rows[k].ratio,
+                   det_rows[k].def_cpu, det_rows[k].det_cpu, det_rows[k].cpu_ratio);
             if (json)
                 printf("{\"model\": \"%s\", \"world\": %d, \"shards\": %d, \"default\": %.1f, "
-                       "\"deterministic\": %.1f, \"ratio\": %.3f}\n",
+                       "\"deterministic\": %.1f, \"ratio\": %.3f, \"cpu_ms_default\": %.3f, "
+                       "\"cpu_ms_deterministic\": %.3f, \"cpu_ratio\": %.3f}\n",
                        det_rows[k].model, det_rows[k].world, shards, det_rows[k].def,
-                       det_rows[k].det, det_rows[k].ratio);
+                       det_rows[k].det, det_rows[k].ratio, det_rows[k].def_cpu,
+                       det_rows[k].det_cpu, det_rows[k].cpu_ratio);
         }
     }
     return failed;
