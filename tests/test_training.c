@@ -5,10 +5,12 @@
  * Mixed precision in bf16 (O1, O2) stays within half a point of f32's accuracy; the pipeline
  * mode of the example runs (2 stages, and 2 stages x 2 replicas). Deterministic mode: 200 steps
  * of the CNN with dropout at world sizes 1, 2 and 4 give one parameter digest (another seed
- * another, the default mode another per world size; O1 one of its own at worlds 1 and 2); a
- * checkpoint of a 2-rank run resumes at world sizes 1 and 4 to the uninterrupted run's bytes; a
- * rank killed at a random moment under tandemrun --max-restarts ends, after the restart resumes
- * from the last checkpoint, with the undisturbed run's parameters. TD_LONG=1 (make check-long)
+ * another, the default mode another per world size; O1 one of its own at worlds 1 and 2), and
+ * so do one rank on 2 OpenMP threads and 1, 2 and 4 ranks on one; a 2-rank run cut with
+ * --stop-at-step resumes at world sizes 1 and 4 to the uninterrupted run's bytes under the
+ * cosine schedule, and a resume under another schedule warns; a rank killed at a random moment
+ * under tandemrun --max-restarts ends, after the restart resumes from the last checkpoint, with
+ * the undisturbed run's parameters. TD_LONG=1 (make check-long)
  * adds the CNN's 90% within three epochs and its O1/O2 runs, the ResNet's 90% with 1F1B on 2
  * stages, and 20 kill trials. Tests that cross epochs train on the first few hundred or thousand
  * training images (--data), for epochs of a few steps. */
@@ -297,27 +299,31 @@ static int same_file(const char *pa, const char *pb) {
     return same;
 }
 
-/* Two epochs at world 2, and one epoch at world 2 resumed for the second at world 1 and 4: the
- * same checkpoint bytes (parameters, buffers, momentum, metadata). A checkpoint of other shards
- * or another global batch is refused by name. */
+/* The resume recipe of docs/reproducibility.md under the cosine schedule: two epochs at world 2,
+ * and the same run stopped 7 steps into its second epoch (--stop-at-step, the schedule left as
+ * it is) and resumed at world 1 and 4: the same checkpoint bytes (parameters, buffers, momentum,
+ * metadata). Cutting the run with --epochs 1 instead moves the cosine's horizon: the resume says
+ * so loudly, and ends elsewhere. A checkpoint of other shards or another global batch is refused
+ * by name. */
 static void deterministic_resume_at_another_world_size(void) {
-    char args[512], p[4][160];
-    /* (a constant lr: the cosine schedule spans the run, which the halves differ in) */
-    snprintf(args, sizeof args, "%s --constant-lr --data %s", det_args, set_20x16);
-    CHECK_EQ(run("%s --nproc-per-node 2 %s %s --epochs 2 --checkpoint %s/det_straight.st", launcher,
-                 example, args, dir),
+    char args[512], p[5][160];
+    snprintf(args, sizeof args, "%s --data %s --epochs 2", det_args, set_20x16);
+    CHECK_EQ(run("%s --nproc-per-node 2 %s %s --checkpoint %s/det_straight.st", launcher, example,
+                 args, dir),
              0);
-    CHECK_EQ(run("%s --nproc-per-node 2 %s %s --epochs 1 --checkpoint %s/det_half.st", launcher,
-                 example, args, dir),
+    CHECK_EQ(run("%s --nproc-per-node 2 %s %s --stop-at-step 27 --checkpoint %s/det_half.st",
+                 launcher, example, args, dir),
              0);
+    CHECK(strstr(output, "steps 27 ") != NULL);
     snprintf(p[0], sizeof p[0], "%s/det_straight.st", dir);
     int worlds[2] = {1, 4};
     for (int i = 0; i < 2; i++) {
-        CHECK_EQ(run("%s --nproc-per-node %d %s %s --epochs 2 --resume %s/det_half.st "
-                     "--checkpoint %s/det_w%d.st",
+        CHECK_EQ(run("%s --nproc-per-node %d %s %s --resume %s/det_half.st --checkpoint "
+                     "%s/det_w%d.st",
                      launcher, worlds[i], example, args, dir, dir, worlds[i]),
                  0);
         CHECK(strstr(output, "resuming from") != NULL);
+        CHECK(strstr(output, "WARNING") == NULL);
         snprintf(p[1 + i], sizeof p[1 + i], "%s/det_w%d.st", dir, worlds[i]);
         if (!same_file(p[0], p[1 + i]))
             TEST_FAIL_AT("resumed at world %d: the checkpoint differs from the straight run's",
@@ -325,6 +331,18 @@ static void deterministic_resume_at_another_world_size(void) {
     }
     snprintf(p[3], sizeof p[3], "%s/det_half.st", dir);
     CHECK(!same_file(p[0], p[3]));
+    /* the recipe before --stop-at-step: a first part of --epochs 1 anneals over 20 steps */
+    CHECK_EQ(run("%s --nproc-per-node 2 %s %s --epochs 1 --checkpoint %s/det_one.st", launcher,
+                 example, args, dir),
+             0);
+    CHECK_EQ(run("%s --nproc-per-node 2 %s %s --resume %s/det_one.st --checkpoint %s/det_two.st",
+                 launcher, example, args, dir, dir),
+             0);
+    CHECK(strstr(output, "WARNING: ") != NULL);
+    CHECK(strstr(output, "cosine from 0.01 over 20 steps; this run's is cosine from 0.01 over 40 "
+                         "steps") != NULL);
+    snprintf(p[4], sizeof p[4], "%s/det_two.st", dir);
+    CHECK(!same_file(p[0], p[4]));
     CHECK_EQ(run("%s --model cnn --dropout 0.25 --deterministic --batch 16 --shards 4 --no-eval "
                  "--data %s --epochs 2 --resume %s/det_half.st",
                  example, set_20x16, dir),
