@@ -13,7 +13,8 @@
  * text). Under a launcher every rank builds the same model and DDP averages the gradients
  * (--ddp says so explicitly); --amp computes the linears in bf16 (O1); --deterministic trains to
  * the same bits at any world size (docs/reproducibility.md); --checkpoint / --resume continue a
- * run at any world size. The last lines are a sample and the SHA-256 of the parameters. */
+ * run at any world size (--stop-at N ends a run after step N as an interrupted one would). The
+ * last lines are a sample and the SHA-256 of the parameters. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +36,7 @@
 typedef struct {
     td_gpt_params model;
     int batch; /* global, in sequences */
-    long steps, warmup, eval_every, eval_batches, checkpoint_every, sample;
+    long steps, warmup, eval_every, eval_batches, checkpoint_every, sample, stop_at;
     double lr;
     uint64_t seed;
     const char *data, *checkpoint, *resume, *prompt;
@@ -48,7 +49,7 @@ static void usage(void) {
             "           [--batch GLOBAL] [--steps N] [--lr X] [--warmup N] [--seed N]\n"
             "           [--eval-every N] [--eval-batches N] [--ddp] [--amp]\n"
             "           [--deterministic [--shards S]] [--checkpoint PATH [--checkpoint-every N]]\n"
-            "           [--resume PATH|auto] [--sample N] [--prompt TEXT]\n");
+            "           [--resume PATH|auto] [--stop-at STEP] [--sample N] [--prompt TEXT]\n");
     exit(2);
 }
 
@@ -118,6 +119,8 @@ static options parse(int argc, char **argv) {
             o.resume = v;
         else if (!strcmp(a, "--sample"))
             o.sample = atol(v);
+        else if (!strcmp(a, "--stop-at"))
+            o.stop_at = atol(v);
         else if (!strcmp(a, "--prompt"))
             o.prompt = v;
         else
@@ -440,7 +443,7 @@ int main(int argc, char **argv) {
         CHECK(td_clip_grad_norm(t.params, t.n_params, 1.0, NULL));
         CHECK(td_optim_step(t.optim));
         tokens += (double)o->batch * (double)o->model.context;
-        int last = step + 1 == o->steps;
+        int last = step + 1 == o->steps || step + 1 == o->stop_at;
         if (t.rank == 0 && ((step + 1) % 50 == 0 || last)) {
             double s = (double)(td_time_ns() - t0) / 1e9;
             printf("step %ld/%ld: train loss %.4f, lr %.2e, %.0f tokens/s\n", step + 1, o->steps,
@@ -454,6 +457,7 @@ int main(int argc, char **argv) {
         if (o->checkpoint &&
             ((o->checkpoint_every > 0 && (step + 1) % o->checkpoint_every == 0) || last))
             save(&t, step + 1);
+        if (step + 1 == o->stop_at) break; /* as a job stopped here would */
     }
     if (t.rank == 0) {
         if (o->sample > 0) sample(&t);
