@@ -10,7 +10,7 @@
 #include "core/core_impl.h"
 #include "nn/nn_impl.h"
 
-static const char *const model_names[TD_MODEL_COUNT] = {"net", "mlp", "cnn", "resnet"};
+static const char *const model_names[TD_MODEL_COUNT] = {"net", "mlp", "cnn", "resnet", "gpt"};
 
 const char *td_model_name(td_model_kind kind) {
     return (unsigned)kind < TD_MODEL_COUNT ? model_names[kind] : "invalid";
@@ -23,7 +23,7 @@ td_status td_model_kind_parse(const char *name, td_model_kind *out) {
             *out = (td_model_kind)i;
             return TD_OK;
         }
-    return td__fail(TD_EINVAL, "unknown model '%s' (expected net, mlp, cnn or resnet)", name);
+    return td__fail(TD_EINVAL, "unknown model '%s' (expected net, mlp, cnn, resnet or gpt)", name);
 }
 
 /* The models as layers. Each layer draws its parameters in the order the whole model always
@@ -137,6 +137,10 @@ td_status td_model_sequential(td_model_kind kind, td_sequential **out) {
         td_resnet_params rp = td_resnet_default_params();
         return td_resnet_sequential(&rp, out);
     }
+    if (kind == TD_MODEL_GPT) {
+        td_gpt_params gp = td_gpt_default_params();
+        return td_gpt_sequential(&gp, out);
+    }
     td_sequential *s;
     TD__TRY(td_sequential_create(&s, td_shape_make(3, (const int64_t[]){1, 28, 28})));
     td_status st = add_layers(s, kind);
@@ -168,7 +172,8 @@ td_status td_model_predict(const td_model *m, int64_t *pred, int64_t *correct) {
     const float *lp = td_tensor_data(m->output);
     const int64_t *lab = td_tensor_data(m->labels);
     if (!lp || !lab) return td__fail(TD_ESTATE, "td_model_predict: the graph is not compiled");
-    int64_t B = m->batch, C = td_tensor_shape(m->output).dim[1], ok = 0;
+    td_shape os = td_tensor_shape(m->output);
+    int64_t B = os.dim[0], C = os.dim[1], ok = 0;
     for (int64_t i = 0; i < B; i++) {
         int64_t best = 0;
         for (int64_t c = 1; c < C; c++)
