@@ -249,6 +249,12 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
     if (g->compiled) return td__fail(TD_ESTATE, "%s: the graph is already compiled", what);
     if (nin < 1 || nin > TD__MAX_IN)
         return td__fail(TD_EINVAL, "%s: %d inputs (1 to %d)", what, nin, TD__MAX_IN);
+    if (!td__kernels_of(&g->ctx, op)) {
+        char dev[32];
+        td_device_format(g->opt.device, dev, sizeof dev);
+        return td__fail(TD_EUNSUPPORTED, "%s: no kernels for it on %s (the %s backend) yet", what,
+                        dev, g->ctx.backend->name);
+    }
     TD__TRY(check_input(g, ins[0], what));
     for (int i = 1; i < nin; i++)
         if (ins[i]) TD__TRY(check_input(g, ins[i], what));

@@ -1,0 +1,289 @@
+/* The graph on a GPU against the same graph on the CPU: each case builds twin graphs through
+ * the public API, one on the CPU (the oracle: oneDNN and the reference kernels, themselves
+ * checked in test_ops) and one on cuda:0, initialises every leaf with the same values, runs
+ * forward and backward twice (the second backward adds into the first's gradients, so both
+ * the write and the accumulate paths run), and compares the output and every parameter and
+ * input gradient. Tolerance, as numpy's allclose: |gpu - cpu| <= tol (|cpu| + max|cpu|/10);
+ * f32 1e-5, bf16 and f16 (apex O1 on tensor cores) 2e-2 and 5e-3 (docs/gpu.md). Every case
+ * skips with one line where no GPU is visible; the first case runs everywhere. */
+#include <string.h>
+
+#include "tandem/tandem.h"
+
+#include "test.h"
+
+static int gpus;
+
+/* Returns a failed status from a builder (its message is the thread's last error). */
+#define TRY(call)                           \
+    do {                                    \
+        td_status try_s_ = (call);          \
+        if (try_s_ != TD_OK) return try_s_; \
+    } while (0)
+
+/* ---- twins ------------------------------------------------------------------------------ */
+
+#define TWIN_MAX_LEAVES 16
+
+/* What a case's builder made: the tensor backward starts from (a scalar loss, or an output
+ * that gets a random upstream gradient) and the leaves to initialise. */
+typedef struct {
+    td_tensor *y;
+    int is_loss;
+    td_tensor *leaves[TWIN_MAX_LEAVES];
+    int nleaves;
+} built;
+
+typedef td_status (*build_fn)(td_graph *g, built *b);
+
+static td_tensor *leaf(built *b, td_tensor *t) {
+    if (b->nleaves < TWIN_MAX_LEAVES) b->leaves[b->nleaves++] = t;
+    return t;
+}
+
+/* A tensor's values as f32, whatever its dtype (labels are compared as integers). */
+static float *values(const td_tensor *t, int grad) {
+    size_t n = (size_t)td_tensor_numel(t);
+    td_dtype dt = td_tensor_dtype(t);
+    size_t es = td_dtype_size(dt);
+    unsigned char *raw = malloc(n * es + 1);
+    float *v = malloc((n ? n : 1) * sizeof *v);
+    td_status s = grad ? td_tensor_read_grad(t, raw) : td_tensor_read(t, raw);
+    if (s != TD_OK) TEST_FAIL_AT("reading '%s': %s", td_tensor_name(t), td_last_error());
+    for (size_t i = 0; i < n; i++) {
+        if (s != TD_OK)
+            v[i] = 0.f;
+        else if (dt == TD_F32)
+            memcpy(&v[i], raw + 4 * i, 4);
+        else if (dt == TD_BF16 || dt == TD_F16) {
+            uint16_t h;
+            memcpy(&h, raw + 2 * i, 2);
+            v[i] = dt == TD_BF16 ? td_bf16_to_f32(h) : td_f16_to_f32(h);
+        } else if (dt == TD_I64) {
+            int64_t x;
+            memcpy(&x, raw + 8 * i, 8);
+            v[i] = (float)x;
+        } else {
+            v[i] = 0.f;
+        }
+    }
+    free(raw);
+    return v;
+}
+
+static void compare(const char *what, const td_tensor *cpu, const td_tensor *gpu, int grad,
+                    double tol) {
+    size_t n = (size_t)td_tensor_numel(cpu);
+    float *want = values(cpu, grad), *got = values(gpu, grad);
+    double scale = 0.0, worst = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(want[i]) > scale) scale = fabs(want[i]);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (d > worst) worst = d;
+        if (!(d <= tol * (fabs(want[i]) + scale / 10)) && bad++ < 3)
+            TEST_FAIL_AT("%s '%s'%s[%zu]: gpu %.9g, cpu %.9g", what, td_tensor_name(cpu),
+                         grad ? " grad" : "", i, (double)got[i], (double)want[i]);
+    }
+    if (bad)
+        TEST_FAIL_AT("%s '%s'%s: %d of %zu differ (worst %.3g, max |cpu| %.3g, tol %g)", what,
+                     td_tensor_name(cpu), grad ? " grad" : "", bad, n, worst, scale, tol);
+    free(want);
+    free(got);
+}
+
+/* Fills a leaf from rng: labels in [0, classes), everything else normal. */
+static void init_leaf(td_tensor *t, td_rng *rng, int64_t classes) {
+    size_t n = (size_t)td_tensor_numel(t);
+    td_dtype dt = td_tensor_dtype(t);
+    void *v = malloc(n * td_dtype_size(dt) + 1);
+    for (size_t i = 0; i < n; i++) {
+        if (dt == TD_I64)
+            ((int64_t *)v)[i] = (int64_t)td_rng_below(rng, (uint32_t)classes);
+        else
+            ((float *)v)[i] = 0.5f * td_rng_normal(rng);
+    }
+    CHECK_OK(td_tensor_write(t, v));
+    free(v);
+}
+
+#define CLASSES 7
+
+/* Builds the case on both devices, runs two steps, compares. */
+static void twin(const char *what, build_fn build, td_amp_level level, td_dtype low, double tol) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    td_graph *g[2] = {NULL, NULL};
+    built b[2];
+    memset(b, 0, sizeof b);
+    for (int d = 0; d < 2; d++) {
+        td_graph_params p = td_graph_default_params();
+        p.seed = 7;
+        p.amp.level = level;
+        p.amp.dtype = low;
+        p.device = d ? td_device_cuda(0) : td_device_cpu();
+        CHECK_OK(td_graph_create(&g[d], &p));
+        if (!g[d]) goto out;
+        td_status s = build(g[d], &b[d]);
+        if (s != TD_OK) {
+            TEST_FAIL_AT("%s on %s: %s", what, d ? "cuda:0" : "cpu", td_last_error());
+            goto out;
+        }
+        td_rng rng;
+        td_rng_init(&rng, 1234);
+        for (int i = 0; i < b[d].nleaves; i++) init_leaf(b[d].leaves[i], &rng, CLASSES);
+        CHECK_OK(td_graph_compile(g[d]));
+    }
+    size_t ny = (size_t)td_tensor_numel(b[0].y);
+    float *dy = malloc((ny ? ny : 1) * sizeof *dy);
+    td_rng rng;
+    td_rng_init(&rng, 99);
+    for (size_t i = 0; i < ny; i++) dy[i] = td_rng_normal(&rng);
+    for (int step = 0; step < 2; step++) {
+        for (int d = 0; d < 2; d++) {
+            CHECK_OK(td_graph_forward(g[d]));
+            CHECK_OK(b[d].is_loss ? td_graph_backward(g[d], b[d].y)
+                                  : td_graph_backward_from(g[d], b[d].y, dy));
+        }
+        compare(what, b[0].y, b[1].y, 0, tol);
+    }
+    free(dy);
+    td_param *pp[2];
+    size_t np[2];
+    CHECK_OK(td_graph_parameters(g[0], &pp[0], &np[0]));
+    CHECK_OK(td_graph_parameters(g[1], &pp[1], &np[1]));
+    CHECK_EQ(np[0], np[1]);
+    for (size_t i = 0; i < np[0] && i < np[1]; i++) {
+        CHECK(pp[1][i].device.type == TD_DEVICE_CUDA);
+        compare(what, td_graph_param_tensor(g[0], i), td_graph_param_tensor(g[1], i), 1, tol);
+    }
+    for (int i = 0; i < b[0].nleaves; i++)
+        if (td_tensor_grad(b[0].leaves[i]) && td_tensor_dtype(b[0].leaves[i]) != TD_I64)
+            compare(what, b[0].leaves[i], b[1].leaves[i], 1, tol);
+out:
+    td_graph_destroy(g[0]);
+    td_graph_destroy(g[1]);
+}
+
+/* ---- cases ------------------------------------------------------------------------------ */
+
+static td_status input(td_graph *g, built *b, const char *name, td_shape s, int grad,
+                       td_tensor **out) {
+    TRY(td_graph_input(g, name, s, TD_F32, grad, out));
+    leaf(b, *out);
+    return TD_OK;
+}
+
+static td_status param(td_graph *g, built *b, const char *name, td_shape s, td_tensor **out) {
+    TRY(td_graph_param(g, name, s, out));
+    leaf(b, *out);
+    return TD_OK;
+}
+
+static td_status build_linear(td_graph *g, built *b) {
+    td_tensor *x, *w, *bias;
+    TRY(input(g, b, "x", td_shape_2d(33, 70), 1, &x));
+    TRY(param(g, b, "w", td_shape_2d(45, 70), &w));
+    TRY(param(g, b, "b", td_shape_1d(45), &bias));
+    return td_graph_linear(g, x, w, bias, &b->y);
+}
+
+static td_status build_relu_gelu_add_scale(td_graph *g, built *b) {
+    td_tensor *x, *z, *w, *h1, *h2, *h3, *s;
+    TRY(input(g, b, "x", td_shape_2d(17, 40), 1, &x));
+    TRY(input(g, b, "z", td_shape_2d(17, 24), 1, &z));
+    TRY(param(g, b, "w", td_shape_2d(24, 40), &w));
+    TRY(td_graph_linear(g, x, w, NULL, &h1));
+    TRY(td_graph_gelu(g, h1, &h2)); /* own output: linear's is read by backward */
+    TRY(td_graph_add(g, h2, z, &h3));
+    TRY(td_graph_relu(g, h3, &s)); /* in place over add's output */
+    return td_graph_scale(g, s, -0.75f, &b->y);
+}
+
+static td_status build_softmax(td_graph *g, built *b) {
+    td_tensor *x;
+    TRY(input(g, b, "x", td_shape_2d(9, 1000), 1, &x));
+    return td_graph_softmax(g, x, &b->y);
+}
+
+static td_status build_cross_entropy(td_graph *g, built *b) {
+    td_tensor *x, *w, *labels, *logits, *flat;
+    TRY(input(g, b, "x", td_shape_4d(12, 2, 3, 5), 1, &x));
+    TRY(td_graph_input(g, "labels", td_shape_1d(12), TD_I64, 0, &labels));
+    leaf(b, labels);
+    TRY(param(g, b, "w", td_shape_2d(CLASSES, 30), &w));
+    TRY(td_graph_flatten(g, x, 1, &flat));
+    TRY(td_graph_linear(g, flat, w, NULL, &logits));
+    b->is_loss = 1;
+    return td_graph_cross_entropy(g, logits, labels, TD_REDUCTION_MEAN, &b->y, NULL);
+}
+
+static td_status build_log_softmax_nll_sum(td_graph *g, built *b) {
+    td_tensor *x, *labels, *logp;
+    TRY(input(g, b, "x", td_shape_2d(20, CLASSES), 1, &x));
+    TRY(td_graph_input(g, "labels", td_shape_1d(20), TD_I64, 0, &labels));
+    leaf(b, labels);
+    TRY(td_graph_log_softmax(g, x, &logp));
+    b->is_loss = 1;
+    return td_graph_nll_loss(g, logp, labels, TD_REDUCTION_SUM, &b->y);
+}
+
+static void linear_f32(void) { twin("linear", build_linear, TD_AMP_O0, TD_BF16, 1e-5); }
+static void linear_bf16(void) { twin("linear bf16", build_linear, TD_AMP_O1, TD_BF16, 2e-2); }
+static void linear_f16(void) { twin("linear f16", build_linear, TD_AMP_O1, TD_F16, 5e-3); }
+static void activations_add_scale(void) {
+    twin("relu gelu add scale", build_relu_gelu_add_scale, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void activations_bf16(void) {
+    twin("relu gelu add scale bf16", build_relu_gelu_add_scale, TD_AMP_O1, TD_BF16, 2e-2);
+}
+static void softmax_rows(void) { twin("softmax", build_softmax, TD_AMP_O0, TD_BF16, 1e-5); }
+static void cross_entropy_mean(void) {
+    twin("cross entropy", build_cross_entropy, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void cross_entropy_bf16(void) {
+    twin("cross entropy bf16", build_cross_entropy, TD_AMP_O1, TD_BF16, 2e-2);
+}
+static void nll_sum(void) {
+    twin("log_softmax nll sum", build_log_softmax_nll_sum, TD_AMP_O0, TD_BF16, 1e-5);
+}
+
+/* ---- refusals --------------------------------------------------------------------------- */
+
+/* Without a GPU a graph on cuda:0 is refused naming the device and why; with one, a device
+ * past the visible ones is refused naming how many there are. */
+static void unusable_gpu_is_refused_by_name(void) {
+    td_graph_params p = td_graph_default_params();
+    p.device = td_device_cuda(gpus ? gpus : 0);
+    td_graph *g = NULL;
+    td_status s = td_graph_create(&g, &p);
+    CHECK(g == NULL);
+    char name[16];
+    td_device_format(p.device, name, sizeof name);
+    CHECK(strstr(td_last_error(), name) != NULL);
+    if (gpus) {
+        CHECK_EQ(s, TD_EINVAL);
+        CHECK(strstr(td_last_error(), "visible") != NULL);
+    } else {
+        CHECK_EQ(s, TD_EUNSUPPORTED);
+        CHECK(strstr(td_last_error(), td_cuda_unavailable()) != NULL);
+    }
+}
+
+int main(void) {
+    CHECK_OK(td_cuda_device_count(&gpus));
+    RUN(unusable_gpu_is_refused_by_name);
+    RUN(linear_f32);
+    RUN(linear_bf16);
+    RUN(linear_f16);
+    RUN(activations_add_scale);
+    RUN(activations_bf16);
+    RUN(softmax_rows);
+    RUN(cross_entropy_mean);
+    RUN(cross_entropy_bf16);
+    RUN(nll_sum);
+    TEST_END();
+}
