@@ -32,6 +32,7 @@ typedef struct {
     int is_loss;
     td_tensor *leaves[TWIN_MAX_LEAVES];
     int nleaves;
+    int keyed; /* dropout keyed by sample: td_graph_set_rng_key before each forward */
 } built;
 
 typedef td_status (*build_fn)(td_graph *g, built *b);
@@ -144,6 +145,7 @@ static void twin(const char *what, build_fn build, td_amp_level level, td_dtype 
     for (size_t i = 0; i < ny; i++) dy[i] = td_rng_normal(&rng);
     for (int step = 0; step < 2; step++) {
         for (int d = 0; d < 2; d++) {
+            if (b[d].keyed) CHECK_OK(td_graph_set_rng_key(g[d], (uint64_t)step + 5, 1000));
             CHECK_OK(td_graph_forward(g[d]));
             CHECK_OK(b[d].is_loss ? td_graph_backward(g[d], b[d].y)
                                   : td_graph_backward_from(g[d], b[d].y, dy));
@@ -231,6 +233,45 @@ static td_status build_log_softmax_nll_sum(td_graph *g, built *b) {
     return td_graph_nll_loss(g, logp, labels, TD_REDUCTION_SUM, &b->y);
 }
 
+static td_status build_dropout(td_graph *g, built *b) {
+    td_tensor *x, *w, *h;
+    TRY(input(g, b, "x", td_shape_2d(8, 30), 1, &x));
+    TRY(param(g, b, "w", td_shape_2d(301, 30), &w));
+    TRY(td_graph_linear(g, x, w, NULL, &h));
+    TRY(td_graph_dropout(g, h, 0.3f, &h));
+    return td_graph_dropout(g, h, 0.5f, &b->y); /* a second node draws after the first */
+}
+
+static td_status build_dropout_keyed(td_graph *g, built *b) {
+    b->keyed = 1;
+    return build_dropout(g, b);
+}
+
+static td_status build_dropout2d(td_graph *g, built *b) {
+    td_tensor *x;
+    TRY(input(g, b, "x", td_shape_4d(4, 6, 5, 5), 1, &x));
+    return td_graph_dropout2d(g, x, 0.5f, &b->y);
+}
+
+static td_status build_dropout2d_keyed(td_graph *g, built *b) {
+    b->keyed = 1;
+    return build_dropout2d(g, b);
+}
+
+static td_status build_concat(td_graph *g, built *b) {
+    td_tensor *x[3];
+    TRY(input(g, b, "x0", td_shape_4d(5, 3, 2, 2), 1, &x[0]));
+    TRY(input(g, b, "x1", td_shape_4d(5, 1, 2, 2), 0, &x[1]));
+    TRY(input(g, b, "x2", td_shape_4d(5, 2, 2, 2), 1, &x[2]));
+    return td_graph_concat(g, x, 3, &b->y);
+}
+
+static td_status build_normalize(td_graph *g, built *b) {
+    td_tensor *x;
+    TRY(input(g, b, "x", td_shape_2d(9, 300), 1, &x));
+    return td_graph_normalize(g, x, 1e-12f, &b->y);
+}
+
 static void linear_f32(void) { twin("linear", build_linear, TD_AMP_O0, TD_BF16, 1e-5); }
 static void linear_bf16(void) { twin("linear bf16", build_linear, TD_AMP_O1, TD_BF16, 2e-2); }
 static void linear_f16(void) { twin("linear f16", build_linear, TD_AMP_O1, TD_F16, 5e-3); }
@@ -250,6 +291,20 @@ static void cross_entropy_bf16(void) {
 static void nll_sum(void) {
     twin("log_softmax nll sum", build_log_softmax_nll_sum, TD_AMP_O0, TD_BF16, 1e-5);
 }
+
+/* Masks are the CPU's bits: the outputs and gradients agree exactly (the linear before the
+ * dropout feeds both the same values only within 1e-5, hence that tolerance there). */
+static void dropout_masks(void) { twin("dropout", build_dropout, TD_AMP_O0, TD_BF16, 1e-5); }
+static void dropout_masks_by_sample(void) {
+    twin("dropout keyed", build_dropout_keyed, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void dropout2d_masks(void) { twin("dropout2d", build_dropout2d, TD_AMP_O0, TD_BF16, 0); }
+static void dropout2d_masks_by_sample(void) {
+    twin("dropout2d keyed", build_dropout2d_keyed, TD_AMP_O0, TD_BF16, 0);
+}
+static void dropout2d_bf16(void) { twin("dropout2d bf16", build_dropout2d, TD_AMP_O1, TD_BF16, 0); }
+static void concat_channels(void) { twin("concat", build_concat, TD_AMP_O0, TD_BF16, 0); }
+static void normalize_rows(void) { twin("normalize", build_normalize, TD_AMP_O0, TD_BF16, 1e-5); }
 
 /* ---- refusals --------------------------------------------------------------------------- */
 
@@ -285,5 +340,12 @@ int main(void) {
     RUN(cross_entropy_mean);
     RUN(cross_entropy_bf16);
     RUN(nll_sum);
+    RUN(dropout_masks);
+    RUN(dropout_masks_by_sample);
+    RUN(dropout2d_masks);
+    RUN(dropout2d_masks_by_sample);
+    RUN(dropout2d_bf16);
+    RUN(concat_channels);
+    RUN(normalize_rows);
     TEST_END();
 }

@@ -308,6 +308,7 @@ td_status td_graph_forward(td_graph *g) {
     if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_forward: call td_graph_compile first");
     td__graph_sync_storage(g);
     g->ctx.rng_sample_offset = 0;
+    if (g->ctx.backend->forward_begin) TD__TRY(g->ctx.backend->forward_begin(&g->ctx));
     for (int k = 0; k < g->nnodes; k++) {
         td__node *n = g->nodes[k];
         TD__TRY(td__kernels_of(&g->ctx, n->op)->forward(&g->ctx, n));

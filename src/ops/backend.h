@@ -36,6 +36,9 @@ struct td__backend {
      * plain_dtype: src in t's layout to dst plain when to_plain, else the other way. */
     td_status (*copy_plain)(td__op_ctx *ctx, const td_tensor *t, const void *src, void *dst,
                             td_dtype plain_dtype, int to_plain);
+    /* Optional: runs before each forward's first node, outside any captured region (a GPU
+     * backend hands its kernels the forward's RNG key here). */
+    td_status (*forward_begin)(td__op_ctx *ctx);
 };
 
 /* The CPU backend: oneDNN primitives and plain-C kernels (cpu_backend.c). */

@@ -19,13 +19,16 @@ static td_status gpu_init(td__op_ctx *ctx, const char *what) {
     g->stream = (cudaStream_t)stream;
     TD__CUBLAS(cublasLtCreate(&g->lt));
     g->workspace_bytes = (size_t)32 << 20;
-    return td__host->alloc(g->device, g->workspace_bytes, &g->workspace);
+    s = td__host->alloc(g->device, g->workspace_bytes, &g->workspace);
+    if (s != TD_OK) return s;
+    return td__host->alloc(g->device, sizeof *g->rng_key, (void **)&g->rng_key);
 }
 
 static void gpu_destroy(td__op_ctx *ctx) {
     td__gpu *g = td__gpu_of(ctx);
     if (!g) return;
     if (g->workspace) td__host->free(g->device, g->workspace);
+    if (g->rng_key) td__host->free(g->device, g->rng_key);
     if (g->lt) cublasLtDestroy(g->lt);
     free(g);
     ctx->be = NULL;
@@ -75,6 +78,16 @@ static td_status gpu_copy_plain(td__op_ctx *ctx, const td_tensor *t, const void 
                     : gpu_convert(ctx, dst, t->dtype, src, plain_dtype, td__numel(t));
 }
 
+/* The RNG key the forward's dropout kernels read; a pageable source is consumed before the
+ * call returns, so the host may change its copy at once. */
+static td_status gpu_forward_begin(td__op_ctx *ctx) {
+    td__gpu *g = td__gpu_of(ctx);
+    td__gpu_rng_key key = {ctx->rng->seed, ctx->rng->offset, ctx->rng_step, ctx->rng_first_sample};
+    g->forward_offset = key.offset;
+    TD__CU(cudaMemcpyAsync(g->rng_key, &key, sizeof key, cudaMemcpyHostToDevice, g->stream));
+    return TD_OK;
+}
+
 static td__backend make_backend() {
     td__backend b = {};
     b.name = "cuda";
@@ -86,6 +99,9 @@ static td__backend make_backend() {
     b.kernels[TD__OP_RESHAPE] = &td__cuda_reshape;
     b.kernels[TD__OP_SOFTMAX] = &td__cuda_softmax;
     b.kernels[TD__OP_NLL] = &td__cuda_nll;
+    b.kernels[TD__OP_DROPOUT] = &td__cuda_dropout;
+    b.kernels[TD__OP_CONCAT] = &td__cuda_concat;
+    b.kernels[TD__OP_NORMALIZE] = &td__cuda_normalize;
     b.init = gpu_init;
     b.destroy = gpu_destroy;
     b.describe = gpu_describe;
@@ -97,6 +113,7 @@ static td__backend make_backend() {
     b.download = gpu_copy;
     b.convert = gpu_convert;
     b.copy_plain = gpu_copy_plain;
+    b.forward_begin = gpu_forward_begin;
     return b;
 }
 

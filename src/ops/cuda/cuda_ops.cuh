@@ -14,6 +14,12 @@
 #include "device/cuda/runtime.cuh"
 #include "ops/backend.h"
 
+/* The dropout RNG's position at the start of a forward, as the device reads it: the host's
+ * td_rng (seed, offset) and the sample key of td_graph_set_rng_key (step, first_sample). */
+typedef struct {
+    uint64_t seed, offset, step, first_sample;
+} td__gpu_rng_key;
+
 /* A GPU graph's handles (td__op_ctx.be). */
 typedef struct {
     td_device device;
@@ -21,6 +27,8 @@ typedef struct {
     cublasLtHandle_t lt;
     void *workspace; /* cuBLASLt's, from the device's caching allocator */
     size_t workspace_bytes;
+    td__gpu_rng_key *rng_key; /* on the device, written before each forward */
+    uint64_t forward_offset;  /* the host's rng offset when the forward began */
 } td__gpu;
 
 static inline td__gpu *td__gpu_of(const td__op_ctx *ctx) { return (td__gpu *)ctx->be; }
@@ -54,6 +62,25 @@ static inline unsigned td__blocks(size_t n) {
 #define TD__GRID_STRIDE(i, n)                                                                  \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                    \
          i += (size_t)gridDim.x * blockDim.x)
+
+/* Sum (or maximum) of v over a block of TD__THREADS threads, in a fixed tree, so the result
+ * does not depend on timing; every thread gets it. */
+template <typename A> __device__ __forceinline__ A td__block_reduce(A v, int is_max) {
+    __shared__ A buf[TD__THREADS];
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = TD__THREADS / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) {
+            A o = buf[threadIdx.x + half];
+            buf[threadIdx.x] = is_max ? (o > buf[threadIdx.x] ? o : buf[threadIdx.x])
+                                      : buf[threadIdx.x] + o;
+        }
+        __syncthreads();
+    }
+    A r = buf[0];
+    __syncthreads();
+    return r;
+}
 
 /* Elements as f32, whatever their dtype (bf16 and f16 round to nearest even on store). */
 template <typename T> __device__ __forceinline__ float td_ld(const T *p, size_t i);
@@ -123,7 +150,8 @@ td_status td__cuda_add_into(td__op_ctx *ctx, void *y, td_dtype yt, const void *x
 
 /* The kernels of each op on a GPU (one file per op family). */
 extern const td__kernels td__cuda_linear, td__cuda_eltwise, td__cuda_add, td__cuda_scale,
-    td__cuda_cast, td__cuda_reshape, td__cuda_softmax, td__cuda_nll;
+    td__cuda_cast, td__cuda_reshape, td__cuda_softmax, td__cuda_nll, td__cuda_dropout,
+    td__cuda_concat, td__cuda_normalize;
 
 extern const td__backend td__backend_cuda;
 

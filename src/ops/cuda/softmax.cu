@@ -8,32 +8,15 @@
 
 #include "ops/cuda/cuda_ops.cuh"
 
-/* Sum (or maximum) of v over the block, in a fixed tree; every thread gets the result. */
-__device__ float block_reduce(float v, int is_max) {
-    __shared__ float buf[TD__THREADS];
-    buf[threadIdx.x] = v;
-    __syncthreads();
-    for (int half = TD__THREADS / 2; half > 0; half /= 2) {
-        if ((int)threadIdx.x < half) {
-            float o = buf[threadIdx.x + half];
-            buf[threadIdx.x] = is_max ? fmaxf(buf[threadIdx.x], o) : buf[threadIdx.x] + o;
-        }
-        __syncthreads();
-    }
-    float r = buf[0];
-    __syncthreads();
-    return r;
-}
-
 __global__ void softmax_forward(float *y, const float *x, int64_t C, int log) {
     const float *xr = x + (size_t)blockIdx.x * C;
     float *yr = y + (size_t)blockIdx.x * C;
     float m = -FLT_MAX;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, xr[c]);
-    m = block_reduce(m, 1);
+    m = td__block_reduce(m, 1);
     float s = 0.f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += expf(xr[c] - m);
-    s = block_reduce(s, 0);
+    s = td__block_reduce(s, 0);
     float ls = logf(s);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
         yr[c] = log ? xr[c] - m - ls : expf(xr[c] - m) / s;
@@ -46,7 +29,7 @@ __global__ void softmax_backward(float *dx, const float *dy, const float *y, int
     float s = 0.f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
         s += log ? dy[row + c] : dy[row + c] * y[row + c];
-    s = block_reduce(s, 0);
+    s = td__block_reduce(s, 0);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         size_t i = row + c;
         float d = log ? dy[i] - expf(y[i]) * s : y[i] * (dy[i] - s);
@@ -107,7 +90,7 @@ __global__ void nll_forward_kernel(float *loss, const float *logp, const int64_t
         }
         s -= logp[(size_t)i * C + l];
     }
-    s = block_reduce(s, 0);
+    s = td__block_reduce(s, 0);
     if (threadIdx.x == 0) *loss = mean ? s / (float)N : s;
 }
 
