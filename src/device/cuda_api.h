@@ -9,12 +9,14 @@
 
 #include "tandem/device.h"
 
+#include "device/multi_tensor.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* Bumped whenever either table changes: a library of another version is refused by name. */
-#define TD__CUDA_ABI 1
+#define TD__CUDA_ABI 2
 #define TD__CUDA_ENTRY "td_cuda_entry"
 
 /* What the host lends the library. */
@@ -46,6 +48,14 @@ typedef struct {
     void (*event_destroy)(void *event);
     /* Any direction (unified addressing), queued on stream. */
     td_status (*memcpy_async)(int device, void *dst, const void *src, size_t bytes, void *stream);
+    td_status (*memset_async)(int device, void *ptr, int value, size_t bytes, void *stream);
+    /* One multi-tensor launch (multi_tensor.h) over list[0..n) on stream. The list is host
+     * memory the call rewrites (tensors without work dropped, chunk0 filled); *scratch is a
+     * device buffer of *scratch_bytes from the device's allocator that the call grows as it
+     * needs and the caller frees (td_device_free). SQUARES and UNSCALE wait for their result. */
+    td_status (*multi_tensor)(int device, void *stream, const td__mt_args *args,
+                              td__mt_tensor *list, size_t n, void **scratch, size_t *scratch_bytes,
+                              double *result);
     /* The graph engine's backend on a GPU (its kernels are in src/ops/cuda/), and the sizes of
      * the engine's private structs it was compiled with (td_tensor, td__node, td__op_ctx), so
      * that a library built from other sources is refused, not trusted. */

@@ -10,6 +10,7 @@
 #include "core/core_impl.h"
 #include "device/caching_allocator.h"
 #include "device/cuda_api.h"
+#include "device/device_impl.h"
 
 #define MAX_GPUS 64
 
@@ -221,4 +222,23 @@ td_status td_device_copy(td_device dst_device, void *dst, td_device src_device, 
     }
     TD__TRY(td__cuda()->memcpy_async(g->index, dst, src, bytes, g->stream));
     return td__cuda()->stream_synchronize(g->index, g->stream);
+}
+
+td_status td__device_memset(td_device d, void *ptr, int value, size_t bytes, const char *what) {
+    if (d.type == TD_DEVICE_CPU) {
+        if (bytes) memset(ptr, value, bytes);
+        return TD_OK;
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->memset_async(g->index, ptr, value, bytes, g->stream);
+}
+
+td_status td__device_multi_tensor(td_device d, const td__mt_args *args, td__mt_tensor *list,
+                                  size_t n, void **scratch, size_t *scratch_bytes, double *result,
+                                  const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->multi_tensor(g->index, g->stream, args, list, n, scratch, scratch_bytes,
+                                    result);
 }

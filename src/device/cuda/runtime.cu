@@ -101,3 +101,9 @@ td_status td__cu_memcpy_async(int device, void *dst, const void *src, size_t byt
     TD__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream));
     return TD_OK;
 }
+
+td_status td__cu_memset_async(int device, void *ptr, int value, size_t bytes, void *stream) {
+    TD__CU(cudaSetDevice(device));
+    TD__CU(cudaMemsetAsync(ptr, value, bytes, (cudaStream_t)stream));
+    return TD_OK;
+}

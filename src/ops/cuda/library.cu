@@ -1,5 +1,6 @@
 /* libtandem_cuda.so's one exported symbol: takes the host's services and returns the table of
- * cuda_api.h, its runtime calls (src/device/cuda/runtime.cu) and the GPU graph backend. */
+ * cuda_api.h: its runtime calls (src/device/cuda/runtime.cu), the multi-tensor kernels
+ * (src/optim/cuda/multi_tensor.cu) and the GPU graph backend. */
 #include "ops/cuda/cuda_ops.cuh"
 
 static const td__cuda_api api = {
@@ -15,6 +16,8 @@ static const td__cuda_api api = {
     td__cu_event_done,
     td__cu_event_destroy,
     td__cu_memcpy_async,
+    td__cu_memset_async,
+    td__cu_multi_tensor,
     &td__backend_cuda,
     sizeof(td_tensor),
     sizeof(td__node),
