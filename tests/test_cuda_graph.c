@@ -306,6 +306,98 @@ static void dropout2d_bf16(void) { twin("dropout2d bf16", build_dropout2d, TD_AM
 static void concat_channels(void) { twin("concat", build_concat, TD_AMP_O0, TD_BF16, 0); }
 static void normalize_rows(void) { twin("normalize", build_normalize, TD_AMP_O0, TD_BF16, 1e-5); }
 
+/* ---- training steps ----------------------------------------------------------------------- */
+
+/* A model trained three steps on both devices from the same initialisation and batches
+ * (gradient clipping, then SGD with momentum or AdamW, on the GPU as multi-tensor launches):
+ * the losses and the parameters agree within tol. The GPU's parameters then go through a
+ * checkpoint into a CPU graph, where they arrive bit for bit (the same digest). */
+static void train_twin(const char *what, td_model_kind kind, int adamw, double tol) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    enum { B = 16, STEPS = 3 };
+    td_graph *g[2] = {NULL, NULL};
+    td_model m[2];
+    td_optim *opt[2] = {NULL, NULL};
+    td_param *pp[2];
+    size_t np[2];
+    for (int d = 0; d < 2; d++) {
+        td_graph_params p = td_graph_default_params();
+        p.device = d ? td_device_cuda(0) : td_device_cpu();
+        CHECK_OK(td_graph_create(&g[d], &p));
+        CHECK_OK(td_model_build(g[d], kind, B, 3, &m[d]));
+        CHECK_OK(td_graph_parameters(g[d], &pp[d], &np[d]));
+        if (adamw) {
+            td_adamw_params hp = td_adamw_default_params();
+            CHECK_OK(td_optim_create_adamw(&opt[d], pp[d], np[d], &hp));
+        } else {
+            td_sgd_params hp = td_sgd_default_params();
+            hp.momentum = 0.9;
+            hp.nesterov = 1;
+            hp.weight_decay = 1e-4;
+            CHECK_OK(td_optim_create_sgd(&opt[d], pp[d], np[d], &hp));
+        }
+        if (!opt[d]) goto out;
+    }
+    float *images = malloc(B * 28 * 28 * sizeof *images);
+    int64_t labels[B];
+    td_rng rng;
+    td_rng_init(&rng, 5);
+    for (int step = 0; step < STEPS; step++) {
+        for (int i = 0; i < B * 28 * 28; i++) images[i] = td_rng_uniform(&rng);
+        for (int i = 0; i < B; i++) labels[i] = td_rng_below(&rng, 10);
+        float loss[2] = {0, 0};
+        double norm[2] = {0, 0};
+        for (int d = 0; d < 2; d++) {
+            CHECK_OK(td_tensor_write(m[d].input, images));
+            CHECK_OK(td_tensor_write(m[d].labels, labels));
+            CHECK_OK(td_graph_forward(g[d]));
+            CHECK_OK(td_graph_backward(g[d], m[d].loss));
+            CHECK_OK(td_tensor_read(m[d].loss, &loss[d]));
+            CHECK_OK(td_clip_grad_norm(pp[d], np[d], 1.0, &norm[d]));
+            CHECK_OK(td_optim_step(opt[d]));
+            CHECK_OK(td_graph_zero_grad(g[d]));
+        }
+        CHECK_NEAR(loss[1], loss[0], tol * (1 + fabs(loss[0])));
+        CHECK_NEAR(norm[1], norm[0], tol * (1 + norm[0]));
+    }
+    free(images);
+    for (size_t i = 0; i < np[0] && i < np[1]; i++)
+        compare(what, td_graph_param_tensor(g[0], i), td_graph_param_tensor(g[1], i), 0, tol);
+
+    char dir[256], path[300];
+    test_temp_dir(dir, sizeof dir, "cuda_graph");
+    snprintf(path, sizeof path, "%s/gpu.safetensors", dir);
+    CHECK_OK(td_checkpoint_save(path, pp[1], np[1], NULL, 0));
+    td_graph *cpu = NULL;
+    td_model mc;
+    td_param *pc;
+    size_t nc;
+    CHECK_OK(td_graph_create(&cpu, NULL));
+    CHECK_OK(td_model_build(cpu, kind, B, 4, &mc));
+    CHECK_OK(td_graph_parameters(cpu, &pc, &nc));
+    CHECK_OK(td_checkpoint_load(path, pc, nc));
+    char a[65], b[65];
+    CHECK_OK(td_params_sha256(pp[1], np[1], a));
+    CHECK_OK(td_params_sha256(pc, nc, b));
+    CHECK(strcmp(a, b) == 0);
+    td_graph_destroy(cpu);
+    test_remove_dir(dir);
+out:
+    for (int d = 0; d < 2; d++) {
+        td_optim_destroy(opt[d]);
+        td_graph_destroy(g[d]);
+    }
+}
+
+static void mlp_sgd_steps(void) { train_twin("mlp sgd", TD_MODEL_MLP, 0, 1e-4); }
+static void mlp_adamw_steps(void) { train_twin("mlp adamw", TD_MODEL_MLP, 1, 1e-4); }
+static void net_sgd_steps(void) { train_twin("net sgd", TD_MODEL_NET, 0, 1e-4); }
+static void cnn_sgd_steps(void) { train_twin("cnn sgd", TD_MODEL_CNN, 0, 1e-4); }
+static void resnet_adamw_steps(void) { train_twin("resnet adamw", TD_MODEL_RESNET, 1, 1e-4); }
+
 /* ---- refusals --------------------------------------------------------------------------- */
 
 /* Without a GPU a graph on cuda:0 is refused naming the device and why; with one, a device
@@ -347,5 +439,10 @@ int main(void) {
     RUN(dropout2d_bf16);
     RUN(concat_channels);
     RUN(normalize_rows);
+    RUN(mlp_sgd_steps);
+    RUN(mlp_adamw_steps);
+    RUN(net_sgd_steps);
+    RUN(cnn_sgd_steps);
+    RUN(resnet_adamw_steps);
     TEST_END();
 }
