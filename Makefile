@@ -49,8 +49,8 @@ NVCC := $(if $(filter 0,$(CUDA)),,$(shell command -v nvcc 2>/dev/null))
 ifneq ($(NVCC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-NVCCFLAGS := -std=c++17 -O2 -g $(CUDA_ARCH) -Iinclude -Isrc -Werror all-warnings \
-	-Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror
+NVCCFLAGS := -std=c++20 -O2 -g $(CUDA_ARCH) -Iinclude -Isrc -Werror all-warnings \
+	-Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror,-Wno-missing-field-initializers
 CUDA_SRC := $(wildcard src/*/cuda/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 CUDA_SO := $(BUILD)/lib/libtandem_cuda.so

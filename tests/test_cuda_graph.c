@@ -398,6 +398,94 @@ static void net_sgd_steps(void) { train_twin("net sgd", TD_MODEL_NET, 0, 1e-4); 
 static void cnn_sgd_steps(void) { train_twin("cnn sgd", TD_MODEL_CNN, 0, 1e-4); }
 static void resnet_adamw_steps(void) { train_twin("resnet adamw", TD_MODEL_RESNET, 1, 1e-4); }
 
+/* ---- CUDA graphs --------------------------------------------------------------------------- */
+
+static td_status build_dropout_classifier(td_graph *g, built *b) {
+    td_tensor *x, *w1, *b1, *w2, *labels, *h;
+    TRY(input(g, b, "x", td_shape_2d(16, 30), 0, &x));
+    TRY(td_graph_input(g, "labels", td_shape_1d(16), TD_I64, 0, &labels));
+    leaf(b, labels);
+    TRY(param(g, b, "w1", td_shape_2d(64, 30), &w1));
+    TRY(param(g, b, "b1", td_shape_1d(64), &b1));
+    TRY(param(g, b, "w2", td_shape_2d(CLASSES, 64), &w2));
+    TRY(td_graph_linear(g, x, w1, b1, &h));
+    TRY(td_graph_relu(g, h, &h));
+    TRY(td_graph_dropout(g, h, 0.25f, &h));
+    TRY(td_graph_linear(g, h, w2, NULL, &h));
+    b->is_loss = 1;
+    return td_graph_cross_entropy(g, h, labels, TD_REDUCTION_MEAN, &b->y, NULL);
+}
+
+/* Six SGD steps on two GPU graphs, one launching every op and one recording its sweeps as
+ * CUDA graphs and replaying them: the losses and parameters are the same bits, the dropout
+ * masks fresh at every replay; the second graph did replay and the first did not. */
+static void replay_equals_op_by_op(void) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    td_graph *g[2] = {NULL, NULL};
+    built b[2];
+    td_optim *opt[2] = {NULL, NULL};
+    memset(b, 0, sizeof b);
+    for (int d = 0; d < 2; d++) {
+        td_graph_params p = td_graph_default_params();
+        p.seed = 11;
+        p.device = td_device_cuda(0);
+        p.cuda_graphs = d;
+        CHECK_OK(td_graph_create(&g[d], &p));
+        if (!g[d]) goto out;
+        CHECK_OK(build_dropout_classifier(g[d], &b[d]));
+        td_rng rng;
+        td_rng_init(&rng, 1234);
+        for (int i = 0; i < b[d].nleaves; i++) init_leaf(b[d].leaves[i], &rng, CLASSES);
+        CHECK_OK(td_graph_compile(g[d]));
+        td_param *pp;
+        size_t np;
+        CHECK_OK(td_graph_parameters(g[d], &pp, &np));
+        td_sgd_params hp = td_sgd_default_params();
+        hp.momentum = 0.9;
+        CHECK_OK(td_optim_create_sgd(&opt[d], pp, np, &hp));
+        if (!opt[d]) goto out;
+    }
+    float x[16 * 30];
+    int64_t labels[16];
+    td_rng rng;
+    td_rng_init(&rng, 8);
+    for (int step = 0; step < 6; step++) {
+        for (int i = 0; i < 16 * 30; i++) x[i] = td_rng_normal(&rng);
+        for (int i = 0; i < 16; i++) labels[i] = td_rng_below(&rng, CLASSES);
+        float loss[2];
+        for (int d = 0; d < 2; d++) {
+            CHECK_OK(td_tensor_write(b[d].leaves[0], x));
+            CHECK_OK(td_tensor_write(b[d].leaves[1], labels));
+            CHECK_OK(td_graph_forward(g[d]));
+            CHECK_OK(td_graph_backward(g[d], b[d].y));
+            CHECK_OK(td_tensor_read(b[d].y, &loss[d]));
+            CHECK_OK(td_optim_step(opt[d]));
+            CHECK_OK(td_graph_zero_grad(g[d]));
+        }
+        CHECK(memcmp(&loss[0], &loss[1], sizeof(float)) == 0);
+    }
+    td_param *pp[2];
+    size_t np[2];
+    char digest[2][65];
+    for (int d = 0; d < 2; d++) {
+        CHECK_OK(td_graph_parameters(g[d], &pp[d], &np[d]));
+        CHECK_OK(td_params_sha256(pp[d], np[d], digest[d]));
+    }
+    CHECK(strcmp(digest[0], digest[1]) == 0);
+    const char *why;
+    CHECK_EQ(td_graph_replays(g[0], &why), 0);
+    CHECK(td_graph_replays(g[1], &why) >= 6); /* forward and backward from the third step */
+    if (why) TEST_FAIL_AT("recording was given up: %s", why);
+out:
+    for (int d = 0; d < 2; d++) {
+        td_optim_destroy(opt[d]);
+        td_graph_destroy(g[d]);
+    }
+}
+
 /* ---- refusals --------------------------------------------------------------------------- */
 
 /* Without a GPU a graph on cuda:0 is refused naming the device and why; with one, a device
@@ -444,5 +532,6 @@ int main(void) {
     RUN(net_sgd_steps);
     RUN(cnn_sgd_steps);
     RUN(resnet_adamw_steps);
+    RUN(replay_equals_op_by_op);
     TEST_END();
 }

@@ -36,9 +36,19 @@ struct td__backend {
      * plain_dtype: src in t's layout to dst plain when to_plain, else the other way. */
     td_status (*copy_plain)(td__op_ctx *ctx, const td_tensor *t, const void *src, void *dst,
                             td_dtype plain_dtype, int to_plain);
-    /* Optional: runs before each forward's first node, outside any captured region (a GPU
+    /* Optional: runs before each forward's first node, outside any recorded region (a GPU
      * backend hands its kernels the forward's RNG key here). */
     td_status (*forward_begin)(td__op_ctx *ctx);
+    /* Optional: bytes from pageable host memory (never pinned or registered) queued without
+     * waiting; the source may be reused once the call returns. */
+    td_status (*upload_async)(td__op_ctx *ctx, void *dst, const void *host, size_t bytes);
+    /* Optional (all four or none): recording what the kernels queue between record_begin and
+     * record_end (which hands back a replayable recording, or ends a failed recording and
+     * frees what it had), replaying it, and freeing it. CUDA graphs on a GPU. */
+    td_status (*record_begin)(td__op_ctx *ctx);
+    td_status (*record_end)(td__op_ctx *ctx, int keep, void **recording);
+    td_status (*replay)(td__op_ctx *ctx, void *recording);
+    void (*release)(void *recording);
 };
 
 /* The CPU backend: oneDNN primitives and plain-C kernels (cpu_backend.c). */

@@ -149,6 +149,9 @@ typedef struct td__kernels {
     /* Optional (NULL: every float dtype, as plain-C kernels can): 1 when the kernels compute
      * in `dtype` on this device. */
     int (*supports)(const td__node *n, td_dtype dtype, const td__op_ctx *ctx);
+    /* Optional: host-side checks of what earlier forwards found (a label out of range), run
+     * before every forward, also one that replays a recording. */
+    td_status (*check)(td__op_ctx *ctx, td__node *n);
 } td__kernels;
 
 struct td__node {

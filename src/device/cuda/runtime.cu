@@ -4,15 +4,12 @@
  * naming the call and CUDA's own message. Kernels live beside the ops (src/ops/cuda/). */
 #include <cstdio>
 #include <cstring>
-
-#include <dlfcn.h>
-
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include "device/cuda/runtime.cuh"
 
 const td__cuda_host *td__host;
-
 
 td_status td__cu_device_count(int *count, char *why, size_t n) {
     *count = 0;

@@ -41,7 +41,9 @@ static td_status gpu_describe(td__op_ctx *ctx, td_tensor *t) {
     return TD_OK;
 }
 
-static size_t gpu_storage_bytes(const td_tensor *t) { return td__numel(t) * td__elem_size(t->dtype); }
+static size_t gpu_storage_bytes(const td_tensor *t) {
+    return td__numel(t) * td__elem_size(t->dtype);
+}
 
 static td_status gpu_alloc(td__op_ctx *ctx, size_t bytes, void **out) {
     td__gpu *g = td__gpu_of(ctx);
@@ -88,6 +90,47 @@ static td_status gpu_forward_begin(td__op_ctx *ctx) {
     return TD_OK;
 }
 
+/* Pageable sources are staged by the driver before the call returns. */
+static td_status gpu_upload_async(td__op_ctx *ctx, void *dst, const void *host, size_t bytes) {
+    TD__CU(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, td__gpu_of(ctx)->stream));
+    return TD_OK;
+}
+
+/* Recordings are CUDA graphs of the compute stream, captured in this thread's mode, so that
+ * another thread's unrelated CUDA calls do not break them. */
+static td_status gpu_record_begin(td__op_ctx *ctx) {
+    TD__CU(cudaStreamBeginCapture(td__gpu_of(ctx)->stream, cudaStreamCaptureModeThreadLocal));
+    return TD_OK;
+}
+
+static td_status gpu_record_end(td__op_ctx *ctx, int keep, void **recording) {
+    *recording = NULL;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(td__gpu_of(ctx)->stream, &graph);
+    if (e != cudaSuccess || !keep) {
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError(); /* a broken capture leaves its error behind */
+        if (!keep) return TD_OK;
+        return td__host->fail(TD_EBACKEND, "recording the sweep as a CUDA graph failed: %s",
+                              cudaGetErrorString(e));
+    }
+    cudaGraphExec_t exec;
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess)
+        return td__host->fail(TD_EBACKEND, "cudaGraphInstantiate failed: %s",
+                              cudaGetErrorString(e));
+    *recording = exec;
+    return TD_OK;
+}
+
+static td_status gpu_replay(td__op_ctx *ctx, void *recording) {
+    TD__CU(cudaGraphLaunch((cudaGraphExec_t)recording, td__gpu_of(ctx)->stream));
+    return TD_OK;
+}
+
+static void gpu_release(void *recording) { cudaGraphExecDestroy((cudaGraphExec_t)recording); }
+
 static td__backend make_backend() {
     td__backend b = {};
     b.name = "cuda";
@@ -114,6 +157,11 @@ static td__backend make_backend() {
     b.convert = gpu_convert;
     b.copy_plain = gpu_copy_plain;
     b.forward_begin = gpu_forward_begin;
+    b.upload_async = gpu_upload_async;
+    b.record_begin = gpu_record_begin;
+    b.record_end = gpu_record_end;
+    b.replay = gpu_replay;
+    b.release = gpu_release;
     return b;
 }
 

@@ -55,4 +55,4 @@ static td_status concat_backward(td__op_ctx *ctx, td__node *n) {
     return TD_OK;
 }
 
-const td__kernels td__cuda_concat = {NULL, concat_forward, concat_backward, NULL, NULL};
+const td__kernels td__cuda_concat = {.forward = concat_forward, .backward = concat_backward};

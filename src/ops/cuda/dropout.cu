@@ -26,8 +26,8 @@ static td_status drop_compile(td__op_ctx *ctx, td__node *n) {
     n->state = s;
     td_tensor *x = n->in[0];
     s->device = ctx->device;
-    s->count = n->variant == TD__DROP_CHANNEL ? (size_t)(x->shape.dim[0] * x->shape.dim[1])
-                                              : td__numel(x);
+    s->count =
+        n->variant == TD__DROP_CHANNEL ? (size_t)(x->shape.dim[0] * x->shape.dim[1]) : td__numel(x);
     return td__host->alloc(ctx->device, s->count ? s->count : 1, (void **)&s->keep);
 }
 
@@ -73,14 +73,13 @@ static td_status drop_forward(td__op_ctx *ctx, td__node *n) {
     s->trained = ctx->training && p > 0.f;
     size_t cnt = td__numel(x);
     if (!s->trained)
-        return td__cuda_add_into(ctx, y->data, y->dtype, x->data, x->dtype, cnt, 1.f, 0.f,
-                                 n->what);
+        return td__cuda_add_into(ctx, y->data, y->dtype, x->data, x->dtype, cnt, 1.f, 0.f, n->what);
     int64_t N = x->shape.dim[0];
     uint64_t per_sample = (uint64_t)(s->count / (size_t)N);
     size_t per_entry = cnt / s->count;
     if (ctx->rng_by_sample && ctx->rng_first_sample + (uint64_t)N > ((uint64_t)1 << 32))
-        return td__host->fail(TD_EINVAL, "%s: samples %llu..%llu of the RNG key pass 2^32",
-                              n->what, (unsigned long long)ctx->rng_first_sample,
+        return td__host->fail(TD_EINVAL, "%s: samples %llu..%llu of the RNG key pass 2^32", n->what,
+                              (unsigned long long)ctx->rng_first_sample,
                               (unsigned long long)(ctx->rng_first_sample + (uint64_t)N));
     uint64_t delta = ctx->rng->offset - g->forward_offset, sample_delta = ctx->rng_sample_offset;
     draw_kernel<<<td__blocks(s->count), TD__THREADS, 0, g->stream>>>(
@@ -92,8 +91,10 @@ static td_status drop_forward(td__op_ctx *ctx, td__node *n) {
     });
     TD__LAUNCHED(n->what);
     /* The host's account of the draws, as the CPU op keeps it. */
-    if (ctx->rng_by_sample) ctx->rng_sample_offset += (per_sample + 3) & ~(uint64_t)3;
-    else ctx->rng->offset += s->count;
+    if (ctx->rng_by_sample)
+        ctx->rng_sample_offset += (per_sample + 3) & ~(uint64_t)3;
+    else
+        ctx->rng->offset += s->count;
     return TD_OK;
 }
 
@@ -104,8 +105,8 @@ static td_status drop_backward(td__op_ctx *ctx, td__node *n) {
     float beta = td__grad_beta(x);
     TD__FLOAT_TYPES(x->dtype, n->what, {
         apply_kernel<T><<<td__blocks(cnt), TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
-            (T *)x->grad, (const T *)y->grad, s->trained ? s->keep : NULL, cnt,
-            cnt / s->count, keep_scale(n->attr.p), beta);
+            (T *)x->grad, (const T *)y->grad, s->trained ? s->keep : NULL, cnt, cnt / s->count,
+            keep_scale(n->attr.p), beta);
     });
     TD__LAUNCHED(n->what);
     td__grad_written(x);
@@ -119,5 +120,7 @@ static void drop_destroy(td__node *n) {
     free(s);
 }
 
-const td__kernels td__cuda_dropout = {drop_compile, drop_forward, drop_backward, drop_destroy,
-                                      NULL};
+const td__kernels td__cuda_dropout = {.compile = drop_compile,
+                                      .forward = drop_forward,
+                                      .backward = drop_backward,
+                                      .destroy = drop_destroy};

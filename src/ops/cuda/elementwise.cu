@@ -59,8 +59,8 @@ static td_status elt_forward(td__op_ctx *ctx, td__node *n) {
     size_t cnt = td__numel(x);
     cudaStream_t s = td__gpu_of(ctx)->stream;
     TD__FLOAT_TYPES(x->dtype, n->what, {
-        act_forward<T><<<td__blocks(cnt), TD__THREADS, 0, s>>>(
-            (T *)y->data, (const T *)x->data, cnt, n->variant == TD__ELT_GELU);
+        act_forward<T><<<td__blocks(cnt), TD__THREADS, 0, s>>>((T *)y->data, (const T *)x->data,
+                                                               cnt, n->variant == TD__ELT_GELU);
     });
     TD__LAUNCHED(n->what);
     return TD_OK;
@@ -87,7 +87,7 @@ static td_status elt_backward(td__op_ctx *ctx, td__node *n) {
     return TD_OK;
 }
 
-const td__kernels td__cuda_eltwise = {NULL, elt_forward, elt_backward, NULL, NULL};
+const td__kernels td__cuda_eltwise = {.forward = elt_forward, .backward = elt_backward};
 
 /* ---- add, scale, cast, reshape ---- */
 
@@ -101,7 +101,7 @@ static td_status add_forward(td__op_ctx *ctx, td__node *n) {
     cudaStream_t s = td__gpu_of(ctx)->stream;
     TD__FLOAT_TYPES(y->dtype, n->what, {
         add_kernel<T><<<td__blocks(cnt), TD__THREADS, 0, s>>>((T *)y->data, (const T *)a->data,
-                                                               (const T *)b->data, cnt);
+                                                              (const T *)b->data, cnt);
     });
     TD__LAUNCHED(n->what);
     return TD_OK;
@@ -122,7 +122,7 @@ static td_status add_backward(td__op_ctx *ctx, td__node *n) {
     return pass_back(ctx, n, 1, 1.f);
 }
 
-const td__kernels td__cuda_add = {NULL, add_forward, add_backward, NULL, NULL};
+const td__kernels td__cuda_add = {.forward = add_forward, .backward = add_backward};
 
 static td_status scale_forward(td__op_ctx *ctx, td__node *n) {
     td_tensor *x = n->in[0], *y = n->out;
@@ -134,7 +134,7 @@ static td_status scale_backward(td__op_ctx *ctx, td__node *n) {
     return pass_back(ctx, n, 0, n->attr.alpha);
 }
 
-const td__kernels td__cuda_scale = {NULL, scale_forward, scale_backward, NULL, NULL};
+const td__kernels td__cuda_scale = {.forward = scale_forward, .backward = scale_backward};
 
 /* Cast and reshape both copy values (converting the dtype for a cast). */
 static td_status copy_forward(td__op_ctx *ctx, td__node *n) {
@@ -145,5 +145,5 @@ static td_status copy_forward(td__op_ctx *ctx, td__node *n) {
 
 static td_status copy_backward(td__op_ctx *ctx, td__node *n) { return pass_back(ctx, n, 0, 1.f); }
 
-const td__kernels td__cuda_cast = {NULL, copy_forward, copy_backward, NULL, NULL};
-const td__kernels td__cuda_reshape = {NULL, copy_forward, copy_backward, NULL, NULL};
+const td__kernels td__cuda_cast = {.forward = copy_forward, .backward = copy_backward};
+const td__kernels td__cuda_reshape = {.forward = copy_forward, .backward = copy_backward};

@@ -4,24 +4,11 @@
 #include "ops/cuda/cuda_ops.cuh"
 
 static const td__cuda_api api = {
-    TD__CUDA_ABI,
-    td__cu_device_count,
-    td__cu_properties,
-    td__cu_synchronize,
-    td__cu_stream_create,
-    td__cu_stream_synchronize,
-    td__cu_device_malloc,
-    td__cu_device_free,
-    td__cu_event_record,
-    td__cu_event_done,
-    td__cu_event_destroy,
-    td__cu_memcpy_async,
-    td__cu_memset_async,
-    td__cu_multi_tensor,
-    &td__backend_cuda,
-    sizeof(td_tensor),
-    sizeof(td__node),
-    sizeof(td__op_ctx),
+    TD__CUDA_ABI,         td__cu_device_count,       td__cu_properties,    td__cu_synchronize,
+    td__cu_stream_create, td__cu_stream_synchronize, td__cu_device_malloc, td__cu_device_free,
+    td__cu_event_record,  td__cu_event_done,         td__cu_event_destroy, td__cu_memcpy_async,
+    td__cu_memset_async,  td__cu_multi_tensor,       &td__backend_cuda,    sizeof(td_tensor),
+    sizeof(td__node),     sizeof(td__op_ctx),
 };
 
 extern "C" __attribute__((visibility("default"))) const td__cuda_api *

@@ -33,10 +33,10 @@ static td_status gemm_init(td__gpu *g, gemm *m, td_dtype dt, int ta, int tb, int
     cudaDataType_t t = cuda_type(dt);
     TD__CUBLAS(cublasLtMatmulDescCreate(&m->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    TD__CUBLAS(cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
-                                              sizeof opa));
-    TD__CUBLAS(cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
-                                              sizeof opb));
+    TD__CUBLAS(
+        cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    TD__CUBLAS(
+        cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     TD__CUBLAS(cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                               sizeof epilogue));
     TD__CUBLAS(cublasLtMatrixLayoutCreate(&m->a, t, ta ? inner : rows, ta ? rows : inner, lda));
@@ -44,9 +44,9 @@ static td_status gemm_init(td__gpu *g, gemm *m, td_dtype dt, int ta, int tb, int
     TD__CUBLAS(cublasLtMatrixLayoutCreate(&m->c, t, rows, cols, ldc));
     cublasLtMatmulPreference_t pref;
     TD__CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g->workspace_bytes,
-        sizeof g->workspace_bytes);
+    cublasStatus_t st =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &g->workspace_bytes, sizeof g->workspace_bytes);
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
@@ -55,8 +55,8 @@ static td_status gemm_init(td__gpu *g, gemm *m, td_dtype dt, int ta, int tb, int
     cublasLtMatmulPreferenceDestroy(pref);
     TD__CUBLAS(st);
     if (!found)
-        return td__host->fail(TD_EBACKEND, "%s: cuBLASLt has no algorithm for %lldx%lldx%lld",
-                              what, (long long)rows, (long long)cols, (long long)inner);
+        return td__host->fail(TD_EBACKEND, "%s: cuBLASLt has no algorithm for %lldx%lldx%lld", what,
+                              (long long)rows, (long long)cols, (long long)inner);
     m->algo = h.algo;
     return TD_OK;
 }
@@ -71,8 +71,8 @@ static void gemm_free(gemm *m) {
 static td_status gemm_run(td__gpu *g, gemm *m, const void *a, const void *b, void *c, float beta,
                           const void *bias) {
     if (bias)
-        TD__CUBLAS(cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                  &bias, sizeof bias));
+        TD__CUBLAS(cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                  sizeof bias));
     const float alpha = 1.f;
     TD__CUBLAS(cublasLtMatmul(g->lt, m->desc, &alpha, a, m->a, b, m->b, &beta, c, m->c, c, m->c,
                               &m->algo, g->workspace, g->workspace_bytes, g->stream));
@@ -155,5 +155,7 @@ static void linear_destroy(td__node *n) {
     free(s);
 }
 
-const td__kernels td__cuda_linear = {linear_compile, linear_forward, linear_backward,
-                                     linear_destroy, NULL};
+const td__kernels td__cuda_linear = {.compile = linear_compile,
+                                     .forward = linear_forward,
+                                     .backward = linear_backward,
+                                     .destroy = linear_destroy};

@@ -20,8 +20,7 @@ static td_status norm_compile(td__op_ctx *ctx, td__node *n) {
                            (void **)&s->norm);
 }
 
-__global__ void norm_forward_kernel(float *y, double *norms, const float *x, int64_t D,
-                                    float eps) {
+__global__ void norm_forward_kernel(float *y, double *norms, const float *x, int64_t D, float eps) {
     const float *row = x + (size_t)blockIdx.x * D;
     double sq = 0;
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) sq += (double)row[j] * row[j];
@@ -77,5 +76,7 @@ static void norm_destroy(td__node *n) {
     free(s);
 }
 
-const td__kernels td__cuda_normalize = {norm_compile, norm_forward, norm_backward, norm_destroy,
-                                        NULL};
+const td__kernels td__cuda_normalize = {.compile = norm_compile,
+                                        .forward = norm_forward,
+                                        .backward = norm_backward,
+                                        .destroy = norm_destroy};

@@ -71,12 +71,13 @@ static td_status sm_backward(td__op_ctx *ctx, td__node *n) {
     return TD_OK;
 }
 
-const td__kernels td__cuda_softmax = {NULL, sm_forward, sm_backward, NULL, NULL};
+const td__kernels td__cuda_softmax = {.forward = sm_forward, .backward = sm_backward};
 
 /* ---- negative log-likelihood ---- */
 
 typedef struct {
-    int64_t *bad; /* mapped host memory: first sample with a label outside [0, C), or -1 */
+    int64_t *bad;        /* mapped host memory: first sample with a label outside [0, C), or -1 */
+    int64_t *bad_device; /* the same memory as the kernel addresses it */
 } nll_state;
 
 __global__ void nll_forward_kernel(float *loss, const float *logp, const int64_t *lab, int64_t N,
@@ -95,8 +96,8 @@ __global__ void nll_forward_kernel(float *loss, const float *logp, const int64_t
 }
 
 /* dlogp = beta dlogp, then -dloss (/ N) at each sample's label. */
-__global__ void nll_backward_kernel(float *dlogp, const float *dloss, const int64_t *lab,
-                                    int64_t N, int64_t C, int mean, float beta) {
+__global__ void nll_backward_kernel(float *dlogp, const float *dloss, const int64_t *lab, int64_t N,
+                                    int64_t C, int mean, float beta) {
     float scale = mean ? dloss[0] / (float)N : dloss[0];
     TD__GRID_STRIDE(i, (size_t)(N * C)) {
         int64_t r = (int64_t)i / C, c = (int64_t)i % C;
@@ -112,22 +113,29 @@ static td_status nll_compile(td__op_ctx *ctx, td__node *n) {
     n->state = s;
     TD__CU(cudaHostAlloc((void **)&s->bad, sizeof *s->bad, cudaHostAllocMapped));
     *s->bad = -1;
+    TD__CU(cudaHostGetDevicePointer((void **)&s->bad_device, s->bad, 0));
     return TD_OK;
+}
+
+/* A label a finished forward found out of range fails the next forward (replayed or not). */
+static td_status nll_check(td__op_ctx *ctx, td__node *n) {
+    (void)ctx;
+    nll_state *s = (nll_state *)n->state;
+    if (*(volatile int64_t *)s->bad < 0) return TD_OK;
+    long long i = (long long)*s->bad;
+    *s->bad = -1;
+    return td__host->fail(TD_EINVAL,
+                          "nll_loss: the label of sample %lld (of a previous step on the GPU) is "
+                          "outside [0, %lld)",
+                          i, (long long)n->in[0]->shape.dim[1]);
 }
 
 static td_status nll_forward(td__op_ctx *ctx, td__node *n) {
     nll_state *s = (nll_state *)n->state;
-    if (*s->bad >= 0) { /* the last forward saw it; the stream has finished that step since */
-        long long i = (long long)*s->bad;
-        *s->bad = -1;
-        return td__host->fail(TD_EINVAL, "nll_loss: the label of sample %lld (of a previous "
-                                         "step on the GPU) is outside [0, %lld)",
-                              i, (long long)n->in[0]->shape.dim[1]);
-    }
     const td_tensor *lp = n->in[0];
     nll_forward_kernel<<<1, TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
         (float *)n->out->data, (const float *)lp->data, (const int64_t *)n->in[1]->data,
-        lp->shape.dim[0], lp->shape.dim[1], n->attr.reduction == TD_REDUCTION_MEAN, s->bad);
+        lp->shape.dim[0], lp->shape.dim[1], n->attr.reduction == TD_REDUCTION_MEAN, s->bad_device);
     TD__LAUNCHED("nll_loss");
     return TD_OK;
 }
@@ -135,8 +143,7 @@ static td_status nll_forward(td__op_ctx *ctx, td__node *n) {
 static td_status nll_backward(td__op_ctx *ctx, td__node *n) {
     td_tensor *lp = n->in[0];
     int64_t N = lp->shape.dim[0], C = lp->shape.dim[1];
-    nll_backward_kernel<<<td__blocks((size_t)(N * C)), TD__THREADS, 0,
-                          td__gpu_of(ctx)->stream>>>(
+    nll_backward_kernel<<<td__blocks((size_t)(N * C)), TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
         (float *)lp->grad, (const float *)n->out->grad, (const int64_t *)n->in[1]->data, N, C,
         n->attr.reduction == TD_REDUCTION_MEAN, td__grad_beta(lp));
     TD__LAUNCHED("nll_loss backward");
@@ -151,4 +158,8 @@ static void nll_destroy(td__node *n) {
     free(s);
 }
 
-const td__kernels td__cuda_nll = {nll_compile, nll_forward, nll_backward, nll_destroy, NULL};
+const td__kernels td__cuda_nll = {.compile = nll_compile,
+                                  .forward = nll_forward,
+                                  .backward = nll_backward,
+                                  .destroy = nll_destroy,
+                                  .check = nll_check};

@@ -19,9 +19,12 @@ __device__ __forceinline__ float ld(const void *p, int dt, uint64_t i) {
 }
 
 __device__ __forceinline__ void st(void *p, int dt, uint64_t i, float v) {
-    if (dt == TD_BF16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
-    else if (dt == TD_F16) ((__half *)p)[i] = __float2half_rn(v);
-    else ((float *)p)[i] = v;
+    if (dt == TD_BF16)
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else if (dt == TD_F16)
+        ((__half *)p)[i] = __float2half_rn(v);
+    else
+        ((float *)p)[i] = v;
 }
 
 #define MUL __fmul_rn
@@ -33,20 +36,23 @@ __device__ __forceinline__ const td__mt_tensor *tensor_of(const td__mt_tensor *l
     int lo = 0, hi = n - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (list[mid].chunk0 <= c) lo = mid;
-        else hi = mid - 1;
+        if (list[mid].chunk0 <= c)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return &list[lo];
 }
 
 /* SGD on one element, as src/optim/optim.c's sgd_block: p and g in f32. */
-__device__ __forceinline__ float sgd(const td__mt_args &a, float p, float g, float *buf,
-                                     uint64_t j, int first) {
+__device__ __forceinline__ float sgd(const td__mt_args &a, float p, float g, float *buf, uint64_t j,
+                                     int first) {
     float d = a.weight_decay != 0.f ? ADD(g, MUL(a.weight_decay, p)) : g;
     if (!buf) return ADD(p, MUL(a.neg_lr, d));
     float b = first ? d : ADD(MUL(buf[j], a.momentum), MUL(a.keep, d));
     buf[j] = b;
-    return a.nesterov ? ADD(p, MUL(a.neg_lr, ADD(d, MUL(a.momentum, b)))) : ADD(p, MUL(a.neg_lr, b));
+    return a.nesterov ? ADD(p, MUL(a.neg_lr, ADD(d, MUL(a.momentum, b))))
+                      : ADD(p, MUL(a.neg_lr, b));
 }
 
 /* AdamW on one element, as optim.c's adamw_update. */
@@ -125,8 +131,8 @@ __global__ void sum_partials(double *partials, uint64_t count) {
 
 /* Scratch layout: the list, then the flag (8 bytes), then one double per chunk. */
 td_status td__cu_multi_tensor(int device, void *stream, const td__mt_args *args,
-                              td__mt_tensor *list, size_t n, void **scratch,
-                              size_t *scratch_bytes, double *result) {
+                              td__mt_tensor *list, size_t n, void **scratch, size_t *scratch_bytes,
+                              double *result) {
     uint64_t chunks = 0;
     size_t kept = 0;
     for (size_t i = 0; i < n; i++) { /* tensors with nothing to do leave the list */
@@ -139,8 +145,10 @@ td_status td__cu_multi_tensor(int device, void *stream, const td__mt_args *args,
     if (result) *result = 0;
     if (kept == 0) return TD_OK;
     if (chunks > 0x7fffffffu)
-        return td__host->fail(TD_EINVAL, "multi-tensor kernel: %llu chunks are too many for one "
-                              "launch", (unsigned long long)chunks);
+        return td__host->fail(TD_EINVAL,
+                              "multi-tensor kernel: %llu chunks are too many for one "
+                              "launch",
+                              (unsigned long long)chunks);
     size_t list_bytes = (kept * sizeof *list + 7) & ~(size_t)7;
     size_t need = list_bytes + 8 + chunks * sizeof(double);
     cudaStream_t s = (cudaStream_t)stream;
@@ -159,8 +167,8 @@ td_status td__cu_multi_tensor(int device, void *stream, const td__mt_args *args,
     TD__CU(cudaSetDevice(device));
     TD__CU(cudaMemcpyAsync(base, list, kept * sizeof *list, cudaMemcpyHostToDevice, s));
     if (args->op == TD__MT_UNSCALE) TD__CU(cudaMemsetAsync(flag, 0, sizeof(int), s));
-    mt_kernel<<<(unsigned)chunks, MT_THREADS, 0, s>>>(*args, (const td__mt_tensor *)base,
-                                                     (int)kept, partials, flag);
+    mt_kernel<<<(unsigned)chunks, MT_THREADS, 0, s>>>(*args, (const td__mt_tensor *)base, (int)kept,
+                                                      partials, flag);
     TD__CU(cudaGetLastError());
     if (args->op == TD__MT_SQUARES) {
         sum_partials<<<1, MT_THREADS, 0, s>>>(partials, chunks);
