@@ -87,10 +87,13 @@ typedef struct {
                                  the same way is recorded as a CUDA graph and later ones are
                                  replays of it (td_graph_replays); 0: every op is launched
                                  on its own each time */
+    int allow_tf32;           /* 1: f32 matmuls and convolutions on a GPU may round their inputs
+                                 to TF32 on tensor cores (PyTorch's allow_tf32); 0 (default):
+                                 full f32 */
 } td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no
- * process group, plain batch norm, the CPU, CUDA graphs on. */
+ * process group, plain batch norm, the CPU, CUDA graphs on, TF32 off. */
 td_graph_params td_graph_default_params(void);
 
 /* Creates an empty graph in training mode; params may be NULL for the defaults. */

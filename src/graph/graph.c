@@ -17,7 +17,8 @@ td_graph_params td_graph_default_params(void) {
                          .comm = NULL,
                          .sync_batch_norm = 0,
                          .device = {TD_DEVICE_CPU, 0},
-                         .cuda_graphs = 1};
+                         .cuda_graphs = 1,
+                         .allow_tf32 = 0};
     return p;
 }
 
@@ -45,6 +46,7 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     g->ctx.comm = g->opt.comm;
     g->ctx.params_ready = params_ready;
     g->ctx.device = g->opt.device;
+    g->ctx.allow_tf32 = g->opt.allow_tf32;
     td_status s = td__backend_for(g->opt.device, "td_graph_create", &g->ctx.backend);
     if (s == TD_OK) s = g->ctx.backend->init(&g->ctx, "td_graph_create");
     if (s == TD_OK)

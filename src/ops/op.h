@@ -58,6 +58,7 @@ struct td__op_ctx {
     size_t scratch_bytes;
     int training;      /* training mode (dropout drops, batch norm uses batch statistics) */
     int conv_winograd; /* convolutions may use Winograd */
+    int allow_tf32;    /* f32 matmuls and convolutions may use TF32 (td_graph_params) */
     td_rng *rng;       /* the graph's dropout RNG */
     td_comm *comm;     /* the graph's process group for collective ops; NULL: a group of one */
     /* Dropout keyed by sample instead (td_graph_set_rng_key): sample n of the batch draws from

@@ -5,7 +5,8 @@
  *   forward      Y^T (OUT, N)  = W (OUT, IN)      . X^T (IN, N)
  *   weights      dW^T (IN, OUT) = X^T (IN, N)     . dY (N, OUT)
  *   data         dX^T (IN, N)  = W^T (IN, OUT)    . dY^T (OUT, N)
- * Accumulation is f32 for every dtype (TF32 never, as PyTorch's default). */
+ * Accumulation is f32 for every dtype; f32 inputs are rounded to TF32 only where the graph
+ * allows it (td_graph_params.allow_tf32, off by default as in PyTorch). */
 #include <cstdlib>
 
 #include "ops/cuda/cuda_ops.cuh"
@@ -27,11 +28,13 @@ static cudaDataType_t cuda_type(td_dtype dt) {
 }
 
 /* C (m, n) = op(A) . op(B), column-major, A stored (ta ? k x m : m x k) with ld rows. */
-static td_status gemm_init(td__gpu *g, gemm *m, td_dtype dt, int ta, int tb, int64_t rows,
-                           int64_t cols, int64_t inner, int64_t lda, int64_t ldb, int64_t ldc,
-                           cublasLtEpilogue_t epilogue, const char *what) {
+static td_status gemm_init(td__gpu *g, gemm *m, td_dtype dt, int tf32, int ta, int tb,
+                           int64_t rows, int64_t cols, int64_t inner, int64_t lda, int64_t ldb,
+                           int64_t ldc, cublasLtEpilogue_t epilogue, const char *what) {
     cudaDataType_t t = cuda_type(dt);
-    TD__CUBLAS(cublasLtMatmulDescCreate(&m->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasComputeType_t compute =
+        dt == TD_F32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    TD__CUBLAS(cublasLtMatmulDescCreate(&m->desc, compute, CUDA_R_32F));
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     TD__CUBLAS(
         cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
@@ -86,15 +89,15 @@ static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
     td__gpu *g = td__gpu_of(ctx);
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     int64_t N = x->shape.dim[0], IN = x->shape.dim[1], OUT = w->shape.dim[0];
-    TD__TRY(gemm_init(g, &s->fwd, x->dtype, 1, 0, OUT, N, IN, IN, IN, OUT,
+    TD__TRY(gemm_init(g, &s->fwd, x->dtype, ctx->allow_tf32, 1, 0, OUT, N, IN, IN, IN, OUT,
                       b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, "linear forward"));
     if (w->requires_grad) {
-        TD__TRY(gemm_init(g, &s->dw, x->dtype, 0, 1, IN, OUT, N, IN, OUT, IN,
+        TD__TRY(gemm_init(g, &s->dw, x->dtype, ctx->allow_tf32, 0, 1, IN, OUT, N, IN, OUT, IN,
                           CUBLASLT_EPILOGUE_DEFAULT, "linear backward weights"));
         s->has_dw = 1;
     }
     if (x->requires_grad) {
-        TD__TRY(gemm_init(g, &s->dx, x->dtype, 0, 0, IN, N, OUT, IN, OUT, IN,
+        TD__TRY(gemm_init(g, &s->dx, x->dtype, ctx->allow_tf32, 0, 0, IN, N, OUT, IN, OUT, IN,
                           CUBLASLT_EPILOGUE_DEFAULT, "linear backward data"));
         s->has_dx = 1;
     }
