@@ -54,7 +54,7 @@ NVCCFLAGS := -std=c++20 -O2 -g $(CUDA_ARCH) -Iinclude -Isrc -Werror all-warnings
 CUDA_SRC := $(wildcard src/*/cuda/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 CUDA_SO := $(BUILD)/lib/libtandem_cuda.so
-CUDA_LINK := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lpthread
+CUDA_LINK := -L$(CUDA_HOME)/lib64 -lcublasLt -l:libnccl.so.2 -lcudart_static -ldl -lrt -lpthread
 endif
 
 # Backends may have folders of their own (src/comm/shm/); mpi's and ucx's need their flags.
