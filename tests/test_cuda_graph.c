@@ -2,9 +2,12 @@
  * the public API, one on the CPU (the oracle: oneDNN and the reference kernels, themselves
  * checked in test_ops) and one on cuda:0, initialises every leaf with the same values, runs
  * forward and backward twice (the second backward adds into the first's gradients, so both
- * the write and the accumulate paths run), and compares the output and every parameter and
- * input gradient. Tolerance, as numpy's allclose: |gpu - cpu| <= tol (|cpu| + max|cpu|/10);
- * f32 1e-5, bf16 and f16 (apex O1 on tensor cores) 2e-2 and 5e-3 (docs/gpu.md). Every case
+ * the write and the accumulate paths run), and compares the output, every parameter and
+ * input gradient and every buffer (batch norm's running statistics). Tolerance, as numpy's
+ * allclose: |gpu - cpu| <= tol (|cpu| + max|cpu|/10); f32 1e-5, bf16 and f16 (apex O1 on
+ * tensor cores) 2e-2 and 5e-3 (docs/gpu.md); f32 1e-4 where per-channel sums feed a
+ * difference of nearly equal terms (batch norm's backward) or rounding compounds through a
+ * whole model. The CPU convolves directly (no Winograd), as cuDNN does at f32. Every case
  * skips with one line where no GPU is visible; the first case runs everywhere. */
 #include <string.h>
 
@@ -26,11 +29,14 @@ static int gpus;
 #define TWIN_MAX_LEAVES 16
 
 /* What a case's builder made: the tensor backward starts from (a scalar loss, or an output
- * that gets a random upstream gradient) and the leaves to initialise. */
+ * that gets a random upstream gradient), the leaves whose gradients are compared and which
+ * are initialised at random unless the builder wrote them itself (given), and the mode. */
 typedef struct {
     td_tensor *y;
     int is_loss;
+    int eval; /* run forward and backward in eval mode */
     td_tensor *leaves[TWIN_MAX_LEAVES];
+    int given[TWIN_MAX_LEAVES];
     int nleaves;
     int keyed; /* dropout keyed by sample: td_graph_set_rng_key before each forward */
 } built;
@@ -43,6 +49,13 @@ static td_tensor *leaf(built *b, td_tensor *t) {
 }
 
 /* A tensor's values as f32, whatever its dtype (labels are compared as integers). */
+/* A leaf whose values the builder writes (data without ties, positive variances). */
+static td_tensor *given_leaf(built *b, td_tensor *t, const float *v) {
+    CHECK_OK(td_tensor_write(t, v));
+    if (b->nleaves < TWIN_MAX_LEAVES) b->given[b->nleaves] = 1;
+    return leaf(b, t);
+}
+
 static float *values(const td_tensor *t, int grad) {
     size_t n = (size_t)td_tensor_numel(t);
     td_dtype dt = td_tensor_dtype(t);
@@ -72,10 +85,8 @@ static float *values(const td_tensor *t, int grad) {
     return v;
 }
 
-static void compare(const char *what, const td_tensor *cpu, const td_tensor *gpu, int grad,
-                    double tol) {
-    size_t n = (size_t)td_tensor_numel(cpu);
-    float *want = values(cpu, grad), *got = values(gpu, grad);
+static void compare_values(const char *what, const char *name, const char *kind, const float *want,
+                           const float *got, size_t n, double tol) {
     double scale = 0.0, worst = 0.0;
     for (size_t i = 0; i < n; i++)
         if (fabs(want[i]) > scale) scale = fabs(want[i]);
@@ -84,14 +95,43 @@ static void compare(const char *what, const td_tensor *cpu, const td_tensor *gpu
         double d = fabs((double)got[i] - want[i]);
         if (d > worst) worst = d;
         if (!(d <= tol * (fabs(want[i]) + scale / 10)) && bad++ < 3)
-            TEST_FAIL_AT("%s '%s'%s[%zu]: gpu %.9g, cpu %.9g", what, td_tensor_name(cpu),
-                         grad ? " grad" : "", i, (double)got[i], (double)want[i]);
+            TEST_FAIL_AT("%s '%s'%s[%zu]: gpu %.9g, cpu %.9g", what, name, kind, i, (double)got[i],
+                         (double)want[i]);
     }
     if (bad)
-        TEST_FAIL_AT("%s '%s'%s: %d of %zu differ (worst %.3g, max |cpu| %.3g, tol %g)", what,
-                     td_tensor_name(cpu), grad ? " grad" : "", bad, n, worst, scale, tol);
+        TEST_FAIL_AT("%s '%s'%s: %d of %zu differ (worst %.3g, max |cpu| %.3g, tol %g)", what, name,
+                     kind, bad, n, worst, scale, tol);
+}
+
+static void compare(const char *what, const td_tensor *cpu, const td_tensor *gpu, int grad,
+                    double tol) {
+    size_t n = (size_t)td_tensor_numel(cpu);
+    float *want = values(cpu, grad), *got = values(gpu, grad);
+    compare_values(what, td_tensor_name(cpu), grad ? " grad" : "", want, got, n, tol);
     free(want);
     free(got);
+}
+
+/* The graphs' buffers (f32; the GPU's in device memory), in registration order. */
+static void compare_buffers(const char *what, td_graph *cpu, td_graph *gpu, double tol) {
+    td_param *bp[2];
+    size_t nb[2];
+    CHECK_OK(td_graph_buffers(cpu, &bp[0], &nb[0]));
+    CHECK_OK(td_graph_buffers(gpu, &bp[1], &nb[1]));
+    CHECK_EQ(nb[0], nb[1]);
+    for (size_t i = 0; i < nb[0] && i < nb[1]; i++) {
+        const td_param *want = &bp[0][i], *got = &bp[1][i];
+        CHECK(got->device.type == TD_DEVICE_CUDA);
+        CHECK(want->dtype == TD_F32 && got->dtype == TD_F32 && want->count == got->count);
+        float *host = malloc((got->count ? got->count : 1) * sizeof *host);
+        td_status s = td_device_copy(td_device_cpu(), host, got->device, got->data,
+                                     got->count * sizeof *host);
+        if (s != TD_OK)
+            TEST_FAIL_AT("reading buffer '%s': %s", got->name, td_last_error());
+        else
+            compare_values(what, want->name, " buffer", want->data, host, want->count, tol);
+        free(host);
+    }
 }
 
 /* Fills a leaf from rng: labels in [0, classes), everything else normal. */
@@ -126,6 +166,7 @@ static void twin(const char *what, build_fn build, td_amp_level level, td_dtype 
         p.amp.level = level;
         p.amp.dtype = low;
         p.device = d ? td_device_cuda(0) : td_device_cpu();
+        p.conv_winograd = 0;
         CHECK_OK(td_graph_create(&g[d], &p));
         if (!g[d]) goto out;
         td_status s = build(g[d], &b[d]);
@@ -135,8 +176,10 @@ static void twin(const char *what, build_fn build, td_amp_level level, td_dtype 
         }
         td_rng rng;
         td_rng_init(&rng, 1234);
-        for (int i = 0; i < b[d].nleaves; i++) init_leaf(b[d].leaves[i], &rng, CLASSES);
+        for (int i = 0; i < b[d].nleaves; i++)
+            if (!b[d].given[i]) init_leaf(b[d].leaves[i], &rng, CLASSES);
         CHECK_OK(td_graph_compile(g[d]));
+        if (b[d].eval) td_graph_set_training(g[d], 0);
     }
     size_t ny = (size_t)td_tensor_numel(b[0].y);
     float *dy = malloc((ny ? ny : 1) * sizeof *dy);
@@ -165,6 +208,7 @@ static void twin(const char *what, build_fn build, td_amp_level level, td_dtype 
     for (int i = 0; i < b[0].nleaves; i++)
         if (td_tensor_grad(b[0].leaves[i]) && td_tensor_dtype(b[0].leaves[i]) != TD_I64)
             compare(what, b[0].leaves[i], b[1].leaves[i], 1, tol);
+    compare_buffers(what, g[0], g[1], tol);
 out:
     td_graph_destroy(g[0]);
     td_graph_destroy(g[1]);
@@ -270,6 +314,96 @@ static td_status build_normalize(td_graph *g, built *b) {
     td_tensor *x;
     TRY(input(g, b, "x", td_shape_2d(9, 300), 1, &x));
     return td_graph_normalize(g, x, 1e-12f, &b->y);
+}
+
+/* x (5, 3, 11, 13) through a 3x3 convolution with stride (2, 1), padding (1, 2), dilation
+ * (1, 2) and a bias: y (5, 8, 6, 13). At O1 it computes in the low dtype. */
+static td_status build_conv(td_graph *g, built *b) {
+    td_tensor *x, *w, *bias;
+    td_conv2d_params p = td_conv2d_default_params();
+    p.stride[0] = 2;
+    p.padding[0] = 1;
+    p.padding[1] = 2;
+    p.dilation[1] = 2;
+    TRY(input(g, b, "x", td_shape_4d(5, 3, 11, 13), 1, &x));
+    TRY(param(g, b, "w", td_shape_4d(8, 3, 3, 3), &w));
+    TRY(param(g, b, "b", td_shape_1d(8), &bias));
+    return td_graph_conv2d(g, x, w, bias, &p, &b->y);
+}
+
+/* x (3, 4, 9, 9), each plane a permutation of (k - 40) / 16 for k < 81: no window holds its
+ * maximum twice (where the choice of which takes the gradient is the backend's), and every
+ * value is exact in bf16 and f16. */
+static td_status pool_input(td_graph *g, built *b, td_tensor **x) {
+    enum { N = 3, C = 4, HW = 81 };
+    float v[N * C * HW];
+    for (int p = 0; p < N * C; p++)
+        for (int i = 0; i < HW; i++) v[p * HW + i] = (float)((i * 37 + p * 11) % HW - 40) / 16.f;
+    TRY(td_graph_input(g, "x", td_shape_4d(N, C, 9, 9), TD_F32, 1, x));
+    given_leaf(b, *x, v);
+    return TD_OK;
+}
+
+/* Overlapping 3x3 windows, stride 2, padding 1, in `dt` (a cast first where it is not f32). */
+static td_status build_pool(td_graph *g, built *b, td_dtype dt, int max) {
+    td_tensor *x;
+    TRY(pool_input(g, b, &x));
+    if (dt != TD_F32) TRY(td_graph_cast(g, x, dt, &x));
+    td_pool2d_params p = td_pool2d_default_params();
+    p.kernel[0] = p.kernel[1] = 3;
+    p.padding[0] = p.padding[1] = 1;
+    return max ? td_graph_max_pool2d(g, x, &p, &b->y) : td_graph_avg_pool2d(g, x, &p, &b->y);
+}
+
+static td_status build_max_pool(td_graph *g, built *b) { return build_pool(g, b, TD_F32, 1); }
+static td_status build_max_pool_bf16(td_graph *g, built *b) { return build_pool(g, b, TD_BF16, 1); }
+static td_status build_avg_pool(td_graph *g, built *b) { return build_pool(g, b, TD_F32, 0); }
+static td_status build_avg_pool_f16(td_graph *g, built *b) { return build_pool(g, b, TD_F16, 0); }
+
+/* Batch norm of x (6, 5, 7, 9) in `dt` (a cast first where it is not f32), with running
+ * statistics away from their initial 0 and 1, then a ReLU (folded into the batch norm) when
+ * relu; eval runs it in eval mode. */
+static td_status build_bn(td_graph *g, built *b, td_dtype dt, int relu, int eval) {
+    enum { C = 5 };
+    td_tensor *x, *w, *bias, *mean, *var, *y;
+    TRY(input(g, b, "x", td_shape_4d(6, C, 7, 9), 1, &x));
+    TRY(param(g, b, "weight", td_shape_1d(C), &w));
+    TRY(param(g, b, "bias", td_shape_1d(C), &bias));
+    TRY(td_graph_buffer(g, "running_mean", td_shape_1d(C), &mean));
+    TRY(td_graph_buffer(g, "running_var", td_shape_1d(C), &var));
+    float m[C], v[C];
+    for (int c = 0; c < C; c++) {
+        m[c] = 0.1f * (float)c - 0.2f;
+        v[c] = 0.5f + 0.25f * (float)c;
+    }
+    CHECK_OK(td_tensor_write(mean, m));
+    CHECK_OK(td_tensor_write(var, v));
+    if (dt != TD_F32) TRY(td_graph_cast(g, x, dt, &x));
+    td_batch_norm_params p = td_batch_norm_default_params();
+    TRY(td_graph_batch_norm2d(g, x, w, bias, mean, var, &p, relu ? &y : &b->y));
+    b->eval = eval;
+    return relu ? td_graph_relu(g, y, &b->y) : TD_OK;
+}
+
+static td_status build_bn_relu(td_graph *g, built *b) { return build_bn(g, b, TD_F32, 1, 0); }
+static td_status build_bn_plain(td_graph *g, built *b) { return build_bn(g, b, TD_F32, 0, 0); }
+static td_status build_bn_relu_eval(td_graph *g, built *b) { return build_bn(g, b, TD_F32, 1, 1); }
+static td_status build_bn_plain_eval(td_graph *g, built *b) { return build_bn(g, b, TD_F32, 0, 1); }
+static td_status build_bn_relu_bf16(td_graph *g, built *b) { return build_bn(g, b, TD_BF16, 1, 0); }
+static td_status build_bn_relu_f16_eval(td_graph *g, built *b) {
+    return build_bn(g, b, TD_F16, 1, 1);
+}
+
+/* The reference CNN whole (4 conv + batch norm + ReLU, 2 max pools, linear, cross entropy);
+ * td_model_build initialises its parameters from the seed and compiles it. */
+static td_status build_cnn(td_graph *g, built *b) {
+    td_model m;
+    TRY(td_model_build(g, TD_MODEL_CNN, 4, 5, &m));
+    leaf(b, m.input);
+    leaf(b, m.labels);
+    b->y = m.loss;
+    b->is_loss = 1;
+    return TD_OK;
 }
 
 static void linear_f32(void) { twin("linear", build_linear, TD_AMP_O0, TD_BF16, 1e-5); }
@@ -486,6 +620,37 @@ out:
     }
 }
 
+static void conv_f32(void) { twin("conv2d", build_conv, TD_AMP_O0, TD_BF16, 1e-5); }
+static void conv_bf16(void) { twin("conv2d bf16", build_conv, TD_AMP_O1, TD_BF16, 2e-2); }
+static void conv_f16(void) { twin("conv2d f16", build_conv, TD_AMP_O1, TD_F16, 5e-3); }
+static void max_pool(void) { twin("max_pool2d", build_max_pool, TD_AMP_O0, TD_BF16, 1e-5); }
+static void max_pool_bf16(void) {
+    twin("max_pool2d bf16", build_max_pool_bf16, TD_AMP_O0, TD_BF16, 2e-2);
+}
+static void avg_pool(void) { twin("avg_pool2d", build_avg_pool, TD_AMP_O0, TD_BF16, 1e-5); }
+static void avg_pool_f16(void) {
+    twin("avg_pool2d f16", build_avg_pool_f16, TD_AMP_O0, TD_BF16, 5e-3);
+}
+static void batch_norm_relu(void) {
+    twin("batch_norm2d relu", build_bn_relu, TD_AMP_O0, TD_BF16, 1e-4);
+}
+static void batch_norm_plain(void) {
+    twin("batch_norm2d", build_bn_plain, TD_AMP_O0, TD_BF16, 1e-4);
+}
+static void batch_norm_relu_eval(void) {
+    twin("batch_norm2d relu eval", build_bn_relu_eval, TD_AMP_O0, TD_BF16, 1e-4);
+}
+static void batch_norm_plain_eval(void) {
+    twin("batch_norm2d eval", build_bn_plain_eval, TD_AMP_O0, TD_BF16, 1e-4);
+}
+static void batch_norm_relu_bf16(void) {
+    twin("batch_norm2d relu bf16", build_bn_relu_bf16, TD_AMP_O0, TD_BF16, 2e-2);
+}
+static void batch_norm_relu_f16_eval(void) {
+    twin("batch_norm2d relu f16 eval", build_bn_relu_f16_eval, TD_AMP_O0, TD_BF16, 5e-3);
+}
+static void cnn_model(void) { twin("cnn", build_cnn, TD_AMP_O0, TD_BF16, 1e-4); }
+
 /* ---- refusals --------------------------------------------------------------------------- */
 
 /* Without a GPU a graph on cuda:0 is refused naming the device and why; with one, a device
@@ -533,5 +698,19 @@ int main(void) {
     RUN(cnn_sgd_steps);
     RUN(resnet_adamw_steps);
     RUN(replay_equals_op_by_op);
+    RUN(conv_f32);
+    RUN(conv_bf16);
+    RUN(conv_f16);
+    RUN(max_pool);
+    RUN(max_pool_bf16);
+    RUN(avg_pool);
+    RUN(avg_pool_f16);
+    RUN(batch_norm_relu);
+    RUN(batch_norm_plain);
+    RUN(batch_norm_relu_eval);
+    RUN(batch_norm_plain_eval);
+    RUN(batch_norm_relu_bf16);
+    RUN(batch_norm_relu_f16_eval);
+    RUN(cnn_model);
     TEST_END();
 }

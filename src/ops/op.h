@@ -93,6 +93,7 @@ enum { TD__POOL_MAX = 0, TD__POOL_AVG = 1 };
 enum { TD__ELT_RELU = 0, TD__ELT_GELU = 1 };
 enum { TD__DROP_ELEMENT = 0, TD__DROP_CHANNEL = 1 };
 enum { TD__SOFTMAX = 0, TD__LOG_SOFTMAX = 1 };
+enum { TD__BN_PLAIN = 0, TD__BN_RELU = 1 }; /* TD__BN_RELU: a ReLU folded in */
 
 /* How an element-wise node relates to the storage of its input after the fusion pass. */
 typedef enum {

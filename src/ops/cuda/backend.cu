@@ -1,8 +1,8 @@
 /* The GPU backend (backend.h): the device's compute stream and caching allocator (lent by the
- * host), a cuBLASLt handle and workspace, plain row-major layouts only (no layout records),
- * storage in device memory, and the kernels of the ops that have them on a GPU. An op whose
- * kernels are missing here is refused when it is added to a graph, naming the op and the
- * device. */
+ * host), cuBLASLt and cuDNN handles on that stream sharing one workspace, plain row-major
+ * layouts only (no layout records), storage in device memory, and the kernels of the ops that
+ * have them on a GPU. An op whose kernels are missing here is refused when it is added to a
+ * graph, naming the op and the device. */
 #include <cstdlib>
 
 #include "ops/cuda/cuda_ops.cuh"
@@ -18,6 +18,8 @@ static td_status gpu_init(td__op_ctx *ctx, const char *what) {
     if (s != TD_OK) return s;
     g->stream = (cudaStream_t)stream;
     TD__CUBLAS(cublasLtCreate(&g->lt));
+    TD__CUDNN(cudnnCreate(&g->dnn));
+    TD__CUDNN(cudnnSetStream(g->dnn, g->stream));
     g->workspace_bytes = (size_t)32 << 20;
     s = td__host->alloc(g->device, g->workspace_bytes, &g->workspace);
     if (s != TD_OK) return s;
@@ -30,6 +32,7 @@ static void gpu_destroy(td__op_ctx *ctx) {
     if (g->workspace) td__host->free(g->device, g->workspace);
     if (g->rng_key) td__host->free(g->device, g->rng_key);
     if (g->lt) cublasLtDestroy(g->lt);
+    if (g->dnn) cudnnDestroy(g->dnn);
     free(g);
     ctx->be = NULL;
 }
@@ -135,6 +138,9 @@ static td__backend make_backend() {
     td__backend b = {};
     b.name = "cuda";
     b.kernels[TD__OP_LINEAR] = &td__cuda_linear;
+    b.kernels[TD__OP_CONV2D] = &td__cuda_conv2d;
+    b.kernels[TD__OP_POOL2D] = &td__cuda_pool2d;
+    b.kernels[TD__OP_BATCH_NORM] = &td__cuda_batch_norm;
     b.kernels[TD__OP_ELTWISE] = &td__cuda_eltwise;
     b.kernels[TD__OP_ADD] = &td__cuda_add;
     b.kernels[TD__OP_SCALE] = &td__cuda_scale;

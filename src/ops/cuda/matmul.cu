@@ -28,9 +28,9 @@ static cudaDataType_t cuda_type(td_dtype dt) {
 }
 
 /* C (m, n) = op(A) . op(B), column-major, A stored (ta ? k x m : m x k) with ld rows. */
-static td_status gemm_init(td__gpu *g, gemm *m, td_dtype dt, int tf32, int ta, int tb,
-                           int64_t rows, int64_t cols, int64_t inner, int64_t lda, int64_t ldb,
-                           int64_t ldc, cublasLtEpilogue_t epilogue, const char *what) {
+static td_status gemm_init(td__gpu *g, gemm *m, td_dtype dt, int tf32, int ta, int tb, int64_t rows,
+                           int64_t cols, int64_t inner, int64_t lda, int64_t ldb, int64_t ldc,
+                           cublasLtEpilogue_t epilogue, const char *what) {
     cudaDataType_t t = cuda_type(dt);
     cublasComputeType_t compute =
         dt == TD_F32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
