@@ -8,8 +8,9 @@
  * deterministic mode) must give the same bits every run, and kernels are chosen before any
  * process group is known.
  *
- * f32 runs on FMA units only (no TF32, PyTorch's allow_tf32 = False for convolutions), so
- * direct f32 results match the CPU's direct ones to rounding; bf16 and f16 run on tensor cores,
+ * f32 runs on FMA units only unless the graph allows TF32 (td_graph_params.allow_tf32, off by
+ * default as PyTorch's for matmuls), so direct f32 results match the CPU's direct ones to
+ * rounding; bf16 and f16 run on tensor cores,
  * accumulating in f32. The bias is added, and its gradient summed per channel in a fixed order, by
  * the kernels below. Gradients are written or added through cuDNN's beta (td__grad_beta). */
 #include <cstdlib>
@@ -30,15 +31,16 @@ typedef struct {
 } conv_state;
 
 /* A convolution descriptor of n's geometry, accumulating in f32; f32 data is kept off tensor
- * cores (TF32), the low dtypes may use them. */
-static td_status conv_desc(const td__node *n, cudnnConvolutionDescriptor_t *d) {
+ * cores (TF32) unless the graph allows TF32 (fma_only 0), the low dtypes may use them. */
+static td_status conv_desc(const td__node *n, int fma_only, cudnnConvolutionDescriptor_t *d) {
     const td_conv2d_params *p = &n->attr.conv;
     TD__CUDNN(cudnnCreateConvolutionDescriptor(d));
     TD__CUDNN(cudnnSetConvolution2dDescriptor(*d, p->padding[0], p->padding[1], p->stride[0],
                                               p->stride[1], p->dilation[0], p->dilation[1],
                                               CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    TD__CUDNN(cudnnSetConvolutionMathType(*d, n->in[0]->dtype == TD_F32 ? CUDNN_FMA_MATH
-                                                                        : CUDNN_TENSOR_OP_MATH));
+    TD__CUDNN(cudnnSetConvolutionMathType(*d, fma_only                    ? CUDNN_FMA_MATH
+                                              : n->in[0]->dtype == TD_F32 ? CUDNN_DEFAULT_MATH
+                                                                          : CUDNN_TENSOR_OP_MATH));
     return TD_OK;
 }
 
@@ -74,9 +76,9 @@ static int pick(const Perf *perf, int count, size_t limit, int transforms_ok) {
 }
 
 /* After the pick the descriptor takes the math type the algorithm was ranked with, except that
- * f32 stays on FMA units whatever cuDNN reported (as PyTorch does without TF32). */
-static td_status set_math(cudnnConvolutionDescriptor_t d, cudnnMathType_t m, int f32) {
-    TD__CUDNN(cudnnSetConvolutionMathType(d, f32 ? CUDNN_FMA_MATH : m));
+ * f32 without TF32 stays on FMA units whatever cuDNN reported (as PyTorch does). */
+static td_status set_math(cudnnConvolutionDescriptor_t d, cudnnMathType_t m, int fma_only) {
+    TD__CUDNN(cudnnSetConvolutionMathType(d, fma_only ? CUDNN_FMA_MATH : m));
     return TD_OK;
 }
 
@@ -104,13 +106,13 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
     const int64_t *wd = w->shape.dim, *yd = y->shape.dim;
     cudnnDataType_t t;
     TD__TRY(td__cudnn_dtype(x->dtype, &t, "conv2d"));
-    int f32 = x->dtype == TD_F32;
+    int fma_only = x->dtype == TD_F32 && !ctx->allow_tf32;
     TD__TRY(td__cudnn_nchw(&s->x, x, "conv2d"));
     TD__TRY(td__cudnn_nchw(&s->y, y, "conv2d"));
     TD__CUDNN(cudnnCreateFilterDescriptor(&s->w));
     TD__CUDNN(cudnnSetFilter4dDescriptor(s->w, t, CUDNN_TENSOR_NCHW, (int)wd[0], (int)wd[1],
                                          (int)wd[2], (int)wd[3]));
-    TD__TRY(conv_desc(n, &s->fwd_desc));
+    TD__TRY(conv_desc(n, fma_only, &s->fwd_desc));
     /* The op's shape inference and cuDNN must agree on the output, or the kernels would write
      * past it. */
     int on, oc, oh, ow;
@@ -129,28 +131,28 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
                                                      ALGO_MAX, &count, fp));
     if ((i = pick(fp, count, limit, ctx->conv_winograd)) < 0) return no_algo(n, "forward", limit);
     s->fwd = fp[i].algo;
-    TD__TRY(set_math(s->fwd_desc, fp[i].mathType, f32));
+    TD__TRY(set_math(s->fwd_desc, fp[i].mathType, fma_only));
 
     if (x->requires_grad) {
         cudnnConvolutionBwdDataAlgoPerf_t dp[ALGO_MAX];
-        TD__TRY(conv_desc(n, &s->bd_desc));
+        TD__TRY(conv_desc(n, fma_only, &s->bd_desc));
         TD__CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(g->dnn, s->w, s->y, s->bd_desc, s->x,
                                                               ALGO_MAX, &count, dp));
         if ((i = pick(dp, count, limit, ctx->conv_winograd)) < 0)
             return no_algo(n, "backward-data", limit);
         s->bd = dp[i].algo;
-        TD__TRY(set_math(s->bd_desc, dp[i].mathType, f32));
+        TD__TRY(set_math(s->bd_desc, dp[i].mathType, fma_only));
         s->has_bd = 1;
     }
     if (w->requires_grad) {
         cudnnConvolutionBwdFilterAlgoPerf_t wp[ALGO_MAX];
-        TD__TRY(conv_desc(n, &s->bf_desc));
+        TD__TRY(conv_desc(n, fma_only, &s->bf_desc));
         TD__CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(g->dnn, s->x, s->y, s->bf_desc,
                                                                 s->w, ALGO_MAX, &count, wp));
         if ((i = pick(wp, count, limit, ctx->conv_winograd)) < 0)
             return no_algo(n, "backward-filter", limit);
         s->bf = wp[i].algo;
-        TD__TRY(set_math(s->bf_desc, wp[i].mathType, f32));
+        TD__TRY(set_math(s->bf_desc, wp[i].mathType, fma_only));
         s->has_bf = 1;
     }
     return TD_OK;
