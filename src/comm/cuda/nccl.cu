@@ -11,7 +11,8 @@
 #include <ctime>
 #include <nccl.h>
 
-#include "comm/nccl_api.h"
+#include "comm/cuda/gpu_comm.cuh"
+#include "comm/gpu_comm_api.h"
 #include "device/cuda/runtime.cuh"
 
 struct td__nccl {
@@ -58,7 +59,7 @@ static td_status settle(td__nccl *c, double timeout_s, const char *what) {
     }
 }
 
-td_status td__cu_nccl_unique_id(unsigned char id[128]) {
+td_status td__nccl_unique_id(unsigned char id[128]) {
     ncclUniqueId u;
     TD__NCCL(ncclGetUniqueId(&u), "nccl");
     static_assert(sizeof u == 128, "an NCCL unique id is 128 bytes");
@@ -79,7 +80,7 @@ static td_status make(td__nccl **out, int device, void *compute) {
     return TD_OK;
 }
 
-void td__cu_nccl_destroy(td__nccl *c) {
+void td__nccl_destroy(td__nccl *c) {
     if (!c) return;
     cudaSetDevice(c->device);
     if (c->comm) {
@@ -96,8 +97,8 @@ void td__cu_nccl_destroy(td__nccl *c) {
     free(c);
 }
 
-td_status td__cu_nccl_create(int device, void *compute, int nranks, int rank,
-                             const unsigned char id[128], double timeout_s, td__nccl **out) {
+td_status td__nccl_create(int device, void *compute, int nranks, int rank,
+                          const unsigned char id[128], double timeout_s, td__nccl **out) {
     *out = NULL;
     td__nccl *c;
     td_status st = make(&c, device, compute);
@@ -114,15 +115,14 @@ td_status td__cu_nccl_create(int device, void *compute, int nranks, int rank,
             st = settle(c, timeout_s, "nccl: creating the communicator");
     }
     if (st != TD_OK) {
-        td__cu_nccl_destroy(c);
+        td__nccl_destroy(c);
         return st;
     }
     *out = c;
     return TD_OK;
 }
 
-td_status td__cu_nccl_split(td__nccl *parent, int color, int key, double timeout_s,
-                            td__nccl **out) {
+td_status td__nccl_split(td__nccl *parent, int color, int key, double timeout_s, td__nccl **out) {
     *out = NULL;
     td__nccl *c;
     td_status st = make(&c, parent->device, parent->compute);
@@ -138,14 +138,14 @@ td_status td__cu_nccl_split(td__nccl *parent, int color, int key, double timeout
         if (st == TD_OK && c->comm) st = settle(c, timeout_s, "nccl: splitting the communicator");
     }
     if (st != TD_OK || !c->comm) {
-        td__cu_nccl_destroy(c);
+        td__nccl_destroy(c);
         return st;
     }
     *out = c;
     return TD_OK;
 }
 
-void td__cu_nccl_abort(td__nccl *c) {
+void td__nccl_abort(td__nccl *c) {
     if (c && c->comm && !c->aborted) {
         ncclCommAbort(c->comm);
         c->aborted = 1;
@@ -246,7 +246,7 @@ static td_status enqueue(td__nccl *c, const td__nccl_call *k, const char *what) 
     return td__host->fail(TD_EINVAL, "%s: unknown collective %d", what, (int)k->kind);
 }
 
-td_status td__cu_nccl_run(td__nccl *c, const td__nccl_call *k, double timeout_s, const char *what) {
+td_status td__nccl_run(td__nccl *c, const td__nccl_call *k, double timeout_s, const char *what) {
     if (c->aborted) return td__host->fail(TD_EPEER, "%s: the NCCL communicator was aborted", what);
     TD__CU(cudaSetDevice(c->device));
     TD__CU(cudaEventRecord(c->ready, c->compute));
@@ -281,13 +281,4 @@ td_status td__cu_nccl_run(td__nccl *c, const td__nccl_call *k, double timeout_s,
     /* Later work on the compute stream sees the result. */
     TD__CU(cudaStreamWaitEvent(c->compute, c->done, 0));
     return TD_OK;
-}
-
-static const td__nccl_api nccl_api = {
-    TD__NCCL_ABI,    td__cu_nccl_unique_id, td__cu_nccl_create,  td__cu_nccl_split,
-    td__cu_nccl_run, td__cu_nccl_abort,     td__cu_nccl_destroy,
-};
-
-extern "C" __attribute__((visibility("default"))) const td__nccl_api *td_cuda_nccl_entry(void) {
-    return &nccl_api;
 }
