@@ -249,7 +249,7 @@ int main(int argc, char **argv) {
     const char *models = "net,mlp,cnn,resnet,resnet50,resnet101", *precs = "f32,tf32,bf16",
                *matmuls = "128x1024x1024,8192x8192x8192";
     timing tm = {20, 5, 5, 128};
-    int torch = 1, compile = 0, no_graphs_column = 1, json = 0;
+    int torch = 1, compile = 0, plain_column = 1, json = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--models") && i + 1 < argc)
             models = argv[++i];
@@ -268,7 +268,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--compile"))
             compile = 1;
         else if (!strcmp(argv[i], "--no-graphs-column"))
-            no_graphs_column = 0;
+            plain_column = 0;
         else if (!strcmp(argv[i], "--json"))
             json = 1;
         else {
@@ -318,7 +318,7 @@ int main(int argc, char **argv) {
                 return 2;
             }
             double ours = run_tandem(name, (precision)prec, 1, &tm);
-            double plain = no_graphs_column ? run_tandem(name, (precision)prec, 0, &tm) : -1;
+            double plain = plain_column ? run_tandem(name, (precision)prec, 0, &tm) : -1;
             double eager = peer_value(peer, npeer, name, pn, "eager");
             double comp = peer_value(peer, npeer, name, pn, "compile");
             failed |= ours < 0;
