@@ -68,18 +68,33 @@ for snippet in "$logdir"/snippet_*.c; do
         sed 's/^/    /' "${snippet%.c}.log" | head -n 20
     fi
 done
-# The installed library serves an outside program through pkg-config, as the README says: built
-# both ways pkg-config offers, each program runs as built (no LD_LIBRARY_PATH, no ldconfig).
+# The installed library serves an outside program through pkg-config, as the README says: linked
+# against the shared library and against the archive, each program runs as built (no
+# LD_LIBRARY_PATH, no ldconfig) and needs libtandem.so at run time or not. pkg-config --static
+# only adds Libs.private; -ltandem would still pick the shared library installed beside the
+# archive (and the second build would repeat the first), so that build names the archive.
 prefix=$(mktemp -d)
 ok=0
 if [ -f "$logdir/snippet_README_1.c" ] &&
     make -s BUILD="$build" PREFIX="$prefix" install > "$logdir/install.log" 2>&1; then
     ok=1
-    for mode in "" --static; do
-        flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config $mode --cflags --libs tandem)
+    for mode in shared static; do
+        if [ "$mode" = shared ]; then
+            flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs tandem)
+        else
+            flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --static --cflags --libs \
+                tandem | sed 's/-ltandem\( \|$\)/-l:libtandem.a\1/')
+        fi
         if ! { ${CC:-cc} -std=c11 ${TD_LDFLAGS:-} "$logdir/snippet_README_1.c" -o "$logdir/installed" \
             $flags && env -u LD_LIBRARY_PATH "$logdir/installed"; } >> "$logdir/install.log" 2>&1; then
-            echo "pkg-config $mode: the program does not build or run as built" >> "$logdir/install.log"
+            echo "$mode: the program does not build or run as built" >> "$logdir/install.log"
+            ok=0
+        fi
+        needs=$(readelf -d "$logdir/installed" 2>/dev/null | grep -c 'NEEDED.*libtandem\.so')
+        want=1
+        [ "$mode" = static ] && want=0
+        if [ "$needs" -ne "$want" ]; then
+            echo "$mode: libtandem.so is needed $needs time(s), expected $want" >> "$logdir/install.log"
             ok=0
         fi
     done

@@ -130,21 +130,29 @@ static void idx_reads_plain_files_and_converts_byte_order(void) {
     CHECK(idx.data == NULL);
 }
 
-/* Each damaged file must give TD_EFORMAT, name the file, and say what was wrong. */
+/* How often `needle` occurs in `text`. */
+static int occurrences(const char *text, const char *needle) {
+    int n = 0;
+    for (const char *at = text; (at = strstr(at, needle)); at += strlen(needle)) n++;
+    return n;
+}
+
+/* Each damaged file must give TD_EFORMAT, name the file once, and say what was wrong. */
 static void expect_format_error(const char *path, const char *what) {
     td_idx idx;
     td_status st = td_idx_read(path, &idx);
     CHECK_EQ(st, TD_EFORMAT);
     CHECK(idx.data == NULL);
-    if (!strstr(td_last_error(), path) || !strstr(td_last_error(), what))
-        TEST_FAIL_AT("message \"%s\" should name %s and say \"%s\"", td_last_error(), path, what);
+    if (occurrences(td_last_error(), path) != 1 || !strstr(td_last_error(), what))
+        TEST_FAIL_AT("message \"%s\" should name %s once and say \"%s\"", td_last_error(), path,
+                     what);
 }
 
 /* Writes len bytes of buf to <tmpdir>/name, gzip-compressed when gz, and expects the
  * format error `what` for it. */
 static void expect_damaged(const char *name, int gz, const void *buf, size_t len,
                            const char *what) {
-    char path[300];
+    char path[512];
     snprintf(path, sizeof path, "%s/%s", tmpdir, name);
     if (gz)
         write_gz(path, buf, len);
@@ -198,6 +206,109 @@ static void idx_damaged_files_are_errors_naming_the_file(void) {
         expect_damaged("t10k-labels-flip.gz", 0, gz, len, "t10k-labels-flip.gz");
         for (int k = 0; k < 16; k++) gz[at + k] ^= 0x5a;
     }
+    free(gz);
+}
+
+/* The bytes of a gzip file, decompressed (malloc'd, the caller frees), or NULL. */
+static unsigned char *gunzip_file(const char *path, size_t *len) {
+    gzFile f = gzopen(path, "rb");
+    *len = 0;
+    if (!f) return NULL;
+    size_t cap = 1 << 16;
+    unsigned char *buf = malloc(cap);
+    int got;
+    while (buf && (got = gzread(f, buf + *len, (unsigned)(cap - *len))) > 0)
+        if ((*len += (size_t)got) == cap) buf = realloc(buf, cap *= 2);
+    gzclose(f);
+    return buf;
+}
+
+/* len bytes gzip-compressed at deflate `level` (0: stored blocks, the bytes as they are),
+ * malloc'd; *out_len is its size. */
+static unsigned char *gzip_bytes(const void *data, size_t len, int level, size_t *out_len) {
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    *out_len = 0;
+    if (deflateInit2(&z, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) return NULL;
+    size_t cap = deflateBound(&z, (uLong)len);
+    unsigned char *out = malloc(cap);
+    z.next_in = (Bytef *)data;
+    z.avail_in = (uInt)len;
+    z.next_out = out;
+    z.avail_out = (uInt)cap;
+    CHECK_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+    *out_len = z.total_out;
+    deflateEnd(&z);
+    return out;
+}
+
+/* A gzip file cut anywhere in its 8-byte trailer (CRC-32, length) holds all the data, but
+ * nothing checks it any more: it is refused, as a file cut one byte earlier is. */
+static void idx_gzip_cut_in_its_trailer_is_an_error(void) {
+    char src[300];
+    snprintf(src, sizeof src, "%s/t10k-labels-idx1-ubyte.gz", fmnist_dir());
+    size_t len = 0;
+    unsigned char *gz = test_read_file(src, &len);
+    CHECK(gz != NULL && len > 1000);
+    if (!gz) return;
+    for (size_t cut = 1; cut <= 9; cut++) {
+        char name[64];
+        snprintf(name, sizeof name, "t10k-labels-cut%zu.gz", cut);
+        expect_damaged(name, 0, gz, len - cut, "unexpected end of file");
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/t10k-labels-whole.gz", tmpdir);
+    test_write_file(path, gz, len);
+    td_idx idx;
+    CHECK_OK(td_idx_read(path, &idx));
+    CHECK_EQ(idx.count, 10000);
+    td_idx_free(&idx);
+    free(gz);
+}
+
+/* Deflate level 0 stores the bytes as they are, so a flipped bit decodes without complaint and
+ * only the trailer's CRC-32 can tell: with it the file is refused, and without it too. */
+static void idx_stored_gzip_with_a_flipped_bit_is_an_error(void) {
+    char src[300], path[512];
+    snprintf(src, sizeof src, "%s/t10k-labels-idx1-ubyte.gz", fmnist_dir());
+    size_t len = 0, zlen = 0;
+    unsigned char *raw = gunzip_file(src, &len);
+    CHECK_EQ(len, 8 + 10000);
+    unsigned char *z = raw ? gzip_bytes(raw, len, 0, &zlen) : NULL;
+    CHECK(z != NULL && zlen > len);
+    if (!z) goto done;
+    snprintf(path, sizeof path, "%s/stored-labels.gz", tmpdir); /* intact, it reads */
+    test_write_file(path, z, zlen);
+    td_idx idx;
+    CHECK_OK(td_idx_read(path, &idx));
+    CHECK(idx.count == 10000 && idx.data && !memcmp(idx.data, raw + 8, 10000));
+    td_idx_free(&idx);
+    z[zlen / 2] ^= 0x10; /* a label in the middle of the data */
+    expect_damaged("stored-flip.gz", 0, z, zlen, "incorrect data check");
+    expect_damaged("stored-flip-no-trailer.gz", 0, z, zlen - 8, "unexpected end of file");
+done:
+    free(raw);
+    free(z);
+}
+
+/* Damage deep in a large file is reported after the data that decoded before it (not "after
+ * 0": zlib inflates a large read into the caller's buffer and counts none of it on an error),
+ * naming the file once. */
+static void idx_damage_deep_in_a_file_says_how_far_it_read(void) {
+    char src[300], path[512];
+    snprintf(src, sizeof src, "%s/t10k-images-idx3-ubyte.gz", fmnist_dir());
+    size_t len = 0;
+    unsigned char *gz = test_read_file(src, &len);
+    CHECK(gz != NULL && len > 1000000);
+    if (!gz) return;
+    memset(gz + len / 2, 0xff, 4096); /* halfway through the compressed stream */
+    snprintf(path, sizeof path, "%s/t10k-images-deep.gz", tmpdir);
+    test_write_file(path, gz, len);
+    expect_format_error(path, "damaged gzip data after ");
+    const char *after = strstr(td_last_error(), "after ");
+    long good = after ? atol(after + 6) : -1;
+    printf("    %s\n", td_last_error());
+    CHECK(good >= 7840000 / 4 && good < 7840000);
     free(gz);
 }
 
@@ -487,6 +598,52 @@ static void loader_drop_last_and_ranks(void) {
     td_dataset_destroy(d);
 }
 
+/* With drop_last, a dataset smaller than one batch gives an epoch of no batch, which would
+ * train nothing without a word: the sampler and the loader refuse it, saying the sizes. */
+static void drop_last_leaving_no_batch_is_refused(void) {
+    td_dataset *d = counting_dataset(100);
+    td_loader *l = NULL;
+    td_loader_params p = td_loader_default_params();
+    p.sampler.global_batch = 128;
+    p.sampler.drop_last = 1;
+    CHECK_STATUS(td_loader_create(&l, d, &p), TD_EINVAL);
+    CHECK(l == NULL);
+    CHECK(strstr(td_last_error(), "100 samples") && strstr(td_last_error(), "global batch of 128"));
+    p.sampler.global_batch = 100; /* exactly one batch */
+    CHECK_OK(td_loader_create(&l, d, &p));
+    CHECK_EQ(td_loader_batches_per_epoch(l), 1);
+    td_loader_destroy(l);
+    l = NULL;
+    p.sampler.global_batch = 128; /* the short batch kept */
+    p.sampler.drop_last = 0;
+    CHECK_OK(td_loader_create(&l, d, &p));
+    CHECK_EQ(td_loader_batches_per_epoch(l), 1);
+    td_loader_destroy(l);
+    l = NULL;
+
+    p = td_loader_default_params(); /* the loader's own batches */
+    p.batch_size = 128;
+    p.drop_last = 1;
+    CHECK_STATUS(td_loader_create(&l, d, &p), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "100 samples") && strstr(td_last_error(), "batch of 128"));
+    p.sampler.world_size = 2; /* 50 per rank */
+    p.batch_size = 64;
+    CHECK_STATUS(td_loader_create(&l, d, &p), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "50 samples") && strstr(td_last_error(), "batch of 64"));
+    p.batch_size = 50;
+    CHECK_OK(td_loader_create(&l, d, &p));
+    td_loader_destroy(l);
+
+    td_sampler *s = NULL; /* rank-strided: fewer samples than ranks */
+    td_sampler_params sp = td_sampler_default_params();
+    sp.world_size = 4;
+    sp.drop_last = 1;
+    CHECK_STATUS(td_sampler_create(&s, 3, &sp), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "3 samples") && strstr(td_last_error(), "4 ranks"));
+    CHECK(s == NULL);
+    td_dataset_destroy(d);
+}
+
 static void loader_seek_resumes_bit_for_bit(void) {
     td_dataset *d = counting_dataset(700);
     td_loader_params p = td_loader_default_params();
@@ -583,6 +740,9 @@ int main(void) {
     RUN(fashion_mnist_dir_from_env_and_missing_dir);
     RUN(idx_reads_plain_files_and_converts_byte_order);
     RUN(idx_damaged_files_are_errors_naming_the_file);
+    RUN(idx_gzip_cut_in_its_trailer_is_an_error);
+    RUN(idx_stored_gzip_with_a_flipped_bit_is_an_error);
+    RUN(idx_damage_deep_in_a_file_says_how_far_it_read);
     RUN(image_label_count_mismatch_is_an_error);
     RUN(sampler_pads_and_truncates_like_pytorch);
     RUN(sampler_shuffled_shards_cover_every_sample);
@@ -590,6 +750,7 @@ int main(void) {
     RUN(loader_covers_every_sample_once_per_epoch);
     RUN(loader_drop_last_and_ranks);
     RUN(loader_shards_global_batches_unevenly);
+    RUN(drop_last_leaving_no_batch_is_refused);
     RUN(loader_seek_resumes_bit_for_bit);
     RUN(loader_destroy_mid_epoch);
     RUN(loader_over_fashion_mnist_two_ranks);

@@ -1,6 +1,7 @@
 /* What the tests that drive the real programs share (examples under tandemrun): running a
- * command and keeping its output, and reading a number the program printed; checkpoints are
- * compared with test_checkpoint_diff.h. Header-only; include it after test.h. */
+ * command and keeping its output, reading a number the program printed, and a Fashion-MNIST
+ * directory with a short training set (short epochs); checkpoints are compared with
+ * test_checkpoint_diff.h. Header-only; include it after test.h. */
 #ifndef TANDEM_TEST_PROGRAM_H
 #define TANDEM_TEST_PROGRAM_H
 
@@ -8,7 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <zlib.h>
+
+#include "tandem/data.h"
 
 #include "test.h"
 #include "test_checkpoint_diff.h" /* checkpoint_difference, checkpoint_distance */
@@ -37,6 +42,46 @@ static inline int run(const char *fmt, ...) {
 static inline double field(const char *name) {
     const char *at = strstr(output, name);
     return at ? atof(at + strlen(name)) : -1;
+}
+
+/* Writes the first `n` of an IDX file's samples (dims[0] cut to n) to path, gzip-compressed as
+ * the dataset's own files are; 0 on success. */
+static inline int write_idx_head(const char *path, const td_idx *idx, size_t n) {
+    unsigned char h[4 + 4 * TD_MAX_DIMS] = {0, 0, 0x08, (unsigned char)idx->ndim};
+    size_t sample = idx->count / (size_t)idx->dims[0], bytes = n * sample;
+    for (int i = 0; i < idx->ndim; i++)
+        for (int k = 0; k < 4; k++)
+            h[4 + 4 * i + k] = (unsigned char)((i ? (uint64_t)idx->dims[i] : n) >> (24 - 8 * k));
+    gzFile f = gzopen(path, "wb");
+    if (!f) return -1;
+    int head = 4 + 4 * idx->ndim;
+    int ok = idx->dtype == TD_U8 && gzwrite(f, h, (unsigned)head) == head &&
+             gzwrite(f, idx->data, (unsigned)bytes) == (int)bytes;
+    return gzclose(f) == Z_OK && ok ? 0 : -1;
+}
+
+/* Makes `dir` a Fashion-MNIST directory (for --data) whose training set is the first n images
+ * of the real one and whose test set is the real one (linked): epochs of a few steps, for tests
+ * of what happens across them. Fails the case and returns -1 when it cannot. */
+static inline int fashion_mnist_subset(const char *dir, size_t n) {
+    const char *real = getenv("TD_FASHION_MNIST_DIR");
+    if (!real || !*real) real = "/usr/share/datasets/fashion-mnist";
+    char from[4096], abs[4096], to[4096];
+    int rc = mkdir(dir, 0700);
+    static const char *const kinds[2] = {"images-idx3", "labels-idx1"};
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        td_idx idx;
+        snprintf(from, sizeof from, "%s/train-%s-ubyte.gz", real, kinds[k]);
+        snprintf(to, sizeof to, "%s/train-%s-ubyte.gz", dir, kinds[k]);
+        rc = td_idx_read(from, &idx) == TD_OK && (size_t)idx.dims[0] >= n ? 0 : -1;
+        if (rc == 0) rc = write_idx_head(to, &idx, n);
+        td_idx_free(&idx);
+        snprintf(from, sizeof from, "%s/t10k-%s-ubyte.gz", real, kinds[k]);
+        snprintf(to, sizeof to, "%s/t10k-%s-ubyte.gz", dir, kinds[k]);
+        if (rc == 0) rc = realpath(from, abs) ? symlink(abs, to) : -1;
+    }
+    if (rc != 0) TEST_FAIL_AT("cannot make a Fashion-MNIST subset of %zu in %s", n, dir);
+    return rc;
 }
 
 #endif

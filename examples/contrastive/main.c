@@ -27,7 +27,7 @@ typedef struct {
     double lr, weight_decay; /* the peak learning rate, annealed to 0 by a cosine */
     float temperature;
     uint64_t seed;
-    long max_steps; /* per epoch, 0 = all */
+    long max_steps; /* optimizer steps of the whole run, across epochs; 0 = --epochs decides */
     const char *data_dir, *checkpoint;
     long probe_train, probe_test; /* images the probe trains and tests on; 0 train: no probe */
     int probe_epochs;
@@ -39,7 +39,9 @@ static void usage(void) {
             "                   [--optimizer sgd|adamw] [--lr X] [--weight-decay X]\n"
             "                   [--temperature T] [--seed N]\n"
             "                   [--max-steps N] [--no-sync-bn] [--data DIR] [--checkpoint PATH]\n"
-            "                   [--probe-train N] [--probe-test N] [--probe-epochs N]\n");
+            "                   [--probe-train N] [--probe-test N] [--probe-epochs N]\n"
+            "  --max-steps N  stop after N optimizer steps in all, counted across epochs, or at\n"
+            "                 the end of --epochs if that comes first\n");
     exit(2);
 }
 
@@ -94,8 +96,8 @@ static options parse(int argc, char **argv) {
             usage();
         i++;
     }
-    if (o.epochs < 1 || o.batch < 1 || !(o.temperature > 0) || o.probe_train < 0 ||
-        o.probe_test < 1 || o.probe_epochs < 1)
+    if (o.epochs < 1 || o.batch < 1 || !(o.temperature > 0) || o.max_steps < 0 ||
+        o.probe_train < 0 || o.probe_test < 1 || o.probe_epochs < 1)
         usage();
     if (o.lr < 0) o.lr = o.adamw ? 1e-3 : 0.1;
     if (o.weight_decay < 0) o.weight_decay = o.adamw ? 1e-4 : 5e-4;
@@ -115,6 +117,8 @@ typedef struct {
     size_t n_params, n_buffers;
     td_optim *optim;
     td_ddp *ddp;
+    uint64_t run_steps; /* steps of the whole run: --epochs of the sampler's batches, or fewer */
+    uint64_t done;      /* steps trained so far */
 } trainer;
 
 static void setup(trainer *t) {
@@ -167,21 +171,21 @@ static void setup(trainer *t) {
     }
 }
 
-/* One epoch; returns the mean loss over its steps and ranks, and the images per second. */
+/* One epoch, or what --max-steps leaves of it; returns the mean loss over its steps and ranks,
+ * and the images per second. */
 static double train_epoch(trainer *t, td_sampler *sampler, td_dataset *data, int epoch,
                           double *images_per_s) {
     td_sampler_set_epoch(sampler, (uint64_t)epoch);
     size_t steps = td_sampler_batches(sampler);
-    if (t->opt.max_steps > 0 && (size_t)t->opt.max_steps < steps) steps = (size_t)t->opt.max_steps;
+    if (t->run_steps - t->done < steps) steps = (size_t)(t->run_steps - t->done);
     const size_t *indices = td_sampler_indices(sampler);
     const float *images = td_dataset_x(data);
     float *x = td_tensor_data(t->net.input);
     double loss_sum = 0;
     uint64_t start = td_time_ns();
     for (size_t step = 0; step < steps; step++) {
-        int64_t total = (int64_t)(steps * (size_t)t->opt.epochs);
-        td_optim_set_lr(
-            t->optim, td_lr_cosine(t->opt.lr, 0.0, total, (int64_t)((size_t)epoch * steps + step)));
+        td_optim_set_lr(t->optim, td_lr_cosine(t->opt.lr, 0.0, (int64_t)t->run_steps,
+                                               (int64_t)(t->done + step)));
         size_t first, count;
         td_sampler_batch(sampler, step, &first, &count);
         for (size_t i = 0; i < count; i++) {
@@ -199,6 +203,7 @@ static double train_epoch(trainer *t, td_sampler *sampler, td_dataset *data, int
         CHECK(td_graph_zero_grad(t->train));
         loss_sum += *(const float *)td_tensor_data(t->loss);
     }
+    t->done += steps;
     *images_per_s =
         (double)(steps * (size_t)t->opt.batch) / ((double)(td_time_ns() - start) * 1e-9);
     if (t->comm) CHECK(td_comm_allreduce(t->comm, &loss_sum, &loss_sum, 1, TD_F64, TD_OP_AVG));
@@ -254,6 +259,9 @@ int main(int argc, char **argv) {
     sp.global_batch = (size_t)t.opt.batch; /* each rank its slice of every global batch */
     td_sampler *sampler;
     CHECK(td_sampler_create(&sampler, td_dataset_size(train_set), &sp));
+    t.run_steps = (uint64_t)t.opt.epochs * td_sampler_batches(sampler);
+    if (t.opt.max_steps > 0 && (uint64_t)t.opt.max_steps < t.run_steps)
+        t.run_steps = (uint64_t)t.opt.max_steps;
     if (t.rank == 0)
         printf("SimCLR on Fashion-MNIST: %d rank(s), global batch %d (%lld per rank), %s "
                "negatives (%lld per anchor), %s, temperature %g, %d epoch(s)\n",
@@ -263,7 +271,7 @@ int main(int argc, char **argv) {
                t.opt.sync_bn ? "SyncBatchNorm" : "per-rank batch norm", (double)t.opt.temperature,
                t.opt.epochs);
     double loss = 0, rate = 0;
-    for (int epoch = 0; epoch < t.opt.epochs; epoch++) {
+    for (int epoch = 0; epoch < t.opt.epochs && t.done < t.run_steps; epoch++) {
         loss = train_epoch(&t, sampler, train_set, epoch, &rate);
         if (t.rank == 0) {
             printf("epoch %d: loss %.4f, %.0f images/s\n", epoch + 1, loss, rate);
@@ -291,10 +299,10 @@ int main(int argc, char **argv) {
                    n_train, n_test, trained, random);
     }
     if (t.rank == 0)
-        printf("final: negatives %s ranks %d epochs %d batch %d loss %.4f images_per_s %.0f "
-               "probe_trained %.4f probe_random %.4f\n",
-               t.opt.global_negatives ? "global" : "local", t.world, t.opt.epochs, t.opt.batch,
-               loss, rate, trained, random);
+        printf("final: negatives %s ranks %d epochs %d steps %llu batch %d loss %.4f "
+               "images_per_s %.0f probe_trained %.4f probe_random %.4f\n",
+               t.opt.global_negatives ? "global" : "local", t.world, t.opt.epochs,
+               (unsigned long long)t.done, t.opt.batch, loss, rate, trained, random);
     td_sampler_destroy(sampler);
     td_dataset_destroy(train_set);
     td_dataset_destroy(test_set);

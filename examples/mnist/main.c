@@ -5,12 +5,13 @@
  *   build/bin/tandemrun --nproc-per-node 2 build/examples/mnist --model cnn --epochs 3
  *   build/examples/mnist --spawn 2 --model cnn --epochs 3       (forks its own ranks)
  *
- * Under a launcher (tandemrun, mpirun, srun), or with --spawn N, every rank builds the same model, DDP
- * broadcasts rank 0's parameters and averages gradients bucket by bucket during backward,
- * and each rank trains on its slice of every global batch: the batch split as evenly as it
- * goes (128 over 3 ranks: 43, 43, 42), each rank's gradient weighted by its share so that the
- * average is the global batch's mean. Only rank 0 prints and writes checkpoints. Test
- * accuracy is computed each epoch with the test set split across ranks.
+ * Under a launcher (tandemrun, mpirun, srun), or with --spawn N, every rank builds the same model,
+ * DDP broadcasts rank 0's parameters and averages gradients bucket by bucket during backward, and
+ * each rank trains on its slice of every global batch: the batch split as evenly as it goes (128
+ * over 3 ranks: 43, 43, 42), each rank's gradient weighted by its share so that the average is the
+ * global batch's mean. Only rank 0 prints and writes checkpoints. Test accuracy is computed each
+ * epoch with the test set split across ranks. --max-steps N ends the run after N optimizer steps
+ * in all (across epochs and a resume), writing the checkpoint where it stopped.
  *
  * --deterministic trains to the same bits at any world size (docs/reproducibility.md): the
  * global batch is --shards fixed shards, each rank runs its shards one by one (batch norm sees
@@ -35,21 +36,21 @@ typedef struct {
     int batch; /* global */
     double lr, momentum;
     uint64_t seed;
-    long max_steps; /* per epoch, 0 = all */
+    long max_steps; /* optimizer steps of the whole run, across epochs; 0 = --epochs decides */
     int eval;       /* test accuracy after each epoch */
     int cosine;     /* anneal the learning rate to 0 over the run */
     long bucket_kb; /* DDP bucket cap (PyTorch's bucket_cap_mb), 0 = DDP's defaults */
     const char *data_dir, *checkpoint, *resume, *trace;
-    td_amp_level amp;     /* apex's opt level */
-    td_dtype amp_dtype;   /* bf16 or f16 */
-    double loss_scale;    /* 0: dynamic; > 0: static; < 0: none */
-    td_dtype comm_dtype;  /* what DDP's f32 gradients travel as */
-    int spawn;            /* > 0: fork this many ranks (td_spawn, the seeds' mp.spawn) */
-    int deterministic;    /* the same bits at any world size */
-    int shards;           /* S: fixed shards of the global batch (deterministic mode) */
-    double dropout;       /* > 0: a dropout layer of this probability before the classifier */
+    td_amp_level amp;      /* apex's opt level */
+    td_dtype amp_dtype;    /* bf16 or f16 */
+    double loss_scale;     /* 0: dynamic; > 0: static; < 0: none */
+    td_dtype comm_dtype;   /* what DDP's f32 gradients travel as */
+    int spawn;             /* > 0: fork this many ranks (td_spawn, the seeds' mp.spawn) */
+    int deterministic;     /* the same bits at any world size */
+    int shards;            /* S: fixed shards of the global batch (deterministic mode) */
+    double dropout;        /* > 0: a dropout layer of this probability before the classifier */
     long checkpoint_every; /* also write the checkpoint every N steps (0: each epoch only) */
-    int resume_auto;      /* --resume auto: from --checkpoint when that file exists */
+    int resume_auto;       /* --resume auto: from --checkpoint when that file exists */
 } options;
 
 static void usage(void) {
@@ -63,7 +64,9 @@ static void usage(void) {
             "             [--spawn N]\n"
             "             [--deterministic [--shards S]] [--dropout P] [--checkpoint-every N]\n"
             "             [--resume auto]\n"
-            "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n");
+            "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n"
+            "  --max-steps N  stop after N optimizer steps in all, counted across epochs (and\n"
+            "                 across a resume), or at the end of --epochs if that comes first\n");
     exit(2);
 }
 
@@ -93,23 +96,30 @@ static options parse(int argc, char **argv) {
                 o.cosine = !strcmp(a, "--cosine");
             continue;
         }
-        if (!v) usage();
+        if (strncmp(a, "--", 2)) {
+            fprintf(stderr, "mnist: unexpected argument %s\n", a);
+            usage();
+        }
+        if (!v) {
+            fprintf(stderr, "mnist: %s takes a value\n", a);
+            usage();
+        }
         if (!strcmp(a, "--model"))
             CHECK(td_model_kind_parse(v, &o.model));
         else if (!strcmp(a, "--epochs"))
-            o.epochs = atoi(v);
+            o.epochs = (int)mnist_int(a, v, 1, INT_MAX);
         else if (!strcmp(a, "--batch"))
-            o.batch = atoi(v);
+            o.batch = (int)mnist_int(a, v, 1, INT_MAX);
         else if (!strcmp(a, "--lr"))
-            o.lr = atof(v);
+            o.lr = mnist_real(a, v, 0, INFINITY);
         else if (!strcmp(a, "--momentum"))
-            o.momentum = atof(v);
+            o.momentum = mnist_real(a, v, 0, 1);
         else if (!strcmp(a, "--seed"))
-            o.seed = strtoull(v, NULL, 10);
+            o.seed = mnist_seed(v);
         else if (!strcmp(a, "--max-steps"))
-            o.max_steps = atol(v);
+            o.max_steps = mnist_int(a, v, 1, LONG_MAX);
         else if (!strcmp(a, "--bucket-kb"))
-            o.bucket_kb = atol(v);
+            o.bucket_kb = mnist_int(a, v, 1, LONG_MAX >> 10);
         else if (!strcmp(a, "--data"))
             o.data_dir = v;
         else if (!strcmp(a, "--checkpoint"))
@@ -119,31 +129,37 @@ static options parse(int argc, char **argv) {
         else if (!strcmp(a, "--resume"))
             o.resume = v;
         else if (!strcmp(a, "--shards"))
-            o.shards = atoi(v);
+            o.shards = (int)mnist_int(a, v, 1, INT_MAX);
         else if (!strcmp(a, "--dropout"))
-            o.dropout = atof(v);
+            o.dropout = mnist_real(a, v, 0, 1);
         else if (!strcmp(a, "--checkpoint-every"))
-            o.checkpoint_every = atol(v);
+            o.checkpoint_every = mnist_int(a, v, 0, LONG_MAX);
         else if (!strcmp(a, "--trace"))
             o.trace = v;
-        else if (!strcmp(a, "--amp") && v[0] == 'O' && v[1] >= '0' && v[1] <= '3' && !v[2])
+        else if (!strcmp(a, "--amp")) {
+            if (v[0] != 'O' || v[1] < '0' || v[1] > '3' || v[2])
+                mnist_bad_value(a, v, "O0, O1, O2 or O3 (apex's opt levels)");
             o.amp = (td_amp_level)(v[1] - '0');
-        else if (!strcmp(a, "--amp-dtype") && (!strcmp(v, "bf16") || !strcmp(v, "f16")))
+        } else if (!strcmp(a, "--amp-dtype")) {
+            if (strcmp(v, "bf16") && strcmp(v, "f16")) mnist_bad_value(a, v, "bf16 or f16");
             o.amp_dtype = !strcmp(v, "f16") ? TD_F16 : TD_BF16;
-        else if (!strcmp(a, "--comm-dtype") && (!strcmp(v, "f32") || !strcmp(v, "bf16") ||
-                                                  !strcmp(v, "f16")))
+        } else if (!strcmp(a, "--comm-dtype")) {
+            if (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "f16"))
+                mnist_bad_value(a, v, "f32, bf16 or f16");
             o.comm_dtype = !strcmp(v, "f32") ? TD_F32 : !strcmp(v, "f16") ? TD_F16 : TD_BF16;
-        else if (!strcmp(a, "--spawn") && atoi(v) > 0)
-            o.spawn = atoi(v);
-        else if (!strcmp(a, "--loss-scale"))
-            o.loss_scale = !strcmp(v, "dynamic") ? 0 : !strcmp(v, "none") ? -1 : atof(v);
-        else
+        } else if (!strcmp(a, "--spawn"))
+            o.spawn = (int)mnist_int(a, v, 1, INT_MAX);
+        else if (!strcmp(a, "--loss-scale")) {
+            char *end = NULL;
+            o.loss_scale = !strcmp(v, "dynamic") ? 0 : !strcmp(v, "none") ? -1 : strtod(v, &end);
+            if (end && (end == v || *end || !(o.loss_scale > 0) || isinf(o.loss_scale)))
+                mnist_bad_value(a, v, "dynamic, none or a number > 0");
+        } else {
+            fprintf(stderr, "mnist: unknown option %s\n", a);
             usage();
+        }
         i++;
     }
-    if (o.epochs < 1 || o.batch < 1 || o.shards < 1 || o.checkpoint_every < 0 ||
-        !(o.dropout >= 0 && o.dropout < 1))
-        usage();
     if (o.resume_auto && !o.checkpoint) {
         fprintf(stderr, "mnist: --resume auto resumes from the --checkpoint file; give one\n");
         exit(2);
@@ -181,10 +197,12 @@ typedef struct {
     td_ddp *ddp;
     td_trace *trace;
     int first_epoch;
-    size_t first_batch;  /* of first_epoch, when resuming in the middle of one */
-    int64_t local_batch; /* this rank's slice of the global batch */
-    int64_t shard_batch; /* deterministic mode: samples per shard, what the graph is built for */
-    float grad_scale;    /* world * local_batch / batch: weights the rank average by share */
+    size_t first_batch;   /* of first_epoch, when resuming in the middle of one */
+    size_t epoch_batches; /* global batches (steps) per epoch */
+    uint64_t run_steps;   /* steps of the whole run: --epochs of them, or --max-steps */
+    int64_t local_batch;  /* this rank's slice of the global batch */
+    int64_t shard_batch;  /* deterministic mode: samples per shard, what the graph is built for */
+    float grad_scale;     /* world * local_batch / batch: weights the rank average by share */
 } trainer;
 
 /* Parameters, buffers, optimizer state (master weights included) and the loss scaler's: what
@@ -346,8 +364,8 @@ static void setup(trainer *t) {
     go.amp.level = t->opt.amp;
     go.amp.dtype = t->opt.amp_dtype;
     CHECK(td_graph_create(&t->train, &go));
-    build_model(&t->opt, t->train,
-                t->opt.deterministic ? t->shard_batch : t->local_batch, &t->model);
+    build_model(&t->opt, t->train, t->opt.deterministic ? t->shard_batch : t->local_batch,
+                &t->model);
     go.grad_enabled = 0;
     CHECK(td_graph_create(&t->eval, &go));
     build_model(&t->opt, t->eval, t->local_batch, &t->eval_model);
@@ -387,17 +405,20 @@ static void setup(trainer *t) {
     }
 }
 
-static void progress(const trainer *t, int epoch, size_t step, size_t steps, double loss,
+/* After step `step` of `epoch`, which runs to `end`: a bar redrawn in place on a terminal,
+ * whole lines every 100 steps and at the end otherwise (a log keeps no \r). */
+static void progress(const trainer *t, int epoch, size_t step, size_t end, double loss,
                      double samples_per_s) {
     if (t->rank != 0) return;
-    if (isatty(STDOUT_FILENO)) {
+    size_t steps = t->epoch_batches;
+    if (mnist_progress_redraws()) {
         int width = 30, filled = (int)(width * (step + 1) / steps);
         printf("\repoch %d [%.*s%*s] %zu/%zu loss %.4f %.0f samples/s", epoch + 1, filled,
                "==============================", width - filled, "", step + 1, steps, loss,
                samples_per_s);
-        if (step + 1 == steps) printf("\n");
+        if (step + 1 == end) printf("\n");
         fflush(stdout);
-    } else if ((step + 1) % 100 == 0 || step + 1 == steps) {
+    } else if ((step + 1) % 100 == 0 || step + 1 == end) {
         printf("epoch %d step %zu/%zu loss %.4f %.0f samples/s\n", epoch + 1, step + 1, steps, loss,
                samples_per_s);
         fflush(stdout);
@@ -453,24 +474,15 @@ static float forward_backward_shards(trainer *t, const td_batch *batch, uint64_t
     return td_ddp_loss(t->ddp);
 }
 
-/* Steps per epoch: the loader's batches, or --max-steps. */
-static size_t epoch_steps(const trainer *t, const td_loader *loader) {
-    size_t steps = td_loader_batches_per_epoch(loader);
-    return t->opt.max_steps > 0 && (size_t)t->opt.max_steps < steps ? (size_t)t->opt.max_steps
-                                                                    : steps;
-}
-
-/* One epoch of training from batch `first` on; returns samples/s over it (all ranks). */
-static double train_epoch(trainer *t, td_loader *loader, int epoch, size_t first) {
+/* Steps [first, end) of one epoch; returns samples/s over them (all ranks). */
+static double train_epoch(trainer *t, td_loader *loader, int epoch, size_t first, size_t end) {
     CHECK(td_loader_seek(loader, (uint64_t)epoch, first));
-    size_t steps = epoch_steps(t, loader);
     uint64_t start = td_time_ns();
-    for (size_t step = first; step < steps; step++) {
-        uint64_t global_step = (uint64_t)epoch * steps + step;
-        if (t->opt.cosine) {
-            int64_t total = (int64_t)(steps * (size_t)t->opt.epochs);
-            td_optim_set_lr(t->optim, td_lr_cosine(t->opt.lr, 0.0, total, (int64_t)global_step));
-        }
+    for (size_t step = first; step < end; step++) {
+        uint64_t global_step = (uint64_t)epoch * t->epoch_batches + step;
+        if (t->opt.cosine)
+            td_optim_set_lr(t->optim, td_lr_cosine(t->opt.lr, 0.0, (int64_t)t->run_steps,
+                                                   (int64_t)global_step));
         td_batch batch;
         CHECK(td_loader_next(loader, &batch));
         float loss = t->opt.deterministic ? forward_backward_shards(t, &batch, global_step)
@@ -486,12 +498,12 @@ static double train_epoch(trainer *t, td_loader *loader, int epoch, size_t first
         uint64_t t3 = td_time_ns();
         if (t->trace) CHECK(td_trace_span(t->trace, "optimizer", "compute", t2, t3));
         if (t->rank == 0 && t->opt.checkpoint && t->opt.checkpoint_every > 0 &&
-            (global_step + 1) % (uint64_t)t->opt.checkpoint_every == 0 && step + 1 < steps)
+            (global_step + 1) % (uint64_t)t->opt.checkpoint_every == 0 && step + 1 < end)
             save(t, epoch, step + 1, global_step + 1);
         double secs = (double)(td_time_ns() - start) * 1e-9;
-        progress(t, epoch, step, steps, loss, (double)(step + 1 - first) * t->opt.batch / secs);
+        progress(t, epoch, step, end, loss, (double)(step + 1 - first) * t->opt.batch / secs);
     }
-    return (double)(steps - first) * t->opt.batch / ((double)(td_time_ns() - start) * 1e-9);
+    return (double)(end - first) * t->opt.batch / ((double)(td_time_ns() - start) * 1e-9);
 }
 
 /* Test accuracy and mean loss, the test set split across ranks batch by batch. */
@@ -562,19 +574,27 @@ static int train(int rank, int world_size, void *arg) {
     lp.sampler.drop_last = 1; /* the graph is built for one batch size */
     lp.sampler.rank = t.rank;
     lp.sampler.world_size = t.world;
-    td_loader *loader, *test_loader;
-    CHECK(td_loader_create(&loader, train_set, &lp));
+    td_loader *loader = mnist_train_loader(train_set, &lp), *test_loader;
+    t.epoch_batches = td_loader_batches_per_epoch(loader);
+    t.run_steps = (uint64_t)t.opt.epochs * t.epoch_batches;
+    if (t.opt.max_steps > 0 && (uint64_t)t.opt.max_steps < t.run_steps)
+        t.run_steps = (uint64_t)t.opt.max_steps;
     td_loader_params tp = td_loader_default_params();
     tp.batch_size = (size_t)(t.opt.batch / t.world); /* the same batches on every rank */
     tp.sampler.shuffle = 0;
     CHECK(td_loader_create(&test_loader, test_set, &tp));
 
     if (t.rank == 0) {
-        printf("training %s on Fashion-MNIST: %d rank(s), global batch %d, %d epoch(s), amp O%d "
-               "%s%s\n",
-               td_model_name(t.opt.model), t.world, t.opt.batch, t.opt.epochs, (int)t.opt.amp,
-               td_dtype_name(t.opt.amp_dtype),
-               t.first_epoch || t.first_batch ? " (resumed)" : "");
+        char steps[64] = "", precision[32] = "f32";
+        if ((uint64_t)t.opt.epochs * t.epoch_batches > t.run_steps)
+            snprintf(steps, sizeof steps, " (--max-steps %llu)", (unsigned long long)t.run_steps);
+        if (t.opt.amp != TD_AMP_O0)
+            snprintf(precision, sizeof precision, "amp O%d %s", (int)t.opt.amp,
+                     td_dtype_name(t.opt.amp_dtype));
+        printf("training %s on Fashion-MNIST: %d rank(s), global batch %d, %d epoch(s) of %zu "
+               "steps%s, %s%s\n",
+               td_model_name(t.opt.model), t.world, t.opt.batch, t.opt.epochs, t.epoch_batches,
+               steps, precision, t.first_epoch || t.first_batch ? " (resumed)" : "");
         if (t.opt.deterministic) {
             /* oneDNN's sums depend on its thread count: the bits match runs with the same one */
             const char *threads = getenv("OMP_NUM_THREADS");
@@ -584,31 +604,39 @@ static int train(int rank, int world_size, void *arg) {
         }
     }
     double accuracy = 0, test_loss = 0, rate = 0;
-    for (int epoch = t.first_epoch; epoch < t.opt.epochs; epoch++) {
-        rate = train_epoch(&t, loader, epoch, epoch == t.first_epoch ? t.first_batch : 0);
+    uint64_t done = (uint64_t)t.first_epoch * t.epoch_batches + t.first_batch; /* steps */
+    for (int epoch = t.first_epoch; epoch < t.opt.epochs && done < t.run_steps; epoch++) {
+        /* the epoch's steps [first, end): all of them, or up to --max-steps */
+        uint64_t at = (uint64_t)epoch * t.epoch_batches;
+        size_t first = (size_t)(done - at), end = t.epoch_batches;
+        if (t.run_steps - at < end) end = (size_t)(t.run_steps - at);
+        rate = train_epoch(&t, loader, epoch, first, end);
+        done = at + end;
         if (t.opt.eval) evaluate(&t, test_loader, &accuracy, &test_loss);
         if (t.rank == 0) {
             if (t.opt.eval)
                 printf("epoch %d: test accuracy %.4f, test loss %.4f, %.0f samples/s\n", epoch + 1,
                        accuracy, test_loss, rate);
-            if (t.opt.checkpoint)
-                save(&t, epoch + 1, 0, (uint64_t)(epoch + 1) * epoch_steps(&t, loader));
+            /* stopped by --max-steps inside the epoch: the checkpoint says where, to go on */
+            int whole = end == t.epoch_batches;
+            if (t.opt.checkpoint) save(&t, whole ? epoch + 1 : epoch, whole ? 0 : end, done);
         }
     }
     char digest[65];
     td_params_sha256(t.params, t.n_params, digest);
     if (t.rank == 0 && t.scaler)
         printf("loss scale %g, %lld step(s) skipped for inf/NaN gradients\n",
-               (double)td_grad_scaler_scale(t.scaler),
-               (long long)td_grad_scaler_skipped(t.scaler));
+               (double)td_grad_scaler_scale(t.scaler), (long long)td_grad_scaler_skipped(t.scaler));
     if (t.rank == 0 && t.opt.eval)
-        printf("final: model %s ranks %d epochs %d test_accuracy %.4f test_loss %.4f "
+        printf("final: model %s ranks %d epochs %d steps %llu test_accuracy %.4f test_loss %.4f "
                "samples_per_s %.0f params_sha256 %s\n",
-               td_model_name(t.opt.model), t.world, t.opt.epochs, accuracy, test_loss, rate,
-               digest);
+               td_model_name(t.opt.model), t.world, t.opt.epochs, (unsigned long long)done,
+               accuracy, test_loss, rate, digest);
     else if (t.rank == 0)
-        printf("final: model %s ranks %d epochs %d samples_per_s %.0f params_sha256 %s\n",
-               td_model_name(t.opt.model), t.world, t.opt.epochs, rate, digest);
+        printf("final: model %s ranks %d epochs %d steps %llu samples_per_s %.0f params_sha256 "
+               "%s\n",
+               td_model_name(t.opt.model), t.world, t.opt.epochs, (unsigned long long)done, rate,
+               digest);
     if (t.trace) {
         char path[4096];
         snprintf(path, sizeof path, "%s.rank%d.json", t.opt.trace, t.rank);

@@ -10,9 +10,8 @@
  * replica 0 prints progress and the test accuracy, which every replica helps evaluate, through
  * the pipeline, batch by batch. With --trace PREFIX every rank writes PREFIX.rank<r>.json, a
  * Chrome trace of its forwards, backwards, transfers and optimizer steps. Checkpoints are not
- * written in this mode. */
-#include "mnist.h"
-
+ * written in this mode. The last line gives the SHA-256 of the whole model's parameters (every
+ * stage's, in layer order), to compare runs by. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,13 +19,15 @@
 
 #include "tandem/tandem.h"
 
+#include "mnist.h"
+
 typedef struct {
     td_model_kind model;
     td_pipeline_schedule schedule;
     int stages, micro, epochs, batch, eval, cosine;
     double lr, momentum;
     uint64_t seed;
-    long max_steps;
+    long max_steps; /* optimizer steps of the whole run, across epochs; 0 = --epochs decides */
     const char *split, *data_dir, *trace;
 } pp_options;
 
@@ -42,7 +43,9 @@ static void usage(void) {
             "             [--split NAMES|balanced] [--model resnet|net|mlp|cnn] [--epochs N]\n"
             "             [--batch GLOBAL] [--lr X] [--momentum X] [--seed N] [--max-steps N]\n"
             "             [--data DIR] [--trace PREFIX] [--no-eval] [--cosine | --constant-lr]\n"
-            "       run under tandemrun with P x replicas ranks\n");
+            "       run under tandemrun with P x replicas ranks\n"
+            "  --max-steps N  stop after N optimizer steps in all, counted across epochs, or at\n"
+            "                 the end of --epochs if that comes first\n");
     exit(2);
 }
 
@@ -58,38 +61,46 @@ static pp_options parse(int argc, char **argv) {
                 o.cosine = !strcmp(a, "--cosine");
             continue;
         }
-        if (!v) usage();
+        if (strncmp(a, "--", 2)) {
+            fprintf(stderr, "mnist: unexpected argument %s\n", a);
+            usage();
+        }
+        if (!v) {
+            fprintf(stderr, "mnist: %s takes a value\n", a);
+            usage();
+        }
         if (!strcmp(a, "--pipeline"))
             CHECK(td_pipeline_schedule_parse(v, &o.schedule));
         else if (!strcmp(a, "--stages"))
-            o.stages = atoi(v);
+            o.stages = (int)mnist_int(a, v, 1, TD_PIPELINE_MAX_STAGES);
         else if (!strcmp(a, "--micro-batches"))
-            o.micro = atoi(v);
+            o.micro = (int)mnist_int(a, v, 1, INT_MAX);
         else if (!strcmp(a, "--split"))
             o.split = strcmp(v, "balanced") ? v : NULL;
         else if (!strcmp(a, "--model"))
             CHECK(td_model_kind_parse(v, &o.model));
         else if (!strcmp(a, "--epochs"))
-            o.epochs = atoi(v);
+            o.epochs = (int)mnist_int(a, v, 1, INT_MAX);
         else if (!strcmp(a, "--batch"))
-            o.batch = atoi(v);
+            o.batch = (int)mnist_int(a, v, 1, INT_MAX);
         else if (!strcmp(a, "--lr"))
-            o.lr = atof(v);
+            o.lr = mnist_real(a, v, 0, INFINITY);
         else if (!strcmp(a, "--momentum"))
-            o.momentum = atof(v);
+            o.momentum = mnist_real(a, v, 0, 1);
         else if (!strcmp(a, "--seed"))
-            o.seed = strtoull(v, NULL, 10);
+            o.seed = mnist_seed(v);
         else if (!strcmp(a, "--max-steps"))
-            o.max_steps = atol(v);
+            o.max_steps = mnist_int(a, v, 1, LONG_MAX);
         else if (!strcmp(a, "--data"))
             o.data_dir = v;
         else if (!strcmp(a, "--trace"))
             o.trace = v;
-        else
+        else {
+            fprintf(stderr, "mnist: unknown option %s\n", a);
             usage();
+        }
         i++;
     }
-    if (o.epochs < 1 || o.batch < 1 || o.stages < 1 || o.micro < 1) usage();
     mnist_sgd_defaults(o.model, &o.lr, &o.momentum); /* both modes train the same way */
     return o;
 }
@@ -139,6 +150,32 @@ static void evaluate(td_pipeline *pp, td_comm *comm, td_loader *test, double *ac
     CHECK(td_comm_allreduce(comm, sums, sums, 3, TD_F64, TD_OP_SUM));
     *accuracy = sums[0] / sums[2];
     *loss = sums[1] / sums[2];
+}
+
+/* SHA-256 of the whole model's parameters in layer order, what td_params_sha256 gives for one
+ * list of them all: replica 0's stages (ranks 0..P-1) hash theirs in turn, each handing the
+ * running digest to the next; the last stage's `hex` gets it. */
+static void model_digest(td_comm *comm, const td_pipeline_info *info, const td_param *params,
+                         size_t n, char hex[65]) {
+    hex[0] = 0;
+    if (info->replica != 0) return;
+    td_sha256_ctx ctx;
+    int rank = info->stage, tag = 0x5a5;
+    if (rank == 0)
+        td_sha256_init(&ctx);
+    else
+        CHECK(td_comm_recv(comm, &ctx, sizeof ctx, TD_U8, rank - 1, tag));
+    for (size_t i = 0; i < n; i++)
+        if (params[i].data)
+            td_sha256_update(&ctx, params[i].data,
+                             params[i].count * td_dtype_size(params[i].dtype));
+    if (rank + 1 < info->stages) {
+        CHECK(td_comm_send(comm, &ctx, sizeof ctx, TD_U8, rank + 1, tag));
+        return;
+    }
+    uint8_t d[32];
+    td_sha256_final(&ctx, d);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
 }
 
 int mnist_pipeline_main(int argc, char **argv) {
@@ -193,8 +230,10 @@ int mnist_pipeline_main(int argc, char **argv) {
     lp.sampler.drop_last = 1;
     lp.sampler.rank = replica;
     lp.sampler.world_size = replicas;
-    td_loader *loader, *test_loader;
-    CHECK(td_loader_create(&loader, train_set, &lp));
+    td_loader *loader = mnist_train_loader(train_set, &lp), *test_loader;
+    size_t epoch_batches = td_loader_batches_per_epoch(loader);
+    uint64_t run_steps = (uint64_t)o.epochs * epoch_batches, done = 0;
+    if (o.max_steps > 0 && (uint64_t)o.max_steps < run_steps) run_steps = (uint64_t)o.max_steps;
     td_loader_params tp = td_loader_default_params();
     tp.batch_size = (size_t)pp.batch;
     tp.sampler.shuffle = 0;
@@ -212,17 +251,16 @@ int mnist_pipeline_main(int argc, char **argv) {
         fflush(stdout);
     }
     double accuracy = 0, test_loss = 0, rate = 0;
-    for (int epoch = 0; epoch < o.epochs; epoch++) {
+    for (int epoch = 0; epoch < o.epochs && done < run_steps; epoch++) {
         CHECK(td_loader_set_epoch(loader, (uint64_t)epoch));
-        size_t steps = td_loader_batches_per_epoch(loader);
-        if (o.max_steps > 0 && (size_t)o.max_steps < steps) steps = (size_t)o.max_steps;
+        /* all of the epoch's batches, or up to --max-steps */
+        size_t steps =
+            run_steps - done < epoch_batches ? (size_t)(run_steps - done) : epoch_batches;
         uint64_t start = td_time_ns();
         for (size_t step = 0; step < steps; step++) {
-            if (o.cosine) {
-                int64_t total = (int64_t)(steps * (size_t)o.epochs);
+            if (o.cosine)
                 td_optim_set_lr(
-                    optim, td_lr_cosine(o.lr, 0.0, total, (int64_t)((size_t)epoch * steps + step)));
-            }
+                    optim, td_lr_cosine(o.lr, 0.0, (int64_t)run_steps, (int64_t)(done + step)));
             td_batch batch;
             CHECK(td_loader_next(loader, &batch));
             float loss;
@@ -233,11 +271,12 @@ int mnist_pipeline_main(int argc, char **argv) {
             if (reporter && ((step + 1) % 100 == 0 || step + 1 == steps)) {
                 double secs = (double)(td_time_ns() - start) * 1e-9;
                 printf("epoch %d step %zu/%zu loss %.4f %.0f samples/s\n", epoch + 1, step + 1,
-                       steps, loss, (double)(step + 1) * o.batch / secs);
+                       epoch_batches, loss, (double)(step + 1) * o.batch / secs);
                 fflush(stdout);
             }
         }
         rate = (double)steps * o.batch / ((double)(td_time_ns() - start) * 1e-9);
+        done += steps;
         if (o.eval) evaluate(pipe, comm, test_loader, &accuracy, &test_loss);
         if (reporter && o.eval) {
             printf("epoch %d: test accuracy %.4f, test loss %.4f, %.0f samples/s\n", epoch + 1,
@@ -245,11 +284,14 @@ int mnist_pipeline_main(int argc, char **argv) {
             fflush(stdout);
         }
     }
+    char digest[65];
+    model_digest(comm, &info, params, n_params, digest);
     if (reporter)
-        printf("final: model %s ranks %d pipeline %s stages %d micro_batches %d epochs %d "
-               "test_accuracy %.4f test_loss %.4f samples_per_s %.0f\n",
+        printf("final: model %s ranks %d pipeline %s stages %d micro_batches %d epochs %d steps "
+               "%llu test_accuracy %.4f test_loss %.4f samples_per_s %.0f params_sha256 %s\n",
                td_model_name(o.model), world, td_pipeline_schedule_name(o.schedule), o.stages,
-               info.micro_batches, o.epochs, accuracy, test_loss, rate);
+               info.micro_batches, o.epochs, (unsigned long long)done, accuracy, test_loss, rate,
+               digest);
     if (trace) {
         char path[4096];
         snprintf(path, sizeof path, "%s.rank%d.json", o.trace, rank);

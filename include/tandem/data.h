@@ -28,8 +28,9 @@ typedef struct {
     void *data;   /* (dims...) elements of dtype */
 } td_idx;
 
-/* Reads a gzip-compressed or uncompressed IDX file, checking magic, dtype, dims and the
- * data length; a bad file is TD_EFORMAT with a message naming it. */
+/* Reads a gzip-compressed or uncompressed IDX file, checking magic, dtype, dims, the data
+ * length and, for gzip, the whole trailer (zlib checks its CRC-32 and length): a bad file, one
+ * cut anywhere included, is TD_EFORMAT with a message naming it. */
 td_status td_idx_read(const char *path, td_idx *out);
 
 /* Frees what td_idx_read allocated and zeroes the struct; NULL-safe. */
@@ -102,7 +103,8 @@ typedef struct td_sampler td_sampler;
  * total % world ranks get one more; *offset is where its part starts. */
 void td_split_even(size_t total, int world, int rank, size_t *offset, size_t *count);
 
-/* Creates a sampler over n samples, set to epoch 0. */
+/* Creates a sampler over n samples, set to epoch 0. TD_EINVAL when drop_last would leave an
+ * epoch with no batch (fewer samples than one global batch, or than ranks). */
 td_status td_sampler_create(td_sampler **out, size_t n, const td_sampler_params *params);
 
 /* Frees the sampler; NULL-safe. */
@@ -151,7 +153,9 @@ typedef struct {
  * while the caller trains on the current one. */
 typedef struct td_loader td_loader;
 
-/* Creates a loader positioned at batch 0 of epoch 0. The dataset must outlive it. */
+/* Creates a loader positioned at batch 0 of epoch 0. The dataset must outlive it. TD_EINVAL
+ * when drop_last would leave an epoch with no batch (the sampler's rules, or fewer samples on
+ * this rank than batch_size). */
 td_status td_loader_create(td_loader **out, const td_dataset *dataset,
                            const td_loader_params *params);
 

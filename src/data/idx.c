@@ -2,8 +2,10 @@
  * uint32 dims, then the data in big-endian order. zlib's gzread reads gzip files and passes
  * plain files through, so both work.
  *
- * Every length is checked against the header; it does not accept IDX's i8 / i16 types,
- * which no dataset we load uses. */
+ * Every length is checked against the header, and a gzip file must end with its whole
+ * trailer (CRC-32 and length): zlib verifies the CRC there, so a file cut short or damaged
+ * anywhere is an error. It does not accept IDX's i8 / i16 types, which no dataset we load
+ * uses. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,13 +15,16 @@
 
 #include "core/core_impl.h"
 
-/* gzread takes an unsigned int length, so large files are read in pieces. */
+/* gzread inflates a large request straight into the caller's buffer and, when the stream
+ * turns out damaged, returns -1 without saying how much of it was good; reading in pieces of
+ * this size keeps the count of good bytes, which the error message reports. */
+#define READ_PIECE ((size_t)1 << 16)
+
 static size_t read_full(gzFile f, void *buf, size_t len, int *zerr) {
     size_t done = 0;
     *zerr = 0;
     while (done < len) {
-        size_t want = len - done;
-        if (want > (1u << 30)) want = 1u << 30;
+        size_t want = len - done < READ_PIECE ? len - done : READ_PIECE;
         int got = gzread(f, (char *)buf + done, (unsigned)want);
         if (got < 0) {
             *zerr = 1;
@@ -31,10 +36,16 @@ static size_t read_full(gzFile f, void *buf, size_t len, int *zerr) {
     return done;
 }
 
-static const char *gz_message(gzFile f) {
+/* zlib's message for the last error, without the "path: " it puts in front (the caller's
+ * message names the file once), or NULL when zlib reports none. gzread takes a stream that
+ * ends before its trailer for a plain end of file (Z_BUF_ERROR), so callers ask at the end. */
+static const char *gz_message(gzFile f, const char *path) {
     int code = 0;
     const char *msg = gzerror(f, &code);
-    return (msg && *msg) ? msg : "read error";
+    if (code == Z_OK || !msg) return NULL;
+    size_t n = strlen(path);
+    if (!strncmp(msg, path, n) && !strncmp(msg + n, ": ", 2)) msg += n + 2;
+    return *msg ? msg : "read error";
 }
 
 static void swap_bytes(void *data, size_t count, size_t size) {
@@ -59,11 +70,13 @@ td_status td_idx_read(const char *path, td_idx *out) {
     unsigned char magic[4];
     size_t got = read_full(f, magic, 4, &zerr);
     if (zerr) {
-        st = td__fail(TD_EFORMAT, "%s: %s", path, gz_message(f));
+        st = td__fail(TD_EFORMAT, "%s: cannot read the IDX magic: %s", path, gz_message(f, path));
         goto done;
     }
     if (got < 4) {
-        st = td__fail(TD_EFORMAT, "%s: expected a 4-byte IDX magic, file has %zu bytes", path, got);
+        const char *why = gz_message(f, path);
+        st = td__fail(TD_EFORMAT, "%s: expected a 4-byte IDX magic, file has %zu bytes%s%s", path,
+                      got, why ? ": " : "", why ? why : "");
         goto done;
     }
     if (magic[0] != 0 || magic[1] != 0) {
@@ -100,7 +113,9 @@ td_status td_idx_read(const char *path, td_idx *out) {
     unsigned char dimbuf[4 * TD_MAX_DIMS];
     got = read_full(f, dimbuf, (size_t)4 * ndim, &zerr);
     if (zerr || got < (size_t)4 * ndim) {
-        st = td__fail(TD_EFORMAT, "%s: header ends inside the %d dims", path, ndim);
+        const char *why = gz_message(f, path);
+        st = td__fail(TD_EFORMAT, "%s: header ends inside the %d dims%s%s", path, ndim,
+                      why ? ": " : "", why ? why : "");
         goto done;
     }
     out->ndim = ndim;
@@ -130,19 +145,38 @@ td_status td_idx_read(const char *path, td_idx *out) {
     }
     got = read_full(f, data, bytes, &zerr);
     if (zerr) {
-        st = td__fail(TD_EFORMAT, "%s: expected %zu bytes of data, read failed after %zu: %s", path,
-                      bytes, got, gz_message(f));
+        st = td__fail(TD_EFORMAT, "%s: damaged gzip data after %zu of the %zu bytes of data: %s",
+                      path, got, bytes, gz_message(f, path));
         goto done;
     }
     if (got < bytes) {
-        st = td__fail(TD_EFORMAT, "%s: expected %zu bytes of data, file ends after %zu", path,
-                      bytes, got);
+        const char *why = gz_message(f, path);
+        st = td__fail(TD_EFORMAT, "%s: expected %zu bytes of data, file ends after %zu%s%s", path,
+                      bytes, got, why ? ": " : "", why ? why : "");
         goto done;
     }
+    /* The end: nothing more, and for gzip the trailer, whose CRC-32 and length zlib checks
+     * when it reaches them; a stream cut inside the trailer reads as a clean end of file, so
+     * zlib is asked whether it ended where it should. */
     unsigned char extra;
-    if (read_full(f, &extra, 1, &zerr) != 0 || zerr) {
-        st = td__fail(TD_EFORMAT, "%s: %s after the %zu bytes of data the header announces", path,
-                      zerr ? gz_message(f) : "extra bytes", bytes);
+    size_t more = read_full(f, &extra, 1, &zerr);
+    const char *why = gz_message(f, path);
+    if (more) {
+        st =
+            td__fail(TD_EFORMAT, "%s: extra bytes after the %zu bytes of data the header announces",
+                     path, bytes);
+        goto done;
+    }
+    if (zerr) {
+        st = td__fail(TD_EFORMAT, "%s: damaged gzip data (all %zu bytes of data read): %s", path,
+                      bytes, why);
+        goto done;
+    }
+    if (why) {
+        st = td__fail(TD_EFORMAT,
+                      "%s: the gzip stream ends before its trailer (CRC-32 and length), so the "
+                      "%zu bytes of data cannot be checked: %s",
+                      path, bytes, why);
         goto done;
     }
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__

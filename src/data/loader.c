@@ -137,6 +137,14 @@ td_status td_loader_create(td_loader **out, const td_dataset *dataset,
         l->nb = td_sampler_batches(l->sampler);
     } else {
         l->nb = params->drop_last ? l->per_rank / bs : (l->per_rank + bs - 1) / bs;
+        if (l->nb == 0) {
+            size_t have = l->per_rank;
+            loader_free(l);
+            return td__fail(TD_EINVAL,
+                            "td_loader_create: this rank's %zu samples make no batch of %zu and "
+                            "drop_last drops the short one: an epoch would have no batch",
+                            have, bs);
+        }
     }
     for (int i = 0; i < 2; i++) {
         l->slots[i].x = malloc(bs * l->numel * sizeof(float) + 1);

@@ -47,12 +47,22 @@ td_status td_sampler_create(td_sampler **out, size_t n, const td_sampler_params 
     if (n == 0) return td__fail(TD_EINVAL, "td_sampler_create: the dataset is empty");
     if (n > UINT32_MAX)
         return td__fail(TD_EINVAL, "td_sampler_create: %zu samples, at most 2^32-1 supported", n);
-    size_t world = (size_t)params->world_size;
+    size_t world = (size_t)params->world_size, B = params->global_batch;
+    /* An epoch of nothing would let a training loop run zero steps without a word. */
+    if (params->drop_last && B && n < B)
+        return td__fail(TD_EINVAL,
+                        "td_sampler_create: %zu samples make no global batch of %zu and "
+                        "drop_last drops the short one: an epoch would have no batch",
+                        n, B);
+    if (params->drop_last && !B && n < world)
+        return td__fail(TD_EINVAL,
+                        "td_sampler_create: %zu samples for %zu ranks and drop_last drops the "
+                        "uneven tail: every rank would get none",
+                        n, world);
     td_sampler *s = calloc(1, sizeof *s);
     if (!s) return td__fail(TD_ENOMEM, "td_sampler_create: out of memory");
     s->p = *params;
     s->n = n;
-    size_t B = params->global_batch;
     if (B) {
         s->batches = params->drop_last ? n / B : (n + B - 1) / B;
         size_t full = params->drop_last || n % B == 0 ? s->batches : s->batches - 1, off, cnt;
