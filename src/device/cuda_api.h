@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever either table changes: a library of another version is refused by name. */
-#define TD__CUDA_ABI 2
+#define TD__CUDA_ABI 3
 #define TD__CUDA_ENTRY "td_cuda_entry"
 
 /* What the host lends the library. */
@@ -49,6 +49,13 @@ typedef struct {
     /* Any direction (unified addressing), queued on stream. */
     td_status (*memcpy_async)(int device, void *dst, const void *src, size_t bytes, void *stream);
     td_status (*memset_async)(int device, void *ptr, int value, size_t bytes, void *stream);
+    /* Page-locked host memory (fast, truly asynchronous copies), and its release. */
+    td_status (*host_alloc)(size_t bytes, void **ptr);
+    void (*host_free)(void *ptr);
+    /* Work queued on stream after this waits until the stream of `event` has passed it. */
+    td_status (*event_wait)(int device, void *stream, void *event);
+    /* Blocks the calling thread until the stream has passed the event. */
+    td_status (*event_synchronize)(void *event);
     /* One multi-tensor launch (multi_tensor.h) over list[0..n) on stream. The list is host
      * memory the call rewrites (tensors without work dropped, chunk0 filled); *scratch is a
      * device buffer of *scratch_bytes from the device's allocator that the call grows as it

@@ -18,6 +18,7 @@ typedef struct {
     int index;
     int ready;
     void *stream; /* compute stream: copies and kernels of this process on this GPU */
+    void *copy;   /* copy stream: uploads ahead of use (loaders), made on first use */
     td__caching_allocator alloc;
 } gpu;
 
@@ -241,4 +242,58 @@ td_status td__device_multi_tensor(td_device d, const td__mt_args *args, td__mt_t
     TD__TRY(gpu_of(d, what, &g));
     return td__cuda()->multi_tensor(g->index, g->stream, args, list, n, scratch, scratch_bytes,
                                     result);
+}
+
+td_status td__device_streams(td_device d, void **compute, void **copy, const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    td_status s = TD_OK;
+    pthread_mutex_lock(&lock);
+    if (!g->copy) s = td__cuda()->stream_create(g->index, &g->copy);
+    pthread_mutex_unlock(&lock);
+    *compute = g->stream;
+    *copy = g->copy;
+    return s;
+}
+
+td_status td__device_host_alloc(td_device d, size_t bytes, void **out, const char *what) {
+    if (d.type == TD_DEVICE_CPU) {
+        *out = malloc(bytes ? bytes : 1);
+        return *out ? TD_OK : td__fail(TD_ENOMEM, "%s: out of memory for %zu bytes", what, bytes);
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->host_alloc(bytes, out);
+}
+
+void td__device_host_free(td_device d, void *ptr) {
+    if (d.type == TD_DEVICE_CPU)
+        free(ptr);
+    else if (ptr)
+        td__cuda()->host_free(ptr);
+}
+
+td_status td__device_copy_async(td_device d, void *dst, const void *src, size_t bytes, void *stream,
+                                const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->memcpy_async(g->index, dst, src, bytes, stream);
+}
+
+td_status td__device_event_record(td_device d, void *stream, void **event, const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->event_record(g->index, stream, event);
+}
+
+td_status td__device_event_wait(td_device d, void *stream, void *event, const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->event_wait(g->index, stream, event);
+}
+
+td_status td__device_event_synchronize(void *event) { return td__cuda()->event_synchronize(event); }
+
+void td__device_event_free(void *event) {
+    if (event) td__cuda()->event_destroy(event);
 }

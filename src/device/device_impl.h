@@ -1,7 +1,8 @@
 /* What the layers above use of a device beyond the public device.h: work queued on the
  * device's compute stream without waiting for it (filling memory, the multi-tensor kernels of
- * multi_tensor.h). Each names `what` in its errors; on the CPU they run at once. Not
- * installed. */
+ * multi_tensor.h), and what a loader needs to upload batches ahead of use: page-locked host
+ * memory, a second stream per GPU for copies, and events to order the streams. Each names
+ * `what` in its errors; on the CPU they run at once. Not installed. */
 #ifndef TANDEM_DEVICE_IMPL_H
 #define TANDEM_DEVICE_IMPL_H
 
@@ -17,5 +18,24 @@ td_status td__device_memset(td_device d, void *ptr, int value, size_t bytes, con
 td_status td__device_multi_tensor(td_device d, const td__mt_args *args, td__mt_tensor *list,
                                   size_t n, void **scratch, size_t *scratch_bytes, double *result,
                                   const char *what);
+
+/* GPU d's compute stream and its copy stream (made on first use). */
+td_status td__device_streams(td_device d, void **compute, void **copy, const char *what);
+
+/* Host memory that copies to and from GPU d are fastest from (page-locked); plain memory for
+ * the CPU. Freed with td__device_host_free on the same device. */
+td_status td__device_host_alloc(td_device d, size_t bytes, void **out, const char *what);
+void td__device_host_free(td_device d, void *ptr);
+
+/* Bytes between host and GPU d memory, queued on `stream` without waiting. */
+td_status td__device_copy_async(td_device d, void *dst, const void *src, size_t bytes, void *stream,
+                                const char *what);
+
+/* An event recorded on `stream` now; a later wait on another stream, or by the host, orders
+ * after it. Freed with td__device_event_free. */
+td_status td__device_event_record(td_device d, void *stream, void **event, const char *what);
+td_status td__device_event_wait(td_device d, void *stream, void *event, const char *what);
+td_status td__device_event_synchronize(void *event);
+void td__device_event_free(void *event);
 
 #endif

@@ -297,15 +297,20 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
 }
 
 void td__graph_sync_storage(td_graph *g) {
+    int moved = 0;
     for (int i = 0; i < g->nparams; i++) {
         td_tensor *t = g->param_t[i];
-        if (g->params[i].data && g->params[i].data != t->data) t->data = g->params[i].data;
-        if (g->params[i].grad && g->params[i].grad != t->grad) t->grad = g->params[i].grad;
+        if (g->params[i].data && g->params[i].data != t->data)
+            t->data = g->params[i].data, moved = 1;
+        if (g->params[i].grad && g->params[i].grad != t->grad)
+            t->grad = g->params[i].grad, moved = 1;
     }
     for (int i = 0; i < g->nbuffers; i++) {
         td_tensor *t = g->buffer_t[i];
-        if (g->buffers[i].data && g->buffers[i].data != t->data) t->data = g->buffers[i].data;
+        if (g->buffers[i].data && g->buffers[i].data != t->data)
+            t->data = g->buffers[i].data, moved = 1;
     }
+    g->storage_gen += moved;
 }
 
 static td_status forward_nodes(td_graph *g, const void *arg) {

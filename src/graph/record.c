@@ -6,6 +6,8 @@
  *   forward:  the training mode and whether dropout is keyed by sample;
  *   backward: the tensor it starts from and every tensor's gradient flags (written since
  *             zeroing or not), which decide whether kernels write or add.
+ * and for both, where every tensor's memory is (td_tensor_set_data or a repointed td_param
+ * changes it: a recording reads the memory it was recorded with).
  * What a sweep changes on the host is redone after each replay: the dropout RNG's offsets
  * (forward) and the gradient flags (backward). Values that change from step to step reach the
  * kernels through device memory written before the sweep (the RNG key, the upstream
@@ -60,11 +62,13 @@ static int recordable(const td_graph *g, int backward) {
 
 /* The key of the sweep about to run, as it would be stored. */
 static int key_matches(const td_graph *g, const td__recorded_sweep *s, const td_tensor *from) {
+    if (s->storage_gen != g->storage_gen) return 0;
     if (!from) return s->training == g->ctx.training && s->by_sample == g->ctx.rng_by_sample;
     return s->from == from && flags_equal(g, s->flags_before);
 }
 
 static void key_store(td_graph *g, td__recorded_sweep *s, const td_tensor *from) {
+    s->storage_gen = g->storage_gen;
     s->training = g->ctx.training;
     s->by_sample = g->ctx.rng_by_sample;
     s->from = from;

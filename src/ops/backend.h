@@ -29,6 +29,8 @@ struct td__backend {
     /* Bytes between host memory and storage. */
     td_status (*upload)(td__op_ctx *ctx, void *dst, const void *host, size_t bytes);
     td_status (*download)(td__op_ctx *ctx, void *host, const void *src, size_t bytes);
+    /* Bytes from storage to storage, queued in order with the kernels (no wait). */
+    td_status (*copy)(td__op_ctx *ctx, void *dst, const void *src, size_t bytes);
     /* n elements of storage from one dtype to another (dst and src do not overlap). */
     td_status (*convert)(td__op_ctx *ctx, void *dst, td_dtype dst_dtype, const void *src,
                          td_dtype src_dtype, size_t n);

@@ -115,6 +115,7 @@ const td__backend td__backend_cpu = {
     .zero = cpu_zero,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .copy = cpu_copy,
     .convert = cpu_convert,
     .copy_plain = cpu_copy_plain,
 };

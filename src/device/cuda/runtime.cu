@@ -104,3 +104,27 @@ td_status td__cu_memset_async(int device, void *ptr, int value, size_t bytes, vo
     TD__CU(cudaMemsetAsync(ptr, value, bytes, (cudaStream_t)stream));
     return TD_OK;
 }
+
+td_status td__cu_host_alloc(size_t bytes, void **ptr) {
+    cudaError_t e = cudaHostAlloc(ptr, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        return td__host->fail(TD_ENOMEM, "cudaHostAlloc: no page-locked memory for %zu bytes",
+                              bytes);
+    }
+    TD__CU(e);
+    return TD_OK;
+}
+
+void td__cu_host_free(void *ptr) { cudaFreeHost(ptr); }
+
+td_status td__cu_event_wait(int device, void *stream, void *event) {
+    TD__CU(cudaSetDevice(device));
+    TD__CU(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0));
+    return TD_OK;
+}
+
+td_status td__cu_event_synchronize(void *event) {
+    TD__CU(cudaEventSynchronize((cudaEvent_t)event));
+    return TD_OK;
+}

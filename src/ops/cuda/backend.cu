@@ -71,6 +71,12 @@ static td_status gpu_copy(td__op_ctx *ctx, void *dst, const void *src, size_t by
     return TD_OK;
 }
 
+static td_status gpu_copy_async(td__op_ctx *ctx, void *dst, const void *src, size_t bytes) {
+    if (bytes)
+        TD__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, td__gpu_of(ctx)->stream));
+    return TD_OK;
+}
+
 static td_status gpu_convert(td__op_ctx *ctx, void *dst, td_dtype dst_dtype, const void *src,
                              td_dtype src_dtype, size_t n) {
     return td__cuda_add_into(ctx, dst, dst_dtype, src, src_dtype, n, 1.f, 0.f, "convert");
@@ -160,6 +166,7 @@ static td__backend make_backend() {
     b.zero = gpu_zero;
     b.upload = gpu_copy;
     b.download = gpu_copy;
+    b.copy = gpu_copy_async;
     b.convert = gpu_convert;
     b.copy_plain = gpu_copy_plain;
     b.forward_begin = gpu_forward_begin;
