@@ -90,5 +90,27 @@ for f in $(find src -name '*.[ch]' | sort); do
         bad=$((bad + 1))
     fi
 done
+# Whether a process lives is asked in one place (src/core/proc.c: td__proc_state, td__pid_dead);
+# strategies pass on what their process group reports instead of probing peers themselves.
+for f in $(find src -name '*.[ch]' | sort); do
+    [ "$f" = src/core/proc.c ] && continue
+    probes=$(grep -nE 'kill\([^;]*, *0\)|/proc/%d/stat' "$f" | grep -vE '^[0-9]+: *(\*|/\*|//)')
+    if [ -n "$probes" ]; then
+        echo "layers: $f probes a process itself (src/core/proc.c does):"
+        echo "$probes" | sed 's/^/    /'
+        bad=$((bad + 1))
+    fi
+done
+# DDP's front reaches a reducer through its table only (src/parallel/reducer.h): a reducer's file
+# exports its table and nothing else, so no branch of the front can call one reducer's code.
+for f in $(grep -l '^const td__ddp_reducer ' src/parallel/*.c); do
+    if grep -nE '^[a-z_][a-z_0-9 *]*[ *][a-z_][a-z_0-9]* *(\(|\[|=|;)' "$f" |
+        grep -v ':static \|:typedef \|:const td__ddp_reducer ' >/dev/null; then
+        echo "layers: $f, a reducer, exports more than its table:"
+        grep -nE '^[a-z_][a-z_0-9 *]*[ *][a-z_][a-z_0-9]* *(\(|\[|=|;)' "$f" |
+            grep -v ':static \|:typedef \|:const td__ddp_reducer ' | sed 's/^/    /'
+        bad=$((bad + 1))
+    fi
+done
 if [ "$bad" -eq 0 ]; then echo "1 passed, 0 failed"; else echo "0 passed, 1 failed"; fi
 [ "$bad" -eq 0 ]

@@ -452,10 +452,7 @@ static void setup(trainer *t) {
         dp.comm_dtype = t->opt.comm_dtype;
         dp.deterministic = t->opt.deterministic;
         dp.shards = (size_t)t->opt.shards;
-        if (t->opt.bucket_kb > 0) {
-            dp.bucket_bytes = (size_t)t->opt.bucket_kb << 10;
-            if (dp.first_bucket_bytes > dp.bucket_bytes) dp.first_bucket_bytes = dp.bucket_bytes;
-        }
+        if (t->opt.bucket_kb > 0) dp.bucket_bytes = (size_t)t->opt.bucket_kb << 10;
         CHECK(
             td_ddp_create(&t->ddp, t->comm, t->params, t->n_params, t->buffers, t->n_buffers, &dp));
         td_graph_set_grad_ready_hook(t->train, td_ddp_grad_ready_hook, t->ddp);

@@ -236,6 +236,35 @@ td_status td_request_test(td_request *req, int *done);
  * returns the first failure in array order, its message naming the request's index. */
 td_status td_request_waitall(size_t n, td_request **reqs);
 
+/* How td_comm_agree words a difference: writes what `sig` says where it differs from `other`
+ * ("micro_batches = 4"), both signatures given to td_comm_agree; ctx is describe_ctx. */
+typedef void (*td_comm_describe_fn)(const void *sig, const void *other, char *out, size_t cap,
+                                    void *ctx);
+
+/* What the ranks of a group must agree on before they act on it (td_comm_agree). */
+typedef struct {
+    const char *what;             /* the messages' first words: "pipeline", "ddp rank 2" */
+    td_status local;              /* TD_OK, or the error this rank met getting ready: its message
+                                     is this thread's td_last_error() at the call */
+    const void *sig;              /* (bytes) what this rank is about to do, compared byte for byte
+                                     (zero the padding of structs) */
+    size_t bytes;                 /* the same on every rank */
+    td_status mismatch;           /* what differing signatures return (0: TD_EMISMATCH) */
+    td_comm_describe_fn describe; /* words for one side of a difference (NULL when bytes = 0) */
+    void *describe_ctx;
+    const char *hint;             /* NULL, or what a mismatch message ends with ("; every rank
+                                     must ...") */
+} td_comm_agreement;
+
+/* Checks that every rank of the group is about to do the same thing, before anything that would
+ * hang or misread if they were not. Collective: one small all-gather (and a broadcast of the
+ * message when a rank failed). Every rank returns the same: TD_OK when every rank's `local` is
+ * TD_OK and every signature equals rank 0's; else the status of the lowest rank whose `local`
+ * failed, with its message ("<what>: rank R: <its message>"; that rank keeps its own message);
+ * else `mismatch` with "<what>: rank 0 has <A> but rank R has <B><hint>" for the lowest rank R
+ * whose signature differs from rank 0's. A failing collective returns the group's own error. */
+td_status td_comm_agree(td_comm *comm, const td_comm_agreement *a);
+
 /* Ends the group on purpose (ncclCommAbort): this rank's operations in flight and later fail
  * with TD_ESTATE; on shm every other rank's current and next operation fails at once with
  * TD_EPEER naming this rank, on mpi they learn at their next collective or by its timeout.

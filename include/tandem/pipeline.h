@@ -32,11 +32,17 @@
  * need; f16 levels would need one and are not scaled here.
  *
  * Errors: td_pipeline_create checks, on every rank, that all ranks agree on the model and the
- * options and that each stage reads the shape its upstream stage produces (TD_ESHAPE naming both
- * stages and shapes). Any error in a step ends the pipeline's groups (td_comm_abort) so that no
- * rank waits for it: every rank's error names its stage, what it was doing and the stage that
- * failed or died. Destroy a pipeline after an error. Not thread-safe: drive it from one thread.
- * It does not own the group it is given, the model description, or an optimizer. */
+ * options and that the activations crossing each cut have the same shape on every rank
+ * (TD_ESHAPE naming the cut and both shapes). Every td_pipeline_step begins with a check on the
+ * group it was created on (td_comm_agree) that every rank starts the same call, so a rank that
+ * issues another collective on that group, or another pipeline call, fails at once on every
+ * rank with both calls named (TD_EMISMATCH), as does a dead rank (TD_EPEER, the group naming
+ * it); td_pipeline_evaluate checks the same among its replica's stages (with one replica, on
+ * that group too). Any error in a step ends the pipeline's groups
+ * (td_comm_abort) so that no rank waits for it: every rank's error names its stage, what it was
+ * doing and the group's own message. Destroy a pipeline after an error. Not thread-safe: drive
+ * it from one thread. It does not own the group it is given (which must outlive it), the model
+ * description, or an optimizer. */
 #ifndef TANDEM_PIPELINE_H
 #define TANDEM_PIPELINE_H
 
@@ -136,7 +142,8 @@ td_status td_pipeline_step(td_pipeline *pp, const float *x, const int64_t *label
 /* Forward only, in eval mode (batch norm's running statistics, no dropout), over the first n
  * <= batch samples of x and labels, pipelined in micro-batches. On the last stage sets
  * *loss_sum to the summed cross-entropy and *correct to the number of argmax hits (zero on the
- * other stages). Training mode returns afterwards. Collective over the pipeline's ranks. */
+ * other stages). Training mode returns afterwards. Collective over the stages of this rank's
+ * replica (each replica may evaluate its own batches). */
 td_status td_pipeline_evaluate(td_pipeline *pp, const float *x, const int64_t *labels, int64_t n,
                                double *loss_sum, int64_t *correct);
 

@@ -66,6 +66,14 @@ static int st_to_dtype(const char *s, td_dtype *d) {
     return 0;
 }
 
+/* Text read from a file (a tensor name, a dtype, a metadata key or value) as a message shows it:
+ * escaped, since a damaged file may hold any bytes there, and cut with "..." when longer than
+ * cap allows (cap >= 4). */
+static const char *shown(char *buf, size_t cap, const char *text) {
+    if (td__json_escape(buf, cap - 3, text, strlen(text)) >= cap - 3) strcat(buf, "...");
+    return buf;
+}
+
 /* ---- writing ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -103,18 +111,17 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
 }
 
 static void sb_json_string(sbuf *b, const char *s) {
-    sb_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char e[2] = {'\\', (char)*p};
-            sb_put(b, e, 2);
-        } else if (*p < 0x20) {
-            sb_printf(b, "\\u%04x", *p);
-        } else {
-            sb_put(b, (const char *)p, 1);
-        }
+    size_t n = strlen(s), need = td__json_escape(NULL, 0, s, n);
+    char *text = malloc(need + 1);
+    if (!text) {
+        b->oom = 1;
+        return;
     }
+    td__json_escape(text, need + 1, s, n);
     sb_put(b, "\"", 1);
+    sb_put(b, text, need);
+    sb_put(b, "\"", 1);
+    free(text);
 }
 
 static int write_all(int fd, const void *data, size_t len) {
@@ -154,8 +161,12 @@ static td_status check_save_args(const char *path, const td_param *t, size_t n,
     if (!t && n) return td__fail(TD_EINVAL, "%s: tensors is NULL with n = %zu", path, n);
     if (!meta && n_meta)
         return td__fail(TD_EINVAL, "%s: meta is NULL with n_meta = %zu", path, n_meta);
+    char text[160];
     for (size_t i = 0; i < n; i++) {
         if (!t[i].name) return td__fail(TD_EINVAL, "%s: tensors[%zu] has no name", path, i);
+        if (!td__utf8_valid(t[i].name, strlen(t[i].name)))
+            return td__fail(TD_EINVAL, "%s: tensor name \"%s\" is not UTF-8 text", path,
+                            shown(text, sizeof text, t[i].name));
         if (strcmp(t[i].name, "__metadata__") == 0)
             return td__fail(TD_EINVAL, "%s: a tensor may not be named __metadata__", path);
         if (!dtype_to_st(t[i].dtype))
@@ -183,6 +194,10 @@ static td_status check_save_args(const char *path, const td_param *t, size_t n,
     for (size_t i = 0; i < n_meta; i++) {
         if (!meta[i].key || !meta[i].value)
             return td__fail(TD_EINVAL, "%s: metadata entry %zu has a NULL key or value", path, i);
+        if (!td__utf8_valid(meta[i].key, strlen(meta[i].key)) ||
+            !td__utf8_valid(meta[i].value, strlen(meta[i].value)))
+            return td__fail(TD_EINVAL, "%s: metadata entry %zu (\"%s\") is not UTF-8 text", path, i,
+                            shown(text, sizeof text, meta[i].key));
         for (size_t j = 0; j < i; j++)
             if (strcmp(meta[j].key, meta[i].key) == 0)
                 return td__fail(TD_EINVAL, "%s: metadata key %s appears twice", path, meta[i].key);
@@ -320,15 +335,17 @@ static int cmp_begin(const void *a, const void *b) {
 }
 
 /* One tensor's header entry: exactly dtype, shape and data_offsets, consistent with each other. */
-static td_status parse_entry(const char *path, const char *name, const td__json *v,
+static td_status parse_entry(const char *path, const char *key, const td__json *v,
                              uint64_t data_len, entry *e) {
+    char name[160], field[80];
+    shown(name, sizeof name, key);
     if (v->kind != TD__JSON_OBJECT)
         return td__fail(TD_EFORMAT, "%s: tensor %s: header entry is not an object", path, name);
     for (size_t k = 0; k < v->n; k++)
         if (strcmp(v->keys[k], "dtype") && strcmp(v->keys[k], "shape") &&
             strcmp(v->keys[k], "data_offsets"))
             return td__fail(TD_EFORMAT, "%s: tensor %s: unknown field \"%s\"", path, name,
-                            v->keys[k]);
+                            shown(field, sizeof field, v->keys[k]));
     const td__json *dt = td__json_get(v, "dtype"), *sh = td__json_get(v, "shape"),
                    *off = td__json_get(v, "data_offsets");
     if (!dt || dt->kind != TD__JSON_STRING)
@@ -336,7 +353,7 @@ static td_status parse_entry(const char *path, const char *name, const td__json 
     if (!st_to_dtype(dt->string, &e->dtype))
         return td__fail(TD_EDTYPE,
                         "%s: tensor %s: dtype \"%s\" is not one of F32 F64 BF16 F16 I32 I64 U8",
-                        path, name, dt->string);
+                        path, name, shown(field, sizeof field, dt->string));
     if (!sh || sh->kind != TD__JSON_ARRAY)
         return td__fail(TD_EFORMAT, "%s: tensor %s: missing array field \"shape\"", path, name);
     if (sh->n > TD_MAX_DIMS)
@@ -378,7 +395,7 @@ static td_status parse_entry(const char *path, const char *name, const td__json 
     if (overflow || want != e->end - e->begin)
         return td__fail(TD_EFORMAT,
                         "%s: tensor %s: shape needs %llu bytes of %s but data_offsets span %llu",
-                        path, name, (unsigned long long)want, dt->string,
+                        path, name, (unsigned long long)want, dtype_to_st(e->dtype),
                         (unsigned long long)(e->end - e->begin));
     e->count = (size_t)count;
     return TD_OK;
@@ -390,6 +407,7 @@ static td_status parse_header(td_checkpoint *c, const char *path, const td__json
         return td__fail(TD_EFORMAT, "%s: header is not a JSON object", path);
     c->entries = calloc(root->n ? root->n : 1, sizeof *c->entries);
     if (!c->entries) return td__fail(TD_ENOMEM, "%s: out of memory", path);
+    char key[160], other[160];
     for (size_t i = 0; i < root->n; i++) {
         const char *name = root->keys[i];
         const td__json *v = &root->items[i];
@@ -403,7 +421,7 @@ static td_status parse_header(td_checkpoint *c, const char *path, const td__json
             for (size_t k = 0; k < v->n; k++) {
                 if (v->items[k].kind != TD__JSON_STRING)
                     return td__fail(TD_EFORMAT, "%s: __metadata__ value of \"%s\" is not a string",
-                                    path, v->keys[k]);
+                                    path, shown(key, sizeof key, v->keys[k]));
                 c->meta_keys[k] = strdup(v->keys[k]);
                 c->meta_values[k] = strdup(v->items[k].string);
                 c->n_meta++;
@@ -430,12 +448,13 @@ static td_status parse_header(td_checkpoint *c, const char *path, const td__json
     for (size_t i = 0; i < c->n && st == TD_OK; i++) {
         if (order[i]->begin < at)
             st = td__fail(TD_EFORMAT, "%s: tensors %s and %s overlap (bytes %llu..%llu)", path,
-                          order[i - 1]->name, order[i]->name, (unsigned long long)order[i]->begin,
-                          (unsigned long long)at);
+                          shown(other, sizeof other, order[i - 1]->name),
+                          shown(key, sizeof key, order[i]->name),
+                          (unsigned long long)order[i]->begin, (unsigned long long)at);
         else if (order[i]->begin > at)
             st = td__fail(TD_EFORMAT, "%s: bytes %llu..%llu before tensor %s belong to no tensor",
                           path, (unsigned long long)at, (unsigned long long)order[i]->begin,
-                          order[i]->name);
+                          shown(key, sizeof key, order[i]->name));
         at = order[i]->end;
     }
     free(order);
@@ -560,23 +579,10 @@ const char *td_checkpoint_get_meta(const td_checkpoint *c, const char *key) {
     return NULL;
 }
 
-/* A metadata value as it may appear in a message: at most 64 bytes, control characters as
- * '?', "..." when cut. */
-static void value_str(char *buf, size_t len, const char *v) {
-    size_t k = 0;
-    for (; v[k] && k < 64 && k + 4 < len; k++) buf[k] = (unsigned char)v[k] < 0x20 ? '?' : v[k];
-    if (v[k] && k + 4 <= len) {
-        memcpy(buf + k, "...", 3);
-        k += 3;
-    }
-    buf[k] = '\0';
-}
-
 static td_status meta_out_of_range(const td_checkpoint *c, const char *key, const char *range) {
-    char shown[80];
-    value_str(shown, sizeof shown, td_checkpoint_get_meta(c, key));
+    char value[80];
     return td__fail(TD_EFORMAT, "%s: metadata \"%s\" is \"%s\", out of the range %s", c->path, key,
-                    shown, range);
+                    shown(value, sizeof value, td_checkpoint_get_meta(c, key)), range);
 }
 
 /* Looks up key and parses its value as decimal digits, after one '-' when is_signed, with
@@ -603,11 +609,10 @@ static td_status meta_decimal(const td_checkpoint *c, const char *key, int is_si
             m = m * 10 + d;
     }
     if (!digits) {
-        char shown[80];
-        value_str(shown, sizeof shown, v);
+        char value[80];
         return td__fail(TD_EFORMAT,
                         "%s: metadata \"%s\" is \"%s\", not a decimal integer (expected one in %s)",
-                        c->path, key, shown, range);
+                        c->path, key, shown(value, sizeof value, v), range);
     }
     if (overflow) return meta_out_of_range(c, key, range);
     *magnitude = m;
@@ -657,14 +662,6 @@ td_status td_checkpoint_get_meta_u64(const td_checkpoint *c, const char *key, ui
     return TD_OK;
 }
 
-static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
-    size_t k = 0;
-    k += (size_t)snprintf(buf + k, len - k, "(");
-    for (int d = 0; d < ndim && k < len; d++)
-        k += (size_t)snprintf(buf + k, len - k, d ? ", %lld" : "%lld", (long long)shape[d]);
-    if (k < len) snprintf(buf + k, len - k, ")");
-}
-
 static const entry *find(const td_checkpoint *c, const char *name) {
     for (size_t i = 0; i < c->n; i++)
         if (strcmp(c->entries[i].name, name) == 0) return &c->entries[i];
@@ -705,12 +702,8 @@ td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
         for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == t[i].shape[d];
         if (!same) {
             char want[160], got[160];
-            shape_str(want, sizeof want,
-                      t[i].ndim < 0             ? 0
-                      : t[i].ndim > TD_MAX_DIMS ? TD_MAX_DIMS
-                                                : t[i].ndim,
-                      t[i].shape);
-            shape_str(got, sizeof got, e->ndim, e->shape);
+            td__dims_str(want, sizeof want, t[i].ndim, t[i].shape);
+            td__dims_str(got, sizeof got, e->ndim, e->shape);
             return td__fail(TD_ESHAPE, "%s: tensor %s: expected shape %s, file has %s", c->path,
                             t[i].name, want, got);
         }

@@ -1,7 +1,9 @@
-/* Shape descriptors: construction, element counts and comparison. No storage here. */
+/* Shape descriptors: construction, element counts, comparison, and their words in messages. No
+ * storage here. */
+#include <stdio.h>
 #include <string.h>
 
-#include "tandem/core.h"
+#include "core/core_impl.h"
 
 td_shape td_shape_make(int ndim, const int64_t *dims) {
     td_shape s;
@@ -32,4 +34,12 @@ int td_shape_equal(const td_shape *a, const td_shape *b) {
     for (int i = 0; i < a->ndim; i++)
         if (a->dim[i] != b->dim[i]) return 0;
     return 1;
+}
+
+const char *td__dims_str(char *out, size_t cap, int64_t ndim, const int64_t *dims) {
+    size_t at = (size_t)snprintf(out, cap, "(");
+    for (int64_t i = 0; i < ndim && i < TD_MAX_DIMS && at < cap; i++)
+        at += (size_t)snprintf(out + at, cap - at, i ? ", %lld" : "%lld", (long long)dims[i]);
+    if (at < cap) snprintf(out + at, cap - at, ")");
+    return out;
 }

@@ -74,7 +74,7 @@ td_status td_ddp_join(td_ddp *d, int *done) {
         return td__fail(TD_ESTATE, "ddp rank %d: td_ddp_join needs join mode (td_ddp_params.join = "
                                    "1) on every rank",
                         d->rank);
-    if (!d->sync || d->n_ready > 0 || d->next_bucket > 0)
+    if (!d->sync || d->n_ready > 0)
         return td__fail(TD_ESTATE,
                         "ddp rank %d: td_ddp_join inside a step (finish the backward and turn "
                         "sync back on first)",

@@ -81,16 +81,8 @@ static td_status check_header(td_pipeline *pp, const unsigned char *buf, pp_kind
     for (int i = 0; same && i < shape->ndim; i++) same = h.dims[i] == shape->dim[i];
     if (!same) {
         char a[128], b[128];
-        size_t at = (size_t)snprintf(a, sizeof a, "(");
-        for (int i = 0; i < h.ndim && i < TD_MAX_DIMS; i++)
-            at += (size_t)snprintf(a + at, sizeof a - at, i ? ", %lld" : "%lld",
-                                   (long long)h.dims[i]);
-        snprintf(a + at, sizeof a - at, ")");
-        at = (size_t)snprintf(b, sizeof b, "(");
-        for (int i = 0; i < shape->ndim; i++)
-            at += (size_t)snprintf(b + at, sizeof b - at, i ? ", %lld" : "%lld",
-                                   (long long)shape->dim[i]);
-        snprintf(b + at, sizeof b - at, ")");
+        td__dims_str(a, sizeof a, h.ndim, h.dims);
+        td__dims_str(b, sizeof b, shape->ndim, shape->dim);
         return td__pp_fail(pp, TD_ESHAPE,
                            "stage %d sent %s of shape %s for micro-batch %d, this stage expects %s",
                            from, kind_name(kind), a, m, b);

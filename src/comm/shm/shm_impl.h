@@ -126,9 +126,6 @@ static inline unsigned char *shm_staging(shm_ctx *c, int rank, unsigned parity) 
 void td__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t max_ns);
 void td__shm_futex_wake(_Atomic uint32_t *word);
 
-/* Non-zero when process `pid` has exited (or is a zombie). */
-int td__shm_pid_dead(int pid);
-
 /* Marks the group failed for every rank (first caller's message wins) and wakes everyone;
  * returns `status` with td__fail's message set. */
 td_status td__shm_poison(shm_ctx *c, td_status status, const char *fmt, ...) TD__PRINTF(3, 4);
