@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever either table changes: a library of another version is refused by name. */
-#define TD__CUDA_ABI 3
+#define TD__CUDA_ABI 4
 #define TD__CUDA_ENTRY "td_cuda_entry"
 
 /* What the host lends the library. */
@@ -56,6 +56,10 @@ typedef struct {
     td_status (*event_wait)(int device, void *stream, void *event);
     /* Blocks the calling thread until the stream has passed the event. */
     td_status (*event_synchronize)(void *event);
+    /* The GPU whose memory ptr is (cudaMalloc'd, ours or not), or -1 for host memory. */
+    int (*pointer_device)(const void *ptr);
+    /* A GPU's UUID, the same in every process whatever CUDA_VISIBLE_DEVICES numbers it. */
+    td_status (*device_uuid)(int device, unsigned char uuid[16]);
     /* One multi-tensor launch (multi_tensor.h) over list[0..n) on stream. The list is host
      * memory the call rewrites (tensors without work dropped, chunk0 filled); *scratch is a
      * device buffer of *scratch_bytes from the device's allocator that the call grows as it

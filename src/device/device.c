@@ -24,6 +24,7 @@ typedef struct {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static gpu gpus[MAX_GPUS];
+static int gpus_used; /* some GPU has its stream and allocator: CUDA is running here */
 
 td_device td_device_cpu(void) { return (td_device){TD_DEVICE_CPU, 0}; }
 
@@ -125,6 +126,7 @@ static td_status gpu_of(td_device d, const char *what, gpu **out) {
             td__raw_memory raw = {g, raw_alloc, raw_free, raw_event, raw_done, raw_event_destroy};
             td__allocator_init(&g->alloc, name, raw);
             g->ready = 1;
+            gpus_used = 1;
         }
     }
     pthread_mutex_unlock(&lock);
@@ -296,4 +298,18 @@ td_status td__device_event_synchronize(void *event) { return td__cuda()->event_s
 
 void td__device_event_free(void *event) {
     if (event) td__cuda()->event_destroy(event);
+}
+
+td_device td__device_of_pointer(const void *ptr) {
+    pthread_mutex_lock(&lock);
+    int used = gpus_used;
+    pthread_mutex_unlock(&lock);
+    int d = used && ptr ? td__cuda()->pointer_device(ptr) : -1;
+    return d < 0 ? td_device_cpu() : td_device_cuda(d);
+}
+
+td_status td__device_uuid(td_device d, unsigned char uuid[16], const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->device_uuid(g->index, uuid);
 }

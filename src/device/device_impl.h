@@ -38,4 +38,17 @@ td_status td__device_event_wait(td_device d, void *stream, void *event, const ch
 td_status td__device_event_synchronize(void *event);
 void td__device_event_free(void *event);
 
+/* Where ptr points: a GPU this process has used through tandem (its memory, whoever allocated
+ * it), or the CPU. Asks CUDA only once a GPU is in use, so host-only programs never start it. */
+td_device td__device_of_pointer(const void *ptr);
+
+/* The UUID of GPU d, the same in every process (CUDA_VISIBLE_DEVICES numbers GPUs per
+ * process). */
+td_status td__device_uuid(td_device d, unsigned char uuid[16], const char *what);
+
+/* The CUDA library's second table (comm/gpu_comm_api.h), resolved by name; NULL where the
+ * library is missing or lacks it. Returned as an opaque pointer: the device layer knows
+ * nothing of process groups. */
+const void *td__device_library_table(const char *entry);
+
 #endif

@@ -21,16 +21,16 @@ typedef enum {
 
 /* One tensor of the list; pointers are device memory, NULL where absent. */
 typedef struct {
-    void *param;    /* (count) in dtype, updated in place (through master when it has one) */
-    void *grad;     /* (count) in dtype */
-    float *buf1;    /* momentum_buffer or exp_avg (count) */
-    float *buf2;    /* exp_avg_sq (count) */
-    float *master;  /* f32 master weights of a bf16 or f16 parameter */
-    uint64_t count; /* elements */
-    int32_t dtype;  /* td_dtype of param and grad */
-    int32_t first;  /* SGD: the parameter's first step (the momentum buffer starts as d) */
-    float neg_step; /* AdamW: -(lr / (1 - beta1^step)), rounded from double as the CPU does */
-    float bc2_sqrt; /* AdamW: sqrt(1 - beta2^step) */
+    void *param;     /* (count) in dtype, updated in place (through master when it has one) */
+    void *grad;      /* (count) in dtype */
+    float *buf1;     /* momentum_buffer or exp_avg (count) */
+    float *buf2;     /* exp_avg_sq (count) */
+    float *master;   /* f32 master weights of a bf16 or f16 parameter */
+    uint64_t count;  /* elements */
+    int32_t dtype;   /* td_dtype of param and grad */
+    int32_t first;   /* SGD: the parameter's first step (the momentum buffer starts as d) */
+    float neg_step;  /* AdamW: -(lr / (1 - beta1^step)), rounded from double as the CPU does */
+    float bc2_sqrt;  /* AdamW: sqrt(1 - beta2^step) */
     uint64_t chunk0; /* the tensor's first chunk of the launch (the library fills it) */
 } td__mt_tensor;
 
@@ -38,7 +38,7 @@ typedef struct {
 typedef struct {
     int32_t op; /* td__mt_op */
     int32_t nesterov;
-    float neg_lr, weight_decay, momentum, keep; /* SGD: -lr, wd, momentum, 1 - dampening */
+    float neg_lr, weight_decay, momentum, keep;     /* SGD: -lr, wd, momentum, 1 - dampening */
     float decay, beta1, beta2, one_b1, one_b2, eps; /* AdamW: 1 - lr wd, betas, 1 - betas, eps */
     float factor;                                   /* SCALE and UNSCALE */
 } td__mt_args;

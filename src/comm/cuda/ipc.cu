@@ -288,9 +288,8 @@ td_status td__ipc_run(td__ipc *c, const td__nccl_call *k, td__host_barrier_fn ba
                           m * es);
             if (st != TD_OK || (st = step(c, barrier, arg)) != TD_OK) break;
             if (k->kind == TD__NCCL_REDUCE_SCATTER) {
-                /* In place, this rank's result goes where its own block of the input was. */
-                char *dst = send == recv ? recv + ((size_t)me * n + at) * es : recv + at * es;
-                st = reduce(c, dst, (size_t)me * m, m, k, what);
+                /* In place too the result lands at the front (comm.h): the input is staged. */
+                st = reduce(c, recv + at * es, (size_t)me * m, m, k, what);
             } else {
                 for (int r = 0; r < c->size && st == TD_OK; r++)
                     st = copy(c, recv + ((size_t)r * n + at) * es, c->peer[r] + (size_t)me * m * es,

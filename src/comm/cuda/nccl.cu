@@ -209,11 +209,15 @@ static td_status enqueue(td__nccl *c, const td__nccl_call *k, const char *what) 
                                c->comm, c->stream),
                  what);
         return TD_OK;
-    case TD__NCCL_REDUCE_SCATTER:
-        TD__NCCL(ncclReduceScatter(send, send == recv ? recv + (size_t)rank * n * es : recv, n, t,
-                                   nccl_op(k->op), c->comm, c->stream),
-                 what);
+    case TD__NCCL_REDUCE_SCATTER: {
+        /* In place, tandem's result lands at the front (comm.h); NCCL's in place is this rank's
+         * block, so the result moves to the front after. */
+        char *at = send == recv ? recv + (size_t)rank * n * es : recv;
+        TD__NCCL(ncclReduceScatter(send, at, n, t, nccl_op(k->op), c->comm, c->stream), what);
+        if (at != recv)
+            TD__CU(cudaMemcpyAsync(recv, at, n * es, cudaMemcpyDeviceToDevice, c->stream));
         return TD_OK;
+    }
     case TD__NCCL_GATHER:
     case TD__NCCL_SCATTER:
     case TD__NCCL_ALLTOALL: {

@@ -128,3 +128,19 @@ td_status td__cu_event_synchronize(void *event) {
     TD__CU(cudaEventSynchronize((cudaEvent_t)event));
     return TD_OK;
 }
+
+int td__cu_pointer_device(const void *ptr) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return a.type == cudaMemoryTypeDevice ? a.device : -1;
+}
+
+td_status td__cu_device_uuid(int device, unsigned char uuid[16]) {
+    cudaDeviceProp p;
+    TD__CU(cudaGetDeviceProperties(&p, device));
+    memcpy(uuid, p.uuid.bytes, 16);
+    return TD_OK;
+}

@@ -35,6 +35,8 @@ td_status td__cu_host_alloc(size_t bytes, void **ptr);
 void td__cu_host_free(void *ptr);
 td_status td__cu_event_wait(int device, void *stream, void *event);
 td_status td__cu_event_synchronize(void *event);
+int td__cu_pointer_device(const void *ptr);
+td_status td__cu_device_uuid(int device, unsigned char uuid[16]);
 td_status td__cu_multi_tensor(int device, void *stream, const td__mt_args *args,
                               td__mt_tensor *list, size_t n, void **scratch,
                               size_t *scratch_bytes, double *result);
