@@ -4,7 +4,8 @@
  * bf16 sums and averages) in and out of place against the serial reference of the host
  * matrix (test_comm_util.h), the values going to the GPU and back through host copies; a
  * collective large enough to take the IPC path in several pieces; and two ranks that call
- * different collectives on device buffers, which both name. Every case skips with one line
+ * different collectives on device buffers, which both name; and DDP over ranks sharing the GPU
+ * equal to one process on the same global batch. Every case skips with one line
  * where no GPU is visible. The parent never starts CUDA itself (a child counts the GPUs):
  * CUDA does not survive a fork, and the ranks are forked. */
 #include <stdio.h>
@@ -13,8 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "tandem/comm.h"
-#include "tandem/device.h"
+#include "tandem/tandem.h"
 
 #include "test_comm_util.h"
 
@@ -234,6 +234,103 @@ static void different_calls_are_named(void) {
     CHECK_EQ(test_run_ranks(2, mismatch_rank, NULL, 120, 0), 0);
 }
 
+/* DDP on GPUs: the MLP trained 3 SGD steps on a global batch of 16, by one rank (ranks = 1) or
+ * by 2 ranks on 8 samples each, all on cuda:0; each writes its parameters to a file. */
+static const char *ddp_dir;
+
+static void ddp_rank(int r, int n, int port, void *arg) {
+    (void)arg;
+    td_comm *w = NULL;
+    if (n > 1) CHECK_OK(test_comm_create(&w, r, n, port, 60));
+    int64_t local = 16 / n;
+    td_graph_params gp = td_graph_default_params();
+    gp.device = td_device_cuda(0);
+    td_graph *g = NULL;
+    td_model m;
+    CHECK_OK(td_graph_create(&g, &gp));
+    CHECK_OK(td_model_build(g, TD_MODEL_MLP, local, 3, &m));
+    td_param *p;
+    size_t np;
+    CHECK_OK(td_graph_parameters(g, &p, &np));
+    td_sgd_params hp = td_sgd_default_params();
+    hp.momentum = 0.9;
+    td_optim *opt = NULL;
+    CHECK_OK(td_optim_create_sgd(&opt, p, np, &hp));
+    td_ddp *ddp = NULL;
+    if (w) {
+        CHECK_OK(td_ddp_create(&ddp, w, p, np, NULL, 0, NULL));
+        td_graph_set_grad_ready_hook(g, td_ddp_grad_ready_hook, ddp);
+    }
+    float *x = malloc(16 * 784 * sizeof *x);
+    int64_t y[16];
+    td_rng rng;
+    td_rng_init(&rng, 9);
+    for (int step = 0; step < 3 && opt && g; step++) {
+        for (int i = 0; i < 16 * 784; i++) x[i] = td_rng_uniform(&rng);
+        for (int i = 0; i < 16; i++) y[i] = td_rng_below(&rng, 10);
+        CHECK_OK(td_tensor_write(m.input, x + (size_t)(r * local) * 784));
+        CHECK_OK(td_tensor_write(m.labels, y + r * local));
+        if (ddp) CHECK_OK(td_ddp_prepare_forward(ddp));
+        CHECK_OK(td_graph_forward(g));
+        CHECK_OK(td_graph_backward(g, m.loss));
+        if (ddp) CHECK_OK(td_ddp_finish_backward(ddp));
+        CHECK_OK(td_optim_step(opt));
+        CHECK_OK(td_graph_zero_grad(g));
+    }
+    if (w) CHECK(strcmp(td_comm_device_path(w), "cuda-ipc") == 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/params.%d.%d.safetensors", ddp_dir, n, r);
+    CHECK_OK(td_checkpoint_save(path, p, np, NULL, 0));
+    free(x);
+    td_ddp_destroy(ddp);
+    td_optim_destroy(opt);
+    td_graph_destroy(g);
+    td_comm_destroy(w);
+}
+
+static void ddp_equals_one_process(void) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    char dir[128];
+    test_temp_dir(dir, sizeof dir, "cuda_ddp");
+    ddp_dir = dir;
+    CHECK_EQ(test_run_ranks(1, ddp_rank, NULL, 120, 0), 0);
+    CHECK_EQ(test_run_ranks(2, ddp_rank, NULL, 120, 0), 0);
+    /* Read on the host: this process never starts CUDA. */
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/params.1.0.safetensors", dir);
+    for (int r = 0; r < 2; r++) {
+        snprintf(b, sizeof b, "%s/params.2.%d.safetensors", dir, r);
+        td_checkpoint *ca = NULL, *cb = NULL;
+        CHECK_OK(td_checkpoint_open(&ca, a));
+        CHECK_OK(td_checkpoint_open(&cb, b));
+        size_t n = ca ? td_checkpoint_count(ca) : 0;
+        for (size_t i = 0; ca && cb && i < n; i++) {
+            td_param ia, ib;
+            CHECK_OK(td_checkpoint_tensor(ca, i, &ia));
+            CHECK_OK(td_checkpoint_tensor(cb, i, &ib));
+            float *va = malloc(ia.count * sizeof *va), *vb = malloc(ia.count * sizeof *vb);
+            ia.data = va;
+            ib.data = vb;
+            CHECK_OK(td_checkpoint_read(ca, &ia, 1));
+            CHECK_OK(td_checkpoint_read(cb, &ib, 1));
+            for (size_t k = 0; k < ia.count; k++)
+                if (fabs(va[k] - vb[k]) > 1e-5 * (1 + fabs(va[k]))) {
+                    TEST_FAIL_AT("rank %d %s[%zu]: ddp %g, one process %g", r, ia.name, k,
+                                 (double)vb[k], (double)va[k]);
+                    break;
+                }
+            free(va);
+            free(vb);
+        }
+        td_checkpoint_close(ca);
+        td_checkpoint_close(cb);
+    }
+    test_remove_dir(dir);
+}
+
 /* The visible GPUs, counted in a child so that this process keeps CUDA unstarted. */
 static int count_gpus(void) {
     pid_t pid = fork();
@@ -254,5 +351,6 @@ int main(void) {
     RUN(ipc_world_of_four);
     RUN(ipc_in_pieces);
     RUN(different_calls_are_named);
+    RUN(ddp_equals_one_process);
     TEST_END();
 }

@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever either table changes: a library of another version is refused by name. */
-#define TD__CUDA_ABI 4
+#define TD__CUDA_ABI 5
 #define TD__CUDA_ENTRY "td_cuda_entry"
 
 /* What the host lends the library. */
@@ -56,6 +56,11 @@ typedef struct {
     td_status (*event_wait)(int device, void *stream, void *event);
     /* Blocks the calling thread until the stream has passed the event. */
     td_status (*event_synchronize)(void *event);
+    /* n elements from one dtype to another, and n elements of `size` (2 or 4) bytes set to
+     * `bits`, queued on stream. */
+    td_status (*convert_async)(int device, void *stream, void *dst, td_dtype dst_dtype,
+                               const void *src, td_dtype src_dtype, size_t n);
+    td_status (*fill_async)(int device, void *stream, void *ptr, uint32_t bits, int size, size_t n);
     /* The GPU whose memory ptr is (cudaMalloc'd, ours or not), or -1 for host memory. */
     int (*pointer_device)(const void *ptr);
     /* A GPU's UUID, the same in every process whatever CUDA_VISIBLE_DEVICES numbers it. */

@@ -313,3 +313,39 @@ td_status td__device_uuid(td_device d, unsigned char uuid[16], const char *what)
     TD__TRY(gpu_of(d, what, &g));
     return td__cuda()->device_uuid(g->index, uuid);
 }
+
+td_status td__device_convert(td_device d, void *dst, td_dtype dst_dtype, const void *src,
+                             td_dtype src_dtype, size_t n, const char *what) {
+    if (d.type == TD_DEVICE_CPU) {
+        td__convert(dst, dst_dtype, src, src_dtype, n);
+        return TD_OK;
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->convert_async(g->index, g->stream, dst, dst_dtype, src, src_dtype, n);
+}
+
+td_status td__device_fill(td_device d, void *ptr, uint32_t bits, int size, size_t n,
+                          const char *what) {
+    if (d.type == TD_DEVICE_CPU) {
+        uint16_t half = (uint16_t)bits;
+        for (size_t i = 0; i < n; i++)
+            memcpy((unsigned char *)ptr + i * (size_t)size,
+                   size == 2 ? (void *)&half : (void *)&bits, (size_t)size);
+        return TD_OK;
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->fill_async(g->index, g->stream, ptr, bits, size, n);
+}
+
+td_status td__device_upload(td_device d, void *dst, const void *host, size_t bytes,
+                            const char *what) {
+    if (d.type == TD_DEVICE_CPU) {
+        if (bytes) memcpy(dst, host, bytes);
+        return TD_OK;
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->memcpy_async(g->index, dst, host, bytes, g->stream);
+}

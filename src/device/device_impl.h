@@ -38,6 +38,18 @@ td_status td__device_event_wait(td_device d, void *stream, void *event, const ch
 td_status td__device_event_synchronize(void *event);
 void td__device_event_free(void *event);
 
+/* Bytes from host memory the caller may reuse at once (pageable: the driver stages them before
+ * returning) to GPU d, queued on its compute stream without waiting; at once on the CPU. */
+td_status td__device_upload(td_device d, void *dst, const void *host, size_t bytes,
+                            const char *what);
+
+/* n elements of src (src_dtype) into dst (dst_dtype), and n elements of `size` bytes set to
+ * `bits`, on device d (the compute stream for a GPU; at once on the CPU). */
+td_status td__device_convert(td_device d, void *dst, td_dtype dst_dtype, const void *src,
+                             td_dtype src_dtype, size_t n, const char *what);
+td_status td__device_fill(td_device d, void *ptr, uint32_t bits, int size, size_t n,
+                          const char *what);
+
 /* Where ptr points: a GPU this process has used through tandem (its memory, whoever allocated
  * it), or the CPU. Asks CUDA only once a GPU is in use, so host-only programs never start it. */
 td_device td__device_of_pointer(const void *ptr);

@@ -36,6 +36,10 @@ void td__cu_host_free(void *ptr);
 td_status td__cu_event_wait(int device, void *stream, void *event);
 td_status td__cu_event_synchronize(void *event);
 int td__cu_pointer_device(const void *ptr);
+td_status td__cu_convert_async(int device, void *stream, void *dst, td_dtype dst_dtype,
+                               const void *src, td_dtype src_dtype, size_t n);
+td_status td__cu_fill_async(int device, void *stream, void *ptr, uint32_t bits, int size,
+                            size_t n);
 td_status td__cu_device_uuid(int device, unsigned char uuid[16]);
 td_status td__cu_multi_tensor(int device, void *stream, const td__mt_args *args,
                               td__mt_tensor *list, size_t n, void **scratch,
