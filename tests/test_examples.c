@@ -115,7 +115,7 @@ static void banner_names_the_precision(void) {
 
 /* --device cuda trains on a GPU where one can be used (the digest then equals nothing on the
  * CPU's, the GPU summing in its own order, but the run must finish); where none can, the run
- * stops at once saying why, and with several ranks it says that ranks on GPUs are not built. */
+ * stops at once saying why. */
 static void device_cuda_runs_or_says_why_not(void) {
     int gpus = 0;
     CHECK_OK(td_cuda_device_count(&gpus));

@@ -13,10 +13,11 @@
  * epoch with the test set split across ranks. --max-steps N ends the run after N optimizer steps
  * in all (across epochs and a resume), writing the checkpoint where it stopped.
  *
- * --device cuda trains on this rank's GPU (cuda:LOCAL_RANK; cuda:N names one): the graph, the
- * optimizer and the loss scale on the GPU, batches uploaded ahead on its copy stream from
- * page-locked memory, each step's sweeps replayed as CUDA graphs. One process for now: ranks
- * on GPUs need collectives on device memory (docs/gpu.md).
+ * --device cuda trains on this rank's GPU (cuda:LOCAL_RANK; cuda:N names one, also for ranks
+ * that share it): the graph, the optimizer and the loss scale on the GPU, batches uploaded
+ * ahead on its copy stream from page-locked memory, one process's sweeps replayed as CUDA
+ * graphs; DDP's buckets live on the GPU and go through NCCL (a GPU per rank) or CUDA IPC
+ * (ranks sharing one). Deterministic mode stays on the CPU for now.
  *
  * --deterministic trains to the same bits at any world size (docs/reproducibility.md): the
  * global batch is --shards fixed shards, each rank runs its shards one by one (batch norm sees
@@ -347,7 +348,7 @@ static void build_model(const options *o, td_graph *g, int64_t batch, td_model *
 }
 
 /* --device as a device of this rank: "cuda" is cuda:LOCAL_RANK, as torchrun's recipes pick. */
-static td_device train_device(const char *text, int world) {
+static td_device train_device(const char *text) {
     td_device d;
     CHECK(td_device_parse(text, &d));
     if (d.type == TD_DEVICE_CPU) return d;
@@ -357,13 +358,6 @@ static td_device train_device(const char *text, int world) {
         fprintf(stderr, "mnist: --device %s: no GPU can be used here: %s\n", text,
                 td_cuda_unavailable());
         exit(1);
-    }
-    if (world > 1) {
-        fprintf(stderr,
-                "mnist: --device %s trains one process for now (%d ranks here): ranks on "
-                "GPUs need collectives on device memory, which are not built yet\n",
-                text, world);
-        exit(2);
     }
     if (!strcmp(text, "cuda")) CHECK(td_device_local(&d));
     return d;
@@ -409,7 +403,7 @@ static void setup(trainer *t) {
                 t->opt.batch, t->world, t->world);
         exit(2);
     }
-    t->device = train_device(t->opt.device, t->world);
+    t->device = train_device(t->opt.device);
     size_t first, count;
     td_split_even((size_t)t->opt.batch, t->world, t->rank, &first, &count);
     t->local_batch = (int64_t)count;
