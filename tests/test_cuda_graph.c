@@ -249,6 +249,12 @@ static td_status build_relu_gelu_add_scale(td_graph *g, built *b) {
     return td_graph_scale(g, s, -0.75f, &b->y);
 }
 
+static td_status build_gelu_tanh(td_graph *g, built *b) {
+    td_tensor *x;
+    TRY(input(g, b, "x", td_shape_2d(13, 50), 1, &x));
+    return td_graph_gelu_tanh(g, x, &b->y);
+}
+
 static td_status build_softmax(td_graph *g, built *b) {
     td_tensor *x;
     TRY(input(g, b, "x", td_shape_2d(9, 1000), 1, &x));
@@ -415,6 +421,7 @@ static void activations_add_scale(void) {
 static void activations_bf16(void) {
     twin("relu gelu add scale bf16", build_relu_gelu_add_scale, TD_AMP_O1, TD_BF16, 2e-2);
 }
+static void gelu_tanh(void) { twin("gelu tanh", build_gelu_tanh, TD_AMP_O0, TD_BF16, 1e-5); }
 static void softmax_rows(void) { twin("softmax", build_softmax, TD_AMP_O0, TD_BF16, 1e-5); }
 static void cross_entropy_mean(void) {
     twin("cross entropy", build_cross_entropy, TD_AMP_O0, TD_BF16, 1e-5);
@@ -681,6 +688,7 @@ int main(void) {
     RUN(linear_f16);
     RUN(activations_add_scale);
     RUN(activations_bf16);
+    RUN(gelu_tanh);
     RUN(softmax_rows);
     RUN(cross_entropy_mean);
     RUN(cross_entropy_bf16);

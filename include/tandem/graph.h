@@ -141,6 +141,10 @@ td_status td_graph_cast(td_graph *g, td_tensor *x, td_dtype dtype, td_tensor **y
 /* x * Phi(x) with the exact erf form (PyTorch's default GELU), any shape. */
 td_status td_graph_gelu(td_graph *g, td_tensor *x, td_tensor **y);
 
+/* GPT-2's GELU, the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+ * (F.gelu(x, approximate="tanh")), any shape. */
+td_status td_graph_gelu_tanh(td_graph *g, td_tensor *x, td_tensor **y);
+
 /* Training: zero each element with probability p, scale the rest by 1/(1-p); eval: copy.
  * Masks come from td_graph_rng. */
 td_status td_graph_dropout(td_graph *g, td_tensor *x, float p, td_tensor **y);
@@ -212,6 +216,33 @@ td_status td_graph_nll_loss(td_graph *g, td_tensor *logp, td_tensor *labels, td_
 /* nll_loss(log_softmax(logits)); adds both nodes. logp (optional) receives the log-probs. */
 td_status td_graph_cross_entropy(td_graph *g, td_tensor *logits, td_tensor *labels,
                                  td_reduction reduction, td_tensor **loss, td_tensor **logp);
+
+/* ---- ops for transformers (docs/gpt.md) ----------------------------------------------- */
+
+/* F.embedding: y = weight[idx], idx.shape + (C). weight (V, C); idx holds token ids as i64,
+ * i32 or whole numbers in f32 (exact below 2^24), and an id outside [0, V) is an error naming
+ * its position. Backward adds dy's rows into the rows of weight's gradient they came from, so
+ * a weight also read elsewhere (a tied output projection) gets both gradients. */
+td_status td_graph_embedding(td_graph *g, td_tensor *idx, td_tensor *weight, td_tensor **y);
+
+/* A learned position embedding: y = x + weight[t] at position t of each sequence of x
+ * (..., T, C), weight (T_max >= T, C): GPT-2's `tok_emb + wpe(arange(T))`. */
+td_status td_graph_position_embedding(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor **y);
+
+/* nn.LayerNorm over the last dim of x (..., C): each row normalised by its mean and biased
+ * variance (+ eps), times weight (C) plus bias (C); either may be NULL. Computes in f32 at
+ * every mixed-precision level, as autocast does. */
+td_status td_graph_layer_norm(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
+                              float eps, td_tensor **y);
+
+/* Causal multi-head self-attention over the fused projection qkv (rows, 3C): T = seq_len rows
+ * per sequence, one sequence after another (or qkv (B, T, 3C) and seq_len T or 0), each row
+ * [q | k | v] with C = heads x hs. y (rows, C) = softmax(q k^T / sqrt(hs), keys up to the row's
+ * own position) v per head, the heads side by side: nanoGPT's CausalSelfAttention between its
+ * c_attn and c_proj linears. Memory beyond y: one float per (sequence, head, position), not
+ * T^2 (docs/gpt.md). */
+td_status td_graph_causal_attention(td_graph *g, td_tensor *qkv, int heads, int64_t seq_len,
+                                    td_tensor **y);
 
 /* ---- running ------------------------------------------------------------------------- */
 
