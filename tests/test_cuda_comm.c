@@ -331,6 +331,50 @@ static void ddp_equals_one_process(void) {
     test_remove_dir(dir);
 }
 
+/* The graph's all-gather on a GPU: each rank's (2, 3) rows stacked in rank order, and
+ * backward's reduce-scatter sums every rank's gradient of its own rows; such a graph never
+ * records its sweeps (the op waits for the group on the host) and says why. */
+static void graph_gather_rank(int r, int n, int port, void *arg) {
+    (void)arg;
+    td_comm *w = NULL;
+    CHECK_OK(test_comm_create(&w, r, n, port, 60));
+    td_graph_params gp = td_graph_default_params();
+    gp.device = td_device_cuda(0);
+    gp.comm = w;
+    td_graph *g = NULL;
+    td_tensor *x, *y;
+    CHECK_OK(td_graph_create(&g, &gp));
+    CHECK_OK(td_graph_input(g, "x", td_shape_2d(2, 3), TD_F32, 1, &x));
+    CHECK_OK(td_graph_all_gather(g, x, &y));
+    CHECK_OK(td_graph_compile(g));
+    float xs[6], ys[12], dy[12], dx[6];
+    for (int i = 0; i < 6; i++) xs[i] = (float)(r * 10 + i);
+    for (int i = 0; i < 12; i++) dy[i] = (float)(i + 1);
+    for (int step = 0; step < 3; step++) {
+        CHECK_OK(td_tensor_write(x, xs));
+        CHECK_OK(td_graph_forward(g));
+        CHECK_OK(td_graph_backward_from(g, y, dy));
+        CHECK_OK(td_graph_zero_grad(g));
+    }
+    CHECK_OK(td_tensor_read(y, ys));
+    CHECK_OK(td_tensor_read_grad(x, dx));
+    for (int i = 0; i < 12; i++) CHECK_EQ(ys[i], (i / 6) * 10 + i % 6);
+    for (int i = 0; i < 6; i++) CHECK_EQ(dx[i], n * (r * 6 + i + 1));
+    const char *why = NULL;
+    CHECK_EQ(td_graph_replays(g, &why), 0);
+    CHECK(why && strstr(why, "process group"));
+    td_graph_destroy(g);
+    td_comm_destroy(w);
+}
+
+static void graph_all_gather_on_gpu(void) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    CHECK_EQ(test_run_ranks(2, graph_gather_rank, NULL, 120, 0), 0);
+}
+
 /* The visible GPUs, counted in a child so that this process keeps CUDA unstarted. */
 static int count_gpus(void) {
     pid_t pid = fork();
@@ -352,5 +396,6 @@ int main(void) {
     RUN(ipc_in_pieces);
     RUN(different_calls_are_named);
     RUN(ddp_equals_one_process);
+    RUN(graph_all_gather_on_gpu);
     TEST_END();
 }

@@ -22,8 +22,8 @@ typedef struct {
     void *recording; /* the backend's; NULL: none */
     int seen;
     uint64_t storage_gen;
-        /* where every tensor's memory was when recorded */ /* the last sweep ran op by op with this
-                                                               key */
+    /* where every tensor's memory was when recorded */ /* the last sweep ran op by op with this
+                                                           key */
     int training, by_sample;     /* forward's key: the training mode, dropout keyed by sample */
     const td_tensor *from;       /* backward's key: where it starts ... */
     unsigned char *flags_before; /* ... and every tensor's gradient flags (ntensors) */
@@ -61,6 +61,7 @@ struct td_graph {
     size_t replays;       /* sweeps run as replays */
     uint64_t storage_gen; /* bumped whenever a tensor is pointed at other memory */
     char record_why[256]; /* why recording was given up; empty while it is on */
+    int record_checked;   /* the nodes were found recordable */
     float *dy_host;       /* backward's upstream gradient, staged in pageable memory */
     size_t dy_host_count;
 };

@@ -54,10 +54,20 @@ void td__graph_records_free(td_graph *g) {
     free(g->rec_backward.flags_after);
 }
 
-/* Whether this graph records sweeps of kind `backward` now. */
-static int recordable(const td_graph *g, int backward) {
+/* Whether this graph records sweeps of kind `backward` now. A collective op waits for the
+ * process group on the host, which no recording can hold: such a graph never records, and says
+ * so. */
+static int recordable(td_graph *g, int backward) {
     const td__backend *be = g->ctx.backend;
-    return be->record_begin && g->opt.cuda_graphs && !g->record_why[0] && !(backward && g->hook);
+    if (!be->record_begin || !g->opt.cuda_graphs || g->record_why[0]) return 0;
+    for (int k = 0; k < g->nnodes && !g->record_checked; k++)
+        if (g->nodes[k]->op->collective) {
+            snprintf(g->record_why, sizeof g->record_why,
+                     "node %d (%s) talks to the process group from the host", k, g->nodes[k]->what);
+            return 0;
+        }
+    g->record_checked = 1;
+    return !(backward && g->hook);
 }
 
 /* The key of the sweep about to run, as it would be stored. */

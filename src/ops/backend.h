@@ -31,6 +31,8 @@ struct td__backend {
     td_status (*download)(td__op_ctx *ctx, void *host, const void *src, size_t bytes);
     /* Bytes from storage to storage, queued in order with the kernels (no wait). */
     td_status (*copy)(td__op_ctx *ctx, void *dst, const void *src, size_t bytes);
+    /* dst += src, n elements of dt in storage (td__grad_end's accumulation). */
+    td_status (*accumulate)(td__op_ctx *ctx, void *dst, const void *src, td_dtype dt, size_t n);
     /* n elements of storage from one dtype to another (dst and src do not overlap). */
     td_status (*convert)(td__op_ctx *ctx, void *dst, td_dtype dst_dtype, const void *src,
                          td_dtype src_dtype, size_t n);
@@ -60,9 +62,10 @@ extern const td__backend td__backend_cpu;
  * names `what`, the device and why it cannot be used here. */
 td_status td__backend_for(td_device device, const char *what, const td__backend **out);
 
-/* The kernels of n's op on ctx's backend (NULL when it has none). */
+/* The kernels of n's op on ctx's backend, or its backend-neutral ones (NULL when neither). */
 static inline const td__kernels *td__kernels_of(const td__op_ctx *ctx, const td__op *op) {
-    return ctx->backend->kernels[op->id];
+    const td__kernels *k = ctx->backend->kernels[op->id];
+    return k ? k : op->generic;
 }
 
 #endif

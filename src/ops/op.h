@@ -145,6 +145,13 @@ typedef struct td__op {
      * input) lets an input keep another dtype (batch norm's f32 weight and bias). */
     td__precision precision;
     td_dtype (*input_dtype)(const td__node *n, int i, td_dtype dtype);
+    /* Optional: kernels written against the backend contract alone (backend.h: copies,
+     * accumulation) and the process group, which run on any backend that has none of its own
+     * (the collective ops: the group moves device memory as well as host memory). */
+    const struct td__kernels *generic;
+    /* The kernels talk to the process group and wait for it on the host, so a sweep holding
+     * the op cannot be recorded (graph/record.c). */
+    int collective;
 } td__op;
 
 /* One op's kernels on one backend. */
@@ -185,7 +192,7 @@ void *td__op_alloc(td__op_ctx *ctx, size_t bytes);
  * (oneDNN backward primitives overwrite), otherwise a scratch slot that td__grad_end adds
  * into t->grad. */
 void *td__grad_begin(td__op_ctx *ctx, td_tensor *t, int slot);
-void td__grad_end(td__op_ctx *ctx, td_tensor *t);
+td_status td__grad_end(td__op_ctx *ctx, td_tensor *t);
 
 /* The op tables (one file each in src/ops) and the CPU backend's kernels beside them. */
 extern const td__op td__op_linear, td__op_conv2d, td__op_pool2d, td__op_eltwise, td__op_dropout,
@@ -196,8 +203,8 @@ extern const td__op td__op_all_gather, td__op_all_reduce, td__op_sync_batch_norm
 extern const td__op td__op_embedding, td__op_layer_norm, td__op_attention;
 extern const td__kernels td__cpu_linear, td__cpu_conv2d, td__cpu_pool2d, td__cpu_eltwise,
     td__cpu_dropout, td__cpu_batch_norm, td__cpu_reshape, td__cpu_add, td__cpu_concat,
-    td__cpu_softmax, td__cpu_nll, td__cpu_cast, td__cpu_all_gather, td__cpu_all_reduce,
-    td__cpu_sync_batch_norm, td__cpu_normalize, td__cpu_scale;
+    td__cpu_softmax, td__cpu_nll, td__cpu_cast, td__cpu_sync_batch_norm, td__cpu_normalize,
+    td__cpu_scale;
 extern const td__kernels td__cpu_embedding, td__cpu_layer_norm, td__cpu_attention;
 
 #endif

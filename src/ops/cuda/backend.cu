@@ -77,6 +77,11 @@ static td_status gpu_copy_async(td__op_ctx *ctx, void *dst, const void *src, siz
     return TD_OK;
 }
 
+static td_status gpu_accumulate(td__op_ctx *ctx, void *dst, const void *src, td_dtype dt,
+                                size_t n) {
+    return td__cuda_add_into(ctx, dst, dt, src, dt, n, 1.f, 1.f, "accumulate");
+}
+
 static td_status gpu_convert(td__op_ctx *ctx, void *dst, td_dtype dst_dtype, const void *src,
                              td_dtype src_dtype, size_t n) {
     return td__cuda_add_into(ctx, dst, dst_dtype, src, src_dtype, n, 1.f, 0.f, "convert");
@@ -167,6 +172,7 @@ static td__backend make_backend() {
     b.upload = gpu_copy;
     b.download = gpu_copy;
     b.copy = gpu_copy_async;
+    b.accumulate = gpu_accumulate;
     b.convert = gpu_convert;
     b.copy_plain = gpu_copy_plain;
     b.forward_begin = gpu_forward_begin;
