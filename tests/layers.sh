@@ -37,7 +37,8 @@ allowed() {
     graph) echo "core device tensor ops graph comm" ;;
     nn) echo "core device tensor ops graph nn" ;;
     comm | optim | checkpoint) echo "core device $1" ;;
-    launch | data) echo "core $1" ;;
+    launch) echo "core $1" ;;
+    data) echo "core device data" ;;
     parallel) echo "core device tensor ops graph nn comm optim parallel" ;;
     *) echo "" ;;
     esac

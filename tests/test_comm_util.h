@@ -174,4 +174,47 @@ static inline double test_elem_get(td_dtype t, const void *buf, size_t i) {
     }
 }
 
+
+/* Rank r's element i for op in the collective tests; small integers, so every sum, product and
+ * average is exact in every dtype and the reduction order cannot change a bit. */
+static inline double test_coll_gen(int r, size_t i, td_reduce_op op, td_dtype dt) {
+    if (op == TD_OP_PROD) return (double)(1 + (i + (size_t)r) % 2);
+    double v = (double)((i * 7 + (size_t)r * 13) % 51);
+    if (dt != TD_U8 && (i + (size_t)r) % 3 == 0) v = -v;
+    return v;
+}
+
+/* The reduction of element i over `size` ranks, rounded to dt the way the result must be. */
+static inline double test_coll_reference(int size, size_t i, td_dtype dt, td_reduce_op op) {
+    double acc = test_coll_gen(0, i, op, dt);
+    for (int r = 1; r < size; r++) {
+        double v = test_coll_gen(r, i, op, dt);
+        switch (op) {
+        case TD_OP_PROD:
+            acc *= v;
+            break;
+        case TD_OP_MIN:
+            acc = v < acc ? v : acc;
+            break;
+        case TD_OP_MAX:
+            acc = v > acc ? v : acc;
+            break;
+        default:
+            acc += v;
+            break;
+        }
+    }
+    if (op == TD_OP_AVG) {
+        if (dt == TD_F32 || dt == TD_BF16 || dt == TD_F16)
+            acc = (float)acc / (float)size;
+        else if (dt == TD_F64)
+            acc /= size;
+        else
+            acc = (double)((int64_t)acc / size); /* integer division truncates */
+    }
+    unsigned char tmp[8];
+    test_elem_put(dt, tmp, 0, acc);
+    return test_elem_get(dt, tmp, 0);
+}
+
 #endif

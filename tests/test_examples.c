@@ -50,6 +50,7 @@ static void bad_option_values_are_named(void) {
     expect_named(mnist, "--spawn 0", "--spawn 0: expected an integer >= 1");
     expect_named(mnist, "--pipeline gpipe --micro-batches 0",
                  "--micro-batches 0: expected an integer >= 1");
+    expect_named(mnist, "--device gpu", "--device gpu: expected cpu, cuda or cuda:N");
     /* an option nobody knows is named, then the usage shows what there is */
     CHECK_EQ(run("%s --epoch 2", mnist), 2);
     CHECK(strstr(output, "unknown option --epoch") && strstr(output, "usage:"));
@@ -106,10 +107,27 @@ static void max_steps_counts_across_epochs_in_the_pipeline_and_contrastive(void)
 /* The banner says f32 for f32 training, and the apex level and type under mixed precision. */
 static void banner_names_the_precision(void) {
     CHECK_EQ(run("%s --model mlp --max-steps 1 --no-eval", mnist), 0);
-    CHECK(strstr(output, ", f32\n") != NULL);
+    CHECK(strstr(output, ", f32 on cpu\n") != NULL);
     CHECK(!strstr(output, "bf16") && !strstr(output, "amp O0"));
     CHECK_EQ(run("%s --model mlp --max-steps 1 --no-eval --amp O2", mnist), 0);
-    CHECK(strstr(output, ", amp O2 bf16\n") != NULL);
+    CHECK(strstr(output, ", amp O2 bf16 on cpu\n") != NULL);
+}
+
+/* --device cuda trains on a GPU where one can be used (the digest then equals nothing on the
+ * CPU's, the GPU summing in its own order, but the run must finish); where none can, the run
+ * stops at once saying why. */
+static void device_cuda_runs_or_says_why_not(void) {
+    int gpus = 0;
+    CHECK_OK(td_cuda_device_count(&gpus));
+    int rc = run("%s --model mlp --max-steps 3 --no-eval --device cuda", mnist);
+    if (gpus) {
+        CHECK_EQ(rc, 0);
+        CHECK(strstr(output, "f32 on cuda:0\n") && strstr(output, "final:"));
+    } else {
+        CHECK_EQ(rc, 1);
+        CHECK(strstr(output, "--device cuda: no GPU can be used here: ") != NULL);
+        CHECK(strstr(output, td_cuda_unavailable()) != NULL);
+    }
 }
 
 /* Open MPI gives its ranks a pseudo-terminal for stdout, whatever mpirun's own stdout is: the
@@ -179,6 +197,7 @@ int main(int argc, char **argv) {
     RUN(max_steps_counts_across_epochs_and_resumes);
     RUN(max_steps_counts_across_epochs_in_the_pipeline_and_contrastive);
     RUN(banner_names_the_precision);
+    RUN(device_cuda_runs_or_says_why_not);
     RUN(progress_under_mpirun_is_whole_lines);
     RUN(training_set_smaller_than_a_batch_is_refused);
     RUN(pipeline_prints_the_whole_models_digest);

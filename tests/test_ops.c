@@ -251,6 +251,32 @@ static void pooling_matches_pytorch(void) {
     pool_fixture("avg_pool2d", 0);
 }
 
+/* torchvision's ResNet stem pools 3x3, stride 2, padding 1. Padding must never win: with every
+ * input negative a zero-padded max would give 0 at the borders, and on ReLU outputs (the stem's
+ * case, border windows of exact zeros) it would take the gradient of a tied window from the
+ * first real zero. Odd and even sides, as 112 -> 56 and 7 -> 4. */
+static void max_pool_padding_never_wins(void) {
+    td__ref_pool2d_dims sides[] = {{2, 3, 9, 10, 3, 3, 2, 2, 1, 1}, {1, 2, 7, 7, 3, 3, 2, 2, 1, 1}};
+    for (int k = 0; k < 2; k++) {
+        td__ref_pool2d_dims d = sides[k];
+        size_t nx = (size_t)d.N * d.C * d.H * d.W;
+        int OH, OW;
+        td__ref_pool2d_out(&d, &OH, &OW);
+        size_t ny = (size_t)d.N * d.C * OH * OW;
+        float *x = randn(nx), *y = scratch(ny), *dx = scratch(nx), *dy = randn(ny);
+        for (size_t i = 0; i < nx; i++) x[i] = -1.0f - fabsf(x[i]);
+        if (graph_pool(1, &d, x, dy, y, dx)) {
+            size_t above = 0;
+            for (size_t i = 0; i < ny; i++) above += !(y[i] <= -1.0f);
+            CHECK_EQ(above, 0);
+        }
+        pool_case(1, d, x, dy, NULL, NULL);
+        for (size_t i = 0; i < nx; i++) x[i] = i % 5 ? 0.0f : -x[i]; /* ReLU'd: mostly zeros */
+        pool_case(1, d, x, dy, NULL, NULL);
+        free(x), free(y), free(dx), free(dy);
+    }
+}
+
 /* PyTorch routes a tied window's gradient to its first maximum. */
 static void max_pool_ties_match_pytorch(void) { pool_fixture("max_pool2d_ties", 1); }
 
@@ -854,6 +880,7 @@ int main(void) {
     RUN(conv2d_matches_pytorch);
     RUN(pooling_matches_reference);
     RUN(pooling_matches_pytorch);
+    RUN(max_pool_padding_never_wins);
     RUN(max_pool_ties_match_pytorch);
     RUN(unary_ops_match_reference);
     RUN(unary_ops_match_pytorch);

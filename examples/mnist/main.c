@@ -13,6 +13,12 @@
  * epoch with the test set split across ranks. --max-steps N ends the run after N optimizer steps
  * in all (across epochs and a resume), writing the checkpoint where it stopped.
  *
+ * --device cuda trains on this rank's GPU (cuda:LOCAL_RANK; cuda:N names one, also for ranks
+ * that share it): the graph, the optimizer and the loss scale on the GPU, batches uploaded
+ * ahead on its copy stream from page-locked memory, one process's sweeps replayed as CUDA
+ * graphs; DDP's buckets live on the GPU and go through NCCL (a GPU per rank) or CUDA IPC
+ * (ranks sharing one). Deterministic mode stays on the CPU for now.
+ *
  * --deterministic trains to the same bits at any world size (docs/reproducibility.md): the
  * global batch is --shards fixed shards, each rank runs its shards one by one (batch norm sees
  * one shard's statistics, dropout draws by sample and step), and DDP sums them in one fixed
@@ -51,6 +57,7 @@ typedef struct {
     double dropout;        /* > 0: a dropout layer of this probability before the classifier */
     long checkpoint_every; /* also write the checkpoint every N steps (0: each epoch only) */
     int resume_auto;       /* --resume auto: from --checkpoint when that file exists */
+    const char *device;    /* "cpu", "cuda" (this rank's GPU) or "cuda:N" */
 } options;
 
 static void usage(void) {
@@ -63,7 +70,7 @@ static void usage(void) {
             "             [--loss-scale dynamic|none|N] [--comm-dtype f32|bf16|f16]\n"
             "             [--spawn N]\n"
             "             [--deterministic [--shards S]] [--dropout P] [--checkpoint-every N]\n"
-            "             [--resume auto]\n"
+            "             [--resume auto] [--device cpu|cuda|cuda:N]\n"
             "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n"
             "  --max-steps N  stop after N optimizer steps in all, counted across epochs (and\n"
             "                 across a resume), or at the end of --epochs if that comes first\n");
@@ -83,7 +90,8 @@ static options parse(int argc, char **argv) {
                  .amp_dtype = TD_BF16,
                  .loss_scale = -2, /* unset: dynamic for f16, none for bf16 */
                  .comm_dtype = TD_F32,
-                 .shards = 8};
+                 .shards = 8,
+                 .device = "cpu"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-eval") || !strcmp(a, "--cosine") || !strcmp(a, "--constant-lr") ||
@@ -136,7 +144,11 @@ static options parse(int argc, char **argv) {
             o.checkpoint_every = mnist_int(a, v, 0, LONG_MAX);
         else if (!strcmp(a, "--trace"))
             o.trace = v;
-        else if (!strcmp(a, "--amp")) {
+        else if (!strcmp(a, "--device")) {
+            td_device d;
+            if (td_device_parse(v, &d) != TD_OK) mnist_bad_value(a, v, "cpu, cuda or cuda:N");
+            o.device = v;
+        } else if (!strcmp(a, "--amp")) {
             if (v[0] != 'O' || v[1] < '0' || v[1] > '3' || v[2])
                 mnist_bad_value(a, v, "O0, O1, O2 or O3 (apex's opt levels)");
             o.amp = (td_amp_level)(v[1] - '0');
@@ -194,6 +206,7 @@ typedef struct {
     size_t n_params, n_buffers;
     td_optim *optim;
     td_grad_scaler *scaler; /* NULL without loss scaling */
+    td_device device;       /* where the graphs train */
     td_ddp *ddp;
     td_trace *trace;
     int first_epoch;
@@ -334,6 +347,42 @@ static void build_model(const options *o, td_graph *g, int64_t batch, td_model *
     td_sequential_destroy(s);
 }
 
+/* --device as a device of this rank: "cuda" is cuda:LOCAL_RANK, as torchrun's recipes pick. */
+static td_device train_device(const char *text) {
+    td_device d;
+    CHECK(td_device_parse(text, &d));
+    if (d.type == TD_DEVICE_CPU) return d;
+    int gpus = 0;
+    CHECK(td_cuda_device_count(&gpus));
+    if (!gpus) {
+        fprintf(stderr, "mnist: --device %s: no GPU can be used here: %s\n", text,
+                td_cuda_unavailable());
+        exit(1);
+    }
+    if (!strcmp(text, "cuda")) CHECK(td_device_local(&d));
+    return d;
+}
+
+/* Points (CPU) or copies (GPU, on its stream: the recorded sweeps keep reading the graph's own
+ * memory) `n` samples of the batch, from sample `at` on, into the model's input and labels. */
+static void feed(const trainer *t, const td_model *m, const td_batch *b, size_t at) {
+    size_t sample = (size_t)td_tensor_numel(m->input) / (size_t)td_tensor_shape(m->input).dim[0];
+    if (b->device.type == TD_DEVICE_CPU && t->device.type == TD_DEVICE_CPU) {
+        CHECK(td_tensor_set_data(m->input, b->x + at * sample));
+        CHECK(td_tensor_set_data(m->labels, b->y + at));
+        return;
+    }
+    CHECK(td_tensor_copy_from(m->input, b->device, b->x + at * sample));
+    CHECK(td_tensor_copy_from(m->labels, b->device, b->y + at));
+}
+
+/* The loss of the last forward, wherever the graph computes. */
+static float loss_of(const td_model *m) {
+    float loss;
+    CHECK(td_tensor_read(m->loss, &loss));
+    return loss;
+}
+
 static void setup(trainer *t) {
     t->rank = 0;
     t->world = 1;
@@ -354,12 +403,14 @@ static void setup(trainer *t) {
                 t->opt.batch, t->world, t->world);
         exit(2);
     }
+    t->device = train_device(t->opt.device);
     size_t first, count;
     td_split_even((size_t)t->opt.batch, t->world, t->rank, &first, &count);
     t->local_batch = (int64_t)count;
     t->grad_scale = (float)((double)t->world * (double)count / (double)t->opt.batch);
     t->shard_batch = t->opt.batch / t->opt.shards;
     td_graph_params go = td_graph_default_params();
+    go.device = t->device;
     go.seed = t->opt.seed;
     go.amp.level = t->opt.amp;
     go.amp.dtype = t->opt.amp_dtype;
@@ -428,11 +479,10 @@ static float forward_backward(trainer *t, const td_batch *batch) {
     uint64_t t0 = td_time_ns();
     if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
     /* The batch stays valid until the next td_loader_next: train on it in place. */
-    CHECK(td_tensor_set_data(t->model.input, batch->x));
-    CHECK(td_tensor_set_data(t->model.labels, batch->y));
+    feed(t, &t->model, batch, 0);
     CHECK(td_graph_forward(t->train));
     uint64_t t1 = td_time_ns();
-    float loss = *(float *)td_tensor_data(t->model.loss);
+    float loss = loss_of(&t->model);
     /* The loss is this rank's mean; its share of the global mean has this weight, times the
      * loss scale under mixed precision. */
     float seed = t->grad_scale * (t->scaler ? td_grad_scaler_scale(t->scaler) : 1.0f);
@@ -451,16 +501,14 @@ static float forward_backward(trainer *t, const td_batch *batch) {
  * batch); DDP folds their gradients, buffers and losses into its fixed tree. */
 static float forward_backward_shards(trainer *t, const td_batch *batch, uint64_t step) {
     size_t first, count, b = (size_t)t->shard_batch;
-    size_t sample = (size_t)td_tensor_numel(t->model.input) / b;
     td_ddp_shards(t->ddp, &first, &count);
     for (size_t j = 0; j < count; j++) {
         uint64_t t0 = td_time_ns();
         CHECK(td_ddp_prepare_forward(t->ddp));
-        CHECK(td_tensor_set_data(t->model.input, batch->x + j * b * sample));
-        CHECK(td_tensor_set_data(t->model.labels, batch->y + j * b));
+        feed(t, &t->model, batch, j * b);
         CHECK(td_graph_set_rng_key(t->train, step, (first + j) * b));
         CHECK(td_graph_forward(t->train));
-        td_ddp_set_loss(t->ddp, *(float *)td_tensor_data(t->model.loss));
+        td_ddp_set_loss(t->ddp, loss_of(&t->model));
         CHECK(td_graph_zero_grad(t->train));
         /* every shard's loss is its mean; DDP averages over the shards (and f16 scales it) */
         float seed = t->scaler ? td_grad_scaler_scale(t->scaler) : 1.0f;
@@ -571,6 +619,7 @@ static int train(int rank, int world_size, void *arg) {
     lp.sampler.drop_last = 1; /* the graph is built for one batch size */
     lp.sampler.rank = t.rank;
     lp.sampler.world_size = t.world;
+    lp.device = t.device; /* the test set stays on the host: evaluation copies its batches */
     td_loader *loader = mnist_train_loader(train_set, &lp), *test_loader;
     t.epoch_batches = td_loader_batches_per_epoch(loader);
     t.run_steps = (uint64_t)t.opt.epochs * t.epoch_batches;
@@ -588,10 +637,12 @@ static int train(int rank, int world_size, void *arg) {
         if (t.opt.amp != TD_AMP_O0)
             snprintf(precision, sizeof precision, "amp O%d %s", (int)t.opt.amp,
                      td_dtype_name(t.opt.amp_dtype));
+        char on[32];
+        td_device_format(t.device, on, sizeof on);
         printf("training %s on Fashion-MNIST: %d rank(s), global batch %d, %d epoch(s) of %zu "
-               "steps%s, %s%s\n",
+               "steps%s, %s on %s%s\n",
                td_model_name(t.opt.model), t.world, t.opt.batch, t.opt.epochs, t.epoch_batches,
-               steps, precision, t.first_epoch || t.first_batch ? " (resumed)" : "");
+               steps, precision, on, t.first_epoch || t.first_batch ? " (resumed)" : "");
         if (t.opt.deterministic) {
             /* oneDNN's sums depend on its thread count: the bits match runs with the same one */
             const char *threads = getenv("OMP_NUM_THREADS");
@@ -620,7 +671,7 @@ static int train(int rank, int world_size, void *arg) {
         }
     }
     char digest[65];
-    td_params_sha256(t.params, t.n_params, digest);
+    CHECK(td_params_sha256(t.params, t.n_params, digest));
     if (t.rank == 0 && t.scaler)
         printf("loss scale %g, %lld step(s) skipped for inf/NaN gradients\n",
                (double)td_grad_scaler_scale(t.scaler), (long long)td_grad_scaler_skipped(t.scaler));

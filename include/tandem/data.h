@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "tandem/core.h"
+#include "tandem/device.h"
 #include "tandem/param.h"
 
 #ifdef __cplusplus
@@ -163,9 +164,17 @@ typedef struct {
     int drop_last;             /* drop the final partial batch instead of yielding it short
                                   (sharded: the sampler's drop_last decides) */
     td_sampler_params sampler; /* which indices this rank gets, in which order */
+    td_device device;          /* where batches are handed out (PyTorch's pin_memory plus
+                                  non_blocking copies): on a GPU the prefetch thread fills
+                                  page-locked host memory and uploads the batch on the GPU's
+                                  copy stream while the caller trains on the one before; the
+                                  batch's memory is then on the GPU, and work queued on its
+                                  compute stream after td_loader_next sees it. The CPU by
+                                  default */
 } td_loader_params;
 
-/* batch_size 64, no dropping, the sampler's defaults (rank 0 of 1, shuffled, seed 0). */
+/* batch_size 64, no dropping, the sampler's defaults (rank 0 of 1, shuffled, seed 0), on the
+ * CPU. */
 td_loader_params td_loader_default_params(void);
 
 /* One batch; its memory belongs to the loader and is valid until the next td_loader_next,
@@ -176,6 +185,7 @@ typedef struct {
     size_t size;  /* samples in this batch; 0 marks the end of the epoch */
     size_t index; /* batch number within the epoch */
     uint64_t epoch;
+    td_device device; /* where x and y are (the loader's device) */
 } td_batch;
 
 /* Yields per-rank batches of a dataset, filling the next batch on a prefetch thread

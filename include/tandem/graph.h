@@ -83,10 +83,17 @@ typedef struct {
                                  point into device memory (td_tensor_read and td_tensor_write
                                  copy either way). Creating a graph on a GPU that cannot be
                                  used here fails naming why. */
+    int cuda_graphs;          /* 1 (default): on a GPU, a forward or backward run a second time
+                                 the same way is recorded as a CUDA graph and later ones are
+                                 replays of it (td_graph_replays); 0: every op is launched
+                                 on its own each time */
+    int allow_tf32;           /* 1: f32 matmuls and convolutions on a GPU may round their inputs
+                                 to TF32 on tensor cores (PyTorch's allow_tf32); 0 (default):
+                                 full f32 */
 } td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no
- * process group, plain batch norm, the CPU. */
+ * process group, plain batch norm, the CPU, CUDA graphs on, TF32 off. */
 td_graph_params td_graph_default_params(void);
 
 /* Creates an empty graph in training mode; params may be NULL for the defaults. */
@@ -308,6 +315,11 @@ void td_graph_set_grad_ready_hook(td_graph *g, td_grad_ready_fn fn, void *ctx);
 /* Makes `dst` use `src`'s parameter and buffer storage (same names, shapes, order), e.g.
  * an eval graph of another batch size that always sees the training weights. */
 td_status td_graph_share_params(td_graph *dst, td_graph *src);
+
+/* How many forward and backward sweeps ran as replays of a recording (CUDA graphs on a GPU;
+ * always 0 on the CPU or with cuda_graphs off); *why_not (may be NULL) says why recording was
+ * given up, or is NULL while it is on. */
+size_t td_graph_replays(const td_graph *g, const char **why_not);
 
 /* Bytes of activation/gradient memory the graph holds (arena high-water mark). */
 size_t td_graph_memory_bytes(const td_graph *g);

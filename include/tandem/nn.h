@@ -143,12 +143,14 @@ typedef enum { TD_RESNET_BASIC = 0, TD_RESNET_BOTTLENECK = 1 } td_resnet_block;
 
 #define TD_RESNET_MAX_STAGES 6
 
-/* A ResNet for small images; fill with td_resnet_default_params. The stem is a 3x3 stride-1
- * convolution to base_width channels + batch norm + ReLU (no max pool: 28x28 inputs are small
- * already); stage i (torchvision's layer<i+1>) has blocks[i] blocks of base_width * 2^i
- * planes, striding by 2 from the second stage on; then global average pooling and a linear
- * classifier. Convolutions are bias-free and kaiming_normal(fan_out) initialised, batch norms
- * start at weight 1, bias 0, as in torchvision. */
+/* A ResNet; fill with td_resnet_default_params (small images) or td_resnet_torchvision_params
+ * (ImageNet). The stem is a convolution to base_width channels + batch norm + ReLU: 3x3
+ * stride 1 with no max pool (28x28 inputs are small already), or with imagenet_stem
+ * torchvision's 7x7 stride 2 + max pool 3x3 stride 2 (a quarter of the side); stage i
+ * (torchvision's layer<i+1>) has blocks[i] blocks of base_width * 2^i planes, striding by 2 from
+ * the second stage on; then global average pooling and a linear classifier. Convolutions are
+ * bias-free and kaiming_normal(fan_out) initialised, batch norms start at weight 1, bias 0, as in
+ * torchvision. */
 typedef struct {
     td_resnet_block block;
     int stages;                       /* 1 .. TD_RESNET_MAX_STAGES */
@@ -156,11 +158,19 @@ typedef struct {
     int64_t base_width;               /* channels of the stem and of stage 1's planes */
     int64_t in_channels, image_size;  /* input (in_channels, image_size, image_size) */
     int64_t classes;
+    int imagenet_stem; /* 0: conv1 3x3 stride 1; 1: conv1 7x7 stride 2 pad 3 + maxpool 3/2/1 */
 } td_resnet_params;
 
-/* BasicBlock, 4 stages of [1, 1, 1, 1] blocks, base width 16, 1 x 28 x 28 inputs, 10 classes:
- * 308,538 parameters; an epoch of Fashion-MNIST takes about a minute on one core. */
+/* BasicBlock, 4 stages of [1, 1, 1, 1] blocks, base width 16, 1 x 28 x 28 inputs, 10 classes,
+ * small-image stem: 308,538 parameters; an epoch of Fashion-MNIST takes about a minute on one
+ * core. */
 td_resnet_params td_resnet_default_params(void);
+
+/* torchvision's resnet<depth>() for depth 18, 34 (BasicBlock [2,2,2,2], [3,4,6,3]), 50, 101,
+ * 152 (Bottleneck [3,4,6,3], [3,4,23,3], [3,8,36,3]): base width 64, 3 x 224 x 224 inputs,
+ * 1000 classes, the ImageNet stem; the same parameter count and state_dict names (less
+ * num_batches_tracked). Any other depth is TD_EINVAL naming it; *out is then unchanged. */
+td_status td_resnet_torchvision_params(int depth, td_resnet_params *out);
 
 /* The ResNet as layers named like torchvision's modules: "stem" (parameters conv1, bn1),
  * one layer per block "layer<i>.<j>" (parameters "layer<i>.<j>.conv1.weight", ...,

@@ -27,8 +27,9 @@ typedef struct {
 } td_param;
 
 /* SHA-256 of the data bytes of params[0..n) in order, as 64 lower-case hex digits and a NUL:
- * two runs that trained to the same bits print the same digest. */
-void td_params_sha256(const td_param *params, size_t n, char hex[65]);
+ * two runs that trained to the same bits print the same digest, on any device (parameters on
+ * a GPU are read through a host copy, which is what can fail). */
+td_status td_params_sha256(const td_param *params, size_t n, char hex[65]);
 
 #ifdef __cplusplus
 }

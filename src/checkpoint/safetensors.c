@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "tandem/checkpoint.h"
+#include "tandem/device.h"
 
 #include "checkpoint/json_impl.h"
 #include "checkpoint/temporary_impl.h"
@@ -137,6 +138,23 @@ static int write_all(int fd, const void *data, size_t len) {
     return 1;
 }
 
+/* A tensor's bytes into fd; one on a GPU goes through a host copy. NULL, or what failed. */
+static const char *write_tensor(int fd, const td_param *t) {
+    size_t bytes = t->count * td_dtype_size(t->dtype);
+    if (t->device.type == TD_DEVICE_CPU)
+        return write_all(fd, t->data, bytes) ? NULL : "writing tensor data";
+    void *host = malloc(bytes ? bytes : 1);
+    const char *what = NULL;
+    if (!host)
+        what = "allocating a host copy of a GPU tensor";
+    else if (td_device_copy(td_device_cpu(), host, t->device, t->data, bytes) != TD_OK)
+        what = "copying a tensor from its GPU";
+    else if (!write_all(fd, host, bytes))
+        what = "writing tensor data";
+    free(host);
+    return what;
+}
+
 static td_status check_save_args(const char *path, const td_param *t, size_t n,
                                  const td_checkpoint_meta *meta, size_t n_meta) {
     if (!path) return td__fail(TD_EINVAL, "td_checkpoint_save: path is NULL");
@@ -246,9 +264,7 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
     const char *what = NULL;
     if (!write_all(fd, len8, 8) || !write_all(fd, h.s, h.len)) what = "writing the header";
-    for (size_t i = 0; i < n && !what; i++)
-        if (!write_all(fd, t[i].data, t[i].count * td_dtype_size(t[i].dtype)))
-            what = "writing tensor data";
+    for (size_t i = 0; i < n && !what; i++) what = write_tensor(fd, &t[i]);
     if (!what && fchmod(fd, 0644) != 0) what = "fchmod";
     if (!what && fsync(fd) != 0) what = "fsync";
     int saved_errno = errno;
@@ -652,6 +668,23 @@ static const entry *find(const td_checkpoint *c, const char *name) {
     return NULL;
 }
 
+/* Entry e's bytes into t's buffer; one on a GPU through a host copy. */
+static td_status read_tensor(const td_checkpoint *c, const entry *e, td_param *t) {
+    size_t bytes = (size_t)(e->end - e->begin);
+    int on_host = t->device.type == TD_DEVICE_CPU;
+    void *buf = on_host ? t->data : malloc(bytes ? bytes : 1);
+    if (!buf)
+        return td__fail(TD_ENOMEM, "%s: tensor %s: no memory for a host copy", c->path, t->name);
+    td_status st = TD_OK;
+    if (!read_exact(c->fd, buf, bytes, c->data_start + e->begin))
+        st = td__fail(TD_EIO, "%s: tensor %s: read failed (file changed while open?)", c->path,
+                      t->name);
+    if (st == TD_OK && !on_host)
+        st = td_device_copy(t->device, t->data, td_device_cpu(), buf, bytes);
+    if (!on_host) free(buf);
+    return st;
+}
+
 td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
     if (!c || (!t && n))
         return td__fail(TD_EINVAL, "td_checkpoint_read: checkpoint and tensors must not be NULL");
@@ -680,12 +713,7 @@ td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
         if (!t[i].data && e->count)
             return td__fail(TD_EINVAL, "%s: tensor %s has no data buffer", c->path, t[i].name);
     }
-    for (size_t i = 0; i < n; i++) {
-        const entry *e = find(c, t[i].name);
-        if (!read_exact(c->fd, t[i].data, (size_t)(e->end - e->begin), c->data_start + e->begin))
-            return td__fail(TD_EIO, "%s: tensor %s: read failed (file changed while open?)",
-                            c->path, t[i].name);
-    }
+    for (size_t i = 0; i < n; i++) TD__TRY(read_tensor(c, find(c, t[i].name), &t[i]));
     return TD_OK;
 }
 

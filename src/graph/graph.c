@@ -16,7 +16,9 @@ td_graph_params td_graph_default_params(void) {
                          .amp = {.level = TD_AMP_O0, .dtype = TD_BF16, .emulate = 0},
                          .comm = NULL,
                          .sync_batch_norm = 0,
-                         .device = {TD_DEVICE_CPU, 0}};
+                         .device = {TD_DEVICE_CPU, 0},
+                         .cuda_graphs = 1,
+                         .allow_tf32 = 0};
     return p;
 }
 
@@ -44,6 +46,7 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     g->ctx.comm = g->opt.comm;
     g->ctx.params_ready = params_ready;
     g->ctx.device = g->opt.device;
+    g->ctx.allow_tf32 = g->opt.allow_tf32;
     td_status s = td__backend_for(g->opt.device, "td_graph_create", &g->ctx.backend);
     if (s == TD_OK) s = g->ctx.backend->init(&g->ctx, "td_graph_create");
     if (s == TD_OK)
@@ -74,6 +77,8 @@ void td_graph_destroy(td_graph *g) {
         if (t->kind != TD__ACT && (own < storage || own >= storage + g->storage_bytes)) free(own);
         free(t);
     }
+    td__graph_records_free(g);
+    free(g->dy_host);
     if (g->storage) g->ctx.backend->free(&g->ctx, g->storage);
     free(g->nodes);
     free(g->tensors);
@@ -249,6 +254,12 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
     if (g->compiled) return td__fail(TD_ESTATE, "%s: the graph is already compiled", what);
     if (nin < 1 || nin > TD__MAX_IN)
         return td__fail(TD_EINVAL, "%s: %d inputs (1 to %d)", what, nin, TD__MAX_IN);
+    if (!td__kernels_of(&g->ctx, op)) {
+        char dev[32];
+        td_device_format(g->opt.device, dev, sizeof dev);
+        return td__fail(TD_EUNSUPPORTED, "%s: no kernels for it on %s (the %s backend) yet", what,
+                        dev, g->ctx.backend->name);
+    }
     TD__TRY(check_input(g, ins[0], what));
     for (int i = 1; i < nin; i++)
         if (ins[i]) TD__TRY(check_input(g, ins[i], what));
@@ -286,27 +297,42 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
 }
 
 void td__graph_sync_storage(td_graph *g) {
+    int moved = 0;
     for (int i = 0; i < g->nparams; i++) {
         td_tensor *t = g->param_t[i];
-        if (g->params[i].data && g->params[i].data != t->data) t->data = g->params[i].data;
-        if (g->params[i].grad && g->params[i].grad != t->grad) t->grad = g->params[i].grad;
+        if (g->params[i].data && g->params[i].data != t->data)
+            t->data = g->params[i].data, moved = 1;
+        if (g->params[i].grad && g->params[i].grad != t->grad)
+            t->grad = g->params[i].grad, moved = 1;
     }
     for (int i = 0; i < g->nbuffers; i++) {
         td_tensor *t = g->buffer_t[i];
-        if (g->buffers[i].data && g->buffers[i].data != t->data) t->data = g->buffers[i].data;
+        if (g->buffers[i].data && g->buffers[i].data != t->data)
+            t->data = g->buffers[i].data, moved = 1;
     }
+    g->storage_gen += moved;
+}
+
+static td_status forward_nodes(td_graph *g, const void *arg) {
+    (void)arg;
+    for (int k = 0; k < g->nnodes; k++) {
+        td__node *n = g->nodes[k];
+        TD__TRY(td__kernels_of(&g->ctx, n->op)->forward(&g->ctx, n));
+    }
+    return TD_OK;
 }
 
 td_status td_graph_forward(td_graph *g) {
     if (!g) return td__fail(TD_EINVAL, "td_graph_forward: graph is NULL");
     if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_forward: call td_graph_compile first");
     td__graph_sync_storage(g);
-    g->ctx.rng_sample_offset = 0;
     for (int k = 0; k < g->nnodes; k++) {
-        td__node *n = g->nodes[k];
-        TD__TRY(td__kernels_of(&g->ctx, n->op)->forward(&g->ctx, n));
+        const td__kernels *kern = td__kernels_of(&g->ctx, g->nodes[k]->op);
+        if (kern->check) TD__TRY(kern->check(&g->ctx, g->nodes[k]));
     }
-    return TD_OK;
+    g->ctx.rng_sample_offset = 0;
+    if (g->ctx.backend->forward_begin) TD__TRY(g->ctx.backend->forward_begin(&g->ctx));
+    return td__graph_sweep(g, NULL, forward_nodes, NULL);
 }
 
 static void fire(td_graph *g, int i) {
@@ -330,6 +356,15 @@ static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only) {
     }
 }
 
+/* What a backward sweep starts from: y and its upstream gradient, f32, where the device reads
+ * it. */
+typedef struct {
+    td_tensor *y;
+    const float *dy;
+} backward_args;
+
+static td_status backward_nodes(td_graph *g, const void *arg);
+
 td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     if (!g || !y || !dy) return td__fail(TD_EINVAL, "td_graph_backward: NULL argument");
     if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_backward: call td_graph_compile first");
@@ -350,20 +385,39 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
                             "or in place); start from the ReLU's output",
                             y->name);
     td__graph_sync_storage(g);
-    for (int i = 0; i < g->ntensors; i++)
-        if (g->tensors[i]->kind == TD__ACT) g->tensors[i]->grad_zero = 1;
-    void *d = td__grad_begin(&g->ctx, y, 0);
     size_t numel = (size_t)td_shape_numel(&y->shape);
-    const td__backend *be = g->ctx.backend;
-    if (g->opt.device.type != TD_DEVICE_CPU) { /* dy comes from host memory */
+    if (g->opt.device.type != TD_DEVICE_CPU) {
+        /* dy goes to the device ahead of the sweep (which may be a replay that reads it there),
+         * from a pageable copy so that the caller may reuse its buffer at once. */
         if (numel * sizeof(float) > g->ctx.scratch_bytes)
             return td__fail(TD_EUNSUPPORTED,
                             "td_graph_backward: '%s' (%zu elements) is larger than the graph's "
                             "scratch for an f32 gradient",
                             y->name, numel);
-        TD__TRY(be->upload(&g->ctx, g->ctx.scratch[1], dy, numel * sizeof(float)));
+        if (g->dy_host_count < numel) {
+            float *h = realloc(g->dy_host, numel * sizeof *h);
+            if (!h) return td__fail(TD_ENOMEM, "td_graph_backward: out of memory");
+            g->dy_host = h;
+            g->dy_host_count = numel;
+        }
+        memcpy(g->dy_host, dy, numel * sizeof *dy);
+        TD__TRY(g->ctx.backend->upload_async(&g->ctx, g->ctx.scratch[1], g->dy_host,
+                                             numel * sizeof *dy));
         dy = g->ctx.scratch[1];
     }
+    backward_args a = {y, dy};
+    return td__graph_sweep(g, y, backward_nodes, &a);
+}
+
+static td_status backward_nodes(td_graph *g, const void *arg) {
+    const backward_args *a = arg;
+    td_tensor *y = a->y;
+    const float *dy = a->dy;
+    for (int i = 0; i < g->ntensors; i++)
+        if (g->tensors[i]->kind == TD__ACT) g->tensors[i]->grad_zero = 1;
+    void *d = td__grad_begin(&g->ctx, y, 0);
+    size_t numel = (size_t)td_shape_numel(&y->shape);
+    const td__backend *be = g->ctx.backend;
     if (y->blocked) /* f32 plain -> y's dtype and layout in one copy */
         TD__TRY(be->copy_plain(&g->ctx, y, dy, d, TD_F32, 0));
     else

@@ -6,7 +6,10 @@
  *
  * Scalars follow PyTorch: hyperparameters and bias corrections are computed in double (as
  * Python floats) and cast to float where PyTorch passes them into a float kernel. It does
- * not handle sparse gradients, amsgrad, maximize or per-group hyperparameters. */
+ * not handle sparse gradients, amsgrad, maximize or per-group hyperparameters.
+ *
+ * Parameters on a GPU (a graph placed there) keep their optimizer state on that GPU too, and
+ * a step is one multi-tensor launch (src/device/multi_tensor.h) with the same arithmetic. */
 #include "tandem/optim.h"
 
 #include <math.h>
@@ -15,6 +18,7 @@
 #include <string.h>
 
 #include "core/core_impl.h"
+#include "device/device_impl.h"
 
 /* The update loops are the hot part and -O2's cheapest vectorizer cost model leaves them
  * scalar. (AdamW's sqrtf vectorizes only when the build passes -fno-math-errno.) */
@@ -39,7 +43,11 @@ struct td_optim {
     float **master;  /* (n) f32 master weights of low-precision parameters, or NULL */
     td_param *state; /* (n_state) */
     size_t n_state;
-    char **names; /* (n_state) owned strings behind state[].name */
+    char **names;      /* (n_state) owned strings behind state[].name */
+    td_device device;  /* where every parameter, gradient and buffer lives */
+    td__mt_tensor *mt; /* (n) the multi-tensor list of a step on a GPU */
+    void *mt_scratch;  /* its device copy (multi_tensor.h) */
+    size_t mt_scratch_bytes;
 };
 
 td_sgd_params td_sgd_default_params(void) {
@@ -58,13 +66,31 @@ td_adamw_params td_adamw_default_params(void) {
     return p;
 }
 
+/* Zeroed f32 state on the optimizer's device. */
+static td_status state_alloc(td_optim *o, size_t count, float **out) {
+    size_t bytes = (count ? count : 1) * sizeof(float);
+    if (o->device.type == TD_DEVICE_CPU) {
+        *out = calloc(1, bytes);
+        return *out ? TD_OK : TD_ENOMEM;
+    }
+    *out = NULL;
+    TD__TRY(td_device_alloc(o->device, bytes, (void **)out));
+    return td__device_memset(o->device, *out, 0, bytes, "optimizer state");
+}
+
+static void state_free(td_optim *o, float *p) {
+    if (p) td_device_free(o->device, p);
+}
+
 void td_optim_destroy(td_optim *o) {
     if (!o) return;
     for (size_t i = 0; i < o->n; i++) {
-        if (o->buf1) free(o->buf1[i]);
-        if (o->buf2) free(o->buf2[i]);
-        if (o->master) free(o->master[i]);
+        if (o->buf1) state_free(o, o->buf1[i]);
+        if (o->buf2) state_free(o, o->buf2[i]);
+        if (o->master) state_free(o, o->master[i]);
     }
+    if (o->mt_scratch) td_device_free(o->device, o->mt_scratch);
+    free(o->mt);
     free(o->master);
     for (size_t i = 0; i < o->n_state; i++) free(o->names[i]);
     free(o->names);
@@ -80,6 +106,13 @@ static td_status check_params(const char *who, const td_param *params, size_t n)
     for (size_t i = 0; i < n; i++) {
         const td_param *p = &params[i];
         if (!p->name) return td__fail(TD_EINVAL, "%s: params[%zu] has no name", who, i);
+        if (p->device.type != params[0].device.type || p->device.index != params[0].device.index) {
+            char a[32], b[32];
+            td_device_format(params[0].device, a, sizeof a);
+            td_device_format(p->device, b, sizeof b);
+            return td__fail(TD_EINVAL, "%s: parameter %s is on %s but %s is on %s: one device", who,
+                            p->name, b, params[0].name, a);
+        }
         if (!td__is_float(p->dtype))
             return td__fail(TD_EDTYPE, "%s: parameter %s is %s, expected f32, bf16 or f16", who,
                             p->name, td_dtype_name(p->dtype));
@@ -105,6 +138,7 @@ static td_status add_state(td_optim *o, const char *param_name, const char *suff
         snprintf(name, len, "optim.%s", suffix);
     td_param *s = &o->state[o->n_state];
     memset(s, 0, sizeof *s);
+    s->device = dtype == TD_F32 ? o->device : td_device_cpu(); /* the step counts stay here */
     o->names[o->n_state] = name;
     o->n_state++;
     s->name = name;
@@ -124,6 +158,7 @@ static td_status create_common(td_optim **out, int kind, td_param *params, size_
     o->kind = kind;
     o->params = params;
     o->n = n;
+    o->device = n ? params[0].device : td_device_cpu();
     o->steps = calloc(n ? n : 1, sizeof *o->steps);
     o->buf1 = calloc(n ? n : 1, sizeof *o->buf1);
     o->buf2 = calloc(n ? n : 1, sizeof *o->buf2);
@@ -139,9 +174,8 @@ static td_status create_common(td_optim **out, int kind, td_param *params, size_
     if ((st = add_state(o, "", "step", o->steps, n, TD_I64, 1, nshape)) != TD_OK) goto fail;
     for (size_t i = 0; i < n && nbufs > 0; i++) {
         size_t c = params[i].count;
-        o->buf1[i] = calloc(c ? c : 1, sizeof(float));
-        if (nbufs > 1) o->buf2[i] = calloc(c ? c : 1, sizeof(float));
-        if (!o->buf1[i] || (nbufs > 1 && !o->buf2[i])) {
+        if (state_alloc(o, c, &o->buf1[i]) != TD_OK ||
+            (nbufs > 1 && state_alloc(o, c, &o->buf2[i]) != TD_OK)) {
             st = td__fail(TD_ENOMEM, "optimizer: cannot allocate state for %s (%zu floats)",
                           params[i].name, c);
             goto fail;
@@ -158,14 +192,24 @@ static td_status create_common(td_optim **out, int kind, td_param *params, size_
     for (size_t i = 0; i < n; i++) {
         if (params[i].dtype == TD_F32) continue;
         size_t c = params[i].count;
-        o->master[i] = malloc((c ? c : 1) * sizeof(float));
-        if (!o->master[i]) {
+        if (state_alloc(o, c, &o->master[i]) != TD_OK) {
             st =
                 td__fail(TD_ENOMEM, "optimizer: cannot allocate master weights for %s (%zu floats)",
                          params[i].name, c);
             goto fail;
         }
-        td__convert(o->master[i], TD_F32, params[i].data, params[i].dtype, c);
+        if (o->device.type == TD_DEVICE_CPU) {
+            td__convert(o->master[i], TD_F32, params[i].data, params[i].dtype, c);
+        } else {
+            td__mt_args a = {.op = TD__MT_MASTER_INIT};
+            td__mt_tensor t = {.param = params[i].data,
+                               .master = o->master[i],
+                               .count = c,
+                               .dtype = (int32_t)params[i].dtype};
+            st = td__device_multi_tensor(o->device, &a, &t, 1, &o->mt_scratch, &o->mt_scratch_bytes,
+                                         NULL, "optimizer");
+            if (st != TD_OK) goto fail;
+        }
         st = add_state(o, params[i].name, "master", o->master[i], c, TD_F32, params[i].ndim,
                        params[i].shape);
         if (st != TD_OK) goto fail;
@@ -318,15 +362,62 @@ static void adamw_step(td_optim *o, size_t i) {
     }
 }
 
+/* Every parameter's update in one launch on the optimizer's GPU; the step counts stay on the
+ * host, which also computes each parameter's scalars as adamw_update does. */
+static td_status device_step(td_optim *o) {
+    if (!o->mt && !(o->mt = calloc(o->n ? o->n : 1, sizeof *o->mt)))
+        return td__fail(TD_ENOMEM, "td_optim_step: out of memory");
+    td__mt_args a = {.op = o->kind == KIND_SGD ? TD__MT_SGD : TD__MT_ADAMW};
+    if (o->kind == KIND_SGD) {
+        a.neg_lr = (float)(-o->lr);
+        a.weight_decay = (float)o->sgd.weight_decay;
+        a.momentum = (float)o->sgd.momentum;
+        a.keep = (float)(1.0 - o->sgd.dampening);
+        a.nesterov = o->sgd.nesterov;
+    } else {
+        const td_adamw_params *hp = &o->adamw;
+        a.decay = (float)(1.0 - o->lr * hp->weight_decay);
+        a.beta1 = (float)hp->beta1;
+        a.beta2 = (float)hp->beta2;
+        a.one_b1 = (float)(1.0 - hp->beta1);
+        a.one_b2 = (float)(1.0 - hp->beta2);
+        a.eps = (float)hp->eps;
+    }
+    for (size_t i = 0; i < o->n; i++) {
+        td_param *p = &o->params[i];
+        td__mt_tensor *t = &o->mt[i];
+        *t = (td__mt_tensor){.param = p->data,
+                             .grad = p->grad,
+                             .buf1 = o->buf1[i],
+                             .buf2 = o->buf2[i],
+                             .master = o->master[i],
+                             .count = p->count,
+                             .dtype = (int32_t)p->dtype,
+                             .first = o->steps[i] == 0};
+        if (!p->grad) continue;
+        o->steps[i]++;
+        if (o->kind == KIND_ADAMW) {
+            double bc1 = 1.0 - pow(o->adamw.beta1, (double)o->steps[i]);
+            double bc2 = 1.0 - pow(o->adamw.beta2, (double)o->steps[i]);
+            t->neg_step = (float)(-(o->lr / bc1));
+            t->bc2_sqrt = (float)sqrt(bc2);
+        }
+    }
+    return td__device_multi_tensor(o->device, &a, o->mt, o->n, &o->mt_scratch, &o->mt_scratch_bytes,
+                                   NULL, "td_optim_step");
+}
+
 td_status td_optim_step(td_optim *o) {
     if (!o) return td__fail(TD_EINVAL, "td_optim_step: optimizer is NULL");
+    for (size_t i = 0; i < o->n; i++)
+        if (o->params[i].grad && o->steps[i] < 0)
+            return td__fail(TD_ESTATE,
+                            "td_optim_step: optim.step of %s is %lld (a bad checkpoint?)",
+                            o->params[i].name, (long long)o->steps[i]);
+    if (o->device.type != TD_DEVICE_CPU) return device_step(o);
     for (size_t i = 0; i < o->n; i++) {
         td_param *p = &o->params[i];
         if (!p->grad) continue;
-        if (o->steps[i] < 0)
-            return td__fail(TD_ESTATE,
-                            "td_optim_step: optim.step of %s is %lld (a bad checkpoint?)", p->name,
-                            (long long)o->steps[i]);
         if (o->kind == KIND_SGD) {
             sgd_update(&o->sgd, o->lr, p, o->master[i], o->buf1[i], o->steps[i] == 0);
             o->steps[i]++;
@@ -342,7 +433,9 @@ void td_optim_zero_grad(td_optim *o) {
     if (!o) return;
     for (size_t i = 0; i < o->n; i++)
         if (o->params[i].grad)
-            memset(o->params[i].grad, 0, o->params[i].count * td_dtype_size(o->params[i].dtype));
+            td__device_memset(o->device, o->params[i].grad, 0,
+                              o->params[i].count * td_dtype_size(o->params[i].dtype),
+                              "td_optim_zero_grad");
 }
 
 void td_optim_parameters(const td_optim *o, td_param **params, size_t *n) {

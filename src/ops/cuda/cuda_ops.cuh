@@ -10,17 +10,27 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cudnn.h>
 
 #include "device/cuda/runtime.cuh"
 #include "ops/backend.h"
+
+/* The dropout RNG's position at the start of a forward, as the device reads it: the host's
+ * td_rng (seed, offset) and the sample key of td_graph_set_rng_key (step, first_sample). */
+typedef struct {
+    uint64_t seed, offset, step, first_sample;
+} td__gpu_rng_key;
 
 /* A GPU graph's handles (td__op_ctx.be). */
 typedef struct {
     td_device device;
     cudaStream_t stream; /* the device's compute stream */
     cublasLtHandle_t lt;
-    void *workspace; /* cuBLASLt's, from the device's caching allocator */
+    cudnnHandle_t dnn; /* on `stream` */
+    void *workspace;   /* cuBLASLt's and cuDNN's, from the device's caching allocator */
     size_t workspace_bytes;
+    td__gpu_rng_key *rng_key; /* on the device, written before each forward */
+    uint64_t forward_offset;  /* the host's rng offset when the forward began */
 } td__gpu;
 
 static inline td__gpu *td__gpu_of(const td__op_ctx *ctx) { return (td__gpu *)ctx->be; }
@@ -33,6 +43,42 @@ static inline td__gpu *td__gpu_of(const td__op_ctx *ctx) { return (td__gpu *)ctx
             return td__host->fail(TD_EBACKEND, "%s failed: %s", #call,                         \
                                   cublasLtGetStatusString(td_b_));                             \
     } while (0)
+
+/* Returns the host's td_status naming the call, cuDNN's status and its last message when a
+ * cuDNN call fails. */
+#define TD__CUDNN(call)                                                                        \
+    do {                                                                                       \
+        cudnnStatus_t td_d_ = (call);                                                          \
+        if (td_d_ != CUDNN_STATUS_SUCCESS) {                                                   \
+            char td_m_[256] = "";                                                              \
+            cudnnGetLastErrorString(td_m_, sizeof td_m_);                                      \
+            return td__host->fail(TD_EBACKEND, "%s failed: %s%s%s%s", #call,                   \
+                                  cudnnGetErrorString(td_d_), td_m_[0] ? " (" : "", td_m_,     \
+                                  td_m_[0] ? ")" : "");                                        \
+        }                                                                                      \
+    } while (0)
+
+/* cuDNN's name for a float dtype (f32, bf16, f16); other dtypes fail naming `what`. */
+static inline td_status td__cudnn_dtype(td_dtype dt, cudnnDataType_t *out, const char *what) {
+    if (dt != TD_F32 && dt != TD_BF16 && dt != TD_F16)
+        return td__host->fail(TD_EDTYPE, "%s: dtype %d on a GPU (f32, bf16 or f16)", what,
+                              (int)dt);
+    *out = dt == TD_BF16 ? CUDNN_DATA_BFLOAT16 : dt == TD_F16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+    return TD_OK;
+}
+
+/* Creates *d describing t, (N, C, H, W) in t's dtype, as plain NCHW. */
+static inline td_status td__cudnn_nchw(cudnnTensorDescriptor_t *d, const td_tensor *t,
+                                       const char *what) {
+    cudnnDataType_t dt;
+    td_status s = td__cudnn_dtype(t->dtype, &dt, what);
+    if (s != TD_OK) return s;
+    const int64_t *n = t->shape.dim;
+    TD__CUDNN(cudnnCreateTensorDescriptor(d));
+    TD__CUDNN(cudnnSetTensor4dDescriptor(*d, CUDNN_TENSOR_NCHW, dt, (int)n[0], (int)n[1],
+                                         (int)n[2], (int)n[3]));
+    return TD_OK;
+}
 
 /* After a launch: a bad configuration fails here, naming the op. */
 #define TD__LAUNCHED(what)                                                                     \
@@ -54,6 +100,25 @@ static inline unsigned td__blocks(size_t n) {
 #define TD__GRID_STRIDE(i, n)                                                                  \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                    \
          i += (size_t)gridDim.x * blockDim.x)
+
+/* Sum (or maximum) of v over a block of TD__THREADS threads, in a fixed tree, so the result
+ * does not depend on timing; every thread gets it. */
+template <typename A> __device__ __forceinline__ A td__block_reduce(A v, int is_max) {
+    __shared__ A buf[TD__THREADS];
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = TD__THREADS / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) {
+            A o = buf[threadIdx.x + half];
+            buf[threadIdx.x] = is_max ? (o > buf[threadIdx.x] ? o : buf[threadIdx.x])
+                                      : buf[threadIdx.x] + o;
+        }
+        __syncthreads();
+    }
+    A r = buf[0];
+    __syncthreads();
+    return r;
+}
 
 /* Elements as f32, whatever their dtype (bf16 and f16 round to nearest even on store). */
 template <typename T> __device__ __forceinline__ float td_ld(const T *p, size_t i);
@@ -123,7 +188,9 @@ td_status td__cuda_add_into(td__op_ctx *ctx, void *y, td_dtype yt, const void *x
 
 /* The kernels of each op on a GPU (one file per op family). */
 extern const td__kernels td__cuda_linear, td__cuda_eltwise, td__cuda_add, td__cuda_scale,
-    td__cuda_cast, td__cuda_reshape, td__cuda_softmax, td__cuda_nll;
+    td__cuda_cast, td__cuda_reshape, td__cuda_softmax, td__cuda_nll, td__cuda_dropout,
+    td__cuda_concat, td__cuda_normalize;
+extern const td__kernels td__cuda_conv2d, td__cuda_pool2d, td__cuda_batch_norm;
 
 extern const td__backend td__backend_cuda;
 
