@@ -319,8 +319,14 @@ int main(int argc, char **argv) {
     tr_restart restart = {opts.max_restarts, 0, opts.restart_nproc};
     for (;;) {
         int failed, next;
+        char why[256];
         rc = tr_run_job(&opts, &failed);
-        if (tr_interrupted() || !tr_restart_next(&restart, failed, opts.nproc, &next)) break;
+        if (tr_interrupted()) break;
+        if (!tr_restart_next(&restart, failed, opts.nproc, &next, why, sizeof why)) {
+            if (*why)
+                fprintf(stderr, "tandemrun: not restarting: %s; exiting with status %d\n", why, rc);
+            break;
+        }
         fprintf(stderr, "tandemrun: restart %d of %d after rank %d failed: starting %d rank%s\n",
                 restart.done, restart.max_restarts, failed, next, next == 1 ? "" : "s");
         opts.nproc = next;

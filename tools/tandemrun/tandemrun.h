@@ -49,8 +49,10 @@ typedef struct {
 
 /* After a run of `nproc` ranks ended with rank `failed_rank` failing first (-1: none failed, as
  * when it finished, was interrupted or timed out): 1 when the job starts again, with
- * *next_nproc ranks (the restart is counted), else 0. */
-int tr_restart_next(tr_restart *r, int failed_rank, int nproc, int *next_nproc);
+ * *next_nproc ranks (the restart is counted); else 0, and when restarts were asked for and a
+ * rank failed, why none follows in `why` (else it is empty). */
+int tr_restart_next(tr_restart *r, int failed_rank, int nproc, int *next_nproc, char *why,
+                    size_t cap);
 
 /* One captured output stream of a rank (stdout or stderr). */
 typedef struct {
