@@ -1,5 +1,5 @@
 /* td_spawn: forks the calling program's ranks, gives each the env contract and its cores,
- * runs the entry function and supervises the job with the same core as tandemrun (job.c).
+ * runs the entry function and supervises the job with a td_job, as tandemrun does (job.c).
  * The ranks stay in the caller's process group, so a Ctrl-C at the terminal reaches them too,
  * and die with the caller (PR_SET_PDEATHSIG). It installs no signal handlers. */
 #include "tandem/spawn.h"

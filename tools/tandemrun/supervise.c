@@ -4,13 +4,13 @@
  * reaches the rank and anything it started, and so that the terminal's Ctrl-C reaches
  * only the launcher, which forwards it once). Children die with the launcher
  * (PR_SET_PDEATHSIG) even if it is killed outright. One loop polls the ranks' output
- * pipes and a self-pipe fed by the signal handlers; the library's job core (src/launch, shared
- * with td_spawn) reaps the ranks and, when one fails, gives the others SIGTERM and, after the
+ * pipes and a self-pipe fed by the signal handlers; a td_job (tandem/launch.h, what td_spawn
+ * is built on too) reaps the ranks and, when one fails, gives the others SIGTERM and, after the
  * grace period, SIGKILL. The final report names a rank that is stopped (SIGSTOP) as the one
  * the others waited for. In a job across hosts (--nnodes) the nodes meet first (rendezvous.c),
  * ranks are numbered node by node, the first failure on any node ends the job on every node,
- * and reports name the host. It runs one start of the job:
- * restarts after a failure are main.c's loop around it, on one node. */
+ * and reports name the host. It runs one start of the job: restarts after a failure are
+ * main.c's loop around it (restart.c), on one node. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
