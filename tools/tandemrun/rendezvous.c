@@ -196,9 +196,10 @@ int tr_rdzv_join(const tr_options *o, int wake_fd, int sig_fd, tr_rdzv *z) {
             fprintf(stderr, "tandemrun: signal %d during the rendezvous; leaving\n", sig);
             return 128 + sig;
         }
+        char missing[256];
+        int k = s == TD_EAUTH ? missing_nodes(z, missing, sizeof missing) : 0;
+        if (s == TD_EAUTH && k == 0) s = TD_OK; /* the node came meanwhile after all */
         if (s == TD_EAUTH) {
-            char missing[256];
-            int k = missing_nodes(z, missing, sizeof missing);
             fprintf(stderr,
                     "tandemrun: the rendezvous store at %s:%d refused a connection from %s that "
                     "presented another token, and %s %s not arrived: was %s given a different "
@@ -209,8 +210,7 @@ int tr_rdzv_join(const tr_options *o, int wake_fd, int sig_fd, tr_rdzv *z) {
         }
         if (s == TD_OK) s = td_store_get(z->store, key, &theirs, sizeof theirs, &len);
         if (s == TD_ETIMEOUT) {
-            char missing[256];
-            int k = missing_nodes(z, missing, sizeof missing);
+            k = missing_nodes(z, missing, sizeof missing);
             fprintf(stderr,
                     "tandemrun: rendezvous timed out after %g s: %d of %d nodes arrived, "
                     "missing %s (start tandemrun --nnodes %d --node-rank R on each of them, with "
