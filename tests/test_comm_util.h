@@ -16,22 +16,20 @@
 #include <unistd.h>
 
 #include "tandem/comm.h"
+#include "tandem/launch.h"
 #include "tandem/spawn.h"
 
 #include "test.h"
 
-/* A port the kernel just handed out and took back; good enough for one test. */
+/* A port nothing is bound to, outside the ephemeral range (td_free_port): a test may pick it
+ * here and bind it in another network namespace (an emulated host). */
 static inline int test_free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        if (fd >= 0) close(fd);
-        return 20000 + (int)(getpid() % 40000);
+    int port = 0;
+    if (td_free_port(&port) != TD_OK) {
+        fprintf(stderr, "test_free_port: %s\n", td_last_error());
+        return 20000 + (int)(getpid() % 10000);
     }
-    close(fd);
-    return ntohs(a.sin_port);
+    return port;
 }
 
 static inline void test_sleep_ms(int ms) {
