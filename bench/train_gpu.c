@@ -43,6 +43,40 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* One step of a measured graph: forward, backward (from the loss, or from dy), and the
+ * optimizer's step when there is one. */
+typedef struct {
+    td_graph *g;
+    td_tensor *from;
+    const float *dy; /* NULL: backward from the scalar loss `from` */
+    td_optim *opt;
+} stepper;
+
+static void step(const stepper *s) {
+    CHECK(td_graph_forward(s->g));
+    CHECK(s->dy ? td_graph_backward_from(s->g, s->from, s->dy) : td_graph_backward(s->g, s->from));
+    if (s->opt) CHECK(td_optim_step(s->opt));
+    CHECK(td_graph_zero_grad(s->g));
+}
+
+/* The median over the timed windows of `work` units per step (samples, or TFLOP) per second,
+ * after a warm-up window; each window is ended by a synchronisation of the GPU. */
+static double median_rate(const stepper *s, double work, const timing *tm) {
+    double *rates = malloc((size_t)tm->windows * sizeof *rates);
+    for (int w = -1; w < tm->windows; w++) { /* window -1 is the warm-up */
+        int iters = w < 0 ? tm->warmup : tm->iters;
+        CHECK(td_device_synchronize(td_device_cuda(0)));
+        uint64_t t0 = td_time_ns();
+        for (int i = 0; i < iters; i++) step(s);
+        CHECK(td_device_synchronize(td_device_cuda(0)));
+        if (w >= 0) rates[w] = work * iters / ((double)(td_time_ns() - t0) * 1e-9);
+    }
+    qsort(rates, (size_t)tm->windows, sizeof *rates, cmp_double);
+    double median = rates[tm->windows / 2];
+    free(rates);
+    return median;
+}
+
 /* The model's layers: tandem's reference models, or torchvision's ResNets. */
 static td_status model_sequential(const char *name, td_sequential **out) {
     int depth = !strcmp(name, "resnet50") ? 50 : !strcmp(name, "resnet101") ? 101 : 0;
@@ -106,27 +140,12 @@ static double run_tandem(const char *name, precision prec, int graphs, const tim
     sp.momentum = 0.9;
     td_optim *opt;
     CHECK(td_optim_create_sgd(&opt, params, n, &sp));
-    double *rates = malloc((size_t)tm->windows * sizeof *rates);
-    for (int w = -1; w < tm->windows; w++) { /* window -1 is the warm-up */
-        int iters = w < 0 ? tm->warmup : tm->iters;
-        CHECK(td_device_synchronize(gp.device));
-        uint64_t t0 = td_time_ns();
-        for (int i = 0; i < iters; i++) {
-            CHECK(td_graph_forward(g));
-            CHECK(td_graph_backward(g, m.loss));
-            CHECK(td_optim_step(opt));
-            CHECK(td_graph_zero_grad(g));
-        }
-        CHECK(td_device_synchronize(gp.device));
-        if (w >= 0) rates[w] = (double)tm->batch * iters / ((double)(td_time_ns() - t0) * 1e-9);
-    }
+    stepper train = {g, m.loss, NULL, opt};
+    double median = median_rate(&train, (double)tm->batch, tm);
     const char *why = NULL;
     if (graphs && td_graph_replays(g, &why) == 0)
         fprintf(stderr, "train_gpu: %s %s: no sweep was replayed%s%s\n", name,
                 precision_names[prec], why ? ": " : "", why ? why : "");
-    qsort(rates, (size_t)tm->windows, sizeof *rates, cmp_double);
-    double median = rates[tm->windows / 2];
-    free(rates);
     td_optim_destroy(opt);
     td_graph_destroy(g);
     td_device_empty_cache(gp.device);
@@ -208,23 +227,8 @@ static double run_matmul(int64_t M, int64_t K, int64_t N, precision prec, const 
     CHECK(td_graph_linear(g, x, w, NULL, &y));
     CHECK(td_graph_compile(g));
     float *dy = calloc((size_t)(M * N), sizeof *dy);
-    double *rates = malloc((size_t)tm->windows * sizeof *rates);
-    for (int w8 = -1; w8 < tm->windows; w8++) {
-        int iters = w8 < 0 ? tm->warmup : tm->iters;
-        CHECK(td_device_synchronize(gp.device));
-        uint64_t t0 = td_time_ns();
-        for (int i = 0; i < iters; i++) {
-            CHECK(td_graph_forward(g));
-            CHECK(td_graph_backward_from(g, y, dy));
-            CHECK(td_graph_zero_grad(g));
-        }
-        CHECK(td_device_synchronize(gp.device));
-        double secs = (double)(td_time_ns() - t0) * 1e-9;
-        if (w8 >= 0) rates[w8] = 6.0 * (double)M * (double)K * (double)N * iters / secs / 1e12;
-    }
-    qsort(rates, (size_t)tm->windows, sizeof *rates, cmp_double);
-    double median = rates[tm->windows / 2];
-    free(rates);
+    stepper sweeps = {g, y, dy, NULL};
+    double median = median_rate(&sweeps, 6.0 * (double)M * (double)K * (double)N / 1e12, tm);
     free(dy);
     td_graph_destroy(g);
     td_device_empty_cache(gp.device);

@@ -49,6 +49,15 @@ static void mirror_free(mirror *m) {
 
 static int rank, size, bad;
 
+/* Runs fn as n ranks, or skips the case where no GPU is visible. */
+static void ranks_on_gpu(int n, test_rank_fn fn, double deadline_s) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    CHECK_EQ(test_run_ranks(n, fn, NULL, deadline_s, 0), 0);
+}
+
 static void expect(const char *what, td_dtype dt, td_reduce_op op, size_t n, size_t i, double got,
                    double want) {
     if (got == want || bad > 5) return;
@@ -167,13 +176,7 @@ static void matrix_rank(int r, int n, int port, void *arg) {
     td_comm_destroy(w);
 }
 
-static void matrix(int n) {
-    if (!gpus) {
-        SKIP("no CUDA device");
-        return;
-    }
-    CHECK_EQ(test_run_ranks(n, matrix_rank, NULL, 300, 0), 0);
-}
+static void matrix(int n) { ranks_on_gpu(n, matrix_rank, 300); }
 
 static void nccl_world_of_one(void) { matrix(1); }
 static void ipc_world_of_two(void) { matrix(2); }
@@ -202,13 +205,7 @@ static void large_rank(int r, int n, int port, void *arg) {
     td_comm_destroy(w);
 }
 
-static void ipc_in_pieces(void) {
-    if (!gpus) {
-        SKIP("no CUDA device");
-        return;
-    }
-    CHECK_EQ(test_run_ranks(2, large_rank, NULL, 300, 0), 0);
-}
+static void ipc_in_pieces(void) { ranks_on_gpu(2, large_rank, 300); }
 
 /* Rank 0 all-reduces device buffers while rank 1 all-gathers them: both fail naming both. */
 static void mismatch_rank(int r, int n, int port, void *arg) {
@@ -226,13 +223,7 @@ static void mismatch_rank(int r, int n, int port, void *arg) {
     td_comm_destroy(w);
 }
 
-static void different_calls_are_named(void) {
-    if (!gpus) {
-        SKIP("no CUDA device");
-        return;
-    }
-    CHECK_EQ(test_run_ranks(2, mismatch_rank, NULL, 120, 0), 0);
-}
+static void different_calls_are_named(void) { ranks_on_gpu(2, mismatch_rank, 120); }
 
 /* DDP on GPUs: the MLP trained 3 SGD steps on a global batch of 16, by one rank (ranks = 1) or
  * by 2 ranks on 8 samples each, all on cuda:0; each writes its parameters to a file. */
@@ -367,13 +358,7 @@ static void graph_gather_rank(int r, int n, int port, void *arg) {
     td_comm_destroy(w);
 }
 
-static void graph_all_gather_on_gpu(void) {
-    if (!gpus) {
-        SKIP("no CUDA device");
-        return;
-    }
-    CHECK_EQ(test_run_ranks(2, graph_gather_rank, NULL, 120, 0), 0);
-}
+static void graph_all_gather_on_gpu(void) { ranks_on_gpu(2, graph_gather_rank, 120); }
 
 /* The visible GPUs, counted in a child so that this process keeps CUDA unstarted. */
 static int count_gpus(void) {

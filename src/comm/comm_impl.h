@@ -144,6 +144,12 @@ void td__gpu_path_destroy(td__gpu_path *p);
 /* "nccl", "cuda-ipc", "staged", or "none" before the first call. */
 const char *td__gpu_path_name(const td__gpu_path *p);
 
+/* One step of collective `c` on the group of ops/ctx (hier.c and gpu_path.c run a user's call
+ * as such steps): it agrees on c's call and carries c's rejected arguments, if any (coll.c). */
+td_status td__coll_step(const td__backend_ops *ops, void *ctx, const td__coll *c,
+                        td__coll_kind kind, const void *send, void *recv, size_t count,
+                        td_dtype dtype, td_reduce_op op, int root, double timeout_s);
+
 /* "allreduce", "broadcast", ... (coll.c) */
 const char *td__coll_name(td__coll_kind kind);
 

@@ -56,17 +56,8 @@ typedef struct {
 /* One collective on the host path standing for the user's call (its sig). */
 static td_status step(const group *g, td__coll_kind kind, const void *send, void *recv,
                       size_t count, td_dtype dtype, td_reduce_op op, int root) {
-    td__coll k = {.kind = kind,
-                  .seq = g->call->seq,
-                  .send = send,
-                  .recv = recv,
-                  .count = count,
-                  .dtype = dtype,
-                  .op = op,
-                  .root = root,
-                  .error_rank = g->shape->rank,
-                  .sig = td__coll_sig(g->call)};
-    return g->ops->collective(g->ctx, &k, g->timeout_s);
+    return td__coll_step(g->ops, g->ctx, g->call, kind, send, recv, count, dtype, op, root,
+                         g->timeout_s);
 }
 
 static td_status barrier_step(void *arg) {

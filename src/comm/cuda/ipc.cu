@@ -12,10 +12,9 @@
  * while a peer still reads it. Data larger than the staging buffer goes through in pieces. */
 #include <cstdlib>
 #include <cstring>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include "comm/cuda/gpu_comm.cuh"
+#include "device/cuda/dtype.cuh"
 
 struct td__ipc {
     int device, rank, size;
@@ -37,23 +36,6 @@ typedef struct {
 static unsigned blocks(size_t n) {
     size_t b = (n + THREADS - 1) / THREADS;
     return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
-}
-
-template <typename T> __device__ __forceinline__ float load(const T *p, size_t i);
-template <> __device__ __forceinline__ float load(const float *p, size_t i) { return p[i]; }
-template <> __device__ __forceinline__ float load(const __nv_bfloat16 *p, size_t i) {
-    return __bfloat162float(p[i]);
-}
-template <> __device__ __forceinline__ float load(const __half *p, size_t i) {
-    return __half2float(p[i]);
-}
-template <typename T> __device__ __forceinline__ void store(T *p, size_t i, float v);
-template <> __device__ __forceinline__ void store(float *p, size_t i, float v) { p[i] = v; }
-template <> __device__ __forceinline__ void store(__nv_bfloat16 *p, size_t i, float v) {
-    p[i] = __float2bfloat16_rn(v);
-}
-template <> __device__ __forceinline__ void store(__half *p, size_t i, float v) {
-    p[i] = __float2half_rn(v);
 }
 
 template <typename A> __device__ __forceinline__ A combine(A a, A b, int op) {
@@ -86,11 +68,11 @@ template <typename T>
 __global__ void reduce_half_kernel(T *dst, peers src, int ranks, size_t at, size_t n, int op) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float acc = load((const T *)src.p[0], at + i);
+        float acc = td_ld((const T *)src.p[0], at + i);
         for (int r = 1; r < ranks; r++)
-            acc = combine<float>(acc, load((const T *)src.p[r], at + i), op);
+            acc = combine<float>(acc, td_ld((const T *)src.p[r], at + i), op);
         if (op == TD_OP_AVG) acc = acc / (float)ranks;
-        store(dst, i, acc);
+        td_st(dst, i, acc);
     }
 }
 

@@ -38,23 +38,36 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Waits until a non-blocking communicator's pending call is set up (ncclInProgress clears). */
-static td_status settle(td__nccl *c, double timeout_s, const char *what) {
+/* Polls until the communicator's pending call is set up (ncclInProgress clears) or, with
+ * `event`, until the stream has also passed c->done; a failure the communicator reports, or
+ * timeout_s passing, aborts it (so no rank hangs) and fails naming `what`. */
+static td_status watch(td__nccl *c, double timeout_s, const char *what, int event) {
     double end = now_s() + timeout_s;
     for (;;) {
         ncclResult_t r;
-        TD__NCCL(ncclCommGetAsyncError(c->comm, &r), what);
-        if (r == ncclSuccess) return TD_OK;
-        if (r != ncclInProgress) {
-            ncclCommAbort(c->comm);
-            c->aborted = 1;
-            return td__host->fail(TD_EPEER, "%s: NCCL failed: %s", what, ncclGetErrorString(r));
+        ncclResult_t q = ncclCommGetAsyncError(c->comm, &r);
+        if (q != ncclSuccess) r = q;
+        td_status st = TD_OK;
+        char why[160] = "";
+        if (r != ncclSuccess && r != ncclInProgress) {
+            st = TD_EPEER;
+            snprintf(why, sizeof why, "NCCL failed: %s", ncclGetErrorString(r));
+        } else if (r == ncclSuccess) {
+            cudaError_t e = event ? cudaEventQuery(c->done) : cudaSuccess;
+            if (e == cudaSuccess) return TD_OK;
+            if (e != cudaErrorNotReady)
+                return td__host->fail(TD_EBACKEND, "%s: %s", what, cudaGetErrorString(e));
         }
-        if (now_s() > end) {
+        if (st == TD_OK && now_s() > end) {
+            st = TD_ETIMEOUT;
+            snprintf(why, sizeof why,
+                     "not finished after %.0f s (a peer died or called another collective)",
+                     timeout_s);
+        }
+        if (st != TD_OK) {
             ncclCommAbort(c->comm);
             c->aborted = 1;
-            return td__host->fail(TD_ETIMEOUT, "%s: NCCL did not finish setting up in %.0f s", what,
-                                  timeout_s);
+            return td__host->fail(st, "%s: %s; the NCCL communicator was aborted", what, why);
         }
     }
 }
@@ -112,7 +125,7 @@ td_status td__nccl_create(int device, void *compute, int nranks, int rank,
             st = td__host->fail(TD_EBACKEND, "nccl: rank %d of %d: ncclCommInitRankConfig: %s",
                                 rank, nranks, ncclGetErrorString(r));
         else
-            st = settle(c, timeout_s, "nccl: creating the communicator");
+            st = watch(c, timeout_s, "nccl: creating the communicator", 0);
     }
     if (st != TD_OK) {
         td__nccl_destroy(c);
@@ -134,8 +147,8 @@ td_status td__nccl_split(td__nccl *parent, int color, int key, double timeout_s,
         if (r != ncclSuccess && r != ncclInProgress)
             st = td__host->fail(TD_EBACKEND, "nccl: ncclCommSplit: %s", ncclGetErrorString(r));
         else
-            st = settle(parent, timeout_s, "nccl: splitting the communicator");
-        if (st == TD_OK && c->comm) st = settle(c, timeout_s, "nccl: splitting the communicator");
+            st = watch(parent, timeout_s, "nccl: splitting the communicator", 0);
+        if (st == TD_OK && c->comm) st = watch(c, timeout_s, "nccl: splitting the communicator", 0);
     }
     if (st != TD_OK || !c->comm) {
         td__nccl_destroy(c);
@@ -256,32 +269,10 @@ td_status td__nccl_run(td__nccl *c, const td__nccl_call *k, double timeout_s, co
     TD__CU(cudaEventRecord(c->ready, c->compute));
     TD__CU(cudaStreamWaitEvent(c->stream, c->ready, 0));
     td_status st = enqueue(c, k, what);
-    if (st == TD_OK) st = settle(c, timeout_s, what);
+    if (st == TD_OK) st = watch(c, timeout_s, what, 0);
     if (st != TD_OK) return st;
     TD__CU(cudaEventRecord(c->done, c->stream));
-    /* The watchdog: poll the event, and the communicator for a peer's failure. */
-    double end = now_s() + timeout_s;
-    for (;;) {
-        cudaError_t e = cudaEventQuery(c->done);
-        if (e == cudaSuccess) break;
-        if (e != cudaErrorNotReady)
-            return td__host->fail(TD_EBACKEND, "%s: %s", what, cudaGetErrorString(e));
-        ncclResult_t r;
-        if (ncclCommGetAsyncError(c->comm, &r) == ncclSuccess && r != ncclSuccess &&
-            r != ncclInProgress) {
-            ncclCommAbort(c->comm);
-            c->aborted = 1;
-            return td__host->fail(TD_EPEER, "%s: NCCL failed: %s", what, ncclGetErrorString(r));
-        }
-        if (now_s() > end) {
-            ncclCommAbort(c->comm);
-            c->aborted = 1;
-            return td__host->fail(TD_ETIMEOUT,
-                                  "%s: not finished after %.0f s (a peer died or called another "
-                                  "collective); the NCCL communicator was aborted",
-                                  what, timeout_s);
-        }
-    }
+    if ((st = watch(c, timeout_s, what, 1)) != TD_OK) return st;
     /* Later work on the compute stream sees the result. */
     TD__CU(cudaStreamWaitEvent(c->compute, c->done, 0));
     return TD_OK;

@@ -11,12 +11,12 @@
 extern const td__cuda_host *td__host;
 
 /* Returns the host's td_status naming the call and CUDA's message when a CUDA call fails. */
-#define TD__CU(call)                                                                            \
-    do {                                                                                        \
-        cudaError_t td_e_ = (call);                                                             \
-        if (td_e_ != cudaSuccess)                                                               \
-            return td__host->fail(TD_EBACKEND, "%s failed: %s (%s)", #call,                         \
-                              cudaGetErrorString(td_e_), cudaGetErrorName(td_e_));              \
+#define TD__CU(call)                                                                   \
+    do {                                                                               \
+        cudaError_t td_e_ = (call);                                                    \
+        if (td_e_ != cudaSuccess)                                                      \
+            return td__host->fail(TD_EBACKEND, "%s failed: %s (%s)", #call,            \
+                                  cudaGetErrorString(td_e_), cudaGetErrorName(td_e_)); \
     } while (0)
 
 td_status td__cu_device_count(int *count, char *why, size_t n);
@@ -38,11 +38,10 @@ td_status td__cu_event_synchronize(void *event);
 int td__cu_pointer_device(const void *ptr);
 td_status td__cu_convert_async(int device, void *stream, void *dst, td_dtype dst_dtype,
                                const void *src, td_dtype src_dtype, size_t n);
-td_status td__cu_fill_async(int device, void *stream, void *ptr, uint32_t bits, int size,
-                            size_t n);
+td_status td__cu_fill_async(int device, void *stream, void *ptr, uint32_t bits, int size, size_t n);
 td_status td__cu_device_uuid(int device, unsigned char uuid[16]);
 td_status td__cu_multi_tensor(int device, void *stream, const td__mt_args *args,
-                              td__mt_tensor *list, size_t n, void **scratch,
-                              size_t *scratch_bytes, double *result);
+                              td__mt_tensor *list, size_t n, void **scratch, size_t *scratch_bytes,
+                              double *result);
 
 #endif

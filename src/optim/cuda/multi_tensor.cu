@@ -4,28 +4,11 @@
  * with explicitly rounded operations (__fmul_rn, __fadd_rn: no fused multiply-add), in the
  * CPU's order, so they give its bits. The squared norm is summed in double, per chunk in a
  * fixed tree and then over the chunks in a fixed order: the same result on every run. */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+#include "device/cuda/dtype.cuh"
 #include "device/cuda/runtime.cuh"
 #include "device/multi_tensor.h"
 
 #define MT_THREADS 256
-
-__device__ __forceinline__ float ld(const void *p, int dt, uint64_t i) {
-    if (dt == TD_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-    if (dt == TD_F16) return __half2float(((const __half *)p)[i]);
-    return ((const float *)p)[i];
-}
-
-__device__ __forceinline__ void st(void *p, int dt, uint64_t i, float v) {
-    if (dt == TD_BF16)
-        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
-    else if (dt == TD_F16)
-        ((__half *)p)[i] = __float2half_rn(v);
-    else
-        ((float *)p)[i] = v;
-}
 
 #define MUL __fmul_rn
 #define ADD __fadd_rn
@@ -79,24 +62,25 @@ __global__ void mt_kernel(td__mt_args a, const td__mt_tensor *list, int n, doubl
         case TD__MT_SGD:
         case TD__MT_ADAMW: {
             float *m = t.master;
-            float p = m ? m[j] : ld(t.param, t.dtype, j), g = ld(t.grad, t.dtype, j);
+            float p = m ? m[j] : (float)td_ld_dt(t.param, t.dtype, j),
+                  g = (float)td_ld_dt(t.grad, t.dtype, j);
             p = a.op == TD__MT_SGD ? sgd(a, p, g, t.buf1, j, t.first) : adamw(a, t, p, g, j);
             if (m) m[j] = p;
-            st(t.param, t.dtype, j, p);
+            td_st_dt(t.param, t.dtype, j, p);
             break;
         }
         case TD__MT_MASTER_INIT:
-            t.master[j] = ld(t.param, t.dtype, j);
+            t.master[j] = (float)td_ld_dt(t.param, t.dtype, j);
             break;
         case TD__MT_SQUARES: {
-            double v = ld(t.grad, t.dtype, j);
+            double v = (float)td_ld_dt(t.grad, t.dtype, j);
             sq += v * v;
             break;
         }
         case TD__MT_SCALE:
         case TD__MT_UNSCALE: {
-            float v = MUL(ld(t.grad, t.dtype, j), a.factor);
-            st(t.grad, t.dtype, j, v);
+            float v = MUL((float)td_ld_dt(t.grad, t.dtype, j), a.factor);
+            td_st_dt(t.grad, t.dtype, j, v);
             bad |= !isfinite(v);
             break;
         }
