@@ -26,6 +26,21 @@ typedef struct {
                          handed the entry out */
 } td_param;
 
+/* The points of a sweep at which a parameter's values are about to be read, or read for the last
+ * time: a sharded strategy (ZeRO stage 3, tandem/zero.h) gathers a parameter's values before
+ * its first read and frees them after the last. After a backward's last read of a parameter
+ * comes its grad-ready call, which serves as that sweep's end. */
+typedef enum {
+    TD_PARAM_BEFORE_FORWARD = 0,  /* before the first node that reads it runs forward */
+    TD_PARAM_AFTER_FORWARD = 1,   /* after the last node that reads it ran forward (at the end of
+                                     the forward for a parameter that no node reads) */
+    TD_PARAM_BEFORE_BACKWARD = 2, /* before the first node that reads it runs backward */
+} td_param_use;
+
+/* Called at those points with the parameter's index in its array; an error stops the sweep and
+ * is what the sweep returns. */
+typedef td_status (*td_param_use_fn)(size_t param_index, td_param_use use, void *ctx);
+
 /* SHA-256 of the data bytes of params[0..n) in order, as 64 lower-case hex digits and a NUL:
  * two runs that trained to the same bits print the same digest. */
 void td_params_sha256(const td_param *params, size_t n, char hex[65]);
