@@ -20,5 +20,6 @@
 #include "tandem/store.h"
 #include "tandem/tensor.h"
 #include "tandem/trace.h"
+#include "tandem/zero.h"
 
 #endif
