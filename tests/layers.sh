@@ -38,7 +38,7 @@ allowed() {
     nn) echo "core device tensor ops graph nn" ;;
     comm | optim | checkpoint) echo "core device $1" ;;
     launch | data) echo "core $1" ;;
-    parallel) echo "core device tensor ops graph nn comm optim parallel" ;;
+    parallel) echo "core device tensor ops graph nn comm optim checkpoint parallel" ;;
     *) echo "" ;;
     esac
 }

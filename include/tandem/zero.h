@@ -43,6 +43,7 @@
 #ifndef TANDEM_ZERO_H
 #define TANDEM_ZERO_H
 
+#include "tandem/checkpoint.h"
 #include "tandem/comm.h"
 #include "tandem/core.h"
 #include "tandem/ddp.h"
@@ -172,6 +173,27 @@ td_zero_memory td_zero_memory_stats(const td_zero *zero, const td_optim *optim);
 
 /* The stage, the number of units and of flat buffers (for logs). */
 void td_zero_layout(const td_zero *zero, int *stage, size_t *n_units, size_t *n_flats);
+
+/* ---- checkpoints (docs/zero.md) --------------------------------------------------------- */
+
+/* Writes a sharded checkpoint at path, collectively: every rank writes its part of every
+ * parameter and of its optimizer's state ("optim.<name>.<state>", "optim.step"), rank 0 also the
+ * `extra` tensors (buffers, the grad scaler's state: the same on every rank), each into a file
+ * of its own beside path, and rank 0 then writes path itself, the index naming those files and
+ * holding `meta`, atomically: until then path is the previous checkpoint, whole, whatever dies.
+ * The files of the previous checkpoint are removed after. Its tensors are those a td_ddp run
+ * saves with td_checkpoint_save (the same names, shapes and dtypes), so either resumes the
+ * other, at any world size. */
+td_status td_zero_save(td_zero *zero, const td_optim *optim, const char *path,
+                       const td_param *extra, size_t n_extra, const td_checkpoint_meta *meta,
+                       size_t n_meta);
+
+/* Reads a checkpoint, sharded at any world size or a single file (td_checkpoint_save's, from
+ * td_ddp or tandem-consolidate), into this group: every rank reads its own parts of the
+ * parameters and of the optimizer's state, resharded to this world size, and the `extra`
+ * tensors whole. Collective (a rank that fails makes every rank fail). */
+td_status td_zero_load(td_zero *zero, td_optim *optim, const char *path, td_param *extra,
+                       size_t n_extra);
 
 #ifdef __cplusplus
 }
