@@ -249,7 +249,7 @@ static void graph_follows_repointed_param_grads(void) {
  * the sweep. */
 typedef struct {
     td_graph *g;
-    int events[64][2]; /* (parameter, use), grad-ready as use 3 */
+    int events[64][2]; /* (parameter, use), grad-ready as use 4 */
     int n;
     float *moved;      /* where BEFORE_FORWARD moves fc1.weight, or NULL */
     td_status fail_at; /* returned at fc2.bias's AFTER_FORWARD when set */
@@ -272,7 +272,7 @@ static td_status on_use(size_t i, td_param_use use, void *ctx) {
 
 static void on_ready_logged(size_t i, void *ctx) {
     use_log *u = ctx;
-    if (u->n < 64) u->events[u->n][0] = (int)i, u->events[u->n++][1] = 3;
+    if (u->n < 64) u->events[u->n][0] = (int)i, u->events[u->n++][1] = 4;
 }
 
 static void param_use_hook_order_moves_and_errors(void) {
@@ -288,26 +288,30 @@ static void param_use_hook_order_moves_and_errors(void) {
     CHECK_OK(td_graph_forward(t.g));
     CHECK_OK(td_graph_backward(t.g, t.loss));
     /* fc1's weight and bias (0, 1) before and after its node, then fc2's (2, 3); backward
-     * fc2 then fc1, each parameter's use before its gradient is final. */
+     * fc2 then fc1, each parameter's BEFORE before its gradient is final and its AFTER after. */
     static const int want_fwd[8][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1},
                                        {2, 0}, {3, 0}, {2, 1}, {3, 1}};
-    CHECK_EQ(u.n, 16);
+    CHECK_EQ(u.n, 20);
     for (int k = 0; k < 8; k++) {
         CHECK_EQ(u.events[k][0], want_fwd[k][0]);
         CHECK_EQ(u.events[k][1], want_fwd[k][1]);
     }
-    int seen_before[4] = {0}, ready[4] = {0};
+    int seen_before[4] = {0}, ready[4] = {0}, after[4] = {0};
     for (int k = 8; k < u.n; k++) {
-        int i = u.events[k][0];
-        if (u.events[k][1] == TD_PARAM_BEFORE_BACKWARD) {
-            CHECK(!ready[i]);
+        int i = u.events[k][0], what = u.events[k][1];
+        if (what == TD_PARAM_BEFORE_BACKWARD) {
+            CHECK(!ready[i] && !after[i]);
             seen_before[i]++;
+        } else if (what == TD_PARAM_AFTER_BACKWARD) {
+            CHECK(ready[i]); /* the data gradient that reads it comes after its grad-ready */
+            after[i]++;
         } else {
-            CHECK_EQ(u.events[k][1], 3);
+            CHECK_EQ(what, 4); /* grad-ready */
             CHECK_EQ(seen_before[i], 1);
             ready[i] = 1;
         }
     }
+    for (int i = 0; i < 4; i++) CHECK_EQ(after[i], 1);
     CHECK_EQ(u.events[8][0] / 2, 1); /* fc2 first */
     /* A hook that moves fc1.weight (and poisons where it was) is followed. */
     float *moved = malloc(TIN * THID * sizeof(float));

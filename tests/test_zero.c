@@ -192,6 +192,7 @@ static void memory_rank(int rank, int size, int port, void *arg) {
             float *g = p[u].grad;
             for (size_t e = 0; e < MCOUNT; e++) g[e] += 1e-3f * (float)(rank + 1);
             CHECK_OK(td_zero_grad_ready(z, (size_t)u));
+            CHECK_OK(td_zero_param_use(z, (size_t)u, TD_PARAM_AFTER_BACKWARD));
         }
         CHECK_OK(td_zero_finish_backward(z));
         CHECK_OK(td_optim_step(opt));

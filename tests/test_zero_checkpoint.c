@@ -149,9 +149,9 @@ static const char *TORCH_CHECK =
     "class Net(torch.nn.Module):\n"
     "    def __init__(self):\n"
     "        super().__init__()\n"
-    "        self.fc1 = torch.nn.Linear(20, 33)\n"
-    "        self.fc2 = torch.nn.Linear(33, 17)\n"
-    "        self.head = torch.nn.Linear(17, 5)\n"
+    "        self.fc1 = torch.nn.Linear(20, 96)\n"
+    "        self.fc2 = torch.nn.Linear(96, 48)\n"
+    "        self.head = torch.nn.Linear(48, 5)\n"
     "net = Net()\n"
     "net.load_state_dict(sd, strict=True)\n"
     "print('%.9e' % sum(p.double().sum().item() for p in net.parameters()))\n";

@@ -22,7 +22,8 @@
  *     td_zero_parameters(zero, &shards, &n);      // once: td_optim_create_sgd(&opt, shards, n, ..)
  *     td_zero_prepare_forward(zero);              // stage 1, 2: all-gathers the last step's shards
  *     forward                                     // stage 3: td_zero_param_use_hook gathers units
- *     backward, calling td_zero_grad_ready(zero, i) the moment gradient i is final;
+ *     backward, calling td_zero_grad_ready(zero, i) the moment gradient i is final
+ *         (and at stage 3 td_zero_param_use around each layer's reads, as in forward);
  *     td_zero_finish_backward(zero);              // the shards' gradients are the rank average
  *     td_optim_step(opt);                         // steps this rank's shards
  * A graph drives it with td_graph_set_grad_ready_hook(g, td_zero_grad_ready_hook, zero) and, at
@@ -120,8 +121,7 @@ td_status td_zero_prepare_forward(td_zero *zero);
 /* Zeroes where the next backward's gradients go. */
 void td_zero_zero_grad(td_zero *zero);
 
-/* Parameter i's gradient is final in this backward (as td_ddp_grad_ready); at stage 3 a unit
- * whose gradients are all final frees its gathered parameters. */
+/* Parameter i's gradient is final in this backward (as td_ddp_grad_ready). */
 td_status td_zero_grad_ready(td_zero *zero, size_t param_index);
 
 /* td_zero_grad_ready in the shape of the graph's td_grad_ready_fn (ctx is the td_zero); an error
@@ -130,9 +130,10 @@ void td_zero_grad_ready_hook(size_t param_index, void *zero);
 
 /* Stage 3: parameter i's values are about to be read, or were read for the last time, in a
  * forward or backward (param.h's td_param_use). Before a read the parameter's unit is gathered
- * (waiting for a prefetch in flight) and the next unit's gather starts; after a unit's last
- * forward read it is freed. Collective in the order the calls come: every rank makes the same
- * calls in the same order (a graph does). A no-op at stages 1 and 2. */
+ * (waiting for a prefetch in flight) and the next unit's gather starts; once every parameter of
+ * a unit is past its last read of the sweep, the unit is freed. Collective in the order the
+ * calls come: every rank makes the same calls in the same order (a graph does). A no-op at
+ * stages 1 and 2. */
 td_status td_zero_param_use(td_zero *zero, size_t param_index, td_param_use use);
 
 /* td_zero_param_use in the shape of td_param_use_fn (ctx is the td_zero). */

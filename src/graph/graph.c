@@ -317,7 +317,7 @@ static int first_param_input(const td__node *n, int i) {
     return 1;
 }
 
-/* The hook for each parameter node n reads whose first (forward) or last reader n is. */
+/* The hook for each parameter that node n reads and whose first or last reader n is. */
 static td_status use_params_at(td_graph *g, const td__node *n, const int *reader,
                                td_param_use use) {
     for (int i = 0; i < n->nin; i++)
@@ -423,9 +423,12 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
             TD__TRY(td__kernels_of(&g->ctx, n->op)->backward(&g->ctx, n));
         }
         params_ready(&g->ctx, n, 0);
+        if (g->use_hook) TD__TRY(use_params_at(g, n, g->param_last_node, TD_PARAM_AFTER_BACKWARD));
     }
     for (int i = 0; i < g->nparams; i++)
         if (!g->fired[i]) fire(g, i);
+    for (int i = 0; g->use_hook && i < g->nparams; i++)
+        if (g->param_last_node[i] < 0) TD__TRY(use_param(g, i, TD_PARAM_AFTER_BACKWARD));
     if (g->zero_failed)
         return td__fail(TD_EBACKEND, "td_graph_backward: zeroing a parameter gradient failed");
     for (int i = 0; i < g->ntensors; i++) {

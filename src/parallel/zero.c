@@ -359,15 +359,7 @@ void td_zero_zero_grad(td_zero *z) {
 
 td_status td_zero_grad_ready(td_zero *z, size_t i) {
     if (!z) return td__fail(TD_EINVAL, "td_zero_grad_ready: zero is NULL");
-    TD__TRY(td_ddp_grad_ready(z->ddp, i));
-    if (z->opt.stage == 3) {
-        td__zero_unit *un = &z->lay.units[z->lay.unit_of[i]];
-        if (++un->backward_done == un->n_params) {
-            un->backward_done = 0;
-            unit_release(z, z->lay.unit_of[i]);
-        }
-    }
-    return TD_OK;
+    return td_ddp_grad_ready(z->ddp, i);
 }
 
 void td_zero_grad_ready_hook(size_t i, void *zero) {
@@ -388,9 +380,10 @@ td_status td_zero_param_use(td_zero *z, size_t i, td_param_use use) {
     if (z->opt.stage < 3) return TD_OK;
     size_t u = z->lay.unit_of[i];
     td__zero_unit *un = &z->lay.units[u];
-    if (use == TD_PARAM_AFTER_FORWARD) {
-        if (++un->forward_done == un->n_params) {
-            un->forward_done = 0;
+    if (use == TD_PARAM_AFTER_FORWARD || use == TD_PARAM_AFTER_BACKWARD) {
+        size_t *done = use == TD_PARAM_AFTER_FORWARD ? &un->forward_done : &un->backward_done;
+        if (++*done == un->n_params) {
+            *done = 0;
             unit_release(z, u);
         }
         return TD_OK;

@@ -63,7 +63,7 @@ typedef struct {
     size_t first_param, n_params;
     size_t first_flat, n_flats;
     size_t forward_done;  /* parameters past their last forward read in this forward */
-    size_t backward_done; /* parameters whose gradient is final in this backward */
+    size_t backward_done; /* parameters past their last backward read in this backward */
     int whole;            /* stage 3: gathered (or gathering: its flats' req are set) */
 } td__zero_unit;
 
