@@ -320,6 +320,19 @@ static void param_use_hook_order_moves_and_errors(void) {
     CHECK_OK(td_graph_forward(t.g));
     CHECK(td_tensor_data(td_graph_param_tensor(t.g, 0)) == moved);
     CHECK(*(float *)td_tensor_data(t.loss) == want);
+    /* A graph sharing the parameters reads where the td_param entries say, even for one moved
+     * since the last sweep. */
+    td_param *p;
+    size_t np;
+    CHECK_OK(td_graph_parameters(t.g, &p, &np));
+    float *again = malloc(THID * sizeof(float));
+    memcpy(again, p[1].data, THID * sizeof(float));
+    p[1].data = again;
+    tiny other;
+    CHECK(tiny_make(&other, 5));
+    CHECK_OK(td_graph_share_params(other.g, t.g));
+    CHECK(td_tensor_data(td_graph_param_tensor(other.g, 1)) == again);
+    td_graph_destroy(other.g);
     /* An error ends the sweep and is what it returns. */
     u.fail_at = TD_EPEER;
     CHECK_STATUS(td_graph_forward(t.g), TD_EPEER);
@@ -327,6 +340,7 @@ static void param_use_hook_order_moves_and_errors(void) {
     td_graph_set_grad_ready_hook(t.g, NULL, NULL);
     td_graph_destroy(t.g);
     free(moved);
+    free(again);
 }
 
 static void dropout_train_eval_and_replay(void) {

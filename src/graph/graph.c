@@ -539,6 +539,7 @@ static td_status share(td_tensor **dst, td_param *dp, td_tensor **src, int n, in
 
 td_status td_graph_share_params(td_graph *dst, td_graph *src) {
     if (!dst || !src) return td__fail(TD_EINVAL, "td_graph_share_params: NULL graph");
+    td__graph_sync_storage(src); /* where src's td_param entries say, if moved since its sweep */
     TD__TRY(
         share(dst->param_t, dst->params, src->param_t, dst->nparams, src->nparams, "parameters"));
     return share(dst->buffer_t, dst->buffers, src->buffer_t, dst->nbuffers, src->nbuffers,
