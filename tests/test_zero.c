@@ -6,13 +6,14 @@
  * static loss scale and named units. The graph engine's small MLP checks deterministic mode (the
  * parameters' SHA-256 equals deterministic DDP's at worlds 1, 2 and 4), mixed precision O2 and
  * half-width reduce-scatters. A larger model checks that stage 3's memory per rank falls as 1/world
- * (counted, and the freed pages absent from memory per mincore), and bad options fail on every
- * rank. */
+ * (counted, and the freed pages absent from memory per mincore); a pipeline whose stages' replicas
+ * are ZeRO groups trains as with DDP's; bad options fail on every rank. */
 #include <math.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "tandem/pipeline.h"
 #include "tandem/zero.h"
 
 #include "test.h"
@@ -228,6 +229,83 @@ static void stage3_memory_falls_as_one_over_world(void) {
     CHECK_EQ(test_shm_leftovers(), 0);
 }
 
+/* ---- the pipeline: a sharded group per stage ------------------------------------------- */
+
+enum { PP_BATCH = 32, PP_STEPS = 3 };
+
+typedef struct {
+    float loss[4][PP_STEPS]; /* the last stage's losses under DDP and stages 1-3 */
+} pipe_losses;
+
+static void pipeline_rank(int rank, int size, int port, void *arg) {
+    pipe_losses *out = arg;
+    td_comm *comm = NULL;
+    CHECK_OK(test_comm_create(&comm, rank, size, port, 60));
+    if (!comm) return;
+    td_sequential *seq = NULL;
+    CHECK_OK(td_model_sequential(TD_MODEL_MLP, &seq));
+    static float x[PP_BATCH * 784];
+    int64_t y[PP_BATCH];
+    size_t whole = 0;
+    for (int way = 0; way < 4 && seq; way++) {
+        td_pipeline_params pp = td_pipeline_default_params();
+        pp.stages = 2;
+        pp.micro_batches = 2;
+        pp.batch = PP_BATCH;
+        pp.split = "fc2";
+        pp.zero_stage = way;
+        td_pipeline *pl = NULL;
+        CHECK_OK(td_pipeline_create(&pl, comm, seq, &pp));
+        if (!pl) break;
+        td_param *params;
+        size_t n, elements = 0;
+        CHECK_OK(td_pipeline_parameters(pl, &params, &n));
+        /* With ZeRO the optimizer gets this rank's half of its stage's parameters. */
+        for (size_t i = 0; i < n; i++) elements += params[i].count;
+        if (way == 0)
+            whole = elements;
+        else
+            CHECK(elements * 2 <= whole + 4096 && elements * 2 + 4096 >= whole);
+        td_sgd_params sp = td_sgd_default_params();
+        sp.lr = 0.05;
+        sp.momentum = 0.9;
+        td_optim *opt = NULL;
+        CHECK_OK(td_optim_create_sgd(&opt, params, n, &sp));
+        td_pipeline_info info = td_pipeline_get_info(pl);
+        for (int step = 0; step < PP_STEPS && opt; step++) {
+            uint32_t w[4];
+            for (int k = 0; k < PP_BATCH * 784; k++) {
+                td_philox4x32_stream(31, (uint64_t)(step * 2 + info.replica), (uint64_t)k, w);
+                x[k] = (float)(w[0] >> 8) / 16777216.0f;
+            }
+            for (int k = 0; k < PP_BATCH; k++) y[k] = (k + step + info.replica) % 10;
+            float loss = NAN;
+            CHECK_OK(td_pipeline_step(pl, x, y, &loss));
+            CHECK_OK(td_optim_step(opt));
+            if (info.stage == 1 && info.replica == 0) out->loss[way][step] = loss;
+        }
+        td_optim_destroy(opt);
+        td_pipeline_destroy(pl);
+    }
+    td_sequential_destroy(seq);
+    td_comm_destroy(comm);
+}
+
+static void pipeline_with_a_sharded_group_per_stage_equals_ddp(void) {
+    pipe_losses *out =
+        mmap(NULL, sizeof *out, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(out != MAP_FAILED);
+    if (out == MAP_FAILED) return;
+    memset(out, 0, sizeof *out);
+    CHECK_EQ(test_run_ranks(4, pipeline_rank, out, 240, 0), 0); /* 2 stages x 2 replicas */
+    for (int way = 1; way < 4; way++)
+        for (int step = 0; step < PP_STEPS; step++)
+            CHECK_NEAR(out->loss[way][step], out->loss[0][step], 1e-6 * fabs(out->loss[0][step]));
+    CHECK(out->loss[0][PP_STEPS - 1] > 0 && out->loss[0][PP_STEPS - 1] < out->loss[0][0]);
+    munmap(out, sizeof *out);
+    CHECK_EQ(test_shm_leftovers(), 0);
+}
+
 /* ---- refusals ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -281,6 +359,7 @@ int main(void) {
     RUN(deterministic_digest_equals_deterministic_ddp_at_worlds_1_2_4);
     RUN(mixed_precision_and_half_width_reductions_equal_ddp);
     RUN(stage3_memory_falls_as_one_over_world);
+    RUN(pipeline_with_a_sharded_group_per_stage_equals_ddp);
     RUN(bad_options_fail_on_every_rank);
     TEST_END();
 }
