@@ -218,8 +218,10 @@ static void deterministic_resume_is_bit_for_bit_and_torch_loads_it(void) {
 
 enum { KILL_COUNT = 256 * 1024 }; /* a 1 MiB parameter, so a save takes a while */
 
-/* Saves number k holds the value k everywhere; a checkpoint must hold one save, whole. */
-static void saver(td_comm *comm, shared *sh, int die_after_ms) {
+/* Save k of trial t holds the value t * 1000 + k everywhere (and says so in its metadata); a
+ * checkpoint must hold one save, whole. With die_after_ms >= 0 this rank dies that long after
+ * its first save returned. */
+static void saver(td_comm *comm, shared *sh, int trial, int die_after_ms) {
     static const char *names[2] = {"big.weight", "small.bias"};
     static float big[KILL_COUNT], small[37];
     td_param p[2] = {
@@ -238,23 +240,23 @@ static void saver(td_comm *comm, shared *sh, int die_after_ms) {
     td_param *v;
     size_t n;
     CHECK_OK(td_zero_parameters(z, &v, &n));
-    if (die_after_ms >= 0) {
-        /* This rank dies at a random moment of the saves below. */
-        pid_t me = getpid();
-        if (fork() == 0) {
-            test_sleep_ms(die_after_ms);
-            kill(me, SIGKILL);
-            _exit(0);
-        }
-    }
     for (int k = 1; k < 1000; k++) {
+        int value = trial * 1000 + k;
         for (size_t i = 0; i < n; i++)
-            for (size_t e = 0; e < v[i].count; e++) ((float *)v[i].data)[e] = (float)k;
+            for (size_t e = 0; e < v[i].count; e++) ((float *)v[i].data)[e] = (float)value;
         char step[16];
-        snprintf(step, sizeof step, "%d", k);
+        snprintf(step, sizeof step, "%d", value);
         td_checkpoint_meta meta = {"step", step};
         if (td_zero_save(z, NULL, sh->path, NULL, 0, &meta, 1) != TD_OK) break;
-        if (td_comm_rank(comm) == 0) sh->last_committed = k;
+        if (td_comm_rank(comm) == 0) sh->last_committed = value;
+        if (k == 1 && die_after_ms >= 0) { /* from now on this rank dies at a random moment */
+            pid_t me = getpid();
+            if (fork() == 0) {
+                test_sleep_ms(die_after_ms);
+                kill(me, SIGKILL);
+                _exit(0);
+            }
+        }
     }
     td_zero_destroy(z);
 }
@@ -265,17 +267,17 @@ static void saver_rank(int rank, int size, int port, void *arg) {
     CHECK_OK(test_comm_create(&comm, rank, size, port, 10));
     if (!comm) return;
     /* Rank 1 dies; rank 0 sees its saves fail and leaves. */
-    saver(comm, sh, rank == 1 ? 30 + (int)(td_time_ns() % 120) : -1);
+    saver(comm, sh, sh->compare, rank == 1 ? (int)(td_time_ns() % 150) : -1);
     td_comm_destroy(comm);
 }
 
-/* The checkpoint holds one save, whole, no older than the last that committed. */
+/* The checkpoint holds one save, whole, no older than the last that returned. */
 static void check_whole(const shared *sh) {
     td_checkpoint *ck = NULL;
     CHECK_OK(td_checkpoint_open(&ck, sh->path));
     if (!ck) return;
     int64_t step = -1;
-    CHECK_OK(td_checkpoint_get_meta_i64(ck, "step", 1, 1000, &step));
+    CHECK_OK(td_checkpoint_get_meta_i64(ck, "step", 1, 100000, &step));
     CHECK(step >= sh->last_committed);
     static float big[KILL_COUNT];
     float small[37];
@@ -303,8 +305,9 @@ static void kill_9_during_sharded_saves_leaves_the_last_checkpoint(void) {
     shared *sh = shared_new();
     CHECK(sh != NULL);
     if (!sh) return;
-    /* One process killed from outside at random moments, several times over. */
-    for (int trial = 0; trial < 6; trial++) {
+    /* One process killed from outside at a random moment after its first save, six times. */
+    for (int trial = 1; trial <= 6; trial++) {
+        sh->last_committed = 0;
         pid_t pid = fork();
         if (pid == 0) {
             td_comm_params cp = td_comm_default_params();
@@ -312,18 +315,21 @@ static void kill_9_during_sharded_saves_leaves_the_last_checkpoint(void) {
             cp.world_size = cp.local_world_size = 1;
             td_comm *comm = NULL;
             if (td_comm_create(&comm, &cp) != TD_OK) _exit(3);
-            saver(comm, sh, -1);
+            saver(comm, sh, trial, -1);
             _exit(0);
         }
-        test_sleep_ms(40 + (int)(td_time_ns() % 200));
+        for (int waited = 0; !sh->last_committed && waited < 60000; waited += 5) test_sleep_ms(5);
+        CHECK(sh->last_committed > 0);
+        test_sleep_ms((int)(td_time_ns() % 150));
         kill(pid, SIGKILL);
         int status;
         waitpid(pid, &status, 0);
-        if (sh->last_committed > 0) check_whole(sh);
+        check_whole(sh);
     }
-    CHECK(sh->last_committed > 0);
     /* Two ranks, one dying mid-save: the other's save fails, the last commit stays. */
-    for (int trial = 0; trial < 3; trial++) {
+    for (int trial = 7; trial <= 9; trial++) {
+        sh->last_committed = 0;
+        sh->compare = trial;
         CHECK_EQ(test_run_ranks(2, saver_rank, sh, 60, 1), 0);
         check_whole(sh);
     }
