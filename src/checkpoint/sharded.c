@@ -170,7 +170,7 @@ td_status td_checkpoint_publish(const char *path, uint64_t id, int world_size,
     td__checkpoint_text_put(&list, "]", 1);
     if (s == TD_OK && list.oom) s = td__fail(TD_ENOMEM, "%s: out of memory", path);
     if (s == TD_OK) {
-        memcpy(all, meta, n_meta * sizeof *all);
+        if (n_meta) memcpy(all, meta, n_meta * sizeof *all);
         all[n_meta] = (td_checkpoint_meta){TD__CHECKPOINT_PARTS_KEY, list.s};
         s = td_checkpoint_save(path, NULL, 0, all, n_meta + 1);
     }
@@ -309,6 +309,7 @@ static td_status assemble(td_checkpoint *c) {
     size_t n = 0;
     TD__TRY(collect_runs(c, &runs, &n));
     qsort(runs, n, sizeof *runs, cmp_run);
+    free(c->entries); /* the index's own (empty) list */
     c->entries = calloc(n ? n : 1, sizeof *c->entries);
     td_status s = c->entries ? TD_OK : td__fail(TD_ENOMEM, "%s: out of memory", c->path);
     for (size_t i = 0; s == TD_OK && i < n;) {

@@ -45,7 +45,7 @@ td_zero_params td_zero_default_params(void) {
     return p;
 }
 
-/* The flat's bytes in the parameter region, and this rank's chunk in them. */
+/* Where flat f lies in the parameter region (this rank's chunk at td__zero_chunk_at). */
 static unsigned char *flat_data(const td_zero *z, const td__zero_flat *f) {
     return z->mem.base + f->at;
 }
