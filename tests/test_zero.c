@@ -341,6 +341,32 @@ static void refusal_rank(int rank, int size, int port, void *arg) {
     td_comm_destroy(comm);
 }
 
+/* Stage 3 without the parameter-use calls would compute on zeros: the step says so. */
+static void stage3_without_the_hooks_is_an_error(void) {
+    td_comm_params cp = td_comm_default_params();
+    cp.rank = cp.local_rank = 0;
+    cp.world_size = cp.local_world_size = 1;
+    td_comm *comm = NULL;
+    CHECK_OK(td_comm_create(&comm, &cp));
+    model m;
+    model_init(&m, 3);
+    td_zero_params zp = td_zero_default_params();
+    zp.stage = 3;
+    td_zero *z = NULL;
+    CHECK_OK(td_zero_create(&z, comm, m.p, NP, NULL, 0, &zp));
+    if (z) {
+        sync_t s = {.zero = NULL}; /* the trainer forgets to tell ZeRO of its reads */
+        CHECK_OK(td_zero_prepare_forward(z));
+        forward_backward(&m, 0, 0, 4, 1.0f, &s);
+        for (int i = 0; i < NP; i++) CHECK_OK(td_zero_grad_ready(z, (size_t)i));
+        CHECK_STATUS(td_zero_finish_backward(z), TD_ESTATE);
+        CHECK(strstr(td_last_error(), "td_graph_set_param_use_hook") != NULL);
+        td_zero_destroy(z);
+    }
+    model_free(&m);
+    td_comm_destroy(comm);
+}
+
 static void bad_options_fail_on_every_rank(void) {
     refusal cases[] = {
         {-1, 4, NULL, TD_EINVAL, "stage 4, expected 1, 2 or 3"},
@@ -360,6 +386,7 @@ int main(void) {
     RUN(mixed_precision_and_half_width_reductions_equal_ddp);
     RUN(stage3_memory_falls_as_one_over_world);
     RUN(pipeline_with_a_sharded_group_per_stage_equals_ddp);
+    RUN(stage3_without_the_hooks_is_an_error);
     RUN(bad_options_fail_on_every_rank);
     TEST_END();
 }

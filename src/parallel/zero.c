@@ -34,6 +34,7 @@ struct td_zero {
     td_param *views;     /* (lay.n_views) what the optimizer steps */
     int dirty;           /* stages 1, 2: chunks stepped since the last gather */
     int hold;            /* td_zero_full_params(1) is in force */
+    size_t uses;         /* stage 3: BEFORE calls since td_zero_prepare_forward */
     uint64_t sync_steps; /* DDP's count when the views were last refreshed */
     td_status err;       /* an error of the grad-ready hook, for finish_backward */
     char err_msg[512];
@@ -350,6 +351,7 @@ td_status td_zero_prepare_forward(td_zero *z) {
     if (z->opt.stage == 3)
         for (size_t u = 0; u < z->lay.n_units; u++)
             z->lay.units[u].forward_done = z->lay.units[u].backward_done = 0;
+    z->uses = 0;
     return td_ddp_prepare_forward(z->ddp);
 }
 
@@ -389,6 +391,7 @@ td_status td_zero_param_use(td_zero *z, size_t i, td_param_use use) {
         return TD_OK;
     }
     int backward = use == TD_PARAM_BEFORE_BACKWARD;
+    z->uses++;
     TD__TRY(unit_gather(z, u, 1));
     /* The neighbour the sweep reaches next: units run in registration order forward. */
     size_t next = backward ? u - 1 : u + 1;
@@ -405,6 +408,14 @@ td_status td_zero_finish_backward(td_zero *z) {
     if (!z) return td__fail(TD_EINVAL, "td_zero_finish_backward: zero is NULL");
     td_status s = td_ddp_finish_backward(z->ddp);
     if (z->opt.stage == 3) release_all(z);
+    /* Parameters nobody gathered read as zeros: a forward without the hooks computed nothing. */
+    if (s == TD_OK && z->opt.stage == 3 && z->n_params && !z->uses && z->hold == 0)
+        s = td__fail(TD_ESTATE,
+                     "zero rank %d: stage 3 gathers parameters before they are read, but this "
+                     "iteration made no td_zero_param_use call: install "
+                     "td_graph_set_param_use_hook(g, td_zero_param_use_hook, zero) (or call "
+                     "td_zero_param_use around each layer)",
+                     z->rank);
     if (td_ddp_get_stats(z->ddp).sync_steps != z->sync_steps) {
         refresh_views(z);
         z->dirty = z->opt.stage < 3;
