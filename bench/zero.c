@@ -4,9 +4,11 @@
  * AdamW, one thread per rank, at world sizes 2 and 4: milliseconds per step (forward, backward,
  * the gradients' reduction, the optimizer step and, for ZeRO, the parameters' gathers) under
  * DDP and ZeRO stages 1, 2 and 3, median of timed windows after warm-up; --repeat K interleaves
- * K repeats and prints medians. The PyTorch peer (bench/zero_torch.py, Debian's python3-torch
- * 1.13 over gloo) runs DDP and DDP with torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO
- * stage 1); its FullyShardedDataParallel does not import under that build (docs/zero.md).
+ * K repeats (each starting with another way) and prints the fastest (on a machine other jobs
+ * share, a busy spell only adds time). The PyTorch peer
+ * (bench/zero_torch.py, Debian's python3-torch 1.13 over gloo) runs DDP and DDP with
+ * torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO stage 1); its FullyShardedDataParallel does
+ * not import under that build (docs/zero.md).
  *
  * Memory: a hand-written MLP of --width (2048: four layers of 2048 x 2048, 16.8 M parameters, 64
  * MiB) trained two AdamW steps at world sizes 1, 2 and 4 under DDP and each stage: the bytes
@@ -145,33 +147,35 @@ static double run_torch(const char *way, int world, const timing *tm) {
     return pclose(p) == 0 ? ms : -1;
 }
 
-static double median_of(const double *v, int n) {
-    double ok[MAX_REPEAT];
-    int m = 0;
+/* The fastest of the repeats that ran (a busy machine only adds time), or -1. */
+static double fastest_of(const double *v, int n) {
+    double best = -1;
     for (int i = 0; i < n; i++)
-        if (v[i] >= 0) ok[m++] = v[i];
-    if (!m) return -1;
-    qsort(ok, (size_t)m, sizeof *ok, cmp_double);
-    return ok[m / 2];
+        if (v[i] >= 0 && (best < 0 || v[i] < best)) best = v[i];
+    return best;
 }
 
 static void time_table(const int *ws, int nw, const timing *tm, int repeat, int torch, int json) {
     printf("\nms per step, MLP (1.86 M parameters), global batch %d, AdamW, one thread per rank, "
            "median of %d windows of %d steps",
            GLOBAL_BATCH, tm->windows, tm->iters);
-    if (repeat > 1) printf("; medians of %d interleaved repeats", repeat);
+    if (repeat > 1) printf("; the fastest of %d interleaved repeats", repeat);
     printf("\n%-6s %9s %9s %9s %9s %11s %13s\n", "world", "ddp", "zero 1", "zero 2", "zero 3",
            "torch ddp", "torch zero 1");
     for (int i = 0; i < nw; i++) {
         double ours[N_WAYS][MAX_REPEAT], theirs[2][MAX_REPEAT];
         for (int r = 0; r < repeat; r++) {
-            for (int s = 0; s < N_WAYS; s++) ours[s][r] = run_time(s, ws[i], tm);
+            /* each repeat starts with another way, so no way always follows the same one */
+            for (int k = 0; k < N_WAYS; k++) {
+                int s = (k + r) % N_WAYS;
+                ours[s][r] = run_time(s, ws[i], tm);
+            }
             theirs[0][r] = torch ? run_torch("ddp", ws[i], tm) : -1;
             theirs[1][r] = torch ? run_torch("zero1", ws[i], tm) : -1;
         }
         double o[N_WAYS], t[2];
-        for (int s = 0; s < N_WAYS; s++) o[s] = median_of(ours[s], repeat);
-        for (int k = 0; k < 2; k++) t[k] = median_of(theirs[k], repeat);
+        for (int s = 0; s < N_WAYS; s++) o[s] = fastest_of(ours[s], repeat);
+        for (int k = 0; k < 2; k++) t[k] = fastest_of(theirs[k], repeat);
         char tt[2][16];
         for (int k = 0; k < 2; k++) {
             if (t[k] > 0)
