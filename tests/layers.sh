@@ -24,7 +24,7 @@ layer_of_public() {
     data) echo data ;;
     optim) echo optim ;;
     checkpoint) echo checkpoint ;;
-    ddp | dp | amp | pipeline) echo parallel ;;
+    ddp | dp | amp | pipeline | zero) echo parallel ;;
     *) echo "?$1" ;;
     esac
 }
@@ -40,7 +40,7 @@ allowed() {
     comm | optim | checkpoint) echo "core device $1" ;;
     launch) echo "core $1" ;;
     data) echo "core device data" ;;
-    parallel) echo "core device tensor ops graph nn comm optim parallel" ;;
+    parallel) echo "core device tensor ops graph nn comm optim checkpoint parallel" ;;
     *) echo "" ;;
     esac
 }

@@ -25,7 +25,12 @@
  * tree. Its checkpoints (--checkpoint-every N steps) resume at any world size that divides the
  * shards, on the same trajectory; --resume auto picks up the --checkpoint file if there is one,
  * which is what a restarted job (tandemrun --max-restarts) needs. The last line gives the
- * SHA-256 of the parameters, to compare runs by. */
+ * SHA-256 of the parameters, to compare runs by.
+ *
+ * --zero 1|2|3 shards the training state over the ranks instead of replicating it (td_zero,
+ * docs/zero.md): the optimizer state, also the gradients, also the parameters. Checkpoints are
+ * then sharded (each rank writes its part beside --checkpoint, which names them) and resume at
+ * any world size, as td_ddp's do; the run ends with each kind of memory rank 0 held. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +63,7 @@ typedef struct {
     long checkpoint_every; /* also write the checkpoint every N steps (0: each epoch only) */
     int resume_auto;       /* --resume auto: from --checkpoint when that file exists */
     const char *device;    /* "cpu", "cuda" (this rank's GPU) or "cuda:N" */
+    int zero;              /* 0: DDP; 1, 2, 3: the ZeRO stage */
 } options;
 
 static void usage(void) {
@@ -70,7 +76,7 @@ static void usage(void) {
             "             [--loss-scale dynamic|none|N] [--comm-dtype f32|bf16|f16]\n"
             "             [--spawn N]\n"
             "             [--deterministic [--shards S]] [--dropout P] [--checkpoint-every N]\n"
-            "             [--resume auto] [--device cpu|cuda|cuda:N]\n"
+            "             [--resume auto] [--zero 1|2|3] [--device cpu|cuda|cuda:N]\n"
             "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n"
             "  --max-steps N  stop after N optimizer steps in all, counted across epochs (and\n"
             "                 across a resume), or at the end of --epochs if that comes first\n");
@@ -136,6 +142,8 @@ static options parse(int argc, char **argv) {
             o.resume_auto = 1;
         else if (!strcmp(a, "--resume"))
             o.resume = v;
+        else if (!strcmp(a, "--zero"))
+            o.zero = (int)mnist_int(a, v, 1, 3);
         else if (!strcmp(a, "--shards"))
             o.shards = (int)mnist_int(a, v, 1, INT_MAX);
         else if (!strcmp(a, "--dropout"))
@@ -208,6 +216,7 @@ typedef struct {
     td_grad_scaler *scaler; /* NULL without loss scaling */
     td_device device;       /* where the graphs train */
     td_ddp *ddp;
+    td_zero *zero; /* --zero: instead of ddp */
     td_trace *trace;
     int first_epoch;
     size_t first_batch;   /* of first_epoch, when resuming in the middle of one */
@@ -218,29 +227,32 @@ typedef struct {
     float grad_scale;     /* world * local_batch / batch: weights the rank average by share */
 } trainer;
 
-/* Parameters, buffers, optimizer state (master weights included) and the loss scaler's: what
- * a checkpoint holds. */
-static td_param *checkpoint_tensors(trainer *t, size_t *n) {
-    td_param *state, *amp = NULL;
-    size_t n_state, n_amp = 0;
-    td_optim_state(t->optim, &state, &n_state);
+/* What a checkpoint holds: the buffers and the loss scaler's state, then (whole) only when
+ * `whole`, the parameters and the optimizer state (master weights included), which ZeRO writes
+ * in parts itself. */
+static td_param *checkpoint_tensors(trainer *t, int whole, size_t *n) {
+    td_param *state = NULL, *amp = NULL;
+    size_t n_state = 0, n_amp = 0;
+    if (whole) td_optim_state(t->optim, &state, &n_state);
     if (t->scaler) td_grad_scaler_state(t->scaler, &amp, &n_amp);
-    *n = t->n_params + t->n_buffers + n_state + n_amp;
-    td_param *all = malloc(*n * sizeof *all);
+    *n = (whole ? t->n_params : 0) + t->n_buffers + n_state + n_amp;
+    td_param *all = malloc((*n ? *n : 1) * sizeof *all);
     if (!all) CHECK(TD_ENOMEM);
     td_param *at = all;
-    for (size_t i = 0; i < t->n_params; i++) *at++ = t->params[i];
     for (size_t i = 0; i < t->n_buffers; i++) *at++ = t->buffers[i];
-    for (size_t i = 0; i < n_state; i++) *at++ = state[i];
     for (size_t i = 0; i < n_amp; i++) *at++ = amp[i];
+    for (size_t i = 0; whole && i < t->n_params; i++) *at++ = t->params[i];
+    for (size_t i = 0; i < n_state; i++) *at++ = state[i];
     return all;
 }
 
-/* Writes the checkpoint (rank 0) after `epochs_done` whole epochs and `batches_done` batches of
- * the next, global step `step`. It holds no world size: the same file resumes at any. */
+/* Writes the checkpoint after `epochs_done` whole epochs and `batches_done` batches of the next,
+ * global step `step`: rank 0 alone, or with --zero every rank its part. It holds no world size:
+ * the same checkpoint resumes at any. Called on every rank. */
 static void save(trainer *t, int epochs_done, size_t batches_done, uint64_t step) {
+    if (!t->zero && t->rank != 0) return;
     size_t n;
-    td_param *all = checkpoint_tensors(t, &n);
+    td_param *all = checkpoint_tensors(t, !t->zero, &n);
     td_rng *rng = td_graph_rng(t->train);
     char epoch[32], batch[32], steps[32], global[32], shards[32], seed[32], offset[32];
     snprintf(epoch, sizeof epoch, "%d", epochs_done);
@@ -258,9 +270,13 @@ static void save(trainer *t, int epochs_done, size_t batches_done, uint64_t step
                                  {"shards", shards},
                                  {"dropout_rng_seed", seed},
                                  {"dropout_rng_offset", offset}};
-    CHECK(td_checkpoint_save(t->opt.checkpoint, all, n, meta, sizeof meta / sizeof *meta));
+    size_t n_meta = sizeof meta / sizeof *meta;
+    if (t->zero)
+        CHECK(td_zero_save(t->zero, t->optim, t->opt.checkpoint, all, n, meta, n_meta));
+    else
+        CHECK(td_checkpoint_save(t->opt.checkpoint, all, n, meta, n_meta));
     free(all);
-    if (t->opt.checkpoint_every > 0) {
+    if (t->rank == 0 && t->opt.checkpoint_every > 0) {
         printf("checkpoint at step %llu: %s\n", (unsigned long long)step, t->opt.checkpoint);
         fflush(stdout);
     }
@@ -313,8 +329,11 @@ static void resume(trainer *t) {
         exit(1);
     }
     size_t n;
-    td_param *all = checkpoint_tensors(t, &n);
-    CHECK(td_checkpoint_read(ck, all, n));
+    td_param *all = checkpoint_tensors(t, !t->zero, &n);
+    if (t->zero) /* every rank its own parts, at this world size, sharded or not */
+        CHECK(td_zero_load(t->zero, t->optim, path, all, n));
+    else
+        CHECK(td_checkpoint_read(ck, all, n));
     free(all);
     t->first_epoch = (int)epoch;
     t->first_batch = (size_t)batch;
@@ -387,9 +406,9 @@ static void setup(trainer *t) {
     t->rank = 0;
     t->world = 1;
     int launched = getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE") || getenv("SLURM_NTASKS");
-    if (launched || t->opt.deterministic) {
+    if (launched || t->opt.deterministic || t->opt.zero) {
         td_comm_params cp = td_comm_default_params();
-        if (!launched) { /* deterministic alone: DDP's shard tree on one rank */
+        if (!launched) { /* alone: DDP's shard tree or ZeRO on one rank */
             cp.rank = cp.local_rank = 0;
             cp.world_size = cp.local_world_size = 1;
         }
@@ -420,15 +439,35 @@ static void setup(trainer *t) {
     go.grad_enabled = 0;
     CHECK(td_graph_create(&t->eval, &go));
     build_model(&t->opt, t->eval, t->local_batch, &t->eval_model);
-    CHECK(td_graph_share_params(t->eval, t->train));
     td_graph_set_training(t->eval, 0);
 
     CHECK(td_graph_parameters(t->train, &t->params, &t->n_params));
     CHECK(td_graph_buffers(t->train, &t->buffers, &t->n_buffers));
+    if (t->opt.trace) CHECK(td_trace_create(&t->trace, t->rank));
+    td_ddp_params dp = td_ddp_default_params();
+    dp.trace = t->trace;
+    dp.comm_dtype = t->opt.comm_dtype;
+    dp.deterministic = t->opt.deterministic;
+    dp.shards = (size_t)t->opt.shards;
+    if (t->opt.bucket_kb > 0) dp.bucket_bytes = (size_t)t->opt.bucket_kb << 10;
+    td_param *stepped = t->params; /* what the optimizer steps: all, or this rank's shards */
+    size_t n_stepped = t->n_params;
+    if (t->opt.zero) {
+        td_zero_params zp = td_zero_default_params();
+        zp.stage = t->opt.zero;
+        zp.ddp = dp;
+        CHECK(td_zero_create(&t->zero, t->comm, t->params, t->n_params, t->buffers, t->n_buffers,
+                             &zp));
+        CHECK(td_zero_parameters(t->zero, &stepped, &n_stepped));
+        td_graph_set_grad_ready_hook(t->train, td_zero_grad_ready_hook, t->zero);
+        td_graph_set_param_use_hook(t->train, td_zero_param_use_hook, t->zero);
+    }
+    /* After ZeRO moved the parameters: the evaluation graph reads where they are now. */
+    CHECK(td_graph_share_params(t->eval, t->train));
     td_sgd_params sp = td_sgd_default_params();
     sp.lr = t->opt.lr;
     sp.momentum = t->opt.momentum;
-    CHECK(td_optim_create_sgd(&t->optim, t->params, t->n_params, &sp));
+    CHECK(td_optim_create_sgd(&t->optim, stepped, n_stepped, &sp));
     if (t->opt.loss_scale >= 0) {
         td_grad_scaler_params gp = td_grad_scaler_default_params();
         gp.comm = t->comm; /* every rank skips the same steps */
@@ -439,18 +478,33 @@ static void setup(trainer *t) {
         CHECK(td_grad_scaler_create(&t->scaler, &gp));
     }
     if (t->opt.resume || t->opt.resume_auto) resume(t);
-    if (t->opt.trace) CHECK(td_trace_create(&t->trace, t->rank));
-    if (t->comm) {
-        td_ddp_params dp = td_ddp_default_params();
-        dp.trace = t->trace;
-        dp.comm_dtype = t->opt.comm_dtype;
-        dp.deterministic = t->opt.deterministic;
-        dp.shards = (size_t)t->opt.shards;
-        if (t->opt.bucket_kb > 0) dp.bucket_bytes = (size_t)t->opt.bucket_kb << 10;
+    if (t->comm && !t->zero) {
         CHECK(
             td_ddp_create(&t->ddp, t->comm, t->params, t->n_params, t->buffers, t->n_buffers, &dp));
         td_graph_set_grad_ready_hook(t->train, td_ddp_grad_ready_hook, t->ddp);
     }
+}
+
+/* The calls of a step, to DDP or ZeRO, whichever synchronises the ranks (or none, alone). */
+static void sync_prepare(trainer *t) {
+    if (t->zero) CHECK(td_zero_prepare_forward(t->zero));
+    if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
+}
+
+static void sync_finish(trainer *t, float loss) {
+    if (t->zero) {
+        td_zero_set_loss(t->zero, loss);
+        CHECK(td_zero_finish_backward(t->zero));
+    }
+    if (t->ddp) {
+        td_ddp_set_loss(t->ddp, loss);
+        CHECK(td_ddp_finish_backward(t->ddp));
+    }
+}
+
+/* The step's loss reduced over ranks (this rank's `mine` alone). */
+static float sync_loss(const trainer *t, float mine) {
+    return t->zero ? td_zero_loss(t->zero) : t->ddp ? td_ddp_loss(t->ddp) : mine;
 }
 
 /* After step `step` of `epoch`, which runs to `end`: a bar redrawn in place on a terminal,
@@ -477,7 +531,7 @@ static void progress(const trainer *t, int epoch, size_t step, size_t end, doubl
  * are the global batch's mean after it. Returns the loss to show. */
 static float forward_backward(trainer *t, const td_batch *batch) {
     uint64_t t0 = td_time_ns();
-    if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
+    sync_prepare(t);
     /* The batch stays valid until the next td_loader_next: train on it in place. */
     feed(t, &t->model, batch, 0);
     CHECK(td_graph_forward(t->train));
@@ -486,14 +540,13 @@ static float forward_backward(trainer *t, const td_batch *batch) {
     /* The loss is this rank's mean; its share of the global mean has this weight, times the
      * loss scale under mixed precision. */
     float seed = t->grad_scale * (t->scaler ? td_grad_scaler_scale(t->scaler) : 1.0f);
-    if (t->ddp) td_ddp_set_loss(t->ddp, loss * t->grad_scale);
     CHECK(td_graph_backward_from(t->train, t->model.loss, &seed));
-    if (t->ddp) CHECK(td_ddp_finish_backward(t->ddp));
+    sync_finish(t, loss * t->grad_scale);
     if (t->trace) {
         CHECK(td_trace_span(t->trace, "forward", "compute", t0, t1));
         CHECK(td_trace_span(t->trace, "backward", "compute", t1, td_time_ns()));
     }
-    return t->ddp ? td_ddp_loss(t->ddp) : loss;
+    return sync_loss(t, loss);
 }
 
 /* The same in deterministic mode: this rank's shards of the global batch one after another, each
@@ -501,22 +554,25 @@ static float forward_backward(trainer *t, const td_batch *batch) {
  * batch); DDP folds their gradients, buffers and losses into its fixed tree. */
 static float forward_backward_shards(trainer *t, const td_batch *batch, uint64_t step) {
     size_t first, count, b = (size_t)t->shard_batch;
-    td_ddp_shards(t->ddp, &first, &count);
+    if (t->zero)
+        td_zero_shards(t->zero, &first, &count);
+    else
+        td_ddp_shards(t->ddp, &first, &count);
     for (size_t j = 0; j < count; j++) {
         uint64_t t0 = td_time_ns();
-        CHECK(td_ddp_prepare_forward(t->ddp));
+        sync_prepare(t);
         feed(t, &t->model, batch, j * b);
         CHECK(td_graph_set_rng_key(t->train, step, (first + j) * b));
         CHECK(td_graph_forward(t->train));
-        td_ddp_set_loss(t->ddp, loss_of(&t->model));
+        float loss = loss_of(&t->model);
         CHECK(td_graph_zero_grad(t->train));
         /* every shard's loss is its mean; DDP averages over the shards (and f16 scales it) */
         float seed = t->scaler ? td_grad_scaler_scale(t->scaler) : 1.0f;
         CHECK(td_graph_backward_from(t->train, t->model.loss, &seed));
-        CHECK(td_ddp_finish_backward(t->ddp));
+        sync_finish(t, loss);
         if (t->trace) CHECK(td_trace_span(t->trace, "shard", "compute", t0, td_time_ns()));
     }
-    return td_ddp_loss(t->ddp);
+    return sync_loss(t, 0.0f);
 }
 
 /* Steps [first, end) of one epoch; returns samples/s over them (all ranks). */
@@ -542,7 +598,7 @@ static double train_epoch(trainer *t, td_loader *loader, int epoch, size_t first
         CHECK(td_graph_zero_grad(t->train));
         uint64_t t3 = td_time_ns();
         if (t->trace) CHECK(td_trace_span(t->trace, "optimizer", "compute", t2, t3));
-        if (t->rank == 0 && t->opt.checkpoint && t->opt.checkpoint_every > 0 &&
+        if (t->opt.checkpoint && t->opt.checkpoint_every > 0 &&
             (global_step + 1) % (uint64_t)t->opt.checkpoint_every == 0 && step + 1 < end)
             save(t, epoch, step + 1, global_step + 1);
         double secs = (double)(td_time_ns() - start) * 1e-9;
@@ -553,6 +609,8 @@ static double train_epoch(trainer *t, td_loader *loader, int epoch, size_t first
 
 /* Test accuracy and mean loss, the test set split across ranks batch by batch. */
 static void evaluate(trainer *t, td_loader *test, double *accuracy, double *loss) {
+    /* ranks evaluate different batches: ZeRO holds every parameter whole meanwhile */
+    if (t->zero) CHECK(td_zero_full_params(t->zero, 1));
     CHECK(td_loader_set_epoch(test, 0));
     int64_t cap = td_tensor_shape(t->eval_model.input).dim[0];
     size_t sample = (size_t)td_tensor_numel(t->eval_model.input) / (size_t)cap;
@@ -585,12 +643,28 @@ static void evaluate(trainer *t, td_loader *test, double *accuracy, double *loss
     if (t->comm) CHECK(td_comm_allreduce(t->comm, sums, sums, 3, TD_F64, TD_OP_SUM));
     *accuracy = sums[0] / sums[2];
     *loss = sums[1] / sums[2];
+    if (t->zero) CHECK(td_zero_full_params(t->zero, 0));
     free(x);
     free(y);
     free(logp);
 }
 
 static int train(int rank, int world_size, void *arg);
+
+/* What ZeRO held on this rank, by kind, now and at its peak (td_zero_memory_stats). */
+static void print_zero_memory(const trainer *t) {
+    td_zero_memory m = td_zero_memory_stats(t->zero, t->optim);
+    int stage;
+    size_t units, flats;
+    td_zero_layout(t->zero, &stage, &units, &flats);
+    printf("zero stage %d, %zu units, rank 0 of %d held (KiB now / peak): parameters %zu / %zu, "
+           "gradients %zu / %zu, optimizer %zu / %zu, gathered %zu / %zu, reducing %zu / %zu, "
+           "total %zu / %zu\n",
+           stage, units, t->world, m.now.params >> 10, m.peak.params >> 10, m.now.grads >> 10,
+           m.peak.grads >> 10, m.now.optim >> 10, m.peak.optim >> 10, m.now.gathered >> 10,
+           m.peak.gathered >> 10, m.now.reducing >> 10, m.peak.reducing >> 10, m.now.total >> 10,
+           m.peak.total >> 10);
+}
 
 int main(int argc, char **argv) {
     if (mnist_pipeline_requested(argc, argv)) return mnist_pipeline_main(argc, argv);
@@ -661,16 +735,16 @@ static int train(int rank, int world_size, void *arg) {
         rate = train_epoch(&t, loader, epoch, first, end);
         done = at + end;
         if (t.opt.eval) evaluate(&t, test_loader, &accuracy, &test_loss);
-        if (t.rank == 0) {
-            if (t.opt.eval)
-                printf("epoch %d: test accuracy %.4f, test loss %.4f, %.0f samples/s\n", epoch + 1,
-                       accuracy, test_loss, rate);
-            /* stopped by --max-steps inside the epoch: the checkpoint says where, to go on */
-            int whole = end == t.epoch_batches;
-            if (t.opt.checkpoint) save(&t, whole ? epoch + 1 : epoch, whole ? 0 : end, done);
-        }
+        if (t.rank == 0 && t.opt.eval)
+            printf("epoch %d: test accuracy %.4f, test loss %.4f, %.0f samples/s\n", epoch + 1,
+                   accuracy, test_loss, rate);
+        /* stopped by --max-steps inside the epoch: the checkpoint says where, to go on */
+        int whole = end == t.epoch_batches;
+        if (t.opt.checkpoint) save(&t, whole ? epoch + 1 : epoch, whole ? 0 : end, done);
     }
     char digest[65];
+    if (t.rank == 0 && t.zero) print_zero_memory(&t);
+    if (t.zero) CHECK(td_zero_full_params(t.zero, 1)); /* the whole model, for its digest */
     CHECK(td_params_sha256(t.params, t.n_params, digest));
     if (t.rank == 0 && t.scaler)
         printf("loss scale %g, %lld step(s) skipped for inf/NaN gradients\n",
@@ -695,6 +769,7 @@ static int train(int rank, int world_size, void *arg) {
     td_dataset_destroy(train_set);
     td_dataset_destroy(test_set);
     td_ddp_destroy(t.ddp);
+    td_zero_destroy(t.zero);
     td_grad_scaler_destroy(t.scaler);
     td_optim_destroy(t.optim);
     td_graph_destroy(t.eval);

@@ -312,6 +312,15 @@ typedef void (*td_grad_ready_fn)(size_t param_index, void *ctx);
 /* Installs (or with NULL removes) the grad-ready hook. */
 void td_graph_set_grad_ready_hook(td_graph *g, td_grad_ready_fn fn, void *ctx);
 
+/* Installs (or with NULL removes) the parameter-use hook (param.h's td_param_use): in every
+ * forward it is called before the first and after the last node that reads a parameter; in every
+ * backward before the first node that reads it and runs backward, and after the last node that
+ * reads it (whether that node ran backward or not); parameters no node reads get their AFTER
+ * calls at the sweep's end. The graph then takes the parameter's data and grad from its td_param
+ * entry again, so the hook may move them. The calls depend on the graph alone, so every rank
+ * running the same graph makes them in the same order. */
+void td_graph_set_param_use_hook(td_graph *g, td_param_use_fn fn, void *ctx);
+
 /* Makes `dst` use `src`'s parameter and buffer storage (same names, shapes, order), e.g.
  * an eval graph of another batch size that always sees the training weights. */
 td_status td_graph_share_params(td_graph *dst, td_graph *src);

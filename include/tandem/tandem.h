@@ -21,5 +21,6 @@
 #include "tandem/store.h"
 #include "tandem/tensor.h"
 #include "tandem/trace.h"
+#include "tandem/zero.h"
 
 #endif

@@ -1,6 +1,6 @@
 /* The graph itself: creation, leaves and nodes, the forward and backward sweeps, gradient
- * zeroing, the grad-ready hook, and parameter sharing between graphs. Compiling is in
- * compile.c and fuse.c, the public op builders in build.c, the ops' math in src/ops; this
+ * zeroing, the grad-ready and parameter-use hooks, and parameter sharing between graphs. Compiling
+ * is in compile.c and fuse.c, the public op builders in build.c, the ops' math in src/ops; this
  * file walks op tables and never names an op. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,8 +87,10 @@ void td_graph_destroy(td_graph *g) {
     free(g->buffers);
     free(g->buffer_t);
     free(g->param_last_node);
+    free(g->param_final_node);
     free(g->casts);
     free(g->fired);
+    free(g->used);
     td_arena_destroy(g->ctx.arena);
     td_arena_destroy(g->ctx.records);
     if (g->ctx.backend) g->ctx.backend->destroy(&g->ctx);
@@ -313,14 +315,34 @@ void td__graph_sync_storage(td_graph *g) {
     g->storage_gen += moved;
 }
 
-static td_status forward_nodes(td_graph *g, const void *arg) {
-    (void)arg;
-    for (int k = 0; k < g->nnodes; k++) {
-        td__node *n = g->nodes[k];
-        TD__TRY(td__kernels_of(&g->ctx, n->op)->forward(&g->ctx, n));
-    }
+/* Tells the parameter-use hook that parameter i reaches `use`, then takes its storage from its
+ * td_param entry again: the hook may have moved it. */
+static td_status use_param(td_graph *g, int i, td_param_use use) {
+    TD__TRY(g->use_hook((size_t)i, use, g->use_ctx));
+    td_tensor *t = g->param_t[i];
+    if (g->params[i].data) t->data = g->params[i].data;
+    if (g->params[i].grad) t->grad = g->params[i].grad;
     return TD_OK;
 }
+
+/* Whether input i of n is a parameter that no earlier input of n is. */
+static int first_param_input(const td__node *n, int i) {
+    if (!n->in[i] || n->in[i]->kind != TD__PARAM) return 0;
+    for (int j = 0; j < i; j++)
+        if (n->in[j] == n->in[i]) return 0;
+    return 1;
+}
+
+/* The hook for each parameter that node n reads and whose first or last reader n is. */
+static td_status use_params_at(td_graph *g, const td__node *n, const int *reader,
+                               td_param_use use) {
+    for (int i = 0; i < n->nin; i++)
+        if (first_param_input(n, i) && reader[n->in[i]->index] == n->index)
+            TD__TRY(use_param(g, n->in[i]->index, use));
+    return TD_OK;
+}
+
+static td_status forward_nodes(td_graph *g, const void *arg);
 
 td_status td_graph_forward(td_graph *g) {
     if (!g) return td__fail(TD_EINVAL, "td_graph_forward: graph is NULL");
@@ -333,6 +355,31 @@ td_status td_graph_forward(td_graph *g) {
     g->ctx.rng_sample_offset = 0;
     if (g->ctx.backend->forward_begin) TD__TRY(g->ctx.backend->forward_begin(&g->ctx));
     return td__graph_sweep(g, NULL, forward_nodes, NULL);
+}
+
+/* A forward's nodes, with the parameter-use hook at each parameter's first and last reader. */
+static td_status forward_nodes(td_graph *g, const void *arg) {
+    (void)arg;
+    td_param_use_fn hook = g->use_hook;
+    for (int k = 0; k < g->nnodes; k++) {
+        td__node *n = g->nodes[k];
+        if (hook) TD__TRY(use_params_at(g, n, g->param_last_node, TD_PARAM_BEFORE_FORWARD));
+        TD__TRY(td__kernels_of(&g->ctx, n->op)->forward(&g->ctx, n));
+        if (hook) TD__TRY(use_params_at(g, n, g->param_final_node, TD_PARAM_AFTER_FORWARD));
+    }
+    for (int i = 0; hook && i < g->nparams; i++)
+        if (g->param_final_node[i] < 0) TD__TRY(use_param(g, i, TD_PARAM_AFTER_FORWARD));
+    return TD_OK;
+}
+
+/* Backward's point: before the first node that reads a parameter and runs backward. */
+static td_status use_params_backward(td_graph *g, const td__node *n) {
+    for (int i = 0; i < n->nin; i++)
+        if (first_param_input(n, i) && !g->used[n->in[i]->index]) {
+            g->used[n->in[i]->index] = 1;
+            TD__TRY(use_param(g, n->in[i]->index, TD_PARAM_BEFORE_BACKWARD));
+        }
+    return TD_OK;
 }
 
 static void fire(td_graph *g, int i) {
@@ -425,14 +472,20 @@ static td_status backward_nodes(td_graph *g, const void *arg) {
     td__grad_end(&g->ctx, y);
     g->zero_failed = 0;
     memset(g->fired, 0, (size_t)g->nparams);
+    memset(g->used, 0, (size_t)g->nparams);
     for (int k = g->nnodes - 1; k >= 0; k--) {
         td__node *n = g->nodes[k];
-        if (n->out->requires_grad && !n->out->grad_zero)
+        if (n->out->requires_grad && !n->out->grad_zero) {
+            if (g->use_hook) TD__TRY(use_params_backward(g, n));
             TD__TRY(td__kernels_of(&g->ctx, n->op)->backward(&g->ctx, n));
+        }
         params_ready(&g->ctx, n, 0);
+        if (g->use_hook) TD__TRY(use_params_at(g, n, g->param_last_node, TD_PARAM_AFTER_BACKWARD));
     }
     for (int i = 0; i < g->nparams; i++)
         if (!g->fired[i]) fire(g, i);
+    for (int i = 0; g->use_hook && i < g->nparams; i++)
+        if (g->param_last_node[i] < 0) TD__TRY(use_param(g, i, TD_PARAM_AFTER_BACKWARD));
     if (g->zero_failed)
         return td__fail(TD_EBACKEND, "td_graph_backward: zeroing a parameter gradient failed");
     for (int i = 0; i < g->ntensors; i++) {
@@ -514,6 +567,12 @@ void td_graph_set_grad_ready_hook(td_graph *g, td_grad_ready_fn fn, void *ctx) {
     g->hook_ctx = ctx;
 }
 
+void td_graph_set_param_use_hook(td_graph *g, td_param_use_fn fn, void *ctx) {
+    if (!g) return;
+    g->use_hook = fn;
+    g->use_ctx = ctx;
+}
+
 static td_status share(td_tensor **dst, td_param *dp, td_tensor **src, int n, int nsrc,
                        const char *what) {
     if (n != nsrc)
@@ -537,6 +596,7 @@ static td_status share(td_tensor **dst, td_param *dp, td_tensor **src, int n, in
 
 td_status td_graph_share_params(td_graph *dst, td_graph *src) {
     if (!dst || !src) return td__fail(TD_EINVAL, "td_graph_share_params: NULL graph");
+    td__graph_sync_storage(src); /* where src's td_param entries say, if moved since its sweep */
     TD__TRY(
         share(dst->param_t, dst->params, src->param_t, dst->nparams, src->nparams, "parameters"));
     return share(dst->buffer_t, dst->buffers, src->buffer_t, dst->nbuffers, src->nbuffers,

@@ -46,10 +46,14 @@ struct td_graph {
     td_param *buffers;
     td_tensor **buffer_t;
     int nbuffers, cap_buffers;
-    int *param_last_node; /* (nparams) lowest consumer node index, or -1 */
-    unsigned char *fired; /* (nparams) hook already called in this sweep */
+    int *param_last_node;  /* (nparams) lowest consumer node index, or -1 */
+    int *param_final_node; /* (nparams) highest consumer node index, or -1 */
+    unsigned char *fired;  /* (nparams) hook already called in this sweep */
+    unsigned char *used;   /* (nparams) the use hook's BEFORE_BACKWARD made in this sweep */
     td_grad_ready_fn hook;
     void *hook_ctx;
+    td_param_use_fn use_hook; /* td_graph_set_param_use_hook's */
+    void *use_ctx;
     td__graph_cast_entry *casts;
     int ncasts, cap_casts;
     /* Activations, gradients and scratch (and, on a GPU, the leaves too) in one allocation

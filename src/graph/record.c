@@ -67,7 +67,8 @@ static int recordable(td_graph *g, int backward) {
             return 0;
         }
     g->record_checked = 1;
-    return !(backward && g->hook);
+    /* Hooks run host code in the middle of a sweep: DDP's in backward, ZeRO's in both. */
+    return !g->use_hook && !(backward && g->hook);
 }
 
 /* The key of the sweep about to run, as it would be stored. */

@@ -314,6 +314,14 @@ static td_status ddp_agree(td_ddp *d) {
 
 td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_params,
                         td_param *buffers, size_t n_buffers, const td_ddp_params *p) {
+    int deterministic = p && p->deterministic;
+    return td__ddp_create_with(out, comm, params, n_params, buffers, n_buffers, p,
+                               deterministic ? &td__ddp_shard_tree : &td__ddp_allreduce, NULL);
+}
+
+td_status td__ddp_create_with(td_ddp **out, td_comm *comm, td_param *params, size_t n_params,
+                              td_param *buffers, size_t n_buffers, const td_ddp_params *p,
+                              const td__ddp_reducer *reducer, void *reducer_ctx) {
     if (!out || !comm || (n_params && !params) || (n_buffers && !buffers))
         return td__fail(TD_EINVAL, "td_ddp_create: out, comm, params or buffers is NULL");
     *out = NULL;
@@ -334,7 +342,8 @@ td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_
     d->buffers = buffers;
     d->n_buffers = n_buffers;
     d->opt = opt;
-    d->reducer = opt.deterministic ? &td__ddp_shard_tree : &td__ddp_allreduce;
+    d->reducer = reducer;
+    d->reducer_ctx = reducer_ctx;
     d->sync = 1;
     d->shard_count = 1;
     size_t n = n_params ? n_params : 1;

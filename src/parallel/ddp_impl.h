@@ -41,6 +41,7 @@ struct td_ddp {
     size_t n_buffers;
     td_ddp_params opt;
     const td__ddp_reducer *reducer;
+    void *reducer_ctx;   /* what the creator gave the reducer (td__ddp_create_with), or NULL */
     void *state;         /* the reducer's */
     void **orig_grad;    /* (n_params) grad pointers at creation, restored by destroy */
     size_t *order;       /* (n_params) the layout order: reverse registration, then rebuilt */
@@ -85,6 +86,11 @@ double td__ddp_mem_get(td_ddp *d, const void *p, td_dtype dt, size_t i);
 td_status td__ddp_mem_scale(td_ddp *d, void *p, td_dtype dt, size_t n, float w);
 td_status td__ddp_mem_fill(td_ddp *d, void *p, uint32_t bits, int size, size_t n);
 int td__ddp_mem_holds(td_ddp *d, const void *p, uint32_t bits, int size, size_t n);
+/* td_ddp_create with the reducer chosen by the caller: a strategy built on DDP's front (ZeRO's
+ * sharded reducer lays gradients out by ZeRO's units, given as reducer_ctx). */
+td_status td__ddp_create_with(td_ddp **out, td_comm *comm, td_param *params, size_t n_params,
+                              td_param *buffers, size_t n_buffers, const td_ddp_params *p,
+                              const td__ddp_reducer *reducer, void *reducer_ctx);
 
 /* Keeps the first error of a backward; later ones (usually consequences) are dropped. */
 void td__ddp_note_error(td_ddp *d, td_status s);
