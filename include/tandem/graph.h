@@ -46,9 +46,13 @@ typedef enum {
                       their f32 weights; pooling, activations, dropout, add, concat and reshape
                       follow their input's dtype; batch norm, softmax and the losses take f32 */
     TD_AMP_O2,     /* the weights themselves in the low dtype (batch norm's stay f32) and the
-                      activations too; keep f32 master weights in the optimizer (optim.h) */
-    TD_AMP_O3,     /* everything in the low dtype, batch norm's weights too, no master weights:
-                      the fastest level and the one that can diverge */
+                      activations too; the optimizer keeps f32 master weights (td_param's
+                      master_dtype is f32; optim.h) */
+    TD_AMP_O3,     /* everything in the low dtype, batch norm's weights too, and no master
+                      weights: td_param's master_dtype is the low dtype, so the optimizer
+                      updates the weights in place and keeps its state in the low dtype (apex's
+                      pure half precision): the least memory, and the level that can stall or
+                      diverge */
 } td_amp_level;
 
 /* A graph's mixed precision. */

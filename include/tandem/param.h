@@ -19,11 +19,16 @@ typedef struct {
     void *data;       /* (count) elements of dtype */
     void *grad;       /* (count) elements of dtype, or NULL */
     size_t count;     /* product of shape */
-    td_dtype dtype;   /* TD_F32 for trainable parameters today */
+    td_dtype dtype;   /* TD_F32, or TD_BF16 / TD_F16 under mixed precision */
     int ndim;         /* 0..TD_MAX_DIMS */
     int64_t shape[TD_MAX_DIMS];
-    td_device device; /* where data and grad live: the CPU (zeroed) unless a graph on a GPU
-                         handed the entry out */
+    td_device device;      /* where data and grad live: the CPU (zeroed) unless a graph on a GPU
+                              handed the entry out */
+    td_dtype master_dtype; /* what an optimizer updates a bf16 / f16 parameter in: TD_F32 (the
+                              zero value) through f32 master weights it keeps (apex's O2), or
+                              the parameter's own dtype, in place with no copy and its
+                              optimizer state in that dtype too (apex's O3). f32 parameters:
+                              TD_F32 */
 } td_param;
 
 /* The points of a sweep at which a parameter's values are about to be read, or were read for

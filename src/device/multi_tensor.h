@@ -21,17 +21,18 @@ typedef enum {
 
 /* One tensor of the list; pointers are device memory, NULL where absent. */
 typedef struct {
-    void *param;     /* (count) in dtype, updated in place (through master when it has one) */
-    void *grad;      /* (count) in dtype */
-    float *buf1;     /* momentum_buffer or exp_avg (count) */
-    float *buf2;     /* exp_avg_sq (count) */
-    float *master;   /* f32 master weights of a bf16 or f16 parameter */
-    uint64_t count;  /* elements */
-    int32_t dtype;   /* td_dtype of param and grad */
-    int32_t first;   /* SGD: the parameter's first step (the momentum buffer starts as d) */
-    float neg_step;  /* AdamW: -(lr / (1 - beta1^step)), rounded from double as the CPU does */
-    float bc2_sqrt;  /* AdamW: sqrt(1 - beta2^step) */
-    uint64_t chunk0; /* the tensor's first chunk of the launch (the library fills it) */
+    void *param;         /* (count) in dtype, updated in place (through master when it has one) */
+    void *grad;          /* (count) in dtype */
+    void *buf1;          /* momentum_buffer or exp_avg (count) of state_dtype */
+    void *buf2;          /* exp_avg_sq (count) of state_dtype */
+    float *master;       /* f32 master weights of a bf16 or f16 parameter */
+    uint64_t count;      /* elements */
+    int32_t dtype;       /* td_dtype of param and grad */
+    int32_t state_dtype; /* of buf1 and buf2: f32, or the parameter's own without a master (O3) */
+    int32_t first;       /* SGD: the parameter's first step (the momentum buffer starts as d) */
+    float neg_step;      /* AdamW: -(lr / (1 - beta1^step)), rounded from double as the CPU does */
+    float bc2_sqrt;      /* AdamW: sqrt(1 - beta2^step) */
+    uint64_t chunk0;     /* the tensor's first chunk of the launch (the library fills it) */
 } td__mt_tensor;
 
 /* The step's scalars, each already rounded to float from double as the CPU does. */

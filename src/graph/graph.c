@@ -187,6 +187,7 @@ static void fill_param(td_param *p, td_tensor *t) {
     p->dtype = t->dtype;
     p->ndim = t->shape.ndim;
     p->device = t->g->opt.device;
+    p->master_dtype = TD_F32;
     for (int i = 0; i < TD_MAX_DIMS; i++) p->shape[i] = i < t->shape.ndim ? t->shape.dim[i] : 0;
 }
 

@@ -1,8 +1,11 @@
 /* SGD and AdamW with torch.optim's update rules (single-tensor, non-fused paths of PyTorch
  * 1.13), over td_param arrays, plus the state they expose for checkpoints. A parameter stored
- * in bf16 or f16 (mixed precision's O2) gets f32 master weights here: each step updates the
- * master from the converted gradient and writes the rounded values back to the parameter, so
- * small updates accumulate instead of vanishing in the low dtype (apex's master weights).
+ * in bf16 or f16 gets f32 master weights here unless its master_dtype is its own dtype
+ * (mixed precision's O2 and O3): with them, each step updates the master from the converted
+ * gradient and writes the rounded values back to the parameter, so small updates accumulate
+ * instead of vanishing in the low dtype (apex's master weights); without them (apex's O3), the
+ * parameter and its momentum or Adam moments are stored in the low dtype and each step
+ * computes on them in f32, block by block, and rounds the results once.
  *
  * Scalars follow PyTorch: hyperparameters and bias corrections are computed in double (as
  * Python floats) and cast to float where PyTorch passes them into a float kernel. It does
@@ -38,8 +41,9 @@ struct td_optim {
     td_sgd_params sgd;
     td_adamw_params adamw;
     int64_t *steps;  /* (n) steps taken by each parameter */
-    float **buf1;    /* (n) momentum_buffer or exp_avg, each (params[i].count), or NULL */
-    float **buf2;    /* (n) exp_avg_sq, each (params[i].count), or NULL */
+    void **buf1;     /* (n) momentum_buffer or exp_avg, each (params[i].count) of the state
+                        dtype (state_dtype), or NULL */
+    void **buf2;     /* (n) exp_avg_sq, the same, or NULL */
     float **master;  /* (n) f32 master weights of low-precision parameters, or NULL */
     td_param *state; /* (n_state) */
     size_t n_state;
@@ -66,19 +70,18 @@ td_adamw_params td_adamw_default_params(void) {
     return p;
 }
 
-/* Zeroed f32 state on the optimizer's device. */
-static td_status state_alloc(td_optim *o, size_t count, float **out) {
-    size_t bytes = (count ? count : 1) * sizeof(float);
+/* Zeroed state of `bytes` on the optimizer's device. */
+static td_status state_alloc(td_optim *o, size_t bytes, void **out) {
     if (o->device.type == TD_DEVICE_CPU) {
-        *out = calloc(1, bytes);
+        *out = calloc(1, bytes ? bytes : 1);
         return *out ? TD_OK : TD_ENOMEM;
     }
     *out = NULL;
-    TD__TRY(td_device_alloc(o->device, bytes, (void **)out));
+    TD__TRY(td_device_alloc(o->device, bytes ? bytes : 1, out));
     return td__device_memset(o->device, *out, 0, bytes, "optimizer state");
 }
 
-static void state_free(td_optim *o, float *p) {
+static void state_free(td_optim *o, void *p) {
     if (p) td_device_free(o->device, p);
 }
 
@@ -101,6 +104,12 @@ void td_optim_destroy(td_optim *o) {
     free(o);
 }
 
+/* The dtype of parameter i's optimizer state: f32, unless the parameter is low-precision and
+ * stepped without master weights, when it is the parameter's own. */
+static td_dtype state_dtype(const td_optim *o, size_t i) {
+    return o->master[i] ? TD_F32 : o->params[i].dtype;
+}
+
 static td_status check_params(const char *who, const td_param *params, size_t n) {
     if (!params && n) return td__fail(TD_EINVAL, "%s: params is NULL with n = %zu", who, n);
     for (size_t i = 0; i < n; i++) {
@@ -118,6 +127,12 @@ static td_status check_params(const char *who, const td_param *params, size_t n)
                             p->name, td_dtype_name(p->dtype));
         if (!p->data && p->count)
             return td__fail(TD_EINVAL, "%s: parameter %s has no data", who, p->name);
+        if (p->master_dtype != TD_F32 && p->master_dtype != p->dtype)
+            return td__fail(TD_EDTYPE,
+                            "%s: parameter %s is %s with master_dtype %s, expected f32 (master "
+                            "weights) or %s (none)",
+                            who, p->name, td_dtype_name(p->dtype), td_dtype_name(p->master_dtype),
+                            td_dtype_name(p->dtype));
         for (size_t j = 0; j < i; j++)
             if (strcmp(params[j].name, p->name) == 0)
                 return td__fail(TD_EINVAL,
@@ -138,7 +153,7 @@ static td_status add_state(td_optim *o, const char *param_name, const char *suff
         snprintf(name, len, "optim.%s", suffix);
     td_param *s = &o->state[o->n_state];
     memset(s, 0, sizeof *s);
-    s->device = dtype == TD_F32 ? o->device : td_device_cpu(); /* the step counts stay here */
+    s->device = dtype != TD_I64 ? o->device : td_device_cpu(); /* the step counts stay here */
     o->names[o->n_state] = name;
     o->n_state++;
     s->name = name;
@@ -170,29 +185,10 @@ static td_status create_common(td_optim **out, int kind, td_param *params, size_
         return td__fail(TD_ENOMEM, "optimizer: out of memory");
     }
     td_status st;
-    int64_t nshape[1] = {(int64_t)n};
-    if ((st = add_state(o, "", "step", o->steps, n, TD_I64, 1, nshape)) != TD_OK) goto fail;
-    for (size_t i = 0; i < n && nbufs > 0; i++) {
-        size_t c = params[i].count;
-        if (state_alloc(o, c, &o->buf1[i]) != TD_OK ||
-            (nbufs > 1 && state_alloc(o, c, &o->buf2[i]) != TD_OK)) {
-            st = td__fail(TD_ENOMEM, "optimizer: cannot allocate state for %s (%zu floats)",
-                          params[i].name, c);
-            goto fail;
-        }
-        st = add_state(o, params[i].name, suffix1, o->buf1[i], c, TD_F32, params[i].ndim,
-                       params[i].shape);
-        if (st != TD_OK) goto fail;
-        if (nbufs > 1) {
-            st = add_state(o, params[i].name, suffix2, o->buf2[i], c, TD_F32, params[i].ndim,
-                           params[i].shape);
-            if (st != TD_OK) goto fail;
-        }
-    }
     for (size_t i = 0; i < n; i++) {
-        if (params[i].dtype == TD_F32) continue;
+        if (params[i].dtype == TD_F32 || params[i].master_dtype == params[i].dtype) continue;
         size_t c = params[i].count;
-        if (state_alloc(o, c, &o->master[i]) != TD_OK) {
+        if (state_alloc(o, c * sizeof(float), (void **)&o->master[i]) != TD_OK) {
             st =
                 td__fail(TD_ENOMEM, "optimizer: cannot allocate master weights for %s (%zu floats)",
                          params[i].name, c);
@@ -210,8 +206,31 @@ static td_status create_common(td_optim **out, int kind, td_param *params, size_
                                          NULL, "optimizer");
             if (st != TD_OK) goto fail;
         }
-        st = add_state(o, params[i].name, "master", o->master[i], c, TD_F32, params[i].ndim,
+    }
+    int64_t nshape[1] = {(int64_t)n};
+    if ((st = add_state(o, "", "step", o->steps, n, TD_I64, 1, nshape)) != TD_OK) goto fail;
+    for (size_t i = 0; i < n && nbufs > 0; i++) {
+        size_t c = params[i].count;
+        td_dtype sd = state_dtype(o, i);
+        if (state_alloc(o, c * td_dtype_size(sd), &o->buf1[i]) != TD_OK ||
+            (nbufs > 1 && state_alloc(o, c * td_dtype_size(sd), &o->buf2[i]) != TD_OK)) {
+            st = td__fail(TD_ENOMEM, "optimizer: cannot allocate state for %s (%zu elements)",
+                          params[i].name, c);
+            goto fail;
+        }
+        st = add_state(o, params[i].name, suffix1, o->buf1[i], c, sd, params[i].ndim,
                        params[i].shape);
+        if (st != TD_OK) goto fail;
+        if (nbufs > 1) {
+            st = add_state(o, params[i].name, suffix2, o->buf2[i], c, sd, params[i].ndim,
+                           params[i].shape);
+            if (st != TD_OK) goto fail;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!o->master[i]) continue;
+        st = add_state(o, params[i].name, "master", o->master[i], params[i].count, TD_F32,
+                       params[i].ndim, params[i].shape);
         if (st != TD_OK) goto fail;
     }
     *out = o;
@@ -305,24 +324,35 @@ TD__VECTORIZE static void sgd_block(const td_sgd_params *hp, double lr, float *r
 
 enum { BLOCK = 2048 }; /* floats per block: a few blocks of state stay in L1 */
 
+/* Elements [j, j + len) of a buffer of dtype dt as f32: the buffer itself when it is f32,
+ * else widened into scratch. */
+static float *widen(float *scratch, const void *src, td_dtype dt, size_t j, size_t len) {
+    if (dt == TD_F32) return (float *)src + j;
+    td__convert(scratch, TD_F32, (const uint16_t *)src + j, dt, len);
+    return scratch;
+}
+
+/* Stores a block that widen (or a master) gave back into elements [j, j + len) of dst;
+ * nothing to do when dst is f32, as the block then is dst's own memory. */
+static void narrow(void *dst, td_dtype dt, size_t j, const float *block, size_t len) {
+    if (dt != TD_F32) td__convert((uint16_t *)dst + j, dt, block, TD_F32, len);
+}
+
 /* Block by block, so the momentum written by the first loop is still in L1 when the second
  * reads it: one pass over memory instead of two (a third less traffic on large layers). A
- * low-precision parameter updates its f32 master block from the converted gradient block and
- * takes the rounded result. */
+ * low-precision parameter updates its f32 master block, or without one a widened copy of its
+ * own block, from the widened gradient block, and takes the rounded result. */
 static void sgd_update(const td_sgd_params *hp, double lr, const td_param *prm, float *master,
-                       float *buf, int first) {
-    float g32[BLOCK];
+                       void *buf, td_dtype sd, int first) {
+    float p32[BLOCK], g32[BLOCK], b32[BLOCK];
     size_t count = prm->count;
     for (size_t j = 0; j < count; j += BLOCK) {
         size_t len = count - j < BLOCK ? count - j : BLOCK;
-        if (!master) {
-            sgd_block(hp, lr, (float *)prm->data + j, (const float *)prm->grad + j,
-                      buf ? buf + j : NULL, len, first);
-            continue;
-        }
-        td__convert(g32, TD_F32, (const uint16_t *)prm->grad + j, prm->dtype, len);
-        sgd_block(hp, lr, master + j, g32, buf ? buf + j : NULL, len, first);
-        td__convert((uint16_t *)prm->data + j, prm->dtype, master + j, TD_F32, len);
+        float *p = master ? master + j : widen(p32, prm->data, prm->dtype, j, len);
+        float *b = buf ? widen(b32, buf, sd, j, len) : NULL;
+        sgd_block(hp, lr, p, widen(g32, prm->grad, prm->dtype, j, len), b, len, first);
+        narrow(prm->data, prm->dtype, j, p, len);
+        if (b) narrow(buf, sd, j, b, len);
     }
 }
 
@@ -346,19 +376,20 @@ TD__VECTORIZE static void adamw_update(const td_adamw_params *hp, double lr, int
     }
 }
 
-/* AdamW on parameter i, through its master weights when it has them. */
+/* AdamW on parameter i, through its master weights when it has them, block by block as SGD. */
 static void adamw_step(td_optim *o, size_t i) {
-    const td_param *p = &o->params[i];
-    float *master = o->master[i], *m = o->buf1[i], *v = o->buf2[i], g32[BLOCK];
-    if (!master) {
-        adamw_update(&o->adamw, o->lr, o->steps[i], p->data, p->grad, m, v, p->count);
-        return;
-    }
-    for (size_t j = 0; j < p->count; j += BLOCK) {
-        size_t len = p->count - j < BLOCK ? p->count - j : BLOCK;
-        td__convert(g32, TD_F32, (const uint16_t *)p->grad + j, p->dtype, len);
-        adamw_update(&o->adamw, o->lr, o->steps[i], master + j, g32, m + j, v + j, len);
-        td__convert((uint16_t *)p->data + j, p->dtype, master + j, TD_F32, len);
+    const td_param *prm = &o->params[i];
+    float *master = o->master[i], p32[BLOCK], g32[BLOCK], m32[BLOCK], v32[BLOCK];
+    td_dtype sd = state_dtype(o, i);
+    for (size_t j = 0; j < prm->count; j += BLOCK) {
+        size_t len = prm->count - j < BLOCK ? prm->count - j : BLOCK;
+        float *p = master ? master + j : widen(p32, prm->data, prm->dtype, j, len);
+        float *m = widen(m32, o->buf1[i], sd, j, len), *v = widen(v32, o->buf2[i], sd, j, len);
+        adamw_update(&o->adamw, o->lr, o->steps[i], p, widen(g32, prm->grad, prm->dtype, j, len), m,
+                     v, len);
+        narrow(prm->data, prm->dtype, j, p, len);
+        narrow(o->buf1[i], sd, j, m, len);
+        narrow(o->buf2[i], sd, j, v, len);
     }
 }
 
@@ -393,6 +424,7 @@ static td_status device_step(td_optim *o) {
                              .master = o->master[i],
                              .count = p->count,
                              .dtype = (int32_t)p->dtype,
+                             .state_dtype = (int32_t)state_dtype(o, i),
                              .first = o->steps[i] == 0};
         if (!p->grad) continue;
         o->steps[i]++;
@@ -419,7 +451,8 @@ td_status td_optim_step(td_optim *o) {
         td_param *p = &o->params[i];
         if (!p->grad) continue;
         if (o->kind == KIND_SGD) {
-            sgd_update(&o->sgd, o->lr, p, o->master[i], o->buf1[i], o->steps[i] == 0);
+            sgd_update(&o->sgd, o->lr, p, o->master[i], o->buf1[i], state_dtype(o, i),
+                       o->steps[i] == 0);
             o->steps[i]++;
         } else {
             o->steps[i]++;

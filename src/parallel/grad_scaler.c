@@ -52,9 +52,18 @@ td_status td_grad_scaler_create(td_grad_scaler **out, const td_grad_scaler_param
     if (!s) return td__fail(TD_ENOMEM, "td_grad_scaler_create: out of memory");
     s->p = p;
     s->scale = p.init_scale;
-    s->state[0] = (td_param){"amp.scale", &s->scale, NULL, 1, TD_F64, 1, {1}, {TD_DEVICE_CPU, 0}};
-    s->state[1] = (td_param){"amp.growth_tracker", &s->growth_tracker, NULL, 1, TD_I64, 1, {1},
-                             {TD_DEVICE_CPU, 0}};
+    s->state[0] = (td_param){.name = "amp.scale",
+                             .data = &s->scale,
+                             .count = 1,
+                             .dtype = TD_F64,
+                             .ndim = 1,
+                             .shape = {1}};
+    s->state[1] = (td_param){.name = "amp.growth_tracker",
+                             .data = &s->growth_tracker,
+                             .count = 1,
+                             .dtype = TD_I64,
+                             .ndim = 1,
+                             .shape = {1}};
     *out = s;
     return TD_OK;
 }

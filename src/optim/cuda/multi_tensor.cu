@@ -27,13 +27,16 @@ __device__ __forceinline__ const td__mt_tensor *tensor_of(const td__mt_tensor *l
     return &list[lo];
 }
 
-/* SGD on one element, as src/optim/optim.c's sgd_block: p and g in f32. */
-__device__ __forceinline__ float sgd(const td__mt_args &a, float p, float g, float *buf, uint64_t j,
-                                     int first) {
+/* SGD on one element, as src/optim/optim.c's sgd_block: p, g and the momentum in f32 (the
+ * momentum stored in the state's dtype, rounded once per step as the CPU's block is). */
+__device__ __forceinline__ float sgd(const td__mt_args &a, const td__mt_tensor &t, float p, float g,
+                                     uint64_t j) {
     float d = a.weight_decay != 0.f ? ADD(g, MUL(a.weight_decay, p)) : g;
-    if (!buf) return ADD(p, MUL(a.neg_lr, d));
-    float b = first ? d : ADD(MUL(buf[j], a.momentum), MUL(a.keep, d));
-    buf[j] = b;
+    if (!t.buf1) return ADD(p, MUL(a.neg_lr, d));
+    float b = t.first
+                  ? d
+                  : ADD(MUL((float)td_ld_dt(t.buf1, t.state_dtype, j), a.momentum), MUL(a.keep, d));
+    td_st_dt(t.buf1, t.state_dtype, j, b); /* the update below uses it unrounded, as the CPU */
     return a.nesterov ? ADD(p, MUL(a.neg_lr, ADD(d, MUL(a.momentum, b))))
                       : ADD(p, MUL(a.neg_lr, b));
 }
@@ -42,11 +45,12 @@ __device__ __forceinline__ float sgd(const td__mt_args &a, float p, float g, flo
 __device__ __forceinline__ float adamw(const td__mt_args &a, const td__mt_tensor &t, float p,
                                        float g, uint64_t j) {
     float pj = MUL(p, a.decay);
-    float mj = ADD(MUL(t.buf1[j], a.beta1), MUL(a.one_b1, g));
-    float vj = ADD(MUL(t.buf2[j], a.beta2), MUL(MUL(a.one_b2, g), g));
+    float mj = ADD(MUL((float)td_ld_dt(t.buf1, t.state_dtype, j), a.beta1), MUL(a.one_b1, g));
+    float vj =
+        ADD(MUL((float)td_ld_dt(t.buf2, t.state_dtype, j), a.beta2), MUL(MUL(a.one_b2, g), g));
     float denom = ADD(__fdiv_rn(__fsqrt_rn(vj), t.bc2_sqrt), a.eps);
-    t.buf1[j] = mj;
-    t.buf2[j] = vj;
+    td_st_dt(t.buf1, t.state_dtype, j, mj);
+    td_st_dt(t.buf2, t.state_dtype, j, vj);
     return ADD(pj, MUL(t.neg_step, __fdiv_rn(mj, denom)));
 }
 
@@ -64,7 +68,7 @@ __global__ void mt_kernel(td__mt_args a, const td__mt_tensor *list, int n, doubl
             float *m = t.master;
             float p = m ? m[j] : (float)td_ld_dt(t.param, t.dtype, j),
                   g = (float)td_ld_dt(t.grad, t.dtype, j);
-            p = a.op == TD__MT_SGD ? sgd(a, p, g, t.buf1, j, t.first) : adamw(a, t, p, g, j);
+            p = a.op == TD__MT_SGD ? sgd(a, t, p, g, j) : adamw(a, t, p, g, j);
             if (m) m[j] = p;
             td_st_dt(t.param, t.dtype, j, p);
             break;
