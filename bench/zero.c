@@ -267,7 +267,7 @@ static int mem_entry(int rank, int world, void *result, void *arg) {
     (void)rank, (void)world;
     td_comm *comm = bench_comm();
     size_t base = status_bytes("VmRSS");
-    static char names[MEM_LAYERS][16];
+    static char names[MEM_LAYERS][32];
     td_param p[MEM_LAYERS];
     size_t count = (size_t)W * W;
     float *init = malloc(MEM_LAYERS * count * sizeof *init);
