@@ -4,10 +4,11 @@
 #   sh scripts/deps.sh          build, test and train
 #   sh scripts/deps.sh bench    also PyTorch and OpenBLAS, the benchmarks' peer
 # UCX carries the bytes between hosts under tandemrun --nnodes; iproute2 and iptables build
-# the emulated hosts the multi-host tests run on (scripts/hosts.sh).
+# the emulated hosts the multi-host tests run on (scripts/hosts.sh). r-cran-janeaustenr ships
+# Jane Austen's six novels, the English text examples/gpt trains on (docs/gpt.md).
 set -e
 pkgs="gcc make libc6-dev pkg-config libdnnl-dev zlib1g-dev dataset-fashion-mnist libopenmpi-dev openmpi-bin"
-pkgs="$pkgs libucx-dev iproute2 iptables"
+pkgs="$pkgs libucx-dev iproute2 iptables r-cran-janeaustenr"
 [ "${1:-}" = bench ] && pkgs="$pkgs python3-torch libopenblas0-pthread"
 missing=""
 for p in $pkgs; do

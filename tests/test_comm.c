@@ -1,6 +1,6 @@
 /* Process groups on the shm backend, with real forked ranks: every collective against a serial
- * reference over dtypes, ops, odd sizes (0, 1, 7, 1009, larger than a shared-memory chunk)
- * and world sizes 1-4; in-place calls; non-blocking calls with several outstanding;
+ * reference over dtypes, ops, odd sizes (0, 1, 7, 1009, larger than a shared-memory chunk,
+ * several MB) and world sizes 1-4; in-place calls; non-blocking calls with several outstanding;
  * point-to-point ordering, tags and large two-way isend/irecv; sub-groups working
  * concurrently with their parent; parameter checks and the environment contract. */
 #include <sched.h>
@@ -283,6 +283,26 @@ static void world_1(void) { run_matrix(1, 1); }
 static void world_2_full_matrix(void) { run_matrix(2, 1); }
 static void world_3_full_matrix(void) { run_matrix(3, 1); }
 static void world_4(void) { run_matrix(4, 0); }
+
+/* Buffers of several MB, where the pipeline cuts chunks above its 512 KiB minimum (an eighth
+ * of the stream) with a short last one: every collective still matches the reference. */
+static void large_chunks_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 60));
+    if (!c) return;
+    size_t count = (9u << 20) / sizeof(float) + 7;
+    check_allreduce(c, TD_F32, TD_OP_SUM, count, 0);
+    check_allreduce(c, TD_F32, TD_OP_MAX, count, 1);
+    check_reductions(c, TD_F32, TD_OP_SUM, count);
+    check_movers(c, TD_F32, count);
+    td_comm_destroy(c);
+}
+
+static void large_chunks(void) {
+    for (int n = 2; n <= 3; n++) CHECK_EQ(test_run_ranks(n, large_chunks_rank, NULL, 120, 0), 0);
+    CHECK_EQ(test_shm_leftovers(), 0);
+}
 
 /* Several non-blocking collectives outstanding at once, completed out of order. */
 static void nonblocking_rank(int rank, int size, int port, void *arg) {
@@ -718,6 +738,7 @@ int main(void) {
     RUN(world_2_full_matrix);
     RUN(world_3_full_matrix);
     RUN(world_4);
+    RUN(large_chunks);
     RUN(nonblocking);
     RUN(point_to_point);
     RUN(point_to_point_as_in_mpi);

@@ -70,10 +70,14 @@ static void model_init(model *m, uint64_t seed, int with_aux) {
     }
     for (int j = 0; j < H1; j++) m->bn_mean[j] = (float)seed + 0.25f * (float)j;
     m->steps = (int64_t)seed * 1000;
-    m->buffers[0] =
-        (td_param){"bn.running_mean", m->bn_mean, NULL, H1, TD_F32, 1, {H1}, {TD_DEVICE_CPU, 0}};
+    m->buffers[0] = (td_param){.name = "bn.running_mean",
+                               .data = m->bn_mean,
+                               .count = H1,
+                               .dtype = TD_F32,
+                               .ndim = 1,
+                               .shape = {H1}};
     m->buffers[1] =
-        (td_param){"bn.num_batches", &m->steps, NULL, 1, TD_I64, 0, {0}, {TD_DEVICE_CPU, 0}};
+        (td_param){.name = "bn.num_batches", .data = &m->steps, .count = 1, .dtype = TD_I64};
 }
 
 static void model_free(model *m) {
@@ -437,8 +441,9 @@ static void mismatch_rank(td_comm *comm, int rank, int world, void *arg) {
                                   "parameters and 0 buffers") != NULL);
     /* Buffers are numbered among buffers, and a missing one is counted as a buffer. */
     float bufs[2][3] = {{0}};
-    td_param b[2] = {{"bn.running_mean", bufs[0], NULL, 3, TD_F32, 1, {3}, {TD_DEVICE_CPU, 0}},
-                     {"bn.running_var", bufs[1], NULL, 3, TD_F32, 1, {3}, {TD_DEVICE_CPU, 0}}};
+    td_param b[2] = {
+        {"bn.running_mean", bufs[0], NULL, 3, TD_F32, 1, {3}, {TD_DEVICE_CPU, 0}, TD_F32},
+        {"bn.running_var", bufs[1], NULL, 3, TD_F32, 1, {3}, {TD_DEVICE_CPU, 0}, TD_F32}};
     if (rank == 2) b[1].shape[0] = 1, b[1].count = 1;
     CHECK_STATUS(td_ddp_create(&ddp, comm, m.p, m.n, b, 2, NULL), TD_ESHAPE);
     CHECK(strstr(td_last_error(), "rank 0 has buffer 1 'bn.running_var' f32 (3) but rank 2 has "

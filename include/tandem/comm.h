@@ -113,6 +113,11 @@ int td_comm_num_nodes(const td_comm *comm);
 /* "shm", "mpi", "ucx", or "mpi+shm" / "ucx+shm" for a hierarchical group across hosts. */
 const char *td_comm_backend_name(const td_comm *comm);
 
+/* How the group's collectives on device memory run: "nccl" (every rank has a GPU of its own),
+ * "cuda-ipc" (the ranks share one GPU), "staged" (through host memory and the backend), or
+ * "none" before the group's first collective on a GPU, which picks it. */
+const char *td_comm_device_path(const td_comm *comm);
+
 /* Sets the bound on every wait of this group, in seconds (> 0). */
 td_status td_comm_set_timeout(td_comm *comm, double seconds);
 

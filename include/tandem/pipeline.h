@@ -1,6 +1,7 @@
 /* Pipeline parallelism: a td_sequential model cut into P consecutive stages, one per rank,
  * trained on micro-batches with the naive, GPipe or 1F1B schedule, and optionally replicated:
- * P stages x D replicas on P * D ranks, each stage's D replicas a DDP group.
+ * P stages x D replicas on P * D ranks, each stage's D replicas a DDP group (or a ZeRO group:
+ * zero_stage).
  *
  * Ranks: rank = replica * P + stage, in the group given to td_pipeline_create. Each rank builds
  * only its stage's layers, as graphs for one micro-batch of batch / M samples that share
@@ -53,6 +54,7 @@
 #include "tandem/nn.h"
 #include "tandem/param.h"
 #include "tandem/trace.h"
+#include "tandem/zero.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -88,6 +90,10 @@ typedef struct {
                               RLIMIT_NICE, and without it they stay as they are */
     td_graph_params graph; /* options of the stage graphs (conv_winograd, arena blocks) */
     td_ddp_params ddp;     /* the replicas' DDP, when there is more than one replica */
+    int zero_stage;        /* 0: each stage's replicas are a DDP group; 1, 2, 3: a ZeRO group
+                              of that stage (tandem/zero.h: ddp's options, default units) whose
+                              shards td_pipeline_parameters gives; at stage 3 an evaluation
+                              gathers parameters too, so every replica evaluates alike */
     td_trace *trace;       /* NULL, or where forward, backward and transfer spans are recorded */
 } td_pipeline_params;
 
@@ -147,8 +153,9 @@ td_status td_pipeline_step(td_pipeline *pp, const float *x, const int64_t *label
 td_status td_pipeline_evaluate(td_pipeline *pp, const float *x, const int64_t *labels, int64_t n,
                                double *loss_sum, int64_t *correct);
 
-/* This stage's parameters (those an optimizer steps) and buffers, owned by the pipeline; the
- * array is stable, and grads are read afresh as ddp.h says. */
+/* This stage's parameters (those an optimizer steps: with zero_stage, this rank's shards of
+ * them, td_zero_parameters) and buffers, owned by the pipeline; the array is stable, and grads
+ * are read afresh as ddp.h says. */
 td_status td_pipeline_parameters(td_pipeline *pp, td_param **params, size_t *n);
 td_status td_pipeline_buffers(td_pipeline *pp, td_param **buffers, size_t *n);
 

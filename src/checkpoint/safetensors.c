@@ -3,7 +3,9 @@
  * then the byte buffer, which the tensors' [begin, end) offsets cover exactly, with no holes.
  *
  * Reading is strict: anything the format does not allow is TD_EFORMAT naming the file and
- * the tensor. It assumes a little-endian host, as the format stores bytes as they are. */
+ * the tensor. A file whose metadata names part files is a sharded checkpoint's index, whose
+ * tensors sharded.c assembles from those parts; reads here serve both. It assumes a
+ * little-endian host, as the format stores bytes as they are. */
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -15,32 +17,16 @@
 #include <unistd.h>
 
 #include "tandem/checkpoint.h"
+#include "tandem/device.h"
 
+#include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/json_impl.h"
 #include "checkpoint/temporary_impl.h"
 #include "core/core_impl.h"
 
 #define MAX_HEADER (100u << 20) /* the Python package's limit */
 
-typedef struct {
-    char *name;
-    td_dtype dtype;
-    int ndim;
-    int64_t shape[TD_MAX_DIMS];
-    size_t count;
-    uint64_t begin, end; /* relative to the start of the byte buffer */
-} entry;
-
-struct td_checkpoint {
-    char *path;
-    int fd;
-    uint64_t data_start; /* 8 + N */
-    entry *entries;      /* (n) */
-    size_t n;
-    char **meta_keys;   /* (n_meta) */
-    char **meta_values; /* (n_meta) */
-    size_t n_meta;
-};
+typedef td__checkpoint_entry entry;
 
 static const struct {
     const char *name;
@@ -68,20 +54,15 @@ static int st_to_dtype(const char *s, td_dtype *d) {
 /* Text read from a file (a tensor name, a dtype, a metadata key or value) as a message shows it:
  * escaped, since a damaged file may hold any bytes there, and cut with "..." when longer than
  * cap allows (cap >= 4). */
-static const char *shown(char *buf, size_t cap, const char *text) {
+const char *td__checkpoint_shown(char *buf, size_t cap, const char *text) {
     if (td__json_escape(buf, cap - 3, text, strlen(text)) >= cap - 3) strcat(buf, "...");
     return buf;
 }
+#define shown td__checkpoint_shown
 
 /* ---- writing ------------------------------------------------------------------------ */
 
-typedef struct {
-    char *s;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
+void td__checkpoint_text_put(td__checkpoint_text *b, const char *s, size_t n) {
     if (b->oom) return;
     if (b->len + n + 1 > b->cap) {
         size_t nc = b->cap ? b->cap : 256;
@@ -99,17 +80,16 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
     b->s[b->len] = '\0';
 }
 
-static void sb_printf(sbuf *b, const char *fmt, ...) TD__PRINTF(2, 3);
-static void sb_printf(sbuf *b, const char *fmt, ...) {
+void td__checkpoint_text_printf(td__checkpoint_text *b, const char *fmt, ...) {
     char tmp[128];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n > 0) sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    if (n > 0) td__checkpoint_text_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
-static void sb_json_string(sbuf *b, const char *s) {
+void td__checkpoint_text_json(td__checkpoint_text *b, const char *s) {
     size_t n = strlen(s), need = td__json_escape(NULL, 0, s, n);
     char *text = malloc(need + 1);
     if (!text) {
@@ -117,9 +97,9 @@ static void sb_json_string(sbuf *b, const char *s) {
         return;
     }
     td__json_escape(text, need + 1, s, n);
-    sb_put(b, "\"", 1);
-    sb_put(b, text, need);
-    sb_put(b, "\"", 1);
+    td__checkpoint_text_put(b, "\"", 1);
+    td__checkpoint_text_put(b, text, need);
+    td__checkpoint_text_put(b, "\"", 1);
     free(text);
 }
 
@@ -135,6 +115,23 @@ static int write_all(int fd, const void *data, size_t len) {
         len -= (size_t)w;
     }
     return 1;
+}
+
+/* A tensor's bytes into fd; one on a GPU goes through a host copy. NULL, or what failed. */
+static const char *write_tensor(int fd, const td_param *t) {
+    size_t bytes = t->count * td_dtype_size(t->dtype);
+    if (t->device.type == TD_DEVICE_CPU)
+        return write_all(fd, t->data, bytes) ? NULL : "writing tensor data";
+    void *host = malloc(bytes ? bytes : 1);
+    const char *what = NULL;
+    if (!host)
+        what = "allocating a host copy of a GPU tensor";
+    else if (td_device_copy(td_device_cpu(), host, t->device, t->data, bytes) != TD_OK)
+        what = "copying a tensor from its GPU";
+    else if (!write_all(fd, host, bytes))
+        what = "writing tensor data";
+    free(host);
+    return what;
 }
 
 static td_status check_save_args(const char *path, const td_param *t, size_t n,
@@ -195,35 +192,37 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
     /* Caught here rather than by rename(2) after the whole file has been written. */
     if (stat(path, &ps) == 0 && S_ISDIR(ps.st_mode))
         return td__fail(TD_EINVAL, "%s: is a directory; a checkpoint path must name a file", path);
-    sbuf h = {0};
-    sb_put(&h, "{", 1);
+    td__checkpoint_text h = {0};
+    td__checkpoint_text_put(&h, "{", 1);
     int first = 1;
     if (n_meta) {
-        sb_put(&h, "\"__metadata__\":{", 16);
+        td__checkpoint_text_put(&h, "\"__metadata__\":{", 16);
         for (size_t i = 0; i < n_meta; i++) {
-            if (i) sb_put(&h, ",", 1);
-            sb_json_string(&h, meta[i].key);
-            sb_put(&h, ":", 1);
-            sb_json_string(&h, meta[i].value);
+            if (i) td__checkpoint_text_put(&h, ",", 1);
+            td__checkpoint_text_json(&h, meta[i].key);
+            td__checkpoint_text_put(&h, ":", 1);
+            td__checkpoint_text_json(&h, meta[i].value);
         }
-        sb_put(&h, "}", 1);
+        td__checkpoint_text_put(&h, "}", 1);
         first = 0;
     }
     uint64_t offset = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!first) sb_put(&h, ",", 1);
+        if (!first) td__checkpoint_text_put(&h, ",", 1);
         first = 0;
-        sb_json_string(&h, t[i].name);
-        sb_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", dtype_to_st(t[i].dtype));
+        td__checkpoint_text_json(&h, t[i].name);
+        td__checkpoint_text_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", dtype_to_st(t[i].dtype));
         for (int d = 0; d < t[i].ndim; d++)
-            sb_printf(&h, d ? ",%lld" : "%lld", (long long)t[i].shape[d]);
+            td__checkpoint_text_printf(&h, d ? ",%lld" : "%lld", (long long)t[i].shape[d]);
         uint64_t bytes = (uint64_t)t[i].count * td_dtype_size(t[i].dtype);
-        sb_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
-                  (unsigned long long)(offset + bytes));
+        td__checkpoint_text_printf(&h, "],\"data_offsets\":[%llu,%llu]}",
+                                   (unsigned long long)offset,
+                                   (unsigned long long)(offset + bytes));
         offset += bytes;
     }
-    sb_put(&h, "}", 1);
-    while (!h.oom && h.len % 8) sb_put(&h, " ", 1); /* the byte buffer starts 8-aligned */
+    td__checkpoint_text_put(&h, "}", 1);
+    while (!h.oom && h.len % 8)
+        td__checkpoint_text_put(&h, " ", 1); /* the byte buffer starts 8-aligned */
     if (h.oom) {
         free(h.s);
         return td__fail(TD_ENOMEM, "%s: out of memory building the header", path);
@@ -246,9 +245,7 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
     const char *what = NULL;
     if (!write_all(fd, len8, 8) || !write_all(fd, h.s, h.len)) what = "writing the header";
-    for (size_t i = 0; i < n && !what; i++)
-        if (!write_all(fd, t[i].data, t[i].count * td_dtype_size(t[i].dtype)))
-            what = "writing tensor data";
+    for (size_t i = 0; i < n && !what; i++) what = write_tensor(fd, &t[i]);
     if (!what && fchmod(fd, 0644) != 0) what = "fchmod";
     if (!what && fsync(fd) != 0) what = "fsync";
     int saved_errno = errno;
@@ -287,7 +284,12 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
 void td_checkpoint_close(td_checkpoint *c) {
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
-    for (size_t i = 0; i < c->n; i++) free(c->entries[i].name);
+    for (size_t i = 0; i < c->n_parts; i++) td_checkpoint_close(c->parts[i]);
+    free(c->parts);
+    for (size_t i = 0; i < c->n; i++) {
+        free(c->entries[i].name);
+        free(c->entries[i].pieces);
+    }
     for (size_t i = 0; i < c->n_meta; i++) {
         free(c->meta_keys[i]);
         free(c->meta_values[i]);
@@ -299,7 +301,7 @@ void td_checkpoint_close(td_checkpoint *c) {
     free(c);
 }
 
-static int read_exact(int fd, void *buf, size_t len, uint64_t off) {
+int td__checkpoint_read_at(int fd, void *buf, size_t len, uint64_t off) {
     char *p = buf;
     while (len > 0) {
         ssize_t r = pread(fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)off);
@@ -448,7 +450,8 @@ static td_status parse_header(td_checkpoint *c, const char *path, const td__json
     return st;
 }
 
-td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
+/* Opens one file; `follow` opens the parts an index names (a part may not be an index). */
+static td_status open_file(td_checkpoint **out, const char *path, int follow) {
     if (!out || !path)
         return td__fail(TD_EINVAL, "td_checkpoint_open: out and path must not be NULL");
     *out = NULL;
@@ -494,7 +497,7 @@ td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
     fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) & ~O_NONBLOCK);
     uint64_t size = (uint64_t)sb.st_size;
     unsigned char len8[8];
-    if (size < 8 || !read_exact(c->fd, len8, 8, 0)) {
+    if (size < 8 || !td__checkpoint_read_at(c->fd, len8, 8, 0)) {
         st = td__fail(TD_EFORMAT, "%s: file has %llu bytes, too short for the 8-byte header length",
                       path, (unsigned long long)size);
         goto done;
@@ -513,7 +516,7 @@ td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
                       (unsigned long long)hlen);
         goto done;
     }
-    if (!read_exact(c->fd, text, (size_t)hlen, 8)) {
+    if (!td__checkpoint_read_at(c->fd, text, (size_t)hlen, 8)) {
         st = td__fail(TD_EIO, "%s: cannot read the header: %s", path, strerror(errno));
         goto done;
     }
@@ -529,6 +532,10 @@ td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
     }
     c->data_start = 8 + hlen;
     st = parse_header(c, path, root, size - c->data_start);
+    if (st == TD_OK && td_checkpoint_get_meta(c, TD__CHECKPOINT_PARTS_KEY))
+        st = follow ? td__checkpoint_open_parts(c)
+                    : td__fail(TD_EFORMAT, "%s: a part of a sharded checkpoint is itself an index",
+                               path);
 done:
     td__json_free(root);
     free(text);
@@ -537,6 +544,14 @@ done:
     else
         *out = c;
     return st;
+}
+
+td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
+    return open_file(out, path, 1);
+}
+
+td_status td__checkpoint_open_part(td_checkpoint **out, const char *path) {
+    return open_file(out, path, 0);
 }
 
 size_t td_checkpoint_count(const td_checkpoint *c) { return c ? c->n : 0; }
@@ -652,19 +667,50 @@ static const entry *find(const td_checkpoint *c, const char *name) {
     return NULL;
 }
 
+/* The entry called name, of dtype: TD_ENOTFOUND or TD_EDTYPE saying so otherwise. */
+static td_status find_typed(const td_checkpoint *c, const char *name, td_dtype dtype,
+                            const entry **out) {
+    const entry *e = find(c, name);
+    if (!e) return td__fail(TD_ENOTFOUND, "%s: tensor %s is not in the file", c->path, name);
+    if (e->dtype != dtype)
+        return td__fail(TD_EDTYPE, "%s: tensor %s: expected dtype %s, file has %s", c->path, name,
+                        dtype_to_st(dtype) ? dtype_to_st(dtype) : "invalid", dtype_to_st(e->dtype));
+    *out = e;
+    return TD_OK;
+}
+
+/* Elements [offset, offset + count) of e into dst, from this file or a sharded one's parts. */
+static td_status read_span(td_checkpoint *c, const entry *e, size_t offset, size_t count,
+                           void *dst) {
+    if (e->pieces) return td__checkpoint_read_pieces(c, e, offset, count, dst);
+    if (!count) return TD_OK;
+    size_t es = td_dtype_size(e->dtype);
+    if (!td__checkpoint_read_at(c->fd, dst, count * es, c->data_start + e->begin + offset * es))
+        return td__fail(TD_EIO, "%s: tensor %s: read failed (file changed while open?)", c->path,
+                        e->name);
+    return TD_OK;
+}
+
+/* Entry e's bytes into t's buffer; one on a GPU through a host copy. */
+static td_status read_tensor(td_checkpoint *c, const entry *e, td_param *t) {
+    if (t->device.type == TD_DEVICE_CPU) return read_span(c, e, 0, t->count, t->data);
+    size_t bytes = t->count * td_dtype_size(e->dtype);
+    void *buf = malloc(bytes ? bytes : 1);
+    if (!buf)
+        return td__fail(TD_ENOMEM, "%s: tensor %s: no memory for a host copy", c->path, t->name);
+    td_status st = read_span(c, e, 0, t->count, buf);
+    if (st == TD_OK) st = td_device_copy(t->device, t->data, td_device_cpu(), buf, bytes);
+    free(buf);
+    return st;
+}
+
 td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
     if (!c || (!t && n))
         return td__fail(TD_EINVAL, "td_checkpoint_read: checkpoint and tensors must not be NULL");
     for (size_t i = 0; i < n; i++) {
         if (!t[i].name) return td__fail(TD_EINVAL, "%s: tensors[%zu] has no name", c->path, i);
-        const entry *e = find(c, t[i].name);
-        if (!e)
-            return td__fail(TD_ENOTFOUND, "%s: tensor %s is not in the file", c->path, t[i].name);
-        if (e->dtype != t[i].dtype)
-            return td__fail(TD_EDTYPE, "%s: tensor %s: expected dtype %s, file has %s", c->path,
-                            t[i].name,
-                            dtype_to_st(t[i].dtype) ? dtype_to_st(t[i].dtype) : "invalid",
-                            dtype_to_st(e->dtype));
+        const entry *e;
+        TD__TRY(find_typed(c, t[i].name, t[i].dtype, &e));
         int same = e->ndim == t[i].ndim;
         for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == t[i].shape[d];
         if (!same) {
@@ -680,13 +726,21 @@ td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
         if (!t[i].data && e->count)
             return td__fail(TD_EINVAL, "%s: tensor %s has no data buffer", c->path, t[i].name);
     }
-    for (size_t i = 0; i < n; i++) {
-        const entry *e = find(c, t[i].name);
-        if (!read_exact(c->fd, t[i].data, (size_t)(e->end - e->begin), c->data_start + e->begin))
-            return td__fail(TD_EIO, "%s: tensor %s: read failed (file changed while open?)",
-                            c->path, t[i].name);
-    }
+    for (size_t i = 0; i < n; i++) TD__TRY(read_tensor(c, find(c, t[i].name), &t[i]));
     return TD_OK;
+}
+
+td_status td_checkpoint_read_range(td_checkpoint *c, const char *name, td_dtype dtype,
+                                   size_t offset, size_t count, void *dst) {
+    if (!c || !name || (!dst && count))
+        return td__fail(TD_EINVAL,
+                        "td_checkpoint_read_range: checkpoint, name and dst must not be NULL");
+    const entry *e;
+    TD__TRY(find_typed(c, name, dtype, &e));
+    if (offset > e->count || count > e->count - offset)
+        return td__fail(TD_ESHAPE, "%s: tensor %s: elements [%zu, %zu) asked for, it has %zu",
+                        c->path, name, offset, offset + count, e->count);
+    return count ? read_span(c, e, offset, count, dst) : TD_OK;
 }
 
 td_status td_checkpoint_load(const char *path, td_param *t, size_t n) {

@@ -19,6 +19,10 @@ td_shape td_shape_1d(int64_t d0) { return td_shape_make(1, (int64_t[]){d0}); }
 
 td_shape td_shape_2d(int64_t d0, int64_t d1) { return td_shape_make(2, (int64_t[]){d0, d1}); }
 
+td_shape td_shape_3d(int64_t d0, int64_t d1, int64_t d2) {
+    return td_shape_make(3, (int64_t[]){d0, d1, d2});
+}
+
 td_shape td_shape_4d(int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
     return td_shape_make(4, (int64_t[]){d0, d1, d2, d3});
 }

@@ -215,9 +215,15 @@ td_status td_model_build_sequential(td_graph *g, const td_sequential *s, int64_t
     td_rng rng;
     TD__TRY(replay(s, 0, batch, seed, &rng, &in));
     TD__TRY(td_graph_input(g, "input", in, TD_F32, 0, &out->input));
-    TD__TRY(td_graph_input(g, "labels", td_shape_1d(batch), TD_I64, 0, &out->labels));
     td_tensor *logits;
     TD__TRY(build_run(s, g, 0, s->n, out->input, &rng, &logits));
+    td_shape ls = td_tensor_shape(logits);
+    if (ls.ndim != 2)
+        return td__fail(TD_ESHAPE,
+                        "td_model_build_sequential: the last layer gives %d dims, "
+                        "expected (rows, classes) logits",
+                        ls.ndim);
+    TD__TRY(td_graph_input(g, "labels", td_shape_1d(ls.dim[0]), TD_I64, 0, &out->labels));
     TD__TRY(td_graph_cross_entropy(g, logits, out->labels, TD_REDUCTION_MEAN, &out->loss,
                                    &out->output));
     return td_graph_compile(g);

@@ -69,8 +69,8 @@ static td_status ddp_broadcast_segments(td_ddp *d, const ddp_segment *seg, size_
     for (size_t i = 0; i < n_seg; i++) total += seg[i].bytes;
     if (d->size == 1 || total == 0) return TD_OK;
     size_t cap = total < DDP_BCAST_CHUNK ? total : DDP_BCAST_CHUNK;
-    unsigned char *stage = malloc(cap);
-    if (!stage)
+    unsigned char *stage = NULL;
+    if (td__ddp_mem_scratch(d, cap, (void **)&stage) != TD_OK)
         return td__fail(TD_ENOMEM, "ddp rank %d: out of memory for a %zu-byte broadcast buffer",
                         d->rank, cap);
     td_status s = TD_OK;
@@ -81,19 +81,21 @@ static td_status ddp_broadcast_segments(td_ddp *d, const ddp_segment *seg, size_
         if (d->rank == root) {
             for (size_t k = 0; k < len;) {
                 size_t take = seg[gi].bytes - go < len - k ? seg[gi].bytes - go : len - k;
-                memcpy(stage + k, (unsigned char *)seg[gi].ptr + go, take);
+                if (s == TD_OK)
+                    s = td__ddp_mem_copy(d, stage + k, (unsigned char *)seg[gi].ptr + go, take);
                 k += take;
                 go += take;
                 if (go == seg[gi].bytes) gi++, go = 0;
                 while (gi < n_seg && seg[gi].bytes == 0) gi++;
             }
         }
-        s = td_comm_broadcast(d->comm, stage, len, TD_U8, root);
+        if (s == TD_OK) s = td_comm_broadcast(d->comm, stage, len, TD_U8, root);
         if (s == TD_OK) {
             for (size_t k = 0; k < len;) {
                 while (si < n_seg && seg[si].bytes == 0) si++;
                 size_t take = seg[si].bytes - so < len - k ? seg[si].bytes - so : len - k;
-                if (d->rank != root) memcpy((unsigned char *)seg[si].ptr + so, stage + k, take);
+                if (d->rank != root && s == TD_OK)
+                    s = td__ddp_mem_copy(d, (unsigned char *)seg[si].ptr + so, stage + k, take);
                 k += take;
                 so += take;
                 if (so == seg[si].bytes) si++, so = 0;
@@ -101,7 +103,7 @@ static td_status ddp_broadcast_segments(td_ddp *d, const ddp_segment *seg, size_
         }
         done += len;
     }
-    free(stage);
+    td__ddp_mem_scratch_free(d, stage);
     return s;
 }
 
@@ -312,6 +314,14 @@ static td_status ddp_agree(td_ddp *d) {
 
 td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_params,
                         td_param *buffers, size_t n_buffers, const td_ddp_params *p) {
+    int deterministic = p && p->deterministic;
+    return td__ddp_create_with(out, comm, params, n_params, buffers, n_buffers, p,
+                               deterministic ? &td__ddp_shard_tree : &td__ddp_allreduce, NULL);
+}
+
+td_status td__ddp_create_with(td_ddp **out, td_comm *comm, td_param *params, size_t n_params,
+                              td_param *buffers, size_t n_buffers, const td_ddp_params *p,
+                              const td__ddp_reducer *reducer, void *reducer_ctx) {
     if (!out || !comm || (n_params && !params) || (n_buffers && !buffers))
         return td__fail(TD_EINVAL, "td_ddp_create: out, comm, params or buffers is NULL");
     *out = NULL;
@@ -319,9 +329,12 @@ td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_
     if (!td__is_float(opt.comm_dtype))
         return td__fail(TD_EINVAL, "td_ddp_create: comm_dtype %s, expected f32, bf16 or f16",
                         td_dtype_name(opt.comm_dtype));
+    td_device on;
+    TD__TRY(td__ddp_device(params, n_params, buffers, n_buffers, opt.deterministic, &on));
     td_ddp *d = calloc(1, sizeof *d);
     if (!d) return td__fail(TD_ENOMEM, "td_ddp_create: out of memory");
     d->comm = comm;
+    d->device = on;
     d->rank = td_comm_rank(comm);
     d->size = td_comm_size(comm);
     d->params = params;
@@ -329,7 +342,8 @@ td_status td_ddp_create(td_ddp **out, td_comm *comm, td_param *params, size_t n_
     d->buffers = buffers;
     d->n_buffers = n_buffers;
     d->opt = opt;
-    d->reducer = opt.deterministic ? &td__ddp_shard_tree : &td__ddp_allreduce;
+    d->reducer = reducer;
+    d->reducer_ctx = reducer_ctx;
     d->sync = 1;
     d->shard_count = 1;
     size_t n = n_params ? n_params : 1;
@@ -370,13 +384,13 @@ void td_ddp_destroy(td_ddp *d) {
     for (size_t i = 0; i < d->n_params && d->orig_grad; i++) {
         void *orig = d->orig_grad[i], *now = d->params[i].grad;
         if (orig && now && now != orig)
-            memcpy(orig, now, d->params[i].count * td_dtype_size(d->params[i].dtype));
+            td__ddp_mem_copy(d, orig, now, d->params[i].count * td_dtype_size(d->params[i].dtype));
         d->params[i].grad = orig;
     }
     if (d->state) d->reducer->destroy(d);
     td__ddp_join_destroy(d);
     td__ddp_free_buckets(d->buckets, d->n_buckets);
-    td_comm_free(d->comm, d->moved_mem);
+    td__ddp_mem_free(d, d->moved_mem);
     free(d->moved_from);
     free(d->bucket_of);
     free(d->offset_of);

@@ -53,14 +53,13 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
     }
     void *mem = NULL;
     if (n_buckets) {
-        td_status s = td_comm_alloc(d->comm, total, &mem);
+        td_status s = td__ddp_mem_alloc(d, total, &mem);
         if (s != TD_OK) {
             td__ddp_free_buckets(nb, n_buckets);
             free(bucket_of);
             free(offset_of);
             return s;
         }
-        memset(mem, 0, total);
     }
     total = 0;
     for (size_t k = 0; k < n_buckets; k++) {
@@ -96,7 +95,8 @@ static void ddp_done(td_ddp *d, size_t k, td_status s) {
     ddp_bucket *b = &d->buckets[k];
     b->req = NULL;
     if (b->wire && s == TD_OK)
-        td__convert(b->buf, b->dtype, b->wire, d->opt.comm_dtype, b->count + DDP_SLOTS);
+        s = td__ddp_mem_convert(d, b->buf, b->dtype, b->wire, d->opt.comm_dtype,
+                                b->count + DDP_SLOTS);
     if (d->opt.trace) {
         char name[80];
         snprintf(name, sizeof name, "allreduce bucket %zu (%zu bytes %s)", k,
@@ -113,15 +113,16 @@ static void ddp_launch(td_ddp *d, size_t k, float unready) {
     /* Uneven inputs: this rank's share of the step's samples weights its gradients and loss. */
     float weight = d->join && !d->join->uniform ? d->join->weight : 1.0f;
     if (weight != 1.0f)
-        for (size_t e = 0; e < b->count; e++)
-            td__store(b->buf, b->dtype, e, td__load(b->buf, b->dtype, e) * weight);
-    td__store(b->buf, b->dtype, b->count, unready);
-    td__store(b->buf, b->dtype, b->count + 1, k + 1 == d->n_buckets ? d->loss * weight : 0.0f);
+        td__ddp_note_error(d, td__ddp_mem_scale(d, b->buf, b->dtype, b->count, weight));
+    td__ddp_note_error(d, td__ddp_mem_put(d, b->buf, b->dtype, b->count, unready));
+    td__ddp_note_error(d, td__ddp_mem_put(d, b->buf, b->dtype, b->count + 1,
+                                          k + 1 == d->n_buckets ? d->loss * weight : 0.0f));
     b->t_launch = td_time_ns();
     /* Half-width communication: the bucket travels narrow and the reduction adds in f32. */
     void *data = b->buf;
     if (b->wire) {
-        td__convert(b->wire, d->opt.comm_dtype, b->buf, b->dtype, b->count + DDP_SLOTS);
+        td__ddp_note_error(d, td__ddp_mem_convert(d, b->wire, d->opt.comm_dtype, b->buf, b->dtype,
+                                                  b->count + DDP_SLOTS));
         data = b->wire;
     }
     /* AVG divides inside the reduction, so averaging costs no extra pass over the gradients. */
@@ -237,7 +238,9 @@ static td_status ar_finish(td_ddp *d) {
         if (d->ready[i]) continue;
         n_unready++;
         if (!d->touched[i])
-            memset(d->params[i].grad, 0, d->params[i].count * td_dtype_size(d->params[i].dtype));
+            td__ddp_note_error(
+                d, td__ddp_mem_zero(d, d->params[i].grad,
+                                    d->params[i].count * td_dtype_size(d->params[i].dtype)));
     }
     while (st->next_bucket < d->n_buckets) {
         size_t k = st->next_bucket++;
@@ -253,9 +256,9 @@ static td_status ar_finish(td_ddp *d) {
     /* The last bucket is always launched last, so its slot holds every rank's count (their
      * mean when averaging). */
     const ddp_bucket *last = d->n_buckets ? &d->buckets[d->n_buckets - 1] : NULL;
-    double unready_all = last ? td__load(last->buf, last->dtype, last->count) : 0;
+    double unready_all = last ? td__ddp_mem_get(d, last->buf, last->dtype, last->count) : 0;
     if (d->opt.average) unready_all *= d->size;
-    d->loss_all = last ? td__load(last->buf, last->dtype, last->count + 1) : 0.0f;
+    d->loss_all = last ? (float)td__ddp_mem_get(d, last->buf, last->dtype, last->count + 1) : 0.0f;
     d->stats.sync_steps++;
     td_status s = TD_OK;
     if (unready_all > 0.5 && !d->opt.find_unused_parameters)
@@ -268,13 +271,15 @@ static td_status ar_finish(td_ddp *d) {
 
 static void ar_zero_grad(td_ddp *d) {
     for (size_t k = 0; k < d->n_buckets; k++)
-        memset(d->buckets[k].buf, 0, d->buckets[k].count * td_dtype_size(d->buckets[k].dtype));
+        td__ddp_note_error(
+            d, td__ddp_mem_zero(d, d->buckets[k].buf,
+                                d->buckets[k].count * td_dtype_size(d->buckets[k].dtype)));
 }
 
 static void ar_destroy(td_ddp *d) {
     ar_state *st = d->state;
     if (!st) return;
-    td_comm_free(d->comm, st->grad_mem);
+    td__ddp_mem_free(d, st->grad_mem);
     free(st->seen);
     free(st);
     d->state = NULL;

@@ -33,6 +33,7 @@ typedef struct {
 
 struct td_ddp {
     td_comm *comm;
+    td_device device; /* where every parameter, gradient and buffer is (ddp_memory.c) */
     int rank, size;
     td_param *params; /* (n_params), the caller's array */
     size_t n_params;
@@ -40,6 +41,7 @@ struct td_ddp {
     size_t n_buffers;
     td_ddp_params opt;
     const td__ddp_reducer *reducer;
+    void *reducer_ctx;   /* what the creator gave the reducer (td__ddp_create_with), or NULL */
     void *state;         /* the reducer's */
     void **orig_grad;    /* (n_params) grad pointers at creation, restored by destroy */
     size_t *order;       /* (n_params) the layout order: reverse registration, then rebuilt */
@@ -63,6 +65,32 @@ struct td_ddp {
     char err_msg[768];
     td_ddp_stats stats;
 };
+
+/* Gradient memory on d->device (ddp_memory.c): bucket blocks (group memory on the CPU, device
+ * memory on a GPU), zeroing, copies, dtype conversion, scaling, one element in or out (out
+ * waits for the device), the canary's fill and the check that it is still there. */
+td_status td__ddp_mem_alloc(td_ddp *d, size_t bytes, void **out);
+/* The one device of every parameter and buffer, or TD_EINVAL naming one elsewhere. */
+td_status td__ddp_device(const td_param *params, size_t n_params, const td_param *buffers,
+                         size_t n_buffers, int deterministic, td_device *out);
+/* Local working memory on d->device (not group memory). */
+td_status td__ddp_mem_scratch(td_ddp *d, size_t bytes, void **out);
+void td__ddp_mem_scratch_free(td_ddp *d, void *p);
+void td__ddp_mem_free(td_ddp *d, void *p);
+td_status td__ddp_mem_zero(td_ddp *d, void *p, size_t bytes);
+td_status td__ddp_mem_copy(td_ddp *d, void *dst, const void *src, size_t bytes);
+td_status td__ddp_mem_convert(td_ddp *d, void *dst, td_dtype dt, const void *src, td_dtype st,
+                              size_t n);
+td_status td__ddp_mem_put(td_ddp *d, void *p, td_dtype dt, size_t i, double v);
+double td__ddp_mem_get(td_ddp *d, const void *p, td_dtype dt, size_t i);
+td_status td__ddp_mem_scale(td_ddp *d, void *p, td_dtype dt, size_t n, float w);
+td_status td__ddp_mem_fill(td_ddp *d, void *p, uint32_t bits, int size, size_t n);
+int td__ddp_mem_holds(td_ddp *d, const void *p, uint32_t bits, int size, size_t n);
+/* td_ddp_create with the reducer chosen by the caller: a strategy built on DDP's front (ZeRO's
+ * sharded reducer lays gradients out by ZeRO's units, given as reducer_ctx). */
+td_status td__ddp_create_with(td_ddp **out, td_comm *comm, td_param *params, size_t n_params,
+                              td_param *buffers, size_t n_buffers, const td_ddp_params *p,
+                              const td__ddp_reducer *reducer, void *reducer_ctx);
 
 /* Keeps the first error of a backward; later ones (usually consequences) are dropped. */
 void td__ddp_note_error(td_ddp *d, td_status s);

@@ -28,19 +28,15 @@ static uint32_t ddp_canary(td_dtype dt, size_t *size) {
     return dt == TD_BF16 ? DDP_CANARY_BF16 : dt == TD_F16 ? DDP_CANARY_F16 : DDP_CANARY_F32;
 }
 
-static void ddp_fill_canary(void *p, td_dtype dt, size_t n) {
-    size_t es;
-    uint32_t bits = ddp_canary(dt, &es);
-    uint16_t half = (uint16_t)bits;
-    for (size_t i = 0; i < n; i++)
-        memcpy((unsigned char *)p + i * es, es == 2 ? (void *)&half : (void *)&bits, es);
-}
-
 void td__ddp_move_gradient(td_ddp *d, size_t i, void *dst) {
     void *old = d->params[i].grad;
     if (old) {
-        memcpy(dst, old, d->params[i].count * td_dtype_size(d->params[i].dtype));
-        ddp_fill_canary(old, d->params[i].dtype, d->params[i].count);
+        size_t es;
+        uint32_t bits = ddp_canary(d->params[i].dtype, &es);
+        td__ddp_note_error(
+            d,
+            td__ddp_mem_copy(d, dst, old, d->params[i].count * td_dtype_size(d->params[i].dtype)));
+        td__ddp_note_error(d, td__ddp_mem_fill(d, old, bits, (int)es, d->params[i].count));
     }
     d->moved_from[i] = old;
     d->params[i].grad = dst;
@@ -55,20 +51,15 @@ td_status td__ddp_check_moved(td_ddp *d) {
         const unsigned char *p = d->moved_from[i];
         size_t es;
         uint32_t bits = ddp_canary(d->params[i].dtype, &es);
-        uint16_t half = (uint16_t)bits;
-        const void *want = es == 2 ? (const void *)&half : (const void *)&bits;
-        for (size_t k = 0; p && k < d->params[i].count; k++)
-            if (memcmp(p + k * es, want, es) != 0) {
-                s = td__fail(TD_ESTATE,
-                             "ddp rank %d: the gradient of '%s' was written at its old address "
-                             "%p after DDP moved it to %p: re-read params[%zu].grad after "
-                             "td_ddp_create and after each synchronised step",
-                             d->rank, d->params[i].name, (const void *)p, d->params[i].grad, i);
-                break;
-            }
+        if (p && !td__ddp_mem_holds(d, p, bits, (int)es, d->params[i].count))
+            s = td__fail(TD_ESTATE,
+                         "ddp rank %d: the gradient of '%s' was written at its old address %p "
+                         "after DDP moved it to %p: re-read params[%zu].grad after "
+                         "td_ddp_create and after each synchronised step",
+                         d->rank, d->params[i].name, (const void *)p, d->params[i].grad, i);
     }
     memset(d->moved_from, 0, d->n_params * sizeof *d->moved_from);
-    td_comm_free(d->comm, d->moved_mem);
+    td__ddp_mem_free(d, d->moved_mem);
     d->moved_mem = NULL;
     return s;
 }

@@ -98,6 +98,7 @@ struct td_pipeline {
     pp_slot *slots;
     pp_channel act_in, act_out, grad_in, grad_out;
     td_ddp *ddp;
+    td_zero *zero;        /* instead of ddp, with zero_stage */
     td_comm *group;       /* the group given to td_pipeline_create (not owned) */
     int world;            /* its size */
     uint64_t step, evals; /* training steps and evaluations run: the headers' sequence numbers */

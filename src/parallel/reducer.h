@@ -7,10 +7,11 @@
  * broadcast, the error of the backward.
  *
  * The reducers: td__ddp_allreduce (ddp_allreduce.c), buckets all-reduced in bucket order on the
- * progress thread while backward runs, and td__ddp_shard_tree (ddp_shard_tree.c), deterministic
- * mode's fixed pairwise tree over shards. The hooks are the points of an iteration where any
- * gradient reduction acts, so that a sharded reducer (ZeRO's reduce-scatter of each bucket into
- * the rank's shard) or a device one (buckets in device memory, all-reduced on a communication
+ * progress thread while backward runs; td__ddp_shard_tree (ddp_shard_tree.c), deterministic
+ * mode's fixed pairwise tree over shards; and td__ddp_reduce_scatter (zero_reduce.c), ZeRO's
+ * reduce-scatter of each unit's gradients into the rank's shard, which td_zero creates through
+ * td__ddp_create_with. The hooks are the points of an iteration where any gradient reduction
+ * acts, so that a device reducer (buckets in device memory, all-reduced on a communication
  * stream that the step waits for) is another table. Not installed. */
 #ifndef TANDEM_PARALLEL_REDUCER_H
 #define TANDEM_PARALLEL_REDUCER_H
@@ -50,5 +51,6 @@ typedef struct td__ddp_reducer {
 
 extern const td__ddp_reducer td__ddp_allreduce;
 extern const td__ddp_reducer td__ddp_shard_tree;
+extern const td__ddp_reducer td__ddp_reduce_scatter; /* ZeRO stages 2 and 3 (zero_reduce.c) */
 
 #endif

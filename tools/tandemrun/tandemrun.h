@@ -1,7 +1,8 @@
 /* tandemrun's pieces: the parsed command line, the per-rank output state, the rendezvous of
  * the nodes of a multi-node job, and the functions that spawn, relay output for and supervise
- * the ranks of one host. Private to the launcher; the library knows nothing of it (the
- * supervision core it uses is the library's, shared with td_spawn: src/launch). */
+ * the ranks of one host, and the restart policy. Private to the launcher; the library knows
+ * nothing of it (the supervision it uses is the library's public tandem/launch.h, which
+ * td_spawn is built on too). */
 #ifndef TANDEMRUN_H
 #define TANDEMRUN_H
 
@@ -24,18 +25,34 @@ typedef struct {
     int prefix;      /* "[rank K] " before every output line */
     int tee;         /* also write each rank's output to log_dir/rank_K.log */
     const char *log_dir;
-    double timeout_s;    /* 0: no limit on the job's wall-clock time */
-    double grace_s;      /* SIGTERM -> SIGKILL delay when stopping ranks */
-    int nnodes;          /* hosts of the job, each running one tandemrun (1) */
-    int node_rank;       /* this host's index, 0 .. nnodes-1 */
-    const char *token;   /* the job's token, the same on every node (nnodes > 1) */
+    double timeout_s;      /* 0: no limit on the job's wall-clock time */
+    double grace_s;        /* SIGTERM -> SIGKILL delay when stopping ranks */
+    int nnodes;            /* hosts of the job, each running one tandemrun (1) */
+    int node_rank;         /* this host's index, 0 .. nnodes-1 */
+    const char *token;     /* the job's token, the same on every node (nnodes > 1) */
     double rdzv_timeout_s; /* how long the nodes wait for each other */
-    const char *program; /* resolved path of the program */
-    char **argv;         /* program's argv (argv[0] as the user wrote it) */
-    int max_restarts;    /* starts after a rank failed (torchrun's --max-restarts) */
-    int restart_nproc;   /* ranks of a restart: 0 as before, -1 the ones left, or a count */
-    int attempt;         /* 0 for the first start, then the restart's number */
+    const char *program;   /* resolved path of the program */
+    char **argv;           /* program's argv (argv[0] as the user wrote it) */
+    int max_restarts;      /* starts after a rank failed (torchrun's --max-restarts) */
+    int restart_nproc;     /* ranks of a restart: 0 as before, -1 the ones left, or a count */
+    int attempt;           /* 0 for the first start, then the restart's number */
 } tr_options;
+
+/* Restarts after a rank failed (restart.c, torchrun's --max-restarts). */
+enum { TR_RESTART_SAME = 0, TR_RESTART_LEFT = -1 };
+typedef struct {
+    int max_restarts; /* starts allowed after the first */
+    int done;         /* restarts so far */
+    int nproc;        /* ranks of a restart: TR_RESTART_SAME as the run before, TR_RESTART_LEFT
+                         the ones that did not fail, or a count */
+} tr_restart;
+
+/* After a run of `nproc` ranks ended with rank `failed_rank` failing first (-1: none failed, as
+ * when it finished, was interrupted or timed out): 1 when the job starts again, with
+ * *next_nproc ranks (the restart is counted); else 0, and when restarts were asked for and a
+ * rank failed, why none follows in `why` (else it is empty). */
+int tr_restart_next(tr_restart *r, int failed_rank, int nproc, int *next_nproc, char *why,
+                    size_t cap);
 
 /* One captured output stream of a rank (stdout or stderr). */
 typedef struct {
@@ -45,7 +62,7 @@ typedef struct {
     size_t len, cap;
 } tr_stream;
 
-/* The output of one rank of the job (its process is a td__proc of the job). */
+/* The output of one rank of the job (its process is in the job's td_job). */
 typedef struct {
     int rank;
     tr_stream out, err;
