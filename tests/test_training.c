@@ -133,10 +133,11 @@ static void resume_is_bitwise(const char *args, const char *half) {
     long nb = file_bytes(path, &b);
     snprintf(path, sizeof path, "%s/half.st", dir);
     long nh = file_bytes(path, &h);
-    CHECK(na > 0 && na == nb && nh == na);
-    if (na > 0 && na == nb && nh == na) {
+    CHECK(na > 0 && na == nb && nh > 0);
+    if (na > 0 && na == nb && nh > 0) {
         if (memcmp(a, b, (size_t)na) != 0) TEST_FAIL_AT("resumed run differs: %s", args);
-        CHECK(memcmp(a, h, (size_t)na) != 0); /* the second epoch did change something */
+        /* the second epoch did change something (the metadata's length may change too) */
+        CHECK(nh != na || memcmp(a, h, (size_t)na) != 0);
     }
     free(a);
     free(b);

@@ -294,8 +294,8 @@ static void save(trainer *t, int epochs_done, size_t batches_done, uint64_t step
                                  {"dropout_rng_offset", offset},
                                  {"lr_schedule", t->opt.cosine ? "cosine" : "constant"},
                                  {"lr", lr},
-                                 {"lr_steps", lr_steps}};
-    size_t n_meta = sizeof meta / sizeof *meta;
+                                 {"lr_steps", lr_steps}}; /* the cosine's horizon: last */
+    size_t n_meta = sizeof meta / sizeof *meta - !t->opt.cosine;
     if (t->zero)
         CHECK(td_zero_save(t->zero, t->optim, t->opt.checkpoint, all, n, meta, n_meta));
     else
