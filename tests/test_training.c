@@ -7,7 +7,8 @@
  * mode of the example runs (2 stages, and 2 stages x 2 replicas). Deterministic mode: 200 steps
  * of the CNN with dropout at world sizes 1, 2 and 4 give one parameter digest (another seed
  * another, the default mode another per world size; O1 one of its own at worlds 1 and 2), and
- * so do one rank on 2 OpenMP threads and 1, 2 and 4 ranks on one; a 2-rank run cut with
+ * so do one rank on 2 OpenMP threads and 1, 2 and 4 ranks on one (the CNN, and the MLP in shards
+ * of 16 with blocked weights); a 2-rank run cut with
  * --stop-at-step resumes at world sizes 1 and 4 to the uninterrupted run's bytes under the
  * cosine schedule, and a resume under another schedule warns; a rank killed at a random moment
  * under tandemrun --max-restarts ends, after the restart resumes from the last checkpoint, with
@@ -281,20 +282,30 @@ static void deterministic_same_bits_at_world_1_2_4(void) {
 }
 
 /* No thread count enters a sum: one rank on 2 OpenMP threads and on 1, and 2 and 4 ranks on one
- * thread each, train the CNN (batch norm, dropout) to the same bits. */
-static void deterministic_same_bits_at_any_thread_count(void) {
-    char args[512], d[4][65];
-    snprintf(args, sizeof args, "%s --epochs 1 --max-steps 20", det_args);
+ * thread each, train `args` to the same bits. */
+static void same_bits_at_any_thread_count(const char *model, const char *args) {
+    char d[4][65];
     const int threads[4] = {2, 1, 1, 1}, worlds[4] = {1, 1, 2, 4};
     for (int i = 0; i < 4; i++) {
         det_run_on(threads[i], worlds[i], args, d[i]);
-        printf("    world %d, %d thread(s) per rank, 20 steps: params sha256 %s\n", worlds[i],
+        printf("    %s, world %d, %d thread(s) per rank: params sha256 %s\n", model, worlds[i],
                threads[i], d[i]);
     }
     for (int i = 1; i < 4; i++)
         if (strcmp(d[0], d[i]) != 0)
-            TEST_FAIL_AT("world %d on %d thread(s) per rank differs from world 1 on 2 threads",
-                         worlds[i], threads[i]);
+            TEST_FAIL_AT("%s: world %d on %d thread(s) per rank differs from world 1 on 2 threads",
+                         model, worlds[i], threads[i]);
+}
+
+/* The CNN (convolutions' weight gradients and batch norm's statistics, which oneDNN splits over
+ * its threads) for 20 steps, and the MLP in shards of 16 (blocked linear weights, kept across a
+ * step's shards) for 10. */
+static void deterministic_same_bits_at_any_thread_count(void) {
+    char args[512];
+    snprintf(args, sizeof args, "%s --epochs 1 --max-steps 20", det_args);
+    same_bits_at_any_thread_count("cnn", args);
+    same_bits_at_any_thread_count("mlp", "--model mlp --deterministic --batch 128 --shards 8 "
+                                         "--no-eval --epochs 1 --max-steps 10");
 }
 
 static int same_file(const char *pa, const char *pb) {
