@@ -283,8 +283,7 @@ static void deterministic_same_bits_at_world_1_2_4(void) {
 
 /* No thread count enters a sum: one rank on 2 OpenMP threads and on 1, and 2 and 4 ranks on one
  * thread each, train `args` to the same bits. */
-static void same_bits_at_any_thread_count(const char *model, const char *args) {
-    char d[4][65];
+static void same_bits_at_any_thread_count(const char *model, const char *args, char d[4][65]) {
     const int threads[4] = {2, 1, 1, 1}, worlds[4] = {1, 1, 2, 4};
     for (int i = 0; i < 4; i++) {
         det_run_on(threads[i], worlds[i], args, d[i]);
@@ -299,13 +298,19 @@ static void same_bits_at_any_thread_count(const char *model, const char *args) {
 
 /* The CNN (convolutions' weight gradients and batch norm's statistics, which oneDNN splits over
  * its threads) for 20 steps, and the MLP in shards of 16 (blocked linear weights, kept across a
- * step's shards) for 10. */
+ * step's shards) for 10; under ZeRO stage 3 too, whose parameter-use hook frees and gathers the
+ * weights the kept copies were made from. */
 static void deterministic_same_bits_at_any_thread_count(void) {
-    char args[512];
+    char args[512], d[4][65], z[65];
     snprintf(args, sizeof args, "%s --epochs 1 --max-steps 20", det_args);
-    same_bits_at_any_thread_count("cnn", args);
-    same_bits_at_any_thread_count("mlp", "--model mlp --deterministic --batch 128 --shards 8 "
-                                         "--no-eval --epochs 1 --max-steps 10");
+    same_bits_at_any_thread_count("cnn", args, d);
+    const char *mlp = "--model mlp --deterministic --batch 128 --shards 8 --no-eval --epochs 1 "
+                      "--max-steps 10";
+    same_bits_at_any_thread_count("mlp", mlp, d);
+    snprintf(args, sizeof args, "%s --zero 3", mlp);
+    det_run_on(2, 2, args, z);
+    printf("    mlp, world 2, 2 threads per rank, --zero 3: params sha256 %s\n", z);
+    if (strcmp(d[0], z) != 0) TEST_FAIL_AT("mlp: --zero 3 differs from deterministic DDP");
 }
 
 static int same_file(const char *pa, const char *pb) {
