@@ -104,7 +104,9 @@ static td_status linear_backward(td__op_ctx *ctx, td__node *n) {
     /* Final weight gradients go to DDP before the data gradient is computed. */
     ctx->params_ready(ctx, n, 1);
     if (s->bwd_data) {
-        td__mem_bind(&s->w, s->w_now); /* forward's, in the kernels' layout */
+        /* forward's copy in the kernels' layout; the plain weights where they are now (a
+         * parameter-use hook may have moved them since forward) */
+        td__mem_bind(&s->w, s->w_fwd.need ? s->w_now : w->data);
         td__mem_bind(&s->dx, td__grad_begin(ctx, x, 0));
         dnnl_exec_arg_t a[3] = {{DNNL_ARG_DIFF_DST, s->dy.mem},
                                 {DNNL_ARG_WEIGHTS, s->w.mem},
