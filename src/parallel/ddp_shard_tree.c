@@ -242,6 +242,14 @@ static void add2_to(float *restrict acc, const float *restrict a, const float *r
     for (; e < n; e++) acc[e] = b[e] + (a[e] + acc[e]);
 }
 
+/* x = x * by */
+static void scale(float *restrict x, size_t n, float by) {
+    size_t e = 0;
+    for (; e + TREE_VEC <= n; e += TREE_VEC)
+        for (size_t k = 0; k < TREE_VEC; k++) x[e + k] = x[e + k] * by;
+    for (; e < n; e++) x[e] = x[e] * by;
+}
+
 /* upper = (upper + below) * f */
 static void add_scaled(float *restrict upper, const float *restrict below, size_t n, float f) {
     size_t e = 0;
@@ -267,7 +275,8 @@ static void climb(float *leaf, float *const *lower, int up, size_t n, float by) 
         size_t m = n - c < TREE_CHUNK ? n - c : TREE_CHUNK;
         memcpy(acc, leaf + c, m * sizeof *acc);
         for (int l = 0; l < up; l++) add_to(acc, lower[l] + c, m);
-        for (size_t e = 0; e < m; e++) leaf[c + e] = acc[e] * by;
+        scale(acc, m, by);
+        memcpy(leaf + c, acc, m * sizeof *acc);
     }
 }
 
@@ -289,7 +298,7 @@ static void tree_fold(ddp_tree *t, size_t off, size_t n, float by) {
     }
     if (!last || (power && (L > 1 || by == 1.0f))) return;
     if (power) { /* a single shard: its leaf is the root */
-        for (size_t e = 0; e < n; e++) leaf[e] *= by;
+        scale(leaf, n, by);
         return;
     }
     /* The new node sits at L's lowest one bit (L - 1 has `up` trailing ones); the others wait. */
@@ -354,10 +363,6 @@ static void tree_grad_ready(td_ddp *d, size_t i) {
     }
 }
 
-static void scale(float *x, size_t n, float by) {
-    for (size_t e = 0; e < n; e++) x[e] *= by;
-}
-
 /* The levels above the ranks: for each bucket, the w segments this rank received are added in
  * pairs (stride 1, 2, 4, ...: the aligned pairwise tree over ranks, as over leaves), averaged
  * over the shards when asked, and all-gathered into the root's buffer. All-gathers are queued in
@@ -388,9 +393,7 @@ static td_status tree_across_ranks(td_ddp *d) {
         size_t seg = t->seg[k];
         for (size_t stride = 1; stride < w; stride *= 2)
             for (size_t i = 0; i + stride < w; i += 2 * stride) {
-                float *lo = x + i * seg;
-                const float *hi = x + (i + stride) * seg;
-                for (size_t e = 0; e < seg; e++) lo[e] = lo[e] + hi[e];
+                add_to(x + i * seg, x + (i + stride) * seg, seg); /* lo + hi, as hi + lo */
             }
         if (k < d->n_buckets && average) scale(x, seg, inv);
         s = td_comm_iallgather(d->comm, x, top + t->base[k], seg, TD_F32, &t->req[k]);
