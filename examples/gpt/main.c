@@ -12,7 +12,8 @@
  * windows split across ranks, beside the unigram baseline (the byte frequencies of the training
  * text). Under a launcher every rank builds the same model and DDP averages the gradients
  * (--ddp says so explicitly); --amp computes the linears in bf16 (O1); --deterministic trains to
- * the same bits at any world size (docs/reproducibility.md); --checkpoint / --resume continue a
+ * the same bits at any world size and thread count, each shard on one thread
+ * (docs/reproducibility.md); --checkpoint / --resume continue a
  * run at any world size (--stop-at N ends a run after step N as an interrupted one would). The
  * last lines are a sample and the SHA-256 of the parameters. */
 #include <math.h>
@@ -272,9 +273,11 @@ static void setup(trainer *t) {
     td_graph_params gp = td_graph_default_params();
     gp.seed = o->seed;
     if (o->amp) gp.amp.level = TD_AMP_O1;
+    gp.threads = o->deterministic ? 1 : 0; /* no sum of the kernels depends on OMP_NUM_THREADS */
     CHECK(td_graph_create(&t->train, &gp));
     build(o, t->train, t->graph_batch, &t->model);
     gp.grad_enabled = 0;
+    gp.threads = 0;
     CHECK(td_graph_create(&t->eval, &gp));
     build(o, t->eval, 1, &t->eval_model);
     CHECK(td_graph_share_params(t->eval, t->train));
