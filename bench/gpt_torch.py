@@ -2,9 +2,11 @@
 """bench/gpt.c's PyTorch peer: nanoGPT's GPT (the model tests/fixtures/models/make_gpt_ref.py
 writes, F.scaled_dot_product_attention's math done as nanoGPT's slow path does on torch 1.13)
 trained with AdamW on random tokens, in f32 or under torch.autocast(bfloat16), on --world ranks
-with DistributedDataParallel over gloo. Prints tokens_per_s, the median window's."""
+with DistributedDataParallel over gloo. With --pin each rank runs on its own core, as
+bench/gpt.c's ranks do. Prints tokens_per_s, the median window's."""
 import argparse
 import math
+import os
 import statistics
 
 import torch
@@ -49,6 +51,9 @@ class GPT(nn.Module):
 
 
 def rank(r, a, result):
+    if a.pin:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[r % len(cores)]})
     torch.set_num_threads(1)
     if a.world > 1:
         dist.init_process_group("gloo", rank=r, world_size=a.world)
@@ -80,6 +85,7 @@ def main():
                  ("iters", 5), ("warmup", 2), ("world", 1), ("windows", 3)]:
         p.add_argument("--" + k, type=int, default=v)
     p.add_argument("--bf16", action="store_true")
+    p.add_argument("--pin", action="store_true")
     a = p.parse_args()
     print("tokens_per_s %.1f" % run_ranks(rank, a)["rate"])
 
