@@ -7,7 +7,9 @@
  * windows of --iters steps after --warmup steps, on both sides; --repeat K runs every row K times,
  * interleaved so that a shared machine's slow spells fall on every row alike, and prints medians
  * (the ratio: the median of each repeat's ratio). The load average before and after is printed: on
- * a busy machine the world-2 rows share their cores with other work.
+ * a busy machine the world-2 rows share their cores with other work, and a rank that waits for
+ * its peer gives its core away; so each row also gives tokens per CPU-second (the CPU time of all
+ * of every rank's threads, warm-up included, on both sides), which the load changes little.
  *
  *   build/bench/gpt [--layers N --heads N --width C --context T --batch GLOBAL]
  *                   [--iters N --windows N --warmup N --repeat K] [--no-torch] [--no-pin]
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tandem/tandem.h"
 
@@ -46,7 +49,25 @@ static double median_of(const double *v, int n) {
     return ok[m / 2];
 }
 
-/* One rank: warm-up steps, then `iters` timed steps; rank 0 writes tokens/s. */
+/* What a run measured: rank 0's median window in tokens/s, and every rank's CPU time (all its
+ * threads) over the warm-up and the windows. */
+typedef struct {
+    double rate, cpu_s;
+} measured;
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Tokens of the warm-up and the windows, over all ranks. */
+static double tokens_run(const setup *su) {
+    return (double)su->batch * (double)su->model.context *
+           (double)(su->warmup + su->iters * su->windows);
+}
+
+/* One rank: warm-up steps, then `windows` windows of `iters` timed steps. */
 static int rank_fn(int rank, int world, void *result, void *arg) {
     const setup *su = arg;
     td_comm *comm = world > 1 || su->deterministic ? bench_comm() : NULL;
@@ -84,7 +105,7 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
         size_t first;
         td_ddp_shards(ddp, &first, &shards);
     }
-    double rates[MAX_WINDOWS];
+    double rates[MAX_WINDOWS], cpu0 = cpu_seconds();
     for (int w = -1; w < su->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? su->warmup : su->iters;
         if (comm) CHECK(td_comm_barrier(comm));
@@ -102,7 +123,9 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
         double sec = (double)(td_time_ns() - t0) / 1e9;
         if (w >= 0) rates[w] = (double)su->batch * (double)T * iters / sec;
     }
-    if (rank == 0) *(double *)result = median_of(rates, su->windows);
+    measured *out = result;
+    out->cpu_s = cpu_seconds() - cpu0;
+    if (rank == 0) out->rate = median_of(rates, su->windows);
     td_optim_destroy(opt);
     td_ddp_destroy(ddp);
     td_graph_destroy(g);
@@ -111,13 +134,17 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
     return 0;
 }
 
-static double tandem_rate(const setup *su, int world) {
-    double results[4] = {0};
-    if (bench_ranks(world, su->pin, rank_fn, (void *)su, results, sizeof(double))) return NAN;
-    return results[0];
+/* tokens/s, and tokens per CPU-second of all ranks together in *per_cpu. */
+static double tandem_rate(const setup *su, int world, double *per_cpu) {
+    measured m[2];
+    memset(m, 0, sizeof m);
+    *per_cpu = NAN;
+    if (bench_ranks(world, su->pin, rank_fn, (void *)su, m, sizeof *m)) return NAN;
+    *per_cpu = tokens_run(su) / (m[0].cpu_s + (world > 1 ? m[1].cpu_s : 0));
+    return m[0].rate;
 }
 
-static double torch_rate(const setup *su, int world) {
+static double torch_rate(const setup *su, int world, double *per_cpu) {
     char cmd[512];
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/gpt_torch.py "
@@ -128,10 +155,14 @@ static double torch_rate(const setup *su, int world) {
              su->amp ? " --bf16" : "", su->pin ? " --pin" : "");
     FILE *p = popen(cmd, "r");
     double rate = NAN;
+    *per_cpu = NAN;
     if (p) {
         char line[256];
         while (fgets(line, sizeof line, p))
-            if (!strncmp(line, "tokens_per_s ", 13)) rate = atof(line + 13);
+            if (!strncmp(line, "tokens_per_s ", 13))
+                rate = atof(line + 13);
+            else if (!strncmp(line, "cpu_s ", 6))
+                *per_cpu = tokens_run(su) / atof(line + 6);
         pclose(p);
     }
     return rate;
@@ -218,29 +249,34 @@ int main(int argc, char **argv) {
     printf("median of %d windows of %d steps after %d; %d interleaved repeat(s); load average "
            "before: %s\n",
            su.windows, su.iters, su.warmup, repeat, load);
-    double ours[ROWS][MAX_REPEAT], theirs[ROWS][MAX_REPEAT], ratio[ROWS][MAX_REPEAT];
+    /* [0]: tokens/s, [1]: tokens per CPU-second of all ranks */
+    double ours[2][ROWS][MAX_REPEAT], theirs[2][ROWS][MAX_REPEAT], ratio[2][ROWS][MAX_REPEAT];
     for (int r = 0; r < repeat; r++)
         for (int row = 0; row < ROWS; row++) {
             int world;
             row_setup(&su, row, &world);
-            ours[row][r] = tandem_rate(&su, world);
-            theirs[row][r] = torch && row < 4 ? torch_rate(&su, world) : NAN;
+            ours[0][row][r] = tandem_rate(&su, world, &ours[1][row][r]);
+            theirs[0][row][r] = theirs[1][row][r] = NAN;
+            if (torch && row < 4) theirs[0][row][r] = torch_rate(&su, world, &theirs[1][row][r]);
         }
-    for (int row = 0; row < ROWS; row++)
-        for (int r = 0; r < repeat; r++) {
-            double base = row < 4 ? theirs[row][r] : ours[4][r];
-            ratio[row][r] = ours[row][r] / base;
-        }
-    printf("%-6s %5s %14s %14s %7s\n", "dtype", "world", "tandem tok/s", "torch tok/s", "ratio");
+    for (int k = 0; k < 2; k++)
+        for (int row = 0; row < ROWS; row++)
+            for (int r = 0; r < repeat; r++)
+                ratio[k][row][r] = ours[k][row][r] / (row < 4 ? theirs[k][row][r] : ours[k][4][r]);
+    printf("%-5s %5s %12s %12s %7s   %16s %15s %7s\n", "dtype", "world", "tandem tok/s",
+           "torch tok/s", "ratio", "tandem tok/CPU-s", "torch tok/CPU-s", "ratio");
     for (int row = 0; row < 4; row++) {
         int world;
         row_setup(&su, row, &world);
-        printf("%-6s %5d %14.0f %14.0f %6.2fx\n", su.amp ? "bf16" : "f32", world,
-               median_of(ours[row], repeat), median_of(theirs[row], repeat),
-               median_of(ratio[row], repeat));
+        printf("%-5s %5d %12.0f %12.0f %6.2fx   %16.0f %15.0f %6.2fx\n", su.amp ? "bf16" : "f32",
+               world, median_of(ours[0][row], repeat), median_of(theirs[0][row], repeat),
+               median_of(ratio[0][row], repeat), median_of(ours[1][row], repeat),
+               median_of(theirs[1][row], repeat), median_of(ratio[1][row], repeat));
     }
-    printf("deterministic mode, f32, world 2, 4 shards: %.0f tok/s, %.2fx the default DDP's %.0f\n",
-           median_of(ours[5], repeat), median_of(ratio[5], repeat), median_of(ours[4], repeat));
+    printf("deterministic mode, f32, world 2, 4 shards: %.0f tok/s, %.2fx the default DDP's %.0f; "
+           "per CPU-second %.2fx\n",
+           median_of(ours[0][5], repeat), median_of(ratio[0][5], repeat),
+           median_of(ours[0][4], repeat), median_of(ratio[1][5], repeat));
     load_average(load, sizeof load);
     printf("load average after: %s\n", load);
     return 0;

@@ -3,11 +3,13 @@
 writes, F.scaled_dot_product_attention's math done as nanoGPT's slow path does on torch 1.13)
 trained with AdamW on random tokens, in f32 or under torch.autocast(bfloat16), on --world ranks
 with DistributedDataParallel over gloo. With --pin each rank runs on its own core, as
-bench/gpt.c's ranks do. Prints tokens_per_s, the median window's."""
+bench/gpt.c's ranks do. Prints tokens_per_s, the median window's, and cpu_s, the CPU time of every
+rank's threads over the warm-up and the windows together."""
 import argparse
 import math
 import os
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -72,9 +74,14 @@ def rank(r, a, result):
         loss.backward()
         opt.step()
 
+    cpu0 = time.process_time()
     rates = time_windows(step, a)
+    cpu = torch.tensor([time.process_time() - cpu0], dtype=torch.float64)
+    if a.world > 1:
+        dist.all_reduce(cpu)
     if r == 0:
         result["rate"] = statistics.median(rates) * a.context
+        result["cpu"] = cpu.item()
     if a.world > 1:
         dist.destroy_process_group()
 
@@ -87,7 +94,9 @@ def main():
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--pin", action="store_true")
     a = p.parse_args()
-    print("tokens_per_s %.1f" % run_ranks(rank, a)["rate"])
+    result = run_ranks(rank, a)
+    print("tokens_per_s %.1f" % result["rate"])
+    print("cpu_s %.4f" % result["cpu"])
 
 
 if __name__ == "__main__":
