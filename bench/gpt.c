@@ -146,13 +146,14 @@ static double tandem_rate(const setup *su, int world, double *per_cpu) {
 
 static double torch_rate(const setup *su, int world, double *per_cpu) {
     char cmd[512];
-    snprintf(cmd, sizeof cmd,
-             "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/gpt_torch.py "
-             "--layers %d --heads %d --width %lld --context %lld --batch %d --iters %d "
-             "--windows %d --warmup %d --world %d%s%s",
-             su->model.layers, su->model.heads, (long long)su->model.width,
-             (long long)su->model.context, su->batch, su->iters, su->windows, su->warmup, world,
-             su->amp ? " --bf16" : "", su->pin ? " --pin" : "");
+    snprintf(
+        cmd, sizeof cmd,
+        "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout 600 /usr/bin/python3 bench/gpt_torch.py "
+        "--layers %d --heads %d --width %lld --context %lld --batch %d --iters %d "
+        "--windows %d --warmup %d --world %d%s%s",
+        su->model.layers, su->model.heads, (long long)su->model.width, (long long)su->model.context,
+        su->batch, su->iters, su->windows, su->warmup, world, su->amp ? " --bf16" : "",
+        su->pin ? " --pin" : "");
     FILE *p = popen(cmd, "r");
     double rate = NAN;
     *per_cpu = NAN;
