@@ -9,7 +9,7 @@
  * (the ratio: the median of each repeat's ratio). The load average before and after is printed: on
  * a busy machine the world-2 rows share their cores with other work, and a rank that waits for
  * its peer gives its core away; so each row also gives tokens per CPU-second (the CPU time of all
- * of every rank's threads, warm-up included, on both sides), which the load changes little.
+ * of every rank's threads over the windows, on both sides), which the load changes little.
  *
  *   build/bench/gpt [--layers N --heads N --width C --context T --batch GLOBAL]
  *                   [--iters N --windows N --warmup N --repeat K] [--no-torch] [--no-pin]
@@ -50,7 +50,7 @@ static double median_of(const double *v, int n) {
 }
 
 /* What a run measured: rank 0's median window in tokens/s, and every rank's CPU time (all its
- * threads) over the warm-up and the windows. */
+ * threads) over the timed windows. */
 typedef struct {
     double rate, cpu_s;
 } measured;
@@ -61,10 +61,9 @@ static double cpu_seconds(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Tokens of the warm-up and the windows, over all ranks. */
+/* Tokens of the timed windows, over all ranks. */
 static double tokens_run(const setup *su) {
-    return (double)su->batch * (double)su->model.context *
-           (double)(su->warmup + su->iters * su->windows);
+    return (double)su->batch * (double)su->model.context * (double)(su->iters * su->windows);
 }
 
 /* One rank: warm-up steps, then `windows` windows of `iters` timed steps. */
@@ -105,10 +104,11 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
         size_t first;
         td_ddp_shards(ddp, &first, &shards);
     }
-    double rates[MAX_WINDOWS], cpu0 = cpu_seconds();
+    double rates[MAX_WINDOWS], cpu0 = 0;
     for (int w = -1; w < su->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? su->warmup : su->iters;
         if (comm) CHECK(td_comm_barrier(comm));
+        if (w == 0) cpu0 = cpu_seconds();
         uint64_t t0 = td_time_ns();
         for (int it = 0; it < iters; it++) {
             for (size_t j = 0; j < shards; j++) {
