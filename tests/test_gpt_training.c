@@ -2,7 +2,8 @@
  * GPT: data parallelism at worlds 2 and 4 ends where one process on the global batch does
  * (<= 1e-5 relative, every parameter), the deterministic mode gives the same parameter bits at
  * worlds 1, 2 and 4, a run stopped and resumed from its checkpoint ends on the same bits as one
- * that was not, mixed precision trains, and --zero is refused by name. The few-minute run on
+ * that was not, a 2-stage 1F1B pipeline (with and without replicas) ends on one process's
+ * losses, mixed precision trains, and --zero is refused by name. The few-minute run on
  * Jane Austen is docs/gpt.md's. */
 #include <libgen.h>
 #include <limits.h>
@@ -85,6 +86,31 @@ static void resume_continues_bit_for_bit(void) {
     CHECK(strstr(output, "width 32") && strstr(output, "width 64"));
 }
 
+/* A 2-stage 1F1B pipeline (the embedding on one rank, the head with its copy of the tied
+ * embedding on the other), alone and as 2 stages x 2 replicas, ends on one process's train and
+ * validation loss (the GPT's parameters themselves are compared in test_pipeline_tied). */
+static void pipeline_equals_one_process(void) {
+    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TINY, example, text), 0);
+    double train = field("final: train loss "), val = field(", val loss ");
+    CHECK(train > 0 && val > 0);
+    int worlds[] = {2, 4};
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node %d %s --data %s " TINY
+                     " --pipeline 1f1b --micro-batches 2 --split h.1",
+                     launcher, worlds[i], example, text),
+                 0);
+        CHECK(strstr(output, "pipeline 1f1b: 2 stage(s)") != NULL);
+        CHECK(strstr(output, "sample:") != NULL);
+        double ptrain = field("final: train loss "), pval = field(", val loss ");
+        printf("    world %d: train loss %.6f, val loss %.6f (one process %.6f, %.6f)\n", worlds[i],
+               ptrain, pval, train, val);
+        CHECK_NEAR(ptrain, train, 1e-5 * train);
+        CHECK_NEAR(pval, val, 1e-5 * val);
+    }
+    CHECK_EQ(run("%s --data %s --pipeline 1f1b --checkpoint %s/p.st", example, text, dir), 2);
+    CHECK(strstr(output, "--pipeline") && strstr(output, "--checkpoint"));
+}
+
 static void amp_trains_and_zero_is_refused(void) {
     CHECK_EQ(run("%s --data %s " TINY " --amp", example, text), 0);
     CHECK(strstr(output, "amp bf16") != NULL);
@@ -118,6 +144,7 @@ int main(int argc, char **argv) {
     RUN(ddp_at_worlds_2_and_4_equals_one_process);
     RUN(deterministic_same_bits_at_world_1_2_4);
     RUN(resume_continues_bit_for_bit);
+    RUN(pipeline_equals_one_process);
     RUN(amp_trains_and_zero_is_refused);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -13,35 +13,16 @@
  * text). Under a launcher every rank builds the same model and DDP averages the gradients
  * (--ddp says so explicitly); --amp computes the linears in bf16 (O1); --deterministic trains to
  * the same bits at any world size (docs/reproducibility.md); --checkpoint / --resume continue a
- * run at any world size (--stop-at N ends a run after step N as an interrupted one would). The
- * last lines are a sample and the SHA-256 of the parameters. */
+ * run at any world size (--stop-at N ends a run after step N as an interrupted one would);
+ * --pipeline cuts the model into stages instead (pipeline.c). The last lines are a sample and
+ * the SHA-256 of the parameters. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "tandem/tandem.h"
-
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        td_status check_s_ = (call);                                                       \
-        if (check_s_ != TD_OK) {                                                           \
-            fprintf(stderr, "gpt: %s failed: %s: %s\n", #call, td_status_string(check_s_), \
-                    td_last_error());                                                      \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
-
-typedef struct {
-    td_gpt_params model;
-    int batch; /* global, in sequences */
-    long steps, warmup, eval_every, eval_batches, checkpoint_every, sample, stop_at;
-    double lr;
-    uint64_t seed;
-    const char *data, *checkpoint, *resume, *prompt;
-    int amp, deterministic, shards, resume_auto;
-} options;
+#include "gpt.h"
 
 static void usage(void) {
     fprintf(stderr,
@@ -49,23 +30,27 @@ static void usage(void) {
             "           [--batch GLOBAL] [--steps N] [--lr X] [--warmup N] [--seed N]\n"
             "           [--eval-every N] [--eval-batches N] [--ddp] [--amp]\n"
             "           [--deterministic [--shards S]] [--checkpoint PATH [--checkpoint-every N]]\n"
-            "           [--resume PATH|auto] [--stop-at STEP] [--sample N] [--prompt TEXT]\n");
+            "           [--resume PATH|auto] [--stop-at STEP] [--sample N] [--prompt TEXT]\n"
+            "           [--pipeline naive|gpipe|1f1b [--stages P] [--micro-batches M]\n"
+            "            [--split LAYERS|balanced]]\n");
     exit(2);
 }
 
 static options parse(int argc, char **argv) {
     options o = {.model = td_gpt_default_params(),
                  .batch = 16,
-                 .steps = 1000,
+                 .steps = 2000,
                  .warmup = 100,
                  .eval_every = 250,
                  .eval_batches = 8,
                  .sample = 300,
-                 .lr = 1e-3,
+                 .lr = 3e-3,
                  .seed = 1,
                  .data = td_corpus_default_path(),
                  .prompt = "It is a truth universally acknowledged",
-                 .shards = 4};
+                 .shards = 4,
+                 .stages = 2,
+                 .micro = 4};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--ddp")) continue; /* what a launched run does anyway */
@@ -123,8 +108,23 @@ static options parse(int argc, char **argv) {
             o.stop_at = atol(v);
         else if (!strcmp(a, "--prompt"))
             o.prompt = v;
+        else if (!strcmp(a, "--pipeline")) {
+            CHECK(td_pipeline_schedule_parse(v, &o.schedule));
+            o.pipeline = 1;
+        } else if (!strcmp(a, "--stages"))
+            o.stages = atoi(v);
+        else if (!strcmp(a, "--micro-batches"))
+            o.micro = atoi(v);
+        else if (!strcmp(a, "--split"))
+            o.split = strcmp(v, "balanced") ? v : NULL;
         else
             usage();
+    }
+    if (o.stages < 1 || o.stages > TD_PIPELINE_MAX_STAGES || o.micro < 1) usage();
+    if (o.pipeline && (o.deterministic || o.checkpoint || o.resume || o.resume_auto || o.stop_at)) {
+        fprintf(stderr, "gpt: --pipeline trains without --deterministic, --checkpoint, --resume "
+                        "and --stop-at\n");
+        exit(2);
     }
     if (o.batch < 1 || o.steps < 1 || o.eval_batches < 1 || o.shards < 1 || o.sample < 0) usage();
     if (o.resume_auto && !o.checkpoint) {
@@ -220,7 +220,15 @@ static void resume(trainer *t) {
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
-static void build(const options *o, td_graph *g, int64_t batch, td_model *m) {
+void gpt_banner(const options *o, int world, const char *more) {
+    printf("gpt: %d layers, %d heads, width %lld, context %lld: %lld parameters; world %d, global "
+           "batch %d%s%s%s\n",
+           o->model.layers, o->model.heads, (long long)o->model.width, (long long)o->model.context,
+           (long long)td_gpt_parameter_count(&o->model), world, o->batch,
+           o->amp ? ", amp bf16" : "", o->deterministic ? ", deterministic" : "", more);
+}
+
+void gpt_build(const options *o, td_graph *g, int64_t batch, td_model *m) {
     td_sequential *s;
     CHECK(td_gpt_sequential(&o->model, &s));
     CHECK(td_model_build_sequential(g, s, batch, o->seed, m));
@@ -246,14 +254,7 @@ static void setup(trainer *t) {
                 t->world);
         exit(2);
     }
-    CHECK(td_corpus_load(&t->text, o->data));
-    t->n_train = t->text.size / 10 * 9;
-    size_t windows = td_corpus_windows(t->n_train, o->model.context);
-    if (windows < (size_t)o->batch) {
-        fprintf(stderr, "gpt: %s holds %zu training windows of %lld, fewer than --batch %d\n",
-                o->data, windows, (long long)o->model.context, o->batch);
-        exit(2);
-    }
+    size_t windows = gpt_load_text(o, &t->text, &t->n_train);
     td_sampler_params sp = td_sampler_default_params();
     sp.rank = t->rank;
     sp.world_size = t->world;
@@ -273,17 +274,14 @@ static void setup(trainer *t) {
     gp.seed = o->seed;
     if (o->amp) gp.amp.level = TD_AMP_O1;
     CHECK(td_graph_create(&t->train, &gp));
-    build(o, t->train, t->graph_batch, &t->model);
+    gpt_build(o, t->train, t->graph_batch, &t->model);
     gp.grad_enabled = 0;
     CHECK(td_graph_create(&t->eval, &gp));
-    build(o, t->eval, 1, &t->eval_model);
+    gpt_build(o, t->eval, 1, &t->eval_model);
     CHECK(td_graph_share_params(t->eval, t->train));
     td_graph_set_training(t->eval, 0);
     CHECK(td_graph_parameters(t->train, &t->params, &t->n_params));
-    td_adamw_params ap = td_adamw_default_params();
-    ap.lr = o->lr;
-    ap.beta2 = 0.95;
-    ap.weight_decay = 0.1;
+    td_adamw_params ap = gpt_adamw(o);
     CHECK(td_optim_create_adamw(&t->optim, t->params, t->n_params, &ap));
     if (o->resume || o->resume_auto) resume(t);
     if (t->comm) {
@@ -364,18 +362,36 @@ static double validate(trainer *t) {
     return sums[0] / sums[1];
 }
 
-/* Cross-entropy of the validation text under the training text's byte frequencies (add-one). */
-static double unigram_baseline(const trainer *t) {
-    double count[256] = {0}, total = 256;
-    for (size_t i = 0; i < t->n_train; i++) count[t->text.bytes[i]]++;
-    for (int c = 0; c < 256; c++) total += count[c];
-    double nll = 0;
-    for (size_t i = t->n_train; i < t->text.size; i++)
-        nll -= log((count[t->text.bytes[i]] + 1) / total);
-    return nll / (double)(t->text.size - t->n_train);
+size_t gpt_load_text(const options *o, td_corpus *text, size_t *n_train) {
+    CHECK(td_corpus_load(text, o->data));
+    *n_train = text->size / 10 * 9;
+    size_t windows = td_corpus_windows(*n_train, o->model.context);
+    if (windows < (size_t)o->batch) {
+        fprintf(stderr, "gpt: %s holds %zu training windows of %lld, fewer than --batch %d\n",
+                o->data, windows, (long long)o->model.context, o->batch);
+        exit(2);
+    }
+    return windows;
 }
 
-static double lr_at(const options *o, long step) {
+double gpt_unigram_baseline(const td_corpus *text, size_t n_train) {
+    double count[256] = {0}, total = 256;
+    for (size_t i = 0; i < n_train; i++) count[text->bytes[i]]++;
+    for (int c = 0; c < 256; c++) total += count[c];
+    double nll = 0;
+    for (size_t i = n_train; i < text->size; i++) nll -= log((count[text->bytes[i]] + 1) / total);
+    return nll / (double)(text->size - n_train);
+}
+
+td_adamw_params gpt_adamw(const options *o) {
+    td_adamw_params ap = td_adamw_default_params();
+    ap.lr = o->lr;
+    ap.beta2 = 0.95;
+    ap.weight_decay = 0.1;
+    return ap;
+}
+
+double gpt_lr_at(const options *o, long step) {
     if (step < o->warmup) return o->lr * (double)(step + 1) / (double)o->warmup;
     double p =
         (double)(step - o->warmup) / (double)(o->steps > o->warmup ? o->steps - o->warmup : 1);
@@ -385,22 +401,22 @@ static double lr_at(const options *o, long step) {
 /* Continues the prompt by `n` bytes, each drawn from the model's distribution at temperature
  * 0.8 given the last T bytes (the eval graph holds one sequence of T; positions past the text
  * are padding the causal mask keeps out of the ones read). */
-static void sample(trainer *t) {
-    int64_t T = t->opt.model.context, V = t->opt.model.vocab;
-    size_t plen = strlen(t->opt.prompt), n = plen + (size_t)t->opt.sample;
+void gpt_sample(const options *o, td_graph *eval, const td_model *m) {
+    int64_t T = o->model.context, V = o->model.vocab;
+    size_t plen = strlen(o->prompt), n = plen + (size_t)o->sample;
     unsigned char *text = malloc(n + 1);
     float *prob = malloc((size_t)V * sizeof *prob);
     if (!text || !prob) CHECK(TD_ENOMEM);
-    memcpy(text, t->opt.prompt, plen);
+    memcpy(text, o->prompt, plen);
     td_rng rng;
-    td_rng_init(&rng, t->opt.seed);
-    float *in = td_tensor_data(t->eval_model.input);
+    td_rng_init(&rng, o->seed);
+    float *in = td_tensor_data(m->input);
     for (size_t len = plen; len < n; len++) {
         size_t from = len > (size_t)T ? len - (size_t)T : 0, used = len - from;
         for (int64_t i = 0; i < T; i++) in[i] = i < (int64_t)used ? text[from + i] : ' ';
         if (used == 0) used = 1, in[0] = '\n';
-        CHECK(td_graph_forward(t->eval));
-        const float *logp = (const float *)td_tensor_data(t->eval_model.output) + (used - 1) * V;
+        CHECK(td_graph_forward(eval));
+        const float *logp = (const float *)td_tensor_data(m->output) + (used - 1) * V;
         double sum = 0;
         for (int64_t v = 0; v < V; v++) sum += prob[v] = expf(logp[v] / 0.8f);
         double r = td_rng_uniform(&rng) * sum;
@@ -418,27 +434,26 @@ int main(int argc, char **argv) {
     trainer t;
     memset(&t, 0, sizeof t);
     t.opt = parse(argc, argv);
+    if (t.opt.pipeline) return gpt_pipeline_main(&t.opt);
     setup(&t);
     const options *o = &t.opt;
     if (t.rank == 0) {
-        printf("gpt: %d layers, %d heads, width %lld, context %lld: %lld parameters; world %d, "
-               "global batch %d%s%s\n",
-               o->model.layers, o->model.heads, (long long)o->model.width,
-               (long long)o->model.context, (long long)td_gpt_parameter_count(&o->model), t.world,
-               o->batch, o->amp ? ", amp bf16" : "", o->deterministic ? ", deterministic" : "");
+        gpt_banner(o, t.world, "");
         printf("data: %s, %zu bytes (%zu train, %zu validation); unigram baseline %.4f\n", o->data,
-               t.text.size, t.n_train, t.text.size - t.n_train, unigram_baseline(&t));
+               t.text.size, t.n_train, t.text.size - t.n_train,
+               gpt_unigram_baseline(&t.text, t.n_train));
         fflush(stdout);
     }
     size_t per_epoch = td_sampler_batches(t.sampler);
     uint64_t t0 = td_time_ns();
     double tokens = 0;
     float loss = NAN;
+    double val = NAN;
     for (long step = t.first_step; step < o->steps; step++) {
         uint64_t epoch = (uint64_t)step / per_epoch;
         td_sampler_set_epoch(t.sampler, epoch);
         size_t rows = fill_batch(&t, (size_t)step % per_epoch);
-        td_optim_set_lr(t.optim, lr_at(o, step));
+        td_optim_set_lr(t.optim, gpt_lr_at(o, step));
         loss = forward_backward(&t, rows, (uint64_t)step);
         CHECK(td_clip_grad_norm(t.params, t.n_params, 1.0, NULL));
         CHECK(td_optim_step(t.optim));
@@ -447,12 +462,12 @@ int main(int argc, char **argv) {
         if (t.rank == 0 && ((step + 1) % 50 == 0 || last)) {
             double s = (double)(td_time_ns() - t0) / 1e9;
             printf("step %ld/%ld: train loss %.4f, lr %.2e, %.0f tokens/s\n", step + 1, o->steps,
-                   (double)loss, lr_at(o, step), tokens / s);
+                   (double)loss, gpt_lr_at(o, step), tokens / s);
             fflush(stdout);
         }
         if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) {
-            double v = validate(&t);
-            if (t.rank == 0) printf("step %ld: val loss %.4f\n", step + 1, v);
+            val = validate(&t);
+            if (t.rank == 0) printf("step %ld: val loss %.4f\n", step + 1, val);
         }
         if (o->checkpoint &&
             ((o->checkpoint_every > 0 && (step + 1) % o->checkpoint_every == 0) || last))
@@ -460,10 +475,10 @@ int main(int argc, char **argv) {
         if (step + 1 == o->stop_at) break; /* as a job stopped here would */
     }
     if (t.rank == 0) {
-        if (o->sample > 0) sample(&t);
+        if (o->sample > 0) gpt_sample(o, t.eval, &t.eval_model);
         char hex[65];
         td_params_sha256(t.params, t.n_params, hex);
-        printf("final: train loss %.4f, params_sha256 %s\n", (double)loss, hex);
+        printf("final: train loss %.6f, val loss %.6f, params_sha256 %s\n", (double)loss, val, hex);
     }
     td_ddp_destroy(t.ddp);
     td_optim_destroy(t.optim);
