@@ -28,6 +28,7 @@ typedef struct {
     uint64_t seed;
     const char *data, *checkpoint, *resume, *prompt;
     int amp, deterministic, shards, resume_auto;
+    int zero;     /* 0: DDP; 1, 2, 3: the ZeRO stage (--zero) */
     int pipeline; /* --pipeline given: the schedule, stages, micro-batches and cut below */
     td_pipeline_schedule schedule;
     int stages, micro;

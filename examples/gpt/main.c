@@ -11,11 +11,13 @@
  * gradient norm to 1. Every --eval-every steps it prints the validation loss over a fixed set of
  * windows split across ranks, beside the unigram baseline (the byte frequencies of the training
  * text). Under a launcher every rank builds the same model and DDP averages the gradients
- * (--ddp says so explicitly); --amp computes the linears in bf16 (O1); --deterministic trains to
- * the same bits at any world size (docs/reproducibility.md); --checkpoint / --resume continue a
- * run at any world size (--stop-at N ends a run after step N as an interrupted one would);
- * --pipeline cuts the model into stages instead (pipeline.c). The last lines are a sample and
- * the SHA-256 of the parameters. */
+ * (--ddp says so explicitly); --zero 1|2|3 shards the optimizer state, also the gradients, also
+ * the parameters over the ranks instead (docs/zero.md; each rank writes its part of a
+ * checkpoint); --amp computes the linears in bf16 (O1); --deterministic trains to the same bits
+ * at any world size (docs/reproducibility.md); --checkpoint / --resume continue a run at any
+ * world size, with or without --zero (--stop-at N ends a run after step N as an interrupted one
+ * would); --pipeline cuts the model into stages instead (pipeline.c). The last lines are a sample
+ * and the SHA-256 of the parameters. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +30,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: gpt [--data FILE] [--layers N] [--heads N] [--width C] [--context T]\n"
             "           [--batch GLOBAL] [--steps N] [--lr X] [--warmup N] [--seed N]\n"
-            "           [--eval-every N] [--eval-batches N] [--ddp] [--amp]\n"
+            "           [--eval-every N] [--eval-batches N] [--ddp | --zero 1|2|3] [--amp]\n"
             "           [--deterministic [--shards S]] [--checkpoint PATH [--checkpoint-every N]]\n"
             "           [--resume PATH|auto] [--stop-at STEP] [--sample N] [--prompt TEXT]\n"
             "           [--pipeline naive|gpipe|1f1b [--stages P] [--micro-batches M]\n"
@@ -62,10 +64,6 @@ static options parse(int argc, char **argv) {
             o.deterministic = 1;
             continue;
         }
-        if (!strcmp(a, "--zero")) {
-            fprintf(stderr, "gpt: --zero is not available in this build of tandem yet\n");
-            exit(2);
-        }
         if (i + 1 >= argc) usage();
         const char *v = argv[++i];
         if (!strcmp(a, "--data"))
@@ -92,7 +90,13 @@ static options parse(int argc, char **argv) {
             o.eval_every = atol(v);
         else if (!strcmp(a, "--eval-batches"))
             o.eval_batches = atol(v);
-        else if (!strcmp(a, "--shards"))
+        else if (!strcmp(a, "--zero")) {
+            o.zero = atoi(v);
+            if (o.zero < 1 || o.zero > 3) {
+                fprintf(stderr, "gpt: --zero %s, expected the stage: 1, 2 or 3\n", v);
+                exit(2);
+            }
+        } else if (!strcmp(a, "--shards"))
             o.shards = atoi(v);
         else if (!strcmp(a, "--checkpoint"))
             o.checkpoint = v;
@@ -121,9 +125,10 @@ static options parse(int argc, char **argv) {
             usage();
     }
     if (o.stages < 1 || o.stages > TD_PIPELINE_MAX_STAGES || o.micro < 1) usage();
-    if (o.pipeline && (o.deterministic || o.checkpoint || o.resume || o.resume_auto || o.stop_at)) {
-        fprintf(stderr, "gpt: --pipeline trains without --deterministic, --checkpoint, --resume "
-                        "and --stop-at\n");
+    if (o.pipeline &&
+        (o.deterministic || o.zero || o.checkpoint || o.resume || o.resume_auto || o.stop_at)) {
+        fprintf(stderr, "gpt: --pipeline trains without --deterministic, --zero, --checkpoint, "
+                        "--resume and --stop-at\n");
         exit(2);
     }
     if (o.batch < 1 || o.steps < 1 || o.eval_batches < 1 || o.shards < 1 || o.sample < 0) usage();
@@ -143,6 +148,7 @@ typedef struct {
     int rank, world;
     td_comm *comm;
     td_ddp *ddp;
+    td_zero *zero; /* --zero: instead of ddp */
     td_graph *train, *eval;
     td_model model, eval_model;
     td_param *params;
@@ -159,6 +165,8 @@ typedef struct {
 
 /* ---- checkpoints ------------------------------------------------------------------------ */
 
+/* What a DDP or single-process checkpoint holds: the parameters and the optimizer state (ZeRO
+ * writes both in parts itself, under the same names). */
 static td_param *checkpoint_tensors(trainer *t, size_t *n) {
     td_param *state;
     size_t n_state;
@@ -179,16 +187,22 @@ static void shape_meta(const trainer *t, char *out, size_t cap) {
              t->opt.deterministic ? t->opt.shards : 0);
 }
 
+/* Rank 0 writes the whole run, or with --zero every rank its part; called on every rank. */
 static void save(trainer *t, long step) {
-    if (t->rank != 0 || !t->opt.checkpoint) return;
-    size_t n;
-    td_param *all = checkpoint_tensors(t, &n);
+    if (!t->opt.checkpoint || (!t->zero && t->rank != 0)) return;
     char steps[32], shape[160];
     snprintf(steps, sizeof steps, "%ld", step);
     shape_meta(t, shape, sizeof shape);
     td_checkpoint_meta meta[] = {{"model", "gpt"}, {"run", shape}, {"step", steps}};
-    CHECK(td_checkpoint_save(t->opt.checkpoint, all, n, meta, 3));
-    free(all);
+    if (t->zero) {
+        CHECK(td_zero_save(t->zero, t->optim, t->opt.checkpoint, NULL, 0, meta, 3));
+    } else {
+        size_t n;
+        td_param *all = checkpoint_tensors(t, &n);
+        CHECK(td_checkpoint_save(t->opt.checkpoint, all, n, meta, 3));
+        free(all);
+    }
+    if (t->rank != 0) return;
     printf("checkpoint at step %ld: %s\n", step, t->opt.checkpoint);
     fflush(stdout);
 }
@@ -208,11 +222,17 @@ static void resume(trainer *t) {
     }
     int64_t step;
     CHECK(td_checkpoint_get_meta_i64(ck, "step", 0, t->opt.steps, &step));
-    size_t n;
-    td_param *all = checkpoint_tensors(t, &n);
-    CHECK(td_checkpoint_read(ck, all, n));
-    free(all);
     td_checkpoint_close(ck);
+    if (t->zero) { /* every rank its own parts, resharded to this world size */
+        CHECK(td_zero_load(t->zero, t->optim, path, NULL, 0));
+    } else {
+        size_t n;
+        td_param *all = checkpoint_tensors(t, &n);
+        CHECK(td_checkpoint_open(&ck, path));
+        CHECK(td_checkpoint_read(ck, all, n));
+        td_checkpoint_close(ck);
+        free(all);
+    }
     t->first_step = (long)step;
     if (t->rank == 0)
         printf("resuming from %s at step %lld, world size %d\n", path, (long long)step, t->world);
@@ -239,9 +259,9 @@ static void setup(trainer *t) {
     const options *o = &t->opt;
     t->world = 1;
     int launched = getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE") || getenv("SLURM_NTASKS");
-    if (launched || o->deterministic) {
+    if (launched || o->deterministic || o->zero) {
         td_comm_params cp = td_comm_default_params();
-        if (!launched) { /* deterministic alone: DDP's shard tree on one rank */
+        if (!launched) { /* alone: DDP's shard tree or ZeRO on one rank */
             cp.rank = cp.local_rank = 0;
             cp.world_size = cp.local_world_size = 1;
         }
@@ -278,19 +298,53 @@ static void setup(trainer *t) {
     gp.grad_enabled = 0;
     CHECK(td_graph_create(&t->eval, &gp));
     gpt_build(o, t->eval, 1, &t->eval_model);
-    CHECK(td_graph_share_params(t->eval, t->train));
     td_graph_set_training(t->eval, 0);
     CHECK(td_graph_parameters(t->train, &t->params, &t->n_params));
+    td_ddp_params dp = td_ddp_default_params();
+    dp.deterministic = o->deterministic;
+    dp.shards = (size_t)o->shards;
+    td_param *stepped = t->params; /* what the optimizer steps: all, or this rank's shards */
+    size_t n_stepped = t->n_params;
+    if (o->zero) {
+        td_zero_params zp = td_zero_default_params();
+        zp.stage = o->zero;
+        zp.ddp = dp;
+        CHECK(td_zero_create(&t->zero, t->comm, t->params, t->n_params, NULL, 0, &zp));
+        CHECK(td_zero_parameters(t->zero, &stepped, &n_stepped));
+        td_graph_set_grad_ready_hook(t->train, td_zero_grad_ready_hook, t->zero);
+        td_graph_set_param_use_hook(t->train, td_zero_param_use_hook, t->zero);
+    }
+    /* After ZeRO moved the parameters: the evaluation graph reads where they are now. */
+    CHECK(td_graph_share_params(t->eval, t->train));
     td_adamw_params ap = gpt_adamw(o);
-    CHECK(td_optim_create_adamw(&t->optim, t->params, t->n_params, &ap));
+    CHECK(td_optim_create_adamw(&t->optim, stepped, n_stepped, &ap));
     if (o->resume || o->resume_auto) resume(t);
-    if (t->comm) {
-        td_ddp_params dp = td_ddp_default_params();
-        dp.deterministic = o->deterministic;
-        dp.shards = (size_t)o->shards;
+    if (t->comm && !t->zero) {
         CHECK(td_ddp_create(&t->ddp, t->comm, t->params, t->n_params, NULL, 0, &dp));
         td_graph_set_grad_ready_hook(t->train, td_ddp_grad_ready_hook, t->ddp);
     }
+}
+
+/* The calls of a step to DDP or ZeRO, whichever synchronises the ranks (or none, alone). */
+static void sync_prepare(trainer *t) {
+    if (t->zero) CHECK(td_zero_prepare_forward(t->zero));
+    if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
+}
+
+static void sync_finish(trainer *t, float loss) {
+    if (t->zero) {
+        td_zero_set_loss(t->zero, loss);
+        CHECK(td_zero_finish_backward(t->zero));
+    }
+    if (t->ddp) {
+        td_ddp_set_loss(t->ddp, loss);
+        CHECK(td_ddp_finish_backward(t->ddp));
+    }
+}
+
+/* The step's loss reduced over the ranks (this rank's `mine` alone). */
+static float sync_loss(const trainer *t, float mine) {
+    return t->zero ? td_zero_loss(t->zero) : t->ddp ? td_ddp_loss(t->ddp) : mine;
 }
 
 /* ---- training --------------------------------------------------------------------------- */
@@ -319,26 +373,28 @@ static float forward_backward(trainer *t, size_t rows, uint64_t step) {
     int64_t T = t->opt.model.context;
     if (t->opt.deterministic) {
         size_t first, count, b = (size_t)t->graph_batch;
-        td_ddp_shards(t->ddp, &first, &count);
+        if (t->zero)
+            td_zero_shards(t->zero, &first, &count);
+        else
+            td_ddp_shards(t->ddp, &first, &count);
         for (size_t j = 0; j < count; j++) {
-            CHECK(td_ddp_prepare_forward(t->ddp));
+            sync_prepare(t);
             CHECK(td_graph_set_rng_key(t->train, step, (first + j) * b));
-            td_ddp_set_loss(t->ddp, run_graph(t, t->x + j * b * T, t->y + j * b * T));
+            float loss = run_graph(t, t->x + j * b * T, t->y + j * b * T);
             CHECK(td_graph_zero_grad(t->train));
             CHECK(td_graph_backward(t->train, t->model.loss));
-            CHECK(td_ddp_finish_backward(t->ddp));
+            sync_finish(t, loss);
         }
-        return td_ddp_loss(t->ddp);
+        return sync_loss(t, 0.0f);
     }
     /* a rank's mean weighs by its share of the global batch */
     float share = (float)((double)t->world * (double)rows / (double)t->opt.batch);
-    if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
+    sync_prepare(t);
     float loss = run_graph(t, t->x, t->y);
-    if (t->ddp) td_ddp_set_loss(t->ddp, loss * share);
     CHECK(td_graph_zero_grad(t->train));
     CHECK(td_graph_backward_from(t->train, t->model.loss, &share));
-    if (t->ddp) CHECK(td_ddp_finish_backward(t->ddp));
-    return t->ddp ? td_ddp_loss(t->ddp) : loss;
+    sync_finish(t, loss * share);
+    return sync_loss(t, loss);
 }
 
 /* Mean loss over the first eval_batches x batch windows of the validation text, split across
@@ -352,12 +408,15 @@ static double validate(trainer *t) {
     size_t first, count;
     td_split_even(want, t->world, t->rank, &first, &count);
     double sums[2] = {0, (double)count * (double)T};
+    /* ranks may run different numbers of windows: ZeRO holds every parameter whole meanwhile */
+    if (t->zero) CHECK(td_zero_full_params(t->zero, 1));
     for (size_t i = 0; i < count; i++) {
         td_corpus_window(val, first + i, T, td_tensor_data(t->eval_model.input),
                          td_tensor_data(t->eval_model.labels));
         CHECK(td_graph_forward(t->eval));
         sums[0] += *(float *)td_tensor_data(t->eval_model.loss) * (double)T;
     }
+    if (t->zero) CHECK(td_zero_full_params(t->zero, 0));
     if (t->comm) CHECK(td_comm_allreduce(t->comm, sums, sums, 2, TD_F64, TD_OP_SUM));
     return sums[0] / sums[1];
 }
@@ -455,7 +514,10 @@ int main(int argc, char **argv) {
         size_t rows = fill_batch(&t, (size_t)step % per_epoch);
         td_optim_set_lr(t.optim, gpt_lr_at(o, step));
         loss = forward_backward(&t, rows, (uint64_t)step);
-        CHECK(td_clip_grad_norm(t.params, t.n_params, 1.0, NULL));
+        if (t.zero)
+            CHECK(td_zero_clip_grad_norm(t.zero, 1.0, NULL));
+        else
+            CHECK(td_clip_grad_norm(t.params, t.n_params, 1.0, NULL));
         CHECK(td_optim_step(t.optim));
         tokens += (double)o->batch * (double)o->model.context;
         int last = step + 1 == o->steps || step + 1 == o->stop_at;
@@ -474,6 +536,7 @@ int main(int argc, char **argv) {
             save(&t, step + 1);
         if (step + 1 == o->stop_at) break; /* as a job stopped here would */
     }
+    if (t.zero) CHECK(td_zero_full_params(t.zero, 1)); /* the whole model on every rank */
     if (t.rank == 0) {
         if (o->sample > 0) gpt_sample(o, t.eval, &t.eval_model);
         char hex[65];
@@ -481,6 +544,7 @@ int main(int argc, char **argv) {
         printf("final: train loss %.6f, val loss %.6f, params_sha256 %s\n", (double)loss, val, hex);
     }
     td_ddp_destroy(t.ddp);
+    td_zero_destroy(t.zero);
     td_optim_destroy(t.optim);
     td_graph_destroy(t.eval);
     td_graph_destroy(t.train);
