@@ -33,7 +33,8 @@ class Block(nn.Module):
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.H)
-        att = att.masked_fill(torch.ones(T, T).tril() == 0, float("-inf")).softmax(-1)
+        mask = torch.ones(T, T, device=x.device).tril() == 0
+        att = att.masked_fill(mask, float("-inf")).softmax(-1)
         x = x + self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
@@ -46,7 +47,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(a.width)
 
     def forward(self, idx, y):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.h:
             x = b(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)

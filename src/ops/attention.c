@@ -212,10 +212,12 @@ static int att_supports(const td__node *n, td_dtype dtype, const td__op_ctx *ctx
     return dtype == TD_F32;
 }
 
+/* The GPU's backward reads y (each row's do . y, as FlashAttention's does); the CPU's does not. */
 const td__op td__op_attention = {
     .name = "attention",
     .id = TD__OP_ATTENTION,
     .infer = att_infer,
+    .backward_reads_output = 1,
     .precision = TD__PREC_LOW,
 };
 
