@@ -112,11 +112,24 @@ static void pipeline_equals_one_process(void) {
     CHECK(strstr(output, "--pipeline") && strstr(output, "--checkpoint"));
 }
 
-static void amp_trains(void) {
+static void amp_and_device(void) {
     CHECK_EQ(run("%s --data %s " TINY " --amp", example, text), 0);
     CHECK(strstr(output, "amp bf16") != NULL);
     double loss = field("final: train loss ");
     CHECK(loss > 0 && loss < 6);
+    /* --device cuda trains on a GPU where one can be used; where none can, it says why */
+    int gpus = 0;
+    CHECK_OK(td_cuda_device_count(&gpus));
+    int rc = run("%s --data %s " TINY " --device cuda", example, text);
+    if (gpus) {
+        CHECK_EQ(rc, 0);
+        CHECK(strstr(output, ", on cuda:0") && strstr(output, "sample:"));
+        double gpu_loss = field("final: train loss ");
+        CHECK(gpu_loss > 0 && gpu_loss < 6);
+    } else {
+        CHECK_EQ(rc, 1);
+        CHECK(strstr(output, "device 'cuda': no GPU can be used here: ") != NULL);
+    }
     CHECK_EQ(run("%s --data %s/missing.rdb", example, dir), 1);
     CHECK(strstr(output, "r-cran-janeaustenr") != NULL);
 }
@@ -197,7 +210,7 @@ int main(int argc, char **argv) {
     RUN(deterministic_same_bits_at_world_1_2_4);
     RUN(resume_continues_bit_for_bit);
     RUN(pipeline_equals_one_process);
-    RUN(amp_trains);
+    RUN(amp_and_device);
     RUN(zero_stages_equal_ddp);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

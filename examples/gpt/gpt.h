@@ -28,8 +28,9 @@ typedef struct {
     uint64_t seed;
     const char *data, *checkpoint, *resume, *prompt;
     int amp, deterministic, shards, resume_auto;
-    int zero;     /* 0: DDP; 1, 2, 3: the ZeRO stage (--zero) */
-    int pipeline; /* --pipeline given: the schedule, stages, micro-batches and cut below */
+    int zero;           /* 0: DDP; 1, 2, 3: the ZeRO stage (--zero) */
+    const char *device; /* --device: "cpu", "cuda" (this rank's GPU) or "cuda:N" */
+    int pipeline;       /* --pipeline given: the schedule, stages, micro-batches and cut below */
     td_pipeline_schedule schedule;
     int stages, micro;
     const char *split; /* NULL: balanced from measured time */
@@ -54,7 +55,8 @@ td_adamw_params gpt_adamw(const options *o);
 /* The learning rate of step `step`: a linear warm-up, then a cosine decay to a tenth. */
 double gpt_lr_at(const options *o, long step);
 
-/* Prints --sample bytes continuing --prompt, drawn from a whole model built for one sequence. */
+/* Prints --sample bytes continuing --prompt, drawn from a whole model built for one sequence
+ * (on any device: its input is written and its output read through copies). */
 void gpt_sample(const options *o, td_graph *eval, const td_model *m);
 
 /* The pipeline mode's main (pipeline.c). */

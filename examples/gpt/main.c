@@ -16,7 +16,8 @@
  * checkpoint); --amp computes the linears in bf16 (O1); --deterministic trains to the same bits
  * at any world size (docs/reproducibility.md); --checkpoint / --resume continue a run at any
  * world size, with or without --zero (--stop-at N ends a run after step N as an interrupted one
- * would); --pipeline cuts the model into stages instead (pipeline.c). The last lines are a sample
+ * would); --device cuda trains on this rank's GPU (cuda:LOCAL_RANK, or cuda:N); --pipeline cuts
+ * the model into stages instead (pipeline.c, on the CPU). The last lines are a sample
  * and the SHA-256 of the parameters. */
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +32,7 @@ static void usage(void) {
             "usage: gpt [--data FILE] [--layers N] [--heads N] [--width C] [--context T]\n"
             "           [--batch GLOBAL] [--steps N] [--lr X] [--warmup N] [--seed N]\n"
             "           [--eval-every N] [--eval-batches N] [--ddp | --zero 1|2|3] [--amp]\n"
+            "           [--device cpu|cuda|cuda:N]\n"
             "           [--deterministic [--shards S]] [--checkpoint PATH [--checkpoint-every N]]\n"
             "           [--resume PATH|auto] [--stop-at STEP] [--sample N] [--prompt TEXT]\n"
             "           [--pipeline naive|gpipe|1f1b [--stages P] [--micro-batches M]\n"
@@ -51,6 +53,7 @@ static options parse(int argc, char **argv) {
                  .data = td_corpus_default_path(),
                  .prompt = "It is a truth universally acknowledged",
                  .shards = 4,
+                 .device = "cpu",
                  .stages = 2,
                  .micro = 4};
     for (int i = 1; i < argc; i++) {
@@ -110,6 +113,8 @@ static options parse(int argc, char **argv) {
             o.sample = atol(v);
         else if (!strcmp(a, "--stop-at"))
             o.stop_at = atol(v);
+        else if (!strcmp(a, "--device"))
+            o.device = v;
         else if (!strcmp(a, "--prompt"))
             o.prompt = v;
         else if (!strcmp(a, "--pipeline")) {
@@ -125,10 +130,10 @@ static options parse(int argc, char **argv) {
             usage();
     }
     if (o.stages < 1 || o.stages > TD_PIPELINE_MAX_STAGES || o.micro < 1) usage();
-    if (o.pipeline &&
-        (o.deterministic || o.zero || o.checkpoint || o.resume || o.resume_auto || o.stop_at)) {
+    if (o.pipeline && (o.deterministic || o.zero || o.checkpoint || o.resume || o.resume_auto ||
+                       o.stop_at || strcmp(o.device, "cpu"))) {
         fprintf(stderr, "gpt: --pipeline trains without --deterministic, --zero, --checkpoint, "
-                        "--resume and --stop-at\n");
+                        "--resume, --stop-at and --device\n");
         exit(2);
     }
     if (o.batch < 1 || o.steps < 1 || o.eval_batches < 1 || o.shards < 1 || o.sample < 0) usage();
@@ -147,6 +152,7 @@ typedef struct {
     options opt;
     int rank, world;
     td_comm *comm;
+    td_device device; /* where the graphs compute */
     td_ddp *ddp;
     td_zero *zero; /* --zero: instead of ddp */
     td_graph *train, *eval;
@@ -292,6 +298,8 @@ static void setup(trainer *t) {
 
     td_graph_params gp = td_graph_default_params();
     gp.seed = o->seed;
+    CHECK(td_device_choose(o->device, &t->device));
+    gp.device = t->device;
     if (o->amp) gp.amp.level = TD_AMP_O1;
     CHECK(td_graph_create(&t->train, &gp));
     gpt_build(o, t->train, t->graph_batch, &t->model);
@@ -360,12 +368,20 @@ static size_t fill_batch(trainer *t, size_t k) {
     return count;
 }
 
-/* Forward and backward of `rows` sequences at x, y into the training graph. */
+/* The training graph's forward on the sequences at x, y (pointed to on the CPU, copied to a
+ * GPU); returns the loss. */
 static float run_graph(trainer *t, const float *x, const int64_t *y) {
-    CHECK(td_tensor_set_data(t->model.input, (void *)x));
-    CHECK(td_tensor_set_data(t->model.labels, (void *)y));
+    if (t->device.type == TD_DEVICE_CPU) {
+        CHECK(td_tensor_set_data(t->model.input, (void *)x));
+        CHECK(td_tensor_set_data(t->model.labels, (void *)y));
+    } else {
+        CHECK(td_tensor_write(t->model.input, x));
+        CHECK(td_tensor_write(t->model.labels, y));
+    }
     CHECK(td_graph_forward(t->train));
-    return *(float *)td_tensor_data(t->model.loss);
+    float loss;
+    CHECK(td_tensor_read(t->model.loss, &loss));
+    return loss;
 }
 
 /* One step's gradients, the global batch's mean on every rank; returns the batch's loss. */
@@ -410,11 +426,14 @@ static double validate(trainer *t) {
     double sums[2] = {0, (double)count * (double)T};
     /* ranks may run different numbers of windows: ZeRO holds every parameter whole meanwhile */
     if (t->zero) CHECK(td_zero_full_params(t->zero, 1));
-    for (size_t i = 0; i < count; i++) {
-        td_corpus_window(val, first + i, T, td_tensor_data(t->eval_model.input),
-                         td_tensor_data(t->eval_model.labels));
+    for (size_t i = 0; i < count; i++) { /* through x, y: the eval graph may be on a GPU */
+        td_corpus_window(val, first + i, T, t->x, t->y);
+        CHECK(td_tensor_write(t->eval_model.input, t->x));
+        CHECK(td_tensor_write(t->eval_model.labels, t->y));
         CHECK(td_graph_forward(t->eval));
-        sums[0] += *(float *)td_tensor_data(t->eval_model.loss) * (double)T;
+        float loss;
+        CHECK(td_tensor_read(t->eval_model.loss, &loss));
+        sums[0] += loss * (double)T;
     }
     if (t->zero) CHECK(td_zero_full_params(t->zero, 0));
     if (t->comm) CHECK(td_comm_allreduce(t->comm, sums, sums, 2, TD_F64, TD_OP_SUM));
@@ -464,20 +483,22 @@ void gpt_sample(const options *o, td_graph *eval, const td_model *m) {
     int64_t T = o->model.context, V = o->model.vocab;
     size_t plen = strlen(o->prompt), n = plen + (size_t)o->sample;
     unsigned char *text = malloc(n + 1);
-    float *prob = malloc((size_t)V * sizeof *prob);
-    if (!text || !prob) CHECK(TD_ENOMEM);
+    float *prob = malloc((size_t)V * sizeof *prob), *in = malloc((size_t)T * sizeof *in);
+    float *logp = malloc((size_t)(T * V) * sizeof *logp);
+    if (!text || !prob || !in || !logp) CHECK(TD_ENOMEM);
     memcpy(text, o->prompt, plen);
     td_rng rng;
     td_rng_init(&rng, o->seed);
-    float *in = td_tensor_data(m->input);
     for (size_t len = plen; len < n; len++) {
         size_t from = len > (size_t)T ? len - (size_t)T : 0, used = len - from;
         for (int64_t i = 0; i < T; i++) in[i] = i < (int64_t)used ? text[from + i] : ' ';
         if (used == 0) used = 1, in[0] = '\n';
+        CHECK(td_tensor_write(m->input, in));
         CHECK(td_graph_forward(eval));
-        const float *logp = (const float *)td_tensor_data(m->output) + (used - 1) * V;
+        CHECK(td_tensor_read(m->output, logp));
+        const float *row = logp + (used - 1) * V;
         double sum = 0;
-        for (int64_t v = 0; v < V; v++) sum += prob[v] = expf(logp[v] / 0.8f);
+        for (int64_t v = 0; v < V; v++) sum += prob[v] = expf(row[v] / 0.8f);
         double r = td_rng_uniform(&rng) * sum;
         int64_t pick = 0;
         while (pick + 1 < V && (r -= prob[pick]) > 0) pick++;
@@ -487,6 +508,8 @@ void gpt_sample(const options *o, td_graph *eval, const td_model *m) {
     printf("sample:\n%s\n", (char *)text);
     free(text);
     free(prob);
+    free(in);
+    free(logp);
 }
 
 int main(int argc, char **argv) {
@@ -497,7 +520,13 @@ int main(int argc, char **argv) {
     setup(&t);
     const options *o = &t.opt;
     if (t.rank == 0) {
-        gpt_banner(o, t.world, "");
+        char on[48] = "";
+        if (t.device.type != TD_DEVICE_CPU) {
+            char dev[32];
+            td_device_format(t.device, dev, sizeof dev);
+            snprintf(on, sizeof on, ", on %s", dev);
+        }
+        gpt_banner(o, t.world, on);
         printf("data: %s, %zu bytes (%zu train, %zu validation); unigram baseline %.4f\n", o->data,
                t.text.size, t.n_train, t.text.size - t.n_train,
                gpt_unigram_baseline(&t.text, t.n_train));
