@@ -1,26 +1,72 @@
 /* Training throughput of the GPT (tokens per second of forward, backward and AdamW) in tandem and
  * in PyTorch on the same model, batch and thread count, in f32 and bf16 (tandem O1 against
- * torch.autocast(bfloat16)), at worlds 1 and 2 (DDP; ranks forked and pinned, one OpenMP thread
- * each), plus the deterministic mode's cost against the default DDP. Random tokens: throughput
- * does not depend on the text. The PyTorch peer is bench/gpt_torch.py (nanoGPT's model).
+ * torch.autocast(bfloat16)), at worlds 1 and 2 (DDP; ranks forked, one OpenMP thread each and
+ * each pinned to its own core on both sides, or neither with --no-pin), plus the deterministic
+ * mode's cost against the default DDP. Random tokens: throughput does not depend on the text. The
+ * PyTorch peer is bench/gpt_torch.py (nanoGPT's model). Each rate is the median of --windows timed
+ * windows of --iters steps after --warmup steps, on both sides; --repeat K runs every row K times,
+ * interleaved so that a shared machine's slow spells fall on every row alike, and prints medians
+ * (the ratio: the median of each repeat's ratio). The load average before and after is printed: on
+ * a busy machine the world-2 rows share their cores with other work, and a rank that waits for
+ * its peer gives its core away; so each row also gives tokens per CPU-second (the CPU time of all
+ * of every rank's threads over the windows, on both sides), which the load changes little.
  *
- *   build/bench/gpt [--layers N --heads N --width C --context T --batch GLOBAL --iters N]
+ *   build/bench/gpt [--layers N --heads N --width C --context T --batch GLOBAL]
+ *                   [--iters N --windows N --warmup N --repeat K] [--no-torch] [--no-pin]
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tandem/tandem.h"
 
 #include "bench.h"
 
+#define MAX_REPEAT 15
+#define MAX_WINDOWS 32
+
 typedef struct {
     td_gpt_params model;
-    int batch, iters, warmup, amp, deterministic;
+    int batch, iters, windows, warmup, amp, deterministic;
+    int pin; /* each rank on its own core, on both sides */
 } setup;
 
-/* One rank: warm-up steps, then `iters` timed steps; rank 0 writes tokens/s. */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of the n values of v that are > 0 (a failed run is NaN or -1); NaN when none are. */
+static double median_of(const double *v, int n) {
+    double ok[MAX_REPEAT > MAX_WINDOWS ? MAX_REPEAT : MAX_WINDOWS];
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (v[i] > 0) ok[m++] = v[i];
+    if (!m) return NAN;
+    qsort(ok, (size_t)m, sizeof *ok, cmp_double);
+    return ok[m / 2];
+}
+
+/* What a run measured: rank 0's median window in tokens/s, and every rank's CPU time (all its
+ * threads) over the timed windows. */
+typedef struct {
+    double rate, cpu_s;
+} measured;
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Tokens of the timed windows, over all ranks. */
+static double tokens_run(const setup *su) {
+    return (double)su->batch * (double)su->model.context * (double)(su->iters * su->windows);
+}
+
+/* One rank: warm-up steps, then `windows` windows of `iters` timed steps. */
 static int rank_fn(int rank, int world, void *result, void *arg) {
     const setup *su = arg;
     td_comm *comm = world > 1 || su->deterministic ? bench_comm() : NULL;
@@ -59,23 +105,28 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
         size_t first;
         td_ddp_shards(ddp, &first, &shards);
     }
-    uint64_t t0 = 0;
-    for (int it = 0; it < su->warmup + su->iters; it++) {
-        if (it == su->warmup) {
-            if (comm) CHECK(td_comm_barrier(comm));
-            t0 = td_time_ns();
+    double rates[MAX_WINDOWS], cpu0 = 0;
+    for (int w = -1; w < su->windows; w++) { /* window -1 is the warm-up */
+        int iters = w < 0 ? su->warmup : su->iters;
+        if (comm) CHECK(td_comm_barrier(comm));
+        if (w == 0) cpu0 = cpu_seconds();
+        uint64_t t0 = td_time_ns();
+        for (int it = 0; it < iters; it++) {
+            for (size_t j = 0; j < shards; j++) {
+                if (ddp) CHECK(td_ddp_prepare_forward(ddp));
+                CHECK(td_graph_forward(g));
+                CHECK(td_graph_zero_grad(g));
+                CHECK(td_graph_backward(g, m.loss));
+                if (ddp) CHECK(td_ddp_finish_backward(ddp));
+            }
+            CHECK(td_optim_step(opt));
         }
-        for (size_t j = 0; j < shards; j++) {
-            if (ddp) CHECK(td_ddp_prepare_forward(ddp));
-            CHECK(td_graph_forward(g));
-            CHECK(td_graph_zero_grad(g));
-            CHECK(td_graph_backward(g, m.loss));
-            if (ddp) CHECK(td_ddp_finish_backward(ddp));
-        }
-        CHECK(td_optim_step(opt));
+        double sec = (double)(td_time_ns() - t0) / 1e9;
+        if (w >= 0) rates[w] = (double)su->batch * (double)T * iters / sec;
     }
-    double s_elapsed = (double)(td_time_ns() - t0) / 1e9;
-    if (rank == 0) *(double *)result = (double)su->batch * (double)T * su->iters / s_elapsed;
+    measured *out = result;
+    out->cpu_s = cpu_seconds() - cpu0;
+    if (rank == 0) out->rate = median_of(rates, su->windows);
     td_optim_destroy(opt);
     td_ddp_destroy(ddp);
     td_graph_destroy(g);
@@ -84,72 +135,151 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
     return 0;
 }
 
-static double tandem_rate(const setup *su, int world) {
-    double results[4] = {0};
-    if (bench_ranks(world, 1, rank_fn, (void *)su, results, sizeof(double))) exit(1);
-    return results[0];
+/* tokens/s, and tokens per CPU-second of all ranks together in *per_cpu. */
+static double tandem_rate(const setup *su, int world, double *per_cpu) {
+    measured m[2];
+    memset(m, 0, sizeof m);
+    *per_cpu = NAN;
+    if (bench_ranks(world, su->pin, rank_fn, (void *)su, m, sizeof *m)) return NAN;
+    *per_cpu = tokens_run(su) / (m[0].cpu_s + (world > 1 ? m[1].cpu_s : 0));
+    return m[0].rate;
 }
 
-static double torch_rate(const setup *su, int world) {
+static double torch_rate(const setup *su, int world, double *per_cpu) {
     char cmd[512];
-    snprintf(cmd, sizeof cmd,
-             "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/gpt_torch.py "
-             "--layers %d --heads %d --width %lld --context %lld --batch %d --iters %d "
-             "--warmup %d --world %d%s",
-             su->model.layers, su->model.heads, (long long)su->model.width,
-             (long long)su->model.context, su->batch, su->iters, su->warmup, world,
-             su->amp ? " --bf16" : "");
+    snprintf(
+        cmd, sizeof cmd,
+        "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout 600 /usr/bin/python3 bench/gpt_torch.py "
+        "--layers %d --heads %d --width %lld --context %lld --batch %d --iters %d "
+        "--windows %d --warmup %d --world %d%s%s",
+        su->model.layers, su->model.heads, (long long)su->model.width, (long long)su->model.context,
+        su->batch, su->iters, su->windows, su->warmup, world, su->amp ? " --bf16" : "",
+        su->pin ? " --pin" : "");
     FILE *p = popen(cmd, "r");
     double rate = NAN;
+    *per_cpu = NAN;
     if (p) {
         char line[256];
         while (fgets(line, sizeof line, p))
-            if (!strncmp(line, "tokens_per_s ", 13)) rate = atof(line + 13);
+            if (!strncmp(line, "tokens_per_s ", 13))
+                rate = atof(line + 13);
+            else if (!strncmp(line, "cpu_s ", 6))
+                *per_cpu = tokens_run(su) / atof(line + 6);
         pclose(p);
     }
     return rate;
 }
 
+static void load_average(char *out, size_t cap) {
+    snprintf(out, cap, "?");
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (!f) return;
+    double a, b, c;
+    if (fscanf(f, "%lf %lf %lf", &a, &b, &c) == 3) snprintf(out, cap, "%.2f %.2f %.2f", a, b, c);
+    fclose(f);
+}
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage: gpt [--layers N] [--heads N] [--width C] [--context T] [--batch GLOBAL]\n"
+            "           [--iters N] [--windows 1..%d] [--warmup N] [--repeat 1..%d] [--no-torch]\n"
+            "           [--no-pin]\n",
+            MAX_WINDOWS, MAX_REPEAT);
+    return 2;
+}
+
+/* The rows: f32 and bf16 at worlds 1 and 2, then the deterministic mode and its default DDP. */
+enum { ROWS = 6 };
+
+static void row_setup(setup *su, int row, int *world) {
+    su->amp = row >= 2 && row < 4;
+    su->deterministic = row == 5;
+    *world = row < 4 ? 1 + row % 2 : 2;
+}
+
 int main(int argc, char **argv) {
     bench_one_thread(argv);
-    setup su = {.model = td_gpt_default_params(), .batch = 16, .iters = 5, .warmup = 2};
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--layers"))
-            su.model.layers = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--heads"))
-            su.model.heads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--width"))
-            su.model.width = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--context"))
-            su.model.context = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--batch"))
-            su.batch = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--iters"))
-            su.iters = atoi(argv[i + 1]);
-        else {
-            fprintf(stderr, "usage: gpt [--layers N] [--heads N] [--width C] [--context T] "
-                            "[--batch GLOBAL] [--iters N]\n");
-            return 2;
+    setup su = {.model = td_gpt_default_params(),
+                .batch = 16,
+                .iters = 5,
+                .windows = 3,
+                .warmup = 2,
+                .pin = 1};
+    int repeat = 1, torch = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-torch")) {
+            torch = 0;
+            continue;
         }
+        if (!strcmp(argv[i], "--no-pin")) {
+            su.pin = 0;
+            continue;
+        }
+        if (i + 1 >= argc) return usage();
+        const char *a = argv[i], *v = argv[++i];
+        if (!strcmp(a, "--layers"))
+            su.model.layers = atoi(v);
+        else if (!strcmp(a, "--heads"))
+            su.model.heads = atoi(v);
+        else if (!strcmp(a, "--width"))
+            su.model.width = atoll(v);
+        else if (!strcmp(a, "--context"))
+            su.model.context = atoll(v);
+        else if (!strcmp(a, "--batch"))
+            su.batch = atoi(v);
+        else if (!strcmp(a, "--iters"))
+            su.iters = atoi(v);
+        else if (!strcmp(a, "--windows"))
+            su.windows = atoi(v);
+        else if (!strcmp(a, "--warmup"))
+            su.warmup = atoi(v);
+        else if (!strcmp(a, "--repeat"))
+            repeat = atoi(v);
+        else
+            return usage();
     }
-    char cpu[256];
+    if (su.iters < 1 || su.windows < 1 || su.windows > MAX_WINDOWS || su.warmup < 0 || repeat < 1 ||
+        repeat > MAX_REPEAT || su.batch < 4 || su.batch % 4)
+        return usage();
+    char cpu[256], load[64];
+    load_average(load, sizeof load);
     printf("GPT %d layers, %d heads, width %lld, context %lld, global batch %d; one thread per "
-           "rank; %s\n",
+           "rank%s; %s\n",
            su.model.layers, su.model.heads, (long long)su.model.width, (long long)su.model.context,
-           su.batch, bench_cpu_name(cpu, sizeof cpu));
-    printf("%-6s %5s %14s %14s %7s\n", "dtype", "world", "tandem tok/s", "torch tok/s", "ratio");
-    for (int amp = 0; amp < 2; amp++)
-        for (int world = 1; world <= 2; world++) {
-            su.amp = amp;
-            double a = tandem_rate(&su, world), b = torch_rate(&su, world);
-            printf("%-6s %5d %14.0f %14.0f %6.2fx\n", amp ? "bf16" : "f32", world, a, b, a / b);
-            fflush(stdout);
+           su.batch, su.pin ? ", each pinned to its own core" : ", not pinned",
+           bench_cpu_name(cpu, sizeof cpu));
+    printf("median of %d windows of %d steps after %d; %d interleaved repeat(s); load average "
+           "before: %s\n",
+           su.windows, su.iters, su.warmup, repeat, load);
+    /* [0]: tokens/s, [1]: tokens per CPU-second of all ranks */
+    double ours[2][ROWS][MAX_REPEAT], theirs[2][ROWS][MAX_REPEAT], ratio[2][ROWS][MAX_REPEAT];
+    for (int r = 0; r < repeat; r++)
+        for (int row = 0; row < ROWS; row++) {
+            int world;
+            row_setup(&su, row, &world);
+            ours[0][row][r] = tandem_rate(&su, world, &ours[1][row][r]);
+            theirs[0][row][r] = theirs[1][row][r] = NAN;
+            if (torch && row < 4) theirs[0][row][r] = torch_rate(&su, world, &theirs[1][row][r]);
         }
-    su.amp = 0;
-    double plain = tandem_rate(&su, 2);
-    su.deterministic = 1;
-    double det = tandem_rate(&su, 2);
-    printf("deterministic mode, f32, world 2, 4 shards: %.0f tok/s, %.2fx the default DDP's %.0f\n",
-           det, det / plain, plain);
+    for (int k = 0; k < 2; k++)
+        for (int row = 0; row < ROWS; row++)
+            for (int r = 0; r < repeat; r++)
+                ratio[k][row][r] = ours[k][row][r] / (row < 4 ? theirs[k][row][r] : ours[k][4][r]);
+    printf("%-5s %5s %12s %12s %7s   %16s %15s %7s\n", "dtype", "world", "tandem tok/s",
+           "torch tok/s", "ratio", "tandem tok/CPU-s", "torch tok/CPU-s", "ratio");
+    for (int row = 0; row < 4; row++) {
+        int world;
+        row_setup(&su, row, &world);
+        printf("%-5s %5d %12.0f %12.0f %6.2fx   %16.0f %15.0f %6.2fx\n", su.amp ? "bf16" : "f32",
+               world, median_of(ours[0][row], repeat), median_of(theirs[0][row], repeat),
+               median_of(ratio[0][row], repeat), median_of(ours[1][row], repeat),
+               median_of(theirs[1][row], repeat), median_of(ratio[1][row], repeat));
+    }
+    printf("deterministic mode, f32, world 2, 4 shards: %.0f tok/s, %.2fx the default DDP's %.0f; "
+           "per CPU-second %.2fx\n",
+           median_of(ours[0][5], repeat), median_of(ratio[0][5], repeat),
+           median_of(ours[0][4], repeat), median_of(ratio[1][5], repeat));
+    load_average(load, sizeof load);
+    printf("load average after: %s\n", load);
     return 0;
 }

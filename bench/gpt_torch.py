@@ -2,10 +2,15 @@
 """bench/gpt.c's PyTorch peer: nanoGPT's GPT (the model tests/fixtures/models/make_gpt_ref.py
 writes, F.scaled_dot_product_attention's math done as nanoGPT's slow path does on torch 1.13)
 trained with AdamW on random tokens, in f32 or under torch.autocast(bfloat16), on --world ranks
-with DistributedDataParallel over gloo. Prints tokens_per_s, the median window's."""
+with DistributedDataParallel over gloo. With --pin each rank runs on its own core, as
+bench/gpt.c's ranks do. Prints tokens_per_s, the median window's, and cpu_s, the CPU time of every
+rank's threads over the windows together."""
 import argparse
 import math
+import os
 import statistics
+import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -28,7 +33,8 @@ class Block(nn.Module):
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.H)
-        att = att.masked_fill(torch.ones(T, T).tril() == 0, float("-inf")).softmax(-1)
+        mask = torch.ones(T, T, device=x.device).tril() == 0
+        att = att.masked_fill(mask, float("-inf")).softmax(-1)
         x = x + self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
@@ -41,7 +47,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(a.width)
 
     def forward(self, idx, y):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.h:
             x = b(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)
@@ -49,6 +55,9 @@ class GPT(nn.Module):
 
 
 def rank(r, a, result):
+    if a.pin:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[r % len(cores)]})
     torch.set_num_threads(1)
     if a.world > 1:
         dist.init_process_group("gloo", rank=r, world_size=a.world)
@@ -67,9 +76,20 @@ def rank(r, a, result):
         loss.backward()
         opt.step()
 
-    rates = time_windows(step, a)
+    for _ in range(a.warmup):
+        step()
+    cpu0 = time.process_time()
+    rates = time_windows(step, argparse.Namespace(**{**vars(a), "warmup": 0}))
+    # Each rank's CPU time goes through a file: a collective of our own here left a gloo callback
+    # waiting for the interpreter lock while destroy_process_group joined it (torch 1.13).
+    with open(os.path.join(a.cpu_dir, "rank%d" % r), "w") as f:
+        f.write("%.6f" % (time.process_time() - cpu0))
+    if a.world > 1:
+        dist.barrier()
     if r == 0:
         result["rate"] = statistics.median(rates) * a.context
+        result["cpu"] = sum(float(open(os.path.join(a.cpu_dir, "rank%d" % k)).read())
+                            for k in range(a.world))
     if a.world > 1:
         dist.destroy_process_group()
 
@@ -80,8 +100,12 @@ def main():
                  ("iters", 5), ("warmup", 2), ("world", 1), ("windows", 3)]:
         p.add_argument("--" + k, type=int, default=v)
     p.add_argument("--bf16", action="store_true")
+    p.add_argument("--pin", action="store_true")
     a = p.parse_args()
-    print("tokens_per_s %.1f" % run_ranks(rank, a)["rate"])
+    with tempfile.TemporaryDirectory() as a.cpu_dir:
+        result = run_ranks(rank, a)
+    print("tokens_per_s %.1f" % result["rate"])
+    print("cpu_s %.4f" % result["cpu"])
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@
  * For each model and precision at batch 128: samples/s of forward + backward + optimizer step
  * (SGD with momentum) with the batch resident on the GPU, as the median of timed windows after
  * warm-up, each window ended by a device synchronisation. Models: the seeds' Net, the MLP, the
- * CNN and the small ResNet on Fashion-MNIST images, and torchvision's ResNet-50 and ResNet-101
- * on random 3 x 224 x 224 images. Precisions: f32 (TF32 off, PyTorch's default for matmuls),
- * tf32 (allow_tf32 on both sides), bf16 (apex O1 here, torch.autocast there). tandem runs with
- * its sweeps recorded as CUDA graphs (the default) and, as a second column, launching every op
+ * CNN and the small ResNet on Fashion-MNIST images, torchvision's ResNet-50 and ResNet-101
+ * on random 3 x 224 x 224 images, and the GPT (td_gpt_default_params: 4 blocks, width 128) on
+ * random byte tokens, a sample being one sequence of 128 tokens. Precisions: f32 (TF32 off,
+ * PyTorch's default for matmuls), tf32 (allow_tf32 on both sides), bf16 (apex O1 here,
+ * torch.autocast there). tandem runs with its sweeps recorded as CUDA graphs (the default) and, as
+ * a second column, launching every op
  * (--no-graphs-column drops it), so the table shows what the recording buys.
  *
  * The PyTorch peer (bench/train_gpu_torch.py) runs every row in one process and prints one
@@ -15,7 +17,7 @@
  * A last table measures the largest linear's matmul alone through PyTorch (cuBLASLt) beside
  * tandem's linear node, the ceiling for that shape.
  *
- *   build/bench/train_gpu [--models net,mlp,cnn,resnet,resnet50,resnet101]
+ *   build/bench/train_gpu [--models net,mlp,cnn,resnet,resnet50,resnet101,gpt]
  *                         [--precisions f32,tf32,bf16] [--iters 20] [--windows 5] [--batch 128]
  *                         [--no-torch] [--compile] [--no-graphs-column] [--json]
  *
@@ -77,7 +79,8 @@ static double median_rate(const stepper *s, double work, const timing *tm) {
     return median;
 }
 
-/* The model's layers: tandem's reference models, or torchvision's ResNets. */
+/* The model's layers: tandem's reference models (the GPT among them), or torchvision's
+ * ResNets. */
 static td_status model_sequential(const char *name, td_sequential **out) {
     int depth = !strcmp(name, "resnet50") ? 50 : !strcmp(name, "resnet101") ? 101 : 0;
     if (depth) {
@@ -112,21 +115,25 @@ static double run_tandem(const char *name, precision prec, int graphs, const tim
         td_graph_destroy(g);
         return -1;
     }
-    /* A batch of real images for the 28 x 28 models, random ones for the ImageNet-sized. */
+    /* A batch of real images for the 28 x 28 models, random ones for the ImageNet-sized, random
+     * tokens for the GPT (whose labels are one per position). */
     size_t per = (size_t)(td_tensor_numel(m.input) / tm->batch);
+    size_t nlabels = (size_t)td_tensor_numel(m.labels);
     float *x = malloc((size_t)tm->batch * per * sizeof *x);
-    int64_t *y = malloc((size_t)tm->batch * sizeof *y);
+    int64_t *y = malloc(nlabels * sizeof *y);
+    int64_t classes = td_tensor_shape(m.output).dim[1];
     td_dataset *data = NULL;
     if (per == 784 && td_dataset_load_fashion_mnist(&data, NULL, TD_SPLIT_TEST) == TD_OK) {
         memcpy(x, td_dataset_x(data), (size_t)tm->batch * per * sizeof *x);
-        memcpy(y, td_dataset_y(data), (size_t)tm->batch * sizeof *y);
+        memcpy(y, td_dataset_y(data), nlabels * sizeof *y);
         td_dataset_destroy(data);
     } else {
         td_rng rng;
         td_rng_init(&rng, 3);
-        for (size_t i = 0; i < (size_t)tm->batch * per; i++) x[i] = td_rng_normal(&rng);
-        int64_t classes = td_tensor_shape(m.output).dim[1];
-        for (int64_t i = 0; i < tm->batch; i++) y[i] = td_rng_below(&rng, (uint32_t)classes);
+        for (size_t i = 0; i < (size_t)tm->batch * per; i++)
+            x[i] = m.kind == TD_MODEL_GPT ? (float)td_rng_below(&rng, (uint32_t)classes)
+                                          : td_rng_normal(&rng);
+        for (size_t i = 0; i < nlabels; i++) y[i] = td_rng_below(&rng, (uint32_t)classes);
     }
     CHECK(td_tensor_write(m.input, x));
     CHECK(td_tensor_write(m.labels, y));
@@ -250,7 +257,7 @@ static void fmt_ratio(char *buf, size_t n, double a, double b) {
 }
 
 int main(int argc, char **argv) {
-    const char *models = "net,mlp,cnn,resnet,resnet50,resnet101", *precs = "f32,tf32,bf16",
+    const char *models = "net,mlp,cnn,resnet,resnet50,resnet101,gpt", *precs = "f32,tf32,bf16",
                *matmuls = "128x1024x1024,8192x8192x8192";
     timing tm = {20, 5, 5, 128};
     int torch = 1, compile = 0, plain_column = 1, json = 0;
@@ -276,7 +283,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--json"))
             json = 1;
         else {
-            fprintf(stderr, "usage: train_gpu [--models net,mlp,cnn,resnet,resnet50,resnet101] "
+            fprintf(stderr, "usage: train_gpu [--models net,mlp,cnn,resnet,resnet50,resnet101,"
+                            "gpt] "
                             "[--precisions f32,tf32,bf16] [--matmuls MxKxN,...] [--iters N] "
                             "[--windows N] [--batch B] "
                             "[--no-torch] [--compile] [--no-graphs-column] [--json]\n");

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt_torch import GPT
 from torch_peer import load_images
 from train_torch import Net, cnn, mlp
 
@@ -69,8 +70,14 @@ def torchvision_resnet(depth):
     return getattr(torchvision.models, f"resnet{depth}")()
 
 
+def gpt():
+    """td_gpt_default_params(): 4 blocks of 4 heads, width 128, context 128, byte tokens."""
+    return GPT(argparse.Namespace(layers=4, heads=4, width=128, context=128))
+
+
 MODELS = {"net": Net, "mlp": mlp, "cnn": cnn, "resnet": SmallResNet,
-          "resnet50": lambda: torchvision_resnet(50), "resnet101": lambda: torchvision_resnet(101)}
+          "resnet50": lambda: torchvision_resnet(50), "resnet101": lambda: torchvision_resnet(101),
+          "gpt": gpt}
 COMPILED = {"net", "mlp", "cnn", "resnet"}  # quick enough to compile in the benchmark's budget
 
 
@@ -99,20 +106,24 @@ def train_rate(name, precision, mode, args):
     set_precision(precision)
     model = MODELS[name]().cuda().train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    if name.startswith("resnet") and name != "resnet":
+    run = torch.compile(model) if mode == "compile" else model
+    if name == "gpt":  # samples are sequences of 128 tokens; the model returns its loss
+        x = torch.randint(0, 256, (args.batch, 128), device="cuda")
+        y = torch.randint(0, 256, (args.batch, 128), device="cuda")
+        loss_of = lambda: run(x, y)
+    elif name.startswith("resnet") and name != "resnet":
         x = torch.randn(args.batch, 3, 224, 224, device="cuda")
         y = torch.randint(0, 1000, (args.batch,), device="cuda")
-        loss_fn = F.cross_entropy
+        loss_of = lambda: F.cross_entropy(run(x), y)
     else:
         x = load_images(args.batch).cuda()
         y = torch.randint(0, 10, (args.batch,), device="cuda")
-        loss_fn = F.nll_loss
-    run = torch.compile(model) if mode == "compile" else model
+        loss_of = lambda: F.nll_loss(run(x), y)
 
     def step():
         opt.zero_grad(set_to_none=False)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = loss_fn(run(x), y)
+            loss = loss_of()
         loss.backward()
         opt.step()
 
@@ -138,7 +149,7 @@ def matmul_tflops(m, k, n, precision, args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--models", default="net,mlp,cnn,resnet,resnet50,resnet101")
+    p.add_argument("--models", default="net,mlp,cnn,resnet,resnet50,resnet101,gpt")
     p.add_argument("--precisions", default="f32,tf32,bf16")
     p.add_argument("--matmuls", default="128x1024x1024,8192x8192x8192")
     p.add_argument("--batch", type=int, default=128)

@@ -19,7 +19,7 @@ debs=${TD_GPU_DEBS:-.gpu-debs}
 if [ "${1:-}" = --fetch ]; then
     mkdir -p "$debs"
     cd "$debs"
-    apt-get download libdnnl2 libdnnl-dev zlib1g zlib1g-dev dataset-fashion-mnist
+    apt-get download libdnnl2 libdnnl-dev zlib1g zlib1g-dev dataset-fashion-mnist r-cran-janeaustenr
     ls -l
     exit 0
 fi
@@ -78,6 +78,25 @@ for src in $(grep -l 'no CUDA device' tests/test_*.c); do
     fi
 done
 [ "$status" -eq 0 ] && echo "== all GPU tests passed" || echo "== GPU tests FAILED"
+
+# The examples on the GPU, a short run each: the CNN on Fashion-MNIST, the GPT on Jane Austen.
+echo "== examples on cuda"
+austen=/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb
+[ -e "$austen" ] || austen="$root$austen"
+example() { # name, lines of its output to show, command...
+    name=$1 lines=$2
+    shift 2
+    if OMP_NUM_THREADS=1 timeout 120 "$@" > "/tmp/tandem-$name.log" 2>&1; then
+        tail -n "$lines" "/tmp/tandem-$name.log"
+    else
+        tail -n 20 "/tmp/tandem-$name.log"
+        echo "gpu.sh: $name on cuda failed" >&2
+        status=1
+    fi
+}
+example mnist 3 build/examples/mnist --model cnn --device cuda --max-steps 200
+example gpt 12 build/examples/gpt --device cuda --data "$austen" --steps 300 --eval-every 100 \
+    --sample 200
 
 bench=${TD_GPU_BENCH:---iters 10 --windows 3}
 if [ "$bench" != none ]; then

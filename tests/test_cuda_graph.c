@@ -8,11 +8,13 @@
  * tensor cores) 2e-2 and 5e-3 (docs/gpu.md); f32 1e-4 where per-channel sums feed a
  * difference of nearly equal terms (batch norm's backward) or rounding compounds through a
  * whole model. The CPU convolves directly (no Winograd), as cuDNN does at f32. Every case
- * skips with one line where no GPU is visible; the first case runs everywhere. */
+ * skips with one line where no GPU is visible; the first two cases (a refusal, and the
+ * transformer kernels' launch arithmetic) run everywhere. */
 #include <string.h>
 
 #include "tandem/tandem.h"
 
+#include "ops/cuda/launch.h"
 #include "test.h"
 
 static int gpus;
@@ -48,14 +50,15 @@ static td_tensor *leaf(built *b, td_tensor *t) {
     return t;
 }
 
-/* A tensor's values as f32, whatever its dtype (labels are compared as integers). */
-/* A leaf whose values the builder writes (data without ties, positive variances). */
-static td_tensor *given_leaf(built *b, td_tensor *t, const float *v) {
+/* A leaf whose values the builder writes (data without ties, positive variances, token ids),
+ * in its own dtype. */
+static td_tensor *given_leaf(built *b, td_tensor *t, const void *v) {
     CHECK_OK(td_tensor_write(t, v));
     if (b->nleaves < TWIN_MAX_LEAVES) b->given[b->nleaves] = 1;
     return leaf(b, t);
 }
 
+/* A tensor's values as f32, whatever its dtype (labels are compared as integers). */
 static float *values(const td_tensor *t, int grad) {
     size_t n = (size_t)td_tensor_numel(t);
     td_dtype dt = td_tensor_dtype(t);
@@ -134,16 +137,22 @@ static void compare_buffers(const char *what, td_graph *cpu, td_graph *gpu, doub
     }
 }
 
-/* Fills a leaf from rng: labels in [0, classes), everything else normal. */
+/* Fills a leaf from rng: labels in [0, classes), everything else normal (parameters stored in
+ * the low dtype from O2 on get the same draws rounded). */
 static void init_leaf(td_tensor *t, td_rng *rng, int64_t classes) {
     size_t n = (size_t)td_tensor_numel(t);
     td_dtype dt = td_tensor_dtype(t);
     void *v = malloc(n * td_dtype_size(dt) + 1);
     for (size_t i = 0; i < n; i++) {
+        float f = dt == TD_I64 ? 0.f : 0.5f * td_rng_normal(rng);
         if (dt == TD_I64)
             ((int64_t *)v)[i] = (int64_t)td_rng_below(rng, (uint32_t)classes);
+        else if (dt == TD_BF16)
+            ((uint16_t *)v)[i] = td_f32_to_bf16(f);
+        else if (dt == TD_F16)
+            ((uint16_t *)v)[i] = td_f32_to_f16(f);
         else
-            ((float *)v)[i] = 0.5f * td_rng_normal(rng);
+            ((float *)v)[i] = f;
     }
     CHECK_OK(td_tensor_write(t, v));
     free(v);
@@ -412,6 +421,136 @@ static td_status build_cnn(td_graph *g, built *b) {
     return TD_OK;
 }
 
+/* ---- the transformer's ops ---- */
+
+#define VOCAB 11
+
+/* Token ids (3, 7) in [0, VOCAB), stored as `dt` (the GPT's input holds them as f32): 21 ids
+ * over 11 rows, so several positions add into one row of the table's gradient. */
+static td_status token_ids(td_graph *g, built *b, td_dtype dt, td_tensor **ids) {
+    enum { N = 21 };
+    int64_t i64[N];
+    int32_t i32[N];
+    float f32[N];
+    for (int i = 0; i < N; i++) {
+        i64[i] = (i * 5 + i / 4) % VOCAB;
+        i32[i] = (int32_t)i64[i];
+        f32[i] = (float)i64[i];
+    }
+    TRY(td_graph_input(g, "idx", td_shape_2d(3, 7), dt, 0, ids));
+    given_leaf(b, *ids, dt == TD_I64 ? (const void *)i64 : dt == TD_I32 ? (const void *)i32 : f32);
+    return TD_OK;
+}
+
+/* The GPT's embedding and its tied output projection: h = wte[ids] + wpe[t], then logits =
+ * h wte^T, so wte's gradient is the projection's plus every position's row of dh added into its
+ * token's row; wpe has more rows (9) than there are positions (7), whose gradient stays 0. */
+static td_status build_embeddings(td_graph *g, built *b, td_dtype ids_dtype) {
+    td_tensor *ids, *wte, *wpe, *t, *h;
+    TRY(token_ids(g, b, ids_dtype, &ids));
+    TRY(param(g, b, "wte", td_shape_2d(VOCAB, 6), &wte));
+    TRY(param(g, b, "wpe", td_shape_2d(9, 6), &wpe));
+    TRY(td_graph_embedding(g, ids, wte, &t));
+    TRY(td_graph_position_embedding(g, t, wpe, &t));
+    TRY(td_graph_reshape(g, t, td_shape_2d(21, 6), &h));
+    return td_graph_linear(g, h, wte, NULL, &b->y);
+}
+
+static td_status build_embeddings_i64(td_graph *g, built *b) {
+    return build_embeddings(g, b, TD_I64);
+}
+static td_status build_embeddings_i32(td_graph *g, built *b) {
+    return build_embeddings(g, b, TD_I32);
+}
+static td_status build_embeddings_f32(td_graph *g, built *b) {
+    return build_embeddings(g, b, TD_F32);
+}
+
+/* Layer norm over the last dim of x (3, 50, 45): 150 rows, so the weight and bias gradients
+ * sum three partial sums of rows (launch.h), and 45 columns, a tile of 32 and a partial one;
+ * with weight and bias or without (affine 0); low: x arrives in bf16, as after a linear at O1,
+ * and the node still computes in f32 (the op's rule at every level). */
+static td_status build_layer_norm(td_graph *g, built *b, int affine, int low) {
+    enum { C = 45 };
+    td_tensor *x, *w = NULL, *bias = NULL;
+    TRY(input(g, b, "x", td_shape_3d(3, 50, C), 1, &x));
+    if (affine) {
+        TRY(param(g, b, "ln.weight", td_shape_1d(C), &w));
+        TRY(param(g, b, "ln.bias", td_shape_1d(C), &bias));
+    }
+    if (low) TRY(td_graph_cast(g, x, TD_BF16, &x));
+    return td_graph_layer_norm(g, x, w, bias, 1e-5f, &b->y);
+}
+
+static td_status build_layer_norm_affine(td_graph *g, built *b) {
+    return build_layer_norm(g, b, 1, 0);
+}
+static td_status build_layer_norm_plain(td_graph *g, built *b) {
+    return build_layer_norm(g, b, 0, 0);
+}
+static td_status build_layer_norm_low(td_graph *g, built *b) {
+    return build_layer_norm(g, b, 1, 1);
+}
+
+/* Causal attention over qkv (B * T, 3C), sequences of T, `heads` heads; then a ReLU, which
+ * must not overwrite attention's output in place: the GPU's backward reads it. */
+static td_status build_attention(td_graph *g, built *b, int B, int T, int C, int heads) {
+    td_tensor *x, *y;
+    TRY(input(g, b, "qkv", td_shape_2d((int64_t)B * T, 3 * C), 1, &x));
+    TRY(td_graph_causal_attention(g, x, heads, T, &y));
+    return td_graph_relu(g, y, &b->y);
+}
+
+/* Heads of 4 and T = 5, one tile; T = 70, three tiles of 32 with a partial last one; heads of 5
+ * (odd); heads of 64 (GPT-2's), tiles of 16; heads of 200, tiles of 8 (launch.h). */
+static td_status build_attention_small(td_graph *g, built *b) {
+    return build_attention(g, b, 2, 5, 8, 2);
+}
+static td_status build_attention_tiles(td_graph *g, built *b) {
+    return build_attention(g, b, 2, 70, 12, 3);
+}
+static td_status build_attention_odd(td_graph *g, built *b) {
+    return build_attention(g, b, 1, 37, 15, 3);
+}
+static td_status build_attention_gpt2(td_graph *g, built *b) {
+    return build_attention(g, b, 2, 45, 128, 2);
+}
+static td_status build_attention_wide(td_graph *g, built *b) {
+    return build_attention(g, b, 1, 19, 400, 2);
+}
+
+/* A whole small GPT (td_gpt_sequential: 2 blocks of 2 heads of 12, context 9, a vocabulary of
+ * 13, batch 3) with its mean cross-entropy loss, as td_model_build_sequential makes it: every
+ * op of the model at once, parameters drawn from the same seed on both devices, the tied table's
+ * gradient the sum of its two uses. Tokens (f32 ids, as the model takes them) and labels are
+ * given. */
+static td_status build_gpt(td_graph *g, built *b) {
+    enum { B = 3, T = 9, V = 13 };
+    td_gpt_params p = td_gpt_default_params();
+    p.layers = 2;
+    p.heads = 2;
+    p.width = 24;
+    p.context = T;
+    p.vocab = V;
+    td_sequential *s;
+    td_model m;
+    TRY(td_gpt_sequential(&p, &s));
+    td_status st = td_model_build_sequential(g, s, B, 5, &m);
+    td_sequential_destroy(s);
+    TRY(st);
+    float tokens[B * T];
+    int64_t labels[B * T];
+    for (int i = 0; i < B * T; i++) {
+        tokens[i] = (float)((i * 7 + 3) % V);
+        labels[i] = (i * 5 + 1) % V;
+    }
+    given_leaf(b, m.input, tokens);
+    given_leaf(b, m.labels, labels);
+    b->y = m.loss;
+    b->is_loss = 1;
+    return TD_OK;
+}
+
 static void linear_f32(void) { twin("linear", build_linear, TD_AMP_O0, TD_BF16, 1e-5); }
 static void linear_bf16(void) { twin("linear bf16", build_linear, TD_AMP_O1, TD_BF16, 2e-2); }
 static void linear_f16(void) { twin("linear f16", build_linear, TD_AMP_O1, TD_F16, 5e-3); }
@@ -658,6 +797,64 @@ static void batch_norm_relu_f16_eval(void) {
 }
 static void cnn_model(void) { twin("cnn", build_cnn, TD_AMP_O0, TD_BF16, 1e-4); }
 
+/* The embeddings' gradients are sums in the CPU's order (each table element has one owning
+ * thread): at f32 and, with the tables stored in bf16 (O2), the same sums rounded as the CPU
+ * rounds them; only the tied projection's matmul differs, within its tolerance. */
+static void embeddings_i64(void) {
+    twin("embeddings i64 ids", build_embeddings_i64, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void embeddings_i32(void) {
+    twin("embeddings i32 ids", build_embeddings_i32, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void embeddings_f32_ids(void) {
+    twin("embeddings f32 ids", build_embeddings_f32, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void embeddings_bf16(void) {
+    twin("embeddings bf16 (O1)", build_embeddings_f32, TD_AMP_O1, TD_BF16, 2e-2);
+}
+static void embeddings_bf16_tables(void) {
+    twin("embeddings bf16 tables (O2)", build_embeddings_f32, TD_AMP_O2, TD_BF16, 2e-2);
+}
+static void embeddings_f16_tables(void) {
+    twin("embeddings f16 tables (O2)", build_embeddings_f32, TD_AMP_O2, TD_F16, 5e-3);
+}
+static void layer_norm_affine(void) {
+    twin("layer_norm", build_layer_norm_affine, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void layer_norm_plain(void) {
+    twin("layer_norm without weight", build_layer_norm_plain, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void layer_norm_bf16_input(void) {
+    twin("layer_norm bf16 input", build_layer_norm_low, TD_AMP_O1, TD_BF16, 1e-5);
+}
+static void attention_small(void) {
+    twin("attention", build_attention_small, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void attention_tiles(void) {
+    twin("attention three tiles", build_attention_tiles, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void attention_odd_heads(void) {
+    twin("attention heads of 5", build_attention_odd, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void attention_gpt2_heads(void) {
+    twin("attention heads of 64", build_attention_gpt2, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void attention_wide_heads(void) {
+    twin("attention heads of 200", build_attention_wide, TD_AMP_O0, TD_BF16, 1e-5);
+}
+/* At O1 the GPU computes attention from bf16 (f16) inputs to a bf16 (f16) output, in f32
+ * inside; the CPU computes in f32 between casts: the same rounding points. */
+static void attention_bf16(void) {
+    twin("attention bf16", build_attention_tiles, TD_AMP_O1, TD_BF16, 2e-2);
+}
+static void attention_f16(void) {
+    twin("attention f16", build_attention_tiles, TD_AMP_O1, TD_F16, 5e-3);
+}
+/* f32 within 1e-4 as every whole model; in bf16 rounding compounds through both blocks and the
+ * losses' every term, so 5e-2 of each tensor's scale. */
+static void gpt_model(void) { twin("gpt", build_gpt, TD_AMP_O0, TD_BF16, 1e-4); }
+static void gpt_model_bf16(void) { twin("gpt bf16", build_gpt, TD_AMP_O1, TD_BF16, 5e-2); }
+
 /* ---- refusals --------------------------------------------------------------------------- */
 
 /* Without a GPU a graph on cuda:0 is refused naming the device and why; with one, a device
@@ -680,9 +877,96 @@ static void unusable_gpu_is_refused_by_name(void) {
     }
 }
 
+/* A token id the GPU finds outside the table fails the next forward, naming its position: the
+ * GPU cannot stop mid-step to say so, so the step that met it runs on (its row is zeros and
+ * takes no gradient) and the error comes once, before the next step. */
+static void bad_token_fails_the_next_forward(void) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    td_graph_params p = td_graph_default_params();
+    p.device = td_device_cuda(0);
+    td_graph *g = NULL;
+    td_tensor *ids, *w, *y;
+    CHECK_OK(td_graph_create(&g, &p));
+    if (!g) return;
+    CHECK_OK(td_graph_input(g, "idx", td_shape_1d(4), TD_F32, 0, &ids));
+    CHECK_OK(td_graph_param(g, "wte", td_shape_2d(5, 2), &w));
+    CHECK_OK(td_graph_embedding(g, ids, w, &y));
+    CHECK_OK(td_graph_compile(g));
+    const float bad[4] = {0, 1, 7, 2}, good[4] = {4, 3, 2, 1};
+    float out[8];
+    CHECK_OK(td_tensor_write(ids, bad));
+    CHECK_OK(td_graph_forward(g));
+    CHECK_OK(td_tensor_read(y, out)); /* waits for the forward */
+    CHECK(out[4] == 0.f && out[5] == 0.f);
+    CHECK_OK(td_tensor_write(ids, good));
+    CHECK_STATUS(td_graph_forward(g), TD_EINVAL);
+    if (!strstr(td_last_error(), "token 2 of 'idx'"))
+        TEST_FAIL_AT("error '%s' does not name token 2 of 'idx'", td_last_error());
+    CHECK_OK(td_graph_forward(g));
+    td_graph_destroy(g);
+}
+
+/* Attention heads wider than the GPU kernels' tiles take (253, launch.h) are refused when the
+ * graph is compiled, naming the tensor and the head size. */
+static void too_wide_heads_are_refused(void) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    td_graph_params p = td_graph_default_params();
+    p.device = td_device_cuda(0);
+    td_graph *g = NULL;
+    td_tensor *x, *y;
+    CHECK_OK(td_graph_create(&g, &p));
+    if (!g) return;
+    CHECK_OK(td_graph_input(g, "qkv", td_shape_2d(4, 3 * 254), TD_F32, 1, &x));
+    CHECK_OK(td_graph_causal_attention(g, x, 1, 4, &y));
+    CHECK_STATUS(td_graph_compile(g), TD_EUNSUPPORTED);
+    if (!strstr(td_last_error(), "'qkv' has heads of 254"))
+        TEST_FAIL_AT("error '%s' does not name 'qkv' and its heads of 254", td_last_error());
+    td_graph_destroy(g);
+}
+
+/* The transformer kernels' launch arithmetic (ops/cuda/launch.h), on every machine: the token
+ * embedding's blocks own every table row exactly once, the layer norm's chunks cover every row
+ * exactly once, and the attention's tile is the largest that keeps each of its three kernels'
+ * shared memory within 48 KiB, or 0 past heads of 253. */
+static void transformer_launch_shapes(void) {
+    const int64_t vocabs[] = {1, 2, 7, 256, 1023, 1024, 1025, 2049, 50257, 100003};
+    for (size_t i = 0; i < sizeof vocabs / sizeof *vocabs; i++) {
+        int64_t V = vocabs[i], r = td__emb_rows_per_block(V), b = td__emb_blocks(V);
+        CHECK(r >= 1 && b >= 1 && b <= TD__EMB_BLOCKS);
+        CHECK(b * r >= V && (b - 1) * r < V);
+    }
+    const int64_t rows[] = {1, 2, 63, 64, 65, 150, 65535, 65536, 65537, 1 << 20, 3000001};
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        int64_t R = rows[i], r = td__ln_chunk_rows(R), c = td__ln_chunks(R);
+        CHECK(r >= TD__LN_CHUNK_ROWS && c >= 1 && c <= TD__LN_CHUNKS);
+        CHECK(c * r >= R && (c - 1) * r < R);
+    }
+    for (int64_t hs = 1; hs <= 300; hs++) {
+        int64_t tile = td__att_tile(hs);
+        if (hs > 253) {
+            CHECK_EQ(tile, 0);
+            continue;
+        }
+        CHECK(tile == 8 || tile == 16 || tile == 32);
+        for (int k = TD__ATT_FORWARD; k <= TD__ATT_DKV; k++)
+            CHECK(td__att_shared_floats(k, tile, hs) * 4 <= TD__ATT_SHARED_BYTES);
+        if (tile < 32) CHECK(td__att_shared_floats(TD__ATT_DKV, 2 * tile, hs) * 4 > 49152);
+    }
+    CHECK_EQ(td__att_tile(32), 32);
+    CHECK_EQ(td__att_tile(64), 16);
+    CHECK_EQ(td__att_tile(128), 8);
+}
+
 int main(void) {
     CHECK_OK(td_cuda_device_count(&gpus));
     RUN(unusable_gpu_is_refused_by_name);
+    RUN(transformer_launch_shapes);
     RUN(linear_f32);
     RUN(linear_bf16);
     RUN(linear_f16);
@@ -720,5 +1004,25 @@ int main(void) {
     RUN(batch_norm_relu_bf16);
     RUN(batch_norm_relu_f16_eval);
     RUN(cnn_model);
+    RUN(embeddings_i64);
+    RUN(embeddings_i32);
+    RUN(embeddings_f32_ids);
+    RUN(embeddings_bf16);
+    RUN(embeddings_bf16_tables);
+    RUN(embeddings_f16_tables);
+    RUN(bad_token_fails_the_next_forward);
+    RUN(layer_norm_affine);
+    RUN(layer_norm_plain);
+    RUN(layer_norm_bf16_input);
+    RUN(attention_small);
+    RUN(attention_tiles);
+    RUN(attention_odd_heads);
+    RUN(attention_gpt2_heads);
+    RUN(attention_wide_heads);
+    RUN(attention_bf16);
+    RUN(attention_f16);
+    RUN(too_wide_heads_are_refused);
+    RUN(gpt_model);
+    RUN(gpt_model_bf16);
     TEST_END();
 }

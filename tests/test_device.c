@@ -230,6 +230,13 @@ static void without_a_gpu_the_reason_is_named(void) {
     td_device d;
     CHECK_OK(td_device_local(&d));
     CHECK_EQ(d.type, TD_DEVICE_CPU);
+    /* a program's --device: the CPU is always there, a GPU is refused saying why */
+    CHECK_OK(td_device_choose("cpu", &d));
+    CHECK_EQ(d.type, TD_DEVICE_CPU);
+    CHECK_STATUS(td_device_choose("cuda", &d), TD_EUNSUPPORTED);
+    CHECK(strstr(td_last_error(), "device 'cuda': no GPU can be used here: ") != NULL);
+    CHECK_STATUS(td_device_choose("cuda:1", &d), TD_EUNSUPPORTED);
+    CHECK_STATUS(td_device_choose("gpu", &d), TD_EINVAL);
     void *p = NULL;
     CHECK_STATUS(td_device_alloc(td_device_cuda(0), 64, &p), TD_EUNSUPPORTED);
     CHECK(strstr(td_last_error(), "td_device_alloc: cuda:0: no GPU can be used here") != NULL);
@@ -343,6 +350,12 @@ static void local_rank_picks_the_gpu(void) {
     setenv("LOCAL_RANK", v, 1);
     CHECK_STATUS(td_device_local(&d), TD_EINVAL);
     CHECK(strstr(td_last_error(), "one rank per GPU") != NULL);
+    snprintf(v, sizeof v, "cuda:%d", n);
+    CHECK_STATUS(td_device_choose(v, &d), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "visible") != NULL);
+    setenv("LOCAL_RANK", "0", 1);
+    CHECK_OK(td_device_choose("cuda", &d));
+    CHECK(d.type == TD_DEVICE_CUDA && d.index == 0);
     unsetenv("LOCAL_RANK");
 }
 

@@ -126,7 +126,7 @@ static void device_cuda_runs_or_says_why_not(void) {
         CHECK(strstr(output, "f32 on cuda:0\n") && strstr(output, "final:"));
     } else {
         CHECK_EQ(rc, 1);
-        CHECK(strstr(output, "--device cuda: no GPU can be used here: ") != NULL);
+        CHECK(strstr(output, "device 'cuda': no GPU can be used here: ") != NULL);
         CHECK(strstr(output, td_cuda_unavailable()) != NULL);
     }
 }

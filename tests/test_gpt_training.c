@@ -1,9 +1,11 @@
 /* examples/gpt end to end on a small text the test writes (so it needs no package) and a small
  * GPT: data parallelism at worlds 2 and 4 ends where one process on the global batch does
  * (<= 1e-5 relative, every parameter), the deterministic mode gives the same parameter bits at
- * worlds 1, 2 and 4 and on 2 OpenMP threads, a run stopped and resumed from its checkpoint ends on
- * the same bits as one that was not, mixed precision trains, and --zero is refused by name. The
- * few-minute run on Jane Austen is docs/gpt.md's. */
+ * worlds 1, 2 and 4 and on 2 OpenMP threads, a run stopped and resumed from its checkpoint ends
+ * on the same bits as one that was not, a 2-stage 1F1B pipeline (with and without replicas) ends on
+ * one process's losses, mixed precision trains, and --zero 1, 2 and 3 end where DDP does (stage 3's
+ * sharded checkpoint resumed at world 4 continuing as the uninterrupted run; deterministic, DDP's
+ * bits). The few-minute run on Jane Austen is docs/gpt.md's. */
 #include <libgen.h>
 #include <limits.h>
 
@@ -70,7 +72,7 @@ static void deterministic_same_bits_at_world_1_2_4(void) {
         sha(got);
         if (strcmp(want, got)) TEST_FAIL_AT("world %d: %s, world 1: %s", w, got, want);
     }
-    printf("    params_sha256 %.16s... at worlds 1, 2 and 4\n", want);
+    printf("    params_sha256 %.16s... at worlds 1, 2 and 4, and on 2 threads\n", want);
 }
 
 static void resume_continues_bit_for_bit(void) {
@@ -91,15 +93,104 @@ static void resume_continues_bit_for_bit(void) {
     CHECK(strstr(output, "width 32") && strstr(output, "width 64"));
 }
 
-static void amp_trains_and_zero_is_refused(void) {
+/* A 2-stage 1F1B pipeline (the embedding on one rank, the head with its copy of the tied
+ * embedding on the other), alone and as 2 stages x 2 replicas, ends on one process's train and
+ * validation loss (the GPT's parameters themselves are compared in test_pipeline_tied). */
+static void pipeline_equals_one_process(void) {
+    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TINY, example, text), 0);
+    double train = field("final: train loss "), val = field(", val loss ");
+    CHECK(train > 0 && val > 0);
+    int worlds[] = {2, 4};
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node %d %s --data %s " TINY
+                     " --pipeline 1f1b --micro-batches 2 --split h.1",
+                     launcher, worlds[i], example, text),
+                 0);
+        CHECK(strstr(output, "pipeline 1f1b: 2 stage(s)") != NULL);
+        CHECK(strstr(output, "sample:") != NULL);
+        double ptrain = field("final: train loss "), pval = field(", val loss ");
+        printf("    world %d: train loss %.6f, val loss %.6f (one process %.6f, %.6f)\n", worlds[i],
+               ptrain, pval, train, val);
+        CHECK_NEAR(ptrain, train, 1e-5 * train);
+        CHECK_NEAR(pval, val, 1e-5 * val);
+    }
+    CHECK_EQ(run("%s --data %s --pipeline 1f1b --checkpoint %s/p.st", example, text, dir), 2);
+    CHECK(strstr(output, "--pipeline") && strstr(output, "--checkpoint"));
+}
+
+static void amp_and_device(void) {
     CHECK_EQ(run("%s --data %s " TINY " --amp", example, text), 0);
     CHECK(strstr(output, "amp bf16") != NULL);
     double loss = field("final: train loss ");
     CHECK(loss > 0 && loss < 6);
-    CHECK_EQ(run("%s --data %s --zero", example, text), 2);
-    CHECK(strstr(output, "--zero") != NULL);
+    /* --device cuda trains on a GPU where one can be used; where none can, it says why */
+    int gpus = 0;
+    CHECK_OK(td_cuda_device_count(&gpus));
+    int rc = run("%s --data %s " TINY " --device cuda", example, text);
+    if (gpus) {
+        CHECK_EQ(rc, 0);
+        CHECK(strstr(output, ", on cuda:0") && strstr(output, "sample:"));
+        double gpu_loss = field("final: train loss ");
+        CHECK(gpu_loss > 0 && gpu_loss < 6);
+    } else {
+        CHECK_EQ(rc, 1);
+        CHECK(strstr(output, "device 'cuda': no GPU can be used here: ") != NULL);
+    }
     CHECK_EQ(run("%s --data %s/missing.rdb", example, dir), 1);
     CHECK(strstr(output, "r-cran-janeaustenr") != NULL);
+}
+
+/* Every stage at world 2 ends within 1e-5 of DDP's checkpoint (w2.st, written above); stage 3's
+ * checkpoint at step 2 resumed at world 4 ends where the uninterrupted run does; deterministic,
+ * stage 2 at world 2 gives deterministic DDP's digest. */
+static void zero_stages_equal_ddp(void) {
+    char ddp[128], b[128];
+    snprintf(ddp, sizeof ddp, "%s/w2.st", dir);
+    for (int stage = 1; stage <= 3; stage++) {
+        snprintf(b, sizeof b, "%s/z%d.st", dir, stage);
+        CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 2 %s --zero %d --data %s " TINY
+                     " --checkpoint %s",
+                     launcher, example, stage, text, b),
+                 0);
+        CHECK(strstr(output, "sample:") != NULL);
+        double worst;
+        char name[96] = "none";
+        double d = checkpoint_distance(ddp, b, &worst, name, sizeof name);
+        printf("    --zero %d vs DDP: relative distance %.2e (worst tensor %s)\n", stage, d, name);
+        CHECK(d <= 1e-5);
+    }
+    snprintf(b, sizeof b, "%s/zr.st", dir);
+    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 2 %s --zero 3 --data %s " TINY
+                 " --checkpoint %s --stop-at 2",
+                 launcher, example, text, b),
+             0);
+    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 4 %s --zero 3 --data %s " TINY
+                 " --checkpoint %s --resume auto",
+                 launcher, example, text, b),
+             0);
+    CHECK(strstr(output, "resuming from") && strstr(output, "world size 4"));
+    char z3[128];
+    snprintf(z3, sizeof z3, "%s/z3.st", dir);
+    double worst;
+    char name[96] = "none";
+    double d = checkpoint_distance(z3, b, &worst, name, sizeof name);
+    printf("    --zero 3 resumed at world 4 vs straight through: %.2e\n", d);
+    CHECK(d <= 1e-5);
+
+    char want[65], got[65];
+    CHECK_EQ(
+        run("OMP_NUM_THREADS=1 %s --data %s " TINY " --deterministic --shards 4", example, text),
+        0);
+    sha(want);
+    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 2 %s --zero 2 --data %s " TINY
+                 " --deterministic --shards 4",
+                 launcher, example, text),
+             0);
+    sha(got);
+    CHECK(strlen(want) == 64);
+    if (strcmp(want, got)) TEST_FAIL_AT("--zero 2 deterministic %s, DDP %s", got, want);
+    CHECK_EQ(run("%s --data %s --zero 4", example, text), 2);
+    CHECK(strstr(output, "--zero 4, expected the stage") != NULL);
 }
 
 int main(int argc, char **argv) {
@@ -124,7 +215,9 @@ int main(int argc, char **argv) {
     RUN(ddp_at_worlds_2_and_4_equals_one_process);
     RUN(deterministic_same_bits_at_world_1_2_4);
     RUN(resume_continues_bit_for_bit);
-    RUN(amp_trains_and_zero_is_refused);
+    RUN(pipeline_equals_one_process);
+    RUN(amp_and_device);
+    RUN(zero_stages_equal_ddp);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) return 1;

@@ -3,7 +3,8 @@
  * one-op graph run forward and backward_from a random upstream gradient (test_op_rig.h). Also
  * what GPT-2 needs of them beyond one op: a table read by an embedding and by a linear (the
  * tied output projection) gets the sum of both gradients; attention at lengths that span several
- * of its row blocks; token ids as f32; bad ids and shapes are errors naming the problem; and the
+ * of its row blocks; token ids as f32; bad ids and shapes are errors naming the problem; a ReLU
+ * after attention leaves attention's output (which its GPU backward reads) intact; and the
  * mixed-precision rules (layer norm in f32, attention's output in the low dtype, values close to
  * f32's) in bf16 and f16. Tolerance TOL (1 + |want|) as test_ops.c. */
 #include "ops/ref.h"
@@ -314,6 +315,31 @@ static void attention_rejects_bad_shapes(void) {
     td_graph_destroy(g);
 }
 
+/* A ReLU after attention writes its own output instead of overwriting attention's in place:
+ * attention's backward on a GPU reads that output (src/ops/cuda/attention.cu). */
+static void attention_output_survives_a_relu(void) {
+    const int B = 1, T = 6, C = 4, NH = 2;
+    size_t nx = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
+    float *x = randn(nx), *y = scratch(ny), *ry = scratch(ny);
+    td__ref_attention_forward(ry, x, B, T, C, NH);
+    int negative = 0;
+    for (size_t i = 0; i < ny; i++) negative += ry[i] < 0.f;
+    CHECK(negative > 0);
+    td_graph *g;
+    td_tensor *tx, *ty, *tr;
+    CHECK_OK(td_graph_create(&g, NULL));
+    CHECK_OK(td_graph_input(g, "qkv", td_shape_2d((int64_t)B * T, 3 * C), TD_F32, 1, &tx));
+    CHECK_OK(td_graph_causal_attention(g, tx, NH, T, &ty));
+    CHECK_OK(td_graph_relu(g, ty, &tr));
+    CHECK_OK(td_graph_compile(g));
+    CHECK_OK(td_tensor_write(tx, x));
+    CHECK_OK(td_graph_forward(g));
+    CHECK_OK(td_tensor_read(ty, y));
+    check_close("attention y under its ReLU", y, ry, ny, TOL);
+    td_graph_destroy(g);
+    free(x), free(y), free(ry);
+}
+
 /* ---- mixed precision ------------------------------------------------------------------ */
 
 /* At O1, layer norm computes and hands on f32, attention hands on the low dtype, and the values
@@ -373,6 +399,7 @@ int main(void) {
     RUN(attention_matches_reference);
     RUN(attention_matches_pytorch);
     RUN(attention_rejects_bad_shapes);
+    RUN(attention_output_survives_a_relu);
     RUN(mixed_precision_rules);
     TEST_END();
 }

@@ -232,9 +232,11 @@ static void stage3_memory_falls_as_one_over_world(void) {
 /* ---- the pipeline: a sharded group per stage ------------------------------------------- */
 
 enum { PP_BATCH = 32, PP_STEPS = 3 };
+#define PP_MAX_NORM 0.2 /* below the first steps' norms: the clip scales the shards */
 
 typedef struct {
-    float loss[4][PP_STEPS]; /* the last stage's losses under DDP and stages 1-3 */
+    float loss[4][PP_STEPS];  /* the last stage's losses under DDP and stages 1-3 */
+    double norm[4][PP_STEPS]; /* the whole model's gradient norm before clipping */
 } pipe_losses;
 
 static void pipeline_rank(int rank, int size, int port, void *arg) {
@@ -281,8 +283,11 @@ static void pipeline_rank(int rank, int size, int port, void *arg) {
             for (int k = 0; k < PP_BATCH; k++) y[k] = (k + step + info.replica) % 10;
             float loss = NAN;
             CHECK_OK(td_pipeline_step(pl, x, y, &loss));
+            double norm = NAN;
+            CHECK_OK(td_pipeline_clip_grad_norm(pl, PP_MAX_NORM, &norm));
             CHECK_OK(td_optim_step(opt));
             if (info.stage == 1 && info.replica == 0) out->loss[way][step] = loss;
+            if (rank == 0) out->norm[way][step] = norm;
         }
         td_optim_destroy(opt);
         td_pipeline_destroy(pl);
@@ -299,8 +304,11 @@ static void pipeline_with_a_sharded_group_per_stage_equals_ddp(void) {
     memset(out, 0, sizeof *out);
     CHECK_EQ(test_run_ranks(4, pipeline_rank, out, 240, 0), 0); /* 2 stages x 2 replicas */
     for (int way = 1; way < 4; way++)
-        for (int step = 0; step < PP_STEPS; step++)
+        for (int step = 0; step < PP_STEPS; step++) {
             CHECK_NEAR(out->loss[way][step], out->loss[0][step], 1e-6 * fabs(out->loss[0][step]));
+            CHECK_NEAR(out->norm[way][step], out->norm[0][step], 1e-5 * out->norm[0][step]);
+        }
+    CHECK(out->norm[0][0] > PP_MAX_NORM);
     CHECK(out->loss[0][PP_STEPS - 1] > 0 && out->loss[0][PP_STEPS - 1] < out->loss[0][0]);
     munmap(out, sizeof *out);
     CHECK_EQ(test_shm_leftovers(), 0);

@@ -11,62 +11,51 @@
  * gradient norm to 1. Every --eval-every steps it prints the validation loss over a fixed set of
  * windows split across ranks, beside the unigram baseline (the byte frequencies of the training
  * text). Under a launcher every rank builds the same model and DDP averages the gradients
- * (--ddp says so explicitly); --amp computes the linears in bf16 (O1); --deterministic trains to
- * the same bits at any world size and thread count, each shard on one thread
- * (docs/reproducibility.md); --checkpoint / --resume continue a
- * run at any world size (--stop-at N ends a run after step N as an interrupted one would). The
- * last lines are a sample and the SHA-256 of the parameters. */
+ * (--ddp says so explicitly); --zero 1|2|3 shards the optimizer state, also the gradients, also
+ * the parameters over the ranks instead (docs/zero.md; each rank writes its part of a
+ * checkpoint); --amp computes the linears in bf16 (O1); --deterministic trains to the same bits
+ * at any world size and thread count, each shard on one thread (docs/reproducibility.md);
+ * --checkpoint / --resume continue a run at any world size, with or without --zero (--stop-at N
+ * ends a run after step N as an interrupted one would); --device cuda trains on this rank's GPU
+ * (cuda:LOCAL_RANK, or cuda:N); --pipeline cuts the model into stages instead (pipeline.c, on
+ * the CPU). The last lines are a sample and the SHA-256 of the parameters. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "tandem/tandem.h"
-
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        td_status check_s_ = (call);                                                       \
-        if (check_s_ != TD_OK) {                                                           \
-            fprintf(stderr, "gpt: %s failed: %s: %s\n", #call, td_status_string(check_s_), \
-                    td_last_error());                                                      \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
-
-typedef struct {
-    td_gpt_params model;
-    int batch; /* global, in sequences */
-    long steps, warmup, eval_every, eval_batches, checkpoint_every, sample, stop_at;
-    double lr;
-    uint64_t seed;
-    const char *data, *checkpoint, *resume, *prompt;
-    int amp, deterministic, shards, resume_auto;
-} options;
+#include "gpt.h"
 
 static void usage(void) {
     fprintf(stderr,
             "usage: gpt [--data FILE] [--layers N] [--heads N] [--width C] [--context T]\n"
             "           [--batch GLOBAL] [--steps N] [--lr X] [--warmup N] [--seed N]\n"
-            "           [--eval-every N] [--eval-batches N] [--ddp] [--amp]\n"
+            "           [--eval-every N] [--eval-batches N] [--ddp | --zero 1|2|3] [--amp]\n"
+            "           [--device cpu|cuda|cuda:N]\n"
             "           [--deterministic [--shards S]] [--checkpoint PATH [--checkpoint-every N]]\n"
-            "           [--resume PATH|auto] [--stop-at STEP] [--sample N] [--prompt TEXT]\n");
+            "           [--resume PATH|auto] [--stop-at STEP] [--sample N] [--prompt TEXT]\n"
+            "           [--pipeline naive|gpipe|1f1b [--stages P] [--micro-batches M]\n"
+            "            [--split LAYERS|balanced]]\n");
     exit(2);
 }
 
 static options parse(int argc, char **argv) {
     options o = {.model = td_gpt_default_params(),
                  .batch = 16,
-                 .steps = 1000,
+                 .steps = 2000,
                  .warmup = 100,
                  .eval_every = 250,
                  .eval_batches = 8,
                  .sample = 300,
-                 .lr = 1e-3,
+                 .lr = 3e-3,
                  .seed = 1,
                  .data = td_corpus_default_path(),
                  .prompt = "It is a truth universally acknowledged",
-                 .shards = 4};
+                 .shards = 4,
+                 .device = "cpu",
+                 .stages = 2,
+                 .micro = 4};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--ddp")) continue; /* what a launched run does anyway */
@@ -77,10 +66,6 @@ static options parse(int argc, char **argv) {
         if (!strcmp(a, "--deterministic")) {
             o.deterministic = 1;
             continue;
-        }
-        if (!strcmp(a, "--zero")) {
-            fprintf(stderr, "gpt: --zero is not available in this build of tandem yet\n");
-            exit(2);
         }
         if (i + 1 >= argc) usage();
         const char *v = argv[++i];
@@ -108,7 +93,13 @@ static options parse(int argc, char **argv) {
             o.eval_every = atol(v);
         else if (!strcmp(a, "--eval-batches"))
             o.eval_batches = atol(v);
-        else if (!strcmp(a, "--shards"))
+        else if (!strcmp(a, "--zero")) {
+            o.zero = atoi(v);
+            if (o.zero < 1 || o.zero > 3) {
+                fprintf(stderr, "gpt: --zero %s, expected the stage: 1, 2 or 3\n", v);
+                exit(2);
+            }
+        } else if (!strcmp(a, "--shards"))
             o.shards = atoi(v);
         else if (!strcmp(a, "--checkpoint"))
             o.checkpoint = v;
@@ -122,10 +113,28 @@ static options parse(int argc, char **argv) {
             o.sample = atol(v);
         else if (!strcmp(a, "--stop-at"))
             o.stop_at = atol(v);
+        else if (!strcmp(a, "--device"))
+            o.device = v;
         else if (!strcmp(a, "--prompt"))
             o.prompt = v;
+        else if (!strcmp(a, "--pipeline")) {
+            CHECK(td_pipeline_schedule_parse(v, &o.schedule));
+            o.pipeline = 1;
+        } else if (!strcmp(a, "--stages"))
+            o.stages = atoi(v);
+        else if (!strcmp(a, "--micro-batches"))
+            o.micro = atoi(v);
+        else if (!strcmp(a, "--split"))
+            o.split = strcmp(v, "balanced") ? v : NULL;
         else
             usage();
+    }
+    if (o.stages < 1 || o.stages > TD_PIPELINE_MAX_STAGES || o.micro < 1) usage();
+    if (o.pipeline && (o.deterministic || o.zero || o.checkpoint || o.resume || o.resume_auto ||
+                       o.stop_at || strcmp(o.device, "cpu"))) {
+        fprintf(stderr, "gpt: --pipeline trains without --deterministic, --zero, --checkpoint, "
+                        "--resume, --stop-at and --device\n");
+        exit(2);
     }
     if (o.batch < 1 || o.steps < 1 || o.eval_batches < 1 || o.shards < 1 || o.sample < 0) usage();
     if (o.resume_auto && !o.checkpoint) {
@@ -143,7 +152,9 @@ typedef struct {
     options opt;
     int rank, world;
     td_comm *comm;
+    td_device device; /* where the graphs compute */
     td_ddp *ddp;
+    td_zero *zero; /* --zero: instead of ddp */
     td_graph *train, *eval;
     td_model model, eval_model;
     td_param *params;
@@ -160,6 +171,8 @@ typedef struct {
 
 /* ---- checkpoints ------------------------------------------------------------------------ */
 
+/* What a DDP or single-process checkpoint holds: the parameters and the optimizer state (ZeRO
+ * writes both in parts itself, under the same names). */
 static td_param *checkpoint_tensors(trainer *t, size_t *n) {
     td_param *state;
     size_t n_state;
@@ -180,16 +193,22 @@ static void shape_meta(const trainer *t, char *out, size_t cap) {
              t->opt.deterministic ? t->opt.shards : 0);
 }
 
+/* Rank 0 writes the whole run, or with --zero every rank its part; called on every rank. */
 static void save(trainer *t, long step) {
-    if (t->rank != 0 || !t->opt.checkpoint) return;
-    size_t n;
-    td_param *all = checkpoint_tensors(t, &n);
+    if (!t->opt.checkpoint || (!t->zero && t->rank != 0)) return;
     char steps[32], shape[160];
     snprintf(steps, sizeof steps, "%ld", step);
     shape_meta(t, shape, sizeof shape);
     td_checkpoint_meta meta[] = {{"model", "gpt"}, {"run", shape}, {"step", steps}};
-    CHECK(td_checkpoint_save(t->opt.checkpoint, all, n, meta, 3));
-    free(all);
+    if (t->zero) {
+        CHECK(td_zero_save(t->zero, t->optim, t->opt.checkpoint, NULL, 0, meta, 3));
+    } else {
+        size_t n;
+        td_param *all = checkpoint_tensors(t, &n);
+        CHECK(td_checkpoint_save(t->opt.checkpoint, all, n, meta, 3));
+        free(all);
+    }
+    if (t->rank != 0) return;
     printf("checkpoint at step %ld: %s\n", step, t->opt.checkpoint);
     fflush(stdout);
 }
@@ -209,11 +228,17 @@ static void resume(trainer *t) {
     }
     int64_t step;
     CHECK(td_checkpoint_get_meta_i64(ck, "step", 0, t->opt.steps, &step));
-    size_t n;
-    td_param *all = checkpoint_tensors(t, &n);
-    CHECK(td_checkpoint_read(ck, all, n));
-    free(all);
     td_checkpoint_close(ck);
+    if (t->zero) { /* every rank its own parts, resharded to this world size */
+        CHECK(td_zero_load(t->zero, t->optim, path, NULL, 0));
+    } else {
+        size_t n;
+        td_param *all = checkpoint_tensors(t, &n);
+        CHECK(td_checkpoint_open(&ck, path));
+        CHECK(td_checkpoint_read(ck, all, n));
+        td_checkpoint_close(ck);
+        free(all);
+    }
     t->first_step = (long)step;
     if (t->rank == 0)
         printf("resuming from %s at step %lld, world size %d\n", path, (long long)step, t->world);
@@ -221,7 +246,15 @@ static void resume(trainer *t) {
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
-static void build(const options *o, td_graph *g, int64_t batch, td_model *m) {
+void gpt_banner(const options *o, int world, const char *more) {
+    printf("gpt: %d layers, %d heads, width %lld, context %lld: %lld parameters; world %d, global "
+           "batch %d%s%s%s\n",
+           o->model.layers, o->model.heads, (long long)o->model.width, (long long)o->model.context,
+           (long long)td_gpt_parameter_count(&o->model), world, o->batch,
+           o->amp ? ", amp bf16" : "", o->deterministic ? ", deterministic" : "", more);
+}
+
+void gpt_build(const options *o, td_graph *g, int64_t batch, td_model *m) {
     td_sequential *s;
     CHECK(td_gpt_sequential(&o->model, &s));
     CHECK(td_model_build_sequential(g, s, batch, o->seed, m));
@@ -232,9 +265,9 @@ static void setup(trainer *t) {
     const options *o = &t->opt;
     t->world = 1;
     int launched = getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE") || getenv("SLURM_NTASKS");
-    if (launched || o->deterministic) {
+    if (launched || o->deterministic || o->zero) {
         td_comm_params cp = td_comm_default_params();
-        if (!launched) { /* deterministic alone: DDP's shard tree on one rank */
+        if (!launched) { /* alone: DDP's shard tree or ZeRO on one rank */
             cp.rank = cp.local_rank = 0;
             cp.world_size = cp.local_world_size = 1;
         }
@@ -247,14 +280,7 @@ static void setup(trainer *t) {
                 t->world);
         exit(2);
     }
-    CHECK(td_corpus_load(&t->text, o->data));
-    t->n_train = t->text.size / 10 * 9;
-    size_t windows = td_corpus_windows(t->n_train, o->model.context);
-    if (windows < (size_t)o->batch) {
-        fprintf(stderr, "gpt: %s holds %zu training windows of %lld, fewer than --batch %d\n",
-                o->data, windows, (long long)o->model.context, o->batch);
-        exit(2);
-    }
+    size_t windows = gpt_load_text(o, &t->text, &t->n_train);
     td_sampler_params sp = td_sampler_default_params();
     sp.rank = t->rank;
     sp.world_size = t->world;
@@ -272,30 +298,63 @@ static void setup(trainer *t) {
 
     td_graph_params gp = td_graph_default_params();
     gp.seed = o->seed;
+    CHECK(td_device_choose(o->device, &t->device));
+    gp.device = t->device;
     if (o->amp) gp.amp.level = TD_AMP_O1;
     gp.threads = o->deterministic ? 1 : 0; /* no sum of the kernels depends on OMP_NUM_THREADS */
     CHECK(td_graph_create(&t->train, &gp));
-    build(o, t->train, t->graph_batch, &t->model);
+    gpt_build(o, t->train, t->graph_batch, &t->model);
     gp.grad_enabled = 0;
     gp.threads = 0;
     CHECK(td_graph_create(&t->eval, &gp));
-    build(o, t->eval, 1, &t->eval_model);
-    CHECK(td_graph_share_params(t->eval, t->train));
+    gpt_build(o, t->eval, 1, &t->eval_model);
     td_graph_set_training(t->eval, 0);
     CHECK(td_graph_parameters(t->train, &t->params, &t->n_params));
-    td_adamw_params ap = td_adamw_default_params();
-    ap.lr = o->lr;
-    ap.beta2 = 0.95;
-    ap.weight_decay = 0.1;
-    CHECK(td_optim_create_adamw(&t->optim, t->params, t->n_params, &ap));
+    td_ddp_params dp = td_ddp_default_params();
+    dp.deterministic = o->deterministic;
+    dp.shards = (size_t)o->shards;
+    td_param *stepped = t->params; /* what the optimizer steps: all, or this rank's shards */
+    size_t n_stepped = t->n_params;
+    if (o->zero) {
+        td_zero_params zp = td_zero_default_params();
+        zp.stage = o->zero;
+        zp.ddp = dp;
+        CHECK(td_zero_create(&t->zero, t->comm, t->params, t->n_params, NULL, 0, &zp));
+        CHECK(td_zero_parameters(t->zero, &stepped, &n_stepped));
+        td_graph_set_grad_ready_hook(t->train, td_zero_grad_ready_hook, t->zero);
+        td_graph_set_param_use_hook(t->train, td_zero_param_use_hook, t->zero);
+    }
+    /* After ZeRO moved the parameters: the evaluation graph reads where they are now. */
+    CHECK(td_graph_share_params(t->eval, t->train));
+    td_adamw_params ap = gpt_adamw(o);
+    CHECK(td_optim_create_adamw(&t->optim, stepped, n_stepped, &ap));
     if (o->resume || o->resume_auto) resume(t);
-    if (t->comm) {
-        td_ddp_params dp = td_ddp_default_params();
-        dp.deterministic = o->deterministic;
-        dp.shards = (size_t)o->shards;
+    if (t->comm && !t->zero) {
         CHECK(td_ddp_create(&t->ddp, t->comm, t->params, t->n_params, NULL, 0, &dp));
         td_graph_set_grad_ready_hook(t->train, td_ddp_grad_ready_hook, t->ddp);
     }
+}
+
+/* The calls of a step to DDP or ZeRO, whichever synchronises the ranks (or none, alone). */
+static void sync_prepare(trainer *t) {
+    if (t->zero) CHECK(td_zero_prepare_forward(t->zero));
+    if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
+}
+
+static void sync_finish(trainer *t, float loss) {
+    if (t->zero) {
+        td_zero_set_loss(t->zero, loss);
+        CHECK(td_zero_finish_backward(t->zero));
+    }
+    if (t->ddp) {
+        td_ddp_set_loss(t->ddp, loss);
+        CHECK(td_ddp_finish_backward(t->ddp));
+    }
+}
+
+/* The step's loss reduced over the ranks (this rank's `mine` alone). */
+static float sync_loss(const trainer *t, float mine) {
+    return t->zero ? td_zero_loss(t->zero) : t->ddp ? td_ddp_loss(t->ddp) : mine;
 }
 
 /* ---- training --------------------------------------------------------------------------- */
@@ -311,12 +370,20 @@ static size_t fill_batch(trainer *t, size_t k) {
     return count;
 }
 
-/* Forward and backward of `rows` sequences at x, y into the training graph. */
+/* The training graph's forward on the sequences at x, y (pointed to on the CPU, copied to a
+ * GPU); returns the loss. */
 static float run_graph(trainer *t, const float *x, const int64_t *y) {
-    CHECK(td_tensor_set_data(t->model.input, (void *)x));
-    CHECK(td_tensor_set_data(t->model.labels, (void *)y));
+    if (t->device.type == TD_DEVICE_CPU) {
+        CHECK(td_tensor_set_data(t->model.input, (void *)x));
+        CHECK(td_tensor_set_data(t->model.labels, (void *)y));
+    } else {
+        CHECK(td_tensor_write(t->model.input, x));
+        CHECK(td_tensor_write(t->model.labels, y));
+    }
     CHECK(td_graph_forward(t->train));
-    return *(float *)td_tensor_data(t->model.loss);
+    float loss;
+    CHECK(td_tensor_read(t->model.loss, &loss));
+    return loss;
 }
 
 /* One step's gradients, the global batch's mean on every rank; returns the batch's loss. */
@@ -324,26 +391,28 @@ static float forward_backward(trainer *t, size_t rows, uint64_t step) {
     int64_t T = t->opt.model.context;
     if (t->opt.deterministic) {
         size_t first, count, b = (size_t)t->graph_batch;
-        td_ddp_shards(t->ddp, &first, &count);
+        if (t->zero)
+            td_zero_shards(t->zero, &first, &count);
+        else
+            td_ddp_shards(t->ddp, &first, &count);
         for (size_t j = 0; j < count; j++) {
-            CHECK(td_ddp_prepare_forward(t->ddp));
+            sync_prepare(t);
             CHECK(td_graph_set_rng_key(t->train, step, (first + j) * b));
-            td_ddp_set_loss(t->ddp, run_graph(t, t->x + j * b * T, t->y + j * b * T));
+            float loss = run_graph(t, t->x + j * b * T, t->y + j * b * T);
             CHECK(td_graph_zero_grad(t->train));
             CHECK(td_graph_backward(t->train, t->model.loss));
-            CHECK(td_ddp_finish_backward(t->ddp));
+            sync_finish(t, loss);
         }
-        return td_ddp_loss(t->ddp);
+        return sync_loss(t, 0.0f);
     }
     /* a rank's mean weighs by its share of the global batch */
     float share = (float)((double)t->world * (double)rows / (double)t->opt.batch);
-    if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
+    sync_prepare(t);
     float loss = run_graph(t, t->x, t->y);
-    if (t->ddp) td_ddp_set_loss(t->ddp, loss * share);
     CHECK(td_graph_zero_grad(t->train));
     CHECK(td_graph_backward_from(t->train, t->model.loss, &share));
-    if (t->ddp) CHECK(td_ddp_finish_backward(t->ddp));
-    return t->ddp ? td_ddp_loss(t->ddp) : loss;
+    sync_finish(t, loss * share);
+    return sync_loss(t, loss);
 }
 
 /* Mean loss over the first eval_batches x batch windows of the validation text, split across
@@ -357,28 +426,52 @@ static double validate(trainer *t) {
     size_t first, count;
     td_split_even(want, t->world, t->rank, &first, &count);
     double sums[2] = {0, (double)count * (double)T};
-    for (size_t i = 0; i < count; i++) {
-        td_corpus_window(val, first + i, T, td_tensor_data(t->eval_model.input),
-                         td_tensor_data(t->eval_model.labels));
+    /* ranks may run different numbers of windows: ZeRO holds every parameter whole meanwhile */
+    if (t->zero) CHECK(td_zero_full_params(t->zero, 1));
+    for (size_t i = 0; i < count; i++) { /* through x, y: the eval graph may be on a GPU */
+        td_corpus_window(val, first + i, T, t->x, t->y);
+        CHECK(td_tensor_write(t->eval_model.input, t->x));
+        CHECK(td_tensor_write(t->eval_model.labels, t->y));
         CHECK(td_graph_forward(t->eval));
-        sums[0] += *(float *)td_tensor_data(t->eval_model.loss) * (double)T;
+        float loss;
+        CHECK(td_tensor_read(t->eval_model.loss, &loss));
+        sums[0] += loss * (double)T;
     }
+    if (t->zero) CHECK(td_zero_full_params(t->zero, 0));
     if (t->comm) CHECK(td_comm_allreduce(t->comm, sums, sums, 2, TD_F64, TD_OP_SUM));
     return sums[0] / sums[1];
 }
 
-/* Cross-entropy of the validation text under the training text's byte frequencies (add-one). */
-static double unigram_baseline(const trainer *t) {
-    double count[256] = {0}, total = 256;
-    for (size_t i = 0; i < t->n_train; i++) count[t->text.bytes[i]]++;
-    for (int c = 0; c < 256; c++) total += count[c];
-    double nll = 0;
-    for (size_t i = t->n_train; i < t->text.size; i++)
-        nll -= log((count[t->text.bytes[i]] + 1) / total);
-    return nll / (double)(t->text.size - t->n_train);
+size_t gpt_load_text(const options *o, td_corpus *text, size_t *n_train) {
+    CHECK(td_corpus_load(text, o->data));
+    *n_train = text->size / 10 * 9;
+    size_t windows = td_corpus_windows(*n_train, o->model.context);
+    if (windows < (size_t)o->batch) {
+        fprintf(stderr, "gpt: %s holds %zu training windows of %lld, fewer than --batch %d\n",
+                o->data, windows, (long long)o->model.context, o->batch);
+        exit(2);
+    }
+    return windows;
 }
 
-static double lr_at(const options *o, long step) {
+double gpt_unigram_baseline(const td_corpus *text, size_t n_train) {
+    double count[256] = {0}, total = 256;
+    for (size_t i = 0; i < n_train; i++) count[text->bytes[i]]++;
+    for (int c = 0; c < 256; c++) total += count[c];
+    double nll = 0;
+    for (size_t i = n_train; i < text->size; i++) nll -= log((count[text->bytes[i]] + 1) / total);
+    return nll / (double)(text->size - n_train);
+}
+
+td_adamw_params gpt_adamw(const options *o) {
+    td_adamw_params ap = td_adamw_default_params();
+    ap.lr = o->lr;
+    ap.beta2 = 0.95;
+    ap.weight_decay = 0.1;
+    return ap;
+}
+
+double gpt_lr_at(const options *o, long step) {
     if (step < o->warmup) return o->lr * (double)(step + 1) / (double)o->warmup;
     double p =
         (double)(step - o->warmup) / (double)(o->steps > o->warmup ? o->steps - o->warmup : 1);
@@ -388,24 +481,26 @@ static double lr_at(const options *o, long step) {
 /* Continues the prompt by `n` bytes, each drawn from the model's distribution at temperature
  * 0.8 given the last T bytes (the eval graph holds one sequence of T; positions past the text
  * are padding the causal mask keeps out of the ones read). */
-static void sample(trainer *t) {
-    int64_t T = t->opt.model.context, V = t->opt.model.vocab;
-    size_t plen = strlen(t->opt.prompt), n = plen + (size_t)t->opt.sample;
+void gpt_sample(const options *o, td_graph *eval, const td_model *m) {
+    int64_t T = o->model.context, V = o->model.vocab;
+    size_t plen = strlen(o->prompt), n = plen + (size_t)o->sample;
     unsigned char *text = malloc(n + 1);
-    float *prob = malloc((size_t)V * sizeof *prob);
-    if (!text || !prob) CHECK(TD_ENOMEM);
-    memcpy(text, t->opt.prompt, plen);
+    float *prob = malloc((size_t)V * sizeof *prob), *in = malloc((size_t)T * sizeof *in);
+    float *logp = malloc((size_t)(T * V) * sizeof *logp);
+    if (!text || !prob || !in || !logp) CHECK(TD_ENOMEM);
+    memcpy(text, o->prompt, plen);
     td_rng rng;
-    td_rng_init(&rng, t->opt.seed);
-    float *in = td_tensor_data(t->eval_model.input);
+    td_rng_init(&rng, o->seed);
     for (size_t len = plen; len < n; len++) {
         size_t from = len > (size_t)T ? len - (size_t)T : 0, used = len - from;
         for (int64_t i = 0; i < T; i++) in[i] = i < (int64_t)used ? text[from + i] : ' ';
         if (used == 0) used = 1, in[0] = '\n';
-        CHECK(td_graph_forward(t->eval));
-        const float *logp = (const float *)td_tensor_data(t->eval_model.output) + (used - 1) * V;
+        CHECK(td_tensor_write(m->input, in));
+        CHECK(td_graph_forward(eval));
+        CHECK(td_tensor_read(m->output, logp));
+        const float *row = logp + (used - 1) * V;
         double sum = 0;
-        for (int64_t v = 0; v < V; v++) sum += prob[v] = expf(logp[v] / 0.8f);
+        for (int64_t v = 0; v < V; v++) sum += prob[v] = expf(row[v] / 0.8f);
         double r = td_rng_uniform(&rng) * sum;
         int64_t pick = 0;
         while (pick + 1 < V && (r -= prob[pick]) > 0) pick++;
@@ -415,60 +510,72 @@ static void sample(trainer *t) {
     printf("sample:\n%s\n", (char *)text);
     free(text);
     free(prob);
+    free(in);
+    free(logp);
 }
 
 int main(int argc, char **argv) {
     trainer t;
     memset(&t, 0, sizeof t);
     t.opt = parse(argc, argv);
+    if (t.opt.pipeline) return gpt_pipeline_main(&t.opt);
     setup(&t);
     const options *o = &t.opt;
     if (t.rank == 0) {
-        printf("gpt: %d layers, %d heads, width %lld, context %lld: %lld parameters; world %d, "
-               "global batch %d%s%s\n",
-               o->model.layers, o->model.heads, (long long)o->model.width,
-               (long long)o->model.context, (long long)td_gpt_parameter_count(&o->model), t.world,
-               o->batch, o->amp ? ", amp bf16" : "", o->deterministic ? ", deterministic" : "");
+        char on[48] = "";
+        if (t.device.type != TD_DEVICE_CPU) {
+            char dev[32];
+            td_device_format(t.device, dev, sizeof dev);
+            snprintf(on, sizeof on, ", on %s", dev);
+        }
+        gpt_banner(o, t.world, on);
         printf("data: %s, %zu bytes (%zu train, %zu validation); unigram baseline %.4f\n", o->data,
-               t.text.size, t.n_train, t.text.size - t.n_train, unigram_baseline(&t));
+               t.text.size, t.n_train, t.text.size - t.n_train,
+               gpt_unigram_baseline(&t.text, t.n_train));
         fflush(stdout);
     }
     size_t per_epoch = td_sampler_batches(t.sampler);
     uint64_t t0 = td_time_ns();
     double tokens = 0;
     float loss = NAN;
+    double val = NAN;
     for (long step = t.first_step; step < o->steps; step++) {
         uint64_t epoch = (uint64_t)step / per_epoch;
         td_sampler_set_epoch(t.sampler, epoch);
         size_t rows = fill_batch(&t, (size_t)step % per_epoch);
-        td_optim_set_lr(t.optim, lr_at(o, step));
+        td_optim_set_lr(t.optim, gpt_lr_at(o, step));
         loss = forward_backward(&t, rows, (uint64_t)step);
-        CHECK(td_clip_grad_norm(t.params, t.n_params, 1.0, NULL));
+        if (t.zero)
+            CHECK(td_zero_clip_grad_norm(t.zero, 1.0, NULL));
+        else
+            CHECK(td_clip_grad_norm(t.params, t.n_params, 1.0, NULL));
         CHECK(td_optim_step(t.optim));
         tokens += (double)o->batch * (double)o->model.context;
         int last = step + 1 == o->steps || step + 1 == o->stop_at;
         if (t.rank == 0 && ((step + 1) % 50 == 0 || last)) {
             double s = (double)(td_time_ns() - t0) / 1e9;
             printf("step %ld/%ld: train loss %.4f, lr %.2e, %.0f tokens/s\n", step + 1, o->steps,
-                   (double)loss, lr_at(o, step), tokens / s);
+                   (double)loss, gpt_lr_at(o, step), tokens / s);
             fflush(stdout);
         }
         if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) {
-            double v = validate(&t);
-            if (t.rank == 0) printf("step %ld: val loss %.4f\n", step + 1, v);
+            val = validate(&t);
+            if (t.rank == 0) printf("step %ld: val loss %.4f\n", step + 1, val);
         }
         if (o->checkpoint &&
             ((o->checkpoint_every > 0 && (step + 1) % o->checkpoint_every == 0) || last))
             save(&t, step + 1);
         if (step + 1 == o->stop_at) break; /* as a job stopped here would */
     }
+    if (t.zero) CHECK(td_zero_full_params(t.zero, 1)); /* the whole model on every rank */
     if (t.rank == 0) {
-        if (o->sample > 0) sample(&t);
+        if (o->sample > 0) gpt_sample(o, t.eval, &t.eval_model);
         char hex[65];
         td_params_sha256(t.params, t.n_params, hex);
-        printf("final: train loss %.4f, params_sha256 %s\n", (double)loss, hex);
+        printf("final: train loss %.6f, val loss %.6f, params_sha256 %s\n", (double)loss, val, hex);
     }
     td_ddp_destroy(t.ddp);
+    td_zero_destroy(t.zero);
     td_optim_destroy(t.optim);
     td_graph_destroy(t.eval);
     td_graph_destroy(t.train);

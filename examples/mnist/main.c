@@ -428,22 +428,6 @@ static void build_model(const options *o, td_graph *g, int64_t batch, td_model *
     td_sequential_destroy(s);
 }
 
-/* --device as a device of this rank: "cuda" is cuda:LOCAL_RANK, as torchrun's recipes pick. */
-static td_device train_device(const char *text) {
-    td_device d;
-    CHECK(td_device_parse(text, &d));
-    if (d.type == TD_DEVICE_CPU) return d;
-    int gpus = 0;
-    CHECK(td_cuda_device_count(&gpus));
-    if (!gpus) {
-        fprintf(stderr, "mnist: --device %s: no GPU can be used here: %s\n", text,
-                td_cuda_unavailable());
-        exit(1);
-    }
-    if (!strcmp(text, "cuda")) CHECK(td_device_local(&d));
-    return d;
-}
-
 /* Points (CPU) or copies (GPU, on its stream: the recorded sweeps keep reading the graph's own
  * memory) `n` samples of the batch, from sample `at` on, into the model's input and labels. */
 static void feed(const trainer *t, const td_model *m, const td_batch *b, size_t at) {
@@ -484,7 +468,7 @@ static void setup(trainer *t) {
                 t->opt.batch, t->world, t->world);
         exit(2);
     }
-    t->device = train_device(t->opt.device);
+    CHECK(td_device_choose(t->opt.device, &t->device));
     size_t first, count;
     td_split_even((size_t)t->opt.batch, t->world, t->rank, &first, &count);
     t->local_batch = (int64_t)count;

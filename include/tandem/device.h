@@ -38,6 +38,11 @@ const char *td_cuda_unavailable(void);
  * the CPU where none are. */
 td_status td_device_local(td_device *out);
 
+/* A program's --device as PyTorch users write it: "cpu"; "cuda", this rank's GPU
+ * (td_device_local's cuda:LOCAL_RANK); "cuda:N", that visible GPU. A GPU named where none can
+ * be used is TD_EUNSUPPORTED saying why, one past the visible GPUs TD_EINVAL naming both. */
+td_status td_device_choose(const char *text, td_device *out);
+
 /* What a GPU is. */
 typedef struct {
     char name[256];      /* "NVIDIA H100 80GB HBM3" */

@@ -28,6 +28,15 @@
  * micro-batch's masks from a stream of (seed, stage, step, micro-batch), so every schedule gives
  * the same masks and a run replays bit for bit.
  *
+ * Tied parameters (Megatron-LM's shared word embedding): a parameter of one name on several
+ * stages is one weight that the stages' layers each hold, as a GPT's output projection reuses
+ * its token embedding (td_gpt_sequential: the head, built without the embedding, holds its own
+ * copy). td_pipeline_create finds them, makes every copy equal to the lowest stage's, and each
+ * step ends by summing each such weight's gradient over the stages that hold it, so that every
+ * copy holds the whole model's gradient and, stepped by the same optimizer, stays equal.
+ * td_pipeline_clip_grad_norm is the whole model's gradient norm across stages, counting a tied
+ * weight once.
+ *
  * Mixed precision (graph.amp in the params) works inside each stage; activations and their
  * gradients cross stages in f32. td_pipeline_step applies no loss scale, which bf16 does not
  * need; f16 levels would need one and are not scaled here.
@@ -111,6 +120,7 @@ typedef struct {
     size_t last_layer;
     size_t stage_first[TD_PIPELINE_MAX_STAGES + 1]; /* every stage's first layer, then count */
     int graphs;                                     /* micro-batch graphs this stage keeps */
+    int tied_params;   /* this stage's parameters that other stages hold too (tied) */
     int transfer_nice; /* the transfer threads' nice value (0 when it could not be set) */
 } td_pipeline_info;
 
@@ -139,17 +149,20 @@ td_status td_pipeline_create(td_pipeline **out, td_comm *comm, const td_sequenti
 void td_pipeline_destroy(td_pipeline *pp);
 
 /* One training step on a batch of p->batch samples: x (batch, sample...) f32 is read on stage
- * 0 and labels (batch) i64 on the last stage (either may be NULL elsewhere). Leaves the batch
- * mean's gradient (averaged over replicas) in td_pipeline_parameters' grads, and the batch's
- * mean loss in *loss on the last stage (NaN on the others; loss may be NULL). Collective over
- * the pipeline's ranks. */
+ * 0 and labels on the last stage (either may be NULL elsewhere), one i64 per row of the last
+ * layer's (rows, classes) logits as td_model_build_sequential takes them: (batch) for a
+ * classifier, (batch * T) for a GPT's sequences of T. Leaves the batch mean's gradient
+ * (averaged over replicas, summed over the stages of a tied parameter) in
+ * td_pipeline_parameters' grads, and the mean loss over the batch's rows in *loss on the last
+ * stage (NaN on the others; loss may be NULL). Collective over the pipeline's ranks. */
 td_status td_pipeline_step(td_pipeline *pp, const float *x, const int64_t *labels, float *loss);
 
 /* Forward only, in eval mode (batch norm's running statistics, no dropout), over the first n
- * <= batch samples of x and labels, pipelined in micro-batches. On the last stage sets
- * *loss_sum to the summed cross-entropy and *correct to the number of argmax hits (zero on the
- * other stages). Training mode returns afterwards. Collective over the stages of this rank's
- * replica (each replica may evaluate its own batches). */
+ * <= batch samples of x and their labels (one per row, as td_pipeline_step), pipelined in
+ * micro-batches. On the last stage sets *loss_sum to the cross-entropy summed over the rows and
+ * *correct to the number of rows whose argmax is the label (zero on the other stages). Training
+ * mode returns afterwards. Collective over the stages of this rank's replica (each replica may
+ * evaluate its own batches). */
 td_status td_pipeline_evaluate(td_pipeline *pp, const float *x, const int64_t *labels, int64_t n,
                                double *loss_sum, int64_t *correct);
 
@@ -158,6 +171,17 @@ td_status td_pipeline_evaluate(td_pipeline *pp, const float *x, const int64_t *l
  * are read afresh as ddp.h says. */
 td_status td_pipeline_parameters(td_pipeline *pp, td_param **params, size_t *n);
 td_status td_pipeline_buffers(td_pipeline *pp, td_param **buffers, size_t *n);
+
+/* The lowest stage holding this stage's parameter i (td_pipeline_parameters' order): this
+ * stage for a parameter of its own, or another for a tied one this stage holds a copy of
+ * (write or count each tied weight once, on its owner). -1 for an i out of range. */
+int td_pipeline_param_owner(const td_pipeline *pp, size_t i);
+
+/* torch.nn.utils.clip_grad_norm_ over the whole model's gradients across the stages (each
+ * tied weight counted once): every stage gets the same norm and scales its gradients by the
+ * same max_norm / (norm + 1e-6) when that is below 1. Call it after td_pipeline_step and before
+ * the optimizer. Collective over the stages of this rank's replica; total_norm may be NULL. */
+td_status td_pipeline_clip_grad_norm(td_pipeline *pp, double max_norm, double *total_norm);
 
 /* This rank's place in the pipeline. */
 td_pipeline_info td_pipeline_get_info(const td_pipeline *pp);

@@ -86,6 +86,30 @@ td_status td_device_local(td_device *out) {
     return TD_OK;
 }
 
+td_status td_device_choose(const char *text, td_device *out) {
+    if (!out) return td__fail(TD_EINVAL, "td_device_choose: out is NULL");
+    td_device d;
+    TD__TRY(td_device_parse(text, &d));
+    if (d.type == TD_DEVICE_CPU) {
+        *out = d;
+        return TD_OK;
+    }
+    int n;
+    TD__TRY(td_cuda_device_count(&n));
+    if (n == 0)
+        return td__fail(TD_EUNSUPPORTED, "device '%s': no GPU can be used here: %s", text,
+                        td_cuda_unavailable());
+    if (!strcmp(text, "cuda")) return td_device_local(out);
+    if (d.index >= n) {
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        return td__fail(TD_EINVAL,
+                        "device '%s': %d CUDA device%s visible (CUDA_VISIBLE_DEVICES=%s)", text, n,
+                        n == 1 ? " is" : "s are", vis ? vis : "unset");
+    }
+    *out = d;
+    return TD_OK;
+}
+
 /* The raw memory of one GPU, for its caching allocator. */
 static td_status raw_alloc(void *ctx, size_t bytes, void **ptr) {
     return td__cuda()->malloc(((gpu *)ctx)->index, bytes, ptr);

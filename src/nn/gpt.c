@@ -121,8 +121,8 @@ static td_tensor *find_param(td_graph *g, const char *name) {
 }
 
 /* ln_f, then logits = x wte^T. A graph without the embedding layer (a pipeline's last stage)
- * holds its own transformer.wte.weight, drawn as the embedding draws it; keeping the two equal
- * is the caller's (docs/gpt.md). */
+ * holds its own transformer.wte.weight, drawn as the embedding draws it; a pipeline finds the
+ * two copies by their name and keeps them equal (td_pipeline's tied parameters). */
 static td_status head(td_graph *g, const char *name, td_tensor *x, td_rng *rng, const void *arg,
                       td_tensor **y) {
     (void)name;

@@ -71,6 +71,8 @@ td_status td__pp_fail(td_pipeline *pp, td_status s, const char *fmt, ...) {
     /* No rank may go on waiting for this one. */
     if (pp->pipe) (void)td_comm_abort(pp->pipe);
     if (pp->dp) (void)td_comm_abort(pp->dp);
+    for (int k = 0; k < pp->n_tied_groups; k++)
+        if (pp->tied_groups[k]) (void)td_comm_abort(pp->tied_groups[k]);
     return td__fail(s, "%s", pp->failed_msg);
 }
 
@@ -98,7 +100,18 @@ static td_status build_slot(td_pipeline *pp, const td_sequential *model, int k) 
     if (!last && td_tensor_dtype(sl->output) != TD_F32)
         TD__TRY(td_graph_cast(sl->g, sl->output, TD_F32, &sl->output));
     if (last) {
-        TD__TRY(td_graph_input(sl->g, "labels", td_shape_1d(pp->b), TD_I64, 0, &sl->labels));
+        /* One label per row of the logits: a classifier's sample is one row, a GPT's sequence
+         * of T tokens T rows. */
+        td_shape os = td_tensor_shape(sl->output);
+        if (os.ndim != 2 || os.dim[0] % pp->b) {
+            char dims[128];
+            return td__fail(TD_ESHAPE,
+                            "pipeline: the last layer gives logits of shape %s for a micro-batch "
+                            "of %lld samples; expected (rows, classes), the same rows per sample",
+                            td__dims_str(dims, sizeof dims, os.ndim, os.dim), (long long)pp->b);
+        }
+        pp->label_rows = os.dim[0] / pp->b;
+        TD__TRY(td_graph_input(sl->g, "labels", td_shape_1d(os.dim[0]), TD_I64, 0, &sl->labels));
         TD__TRY(td_graph_cross_entropy(sl->g, sl->output, sl->labels, TD_REDUCTION_MEAN, &sl->loss,
                                        &sl->logp));
     }
@@ -325,6 +338,21 @@ static td_status create(td_pipeline *pp, td_comm *comm, const td_sequential *mod
     pp->first_layer = pp->stage_first[pp->stage];
     pp->last_layer = pp->stage_first[pp->stage + 1];
     TD__TRY(agree_on_cuts(pp, comm, model, build_stage(pp, model)));
+    TD__TRY(td__pp_tie(pp));
+    if (pp->dp && pp->opt.zero_stage >= 2 && !pp->opt.ddp.deterministic) {
+        /* Sharded gradients are gone from params[i].grad before the stages could sum a tied
+         * one: every stage hears of a tie anywhere, so all of them refuse together. */
+        int tied = pp->n_tied;
+        TD__TRY(td_comm_allreduce(pp->pipe, &tied, &tied, 1, TD_I32, TD_OP_MAX));
+        if (tied)
+            return td__fail(TD_EINVAL,
+                            "td_pipeline_create: stages share a tied parameter%s%s%s, which ZeRO "
+                            "stage %d cannot sum across stages (its gradients end sharded); use "
+                            "zero_stage 1, DDP or the deterministic mode",
+                            pp->n_tied ? " such as '" : "",
+                            pp->n_tied ? pp->slots[0].params[pp->tied[0].param].name : "",
+                            pp->n_tied ? "'" : "", pp->opt.zero_stage);
+    }
     TD__TRY(start_channels(pp));
     if (pp->dp && pp->opt.zero_stage) {
         td_zero_params zp = td_zero_default_params();
@@ -395,6 +423,11 @@ void td_pipeline_destroy(td_pipeline *pp) {
     }
     free(pp->slots);
     free(pp->ops);
+    for (int k = 0; k < pp->n_tied_groups; k++) td_comm_destroy(pp->tied_groups[k]);
+    free(pp->tied_groups);
+    free(pp->tied);
+    free(pp->owner);
+    free(pp->counted);
     td_comm_destroy(pp->dp);
     td_comm_destroy(pp->pipe);
     free(pp);
@@ -500,6 +533,7 @@ td_pipeline_info td_pipeline_get_info(const td_pipeline *pp) {
     info.last_layer = pp->last_layer;
     memcpy(info.stage_first, pp->stage_first, sizeof info.stage_first);
     info.graphs = pp->K;
+    info.tied_params = pp->n_tied;
     info.transfer_nice = td__pp_channel_nice(pp->stage > 0 ? &pp->act_in : &pp->act_out);
     return info;
 }

@@ -72,11 +72,19 @@ void td__pp_channel_submit(pp_channel *c, pp_job *job);
  * its status with its message as this thread's last error. */
 td_status td__pp_job_wait(pp_channel *c, pp_job *job);
 
+/* A parameter of this stage that other stages also hold (by name: the layers of each built it
+ * as the same weight, as a GPT's head reuses the token embedding). */
+typedef struct {
+    size_t param; /* index in the stage's parameters */
+    int group;    /* its set of stages: index into tied_groups */
+    uint64_t key; /* its name's hash: the order every stage of the set reduces in */
+} pp_tied;
+
 /* One micro-batch graph of this stage and its transfer buffers. */
 typedef struct {
     td_graph *g;
     td_tensor *input;  /* (b, ...) the stage's input: images on stage 0, else activations */
-    td_tensor *labels; /* (b) i64, last stage */
+    td_tensor *labels; /* (b * label_rows) i64, last stage */
     td_tensor *output; /* the stage's last layer output (the logits on the last stage) */
     td_tensor *logp, *loss;
     td_param *params, *buffers;
@@ -90,7 +98,8 @@ struct td_pipeline {
     td_comm *pipe;          /* this replica's stages, rank = stage (owned) */
     td_comm *dp;            /* this stage's replicas, rank = replica (owned), or NULL */
     int rank, stage, P, replica, D, M;
-    int64_t b; /* micro-batch */
+    int64_t b;          /* micro-batch */
+    int64_t label_rows; /* rows of the last stage's logits (and labels) per sample */
     size_t first_layer, last_layer, stage_first[TD_PIPELINE_MAX_STAGES + 1];
     td_shape in_shape, out_shape; /* of one micro-batch */
     size_t in_bytes, out_bytes;
@@ -99,6 +108,13 @@ struct td_pipeline {
     pp_channel act_in, act_out, grad_in, grad_out;
     td_ddp *ddp;
     td_zero *zero;        /* instead of ddp, with zero_stage */
+    int *owner;    /* (slot 0's n_params) the lowest stage holding each parameter */
+    pp_tied *tied; /* (n_tied) this stage's parameters that other stages hold too */
+    int n_tied;
+    td_comm **tied_groups; /* (n_tied_groups) the stages of each set that shares parameters,
+                              rank = stage order (owned; NULL where this stage is not in it) */
+    int n_tied_groups;
+    td_param *counted;    /* (slot 0's n_params) scratch: the parameters a norm counts */
     td_comm *group;       /* the group given to td_pipeline_create (not owned) */
     int world;            /* its size */
     uint64_t step, evals; /* training steps and evaluations run: the headers' sequence numbers */
@@ -129,6 +145,16 @@ void td__pp_stage_name(const td_pipeline *pp, int rank, char *out, size_t cap);
 td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels, float *loss);
 td_status td__pp_run_eval(td_pipeline *pp, const float *x, const int64_t *labels, int64_t n,
                           double *loss_sum, int64_t *correct);
+
+/* Finds the parameters this stage shares with others (the same name on several stages: one
+ * weight tied across them), makes a group of each set of stages that shares some, and makes
+ * every copy equal to the lowest stage's (pipeline_tied.c). Collective over the replica's
+ * stages; a name held with different shapes is TD_ESHAPE on every rank. */
+td_status td__pp_tie(td_pipeline *pp);
+
+/* Sums each tied parameter's gradient over the stages that hold it, so that every copy steps
+ * the same (the whole model's gradient of the one weight). Collective over the tied groups. */
+td_status td__pp_reduce_tied(td_pipeline *pp);
 
 /* Where each stage starts (pipeline_split.c): the split names, or balanced from layer times
  * measured at micro_batch on every rank of `comm` and averaged. Collective when balancing. */

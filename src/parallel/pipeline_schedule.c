@@ -280,7 +280,8 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
         int m = ops[i].m;
         if (ops[i].forward) {
             const float *xm = x ? x + (size_t)m * (size_t)pp->b * sample : NULL;
-            const int64_t *ym = labels ? labels + (size_t)m * (size_t)pp->b : NULL;
+            const int64_t *ym =
+                labels ? labels + (size_t)m * (size_t)(pp->b * pp->label_rows) : NULL;
             TD__TRY(forward_one(pp, m, xm, ym, PP_ACT, &loss_sum));
             if (++in_flight > peak) peak = in_flight;
         } else {
@@ -296,6 +297,7 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
         if (s)
             return compute_failed(pp, s, "the replicas' all-reduce after the backward", pp->M - 1);
     }
+    TD__TRY(td__pp_reduce_tied(pp));
     if (loss && pp->stage + 1 == pp->P) *loss = (float)(loss_sum / pp->M);
     pp->step++;
     st->steps = pp->step;
@@ -313,33 +315,34 @@ td_status td__pp_run_eval(td_pipeline *pp, const float *x, const int64_t *labels
     int nm = (int)((n + pp->b - 1) / pp->b);
     size_t sample = (size_t)td_shape_numel(&pp->in_shape) / (size_t)pp->b;
     int64_t classes = last ? td_tensor_shape(pp->slots[0].logp).dim[1] : 0;
+    int64_t R = pp->label_rows, mb_rows = pp->b * R; /* label rows per sample, per micro-batch */
     float *pad_x = NULL, *logp = NULL;
     int64_t *pad_y = NULL;
     td_status s = TD_OK;
     /* A short last micro-batch runs full size: its missing samples are zeros, left uncounted. */
     if (n % pp->b) {
         if (pp->stage == 0) pad_x = calloc((size_t)pp->b * sample, sizeof *pad_x);
-        if (last) pad_y = calloc((size_t)pp->b, sizeof *pad_y);
+        if (last) pad_y = calloc((size_t)mb_rows, sizeof *pad_y);
         if ((pp->stage == 0 && !pad_x) || (last && !pad_y))
             s = td__pp_fail(pp, TD_ENOMEM, "evaluate: out of memory");
     }
-    if (!s && last && !(logp = malloc((size_t)(pp->b * classes) * sizeof *logp)))
+    if (!s && last && !(logp = malloc((size_t)(mb_rows * classes) * sizeof *logp)))
         s = td__pp_fail(pp, TD_ENOMEM, "evaluate: out of memory");
     for (int k = 0; k < pp->K; k++) td_graph_set_training(pp->slots[k].g, 0);
     for (int m = 0; !s && m < pp->K && m < nm; m++) post_receives(pp, m, 0);
     double lsum = 0;
     int64_t hits = 0;
     for (int m = 0; !s && m < nm; m++) {
-        int64_t rows = n - (int64_t)m * pp->b < pp->b ? n - (int64_t)m * pp->b : pp->b;
+        int64_t samples = n - (int64_t)m * pp->b < pp->b ? n - (int64_t)m * pp->b : pp->b;
         const float *xm = x ? x + (size_t)m * (size_t)pp->b * sample : NULL;
-        const int64_t *ym = labels ? labels + (size_t)m * (size_t)pp->b : NULL;
-        if (rows < pp->b) {
+        const int64_t *ym = labels ? labels + (size_t)m * (size_t)mb_rows : NULL;
+        if (samples < pp->b) {
             if (pad_x) {
-                memcpy(pad_x, xm, (size_t)rows * sample * sizeof *pad_x);
+                memcpy(pad_x, xm, (size_t)samples * sample * sizeof *pad_x);
                 xm = pad_x;
             }
             if (pad_y) {
-                memcpy(pad_y, ym, (size_t)rows * sizeof *pad_y);
+                memcpy(pad_y, ym, (size_t)(samples * R) * sizeof *pad_y);
                 ym = pad_y;
             }
         }
@@ -347,8 +350,8 @@ td_status td__pp_run_eval(td_pipeline *pp, const float *x, const int64_t *labels
         if (!s && last) {
             pp_slot *sl = &pp->slots[m % pp->K];
             s = td_tensor_read(sl->logp, logp);
-            const int64_t *y = labels + (size_t)m * (size_t)pp->b;
-            for (int64_t r = 0; !s && r < rows; r++) {
+            const int64_t *y = labels + (size_t)m * (size_t)mb_rows;
+            for (int64_t r = 0; !s && r < samples * R; r++) {
                 const float *row = logp + r * classes;
                 int64_t best = 0;
                 for (int64_t c = 1; c < classes; c++)

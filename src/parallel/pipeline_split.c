@@ -27,16 +27,22 @@ static td_status profile_one(const td_sequential *model, size_t i, int64_t b, in
     /* Inside a stage a layer's output feeds the next layer, which may take it in a blocked
      * layout; a flatten behind it lets it stay blocked here too, as a graph output could not. */
     if (s == TD_OK && i + 1 < L && td_tensor_shape(y).ndim > 2) s = td_graph_flatten(g, y, 1, &y);
-    /* The last layer runs with the loss, as the last stage does. */
+    /* The last layer runs with the loss, as the last stage does: a label (class 0) per row. */
     if (s == TD_OK && i + 1 == L)
-        s = td_graph_input(g, "labels", td_shape_1d(b), TD_I64, 0, &labels);
+        s = td_graph_input(g, "labels", td_shape_1d(td_tensor_shape(y).dim[0]), TD_I64, 0, &labels);
     if (s == TD_OK && i + 1 == L)
         s = td_graph_cross_entropy(g, y, labels, TD_REDUCTION_MEAN, &loss, NULL);
     if (s == TD_OK) s = td_graph_compile(g);
     if (s == TD_OK) {
         td_rng rng;
         td_rng_init(&rng, 1);
-        td_rng_fill_uniform(&rng, td_tensor_data(x), (size_t)td_tensor_numel(x), -1, 1);
+        /* The model's own input may be token ids: zeros are a valid one for every model. */
+        if (i > 0)
+            td_rng_fill_uniform(&rng, td_tensor_data(x), (size_t)td_tensor_numel(x), -1, 1);
+        else
+            memset(td_tensor_data(x), 0, (size_t)td_tensor_numel(x) * sizeof(float));
+        if (labels)
+            memset(td_tensor_data(labels), 0, (size_t)td_tensor_numel(labels) * sizeof(int64_t));
         dy = malloc((size_t)td_tensor_numel(y) * sizeof *dy);
         if (!dy) s = td__fail(TD_ENOMEM, "pipeline: out of memory profiling layer %zu", i);
         if (dy) td_rng_fill_uniform(&rng, dy, (size_t)td_tensor_numel(y), -1e-3f, 1e-3f);

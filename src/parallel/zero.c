@@ -492,15 +492,14 @@ static td_status gather_grads(td_zero *z) {
     return s;
 }
 
-td_status td_zero_clip_grad_norm(td_zero *z, double max_norm, double *total_norm) {
-    if (!z) return td__fail(TD_EINVAL, "td_zero_clip_grad_norm: zero is NULL");
-    if (!(max_norm > 0))
-        return td__fail(TD_EINVAL, "td_zero_clip_grad_norm: max_norm %g, expected > 0", max_norm);
-    if (z->opt.ddp.deterministic) {
-        TD__TRY(gather_grads(z));
-        return td_clip_grad_norm(z->params, z->n_params, max_norm, total_norm);
-    }
-    double sum = 0.0;
+int td__zero_grads_sharded(const td_zero *z) { return z->sharded_grads; }
+
+td_status td__zero_whole_grads(td_zero *z) {
+    return z->opt.ddp.deterministic ? gather_grads(z) : TD_OK;
+}
+
+td_status td__zero_grad_sumsq(td_zero *z, double *sum) {
+    *sum = 0.0;
     for (size_t v = 0; v < z->lay.n_views; v++) {
         const td_param *p = &z->views[v];
         const float *g = p->grad;
@@ -512,14 +511,13 @@ td_status td_zero_clip_grad_norm(td_zero *z, double max_norm, double *total_norm
                 double x = td__load(p->grad, p->dtype, j);
                 s += x * x;
             }
-        sum += s;
+        *sum += s;
     }
-    TD__TRY(td_comm_allreduce(z->comm, &sum, &sum, 1, TD_F64, TD_OP_SUM));
-    double norm = sqrt(sum);
-    if (total_norm) *total_norm = norm;
-    double coef = max_norm / (norm + 1e-6);
-    const float c = (float)coef;
-    for (size_t v = 0; coef < 1.0 && v < z->lay.n_views; v++) {
+    return td_comm_allreduce(z->comm, sum, sum, 1, TD_F64, TD_OP_SUM);
+}
+
+void td__zero_scale_grads(td_zero *z, float c) {
+    for (size_t v = 0; v < z->lay.n_views; v++) {
         td_param *p = &z->views[v];
         float *g = p->grad;
         if (p->dtype == TD_F32)
@@ -528,6 +526,22 @@ td_status td_zero_clip_grad_norm(td_zero *z, double max_norm, double *total_norm
             for (size_t j = 0; j < p->count; j++)
                 td__store(p->grad, p->dtype, j, td__load(p->grad, p->dtype, j) * c);
     }
+}
+
+td_status td_zero_clip_grad_norm(td_zero *z, double max_norm, double *total_norm) {
+    if (!z) return td__fail(TD_EINVAL, "td_zero_clip_grad_norm: zero is NULL");
+    if (!(max_norm > 0))
+        return td__fail(TD_EINVAL, "td_zero_clip_grad_norm: max_norm %g, expected > 0", max_norm);
+    if (z->opt.ddp.deterministic) {
+        TD__TRY(gather_grads(z));
+        return td_clip_grad_norm(z->params, z->n_params, max_norm, total_norm);
+    }
+    double sum;
+    TD__TRY(td__zero_grad_sumsq(z, &sum));
+    double norm = sqrt(sum);
+    if (total_norm) *total_norm = norm;
+    double coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0) td__zero_scale_grads(z, (float)coef);
     return TD_OK;
 }
 

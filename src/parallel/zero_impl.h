@@ -112,6 +112,19 @@ void td__zero_parts_of(td_zero *z, td__zero_parts *out);
  * whole at stage 3 are gathered again. Collective when it gathers. */
 td_status td__zero_loaded(td_zero *z);
 
+/* ---- for a caller that clips over more groups than ZeRO's (the pipeline's stages) ---- */
+
+/* Whether the gradients end sharded (stages 2 and 3 outside deterministic mode): then only the
+ * views hold this rank's reduced part, else params[i].grad is whole on every rank once
+ * td__zero_whole_grads ran (collective in deterministic mode). */
+int td__zero_grads_sharded(const td_zero *z);
+td_status td__zero_whole_grads(td_zero *z);
+
+/* Sharded gradients: the sum over the group of the squares of every rank's views (collective),
+ * and their scaling: td_zero_clip_grad_norm in two halves. */
+td_status td__zero_grad_sumsq(td_zero *z, double *sum);
+void td__zero_scale_grads(td_zero *z, float c);
+
 /* The bytes of flat f's chunk for `rank` inside its span. */
 static inline size_t td__zero_chunk_at(const td__zero_flat *f, int rank) {
     return (size_t)rank * f->chunk * td_dtype_size(f->dtype);

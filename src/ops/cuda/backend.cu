@@ -162,6 +162,9 @@ static td__backend make_backend() {
     b.kernels[TD__OP_DROPOUT] = &td__cuda_dropout;
     b.kernels[TD__OP_CONCAT] = &td__cuda_concat;
     b.kernels[TD__OP_NORMALIZE] = &td__cuda_normalize;
+    b.kernels[TD__OP_EMBEDDING] = &td__cuda_embedding;
+    b.kernels[TD__OP_LAYER_NORM] = &td__cuda_layer_norm;
+    b.kernels[TD__OP_ATTENTION] = &td__cuda_attention;
     b.init = gpu_init;
     b.destroy = gpu_destroy;
     b.describe = gpu_describe;

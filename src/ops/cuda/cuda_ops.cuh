@@ -177,6 +177,7 @@ extern const td__kernels td__cuda_linear, td__cuda_eltwise, td__cuda_add, td__cu
     td__cuda_cast, td__cuda_reshape, td__cuda_softmax, td__cuda_nll, td__cuda_dropout,
     td__cuda_concat, td__cuda_normalize;
 extern const td__kernels td__cuda_conv2d, td__cuda_pool2d, td__cuda_batch_norm;
+extern const td__kernels td__cuda_embedding, td__cuda_layer_norm, td__cuda_attention;
 
 extern const td__backend td__backend_cuda;
 
