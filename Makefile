@@ -24,7 +24,8 @@ OPT ?= -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omi
 LDFLAGS += -fsanitize=address,undefined
 endif
 CFLAGS += $(CFLAGS_BASE) $(OPT)
-LIBS := -ldnnl -lz -lpthread -lm
+# libgomp is oneDNN's OpenMP runtime, whose per-thread count a graph sets (td_graph_params.threads).
+LIBS := -ldnnl -lgomp -lz -lpthread -lm
 
 # The mpi backend is built when Open MPI's compiler wrapper is present.
 MPICC := $(shell command -v mpicc 2>/dev/null)

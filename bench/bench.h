@@ -1,7 +1,7 @@
 /* What every benchmark shares: CHECK (print the failed call and leave), running a function as
  * N ranks forked and pinned by td_spawn with each rank's result in shared memory, re-running
- * the program with one OpenMP thread, and the CPU's name and the load average for the table's
- * heading.
+ * the program with one OpenMP thread (or another count), and the CPU's name and the load
+ * average for the table's heading.
  * Header-only; each bench/<name>.c includes it once. */
 #ifndef TANDEM_BENCH_H
 #define TANDEM_BENCH_H
@@ -70,15 +70,19 @@ static inline td_comm *bench_comm(void) {
     return c;
 }
 
-/* OpenMP reads OMP_NUM_THREADS when the program loads: unless it is 1, sets it and runs the
+/* OpenMP reads OMP_NUM_THREADS when the program loads: unless it is n, sets it and runs the
  * program again (returns only if that fails). */
-static inline void bench_one_thread(char **argv) {
+static inline void bench_threads(char **argv, int n) {
+    char want[16];
+    snprintf(want, sizeof want, "%d", n);
     const char *threads = getenv("OMP_NUM_THREADS");
-    if (threads && strcmp(threads, "1") == 0) return;
-    setenv("OMP_NUM_THREADS", "1", 1);
+    if (threads && strcmp(threads, want) == 0) return;
+    setenv("OMP_NUM_THREADS", want, 1);
     execv("/proc/self/exe", argv);
-    perror("execv /proc/self/exe with OMP_NUM_THREADS=1");
+    perror("execv /proc/self/exe with OMP_NUM_THREADS set");
 }
+
+static inline void bench_one_thread(char **argv) { bench_threads(argv, 1); }
 
 /* The CPU as /proc/cpuinfo names it, with what tells machines of one name apart: family and
  * model, and the vector features the kernels choose by (avx512f, avx512_bf16, amx_bf16,

@@ -74,6 +74,7 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
     int64_t local = su->deterministic ? su->batch / 4 : su->batch / world;
     td_graph_params gp = td_graph_default_params();
     if (su->amp) gp.amp.level = TD_AMP_O1;
+    gp.threads = su->deterministic ? 1 : 0; /* as examples/gpt: one thread per shard */
     td_graph *g;
     td_model m;
     td_sequential *s;

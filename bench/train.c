@@ -1,11 +1,11 @@
 /* Training throughput, tandem vs PyTorch, side by side in one run.
  *
  * For each model (the seeds' Net, the MLP, the CNN) at global batch 128 and one thread per
- * rank: samples/s of forward + backward + SGD step, at world size 1 (one process) and 2
- * (two processes, DDP over the shm backend, each rank pinned to its own core), as the median
- * of several timed windows after warm-up. The PyTorch peer (bench/train_torch.py under
- * Debian's python3-torch, torch.set_num_threads(1), DDP over gloo for world 2) runs in the
- * same invocation and the table prints the ratios.
+ * rank (--threads N: N OpenMP threads, the ranks then not pinned): samples/s of forward + backward
+ * + SGD step, at world size 1 (one process) and 2 (two processes, DDP over the shm backend, each
+ * rank pinned to its own core), as the median of several timed windows after warm-up. The PyTorch
+ * peer (bench/train_torch.py under Debian's python3-torch, torch.set_num_threads(1), DDP over gloo
+ * for world 2) runs in the same invocation and the table prints the ratios.
  *
  * Each world size above 1 also gets a "no comm" row: the same ranks, each on its own core with
  * its share of the batch, but no process group and no DDP. It is the ceiling for that world
@@ -21,11 +21,16 @@
  *
  * A second table puts deterministic mode (docs/reproducibility.md: the global batch in --shards
  * fixed shards run one by one per rank, their gradients summed in a fixed tree) beside the
- * default DDP at each world size above 1, f32, same models, interleaved with it. --shards 0
- * leaves it out.
+ * default DDP at each world size (at world 1, one process of the default mode), f32, same
+ * models, interleaved with it. --shards 0 leaves it out. Deterministic mode runs every shard on
+ * one thread whatever --threads says (td_graph_params.threads), so with --threads 2 its rows
+ * say what the idle threads cost. Beside the samples/s it gives rank 0's CPU time per step (every
+ * thread of the process: compute, communication progress), which other jobs on a shared machine
+ * disturb far less than the wall clock, and the ratio of the two modes' CPU times.
  *
  *   build/bench/train [--models net,mlp,cnn] [--worlds 1,2] [--amp O0,O2] [--amp-dtype bf16]
- *                     [--iters 20] [--windows 5] [--repeat K] [--shards 8] [--no-torch] [--json]
+ *                     [--iters 20] [--windows 5] [--repeat K] [--shards 8] [--threads 1]
+ *                     [--no-torch] [--json]
  *
  * Every measurement runs in fresh child processes, so no oneDNN or OpenMP state crosses a
  * fork. */
@@ -33,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tandem/tandem.h"
 
@@ -46,6 +52,7 @@
 typedef struct {
     int iters, windows, warmup;
     td_dtype amp_dtype;
+    int threads; /* OpenMP threads per rank */
 } timing;
 
 static int cmp_double(const void *a, const void *b) {
@@ -53,17 +60,31 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* One rank of a run: returns the median samples/s (global) on rank 0. shards > 0: deterministic
- * mode, the graph built for one shard and run for each of this rank's. */
-static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int world, int comm_on,
-                        int shards, const timing *tm) {
-    td_comm *comm = world > 1 && comm_on ? bench_comm() : NULL;
+/* What a rank measured: the median over windows of samples/s (global) and of its process's CPU
+ * milliseconds per step. */
+typedef struct {
+    double rate, cpu_ms;
+} measure;
+
+static double cpu_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* One rank of a run. shards > 0: deterministic mode, the graph built for one shard and run for
+ * each of this rank's. */
+static measure rank_main(td_model_kind kind, td_amp_level amp, int rank, int world, int comm_on,
+                         int shards, const timing *tm) {
+    td_comm *comm = (world > 1 || shards) && comm_on ? bench_comm() : NULL;
     int64_t local = shards ? GLOBAL_BATCH / shards : GLOBAL_BATCH / world;
     td_graph *g;
     td_model m;
     td_graph_params gp = td_graph_default_params();
     gp.amp.level = amp;
     gp.amp.dtype = tm->amp_dtype;
+    gp.threads = shards ? 1 : 0; /* deterministic: no sum depends on OMP_NUM_THREADS */
+    gp.blocked_linear = shards > 0 && local <= 16; /* as examples/mnist chooses */
     CHECK(td_graph_create(&g, &gp));
     CHECK(td_model_build(g, kind, local, 1, &m));
     CHECK(td_graph_compile(g));
@@ -98,13 +119,16 @@ static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int worl
     size_t first = 0, count = 1;
     if (shards) td_ddp_shards(ddp, &first, &count);
     double *rates = malloc((size_t)tm->windows * sizeof *rates);
+    double *cpu = malloc((size_t)tm->windows * sizeof *cpu);
     for (int w = -1; w < tm->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? tm->warmup : tm->iters;
         if (comm) CHECK(td_comm_barrier(comm));
         uint64_t t0 = td_time_ns();
+        double c0 = cpu_s();
         for (int i = 0; i < iters; i++) {
             for (size_t j = 0; j < count; j++) { /* one pass, or this rank's shards */
                 if (ddp) CHECK(td_ddp_prepare_forward(ddp));
+                if (j > 0) td_graph_keep_weights(g); /* the step's parameters */
                 if (shards)
                     CHECK(td_graph_set_rng_key(g, (uint64_t)i, (first + j) * (size_t)local));
                 CHECK(td_graph_forward(g));
@@ -121,11 +145,16 @@ static double rank_main(td_model_kind kind, td_amp_level amp, int rank, int worl
             }
             CHECK(td_graph_zero_grad(g));
         }
-        if (w >= 0) rates[w] = (double)GLOBAL_BATCH * iters / ((double)(td_time_ns() - t0) * 1e-9);
+        if (w >= 0) {
+            rates[w] = (double)GLOBAL_BATCH * iters / ((double)(td_time_ns() - t0) * 1e-9);
+            cpu[w] = (cpu_s() - c0) * 1e3 / iters;
+        }
     }
     qsort(rates, (size_t)tm->windows, sizeof *rates, cmp_double);
-    double median = rates[tm->windows / 2];
+    qsort(cpu, (size_t)tm->windows, sizeof *cpu, cmp_double);
+    measure median = {rates[tm->windows / 2], cpu[tm->windows / 2]};
     free(rates);
+    free(cpu);
     td_ddp_destroy(ddp);
     td_grad_scaler_destroy(scaler);
     td_optim_destroy(opt);
@@ -143,17 +172,21 @@ typedef struct {
 
 static int run_rank(int rank, int world, void *result, void *arg) {
     const run_job *j = arg;
-    *(double *)result = rank_main(j->kind, j->amp, rank, world, j->comm_on, j->shards, j->tm);
+    *(measure *)result = rank_main(j->kind, j->amp, rank, world, j->comm_on, j->shards, j->tm);
     return 0;
 }
 
 /* Runs `world` ranks (each on its own core), with DDP (deterministic over `shards` when > 0) or
- * (comm_on 0) each on its own; returns rank 0's samples/s, or -1 on failure. */
+ * (comm_on 0) each on its own; returns rank 0's samples/s, or -1 on failure, and its CPU
+ * milliseconds per step in *cpu_ms when cpu_ms is not NULL. */
 static double run_tandem(td_model_kind kind, td_amp_level amp, int world, int comm_on, int shards,
-                         const timing *tm) {
-    double rates[8];
+                         const timing *tm, double *cpu_ms) {
+    measure m[8];
     run_job j = {kind, amp, comm_on, shards, tm};
-    return bench_ranks(world, world > 1, run_rank, &j, rates, sizeof *rates) ? -1 : rates[0];
+    /* one core per rank; ranks of several threads are left to the scheduler */
+    int failed = bench_ranks(world, world > 1 && tm->threads == 1, run_rank, &j, m, sizeof *m);
+    if (cpu_ms) *cpu_ms = failed ? -1 : m[0].cpu_ms;
+    return failed ? -1 : m[0].rate;
 }
 
 /* The PyTorch peer's samples/s (under autocast for a mixed-precision level), or -1 when it
@@ -161,11 +194,11 @@ static double run_tandem(td_model_kind kind, td_amp_level amp, int world, int co
 static double run_torch(const char *model, td_amp_level amp, int world, const timing *tm) {
     char cmd[512];
     snprintf(cmd, sizeof cmd,
-             "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/train_torch.py "
-             "--model %s --world %d --iters %d --windows %d --warmup %d --autocast %s "
-             "2>/dev/null",
-             model, world, tm->iters, tm->windows, tm->warmup,
-             amp == TD_AMP_O0 ? "none" : td_dtype_name(tm->amp_dtype));
+             "OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d /usr/bin/python3 bench/train_torch.py "
+             "--model %s --world %d --iters %d --windows %d --warmup %d --threads %d "
+             "--autocast %s 2>/dev/null",
+             tm->threads, tm->threads, model, world, tm->iters, tm->windows, tm->warmup,
+             tm->threads, amp == TD_AMP_O0 ? "none" : td_dtype_name(tm->amp_dtype));
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     char line[4096];
@@ -211,8 +244,8 @@ static void print_row(const row *r, int json) {
     if (r->ratio > 0) snprintf(rt, sizeof rt, "%.2fx", r->ratio);
     if (r->scaling > 0) snprintf(sc, sizeof sc, "%.2fx", r->scaling);
     if (r->vs_f32 > 0) snprintf(vf, sizeof vf, "%.2fx", r->vs_f32);
-    printf("%-6s %-8s %-11s %10.0f %10s %8s %8s %14s\n", r->model, r->amp, w, r->ours, peer, rt,
-           vf, sc);
+    printf("%-6s %-8s %-11s %10.0f %10s %8s %8s %14s\n", r->model, r->amp, w, r->ours, peer, rt, vf,
+           sc);
     if (json)
         printf("{\"model\": \"%s\", \"amp\": \"%s\", \"world\": %d, \"comm\": %s, "
                "\"tandem\": %.1f, \"pytorch\": %.1f, \"vs_f32\": %.3f, \"scaling\": %.3f}\n",
@@ -235,7 +268,7 @@ static int parse_levels(const char *list, td_amp_level *out) {
 
 int main(int argc, char **argv) {
     const char *models = "net,mlp,cnn", *worlds = "1,2", *amps = "O0";
-    timing tm = {20, 5, 5, TD_BF16};
+    timing tm = {20, 5, 5, TD_BF16, 1};
     int torch = 1, json = 0, repeat = 1, shards = 8;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--models") && i + 1 < argc)
@@ -258,6 +291,8 @@ int main(int argc, char **argv) {
             repeat = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--shards") && i + 1 < argc)
             shards = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            tm.threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-torch"))
             torch = 0;
         else if (!strcmp(argv[i], "--json"))
@@ -265,15 +300,15 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr, "usage: train [--models net,mlp,cnn] [--worlds 1,2] [--amp O0,O2] "
                             "[--amp-dtype bf16|f16] [--iters N] [--windows N] [--repeat K] "
-                            "[--shards S] [--no-torch] [--json]\n");
+                            "[--shards S] [--threads N] [--no-torch] [--json]\n");
             return 2;
         }
     }
     if (tm.iters < 1 || tm.windows < 1 || repeat < 1 || repeat > MAX_REPEAT || shards < 0 ||
-        (shards && GLOBAL_BATCH % shards)) {
+        (shards && GLOBAL_BATCH % shards) || tm.threads < 1 || tm.threads > 64) {
         fprintf(stderr,
                 "bench/train: --iters and --windows must be >= 1, --repeat 1..%d, --shards 0 or "
-                "a divisor of %d\n",
+                "a divisor of %d, --threads 1..64\n",
                 MAX_REPEAT, GLOBAL_BATCH);
         return 2;
     }
@@ -298,11 +333,11 @@ int main(int argc, char **argv) {
         if (world == 1) w1 = nw;
         ws[nw++] = world;
     }
-    bench_one_thread(argv);
+    bench_threads(argv, tm.threads);
     char cpu[256];
-    printf("%s\nsamples/s at global batch %d, one thread per rank, median of %d windows of %d "
+    printf("%s\nsamples/s at global batch %d, %d thread(s) per rank, median of %d windows of %d "
            "steps",
-           bench_cpu_name(cpu, sizeof cpu), GLOBAL_BATCH, tm.windows, tm.iters);
+           bench_cpu_name(cpu, sizeof cpu), GLOBAL_BATCH, tm.threads, tm.windows, tm.iters);
     if (repeat > 1) printf("; medians of %d interleaved repeats", repeat);
     printf("\n%-6s %-8s %-11s %10s %10s %8s %8s %14s\n", "model", "amp", "world", "tandem",
            "pytorch", "ratio", "vs f32", "scaling vs w1");
@@ -313,7 +348,7 @@ int main(int argc, char **argv) {
     struct {
         const char *model;
         int world;
-        double det, def, ratio;
+        double det, def, ratio, det_cpu, def_cpu, cpu_ratio;
     } det_rows[16];
     int n_det = 0;
     for (char *save = NULL, *name = strtok_r(mlist, ",", &save); name;
@@ -324,24 +359,28 @@ int main(int argc, char **argv) {
             return 2;
         }
         double ours[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], alone[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
-            theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], det[MAX_WORLDS][MAX_REPEAT];
+            theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], det[MAX_WORLDS][MAX_REPEAT],
+            ours_cpu[MAX_WORLDS][MAX_REPEAT], det_cpu[MAX_WORLDS][MAX_REPEAT];
         for (int r = 0; r < repeat; r++)
             for (int l = 0; l < nl; l++)
                 for (int i = 0; i < nw; i++) {
-                    ours[l][i][r] = run_tandem(kind, levels[l], ws[i], 1, 0, &tm);
-                    alone[l][i][r] = ws[i] > 1 ? run_tandem(kind, levels[l], ws[i], 0, 0, &tm) : -1;
+                    ours[l][i][r] = run_tandem(kind, levels[l], ws[i], 1, 0, &tm,
+                                               levels[l] == TD_AMP_O0 ? &ours_cpu[i][r] : NULL);
+                    alone[l][i][r] =
+                        ws[i] > 1 ? run_tandem(kind, levels[l], ws[i], 0, 0, &tm, NULL) : -1;
                     /* PyTorch's autocast has no levels: one peer row serves them all. */
                     int same = l > 0 && levels[l] != TD_AMP_O0 && levels[l - 1] != TD_AMP_O0;
-                    theirs[l][i][r] = !torch                ? -1
-                                      : same                ? theirs[l - 1][i][r]
+                    theirs[l][i][r] = !torch ? -1
+                                      : same ? theirs[l - 1][i][r]
                                       : tm.amp_dtype == TD_F16 && levels[l] != TD_AMP_O0
                                           ? -1 /* CPU autocast is bf16 only */
                                           : run_torch(name, levels[l], ws[i], &tm);
                     failed |= ours[l][i][r] < 0 || (ws[i] > 1 && alone[l][i][r] < 0);
                     /* S / world must be a power of two for the shard tree. */
-                    int per = shards && ws[i] > 1 && shards % ws[i] == 0 ? shards / ws[i] : 0;
+                    int per = shards && shards % ws[i] == 0 ? shards / ws[i] : 0;
                     if (levels[l] == TD_AMP_O0 && per && !(per & (per - 1))) {
-                        det[i][r] = run_tandem(kind, TD_AMP_O0, ws[i], 1, shards, &tm);
+                        det[i][r] =
+                            run_tandem(kind, TD_AMP_O0, ws[i], 1, shards, &tm, &det_cpu[i][r]);
                         failed |= det[i][r] < 0;
                     } else {
                         det[i][r] = -1;
@@ -353,7 +392,11 @@ int main(int argc, char **argv) {
                 det_rows[n_det].world = ws[i];
                 det_rows[n_det].det = median_of(det[i], repeat);
                 det_rows[n_det].def = median_of(ours[l0][i], repeat);
-                det_rows[n_det++].ratio = median_ratio(det[i], ours[l0][i], repeat);
+                det_rows[n_det].ratio = median_ratio(det[i], ours[l0][i], repeat);
+                det_rows[n_det].det_cpu = median_of(det_cpu[i], repeat);
+                det_rows[n_det].def_cpu = median_of(ours_cpu[i], repeat);
+                /* default / deterministic CPU time: comparable with the samples/s ratio */
+                det_rows[n_det++].cpu_ratio = median_ratio(ours_cpu[i], det_cpu[i], repeat);
             }
         for (int l = 0; l < nl; l++)
             for (int i = 0; i < nw; i++) {
@@ -362,32 +405,47 @@ int main(int argc, char **argv) {
                     snprintf(amp, sizeof amp, "O%d %s", (int)levels[l],
                              td_dtype_name(tm.amp_dtype));
                 double *base = w1 >= 0 ? ours[l][w1] : NULL;
-                row rw = {name, ws[i], "", amp, median_of(ours[l][i], repeat),
+                row rw = {name,
+                          ws[i],
+                          "",
+                          amp,
+                          median_of(ours[l][i], repeat),
                           median_of(theirs[l][i], repeat),
                           median_ratio(ours[l][i], theirs[l][i], repeat),
                           base && ws[i] > 1 ? median_ratio(ours[l][i], base, repeat) : -1,
                           l0 >= 0 && l != l0 ? median_ratio(ours[l][i], ours[l0][i], repeat) : -1};
                 print_row(&rw, json);
                 if (ws[i] > 1) {
-                    row na = {name, ws[i], ", no comm", amp, median_of(alone[l][i], repeat), -1, -1,
-                              base ? median_ratio(alone[l][i], base, repeat) : -1, -1};
+                    row na = {name,
+                              ws[i],
+                              ", no comm",
+                              amp,
+                              median_of(alone[l][i], repeat),
+                              -1,
+                              -1,
+                              base ? median_ratio(alone[l][i], base, repeat) : -1,
+                              -1};
                     print_row(&na, json);
                 }
             }
     }
     if (n_det) {
-        printf("\ndeterministic mode: %d shards of %d samples, f32, samples/s (ratio: median of "
-               "each repeat's deterministic / default)\n%-6s %-6s %10s %14s %8s\n",
-               shards, GLOBAL_BATCH / shards, "model", "world", "default", "deterministic",
-               "ratio");
+        printf("\ndeterministic mode: %d shards of %d samples, f32, samples/s and rank 0's CPU ms "
+               "per step (ratios: medians of each repeat's deterministic / default samples/s,\n"
+               "and default / deterministic CPU time)\n%-6s %-6s %10s %14s %8s %12s %12s %10s\n",
+               shards, GLOBAL_BATCH / shards, "model", "world", "default", "deterministic", "ratio",
+               "cpu default", "cpu determ.", "cpu ratio");
         for (int k = 0; k < n_det; k++) {
-            printf("%-6s %-6d %10.0f %14.0f %7.2fx\n", det_rows[k].model, det_rows[k].world,
-                   det_rows[k].def, det_rows[k].det, det_rows[k].ratio);
+            printf("%-6s %-6d %10.0f %14.0f %7.2fx %12.2f %12.2f %9.2fx\n", det_rows[k].model,
+                   det_rows[k].world, det_rows[k].def, det_rows[k].det, det_rows[k].ratio,
+                   det_rows[k].def_cpu, det_rows[k].det_cpu, det_rows[k].cpu_ratio);
             if (json)
                 printf("{\"model\": \"%s\", \"world\": %d, \"shards\": %d, \"default\": %.1f, "
-                       "\"deterministic\": %.1f, \"ratio\": %.3f}\n",
+                       "\"deterministic\": %.1f, \"ratio\": %.3f, \"cpu_ms_default\": %.3f, "
+                       "\"cpu_ms_deterministic\": %.3f, \"cpu_ratio\": %.3f}\n",
                        det_rows[k].model, det_rows[k].world, shards, det_rows[k].def,
-                       det_rows[k].det, det_rows[k].ratio);
+                       det_rows[k].det, det_rows[k].ratio, det_rows[k].def_cpu, det_rows[k].det_cpu,
+                       det_rows[k].cpu_ratio);
         }
     }
     return failed;

@@ -1,5 +1,5 @@
 """PyTorch peer for bench/train: the same three models, batch and optimizer, one thread per
-process, timed the same way (forward + backward + SGD step per iteration, median of
+process (--threads N: N), timed the same way (forward + backward + SGD step per iteration, median of
 several timed windows after warm-up). World size 2 runs DistributedDataParallel over gloo
 with the global batch split across ranks, as the C side does. --autocast bf16 runs forward
 and loss under torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's mixed precision on CPU.
@@ -56,7 +56,7 @@ MODELS = {"net": Net, "mlp": mlp, "cnn": cnn}
 
 
 def run(rank, args, result):
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=args.world)
@@ -92,6 +92,7 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--windows", type=int, default=5)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--autocast", choices=["none", "bf16"], default="none")
     args = p.parse_args()
     result = run_ranks(run, args)

@@ -1,11 +1,11 @@
 /* examples/gpt end to end on a small text the test writes (so it needs no package) and a small
  * GPT: data parallelism at worlds 2 and 4 ends where one process on the global batch does
  * (<= 1e-5 relative, every parameter), the deterministic mode gives the same parameter bits at
- * worlds 1, 2 and 4, a run stopped and resumed from its checkpoint ends on the same bits as one
- * that was not, a 2-stage 1F1B pipeline (with and without replicas) ends on one process's
- * losses, mixed precision trains, and --zero 1, 2 and 3 end where DDP does (stage 3's sharded
- * checkpoint resumed at world 4 continuing as the uninterrupted run; deterministic, DDP's bits).
- * The few-minute run on Jane Austen is docs/gpt.md's. */
+ * worlds 1, 2 and 4 and on 2 OpenMP threads, a run stopped and resumed from its checkpoint ends
+ * on the same bits as one that was not, a 2-stage 1F1B pipeline (with and without replicas) ends on
+ * one process's losses, mixed precision trains, and --zero 1, 2 and 3 end where DDP does (stage 3's
+ * sharded checkpoint resumed at world 4 continuing as the uninterrupted run; deterministic, DDP's
+ * bits). The few-minute run on Jane Austen is docs/gpt.md's. */
 #include <libgen.h>
 #include <limits.h>
 
@@ -58,6 +58,12 @@ static void deterministic_same_bits_at_world_1_2_4(void) {
         0);
     sha(want);
     CHECK(strlen(want) == 64);
+    /* one rank of 2 OpenMP threads: no thread count enters a sum */
+    CHECK_EQ(
+        run("OMP_NUM_THREADS=2 %s --data %s " TINY " --deterministic --shards 4", example, text),
+        0);
+    sha(got);
+    if (strcmp(want, got)) TEST_FAIL_AT("2 threads: %s, 1 thread: %s", got, want);
     for (int w = 2; w <= 4; w += 2) {
         CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node %d %s --data %s " TINY
                      " --deterministic --shards 4",
@@ -66,7 +72,7 @@ static void deterministic_same_bits_at_world_1_2_4(void) {
         sha(got);
         if (strcmp(want, got)) TEST_FAIL_AT("world %d: %s, world 1: %s", w, got, want);
     }
-    printf("    params_sha256 %.16s... at worlds 1, 2 and 4\n", want);
+    printf("    params_sha256 %.16s... at worlds 1, 2 and 4, and on 2 threads\n", want);
 }
 
 static void resume_continues_bit_for_bit(void) {

@@ -14,11 +14,11 @@
  * (--ddp says so explicitly); --zero 1|2|3 shards the optimizer state, also the gradients, also
  * the parameters over the ranks instead (docs/zero.md; each rank writes its part of a
  * checkpoint); --amp computes the linears in bf16 (O1); --deterministic trains to the same bits
- * at any world size (docs/reproducibility.md); --checkpoint / --resume continue a run at any
- * world size, with or without --zero (--stop-at N ends a run after step N as an interrupted one
- * would); --device cuda trains on this rank's GPU (cuda:LOCAL_RANK, or cuda:N); --pipeline cuts
- * the model into stages instead (pipeline.c, on the CPU). The last lines are a sample
- * and the SHA-256 of the parameters. */
+ * at any world size and thread count, each shard on one thread (docs/reproducibility.md);
+ * --checkpoint / --resume continue a run at any world size, with or without --zero (--stop-at N
+ * ends a run after step N as an interrupted one would); --device cuda trains on this rank's GPU
+ * (cuda:LOCAL_RANK, or cuda:N); --pipeline cuts the model into stages instead (pipeline.c, on
+ * the CPU). The last lines are a sample and the SHA-256 of the parameters. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -301,9 +301,11 @@ static void setup(trainer *t) {
     CHECK(td_device_choose(o->device, &t->device));
     gp.device = t->device;
     if (o->amp) gp.amp.level = TD_AMP_O1;
+    gp.threads = o->deterministic ? 1 : 0; /* no sum of the kernels depends on OMP_NUM_THREADS */
     CHECK(td_graph_create(&t->train, &gp));
     gpt_build(o, t->train, t->graph_batch, &t->model);
     gp.grad_enabled = 0;
+    gp.threads = 0;
     CHECK(td_graph_create(&t->eval, &gp));
     gpt_build(o, t->eval, 1, &t->eval_model);
     td_graph_set_training(t->eval, 0);

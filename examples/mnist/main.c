@@ -11,7 +11,11 @@
  * over 3 ranks: 43, 43, 42), each rank's gradient weighted by its share so that the average is the
  * global batch's mean. Only rank 0 prints and writes checkpoints. Test accuracy is computed each
  * epoch with the test set split across ranks. --max-steps N ends the run after N optimizer steps
- * in all (across epochs and a resume), writing the checkpoint where it stopped.
+ * in all (across epochs and a resume), writing the checkpoint where it stopped; it is also the
+ * horizon of the cosine learning-rate schedule. --stop-at-step N stops at global step N instead,
+ * writing the checkpoint, with the schedule left as it is: a run cut this way and resumed with the
+ * same --epochs and --max-steps ends on the bits of one never cut. A checkpoint records its
+ * schedule, and a resume with another one says so loudly.
  *
  * --device cuda trains on this rank's GPU (cuda:LOCAL_RANK; cuda:N names one, also for ranks
  * that share it): the graph, the optimizer and the loss scale on the GPU, batches uploaded
@@ -31,6 +35,7 @@
  * docs/zero.md): the optimizer state, also the gradients, also the parameters. Checkpoints are
  * then sharded (each rank writes its part beside --checkpoint, which names them) and resume at
  * any world size, as td_ddp's do; the run ends with each kind of memory rank 0 held. */
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +53,7 @@ typedef struct {
     double lr, momentum;
     uint64_t seed;
     long max_steps; /* optimizer steps of the whole run, across epochs; 0 = --epochs decides */
+    long stop_at;   /* stop at this global step, the schedule unchanged; 0 = at the run's end */
     int eval;       /* test accuracy after each epoch */
     int cosine;     /* anneal the learning rate to 0 over the run */
     long bucket_kb; /* DDP bucket cap (PyTorch's bucket_cap_mb), 0 = DDP's defaults */
@@ -67,19 +73,24 @@ typedef struct {
 } options;
 
 static void usage(void) {
-    fprintf(stderr,
-            "usage: mnist [--model net|mlp|cnn|resnet] [--epochs N] [--batch GLOBAL] [--lr X]\n"
-            "             [--momentum X] [--seed N] [--max-steps N] [--data DIR]\n"
-            "             [--checkpoint PATH] [--resume PATH] [--trace PREFIX] [--no-eval]\n"
-            "             [--cosine | --constant-lr] [--bucket-kb N]\n"
-            "             [--amp O0|O1|O2|O3] [--amp-dtype bf16|f16]\n"
-            "             [--loss-scale dynamic|none|N] [--comm-dtype f32|bf16|f16]\n"
-            "             [--spawn N]\n"
-            "             [--deterministic [--shards S]] [--dropout P] [--checkpoint-every N]\n"
-            "             [--resume auto] [--zero 1|2|3] [--device cpu|cuda|cuda:N]\n"
-            "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n"
-            "  --max-steps N  stop after N optimizer steps in all, counted across epochs (and\n"
-            "                 across a resume), or at the end of --epochs if that comes first\n");
+    fprintf(
+        stderr,
+        "usage: mnist [--model net|mlp|cnn|resnet] [--epochs N] [--batch GLOBAL] [--lr X]\n"
+        "             [--momentum X] [--seed N] [--max-steps N] [--stop-at-step N] [--data DIR]\n"
+        "             [--checkpoint PATH] [--resume PATH] [--trace PREFIX] [--no-eval]\n"
+        "             [--cosine | --constant-lr] [--bucket-kb N]\n"
+        "             [--amp O0|O1|O2|O3] [--amp-dtype bf16|f16]\n"
+        "             [--loss-scale dynamic|none|N] [--comm-dtype f32|bf16|f16]\n"
+        "             [--spawn N]\n"
+        "             [--deterministic [--shards S]] [--dropout P] [--checkpoint-every N]\n"
+        "             [--resume auto] [--zero 1|2|3] [--device cpu|cuda|cuda:N]\n"
+        "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n"
+        "  --max-steps N  stop after N optimizer steps in all, counted across epochs (and\n"
+        "                 across a resume), or at the end of --epochs if that comes first;\n"
+        "                 the cosine schedule anneals over the steps the run will take\n"
+        "  --stop-at-step N  stop at step N (counted like --max-steps), writing the\n"
+        "                 checkpoint, without changing the schedule: resuming it with the same\n"
+        "                 --epochs and --max-steps continues the uncut run bit for bit\n");
     exit(2);
 }
 
@@ -132,6 +143,8 @@ static options parse(int argc, char **argv) {
             o.seed = mnist_seed(v);
         else if (!strcmp(a, "--max-steps"))
             o.max_steps = mnist_int(a, v, 1, LONG_MAX);
+        else if (!strcmp(a, "--stop-at-step"))
+            o.stop_at = mnist_int(a, v, 1, LONG_MAX);
         else if (!strcmp(a, "--bucket-kb"))
             o.bucket_kb = mnist_int(a, v, 1, LONG_MAX >> 10);
         else if (!strcmp(a, "--data"))
@@ -222,9 +235,15 @@ typedef struct {
     size_t first_batch;   /* of first_epoch, when resuming in the middle of one */
     size_t epoch_batches; /* global batches (steps) per epoch */
     uint64_t run_steps;   /* steps of the whole run: --epochs of them, or --max-steps */
-    int64_t local_batch;  /* this rank's slice of the global batch */
-    int64_t shard_batch;  /* deterministic mode: samples per shard, what the graph is built for */
-    float grad_scale;     /* world * local_batch / batch: weights the rank average by share */
+    uint64_t stop_steps;  /* where this process stops: run_steps, or --stop-at-step */
+    /* The schedule of the run that wrote the checkpoint resumed from (resumed_schedule 0: none,
+     * or a checkpoint from before checkpoints recorded it). */
+    int resumed_schedule, resumed_cosine;
+    double resumed_lr;
+    int64_t resumed_lr_steps;
+    int64_t local_batch; /* this rank's slice of the global batch */
+    int64_t shard_batch; /* deterministic mode: samples per shard, what the graph is built for */
+    float grad_scale;    /* world * local_batch / batch: weights the rank average by share */
 } trainer;
 
 /* What a checkpoint holds: the buffers and the loss scaler's state, then (whole) only when
@@ -254,7 +273,8 @@ static void save(trainer *t, int epochs_done, size_t batches_done, uint64_t step
     size_t n;
     td_param *all = checkpoint_tensors(t, !t->zero, &n);
     td_rng *rng = td_graph_rng(t->train);
-    char epoch[32], batch[32], steps[32], global[32], shards[32], seed[32], offset[32];
+    char epoch[32], batch[32], steps[32], global[32], shards[32], seed[32], offset[32], lr[32],
+        lr_steps[32];
     snprintf(epoch, sizeof epoch, "%d", epochs_done);
     snprintf(batch, sizeof batch, "%zu", batches_done);
     snprintf(steps, sizeof steps, "%llu", (unsigned long long)step);
@@ -262,6 +282,8 @@ static void save(trainer *t, int epochs_done, size_t batches_done, uint64_t step
     snprintf(shards, sizeof shards, "%d", t->opt.deterministic ? t->opt.shards : 0);
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)rng->seed);
     snprintf(offset, sizeof offset, "%llu", (unsigned long long)rng->offset);
+    snprintf(lr, sizeof lr, "%.17g", t->opt.lr);
+    snprintf(lr_steps, sizeof lr_steps, "%llu", (unsigned long long)t->run_steps);
     td_checkpoint_meta meta[] = {{"model", td_model_name(t->opt.model)},
                                  {"epoch", epoch},
                                  {"batch", batch},
@@ -269,8 +291,11 @@ static void save(trainer *t, int epochs_done, size_t batches_done, uint64_t step
                                  {"global_batch", global},
                                  {"shards", shards},
                                  {"dropout_rng_seed", seed},
-                                 {"dropout_rng_offset", offset}};
-    size_t n_meta = sizeof meta / sizeof *meta;
+                                 {"dropout_rng_offset", offset},
+                                 {"lr_schedule", t->opt.cosine ? "cosine" : "constant"},
+                                 {"lr", lr},
+                                 {"lr_steps", lr_steps}}; /* the cosine's horizon: last */
+    size_t n_meta = sizeof meta / sizeof *meta - !t->opt.cosine;
     if (t->zero)
         CHECK(td_zero_save(t->zero, t->optim, t->opt.checkpoint, all, n, meta, n_meta));
     else
@@ -337,6 +362,14 @@ static void resume(trainer *t) {
     free(all);
     t->first_epoch = (int)epoch;
     t->first_batch = (size_t)batch;
+    const char *schedule = td_checkpoint_get_meta(ck, "lr_schedule");
+    const char *lr = td_checkpoint_get_meta(ck, "lr");
+    if (schedule && lr) {
+        t->resumed_schedule = 1;
+        t->resumed_cosine = !strcmp(schedule, "cosine");
+        t->resumed_lr = strtod(lr, NULL);
+        t->resumed_lr_steps = meta_or(ck, "lr_steps", INT64_MAX, 0);
+    }
     td_rng *rng = td_graph_rng(t->train);
     rng->seed = seed;
     rng->offset = offset;
@@ -344,6 +377,35 @@ static void resume(trainer *t) {
     if (t->rank == 0)
         printf("resuming from %s: epoch %lld, batch %lld, step %lld, world size %d\n", path,
                (long long)epoch + 1, (long long)batch, (long long)step, t->world);
+}
+
+/* The learning-rate schedule in words. */
+static void schedule_words(char *out, size_t cap, int cosine, double lr, int64_t steps) {
+    if (cosine)
+        snprintf(out, cap, "cosine from %g over %lld steps", lr, (long long)steps);
+    else
+        snprintf(out, cap, "constant %g", lr);
+}
+
+/* A resume under another schedule than the checkpoint's run had (another --epochs or
+ * --max-steps moves the cosine's horizon, another --lr its start) trains on, but no longer on
+ * that run's trajectory, which is easy to miss: say so, loudly. Not refused: training on under
+ * a new schedule (longer, or fine-tuning) is a legitimate use of a checkpoint. */
+static void warn_if_schedule_differs(const trainer *t, const char *path) {
+    if (!t->resumed_schedule || t->rank != 0) return;
+    int64_t steps = (int64_t)t->run_steps;
+    if (t->resumed_cosine == t->opt.cosine && t->resumed_lr == t->opt.lr &&
+        (!t->opt.cosine || t->resumed_lr_steps == steps))
+        return;
+    char was[96], is[96];
+    schedule_words(was, sizeof was, t->resumed_cosine, t->resumed_lr, t->resumed_lr_steps);
+    schedule_words(is, sizeof is, t->opt.cosine, t->opt.lr, steps);
+    fprintf(stderr,
+            "mnist: WARNING: %s was written by a run whose learning rate was %s; this run's is "
+            "%s, so it does not continue that run: its parameters will differ from those of the "
+            "run never stopped. To cut a run and resume it bit for bit, give both parts the same "
+            "--epochs, --max-steps and --lr, and stop the first with --stop-at-step.\n",
+            path, was, is);
 }
 
 static td_status dropout_layer(td_graph *g, const char *name, td_tensor *x, td_rng *rng,
@@ -417,10 +479,19 @@ static void setup(trainer *t) {
     go.seed = t->opt.seed;
     go.amp.level = t->opt.amp;
     go.amp.dtype = t->opt.amp_dtype;
+    /* One thread per shard: no sum of oneDNN's depends on OMP_NUM_THREADS. Shards of 16 samples
+     * or fewer take their linear layers' weights blocked, laid out once per step for all its
+     * shards (the MLP's step at 8 shards of 16: 10% less time; at 32 or 64 samples a pass packs
+     * the plain weights for less than the copy costs). Chosen by the shard's size, not by how
+     * many shards a rank runs, so that every world size computes with the same kernels. */
+    go.threads = t->opt.deterministic ? 1 : 0;
+    go.blocked_linear = t->opt.deterministic && t->shard_batch <= 16;
     CHECK(td_graph_create(&t->train, &go));
     build_model(&t->opt, t->train, t->opt.deterministic ? t->shard_batch : t->local_batch,
                 &t->model);
     go.grad_enabled = 0;
+    go.threads = 0;
+    go.blocked_linear = 0;
     CHECK(td_graph_create(&t->eval, &go));
     build_model(&t->opt, t->eval, t->local_batch, &t->eval_model);
     td_graph_set_training(t->eval, 0);
@@ -545,6 +616,7 @@ static float forward_backward_shards(trainer *t, const td_batch *batch, uint64_t
     for (size_t j = 0; j < count; j++) {
         uint64_t t0 = td_time_ns();
         sync_prepare(t);
+        if (j > 0) td_graph_keep_weights(t->train); /* no optimizer step since shard 0 */
         feed(t, &t->model, batch, j * b);
         CHECK(td_graph_set_rng_key(t->train, step, (first + j) * b));
         CHECK(td_graph_forward(t->train));
@@ -633,6 +705,15 @@ static void evaluate(trainer *t, td_loader *test, double *accuracy, double *loss
     free(logp);
 }
 
+/* The OpenMP threads of this rank: OMP_NUM_THREADS, or OpenMP's default of one per core the
+ * process may run on. */
+static int openmp_threads(void) {
+    const char *v = getenv("OMP_NUM_THREADS");
+    if (v && atoi(v) > 0) return atoi(v);
+    cpu_set_t cores;
+    return sched_getaffinity(0, sizeof cores, &cores) == 0 ? CPU_COUNT(&cores) : 1;
+}
+
 static int train(int rank, int world_size, void *arg);
 
 /* What ZeRO held on this rank, by kind, now and at its peak (td_zero_memory_stats). */
@@ -683,15 +764,24 @@ static int train(int rank, int world_size, void *arg) {
     t.run_steps = (uint64_t)t.opt.epochs * t.epoch_batches;
     if (t.opt.max_steps > 0 && (uint64_t)t.opt.max_steps < t.run_steps)
         t.run_steps = (uint64_t)t.opt.max_steps;
+    t.stop_steps = t.run_steps;
+    if (t.opt.stop_at > 0 && (uint64_t)t.opt.stop_at < t.stop_steps)
+        t.stop_steps = (uint64_t)t.opt.stop_at;
+    warn_if_schedule_differs(&t, t.opt.resume ? t.opt.resume : t.opt.checkpoint);
     td_loader_params tp = td_loader_default_params();
     tp.batch_size = (size_t)(t.opt.batch / t.world); /* the same batches on every rank */
     tp.sampler.shuffle = 0;
     CHECK(td_loader_create(&test_loader, test_set, &tp));
 
     if (t.rank == 0) {
-        char steps[64] = "", precision[32] = "f32";
+        char steps[96] = "", precision[32] = "f32";
+        int n = 0;
         if ((uint64_t)t.opt.epochs * t.epoch_batches > t.run_steps)
-            snprintf(steps, sizeof steps, " (--max-steps %llu)", (unsigned long long)t.run_steps);
+            n = snprintf(steps, sizeof steps, " (--max-steps %llu)",
+                         (unsigned long long)t.run_steps);
+        if (t.stop_steps < t.run_steps)
+            snprintf(steps + n, sizeof steps - (size_t)n, ", stopping at step %llu",
+                     (unsigned long long)t.stop_steps);
         if (t.opt.amp != TD_AMP_O0)
             snprintf(precision, sizeof precision, "amp O%d %s", (int)t.opt.amp,
                      td_dtype_name(t.opt.amp_dtype));
@@ -702,20 +792,23 @@ static int train(int rank, int world_size, void *arg) {
                td_model_name(t.opt.model), t.world, t.opt.batch, t.opt.epochs, t.epoch_batches,
                steps, precision, on, t.first_epoch || t.first_batch ? " (resumed)" : "");
         if (t.opt.deterministic) {
-            /* oneDNN's sums depend on its thread count: the bits match runs with the same one */
-            const char *threads = getenv("OMP_NUM_THREADS");
-            printf("deterministic: %d shards of %lld samples, %lld per rank, OMP_NUM_THREADS=%s\n",
-                   t.opt.shards, (long long)t.shard_batch, (long long)(t.opt.shards / t.world),
-                   threads ? threads : "(unset: OpenMP's default)");
+            int idle = openmp_threads() - 1;
+            printf("deterministic: %d shards of %lld samples, %lld per rank, one thread each",
+                   t.opt.shards, (long long)t.shard_batch, (long long)(t.opt.shards / t.world));
+            if (idle > 0)
+                printf(" (this rank's %d other OpenMP thread(s) idle: one rank per core is as "
+                       "deterministic, and faster)",
+                       idle);
+            printf("\n");
         }
     }
     double accuracy = 0, test_loss = 0, rate = 0;
     uint64_t done = (uint64_t)t.first_epoch * t.epoch_batches + t.first_batch; /* steps */
-    for (int epoch = t.first_epoch; epoch < t.opt.epochs && done < t.run_steps; epoch++) {
+    for (int epoch = t.first_epoch; epoch < t.opt.epochs && done < t.stop_steps; epoch++) {
         /* the epoch's steps [first, end): all of them, or up to --max-steps */
         uint64_t at = (uint64_t)epoch * t.epoch_batches;
         size_t first = (size_t)(done - at), end = t.epoch_batches;
-        if (t.run_steps - at < end) end = (size_t)(t.run_steps - at);
+        if (t.stop_steps - at < end) end = (size_t)(t.stop_steps - at);
         rate = train_epoch(&t, loader, epoch, first, end);
         done = at + end;
         if (t.opt.eval) evaluate(&t, test_loader, &accuracy, &test_loss);

@@ -94,10 +94,25 @@ typedef struct {
     int allow_tf32;           /* 1: f32 matmuls and convolutions on a GPU may round their inputs
                                  to TF32 on tensor cores (PyTorch's allow_tf32); 0 (default):
                                  full f32 */
+    int threads;              /* threads the CPU kernels (oneDNN) of this graph's compile,
+                                 forward and backward run on; 0: the calling thread's OpenMP
+                                 count (OMP_NUM_THREADS). oneDNN splits some sums among its
+                                 threads (a weight gradient over the batch, batch norm's
+                                 statistics), so their bits depend on the count: 1 makes them
+                                 the same under any OMP_NUM_THREADS (deterministic training,
+                                 docs/reproducibility.md) */
+    int blocked_linear;       /* 1: linear layers compute from copies of their weights in the
+                                 blocked layouts oneDNN's kernels prefer, made from the (OUT,
+                                 IN) parameter at each forward unless td_graph_keep_weights
+                                 says they still hold: faster for small batches that run
+                                 several times per optimizer step (deterministic mode's
+                                 shards); f32 results differ from the plain layout's in the
+                                 last bits */
 } td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no
- * process group, plain batch norm, the CPU, CUDA graphs on, TF32 off. */
+ * process group, plain batch norm, the CPU, CUDA graphs on, TF32 off, the caller's thread
+ * count, plain linear weights. */
 td_graph_params td_graph_default_params(void);
 
 /* Creates an empty graph in training mode; params may be NULL for the defaults. */
@@ -256,6 +271,14 @@ td_status td_graph_compile(td_graph *g);
 
 /* Runs every node forward. */
 td_status td_graph_forward(td_graph *g);
+
+/* Says that the parameters have not changed since the last forward, so the next forward (and
+ * its backward) may use the copies of the weights in kernel layouts that the last one made
+ * (a convolution's, a blocked linear layer's) instead of making them again. Call it before
+ * each forward after the first of an optimizer step: the shards of a deterministic step, the
+ * micro-batches of an accumulated one. It holds for one forward; a forward after the
+ * parameters changed must not follow it (a parameter moved elsewhere is laid out again). */
+void td_graph_keep_weights(td_graph *g);
 
 /* Backward from a scalar tensor (the loss) with d loss = 1; gradients accumulate. */
 td_status td_graph_backward(td_graph *g, td_tensor *loss);

@@ -138,7 +138,12 @@ td_status td_graph_compile(td_graph *g) {
                             "td_graph_compile: an earlier compile failed; build a new graph");
     td__graph_fuse(g);
     td__graph_plan_layouts(g);
-    TD__TRY(td__graph_make_primitives(g));
+    /* Primitives are made for the thread count they will run on. */
+    int was;
+    TD__TRY(td__graph_threads_enter(g, "td_graph_compile", &was));
+    td_status s = td__graph_make_primitives(g);
+    td__graph_threads_leave(g, was);
+    TD__TRY(s);
     TD__TRY(td__graph_allocate(g));
     TD__TRY(plan_grad_ready(g));
     for (int i = 0; i < g->nparams; i++) {

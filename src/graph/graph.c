@@ -18,8 +18,22 @@ td_graph_params td_graph_default_params(void) {
                          .sync_batch_norm = 0,
                          .device = {TD_DEVICE_CPU, 0},
                          .cuda_graphs = 1,
-                         .allow_tf32 = 0};
+                         .allow_tf32 = 0,
+                         .threads = 0,
+                         .blocked_linear = 0};
     return p;
+}
+
+td_status td__graph_threads_enter(td_graph *g, const char *what, int *was) {
+    *was = 0;
+    if (g->opt.threads == 0 || !g->ctx.backend->set_threads) return TD_OK;
+    return g->ctx.backend->set_threads(&g->ctx, g->opt.threads, was, what);
+}
+
+void td__graph_threads_leave(td_graph *g, int was) {
+    int set;
+    if (was && was != g->opt.threads)
+        (void)g->ctx.backend->set_threads(&g->ctx, was, &set, "graph"); /* as enter could */
 }
 
 static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only);
@@ -30,6 +44,11 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     td_graph *g = calloc(1, sizeof *g);
     if (!g) return td__fail(TD_ENOMEM, "td_graph_create: out of memory");
     g->opt = params ? *params : td_graph_default_params();
+    if (g->opt.threads < 0) {
+        int n = g->opt.threads;
+        free(g);
+        return td__fail(TD_EINVAL, "td_graph_create: threads = %d (0: the caller's, or >= 1)", n);
+    }
     if ((unsigned)g->opt.amp.level > TD_AMP_O3 ||
         (g->opt.amp.dtype != TD_BF16 && g->opt.amp.dtype != TD_F16)) {
         td_amp_params a = g->opt.amp;
@@ -42,6 +61,7 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     td_rng_init(&g->rng, g->opt.seed);
     g->ctx.training = 1;
     g->ctx.conv_winograd = g->opt.conv_winograd;
+    g->ctx.blocked_linear = g->opt.blocked_linear;
     g->ctx.rng = &g->rng;
     g->ctx.comm = g->opt.comm;
     g->ctx.params_ready = params_ready;
@@ -53,6 +73,9 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
         s = td_arena_create(&g->ctx.arena,
                             g->opt.arena_block_bytes ? g->opt.arena_block_bytes : (size_t)8 << 20);
     if (s == TD_OK) s = td_arena_create(&g->ctx.records, 0);
+    int was;
+    if (s == TD_OK) s = td__graph_threads_enter(g, "td_graph_create", &was); /* it can */
+    if (s == TD_OK) td__graph_threads_leave(g, was);
     if (s != TD_OK) {
         td_graph_destroy(g);
         return s;
@@ -354,8 +377,14 @@ td_status td_graph_forward(td_graph *g) {
         if (kern->check) TD__TRY(kern->check(&g->ctx, g->nodes[k]));
     }
     g->ctx.rng_sample_offset = 0;
+    g->ctx.keep_weights = g->keep_weights;
+    g->keep_weights = 0;
     if (g->ctx.backend->forward_begin) TD__TRY(g->ctx.backend->forward_begin(&g->ctx));
-    return td__graph_sweep(g, NULL, forward_nodes, NULL);
+    int was;
+    TD__TRY(td__graph_threads_enter(g, "td_graph_forward", &was));
+    td_status s = td__graph_sweep(g, NULL, forward_nodes, NULL);
+    td__graph_threads_leave(g, was);
+    return s;
 }
 
 /* A forward's nodes, with the parameter-use hook at each parameter's first and last reader. */
@@ -402,6 +431,10 @@ static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only) {
             !g->fired[t->index])
             fire(g, t->index);
     }
+}
+
+void td_graph_keep_weights(td_graph *g) {
+    if (g) g->keep_weights = 1;
 }
 
 /* What a backward sweep starts from: y and its upstream gradient, f32, where the device reads
@@ -454,7 +487,11 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
         dy = g->ctx.scratch[1];
     }
     backward_args a = {y, dy};
-    return td__graph_sweep(g, y, backward_nodes, &a);
+    int was;
+    TD__TRY(td__graph_threads_enter(g, "td_graph_backward", &was));
+    td_status s = td__graph_sweep(g, y, backward_nodes, &a);
+    td__graph_threads_leave(g, was);
+    return s;
 }
 
 static td_status backward_nodes(td_graph *g, const void *arg) {

@@ -60,7 +60,8 @@ struct td_graph {
      * from the backend, made by td__graph_allocate. */
     void *storage;
     size_t storage_bytes;
-    int zero_failed; /* a deferred gradient zeroing failed during this backward */
+    int zero_failed;  /* a deferred gradient zeroing failed during this backward */
+    int keep_weights; /* td_graph_keep_weights: the next forward keeps its kernels' weights */
     td__recorded_sweep rec_forward, rec_backward;
     size_t replays;       /* sweeps run as replays */
     uint64_t storage_gen; /* bumped whenever a tensor is pointed at other memory */
@@ -112,6 +113,12 @@ void td__graph_records_free(td_graph *g);
 /* Inference graphs (grad_enabled = 0): places every activation in the plan, letting an
  * activation reuse the memory of one whose consumers have all run (memplan.c). */
 td_status td__plan_inference_memory(td_graph *g, td__storage_plan *plan);
+
+/* The graph's kernel thread count (td_graph_params.threads) for one call into its kernels:
+ * enter sets it (what names the call in errors) and gives the caller's in *was, which leave
+ * sets back; *was is 0 when nothing was changed. */
+td_status td__graph_threads_enter(td_graph *g, const char *what, int *was);
+void td__graph_threads_leave(td_graph *g, int was);
 
 /* Points parameter and buffer tensors at the storage their td_param entries name: the
  * td_param arrays are the one source of truth for where parameters, buffers and parameter

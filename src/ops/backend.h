@@ -53,6 +53,11 @@ struct td__backend {
     td_status (*record_end)(td__op_ctx *ctx, int keep, void **recording);
     td_status (*replay)(td__op_ctx *ctx, void *recording);
     void (*release)(void *recording);
+    /* Optional (NULL: the backend's kernels have no host thread count): makes the kernels that
+     * the calling thread creates and runs from now on use n threads (n >= 1), and gives the
+     * count before in *was, so that a graph runs on its own count (td_graph_params.threads) and
+     * sets the caller's back after; an error names `what` when the backend cannot. */
+    td_status (*set_threads)(td__op_ctx *ctx, int n, int *was, const char *what);
 };
 
 /* The CPU backend: oneDNN primitives and plain-C kernels (cpu_backend.c). */

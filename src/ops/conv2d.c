@@ -1,7 +1,8 @@
 /* The 2-d convolution node through oneDNN (groups = 1). oneDNN picks the activation and
  * weight layouts ("any"); activations stay blocked when every consumer copes (see
  * td_graph_compile), and weights stay in PyTorch's plain (OC, C, KH, KW) layout for the
- * td_param view, reordered once per step when the kernel wants another layout. */
+ * td_param view, reordered at each forward when the kernel wants another layout (once per
+ * step when the graph keeps its weights: td_graph_keep_weights). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -197,7 +198,7 @@ static td_status conv_forward(td__op_ctx *ctx, td__node *n) {
     conv_state *s = n->state;
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     s->x_now = td__adapt_in(ctx, &s->x_fwd, x->data);
-    s->w_now = td__adapt_in(ctx, &s->w_fwd, w->data);
+    s->w_now = td__adapt_weights(ctx, &s->w_fwd, w->data);
     if (!s->x_now || !s->w_now) return td__fail(TD_EBACKEND, "conv2d: input reorder failed");
     td__mem_bind(&s->src, s->x_now);
     td__mem_bind(&s->w, s->w_now);
@@ -239,7 +240,7 @@ static td_status conv_backward(td__op_ctx *ctx, td__node *n) {
     ctx->params_ready(ctx, n, 1);
     if (s->bwd_data) {
         /* Forward already produced the weights in its layout; reuse them when they match. */
-        void *wt = s->w_bd_reuse ? s->w_now : td__adapt_in(ctx, &s->w_bd, w->data);
+        void *wt = s->w_bd_reuse ? s->w_now : td__adapt_weights(ctx, &s->w_bd, w->data);
         void *dy_bd = s->dy_bw_reuse && dy_bw ? dy_bw : td__adapt_in(ctx, &s->dy_bd, n->out->grad);
         if (!wt || !dy_bd) return td__fail(TD_EBACKEND, "conv2d: backward reorder failed");
         float *dx = td__grad_begin(ctx, x, 0);

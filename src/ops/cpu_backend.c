@@ -1,6 +1,7 @@
 /* The CPU backend (backend.h): oneDNN's engine and stream as its handles, a oneDNN memory
  * descriptor as each tensor's layout record, reorders for copies between layouts, and the
  * kernels of every op (each op's file defines its td__cpu_* table beside the op). */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,6 +92,27 @@ static td_status cpu_copy_plain(td__op_ctx *ctx, const td_tensor *t, const void 
     return s;
 }
 
+/* oneDNN's OpenMP runtime sizes a primitive's parallel regions, and how it splits its sums,
+ * by the calling thread's OpenMP count (omp_get_max_threads) when the primitive is created and
+ * when it runs; the count is the thread's own (an OpenMP internal control variable), so setting
+ * it leaves other threads alone. */
+static td_status cpu_set_threads(td__op_ctx *ctx, int n, int *was, const char *what) {
+    (void)ctx;
+    unsigned runtime = dnnl_version()->cpu_runtime;
+    if (runtime == DNNL_RUNTIME_SEQ && n == 1) { /* one thread already */
+        *was = 1;
+        return TD_OK;
+    }
+    if (runtime != DNNL_RUNTIME_OMP)
+        return td__fail(TD_EUNSUPPORTED,
+                        "%s: threads = %d, but this oneDNN's CPU runtime (%u) is not OpenMP, "
+                        "whose thread count tandem sets",
+                        what, n, runtime);
+    *was = omp_get_max_threads();
+    if (*was != n) omp_set_num_threads(n);
+    return TD_OK;
+}
+
 const td__backend td__backend_cpu = {
     .name = "cpu",
     .kernels =
@@ -127,4 +149,5 @@ const td__backend td__backend_cpu = {
     .accumulate = cpu_accumulate,
     .convert = cpu_convert,
     .copy_plain = cpu_copy_plain,
+    .set_threads = cpu_set_threads,
 };

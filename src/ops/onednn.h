@@ -103,12 +103,20 @@ typedef struct {
     int need;
     td__reorder r;
     void *buf;
+    const void *src_now; /* what buf was last reordered from */
+    /* A plain matrix whose rows are a multiple of 4 KiB is copied into `stage`, rows padded,
+     * before a reorder that gathers across its rows (see td__adapt_init). */
+    char *stage;
+    size_t rows, row_bytes, stage_row_bytes;
 } td__adapt;
 
 td_status td__adapt_init(td__op_ctx *ctx, td__adapt *a, const dnnl_memory_desc_t *from,
                          const dnnl_memory_desc_t *to);
 /* src in `from` layout -> pointer to the same values in `to` layout (NULL on failure). */
 void *td__adapt_in(td__op_ctx *ctx, td__adapt *a, const void *src);
+/* td__adapt_in for weights: the copy the last call made when the pass keeps its weights
+ * (ctx->keep_weights) and w is where that copy came from. */
+void *td__adapt_weights(td__op_ctx *ctx, td__adapt *a, const void *w);
 /* Where a primitive should write a result that belongs at dst (in `to` layout)... */
 void *td__adapt_out_ptr(td__adapt *a, void *dst);
 /* ...and the reorder into dst afterwards (a no-op when the layouts match). */

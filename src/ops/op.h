@@ -59,11 +59,14 @@ struct td__op_ctx {
     td_arena *records;          /* the backend's per-tensor layout records (td_tensor.extra) */
     float *scratch[TD__SCRATCH_SLOTS]; /* each scratch_bytes, for accumulating gradients */
     size_t scratch_bytes;
-    int training;      /* training mode (dropout drops, batch norm uses batch statistics) */
-    int conv_winograd; /* convolutions may use Winograd */
-    int allow_tf32;    /* f32 matmuls and convolutions may use TF32 (td_graph_params) */
-    td_rng *rng;       /* the graph's dropout RNG */
-    td_comm *comm;     /* the graph's process group for collective ops; NULL: a group of one */
+    int training;       /* training mode (dropout drops, batch norm uses batch statistics) */
+    int conv_winograd;  /* convolutions may use Winograd */
+    int allow_tf32;     /* f32 matmuls and convolutions may use TF32 (td_graph_params) */
+    int blocked_linear; /* linear layers take their weights in a blocked layout */
+    int keep_weights;   /* this pass (forward and backward) may use the weight copies in kernel
+                           layouts the last pass made: the parameters have not changed */
+    td_rng *rng;        /* the graph's dropout RNG */
+    td_comm *comm;      /* the graph's process group for collective ops; NULL: a group of one */
     /* Dropout keyed by sample instead (td_graph_set_rng_key): sample n of the batch draws from
      * Philox sub-stream (rng_step << 32 | (rng_first_sample + n)) of rng->seed, from word
      * rng_sample_offset on, which each dropout node advances past its draws per sample (a

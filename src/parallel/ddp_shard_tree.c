@@ -8,18 +8,25 @@
  * after shard j, j's trailing one bits say how many levels the new node climbs. The upper levels
  * run across ranks: an all-to-all hands each rank every rank's subtree sum of one segment of a
  * bucket, the rank adds those w values in the same pairwise order, and an all-gather spreads the
- * segments back. So every element is summed in the same order at every world size, and every
- * rank ends with the same bits. Buffers (batch norm's running statistics) start each shard from
- * the step's values and their per-shard results are averaged by the same tree, as is the loss.
+ * segments back. Across two ranks the upper levels are one addition per element, which any
+ * all-reduce computes exactly (a + b and b + a are the same bits), so two ranks all-reduce each
+ * bucket in place instead: zero-copy on the shm backend, where the all-to-all and all-gather
+ * stream through staging copies. So every element is summed in the same order at every world
+ * size, and every rank ends with the same bits. Buffers (batch norm's running statistics) start
+ * each shard from the step's values and their per-shard results are averaged by the same tree,
+ * as is the loss.
  *
  * One rank alone may hold any number of shards (the root then adds the subtrees its count's one
  * bits leave); across ranks, L must be a power of two so that each rank's leaves are a subtree.
  *
- * Memory: levels 0 .. log2 L (one node each, in the bucket layout) and a spare of the same size
- * that holds an odd shard's gradients and, at the end of the step, what the all-to-all receives.
- * An even shard's gradients go straight to level 0. This file is td_ddp's reducer for
- * deterministic mode (reducer.h); it does not decide bucket membership (ddp_layout.c plans it)
- * and knows nothing of graphs. */
+ * Memory: log2 L + 2 node buffers in the bucket layout. A shard's backward writes its gradients
+ * into a free buffer, and a node climbing levels is written in place over its last leaf's
+ * buffer (still in cache, and no read-for-ownership of a third buffer), freeing the nodes it
+ * absorbed; so a node lives where its last leaf did, and the root where the last shard's
+ * gradients went: buffer 0, td_comm_alloc memory, where the in-place all-reduce needs no
+ * staging. At the step's end a buffer the last fold freed receives the all-to-all. This file is
+ * td_ddp's reducer for deterministic mode (reducer.h); it does not decide bucket membership
+ * (ddp_layout.c plans it) and knows nothing of graphs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,19 +38,23 @@
 #define TREE_CHUNK 512 /* floats folded per pass up the levels */
 #define TREE_TRACE_TID_BASE 0x7f000000
 
-/* The levels of the tree: each holds the layout of every bucket, padded to world_size segments,
+/* The tree's node buffers: each holds the layout of every bucket, padded to world_size segments,
  * and after them the tail: the buffers, the unready count and the loss of a shard, summed by
  * the same tree. */
 typedef struct {
     size_t shards;      /* S */
     size_t local;       /* L = S / world_size: this rank's shards, leaves [rank L, rank L + L) */
     int levels;         /* floor(log2 L) */
+    int n_bufs;         /* levels + 2 */
     size_t shard;       /* this rank's shard of the step under way, 0 .. L-1 */
-    size_t flat;        /* floats per level */
+    size_t flat;        /* floats per buffer */
     size_t *base, *seg; /* (n_buckets + 1) where bucket k starts, its per-rank segment; tail last */
-    float *mem;         /* (levels + 2) * flat */
-    float **level;      /* (levels + 1): level[l] holds a node of 2^l leaves */
-    float *spare;       /* an odd shard's gradients; at the step's end, the all-to-all's receive */
+    float **buf;        /* (n_bufs): buf[0] in td_comm_alloc memory, the others in `mem` */
+    float *mem;         /* (n_bufs - 1) * flat */
+    int *pending;       /* (levels + 1): the buffer of the node waiting at level l, or -1 */
+    int leaf;           /* the buffer the current shard's gradients go to */
+    int root;           /* the buffer the step's result lies in */
+    int recv;           /* a buffer the last shard's fold frees, for the all-to-all to receive */
     float *buffers0;    /* (n_buffer_floats) the buffers at the start of the step */
     size_t n_buffer_floats;
     td_request **req;   /* (n_buckets + 1) */
@@ -52,14 +63,30 @@ typedef struct {
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-/* Where parameter i's gradient lies in a level (or the spare). */
+/* Where parameter i's gradient lies in a buffer. */
 static size_t param_at(const td_ddp *d, size_t i) {
     const ddp_tree *t = d->state;
     return t->base[d->bucket_of[i]] + d->offset_of[i];
 }
 
-/* Where the current shard's gradients go: level 0 for an even shard, the spare for an odd one. */
-static float *shard_target(const ddp_tree *t) { return t->shard & 1 ? t->spare : t->level[0]; }
+/* Where the current shard's gradients go. */
+static float *shard_target(const ddp_tree *t) { return t->buf[t->leaf]; }
+
+static int power_of_two(size_t n) { return (n & (n - 1)) == 0; }
+
+/* The buffer shard j's gradients go to: buffer 0 for the last shard when L is a power of two
+ * (its node becomes the root), else the lowest buffer no waiting node holds. After j shards
+ * popcount(j) nodes wait, at most levels of them (j <= L - 1 < 2^(levels + 1) - 1), so one of
+ * buffers 1 .. levels + 1 is always free. */
+static int leaf_for(const ddp_tree *t, size_t j) {
+    if (j + 1 == t->local && power_of_two(t->local)) return 0;
+    for (int b = 1; b < t->n_bufs; b++) {
+        int held = 0;
+        for (int l = 0; l <= t->levels; l++) held |= t->pending[l] == b;
+        if (!held) return b;
+    }
+    return -1; /* not reached */
+}
 
 /* The shards must split into equal subtrees over the ranks, and the tree sums f32. */
 static td_status tree_check(const td_ddp *d) {
@@ -110,29 +137,37 @@ static td_status tree_create(td_ddp *d) {
     t->base = calloc(nb, sizeof *t->base);
     t->seg = calloc(nb, sizeof *t->seg);
     t->req = calloc(nb, sizeof *t->req);
-    t->level = calloc((size_t)t->levels + 1, sizeof *t->level);
+    t->n_bufs = t->levels + 2;
+    t->buf = calloc((size_t)t->n_bufs, sizeof *t->buf);
+    t->pending = malloc(((size_t)t->levels + 1) * sizeof *t->pending);
     t->buffers0 = malloc((t->n_buffer_floats ? t->n_buffer_floats : 1) * sizeof(float));
-    if (!t->base || !t->seg || !t->req || !t->level || !t->buffers0)
+    if (!t->base || !t->seg || !t->req || !t->buf || !t->pending || !t->buffers0)
         return td__fail(TD_ENOMEM, "ddp rank %d: out of memory", d->rank);
+    for (int l = 0; l <= t->levels; l++) t->pending[l] = -1;
     for (size_t k = 0; k < nb; k++) {
         size_t count = k < d->n_buckets ? d->buckets[k].count : t->n_buffer_floats + DDP_SLOTS;
         t->seg[k] = round_up((count + w - 1) / w, TREE_ALIGN);
         t->base[k] = t->flat;
         t->flat += w * t->seg[k];
     }
-    size_t bytes = ((size_t)t->levels + 2) * t->flat * sizeof(float);
+    /* collective: every rank gets here with the same layout, before anything local can fail */
+    TD__TRY(td_comm_alloc(d->comm, t->flat * sizeof(float), (void **)&t->buf[0]));
+    memset(t->buf[0], 0, t->flat * sizeof(float));
+    size_t bytes = ((size_t)t->n_bufs - 1) * t->flat * sizeof(float);
     t->mem = aligned_alloc(64, bytes);
     if (!t->mem)
         return td__fail(
-            TD_ENOMEM, "ddp rank %d: out of memory for the %d levels of the shard tree (%zu bytes)",
-            d->rank, t->levels + 1, bytes);
+            TD_ENOMEM,
+            "ddp rank %d: out of memory for the %d buffers of the shard tree (%zu bytes)", d->rank,
+            t->n_bufs, bytes);
     memset(t->mem, 0, bytes);
-    for (int l = 0; l <= t->levels; l++) t->level[l] = t->mem + (size_t)l * t->flat;
-    t->spare = t->mem + ((size_t)t->levels + 1) * t->flat;
+    for (int b = 1; b < t->n_bufs; b++) t->buf[b] = t->mem + (size_t)(b - 1) * t->flat;
+    t->root = 0;
+    t->leaf = leaf_for(t, 0);
     for (size_t k = 0; k < d->n_buckets; k++)
-        d->buckets[k].buf = t->level[t->levels] + t->base[k]; /* where the step's result lands */
+        d->buckets[k].buf = t->buf[0] + t->base[k]; /* where the step's result lands */
     for (size_t i = 0; i < d->n_params; i++)
-        td__ddp_move_gradient(d, i, t->level[0] + param_at(d, i));
+        td__ddp_move_gradient(d, i, t->buf[t->leaf] + param_at(d, i));
     return TD_OK;
 }
 
@@ -152,9 +187,11 @@ static void tree_destroy(td_ddp *d) {
     free(t->base);
     free(t->seg);
     free(t->req);
-    free(t->level);
     free(t->buffers0);
     free(t->mem);
+    if (t->buf) td_comm_free(d->comm, t->buf[0]);
+    free(t->buf);
+    free(t->pending);
     free(t);
     d->state = NULL;
 }
@@ -171,6 +208,8 @@ static td_status tree_prepare(td_ddp *d) {
             memcpy(d->buffers[i].data, b0, bytes);
         b0 += d->buffers[i].count;
     }
+    t->leaf = leaf_for(t, t->shard);
+    if (t->shard + 1 == t->local) t->recv = t->local > 1 ? t->pending[0] : 1;
     float *dst = shard_target(t);
     for (size_t i = 0; i < d->n_params; i++) d->params[i].grad = dst + param_at(d, i);
     return TD_OK;
@@ -186,29 +225,29 @@ static void tree_zero_grad(td_ddp *d) {
  * keep their order, so the bits are the scalar loop's. */
 #define TREE_VEC 16
 
-/* dst = a + b */
-static void add2(float *restrict dst, const float *restrict a, const float *restrict b, size_t n) {
-    size_t e = 0;
-    for (; e + TREE_VEC <= n; e += TREE_VEC)
-        for (size_t k = 0; k < TREE_VEC; k++) dst[e + k] = a[e + k] + b[e + k];
-    for (; e < n; e++) dst[e] = a[e] + b[e];
-}
-
-/* dst = b + (a + leaf) */
-static void add3(float *restrict dst, const float *restrict a, const float *restrict b,
-                 const float *restrict leaf, size_t n) {
-    size_t e = 0;
-    for (; e + TREE_VEC <= n; e += TREE_VEC)
-        for (size_t k = 0; k < TREE_VEC; k++) dst[e + k] = b[e + k] + (a[e + k] + leaf[e + k]);
-    for (; e < n; e++) dst[e] = b[e] + (a[e] + leaf[e]);
-}
-
 /* acc = x + acc */
 static void add_to(float *restrict acc, const float *restrict x, size_t n) {
     size_t e = 0;
     for (; e + TREE_VEC <= n; e += TREE_VEC)
         for (size_t k = 0; k < TREE_VEC; k++) acc[e + k] = x[e + k] + acc[e + k];
     for (; e < n; e++) acc[e] = x[e] + acc[e];
+}
+
+/* acc = b + (a + acc) */
+static void add2_to(float *restrict acc, const float *restrict a, const float *restrict b,
+                    size_t n) {
+    size_t e = 0;
+    for (; e + TREE_VEC <= n; e += TREE_VEC)
+        for (size_t k = 0; k < TREE_VEC; k++) acc[e + k] = b[e + k] + (a[e + k] + acc[e + k]);
+    for (; e < n; e++) acc[e] = b[e] + (a[e] + acc[e]);
+}
+
+/* x = x * by */
+static void scale(float *restrict x, size_t n, float by) {
+    size_t e = 0;
+    for (; e + TREE_VEC <= n; e += TREE_VEC)
+        for (size_t k = 0; k < TREE_VEC; k++) x[e + k] = x[e + k] * by;
+    for (; e < n; e++) x[e] = x[e] * by;
 }
 
 /* upper = (upper + below) * f */
@@ -219,16 +258,16 @@ static void add_scaled(float *restrict upper, const float *restrict below, size_
     for (; e < n; e++) upper[e] = (upper[e] + below[e]) * f;
 }
 
-/* dst = lower[up-1] + (... + (lower[0] + leaf)), times `by` (1 leaves it), element by element:
- * the new node of an odd shard that climbs `up` levels, each addition with the earlier leaves'
- * sum first, in one pass over memory. */
-static void climb(float *dst, float *const *lower, int up, const float *leaf, size_t n, float by) {
+/* leaf = lower[up-1] + (... + (lower[0] + leaf)), times `by` (1 leaves it), element by element
+ * and in place: the new node of an odd shard that climbs `up` levels, each addition with the
+ * earlier leaves' sum first, in one pass over memory. */
+static void climb(float *leaf, float *const *lower, int up, size_t n, float by) {
     if (up == 1 && by == 1.0f) {
-        add2(dst, lower[0], leaf, n);
+        add_to(leaf, lower[0], n);
         return;
     }
     if (up == 2 && by == 1.0f) {
-        add3(dst, lower[0], lower[1], leaf, n);
+        add2_to(leaf, lower[0], lower[1], n);
         return;
     }
     float acc[TREE_CHUNK];
@@ -236,12 +275,13 @@ static void climb(float *dst, float *const *lower, int up, const float *leaf, si
         size_t m = n - c < TREE_CHUNK ? n - c : TREE_CHUNK;
         memcpy(acc, leaf + c, m * sizeof *acc);
         for (int l = 0; l < up; l++) add_to(acc, lower[l] + c, m);
-        for (size_t e = 0; e < m; e++) dst[c + e] = acc[e] * by;
+        scale(acc, m, by);
+        memcpy(leaf + c, acc, m * sizeof *acc);
     }
 }
 
-/* Folds floats [off, off + n) of the current shard into the tree. An even shard's values stay
- * in level 0 as a leaf; an odd shard j climbs as many levels as j has trailing one bits: its
+/* Folds floats [off, off + n) of the current shard into the tree. An even shard's values wait
+ * in its buffer as a leaf; an odd shard j climbs as many levels as j has trailing one bits: its
  * leaf is added to the waiting lower sibling at each level, lower subtree first. After the last
  * shard, a count L that is not a power of two (one rank alone) leaves a node at each of its one
  * bits; the tree's root adds them from the lowest up, each time the earlier leaves first. One
@@ -249,37 +289,55 @@ static void climb(float *dst, float *const *lower, int up, const float *leaf, si
  * segments of it. */
 static void tree_fold(ddp_tree *t, size_t off, size_t n, float by) {
     size_t j = t->shard, L = t->local;
-    int last = j + 1 == L, power = (L & (L - 1)) == 0;
-    float *lower[64];
-    if (j & 1) {
-        int up = 0;
-        while ((j >> up) & 1) up++;
-        for (int l = 0; l < up; l++) lower[l] = t->level[l] + off;
-        climb(t->level[up] + off, lower, up, t->spare + off, n, last && power ? by : 1.0f);
+    int last = j + 1 == L, power = power_of_two(L), up = 0;
+    float *leaf = t->buf[t->leaf] + off, *lower[64];
+    while ((j >> up) & 1) up++;
+    if (up > 0) {
+        for (int l = 0; l < up; l++) lower[l] = t->buf[t->pending[l]] + off;
+        climb(leaf, lower, up, n, last && power ? by : 1.0f);
     }
     if (!last || (power && (L > 1 || by == 1.0f))) return;
     if (power) { /* a single shard: its leaf is the root */
-        float *top = t->level[0] + off;
-        for (size_t e = 0; e < n; e++) top[e] *= by;
+        scale(leaf, n, by);
         return;
     }
-    int low = 0, high = t->levels;
-    while (!((L >> low) & 1)) low++;
-    for (int l = low + 1; l <= high; l++) {
+    /* The new node sits at L's lowest one bit (L - 1 has `up` trailing ones); the others wait. */
+    float *below = leaf;
+    for (int l = up + 1; l <= t->levels; l++) {
         if (!((L >> l) & 1)) continue;
-        add_scaled(t->level[l] + off, t->level[low] + off, n, l == high ? by : 1.0f);
-        low = l;
+        float *upper = t->buf[t->pending[l]] + off;
+        add_scaled(upper, below, n, l == t->levels ? by : 1.0f);
+        below = upper;
     }
 }
 
+/* After shard j's fold: its node waits at the level it climbed to, in its leaf's buffer, and
+ * the nodes it absorbed free theirs; after the last, the root is known and the counter empties. */
+static void tree_advance(ddp_tree *t) {
+    size_t j = t->shard;
+    int up = 0;
+    while ((j >> up) & 1) up++;
+    if (j + 1 == t->local) {
+        t->root = power_of_two(t->local) ? t->leaf : t->pending[t->levels];
+        for (int l = 0; l <= t->levels; l++) t->pending[l] = -1;
+        return;
+    }
+    for (int l = 0; l < up; l++) t->pending[l] = -1;
+    t->pending[up] = t->leaf;
+}
+
 /* Queues bucket k's all-to-all (k == n_buckets: the tail): rank r receives every rank's segment
- * r of the bucket, in rank order, into the spare. */
+ * r of the bucket, in rank order, into a buffer the fold freed. Two ranks all-reduce the bucket
+ * in place. Across ranks L is a power of two, so the root is buffer 0. */
 static void tree_launch(td_ddp *d, size_t k) {
     ddp_tree *t = d->state;
     if (k < d->n_buckets) d->buckets[k].t_launch = td_time_ns();
     if (d->size == 1) return;
-    td_status s = td_comm_ialltoall(d->comm, t->level[t->levels] + t->base[k],
-                                    t->spare + t->base[k], t->seg[k], TD_F32, &t->req[k]);
+    float *top = t->buf[0] + t->base[k];
+    td_status s = d->size == 2 ? td_comm_iallreduce(d->comm, top, top, 2 * t->seg[k], TD_F32,
+                                                    TD_OP_SUM, &t->req[k])
+                               : td_comm_ialltoall(d->comm, top, t->buf[t->recv] + t->base[k],
+                                                   t->seg[k], TD_F32, &t->req[k]);
     if (s != TD_OK) {
         t->req[k] = NULL;
         td__ddp_note_error(d, s);
@@ -305,33 +363,37 @@ static void tree_grad_ready(td_ddp *d, size_t i) {
     }
 }
 
-static void scale(float *x, size_t n, float by) {
-    for (size_t e = 0; e < n; e++) x[e] *= by;
-}
-
 /* The levels above the ranks: for each bucket, the w segments this rank received are added in
  * pairs (stride 1, 2, 4, ...: the aligned pairwise tree over ranks, as over leaves), averaged
- * over the shards when asked, and all-gathered into the top level. All-gathers are queued in
+ * over the shards when asked, and all-gathered into the root's buffer. All-gathers are queued in
  * bucket order after every all-to-all, so the collectives match on every rank. */
 static td_status tree_across_ranks(td_ddp *d) {
     ddp_tree *t = d->state;
-    float *top = t->level[t->levels], inv = 1.0f / (float)t->shards;
+    float *top = t->buf[0], inv = 1.0f / (float)t->shards;
     int average = d->opt.average && t->shards > 1;
     size_t w = (size_t)d->size, nb = d->n_buckets + 1;
     td_status s = d->err;
     if (w == 1) return s; /* the root was written averaged (root_factor) */
+    if (w == 2) {         /* all-reduced in place: the root */
+        for (size_t k = 0; k < nb; k++) {
+            td_status r = t->req[k] ? td_request_wait(t->req[k]) : TD_OK;
+            t->req[k] = NULL;
+            if (s == TD_OK) s = r;
+            if (s == TD_OK && k < d->n_buckets && average)
+                scale(top + t->base[k], 2 * t->seg[k], inv);
+        }
+        return s;
+    }
     for (size_t k = 0; k < nb; k++) {
         td_status r = t->req[k] ? td_request_wait(t->req[k]) : TD_OK;
         t->req[k] = NULL;
         if (s == TD_OK) s = r;
         if (s != TD_OK) continue;
-        float *x = t->spare + t->base[k];
+        float *x = t->buf[t->recv] + t->base[k];
         size_t seg = t->seg[k];
         for (size_t stride = 1; stride < w; stride *= 2)
             for (size_t i = 0; i + stride < w; i += 2 * stride) {
-                float *lo = x + i * seg;
-                const float *hi = x + (i + stride) * seg;
-                for (size_t e = 0; e < seg; e++) lo[e] = lo[e] + hi[e];
+                add_to(x + i * seg, x + (i + stride) * seg, seg); /* lo + hi, as hi + lo */
             }
         if (k < d->n_buckets && average) scale(x, seg, inv);
         s = td_comm_iallgather(d->comm, x, top + t->base[k], seg, TD_F32, &t->req[k]);
@@ -378,6 +440,7 @@ static td_status tree_finish(td_ddp *d) {
     tail[0] = (float)n_unready;
     tail[1] = d->loss;
     tree_fold(t, t->base[d->n_buckets], t->n_buffer_floats + DDP_SLOTS, 1.0f);
+    tree_advance(t);
     memset(d->ready, 0, d->n_params ? d->n_params : 1);
     d->n_ready = 0;
     d->open = 0;
@@ -397,7 +460,7 @@ static td_status tree_finish(td_ddp *d) {
     t->next_launch = 0;
     for (size_t k = 0; k < d->n_buckets; k++) d->buckets[k].pending = d->buckets[k].n_members;
     if (d->err != TD_OK) return td__ddp_take_error(d);
-    float *top = t->level[t->levels], inv = 1.0f / (float)t->shards;
+    float *top = t->buf[t->root], inv = 1.0f / (float)t->shards;
     for (size_t i = 0; i < d->n_params; i++) d->params[i].grad = top + param_at(d, i);
     const float *sum = top + t->base[d->n_buckets];
     for (size_t i = 0; i < d->n_buffers; i++) {
