@@ -69,6 +69,15 @@ static void no_sync_clipping_and_loss_scale_equal_ddp(void) {
     run_equal(&ec, 2, 3);
 }
 
+/* The whole gradients of three units in a ring of two: the third waits for the first's
+ * reduce-scatter and writes over its slot, and the no_sync micro-batches accumulate at home. */
+static void a_ring_reused_within_backward_equals_ddp(void) {
+    equal_case ec = {.cfg = {.micro = 1, .small_ring = 1}, .stages = {2, 3}};
+    run_equal(&ec, 2, 3);
+    equal_case acc = {.cfg = {.micro = 2, .small_ring = 1, .clip = 0.05}, .stages = {2, 3}};
+    run_equal(&acc, 2, 2);
+}
+
 static void named_units_equal_ddp(void) {
     equal_case ec = {.cfg = {.micro = 1, .named_units = 1}, .stages = {2, 3}};
     run_equal(&ec, 3, 3);
@@ -207,6 +216,11 @@ static void memory_rank(int rank, int size, int port, void *arg) {
           mm.now.optim <= 2 * (whole / (size_t)size + slack));
     CHECK_EQ(mm.now.gathered, 0);
     CHECK_EQ(mm.now.reducing, 0);
+    /* The whole gradients' ring and the parked pages of freed gathered copies stay for the next
+     * step: cached, not counted as gradients or gathered copies. */
+    size_t parked = mm.now.cached - whole; /* the ring holds every unit's whole gradient */
+    CHECK(mm.now.cached >= whole);
+    CHECK(size == 1 ? parked == 0 : parked > 0 && parked <= 2 * unit);
     /* At most the unit in use and the prefetched one gathered at once. */
     CHECK(mm.peak.gathered <= 2 * unit * (size_t)(size - 1) / (size_t)size + slack);
     CHECK(size == 1 || mm.peak.gathered > 0);
@@ -215,9 +229,10 @@ static void memory_rank(int rank, int size, int port, void *arg) {
     for (int u = 0; u < MUNITS; u++) in += resident_pages(p[u].data, unit);
     CHECK(in * ps <= whole / (size_t)size + (size_t)MUNITS * 2 * ps);
     if (rank == 0)
-        printf("world %d: params %zu grads %zu optim %zu bytes now, gathered peak %zu, "
+        printf("world %d: params %zu grads %zu optim %zu cached %zu bytes now, gathered peak %zu, "
                "resident parameter pages %zu KiB\n",
-               size, mm.now.params, mm.now.grads, mm.now.optim, mm.peak.gathered, in * ps >> 10);
+               size, mm.now.params, mm.now.grads, mm.now.optim, mm.now.cached, mm.peak.gathered,
+               in * ps >> 10);
     td_optim_destroy(opt);
     td_zero_destroy(z);
     free(mem);
@@ -390,6 +405,7 @@ int main(void) {
     RUN(stages_equal_ddp_at_worlds_1_to_4);
     RUN(no_sync_clipping_and_loss_scale_equal_ddp);
     RUN(named_units_equal_ddp);
+    RUN(a_ring_reused_within_backward_equals_ddp);
     RUN(deterministic_digest_equals_deterministic_ddp_at_worlds_1_2_4);
     RUN(mixed_precision_and_half_width_reductions_equal_ddp);
     RUN(stage3_memory_falls_as_one_over_world);

@@ -155,6 +155,7 @@ typedef struct {
     double clip;               /* > 0: clip the gradients' norm to this */
     float loss_scale;          /* > 0: a static td_grad_scaler-like scale, undone before the step */
     int named_units;           /* units {"fc1", "head"}: fc1 and fc2 share one */
+    int small_ring;            /* stages 2, 3: a gradient ring of two units, reused in backward */
 } run_cfg;
 
 /* What a whole-model run checkpoints: the parameters and the optimizer's state (malloc'd). */
@@ -185,6 +186,7 @@ static void train(td_comm *comm, const run_cfg *c, float *out, double *norms) {
         td_zero_params zp = td_zero_default_params();
         static const char *units[] = {"fc1", "head"};
         zp.stage = c->stage;
+        if (c->small_ring) zp.ddp.bucket_bytes = 1;
         if (c->named_units) {
             zp.units = units;
             zp.n_units = 2;
