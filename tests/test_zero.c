@@ -364,6 +364,49 @@ static void refusal_rank(int rank, int size, int port, void *arg) {
     td_comm_destroy(comm);
 }
 
+/* A forward with no backward after it (an evaluation) keeps its last units whole for the backward
+ * that would reuse them; the next forward gathers them again, so a shard written meanwhile
+ * (a load, a hand-made update) is what every rank sees. */
+static void stale_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *comm = NULL;
+    CHECK_OK(test_comm_create(&comm, rank, size, port, 60));
+    if (!comm) return;
+    model m;
+    model_init(&m, 3);
+    td_zero_params zp = td_zero_default_params();
+    zp.stage = 3;
+    td_zero *z = NULL;
+    CHECK_OK(td_zero_create(&z, comm, m.p, NP, NULL, 0, &zp));
+    td_param *shards = NULL;
+    size_t n = 0;
+    if (z) CHECK_OK(td_zero_parameters(z, &shards, &n));
+    for (int pass = 0; z && pass < 2; pass++) {
+        CHECK_OK(td_zero_prepare_forward(z));
+        for (int i = 0; i < NP; i++) {
+            CHECK_OK(td_zero_param_use(z, (size_t)i, TD_PARAM_BEFORE_FORWARD));
+            if (pass == 1)
+                for (size_t e = 0; e < m.p[i].count; e++)
+                    if (((float *)m.p[i].data)[e] != 0.5f) {
+                        TEST_FAIL_AT("rank %d: '%s'[%zu] is %g after the shards were set to 0.5",
+                                     rank, m.p[i].name, e, ((float *)m.p[i].data)[e]);
+                        break;
+                    }
+            CHECK_OK(td_zero_param_use(z, (size_t)i, TD_PARAM_AFTER_FORWARD));
+        }
+        for (size_t v = 0; v < n; v++)
+            for (size_t e = 0; e < shards[v].count; e++) ((float *)shards[v].data)[e] = 0.5f;
+    }
+    td_zero_destroy(z);
+    model_free(&m);
+    td_comm_destroy(comm);
+}
+
+static void a_forward_without_backward_leaves_no_stale_copy(void) {
+    CHECK_EQ(test_run_ranks(2, stale_rank, NULL, 60, 0), 0);
+    CHECK_EQ(test_shm_leftovers(), 0);
+}
+
 /* Stage 3 without the parameter-use calls would compute on zeros: the step says so. */
 static void stage3_without_the_hooks_is_an_error(void) {
     td_comm_params cp = td_comm_default_params();
@@ -410,6 +453,7 @@ int main(void) {
     RUN(mixed_precision_and_half_width_reductions_equal_ddp);
     RUN(stage3_memory_falls_as_one_over_world);
     RUN(pipeline_with_a_sharded_group_per_stage_equals_ddp);
+    RUN(a_forward_without_backward_leaves_no_stale_copy);
     RUN(stage3_without_the_hooks_is_an_error);
     RUN(bad_options_fail_on_every_rank);
     TEST_END();

@@ -235,8 +235,10 @@ static td_status move_params(td_zero *z) {
      * that registered the memory (UCX, MPI over RDMA). */
     for (size_t u = 0; z->opt.stage == 3 && z->world > 1 && u < z->lay.n_units; u++) {
         size_t bytes = 0;
-        for (size_t k = 0; k < z->lay.units[u].n_flats; k++)
-            bytes += z->lay.flats[z->lay.units[u].first_flat + k].span;
+        for (size_t k = 0; k < z->lay.units[u].n_flats; k++) {
+            const td__zero_flat *fl = &z->lay.flats[z->lay.units[u].first_flat + k];
+            bytes += fl->span - fl->chunk * td_dtype_size(fl->dtype);
+        }
         largest = bytes > largest ? bytes : largest;
     }
     int one_host = z->gather_comm && !strcmp(td_comm_backend_name(z->gather_comm), "shm");
@@ -387,9 +389,8 @@ td_status td_zero_parameters(td_zero *z, td_param **shards, size_t *n) {
 td_status td_zero_prepare_forward(td_zero *z) {
     if (!z) return td__fail(TD_EINVAL, "td_zero_prepare_forward: zero is NULL");
     if (z->opt.stage < 3 && z->dirty) TD__TRY(gather_all(z));
-    if (z->opt.stage == 3)
-        for (size_t u = 0; u < z->lay.n_units; u++)
-            z->lay.units[u].forward_done = z->lay.units[u].backward_done = 0;
+    /* Units a forward without a backward kept whole (the last ones, below) may be stale now. */
+    if (z->opt.stage == 3) release_all(z);
     z->uses = 0;
     return td_ddp_prepare_forward(z->ddp);
 }
@@ -425,9 +426,13 @@ td_status td_zero_param_use(td_zero *z, size_t i, td_param_use use) {
     td__zero_unit *un = &z->lay.units[u];
     if (use == TD_PARAM_AFTER_FORWARD || use == TD_PARAM_AFTER_BACKWARD) {
         size_t *done = use == TD_PARAM_AFTER_FORWARD ? &un->forward_done : &un->backward_done;
+        /* The last units of a forward are the first of the backward: those it would gather
+         * again at once (the unit it starts with, and the one it prefetches) stay whole, which
+         * holds no more than the forward's own unit in use and prefetched one did. */
+        size_t reused = z->opt.prefetch ? 2 : 1;
         if (++*done == un->n_params) {
             *done = 0;
-            unit_release(z, u);
+            if (use == TD_PARAM_AFTER_BACKWARD || u + reused < z->lay.n_units) unit_release(z, u);
         }
         return TD_OK;
     }
@@ -593,6 +598,7 @@ void td__zero_parts_of(td_zero *z, td__zero_parts *out) {
 
 td_status td__zero_loaded(td_zero *z) {
     z->dirty = 0;
+    if (z->opt.stage == 3 && !z->hold) release_all(z); /* whole copies of the old values */
     if (z->opt.stage < 3 || !z->hold) return TD_OK;
     z->hold = 0;
     release_all(z);
