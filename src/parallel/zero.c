@@ -419,8 +419,8 @@ td_status td_zero_param_use(td_zero *z, size_t i, td_param_use use) {
     if (i >= z->n_params)
         return td__fail(TD_EINVAL, "zero rank %d: parameter index %zu, but %zu are registered",
                         z->rank, i, z->n_params);
-    if (use == TD_PARAM_BEFORE_BACKWARD && z->sharded_grads)
-        TD__TRY(td__zero_reduce_before_backward(z->ddp, i));
+    /* Stages 2 and 3: the unit's whole gradients go to its slot of the ring (zero_reduce.c). */
+    if (use == TD_PARAM_BEFORE_BACKWARD) td__ddp_before_backward(z->ddp, i);
     if (z->opt.stage < 3) return TD_OK;
     size_t u = z->lay.unit_of[i];
     td__zero_unit *un = &z->lay.units[u];

@@ -134,13 +134,6 @@ td_status td__zero_plan(td__zero_layout *lay, const td_param *params, size_t n,
 
 void td__zero_layout_free(td__zero_layout *lay);
 
-/* ---- the sharded reducer's side of the parameter-use calls (zero_reduce.c) --------------- */
-
-/* Parameter i's gradient is about to be written by a synchronised backward: its flat's whole
- * gradient goes to the flat's slot of the gradient ring (params[i].grad re-pointed), unless it
- * goes home (see zero_reduce.c). */
-td_status td__zero_reduce_before_backward(td_ddp *d, size_t i);
-
 /* ---- what the checkpoint functions read (zero.c) ------------------------------------- */
 
 typedef struct {

@@ -10,8 +10,8 @@
  * backward go to the ring: one buffer of the group's memory, resident, of max(bucket_bytes, two
  * of the largest flats) bytes, where bucket k has a slot at the same offset on every rank (so
  * the reduce-scatter reads the other ranks' slots in place). A flat takes its slot when the
- * trainer announces that it is about to write it (td__zero_reduce_before_backward, from stage
- * 2 and 3's BEFORE_BACKWARD call), after waiting for the earlier bucket whose slot overlaps
+ * trainer announces that it is about to write it (the table's before_backward, from stage 2
+ * and 3's BEFORE_BACKWARD call), after waiting for the earlier bucket whose slot overlaps
  * it: the ring is reused as backward moves through the model, and memory stays at about two
  * units whatever the depth. A flat that nobody announced, or whose home already holds
  * gradients (no_sync micro-batches, the trainer's own at creation), is written at its home in
@@ -280,17 +280,17 @@ static void rs_wait_upto(td_ddp *d, size_t upto) {
         if (d->buckets[k].req) rs_done(d, k, td_request_wait(d->buckets[k].req));
 }
 
-td_status td__zero_reduce_before_backward(td_ddp *d, size_t i) {
+static void rs_before_backward(td_ddp *d, size_t i) {
     rs_state *st = d->state;
     size_t k = d->bucket_of[i];
-    if (!d->sync || st->decided[k]) return TD_OK;
+    if (st->decided[k]) return;
     st->decided[k] = 1;
     const td__zero_flat *f = flat_of_bucket(d, k);
     int home = st->home_held[k];
     for (size_t m = 0; m < f->n_members && !home; m++) home = d->touched[f->members[m]];
     /* The slot's earlier tenant must be launched to be waited for; a backward that reaches
      * this flat first (another order than the buckets') writes it at home. */
-    if (home || st->after[k] > st->next) return TD_OK;
+    if (home || st->after[k] > st->next) return;
     rs_wait_upto(d, st->after[k]);
     unsigned char *slot = st->ring.base + st->slot_at[k];
     size_t es = td_dtype_size(f->dtype), bytes = f->chunk * (size_t)d->size * es;
@@ -309,7 +309,6 @@ td_status td__zero_reduce_before_backward(td_ddp *d, size_t i) {
         st->ring_counted = 1;
         td__zero_account_add(&st->lay->acct, ZERO_CACHED, (long long)st->ring.bytes);
     }
-    return TD_OK;
 }
 
 static void rs_grad_ready(td_ddp *d, size_t i) {
@@ -403,6 +402,7 @@ const td__ddp_reducer td__ddp_reduce_scatter = {
     .grad_ready = rs_grad_ready,
     .finish = rs_finish,
     .zero_grad = rs_zero_grad,
+    .before_backward = rs_before_backward,
     .wait = rs_wait,
     .destroy = rs_destroy,
 };
