@@ -76,6 +76,9 @@ static void a_ring_reused_within_backward_equals_ddp(void) {
     run_equal(&ec, 2, 3);
     equal_case acc = {.cfg = {.micro = 2, .small_ring = 1, .clip = 0.05}, .stages = {2, 3}};
     run_equal(&acc, 2, 2);
+    /* A trainer without the parameter-use calls writes every unit at its home. */
+    equal_case home = {.cfg = {.micro = 1, .small_ring = 1, .no_use = 1}, .stages = {1, 2}};
+    run_equal(&home, 2, 3);
 }
 
 static void named_units_equal_ddp(void) {
