@@ -77,7 +77,9 @@ typedef struct {
     int prefetch;      /* 1: stage 3 gathers the next unit while the current one computes */
     td_ddp_params ddp; /* the gradient side, as td_ddp takes it: average, comm_dtype,
                           find_unused_parameters, broadcast_buffers, trace, deterministic and
-                          shards, and (stage 1) bucket sizes; join is not supported */
+                          shards, and (stage 1) bucket sizes; at stages 2 and 3 bucket_bytes is
+                          the gradient ring's size when two units need less; join is not
+                          supported */
 } td_zero_params;
 
 /* Stage 2, a unit per top-level module, prefetching, td_ddp_default_params(). */
