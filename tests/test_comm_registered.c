@@ -2,8 +2,9 @@
  * in-place all-reduces on registered buffers at offset 0 and an unaligned offset, for world
  * sizes 1-4, sizes 0, 1, 7, 1009 and over 1 MiB, f32/bf16/i32 and sum/avg/max, against a
  * serial reference, with the bytes around the range checked untouched; the fallback when the
- * ranks disagree (other offsets, other allocations, plain buffers); non-blocking calls on
- * registered buffers; the size mismatch check; and nothing left in /dev/shm afterwards. */
+ * ranks disagree (other offsets, other allocations, plain buffers); reduce-scatters from and
+ * allgathers into registered buffers, in place or not, and their fallbacks; non-blocking calls
+ * on registered buffers; the size mismatch check; and nothing left in /dev/shm afterwards. */
 #include <signal.h>
 #include <stdlib.h>
 
@@ -213,6 +214,88 @@ static void nonblocking(void) {
     }
 }
 
+/* Reduce-scatter of `count` elements per rank from byte `off` of `reg` (registered, or plain when
+ * the caller passes plain memory), into the rank's own part in place or into `out`; then the
+ * allgather of the results back, into `reg` in place or from `out`. GUARD bytes around the
+ * ranges keep their pattern. */
+static void scatter_gather_at(td_comm *c, unsigned char *reg, size_t off, size_t count,
+                              unsigned char *out, td_dtype t, td_reduce_op op, const char *what) {
+    int r = td_comm_rank(c), n = td_comm_size(c);
+    size_t es = td_dtype_size(t), bytes = (size_t)n * count * es;
+    unsigned char *p = reg + off, *mine = out ? out : p + (size_t)r * count * es;
+    memset(p - GUARD, 0xA5, GUARD);
+    memset(p + bytes, 0x5A, GUARD);
+    fill(t, p, (size_t)n * count, r);
+    CHECK_OK(td_comm_reduce_scatter(c, p, mine, count, t, op));
+    for (size_t i = 0; i < count; i++) {
+        size_t e = (size_t)r * count + i;
+        double ref = reference(t, op, n, e), g = test_elem_get(t, mine, i);
+        if (!(g - ref <= tolerance(t, ref) && ref - g <= tolerance(t, ref))) {
+            TEST_FAIL_AT("%s reduce_scatter %s %s n=%d count=%zu: element %zu is %.9g, expected "
+                         "%.9g",
+                         what, td_dtype_name(t), td_reduce_op_name(op), n, count, e, g, ref);
+            break;
+        }
+    }
+    /* Every rank's result, gathered: the whole reduced vector on every rank. */
+    if (!out) memset(p, 0, (size_t)r * count * es); /* what the gather must bring back */
+    CHECK_OK(td_comm_allgather(c, mine, p, count, t));
+    compare(what, t, op, n, p, (size_t)n * count);
+    for (size_t i = 0; i < GUARD; i++) {
+        if (p[-1 - (long)i] != 0xA5 || p[bytes + i] != 0x5A) {
+            TEST_FAIL_AT("%s: bytes around the range were written (count %zu)", what, count);
+            break;
+        }
+    }
+}
+
+static void scatter_gather_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 60));
+    if (!c) return;
+    void *a = NULL, *b = NULL;
+    CHECK_OK(td_comm_alloc(c, 4 * cap_bytes(), &a));
+    CHECK_OK(td_comm_alloc(c, 4 * cap_bytes(), &b));
+    unsigned char *plain = malloc(4 * cap_bytes()), *out = malloc(cap_bytes());
+    if (!a || !b || !plain || !out) return;
+    for (size_t ti = 0; ti < sizeof dtypes / sizeof *dtypes; ti++) {
+        td_dtype t = dtypes[ti];
+        size_t es = td_dtype_size(t);
+        size_t counts[] = {0, 7, 1009, BIG_BYTES / es / 4 + 7};
+        /* Every op on f32; the other dtypes one op each. */
+        size_t n_ops = t == TD_F32 ? sizeof ops / sizeof *ops : 1;
+        for (size_t oi = 0; oi < n_ops; oi++)
+            for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
+                size_t n = counts[ci];
+                td_reduce_op op = t == TD_F32 ? ops[oi] : ops[ti];
+                scatter_gather_at(c, a, GUARD, n, NULL, t, op, "registered in place");
+                scatter_gather_at(c, a, GUARD + 4 * 1000 + 12, n, out, t, op,
+                                  "registered, out of place");
+                /* The ranks disagree: the copying path, and the zero-copy one after it. */
+                scatter_gather_at(c, rank == 0 ? plain : a, GUARD, n, NULL, t, op,
+                                  "plain on rank 0");
+                scatter_gather_at(c, a, rank == size - 1 ? 128 : GUARD, n, NULL, t, op,
+                                  "another offset on the last rank");
+                scatter_gather_at(c, rank == 0 ? b : a, GUARD, n, out, t, op,
+                                  "another allocation on rank 0");
+                scatter_gather_at(c, b, GUARD, n, NULL, t, op, "registered again");
+            }
+    }
+    free(plain);
+    free(out);
+    td_comm_free(c, a);
+    td_comm_free(c, b);
+    td_comm_destroy(c);
+}
+
+static void scatter_gather(void) {
+    for (int n = 1; n <= 4; n++) {
+        CHECK_EQ(test_run_ranks(n, scatter_gather_rank, NULL, 240, 0), 0);
+        CHECK_EQ(test_shm_leftovers(), 0);
+    }
+}
+
 /* Zero bytes still give a distinct pointer; different sizes are a mismatch on every rank. */
 static void sizes_rank(int rank, int size, int port, void *arg) {
     (void)arg;
@@ -242,6 +325,7 @@ int main(void) {
     RUN(world_3);
     RUN(world_4);
     RUN(mixed);
+    RUN(scatter_gather);
     RUN(nonblocking);
     RUN(sizes);
     TEST_END();

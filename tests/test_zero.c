@@ -69,6 +69,18 @@ static void no_sync_clipping_and_loss_scale_equal_ddp(void) {
     run_equal(&ec, 2, 3);
 }
 
+/* The whole gradients of three units in a ring of two: the third waits for the first's
+ * reduce-scatter and writes over its slot, and the no_sync micro-batches accumulate at home. */
+static void a_ring_reused_within_backward_equals_ddp(void) {
+    equal_case ec = {.cfg = {.micro = 1, .small_ring = 1}, .stages = {2, 3}};
+    run_equal(&ec, 2, 3);
+    equal_case acc = {.cfg = {.micro = 2, .small_ring = 1, .clip = 0.05}, .stages = {2, 3}};
+    run_equal(&acc, 2, 2);
+    /* A trainer without the parameter-use calls writes every unit at its home. */
+    equal_case home = {.cfg = {.micro = 1, .small_ring = 1, .no_use = 1}, .stages = {1, 2}};
+    run_equal(&home, 2, 3);
+}
+
 static void named_units_equal_ddp(void) {
     equal_case ec = {.cfg = {.micro = 1, .named_units = 1}, .stages = {2, 3}};
     run_equal(&ec, 3, 3);
@@ -207,6 +219,11 @@ static void memory_rank(int rank, int size, int port, void *arg) {
           mm.now.optim <= 2 * (whole / (size_t)size + slack));
     CHECK_EQ(mm.now.gathered, 0);
     CHECK_EQ(mm.now.reducing, 0);
+    /* The whole gradients' ring and the parked pages of freed gathered copies stay for the next
+     * step: cached, not counted as gradients or gathered copies. */
+    size_t parked = mm.now.cached - whole; /* the ring holds every unit's whole gradient */
+    CHECK(mm.now.cached >= whole);
+    CHECK(size == 1 ? parked == 0 : parked > 0 && parked <= 2 * unit);
     /* At most the unit in use and the prefetched one gathered at once. */
     CHECK(mm.peak.gathered <= 2 * unit * (size_t)(size - 1) / (size_t)size + slack);
     CHECK(size == 1 || mm.peak.gathered > 0);
@@ -215,9 +232,10 @@ static void memory_rank(int rank, int size, int port, void *arg) {
     for (int u = 0; u < MUNITS; u++) in += resident_pages(p[u].data, unit);
     CHECK(in * ps <= whole / (size_t)size + (size_t)MUNITS * 2 * ps);
     if (rank == 0)
-        printf("world %d: params %zu grads %zu optim %zu bytes now, gathered peak %zu, "
+        printf("world %d: params %zu grads %zu optim %zu cached %zu bytes now, gathered peak %zu, "
                "resident parameter pages %zu KiB\n",
-               size, mm.now.params, mm.now.grads, mm.now.optim, mm.peak.gathered, in * ps >> 10);
+               size, mm.now.params, mm.now.grads, mm.now.optim, mm.now.cached, mm.peak.gathered,
+               in * ps >> 10);
     td_optim_destroy(opt);
     td_zero_destroy(z);
     free(mem);
@@ -349,6 +367,49 @@ static void refusal_rank(int rank, int size, int port, void *arg) {
     td_comm_destroy(comm);
 }
 
+/* A forward with no backward after it (an evaluation) keeps its last units whole for the backward
+ * that would reuse them; the next forward gathers them again, so a shard written meanwhile
+ * (a load, a hand-made update) is what every rank sees. */
+static void stale_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *comm = NULL;
+    CHECK_OK(test_comm_create(&comm, rank, size, port, 60));
+    if (!comm) return;
+    model m;
+    model_init(&m, 3);
+    td_zero_params zp = td_zero_default_params();
+    zp.stage = 3;
+    td_zero *z = NULL;
+    CHECK_OK(td_zero_create(&z, comm, m.p, NP, NULL, 0, &zp));
+    td_param *shards = NULL;
+    size_t n = 0;
+    if (z) CHECK_OK(td_zero_parameters(z, &shards, &n));
+    for (int pass = 0; z && pass < 2; pass++) {
+        CHECK_OK(td_zero_prepare_forward(z));
+        for (int i = 0; i < NP; i++) {
+            CHECK_OK(td_zero_param_use(z, (size_t)i, TD_PARAM_BEFORE_FORWARD));
+            if (pass == 1)
+                for (size_t e = 0; e < m.p[i].count; e++)
+                    if (((float *)m.p[i].data)[e] != 0.5f) {
+                        TEST_FAIL_AT("rank %d: '%s'[%zu] is %g after the shards were set to 0.5",
+                                     rank, m.p[i].name, e, ((float *)m.p[i].data)[e]);
+                        break;
+                    }
+            CHECK_OK(td_zero_param_use(z, (size_t)i, TD_PARAM_AFTER_FORWARD));
+        }
+        for (size_t v = 0; v < n; v++)
+            for (size_t e = 0; e < shards[v].count; e++) ((float *)shards[v].data)[e] = 0.5f;
+    }
+    td_zero_destroy(z);
+    model_free(&m);
+    td_comm_destroy(comm);
+}
+
+static void a_forward_without_backward_leaves_no_stale_copy(void) {
+    CHECK_EQ(test_run_ranks(2, stale_rank, NULL, 60, 0), 0);
+    CHECK_EQ(test_shm_leftovers(), 0);
+}
+
 /* Stage 3 without the parameter-use calls would compute on zeros: the step says so. */
 static void stage3_without_the_hooks_is_an_error(void) {
     td_comm_params cp = td_comm_default_params();
@@ -390,10 +451,12 @@ int main(void) {
     RUN(stages_equal_ddp_at_worlds_1_to_4);
     RUN(no_sync_clipping_and_loss_scale_equal_ddp);
     RUN(named_units_equal_ddp);
+    RUN(a_ring_reused_within_backward_equals_ddp);
     RUN(deterministic_digest_equals_deterministic_ddp_at_worlds_1_2_4);
     RUN(mixed_precision_and_half_width_reductions_equal_ddp);
     RUN(stage3_memory_falls_as_one_over_world);
     RUN(pipeline_with_a_sharded_group_per_stage_equals_ddp);
+    RUN(a_forward_without_backward_leaves_no_stale_copy);
     RUN(stage3_without_the_hooks_is_an_error);
     RUN(bad_options_fail_on_every_rank);
     TEST_END();

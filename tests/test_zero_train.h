@@ -79,6 +79,7 @@ static void sample(int step, int s, float *x, float *t) {
 typedef struct {
     td_ddp *ddp;
     td_zero *zero;
+    int no_use; /* the trainer makes no td_zero_param_use calls (stages 1 and 2 allow it) */
 } sync_t;
 
 static void ready(sync_t *s, int i) {
@@ -89,7 +90,7 @@ static void ready(sync_t *s, int i) {
 }
 
 static void use(sync_t *s, int layer, td_param_use u) {
-    if (!s->zero) return;
+    if (!s->zero || s->no_use) return;
     CHECK_OK(td_zero_param_use(s->zero, (size_t)(2 * layer), u));
     CHECK_OK(td_zero_param_use(s->zero, (size_t)(2 * layer + 1), u));
 }
@@ -155,6 +156,8 @@ typedef struct {
     double clip;               /* > 0: clip the gradients' norm to this */
     float loss_scale;          /* > 0: a static td_grad_scaler-like scale, undone before the step */
     int named_units;           /* units {"fc1", "head"}: fc1 and fc2 share one */
+    int small_ring;            /* stages 2, 3: a gradient ring of two units, reused in backward */
+    int no_use;                /* no td_zero_param_use calls: gradients written at their home */
 } run_cfg;
 
 /* What a whole-model run checkpoints: the parameters and the optimizer's state (malloc'd). */
@@ -176,7 +179,7 @@ static void train(td_comm *comm, const run_cfg *c, float *out, double *norms) {
     int rank = td_comm_rank(comm), world = td_comm_size(comm);
     model m;
     model_init(&m, 11 + (uint64_t)rank); /* rank 0's values win at creation */
-    sync_t s = {0};
+    sync_t s = {.no_use = c->no_use};
     td_param *opt_params = m.p;
     size_t n_opt = NP;
     if (c->stage == 0) {
@@ -185,6 +188,7 @@ static void train(td_comm *comm, const run_cfg *c, float *out, double *norms) {
         td_zero_params zp = td_zero_default_params();
         static const char *units[] = {"fc1", "head"};
         zp.stage = c->stage;
+        if (c->small_ring) zp.ddp.bucket_bytes = 1;
         if (c->named_units) {
             zp.units = units;
             zp.n_units = 2;

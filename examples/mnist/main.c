@@ -724,11 +724,11 @@ static void print_zero_memory(const trainer *t) {
     td_zero_layout(t->zero, &stage, &units, &flats);
     printf("zero stage %d, %zu units, rank 0 of %d held (KiB now / peak): parameters %zu / %zu, "
            "gradients %zu / %zu, optimizer %zu / %zu, gathered %zu / %zu, reducing %zu / %zu, "
-           "total %zu / %zu\n",
+           "cached %zu / %zu, total %zu / %zu\n",
            stage, units, t->world, m.now.params >> 10, m.peak.params >> 10, m.now.grads >> 10,
            m.peak.grads >> 10, m.now.optim >> 10, m.peak.optim >> 10, m.now.gathered >> 10,
-           m.peak.gathered >> 10, m.now.reducing >> 10, m.peak.reducing >> 10, m.now.total >> 10,
-           m.peak.total >> 10);
+           m.peak.gathered >> 10, m.now.reducing >> 10, m.peak.reducing >> 10, m.now.cached >> 10,
+           m.peak.cached >> 10, m.now.total >> 10, m.peak.total >> 10);
 }
 
 int main(int argc, char **argv) {

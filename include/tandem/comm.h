@@ -30,8 +30,10 @@
  * td_comm_alloc gives buffers that every rank's backend can reach: on shm, rank r's buffer is
  * region r of a segment all ranks map (unlinked once mapped, so a crash leaks nothing), and an
  * in-place all-reduce on the same offset of such a buffer on every rank reduces straight from
- * and into the ranks' regions, without the staging copies. Elsewhere (mpi, one rank) it is
- * plain 64-byte aligned memory; other buffers work as before everywhere. */
+ * and into the ranks' regions, without the staging copies; so does a reduce-scatter whose send
+ * buffer, and an allgather whose receive buffer, lies at the same offset of such a buffer on
+ * every rank. Elsewhere (mpi, one rank) it is plain 64-byte aligned memory (page aligned from a
+ * page up); other buffers work as before everywhere. */
 #ifndef TANDEM_COMM_H
 #define TANDEM_COMM_H
 
@@ -257,8 +259,8 @@ typedef struct {
     td_status mismatch;           /* what differing signatures return (0: TD_EMISMATCH) */
     td_comm_describe_fn describe; /* words for one side of a difference (NULL when bytes = 0) */
     void *describe_ctx;
-    const char *hint;             /* NULL, or what a mismatch message ends with ("; every rank
-                                     must ...") */
+    const char *hint; /* NULL, or what a mismatch message ends with ("; every rank
+                         must ...") */
 } td_comm_agreement;
 
 /* Checks that every rank of the group is about to do the same thing, before anything that would

@@ -5,7 +5,8 @@
  *  - stage 1: the optimizer state. Gradients are all-reduced as DDP does; each rank steps the
  *    optimizer over its shard only, and the parameters are all-gathered before the next forward.
  *  - stage 2: also the gradients: each unit's gradients are reduce-scattered into the rank's
- *    shard while backward goes on, and the unit's whole gradient is freed once that is done.
+ *    shard while backward goes on. The units' whole gradients are written into a ring of about
+ *    two units (or ddp.bucket_bytes), each unit's slot reused once its reduce-scatter is done.
  *  - stage 3: also the parameters: a unit's parameters are all-gathered just before its forward
  *    and again before its backward and freed after each, the next unit's gather prefetched.
  * A unit is a run of consecutive parameters (a layer, or layers the caller groups); its
@@ -14,20 +15,24 @@
  *
  * Parameters keep their addresses: td_zero_create moves every parameter into memory of its own
  * and re-points params[i].data (and grad) there once, and a freed gathered copy gives its pages
- * back to the system while its address stays reserved. So a graph, an evaluation graph sharing
- * its parameters, or a hand-written trainer reads params[i].data as always; at stage 3 only
- * while the parameter's unit is gathered (the hooks below see to it, or td_zero_full_params).
+ * up while its address stays reserved. So a graph, an evaluation graph sharing its parameters,
+ * or a hand-written trainer reads params[i].data as always; at stage 3 only while the
+ * parameter's unit is gathered (the hooks below see to it, or td_zero_full_params). At stages 2
+ * and 3 a parameter's gradient lives in its unit's slot of the ring from the unit's
+ * TD_PARAM_BEFORE_BACKWARD call to td_zero_finish_backward: read params[i].grad after that call.
  *
  * One training step (the same as td_ddp's, with the optimizer over the rank's shards):
  *     td_zero_parameters(zero, &shards, &n);      // once: td_optim_create_sgd(&opt, shards, n, ..)
  *     td_zero_prepare_forward(zero);              // stage 1, 2: all-gathers the last step's shards
  *     forward                                     // stage 3: td_zero_param_use_hook gathers units
  *     backward, calling td_zero_grad_ready(zero, i) the moment gradient i is final
- *         (and at stage 3 td_zero_param_use around each layer's reads, as in forward);
+ *         (and at stages 2 and 3 td_zero_param_use around each layer's reads, as in forward);
  *     td_zero_finish_backward(zero);              // the shards' gradients are the rank average
  *     td_optim_step(opt);                         // steps this rank's shards
- * A graph drives it with td_graph_set_grad_ready_hook(g, td_zero_grad_ready_hook, zero) and, at
- * stage 3, td_graph_set_param_use_hook(g, td_zero_param_use_hook, zero).
+ * A graph drives it with td_graph_set_grad_ready_hook(g, td_zero_grad_ready_hook, zero) and
+ * td_graph_set_param_use_hook(g, td_zero_param_use_hook, zero) (stage 3 needs it; stage 2
+ * without it writes each unit's whole gradient in memory of its own, whose pages go back after
+ * each reduction and fault in again: correct, and slower).
  *
  * Everything DDP offers that a sharded step can keep is taken from DDP: the ranks' agreement on
  * registrations, rank 0's parameters and buffers broadcast at creation, buffers broadcast each
@@ -72,7 +77,9 @@ typedef struct {
     int prefetch;      /* 1: stage 3 gathers the next unit while the current one computes */
     td_ddp_params ddp; /* the gradient side, as td_ddp takes it: average, comm_dtype,
                           find_unused_parameters, broadcast_buffers, trace, deterministic and
-                          shards, and (stage 1) bucket sizes; join is not supported */
+                          shards, and (stage 1) bucket sizes; at stages 2 and 3 bucket_bytes is
+                          the gradient ring's size when two units need less; join is not
+                          supported */
 } td_zero_params;
 
 /* Stage 2, a unit per top-level module, prefetching, td_ddp_default_params(). */
@@ -88,7 +95,11 @@ typedef struct {
     size_t optim;    /* the optimizer's state (td_optim_state), when an optimizer is given */
     size_t gathered; /* stage 3: whole copies of units' parameters gathered for use */
     size_t reducing; /* stages 2 and 3: whole gradients of units being reduced, and their
-                        half-width copies */
+                        half-width copies, outside the gradient ring */
+    size_t cached;   /* stages 2 and 3: memory kept for reuse from step to step instead of
+                        being faulted in again: the gradient ring where backward writes the
+                        units' whole gradients, and at stage 3 the pages of freed gathered
+                        copies waiting for the next gather */
     size_t total;    /* the sum */
 } td_zero_bytes;
 
@@ -118,7 +129,9 @@ td_status td_zero_parameters(td_zero *zero, td_param **shards, size_t *n);
  * broadcasts buffers as DDP does. Collective. */
 td_status td_zero_prepare_forward(td_zero *zero);
 
-/* Zeroes where the next backward's gradients go. */
+/* Zeroes where the next backward's gradients go. A trainer that adds into params[i].grad calls it
+ * before each backward, as with td_ddp (after a synchronised step the ring holds what the last
+ * backward wrote); a graph after td_graph_zero_grad writes its gradients instead. */
 void td_zero_zero_grad(td_zero *zero);
 
 /* Parameter i's gradient is final in this backward (as td_ddp_grad_ready). */
@@ -128,12 +141,14 @@ td_status td_zero_grad_ready(td_zero *zero, size_t param_index);
  * is kept and returned by td_zero_finish_backward. */
 void td_zero_grad_ready_hook(size_t param_index, void *zero);
 
-/* Stage 3: parameter i's values are about to be read, or were read for the last time, in a
- * forward or backward (param.h's td_param_use). Before a read the parameter's unit is gathered
+/* Parameter i's values are about to be read, or were read for the last time, in a forward or
+ * backward (param.h's td_param_use). At stage 3, before a read the parameter's unit is gathered
  * (waiting for a prefetch in flight) and the next unit's gather starts; once every parameter of
  * a unit is past its last read of the sweep, the unit is freed. Collective in the order the
- * calls come: every rank makes the same calls in the same order (a graph does). A no-op at
- * stages 1 and 2. */
+ * calls come: every rank makes the same calls in the same order (a graph does). At stages 2 and
+ * 3, TD_PARAM_BEFORE_BACKWARD of a synchronised backward also points the unit's gradients at
+ * its slot of the ring (waiting, if need be, for the reduce-scatter of the unit that used the
+ * slot before). Nothing else at stages 1 and 2. */
 td_status td_zero_param_use(td_zero *zero, size_t param_index, td_param_use use);
 
 /* td_zero_param_use in the shape of td_param_use_fn (ctx is the td_zero). */

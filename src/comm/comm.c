@@ -458,8 +458,11 @@ td_status td_comm_alloc(td_comm *comm, size_t bytes, void **out) {
         s = submit(comm, &r, 1);
         a->backend = 1;
     } else {
-        size_t rounded = bytes ? (bytes + 63) / 64 * 64 : 64;
-        a->ptr = rounded >= bytes ? aligned_alloc(64, rounded) : NULL;
+        /* From a page up, whole pages: a caller may give pages back (madvise) without
+         * touching the allocator's neighbouring memory. */
+        size_t align = bytes >= 4096 ? 4096 : 64;
+        size_t rounded = bytes ? (bytes + align - 1) / align * align : 64;
+        a->ptr = rounded >= bytes ? aligned_alloc(align, rounded) : NULL;
         if (!a->ptr)
             s = td__fail(TD_ENOMEM, "td_comm_alloc: rank %d: out of memory for %zu bytes",
                          comm->shape.rank, bytes);

@@ -418,6 +418,11 @@ void td_ddp_zero_grad(td_ddp *d) {
     if (d) d->reducer->zero_grad(d);
 }
 
+void td__ddp_before_backward(td_ddp *d, size_t i) {
+    if (d && d->sync && i < d->n_params && d->reducer->before_backward)
+        d->reducer->before_backward(d, i);
+}
+
 td_status td_ddp_grad_ready(td_ddp *d, size_t i) {
     if (!d) return td__fail(TD_EINVAL, "td_ddp_grad_ready: ddp is NULL");
     if (i >= d->n_params)

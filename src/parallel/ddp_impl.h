@@ -101,6 +101,10 @@ td_status td__ddp_take_error(td_ddp *d);
 /* A synchronised backward is over: no parameter ready, no error, no iteration open. */
 void td__ddp_end_iteration(td_ddp *d);
 
+/* Parameter i's gradient is about to be written by backward (a trainer that says so: td_zero's
+ * TD_PARAM_BEFORE_BACKWARD): the reducer's before_backward, in a synchronised iteration. */
+void td__ddp_before_backward(td_ddp *d, size_t i);
+
 /* Broadcasts t[0..n)'s data from `root` in a few coalesced collectives. */
 td_status td__ddp_broadcast_tensors(td_ddp *d, td_param *t, size_t n, int root);
 

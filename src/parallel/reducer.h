@@ -40,6 +40,10 @@ typedef struct td__ddp_reducer {
     td_status (*finish)(td_ddp *d);
     /* Zeroes where the next backward's gradients go. */
     void (*zero_grad)(td_ddp *d);
+    /* Optional: parameter i's gradient is about to be written by a synchronised backward (the
+     * trainer says so); the reducer may point params[i].grad at other memory until the end of
+     * the backward. */
+    void (*before_backward)(td_ddp *d, size_t i);
     /* Optional: NULL allows no_sync; otherwise TD_EUNSUPPORTED saying why not. */
     td_status (*refuse_no_sync)(const td_ddp *d);
     /* Waits for the communication still in flight, ignoring its errors (before destroy copies

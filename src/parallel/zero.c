@@ -8,9 +8,11 @@
  * stage 1, the reduce-scatter into shards at stages 2 and 3, and in deterministic mode DDP's
  * shard tree at every stage (its gradients are whole on every rank, so the steps are deterministic
  * DDP's bits). Whatever the reducer, this rank's optimizer steps only its chunk of each flat,
- * and the chunks are all-gathered in place: before the next forward at stages 1 and 2, unit by
- * unit around their use at stage 3 (on a process group of their own, so that gathers and the
- * gradients' reduce-scatters run side by side). It knows nothing of graphs. */
+ * and the chunks are all-gathered in place, each rank copying the others' chunks straight out of
+ * their regions of the group's memory: before the next forward at stages 1 and 2, unit by unit
+ * around their use at stage 3 (on a process group of their own, so that gathers and the
+ * gradients' reduce-scatters run side by side), where a freed unit's pages are parked for the
+ * next gather (zero_region.c) rather than given back. It knows nothing of graphs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +33,7 @@ struct td_zero {
     int sharded_grads; /* the reduce-scatter reducer: the views' gradients are its shards */
     td__zero_layout lay;
     td__zero_region mem; /* every flat's parameters, at the flat's `at` */
+    td__zero_pool pool;  /* stage 3: pages of freed gathered copies, parked for the next */
     td_param *views;     /* (lay.n_views) what the optimizer steps */
     int dirty;           /* stages 1, 2: chunks stepped since the last gather */
     int hold;            /* td_zero_full_params(1) is in force */
@@ -86,14 +89,27 @@ static td_status gather_all(td_zero *z) {
     return s;
 }
 
+/* Stage 3: the pages outside this rank's chunk of flat f, parked or given back, or (take) taken
+ * from the pool where it has some; what the pool holds is counted as cached. */
+static void flat_pages(td_zero *z, const td__zero_flat *f, int take) {
+    size_t lo = td__zero_chunk_at(f, z->rank), hi = lo + f->chunk * td_dtype_size(f->dtype);
+    size_t moved = take ? td__zero_pool_take(&z->pool, f->at, lo) +
+                              td__zero_pool_take(&z->pool, f->at + hi, f->span - hi)
+                        : td__zero_pool_park(&z->pool, f->at, lo) +
+                              td__zero_pool_park(&z->pool, f->at + hi, f->span - hi);
+    td__zero_account_add(&z->lay.acct, ZERO_CACHED, take ? -(long long)moved : (long long)moved);
+}
+
 /* Stage 3: starts gathering unit u unless it is whole or on its way; with wait, also waits. */
 static td_status unit_gather(td_zero *z, size_t u, int wait) {
     td__zero_unit *un = &z->lay.units[u];
     td_status s = TD_OK;
     if (!un->whole) {
         un->whole = 1;
-        for (size_t k = 0; k < un->n_flats && s == TD_OK; k++)
+        for (size_t k = 0; k < un->n_flats && s == TD_OK; k++) {
+            flat_pages(z, &z->lay.flats[un->first_flat + k], 1);
             s = flat_launch(z, z->gather_comm, &z->lay.flats[un->first_flat + k]);
+        }
     }
     for (size_t k = 0; wait && k < un->n_flats; k++) {
         td_status w = flat_wait(&z->lay.flats[un->first_flat + k]);
@@ -110,10 +126,8 @@ static void unit_release(td_zero *z, size_t u) {
     for (size_t k = 0; k < un->n_flats; k++) {
         td__zero_flat *f = &z->lay.flats[un->first_flat + k];
         (void)flat_wait(f); /* nothing may still be writing there */
-        size_t es = td_dtype_size(f->dtype), lo = td__zero_chunk_at(f, z->rank);
-        size_t hi = lo + f->chunk * es;
-        td__zero_release(flat_data(z, f), lo);
-        td__zero_release(flat_data(z, f) + hi, f->span - hi);
+        size_t es = td_dtype_size(f->dtype);
+        flat_pages(z, f, 0);
         td__zero_account_add(&z->lay.acct, ZERO_GATHERED,
                              -(long long)(f->chunk * (size_t)(z->world - 1) * es));
     }
@@ -203,7 +217,33 @@ static void refresh_views(td_zero *z) {
 
 /* Parameters move into the region, flat by flat; at stage 3 only this rank's chunks stay. */
 static td_status move_params(td_zero *z) {
-    TD__TRY(td__zero_region_reserve(&z->mem, z->lay.region_bytes, z->rank, "parameters"));
+    /* Stage 3 gathers on its own group: the region is that group's, so its gathers read the
+     * other ranks' chunks in place. Nobody reads the rest of a rank's flats but the rank: its
+     * own memory, whose pages move between gathered copies. */
+    TD__TRY(td__zero_region_alloc(&z->mem, z->gather_comm ? z->gather_comm : z->comm,
+                                  z->lay.region_bytes, z->rank, "parameters"));
+    size_t largest = 0;
+    for (size_t f = 0; z->opt.stage == 3 && z->world > 1 && f < z->lay.n_flats; f++) {
+        const td__zero_flat *fl = &z->lay.flats[f];
+        size_t lo = td__zero_chunk_at(fl, z->rank), hi = lo + fl->chunk * td_dtype_size(fl->dtype);
+        TD__TRY(td__zero_region_private(&z->mem, fl->at, lo));
+        TD__TRY(td__zero_region_private(&z->mem, fl->at + hi, fl->span - hi));
+    }
+    /* Parked: what the gathered copies of two of the largest units leave, the unit in use and
+     * the one prefetched (each step's forward and backward then take what the last freed). On
+     * one host only: pages that move under an address would go unseen by a transport library
+     * that registered the memory (UCX, MPI over RDMA). */
+    for (size_t u = 0; z->opt.stage == 3 && z->world > 1 && u < z->lay.n_units; u++) {
+        size_t bytes = 0;
+        for (size_t k = 0; k < z->lay.units[u].n_flats; k++) {
+            const td__zero_flat *fl = &z->lay.flats[z->lay.units[u].first_flat + k];
+            bytes += fl->span - fl->chunk * td_dtype_size(fl->dtype);
+        }
+        largest = bytes > largest ? bytes : largest;
+    }
+    int one_host = z->gather_comm && !strcmp(td_comm_backend_name(z->gather_comm), "shm");
+    TD__TRY(td__zero_pool_init(&z->pool, z->mem.base, z->mem.bytes, one_host ? 2 * largest : 0,
+                               z->rank));
     for (size_t f = 0; f < z->lay.n_flats; f++) {
         const td__zero_flat *fl = &z->lay.flats[f];
         size_t es = td_dtype_size(fl->dtype);
@@ -268,7 +308,7 @@ td_status td_zero_create(td_zero **out, td_comm *comm, td_param *params, size_t 
                                    : td__fail(TD_ENOMEM, "td_zero_create: out of memory");
     if (local == TD_OK)
         local = td__zero_plan(&z->lay, params, n_params, z->opt.units, z->opt.n_units, z->rank,
-                              z->world);
+                              z->world, z->opt.stage == 3 ? td__zero_pages(1) : 64);
     char what[32];
     snprintf(what, sizeof what, "zero rank %d", z->rank);
     zero_options o = {z->opt.stage, z->opt.prefetch != 0, z->opt.units != NULL,
@@ -328,8 +368,9 @@ void td_zero_destroy(td_zero *z) {
             memcpy(orig, p->data, p->count * td_dtype_size(p->dtype));
         p->data = orig;
     }
-    if (z->gather_comm) td_comm_destroy(z->gather_comm);
+    td__zero_pool_free(&z->pool);
     td__zero_region_free(&z->mem);
+    if (z->gather_comm) td_comm_destroy(z->gather_comm);
     td__zero_layout_free(&z->lay);
     free(z->views);
     free(z->orig_data);
@@ -348,9 +389,8 @@ td_status td_zero_parameters(td_zero *z, td_param **shards, size_t *n) {
 td_status td_zero_prepare_forward(td_zero *z) {
     if (!z) return td__fail(TD_EINVAL, "td_zero_prepare_forward: zero is NULL");
     if (z->opt.stage < 3 && z->dirty) TD__TRY(gather_all(z));
-    if (z->opt.stage == 3)
-        for (size_t u = 0; u < z->lay.n_units; u++)
-            z->lay.units[u].forward_done = z->lay.units[u].backward_done = 0;
+    /* Units a forward without a backward kept whole (the last ones, below) may be stale now. */
+    if (z->opt.stage == 3) release_all(z);
     z->uses = 0;
     return td_ddp_prepare_forward(z->ddp);
 }
@@ -379,14 +419,20 @@ td_status td_zero_param_use(td_zero *z, size_t i, td_param_use use) {
     if (i >= z->n_params)
         return td__fail(TD_EINVAL, "zero rank %d: parameter index %zu, but %zu are registered",
                         z->rank, i, z->n_params);
+    /* Stages 2 and 3: the unit's whole gradients go to its slot of the ring (zero_reduce.c). */
+    if (use == TD_PARAM_BEFORE_BACKWARD) td__ddp_before_backward(z->ddp, i);
     if (z->opt.stage < 3) return TD_OK;
     size_t u = z->lay.unit_of[i];
     td__zero_unit *un = &z->lay.units[u];
     if (use == TD_PARAM_AFTER_FORWARD || use == TD_PARAM_AFTER_BACKWARD) {
         size_t *done = use == TD_PARAM_AFTER_FORWARD ? &un->forward_done : &un->backward_done;
+        /* The last units of a forward are the first of the backward: those it would gather
+         * again at once (the unit it starts with, and the one it prefetches) stay whole, which
+         * holds no more than the forward's own unit in use and prefetched one did. */
+        size_t reused = z->opt.prefetch ? 2 : 1;
         if (++*done == un->n_params) {
             *done = 0;
-            unit_release(z, u);
+            if (use == TD_PARAM_AFTER_BACKWARD || u + reused < z->lay.n_units) unit_release(z, u);
         }
         return TD_OK;
     }
@@ -552,6 +598,7 @@ void td__zero_parts_of(td_zero *z, td__zero_parts *out) {
 
 td_status td__zero_loaded(td_zero *z) {
     z->dirty = 0;
+    if (z->opt.stage == 3 && !z->hold) release_all(z); /* whole copies of the old values */
     if (z->opt.stage < 3 || !z->hold) return TD_OK;
     z->hold = 0;
     release_all(z);
@@ -573,9 +620,11 @@ td_zero_memory td_zero_memory_stats(const td_zero *z, const td_optim *optim) {
     const td__zero_account *a = &z->lay.acct;
     size_t ob = optim ? optim_bytes(optim) : 0;
     m.now = (td_zero_bytes){a->now[ZERO_PARAMS],   a->now[ZERO_GRADS],    ob,
-                            a->now[ZERO_GATHERED], a->now[ZERO_REDUCING], a->total + ob};
+                            a->now[ZERO_GATHERED], a->now[ZERO_REDUCING], a->now[ZERO_CACHED],
+                            a->total + ob};
     m.peak = (td_zero_bytes){a->peak[ZERO_PARAMS],   a->peak[ZERO_GRADS],    ob,
-                             a->peak[ZERO_GATHERED], a->peak[ZERO_REDUCING], a->peak_total + ob};
+                             a->peak[ZERO_GATHERED], a->peak[ZERO_REDUCING], a->peak[ZERO_CACHED],
+                             a->peak_total + ob};
     return m;
 }
 

@@ -11,26 +11,62 @@
 
 /* ---- memory (zero_region.c) ------------------------------------------------------------ */
 
-/* Address space reserved once, whose pages exist only while they are written and used: a freed
- * copy gives its pages back, reads as zeros, and keeps its address for the next use. */
+/* The group's memory (td_comm_alloc: on one host every rank's collectives read it in place),
+ * whose pages exist only while they are written and used: a freed copy gives its pages back,
+ * reads as zeros, and keeps its address for the next use. */
 typedef struct {
     unsigned char *base; /* (bytes), page aligned, or NULL */
     size_t bytes;
+    td_comm *comm; /* what it came from */
 } td__zero_region;
 
-/* Reserves bytes (a multiple of the page size); TD_ENOMEM naming `what` otherwise. */
-td_status td__zero_region_reserve(td__zero_region *r, size_t bytes, int rank, const char *what);
+/* Collective: bytes (a multiple of the page size, the same on every rank) of comm's memory, all
+ * reading as zeros; TD_ENOMEM naming `what` otherwise. */
+td_status td__zero_region_alloc(td__zero_region *r, td_comm *comm, size_t bytes, int rank,
+                                const char *what);
 
 void td__zero_region_free(td__zero_region *r);
 
+/* Makes the whole pages inside [off, off + bytes) of r this process's own memory, reading as
+ * zeros: pages the other ranks never read, which may then move (td__zero_pool). */
+td_status td__zero_region_private(td__zero_region *r, size_t off, size_t bytes);
+
 /* Gives the whole pages inside [p, p + bytes) back to the system: they read as zeros after. */
 void td__zero_release(void *p, size_t bytes);
+
+/* Pages of a region's private parts kept for reuse instead of given back: a freed gathered copy
+ * parks its pages (moved, not copied: mremap) at the same offset of a shadow reservation, and
+ * the next gather moves them into place, so that neither the kernel's freeing and zeroing nor a
+ * fault per page comes between two uses. At most `budget` bytes wait; the rest goes back. */
+typedef struct {
+    unsigned char *home;   /* the region's base */
+    unsigned char *shadow; /* (bytes) reserved address space where parked pages wait */
+    size_t bytes, budget, held;
+    struct zero_parked {
+        size_t at, bytes; /* parked pages at shadow + at */
+    } * parked;
+    size_t n_parked, cap;
+} td__zero_pool;
+
+/* A pool for the region `home` of `bytes`; budget 0 makes one that parks nothing. */
+td_status td__zero_pool_init(td__zero_pool *p, unsigned char *home, size_t bytes, size_t budget,
+                             int rank);
+
+void td__zero_pool_free(td__zero_pool *p);
+
+/* Frees the whole pages inside [at, at + bytes) of home: parked while the pool has room, else
+ * given back (they read as zeros after either way). Returns the bytes parked. */
+size_t td__zero_pool_park(td__zero_pool *p, size_t at, size_t bytes);
+
+/* Moves parked pages into the whole pages inside [at, at + bytes) of home, as many as there are
+ * (their old contents come along: the caller overwrites them). Returns the bytes moved. */
+size_t td__zero_pool_take(td__zero_pool *p, size_t at, size_t bytes);
 
 /* bytes rounded up to whole pages. */
 size_t td__zero_pages(size_t bytes);
 
 /* What the bytes a rank holds are for (td_zero_bytes without the optimizer's). */
-enum { ZERO_PARAMS, ZERO_GRADS, ZERO_GATHERED, ZERO_REDUCING, ZERO_KINDS };
+enum { ZERO_PARAMS, ZERO_GRADS, ZERO_GATHERED, ZERO_REDUCING, ZERO_CACHED, ZERO_KINDS };
 
 typedef struct {
     size_t now[ZERO_KINDS], peak[ZERO_KINDS];
@@ -76,6 +112,7 @@ typedef struct {
 
 typedef struct {
     int rank, world;
+    size_t chunk_bytes;   /* every chunk is a multiple of it (and of 64 bytes) */
     td__zero_flat *flats; /* (n_flats) in unit order, each unit's by dtype */
     size_t n_flats;
     td__zero_unit *units; /* (n_units) */
@@ -89,9 +126,11 @@ typedef struct {
 
 /* Plans units, flats and this rank's views over params[0..n): units begin at the first
  * parameter named `units[k]` or "<units[k]>.*" (units NULL: at each change of the names' part
- * before the first '.'). TD_ENOTFOUND names a unit that begins nowhere. */
+ * before the first '.'); chunks are multiples of chunk_bytes (and of 64 bytes). TD_ENOTFOUND
+ * names a unit that begins nowhere. */
 td_status td__zero_plan(td__zero_layout *lay, const td_param *params, size_t n,
-                        const char *const *units, size_t n_units, int rank, int world);
+                        const char *const *units, size_t n_units, int rank, int world,
+                        size_t chunk_bytes);
 
 void td__zero_layout_free(td__zero_layout *lay);
 

@@ -1,8 +1,10 @@
 /* ZeRO's layout: which parameters form a unit, the flat buffers of each unit (one per dtype,
  * members back to back at 64-byte offsets, padded to a multiple of the world size), where each
  * flat lies in the group's regions, and the parts of parameters in this rank's chunks, which the
- * optimizer steps. It allocates no parameter or gradient memory and communicates nothing; the
- * same parameters and unit names give the same layout on every rank. */
+ * optimizer steps. Chunks are whole multiples of 64 bytes, or of a page when asked (stage 3:
+ * the pages around a rank's chunk then come and go without touching it). It allocates no parameter
+ * or gradient memory and communicates nothing; the same parameters and unit names give the same
+ * layout on every rank. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,8 +83,9 @@ static td_status plan_flats(td__zero_layout *lay, const td_param *params, size_t
             lay->member_of[j] = m++;
             f->count += params[j].count;
         }
-        f->chunk = round_up((f->count + (size_t)lay->world - 1) / (size_t)lay->world, align);
-        if (f->chunk == 0) f->chunk = align;
+        size_t chunk_align = lay->chunk_bytes / es > align ? lay->chunk_bytes / es : align;
+        f->chunk = round_up((f->count + (size_t)lay->world - 1) / (size_t)lay->world, chunk_align);
+        if (f->chunk == 0) f->chunk = chunk_align;
         f->at = lay->region_bytes;
         f->span = td__zero_pages(f->chunk * (size_t)lay->world * es);
         lay->region_bytes += f->span;
@@ -115,10 +118,12 @@ static td_status plan_views(td__zero_layout *lay, const td_param *params) {
 }
 
 td_status td__zero_plan(td__zero_layout *lay, const td_param *params, size_t n,
-                        const char *const *units, size_t n_units, int rank, int world) {
+                        const char *const *units, size_t n_units, int rank, int world,
+                        size_t chunk_bytes) {
     memset(lay, 0, sizeof *lay);
     lay->rank = rank;
     lay->world = world;
+    lay->chunk_bytes = chunk_bytes;
     for (size_t i = 0; i < n; i++)
         if (!params[i].name || !td__is_float(params[i].dtype))
             return td__fail(TD_EINVAL,

@@ -2,14 +2,27 @@
  * out by ZeRO's flat buffers (zero_impl.h, given as the front's reducer_ctx), one bucket per
  * flat, last unit first; a bucket whose parameters are all ready is reduce-scattered on the
  * progress thread while backward goes on, each rank receiving the average of its own chunk into
- * its gradient shard, and once that is done the flat's whole gradient gives its pages back (it
- * reads as zeros, ready for the next backward). Buckets go out in bucket order on every rank.
+ * its gradient shard. Buckets go out in bucket order on every rank.
+ *
+ * Where a flat's whole gradient is written. Giving its pages back after each reduce-scatter and
+ * faulting them in again in the next backward costs more than the reduction itself (the kernel
+ * frees, zeroes and maps every page twice a step), so the whole gradients of a synchronised
+ * backward go to the ring: one buffer of the group's memory, resident, of max(bucket_bytes, two
+ * of the largest flats) bytes, where bucket k has a slot at the same offset on every rank (so
+ * the reduce-scatter reads the other ranks' slots in place). A flat takes its slot when the
+ * trainer announces that it is about to write it (the table's before_backward, from stage 2
+ * and 3's BEFORE_BACKWARD call), after waiting for the earlier bucket whose slot overlaps
+ * it: the ring is reused as backward moves through the model, and memory stays at about two
+ * units whatever the depth. A flat that nobody announced, or whose home already holds
+ * gradients (no_sync micro-batches, the trainer's own at creation), is written at its home in
+ * the gradient region instead, whose pages go back once reduced (they read as zeros after).
+ * params[i].grad points at the slot from the announcement to the end of the backward.
  *
  * Gradients of f32 flats travel in comm_dtype when it is narrower, through a half-width copy
  * reduced in place and widened into the shard. The loss and the count of parameters no backward
  * reached are all-reduced once at the end (the shards cannot carry them to every rank). Under
- * no_sync the front never calls in, so the whole gradients stay and accumulate. It knows nothing
- * of graphs and does not step the optimizer. */
+ * no_sync the front never calls in, so the whole gradients stay at home and accumulate. It knows
+ * nothing of graphs and does not step the optimizer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,11 +34,20 @@
 
 typedef struct {
     td__zero_layout *lay;
-    td__zero_region grads; /* every flat's whole gradient, at the flat's `at` */
-    td__zero_region wire;  /* half-width copies, at the same offsets, or none */
-    unsigned char *shards; /* every flat's gradient shard, back to back */
-    size_t next;           /* buckets [0, next) are launched */
-    unsigned char *live;   /* (n_flats) its whole gradient is counted as held */
+    td__zero_region grads;    /* every flat's home: its whole gradient at the flat's `at` */
+    td__zero_region ring;     /* the slots, resident: bucket k's at slot_at[k] */
+    td__zero_region wire;     /* half-width copies, at the flats' `at`, or none */
+    unsigned char *shards;    /* every flat's gradient shard, back to back */
+    size_t next;              /* buckets [0, next) are launched */
+    unsigned char *live;      /* (n_flats) its whole gradient at home is counted as held */
+    size_t *slot_at;          /* (n_buckets) bucket k's slot in the ring */
+    size_t *after;            /* (n_buckets) bucket k's slot is free once buckets [0, after[k]) are
+                                 done: the last earlier bucket whose slot overlaps it, plus one */
+    unsigned char *in_slot;   /* (n_buckets) this backward writes bucket k in its slot */
+    unsigned char *decided;   /* (n_buckets) slot or home is settled for this backward */
+    unsigned char *home_held; /* (n_buckets) its home holds gradients not yet reduced */
+    int zero_slots;           /* td_zero_zero_grad since the last backward: slots start at 0 */
+    int ring_counted;         /* the ring's bytes are counted as held */
 } rs_state;
 
 /* Bucket k holds flat n_flats - 1 - k: the last unit's gradients are ready first. */
@@ -53,6 +75,36 @@ static td_status rs_check(const td_ddp *d) {
     return TD_OK;
 }
 
+/* The ring's bytes, and each bucket's slot in it: buckets in order, wrapping to the start when
+ * the next one does not fit, each waiting for the last earlier one it overlaps. max(bucket_bytes,
+ * two of the largest flats), and never more than every flat's home together (then no two slots
+ * overlap). */
+static size_t plan_ring(td_ddp *d) {
+    rs_state *st = d->state;
+    size_t nb = st->lay->n_flats, largest = 0, total = 0;
+    for (size_t k = 0; k < nb; k++) {
+        size_t span = flat_of_bucket(d, k)->span;
+        largest = span > largest ? span : largest;
+        total += span;
+    }
+    size_t cap = td__zero_pages(d->opt.bucket_bytes);
+    if (cap < 2 * largest) cap = 2 * largest;
+    if (cap > total) cap = total;
+    size_t pos = 0;
+    for (size_t k = 0; k < nb; k++) {
+        size_t span = flat_of_bucket(d, k)->span;
+        if (pos + span > cap) pos = 0;
+        st->slot_at[k] = pos;
+        pos += span;
+        st->after[k] = 0;
+        for (size_t j = 0; j < k; j++) {
+            size_t a = st->slot_at[j], b = a + flat_of_bucket(d, j)->span;
+            if (a < st->slot_at[k] + span && st->slot_at[k] < b) st->after[k] = j + 1;
+        }
+    }
+    return cap;
+}
+
 static td_status rs_create(td_ddp *d) {
     td__zero_layout *lay = d->reducer_ctx;
     rs_state *st = calloc(1, sizeof *st);
@@ -65,18 +117,27 @@ static td_status rs_create(td_ddp *d) {
         shard_bytes += (lay->flats[f].chunk * td_dtype_size(lay->flats[f].dtype) + 63) / 64 * 64;
         narrow |= wire_dtype(d, &lay->flats[f]) != lay->flats[f].dtype;
     }
-    st->live = calloc(nf ? nf : 1, 1);
+    size_t m = nf ? nf : 1;
+    st->live = calloc(m, 1);
+    st->in_slot = calloc(m, 1);
+    st->decided = calloc(m, 1);
+    st->home_held = calloc(m, 1);
+    st->slot_at = calloc(m, sizeof *st->slot_at);
+    st->after = calloc(m, sizeof *st->after);
     st->shards = aligned_alloc(64, shard_bytes ? shard_bytes : 64);
-    d->buckets = calloc(nf ? nf : 1, sizeof *d->buckets);
+    d->buckets = calloc(m, sizeof *d->buckets);
     d->bucket_of = calloc(n, sizeof *d->bucket_of);
     d->offset_of = calloc(n, sizeof *d->offset_of);
-    if (!st->live || !st->shards || !d->buckets || !d->bucket_of || !d->offset_of)
+    if (!st->live || !st->in_slot || !st->decided || !st->home_held || !st->slot_at || !st->after ||
+        !st->shards || !d->buckets || !d->bucket_of || !d->offset_of)
         return td__fail(TD_ENOMEM, "zero rank %d: out of memory", d->rank);
     memset(st->shards, 0, shard_bytes);
-    TD__TRY(td__zero_region_reserve(&st->grads, lay->region_bytes, d->rank, "gradients"));
+    st->zero_slots = 1; /* the first backward starts at zeros, as the trainer's gradients did */
+    TD__TRY(td__zero_region_alloc(&st->grads, d->comm, lay->region_bytes, d->rank, "gradients"));
+    TD__TRY(td__zero_region_alloc(&st->ring, d->comm, plan_ring(d), d->rank, "the gradient ring"));
     if (narrow)
-        TD__TRY(
-            td__zero_region_reserve(&st->wire, lay->region_bytes, d->rank, "half-width gradients"));
+        TD__TRY(td__zero_region_alloc(&st->wire, d->comm, lay->region_bytes, d->rank,
+                                      "half-width gradients"));
     d->n_buckets = nf;
     unsigned char *shard = st->shards;
     for (size_t k = 0; k < nf; k++) {
@@ -100,21 +161,35 @@ static td_status rs_create(td_ddp *d) {
         shard += (f->chunk * es + 63) / 64 * 64;
         td__zero_account_add(&lay->acct, ZERO_GRADS, (long long)(f->chunk * es));
     }
-    /* Gradients the trainer had are in the flats now; zeros need no pages. */
-    for (size_t f = 0; f < nf; f++) {
-        const unsigned char *g = st->grads.base + lay->flats[f].at;
-        size_t bytes = lay->flats[f].count * td_dtype_size(lay->flats[f].dtype), e = 0;
+    /* Gradients the trainer had are at home now: the first backward adds to them there. Zeros
+     * need no pages. */
+    for (size_t k = 0; k < nf; k++) {
+        const td__zero_flat *f = flat_of_bucket(d, k);
+        const unsigned char *g = st->grads.base + f->at;
+        size_t bytes = f->count * td_dtype_size(f->dtype), e = 0;
         while (e < bytes && !g[e]) e++;
-        if (e == bytes) td__zero_release(st->grads.base + lay->flats[f].at, lay->flats[f].span);
+        if (e == bytes)
+            td__zero_release(st->grads.base + f->at, f->span);
+        else
+            st->home_held[k] = 1;
     }
     return TD_OK;
+}
+
+/* Points bucket k's members' gradients, and the bucket, at `base` (its slot or its home). */
+static void point_bucket(td_ddp *d, size_t k, unsigned char *base) {
+    const td__zero_flat *f = flat_of_bucket(d, k);
+    size_t es = td_dtype_size(f->dtype);
+    d->buckets[k].buf = base;
+    for (size_t m = 0; m < f->n_members; m++)
+        d->params[f->members[m]].grad = base + f->offset[m] * es;
 }
 
 /* The whole gradient of bucket k is counted as held from its first final gradient on. */
 static void rs_hold(td_ddp *d, size_t k) {
     rs_state *st = d->state;
     size_t f = st->lay->n_flats - 1 - k;
-    if (st->live[f]) return;
+    if (st->live[f] || st->in_slot[k]) return;
     st->live[f] = 1;
     td__zero_account_add(&st->lay->acct, ZERO_REDUCING, (long long)st->lay->flats[f].span);
 }
@@ -136,7 +211,10 @@ static void rs_done(td_ddp *d, size_t k, td_status s) {
             &st->lay->acct, ZERO_REDUCING,
             -(long long)td__zero_pages(f->chunk * (size_t)d->size * td_dtype_size(wire)));
     }
-    td__zero_release(b->buf, f->span);
+    if (!st->in_slot[k]) { /* home: its pages go back; a slot stays for the next flat */
+        td__zero_release(b->buf, f->span);
+        st->home_held[k] = 0;
+    }
     size_t fi = st->lay->n_flats - 1 - k;
     if (st->live[fi]) {
         st->live[fi] = 0;
@@ -196,6 +274,43 @@ static void rs_wait(td_ddp *d) {
         if (d->buckets[k].req) rs_done(d, k, td_request_wait(d->buckets[k].req));
 }
 
+/* Waits for buckets [0, upto): their reduce-scatters are over and their memory free. */
+static void rs_wait_upto(td_ddp *d, size_t upto) {
+    for (size_t k = 0; d->state && k < upto && k < d->n_buckets; k++)
+        if (d->buckets[k].req) rs_done(d, k, td_request_wait(d->buckets[k].req));
+}
+
+static void rs_before_backward(td_ddp *d, size_t i) {
+    rs_state *st = d->state;
+    size_t k = d->bucket_of[i];
+    if (st->decided[k]) return;
+    st->decided[k] = 1;
+    const td__zero_flat *f = flat_of_bucket(d, k);
+    int home = st->home_held[k];
+    for (size_t m = 0; m < f->n_members && !home; m++) home = d->touched[f->members[m]];
+    /* The slot's earlier tenant must be launched to be waited for; a backward that reaches
+     * this flat first (another order than the buckets') writes it at home. */
+    if (home || st->after[k] > st->next) return;
+    rs_wait_upto(d, st->after[k]);
+    unsigned char *slot = st->ring.base + st->slot_at[k];
+    size_t es = td_dtype_size(f->dtype), bytes = f->chunk * (size_t)d->size * es;
+    /* A trainer that adds into its gradients asked for zeros; padding is zero either way. */
+    if (st->zero_slots)
+        memset(slot, 0, bytes);
+    else
+        for (size_t m = 0; m <= f->n_members; m++) {
+            size_t lo = m ? f->offset[m - 1] + d->params[f->members[m - 1]].count : 0;
+            size_t hi = m < f->n_members ? f->offset[m] : bytes / es;
+            if (hi > lo) memset(slot + lo * es, 0, (hi - lo) * es);
+        }
+    st->in_slot[k] = 1;
+    point_bucket(d, k, slot);
+    if (!st->ring_counted) {
+        st->ring_counted = 1;
+        td__zero_account_add(&st->lay->acct, ZERO_CACHED, (long long)st->ring.bytes);
+    }
+}
+
 static void rs_grad_ready(td_ddp *d, size_t i) {
     rs_state *st = d->state;
     size_t k = d->bucket_of[i];
@@ -208,10 +323,16 @@ static void rs_grad_ready(td_ddp *d, size_t i) {
     rs_poll(d);
 }
 
+/* Ready for the next backward: gradients point home again (what the slots hold is no one's). */
 static void rs_reset(td_ddp *d) {
     rs_state *st = d->state;
-    for (size_t k = 0; k < d->n_buckets; k++) d->buckets[k].pending = d->buckets[k].n_members;
+    for (size_t k = 0; k < d->n_buckets; k++) {
+        d->buckets[k].pending = d->buckets[k].n_members;
+        if (st->in_slot[k]) point_bucket(d, k, st->grads.base + flat_of_bucket(d, k)->at);
+        st->in_slot[k] = st->decided[k] = 0;
+    }
     st->next = 0;
+    st->zero_slots = 0;
     td__ddp_end_iteration(d);
 }
 
@@ -251,6 +372,8 @@ static td_status rs_finish(td_ddp *d) {
 static void rs_zero_grad(td_ddp *d) {
     rs_state *st = d->state;
     if (st->grads.base) td__zero_release(st->grads.base, st->grads.bytes);
+    memset(st->home_held, 0, d->n_buckets ? d->n_buckets : 1);
+    st->zero_slots = 1;
 }
 
 static void rs_destroy(td_ddp *d) {
@@ -258,9 +381,15 @@ static void rs_destroy(td_ddp *d) {
     if (!st) return;
     for (size_t f = 0; st->lay && f < st->lay->n_flats; f++) st->lay->flats[f].grad_shard = NULL;
     td__zero_region_free(&st->grads);
+    td__zero_region_free(&st->ring);
     td__zero_region_free(&st->wire);
     free(st->shards);
     free(st->live);
+    free(st->in_slot);
+    free(st->decided);
+    free(st->home_held);
+    free(st->slot_at);
+    free(st->after);
     free(st);
     d->state = NULL;
 }
@@ -273,6 +402,7 @@ const td__ddp_reducer td__ddp_reduce_scatter = {
     .grad_ready = rs_grad_ready,
     .finish = rs_finish,
     .zero_grad = rs_zero_grad,
+    .before_backward = rs_before_backward,
     .wait = rs_wait,
     .destroy = rs_destroy,
 };

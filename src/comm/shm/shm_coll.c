@@ -9,7 +9,11 @@
  *    result area (and its own output), and copies the other shares of chunk p-2 out;
  *  - an in-place allreduce on td_comm_alloc memory at the same offset on every rank is
  *    zero-copy: each rank reduces its share straight from the ranks' regions and writes it
- *    into every region (about half the memory traffic), then one barrier;
+ *    into every region (about half the memory traffic), then one barrier; so is a
+ *    reduce-scatter whose send lies there (each rank reduces its window from the ranks'
+ *    regions into its receive buffer) and an allgather whose receive buffer lies there (each
+ *    rank copies the others' parts out of their regions): no staging copies, and a barrier at
+ *    the end so that no rank changes its buffer while another still reads it;
  *  - broadcast and scatter stream the root's buffer through the root's slot;
  *  - allgather and gather stream every rank's buffer through its slot;
  *  - alltoall gives every destination a 1/n column of each slot.
@@ -106,10 +110,23 @@ static td_status zero_copy(shm_ctx *c, const shm_reg *g, size_t off, size_t N, t
     return td__shm_step(c, NULL, NULL, tmo);
 }
 
+/* Reduce-scatter of N elements at offset `off` of every rank's region of `g`, after the phase in
+ * which every rank posted its input: this rank reduces its window [wlo, whi) from all regions into
+ * `out` (which may be its own region's window: td__reduce reads each element before writing it). */
+static td_status zero_copy_window(shm_ctx *c, const shm_reg *g, size_t off, unsigned char *out,
+                                  size_t wlo, size_t whi, td_dtype dt, td_reduce_op op,
+                                  const void **src, uint64_t tmo) {
+    size_t es = td_dtype_size(dt);
+    int n = c->size;
+    for (int j = 0; j < n; j++) src[j] = g->base + (size_t)j * g->region + off + wlo * es;
+    if (whi > wlo) td__reduce(out, src, n, whi - wlo, dt, op, n);
+    return td__shm_step(c, NULL, NULL, tmo);
+}
+
 /* Reduces N elements of every rank's `send`; this rank receives [wlo, whi) in `out`. When
- * `call` carries a registration (in-place all-reduce on td_comm_alloc memory) this rank's first
- * phase copies nothing: after it, the ranks go zero-copy when all posted the same registration,
- * and otherwise start over with a plain first phase. */
+ * `call` carries a registration (an in-place all-reduce, or a reduce-scatter whose send is
+ * td_comm_alloc memory) this rank's first phase copies nothing: after it, the ranks go zero-copy
+ * when all posted the same registration, and otherwise start over with a plain first phase. */
 static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned char *send,
                                unsigned char *out, size_t N, size_t wlo, size_t whi, td_dtype dt,
                                td_reduce_op op, uint64_t tmo) {
@@ -164,7 +181,9 @@ static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned 
         if (mode == 1) {
             size_t off = 0;
             const shm_reg *g = td__shm_reg_find(c, send, N * es, &off);
-            s = zero_copy(c, g, off, N, dt, op, src, tmo);
+            s = call->kind == TD__COLL_ALLREDUCE
+                    ? zero_copy(c, g, off, N, dt, op, src, tmo)
+                    : zero_copy_window(c, g, off, out, wlo, whi, dt, op, src, tmo);
             break;
         }
         if (mode == 2) {
@@ -204,7 +223,10 @@ static td_status bcast_window(shm_ctx *c, const shm_call *call, const unsigned c
     return s;
 }
 
-/* Every rank's `count` elements into out[rank * count] on the ranks with out != NULL. */
+/* Every rank's `count` elements into out[rank * count] on the ranks with out != NULL. When `call`
+ * carries a registration (an allgather into td_comm_alloc memory) this rank's first phase copies
+ * nothing: after it, when every rank posted the same registration, each copies the others' parts
+ * straight out of their regions, and otherwise all start over through the staging slots. */
 static td_status gather_all(shm_ctx *c, const shm_call *call, const unsigned char *send,
                             unsigned char *out, size_t count, size_t es, uint64_t tmo) {
     size_t E = pipe_chunk(c, count * es) / es, nch = (count + E - 1) / E;
@@ -214,7 +236,7 @@ static td_status gather_all(shm_ctx *c, const shm_call *call, const unsigned cha
     td_status s = TD_OK;
     for (size_t p = 0; !s && p <= nch; p++) {
         unsigned wp = (c->phase + 1) & 1, rp = wp ^ 1;
-        if (p < nch) {
+        if (p < nch && !(p == 0 && call && call->reg)) {
             size_t base = p * E, len = count - base < E ? count - base : E;
             memcpy(shm_staging(c, me, wp), send + base * es, len * es);
         }
@@ -225,6 +247,18 @@ static td_status gather_all(shm_ctx *c, const shm_call *call, const unsigned cha
                     memcpy(out + ((size_t)j * count + base) * es, shm_staging(c, j, rp), len * es);
         }
         if (p < nch || p == 0) s = td__shm_step(c, p == 0 ? call : NULL, NULL, tmo);
+        int mode = p == 0 && !s && call ? reg_mode(c) : 0;
+        if (mode == 1) {
+            size_t off = 0, part = count * es;
+            const shm_reg *g = td__shm_reg_find(c, out, (size_t)n * part, &off);
+            for (int j = 0; j < n; j++)
+                if (j != me)
+                    memcpy(out + (size_t)j * part, g->base + (size_t)j * g->region + off + j * part,
+                           part);
+            return td__shm_step(c, NULL, NULL, tmo);
+        }
+        if (mode == 2) /* only this first phase has run; its headers are checked */
+            return gather_all(c, NULL, out + (size_t)me * count * es, out, count, es, tmo);
     }
     return s;
 }
@@ -346,6 +380,12 @@ td_status td__shm_collective(void *ctx, const td__coll *k, double timeout_s) {
                           tmo);
         break;
     case TD__COLL_REDUCE_SCATTER:
+        /* Send in td_comm_alloc memory: reduce from where it lies (see reduce_window). */
+        if (n > 1 && send == k->send && (size_t)n * cnt * es > SHM_SMALL) {
+            size_t off = 0;
+            const shm_reg *g = td__shm_reg_find(c, send, (size_t)n * cnt * es, &off);
+            if (g) call.reg = g->id, call.reg_off = off;
+        }
         s = reduce_window(c, &call, send, recv, (size_t)n * cnt, (size_t)me * cnt,
                           (size_t)(me + 1) * cnt, k->dtype, k->op, tmo);
         break;
@@ -357,6 +397,12 @@ td_status td__shm_collective(void *ctx, const td__coll *k, double timeout_s) {
                          (size_t)(me + 1) * cnt, es, k->root, tmo);
         break;
     case TD__COLL_ALLGATHER:
+        /* Receive buffer in td_comm_alloc memory: gather from where it lies (see gather_all). */
+        if (n > 1 && (size_t)n * cnt * es > SHM_SMALL) {
+            size_t off = 0;
+            const shm_reg *g = td__shm_reg_find(c, recv, (size_t)n * cnt * es, &off);
+            if (g) call.reg = g->id, call.reg_off = off;
+        }
         s = gather_all(c, &call, send, recv, cnt, es, tmo);
         break;
     case TD__COLL_GATHER:
