@@ -183,7 +183,7 @@ check-long: all tests
 
 # The torch.distributed backend's tests alone (they skip where the module is not built).
 check-torch: all tests
-	OMP_NUM_THREADS=1 $(BUILD)/tests/test_torch
+	TD_TORCH=1 OMP_NUM_THREADS=1 $(BUILD)/tests/test_torch
 
 install: $(STATIC) $(SHARED) $(CUDA_SO) $(TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/include/tandem $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
