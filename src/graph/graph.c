@@ -16,7 +16,8 @@ td_graph_params td_graph_default_params(void) {
                          .amp = {.level = TD_AMP_O0, .dtype = TD_BF16, .emulate = 0},
                          .comm = NULL,
                          .sync_batch_norm = 0,
-                         .device = {TD_DEVICE_CPU, 0}};
+                         .device = {TD_DEVICE_CPU, 0},
+                         .trace = NULL};
     return p;
 }
 
@@ -302,9 +303,13 @@ td_status td_graph_forward(td_graph *g) {
     if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_forward: call td_graph_compile first");
     td__graph_sync_storage(g);
     g->ctx.rng_sample_offset = 0;
+    td_trace *trace = g->opt.trace;
+    if (trace) (void)td_trace_name_thread(trace, "compute");
     for (int k = 0; k < g->nnodes; k++) {
         td__node *n = g->nodes[k];
+        uint64_t t0 = trace ? td_time_ns() : 0;
         TD__TRY(td__kernels_of(&g->ctx, n->op)->forward(&g->ctx, n));
+        if (trace) (void)td_trace_span(trace, n->out->name, "forward", t0, td_time_ns());
     }
     return TD_OK;
 }
@@ -371,10 +376,14 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     td__grad_end(&g->ctx, y);
     g->zero_failed = 0;
     memset(g->fired, 0, (size_t)g->nparams);
+    td_trace *trace = g->opt.trace;
     for (int k = g->nnodes - 1; k >= 0; k--) {
         td__node *n = g->nodes[k];
-        if (n->out->requires_grad && !n->out->grad_zero)
+        if (n->out->requires_grad && !n->out->grad_zero) {
+            uint64_t t0 = trace ? td_time_ns() : 0;
             TD__TRY(td__kernels_of(&g->ctx, n->op)->backward(&g->ctx, n));
+            if (trace) (void)td_trace_span(trace, n->out->name, "backward", t0, td_time_ns());
+        }
         params_ready(&g->ctx, n, 0);
     }
     for (int i = 0; i < g->nparams; i++)

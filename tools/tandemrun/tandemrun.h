@@ -24,17 +24,19 @@ typedef struct {
     int prefix;      /* "[rank K] " before every output line */
     int tee;         /* also write each rank's output to log_dir/rank_K.log */
     const char *log_dir;
-    double timeout_s;    /* 0: no limit on the job's wall-clock time */
-    double grace_s;      /* SIGTERM -> SIGKILL delay when stopping ranks */
-    int nnodes;          /* hosts of the job, each running one tandemrun (1) */
-    int node_rank;       /* this host's index, 0 .. nnodes-1 */
-    const char *token;   /* the job's token, the same on every node (nnodes > 1) */
+    double timeout_s;      /* 0: no limit on the job's wall-clock time */
+    double grace_s;        /* SIGTERM -> SIGKILL delay when stopping ranks */
+    int nnodes;            /* hosts of the job, each running one tandemrun (1) */
+    int node_rank;         /* this host's index, 0 .. nnodes-1 */
+    const char *token;     /* the job's token, the same on every node (nnodes > 1) */
     double rdzv_timeout_s; /* how long the nodes wait for each other */
-    const char *program; /* resolved path of the program */
-    char **argv;         /* program's argv (argv[0] as the user wrote it) */
-    int max_restarts;    /* starts after a rank failed (torchrun's --max-restarts) */
-    int restart_nproc;   /* ranks of a restart: 0 as before, -1 the ones left, or a count */
-    int attempt;         /* 0 for the first start, then the restart's number */
+    const char *program;   /* resolved path of the program */
+    char **argv;           /* program's argv (argv[0] as the user wrote it) */
+    int max_restarts;      /* starts after a rank failed (torchrun's --max-restarts) */
+    int restart_nproc;     /* ranks of a restart: 0 as before, -1 the ones left, or a count */
+    int attempt;           /* 0 for the first start, then the restart's number */
+    const char *trace_dir; /* --trace: the ranks get TANDEM_TRACE=<its absolute path> */
+    int trace_ops;         /* --trace-ops: and TANDEM_TRACE_OPS=1 */
 } tr_options;
 
 /* One captured output stream of a rank (stdout or stderr). */
