@@ -45,17 +45,19 @@ endif
 
 # The CUDA library (libtandem_cuda.so, loaded at run time by src/device/cuda_loader.c) is built
 # when nvcc is present; CUDA=0 skips it. It links the CUDA runtime statically and exports one
-# symbol. Hopper (sm_90) machine code, and PTX for newer GPUs.
+# symbol. Hopper (sm_90) machine code, and PTX for newer GPUs. cuDNN by its versioned name:
+# PyTorch's pip wheel (nvidia/cudnn/lib, found through LIBRARY_PATH) ships no libcudnn.so.
 NVCC := $(if $(filter 0,$(CUDA)),,$(shell command -v nvcc 2>/dev/null))
 ifneq ($(NVCC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-NVCCFLAGS := -std=c++17 -O2 -g $(CUDA_ARCH) -Iinclude -Isrc -Werror all-warnings \
-	-Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror
+NVCCFLAGS := -std=c++20 -O2 -g $(CUDA_ARCH) -Iinclude -Isrc -Werror all-warnings \
+	-Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror,-Wno-missing-field-initializers
 CUDA_SRC := $(wildcard src/*/cuda/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 CUDA_SO := $(BUILD)/lib/libtandem_cuda.so
-CUDA_LINK := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lpthread
+CUDA_LINK := -L$(CUDA_HOME)/lib64 -lcublasLt -l:libcudnn.so.9 -l:libnccl.so.2 -lcudart_static -ldl \
+	-lrt -lpthread
 endif
 
 # The torch.distributed backend (bindings/torch/, the Python module tandem_torch) is built when

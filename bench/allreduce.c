@@ -1,18 +1,25 @@
-/* All-reduce bandwidth and latency, nccl-tests style: for f32 SUM from 4 KB to 256 MB (x4
- * steps), the median time of several timed iterations after warm-up, algbw = bytes / time
- * and busbw = algbw * 2(n-1)/n, for tandem's shm backend and, when launched under mpirun
- * with an MPI build, tandem's mpi backend and Open MPI's own MPI_Allreduce in the same run,
- * with the shm/MPI and mpi-backend/MPI ratios (MPI_Allreduce's time over the other's: above 1
- * is faster) and, at 4 KB, the mpi backend's overhead over MPI_Allreduce in microseconds. The
- * shm-reg column is the shm backend in place on a td_comm_alloc buffer (the zero-copy path
- * DDP's buckets take), with its own reg/MPI ratio. It checks each
- * result once but is not a test.
+/* All-reduce bandwidth and latency, nccl-tests style: for f32 SUM from 4 KB to 64 MB (x4
+ * steps; --max-bytes), algbw = bytes / time and busbw = algbw * 2(n-1)/n, for tandem's shm
+ * backend and, when launched under mpirun with an MPI build, tandem's mpi backend and Open
+ * MPI's own MPI_Allreduce in the same run, with the shm/MPI and mpi-backend/MPI ratios
+ * (MPI_Allreduce's time over the other's: above 1 is faster) and, at 4 KB, the mpi backend's
+ * overhead over MPI_Allreduce in microseconds. The shm-reg column is the shm backend in place
+ * on a td_comm_alloc buffer (the zero-copy path DDP's buckets take), with its own reg/MPI
+ * ratio.
  *
- *   mpirun --oversubscribe -np 2 build/bench/allreduce [--json] [--max-bytes N]
+ * The implementations take turns in short bursts of calls (each call after its own barrier,
+ * its time the slowest rank's), so that on a machine shared with other work all of them meet
+ * the same load; each rewrites its input before every call, as a backward pass rewrites a
+ * gradient. A size's time is the median over its calls, and with --repeat K the median of K
+ * such sweeps. The heading names the CPU, each rank's CPUs and the load average. It checks
+ * each result once but is not a test.
+ *
+ *   mpirun --oversubscribe -np 2 build/bench/allreduce [--json] [--max-bytes N] [--repeat K]
  *   build/bench/allreduce --np 2 [--json]      (no launcher: forks its own ranks, shm only)
  *   tandemrun --nproc-per-node 2 build/bench/allreduce
  *
  * The MPI columns need <mpi.h> at compile time (the bench is built with $(MPI_CFLAGS)). */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,13 +42,22 @@ static const char *const impl_names[IMPL_COUNT] = {"shm", "shm-reg", "mpi-backen
 
 typedef struct {
     td_comm *shm, *tdmpi;
-    float *reg; /* (max count) from td_comm_alloc on shm, all-reduced in place */
+    /* (max count) each: every implementation has buffers of its own, so that none finds the
+     * caches as another left them (a peer's copy of a line it must now overwrite). shm-reg's
+     * are one td_comm_alloc buffer on shm, all-reduced in place. */
+    float *send[IMPL_COUNT], *recv[IMPL_COUNT];
     int rank, size, mpi;
+    const char *launcher; /* how the ranks were started, for the heading */
 } bench;
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static void barrier(bench *b, int impl) {
@@ -55,13 +71,13 @@ static void barrier(bench *b, int impl) {
     CHECK(td_comm_barrier(b->shm));
 }
 
-static void run_one(bench *b, int impl, const float *send, float *recv, size_t count) {
+static void run_one(bench *b, int impl, size_t count) {
+    const float *send = b->send[impl];
+    float *recv = b->recv[impl];
     switch (impl) {
     case IMPL_SHM:
-        CHECK(td_comm_allreduce(b->shm, send, recv, count, TD_F32, TD_OP_SUM));
-        break;
     case IMPL_SHM_REG:
-        CHECK(td_comm_allreduce(b->shm, b->reg, b->reg, count, TD_F32, TD_OP_SUM));
+        CHECK(td_comm_allreduce(b->shm, send, recv, count, TD_F32, TD_OP_SUM));
         break;
     case IMPL_TDMPI:
         CHECK(td_comm_allreduce(b->tdmpi, send, recv, count, TD_F32, TD_OP_SUM));
@@ -76,53 +92,144 @@ static void run_one(bench *b, int impl, const float *send, float *recv, size_t c
     }
 }
 
-/* Median seconds per call; each iteration's time is the slowest rank's. */
-static double time_impl(bench *b, int impl, const float *send, float *recv, size_t count, int warm,
-                        int iters) {
-    /* In place, a sum of zeros stays zeros (and costs what ones do); the check below refills. */
-    if (impl == IMPL_SHM_REG) memset(b->reg, 0, count * sizeof(float));
-    for (int i = 0; i < warm; i++) run_one(b, impl, send, recv, count);
-    double *t = malloc((size_t)iters * sizeof *t), *tmax = malloc((size_t)iters * sizeof *t);
-    for (int i = 0; i < iters; i++) {
-        barrier(b, impl);
-        uint64_t t0 = td_time_ns();
-        run_one(b, impl, send, recv, count);
-        t[i] = (double)(td_time_ns() - t0) / 1e9;
-    }
-    CHECK(td_comm_allreduce(b->shm, t, tmax, (size_t)iters, TD_F64, TD_OP_MAX));
-    qsort(tmax, (size_t)iters, sizeof *tmax, cmp_double);
-    double med = tmax[iters / 2];
-    free(t);
-    free(tmax);
-    if (impl == IMPL_SHM_REG) {
-        for (size_t i = 0; i < count; i++) b->reg[i] = 1.0f;
-        run_one(b, impl, send, recv, count);
-        recv = b->reg;
-    }
-    if (recv[0] != (float)b->size || recv[count - 1] != (float)b->size) {
-        fprintf(stderr, "%s: wrong result %g (expected %d)\n", impl_names[impl], recv[0], b->size);
-        exit(1);
-    }
-    return med;
+/* One call of `impl` on fresh output must give world_size in every element. */
+static void check_one(bench *b, int impl, size_t count) {
+    float *out = b->recv[impl];
+    for (size_t i = 0; i < count; i++) out[i] = impl == IMPL_SHM_REG ? 1.0f : 0.0f;
+    run_one(b, impl, count);
+    for (size_t i = 0; i < count; i++)
+        if (out[i] != (float)b->size) {
+            fprintf(stderr, "%s: wrong result %g at %zu of %zu (expected %d)\n", impl_names[impl],
+                    out[i], i, count, b->size);
+            exit(1);
+        }
 }
 
-static void run(bench *b, int json, size_t max_bytes) {
+/* Rewrites this rank's input, as a backward pass rewrites a gradient before its all-reduce:
+ * a peer that reads it must then fetch it from this rank's cache, instead of finding its own
+ * copy from the previous call (which flatters whoever reads the peer's buffer directly). */
+static void touch(bench *b, int impl, size_t count) {
+    if (impl == IMPL_SHM_REG)
+        memset(b->send[impl], 0, count * sizeof(float)); /* a sum of zeros stays zeros */
+    else
+        for (size_t i = 0; i < count; i++) b->send[impl][i] = 1.0f;
+}
+
+/* Median seconds per call of each implementation for `count` floats over `iters` timed calls,
+ * each after its own barrier, its time the slowest rank's. The implementations take turns in
+ * bursts of `burst` calls, so that on a machine shared with other work all of them meet the
+ * same load; each burst starts with one untimed call, which meets the caches as the other
+ * implementations left them. */
+static void time_size(bench *b, const int have[IMPL_COUNT], size_t count, int warm, int iters,
+                      int burst, double med[IMPL_COUNT]) {
+    /* In place, a sum of zeros stays zeros (and costs what ones do); check_one refills. */
+    memset(b->send[IMPL_SHM_REG], 0, count * sizeof(float));
+    for (int k = 0; k < IMPL_COUNT; k++)
+        for (int i = 0; have[k] && i < warm; i++) run_one(b, k, count);
+    size_t n = (size_t)IMPL_COUNT * (size_t)iters;
+    double *t = calloc(n, sizeof *t), *tmax = calloc(n, sizeof *t);
+    if (!t || !tmax) {
+        fprintf(stderr, "out of memory for %zu timings\n", n);
+        exit(1);
+    }
+    for (int i = 0; i < iters; i += burst)
+        for (int k = 0; k < IMPL_COUNT; k++)
+            for (int j = -1; have[k] && j < burst && i + j < iters; j++) {
+                touch(b, k, count);
+                barrier(b, k);
+                uint64_t t0 = td_time_ns();
+                run_one(b, k, count);
+                if (j >= 0) t[(size_t)k * iters + i + j] = (double)(td_time_ns() - t0) / 1e9;
+            }
+    CHECK(td_comm_allreduce(b->shm, t, tmax, n, TD_F64, TD_OP_MAX));
+    for (int k = 0; k < IMPL_COUNT; k++) {
+        med[k] = have[k] ? median(tmax + (size_t)k * iters, iters) : 0;
+        if (have[k]) check_one(b, k, count);
+    }
+    free(t);
+    free(tmax);
+}
+
+/* This rank's CPUs as a list ("0", "2-3"). */
+static void my_cpus(char *out, size_t cap) {
+    cpu_set_t set;
+    size_t len = 0;
+    out[0] = 0;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+        snprintf(out, cap, "?");
+        return;
+    }
+    for (int c = 0; c < CPU_SETSIZE && len + 16 < cap; c++) {
+        if (!CPU_ISSET(c, &set)) continue;
+        int last = c;
+        while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) last++;
+        len += (size_t)snprintf(out + len, cap - len, len ? ",%d" : "%d", c);
+        if (last > c) len += (size_t)snprintf(out + len, cap - len, "-%d", last);
+        c = last;
+    }
+}
+
+enum { MAX_SIZES = 24 };
+
+static void run(bench *b, int json, size_t max_bytes, int repeat) {
     int have[IMPL_COUNT] = {1, 1, b->tdmpi != NULL, b->mpi};
     size_t max_count = max_bytes / sizeof(float);
     void *reg = NULL;
     CHECK(td_comm_alloc(b->shm, max_count * sizeof(float), &reg));
-    b->reg = reg;
-    float *send = malloc(max_count * sizeof(float)), *recv = malloc(max_count * sizeof(float));
-    if (!send || !recv) {
-        fprintf(stderr, "out of memory for %zu-byte buffers\n", max_bytes);
-        exit(1);
+    for (int k = 0; k < IMPL_COUNT; k++) {
+        if (k == IMPL_SHM_REG) {
+            b->send[k] = b->recv[k] = reg;
+            continue;
+        }
+        b->send[k] = have[k] ? malloc(max_count * sizeof(float)) : NULL;
+        b->recv[k] = have[k] ? malloc(max_count * sizeof(float)) : NULL;
+        if (have[k] && (!b->send[k] || !b->recv[k])) {
+            fprintf(stderr, "out of memory for %zu-byte buffers\n", max_bytes);
+            exit(1);
+        }
+        for (size_t i = 0; have[k] && i < max_count; i++) b->send[k][i] = 1.0f, b->recv[k][i] = 0;
     }
-    for (size_t i = 0; i < max_count; i++) send[i] = 1.0f, recv[i] = 0;
+    char mine[64], *cpus = malloc((size_t)b->size * sizeof mine);
+    my_cpus(mine, sizeof mine);
+    CHECK(td_comm_allgather(b->shm, mine, cpus, sizeof mine, TD_U8));
+    /* (repeat, size, impl) medians; the last size slot holds the 4 KB latency runs. */
+    char load_before[64], load_after[64];
+    bench_load_average(load_before, sizeof load_before);
+    double(*t)[MAX_SIZES + 1][IMPL_COUNT] = calloc((size_t)repeat, sizeof *t);
+    int sizes = 0;
+    for (size_t bytes = 4096; bytes <= max_bytes && sizes < MAX_SIZES; bytes *= 4) sizes++;
+    for (int r = 0; r < repeat; r++) {
+        for (int z = 0; z < sizes; z++) {
+            size_t bytes = (size_t)4096 << (2 * z), count = bytes / sizeof(float);
+            int iters = bytes <= (1u << 20) ? 200 : bytes <= (16u << 20) ? 30 : 10;
+            time_size(b, have, count, bytes <= (1u << 20) ? 20 : 3, iters,
+                      bytes <= (1u << 20) ? 10 : 2, t[r][z]);
+        }
+        time_size(b, have, 1024, 200, 2000, 10, t[r][MAX_SIZES]); /* latency */
+    }
+    bench_load_average(load_after, sizeof load_after);
+    double med[MAX_SIZES + 1][IMPL_COUNT] = {{0}}, *v = malloc((size_t)repeat * sizeof *v);
+    for (int z = 0; z <= MAX_SIZES; z++)
+        for (int k = 0; k < IMPL_COUNT; k++) {
+            for (int r = 0; r < repeat; r++) v[r] = t[r][z][k];
+            med[z][k] = median(v, repeat);
+        }
+    free(v);
+    free(t);
     double factor = 2.0 * (b->size - 1) / b->size;
     if (b->rank == 0 && !json) {
-        printf("# tandem allreduce: f32 sum, %d ranks, out of place (shm-reg: in place on "
-               "td_comm_alloc memory), median of timed iterations\n",
-               b->size);
+        char cpu[512];
+        printf("# tandem allreduce: f32 sum, %d ranks (%s), out of place (shm-reg: in place on "
+               "td_comm_alloc memory)\n",
+               b->size, b->launcher);
+        printf("# on %s; ranks' CPUs:", bench_cpu_name(cpu, sizeof cpu));
+        for (int r = 0; r < b->size; r++)
+            printf(" %s%s", r ? "| " : "", cpus + (size_t)r * sizeof mine);
+        printf("\n# load average %s before, %s after (%ld CPUs online)", load_before, load_after,
+               sysconf(_SC_NPROCESSORS_ONLN));
+        printf("\n# implementations in turns of 10 calls (2 from 4 MB), each call's time the "
+               "slowest rank's; median over the calls, then over %d repeat%s\n",
+               repeat, repeat > 1 ? "s" : "");
         printf("# busbw = algbw * 2(n-1)/n\n#\n");
         printf("# %10s %10s", "size(B)", "count");
         for (int k = 0; k < IMPL_COUNT; k++)
@@ -131,49 +238,44 @@ static void run(bench *b, int json, size_t max_bytes) {
         if (have[IMPL_MPI]) printf(" | shm/MPI reg/MPI%s", have[IMPL_TDMPI] ? " mpi/MPI" : "");
         printf("\n");
     }
-    for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
-        size_t count = bytes / sizeof(float);
-        int iters = bytes <= (1u << 20) ? 200 : bytes <= (16u << 20) ? 30 : 10;
-        double t[IMPL_COUNT] = {0};
-        for (int k = 0; k < IMPL_COUNT; k++)
-            if (have[k])
-                t[k] = time_impl(b, k, send, recv, count, bytes <= (1u << 20) ? 20 : 3, iters);
-        if (b->rank != 0) continue;
+    for (int z = 0; z < sizes && b->rank == 0; z++) {
+        size_t bytes = (size_t)4096 << (2 * z), count = bytes / sizeof(float);
+        const double *tz = med[z];
         if (json) {
-            printf("{\"bench\":\"allreduce\",\"ranks\":%d,\"bytes\":%zu,\"count\":%zu", b->size,
-                   bytes, count);
+            printf(
+                "{\"bench\":\"allreduce\",\"ranks\":%d,\"repeat\":%d,\"bytes\":%zu,\"count\":%zu",
+                b->size, repeat, bytes, count);
             for (int k = 0; k < IMPL_COUNT; k++)
                 if (have[k])
                     printf(",\"%s_us\":%.2f,\"%s_algbw\":%.3f,\"%s_busbw\":%.3f", impl_names[k],
-                           t[k] * 1e6, impl_names[k], bytes / t[k] / 1e9, impl_names[k],
-                           bytes / t[k] / 1e9 * factor);
+                           tz[k] * 1e6, impl_names[k], bytes / tz[k] / 1e9, impl_names[k],
+                           bytes / tz[k] / 1e9 * factor);
             if (have[IMPL_MPI])
                 printf(",\"shm_over_mpi\":%.3f,\"shm_reg_over_mpi\":%.3f",
-                       t[IMPL_MPI] / t[IMPL_SHM], t[IMPL_MPI] / t[IMPL_SHM_REG]);
+                       tz[IMPL_MPI] / tz[IMPL_SHM], tz[IMPL_MPI] / tz[IMPL_SHM_REG]);
             if (have[IMPL_MPI] && have[IMPL_TDMPI])
-                printf(",\"mpi_backend_over_mpi\":%.3f", t[IMPL_MPI] / t[IMPL_TDMPI]);
+                printf(",\"mpi_backend_over_mpi\":%.3f", tz[IMPL_MPI] / tz[IMPL_TDMPI]);
             printf("}\n");
         } else {
             printf("  %10zu %10zu", bytes, count);
             for (int k = 0; k < IMPL_COUNT; k++)
                 if (have[k])
-                    printf(" | %-13s %9.2f %8.3f %8.3f", "", t[k] * 1e6, bytes / t[k] / 1e9,
-                           bytes / t[k] / 1e9 * factor);
+                    printf(" | %-13s %9.2f %8.3f %8.3f", "", tz[k] * 1e6, bytes / tz[k] / 1e9,
+                           bytes / tz[k] / 1e9 * factor);
             if (have[IMPL_MPI])
-                printf(" | %6.2fx %6.2fx", t[IMPL_MPI] / t[IMPL_SHM],
-                       t[IMPL_MPI] / t[IMPL_SHM_REG]);
-            if (have[IMPL_MPI] && have[IMPL_TDMPI]) printf(" %6.2fx", t[IMPL_MPI] / t[IMPL_TDMPI]);
+                printf(" | %6.2fx %6.2fx", tz[IMPL_MPI] / tz[IMPL_SHM],
+                       tz[IMPL_MPI] / tz[IMPL_SHM_REG]);
+            if (have[IMPL_MPI] && have[IMPL_TDMPI])
+                printf(" %6.2fx", tz[IMPL_MPI] / tz[IMPL_TDMPI]);
             printf("\n");
         }
-        fflush(stdout);
     }
-    /* The latency line: many 4 KB calls. */
-    double lat[IMPL_COUNT] = {0};
-    for (int k = 0; k < IMPL_COUNT; k++)
-        if (have[k]) lat[k] = time_impl(b, k, send, recv, 1024, 200, 2000);
+    const double *lat = med[MAX_SIZES];
     if (b->rank == 0) {
         if (json) {
-            printf("{\"bench\":\"allreduce_latency\",\"ranks\":%d,\"bytes\":4096", b->size);
+            printf("{\"bench\":\"allreduce_latency\",\"ranks\":%d,\"repeat\":%d,\"bytes\":4096,"
+                   "\"load_before\":\"%s\",\"load_after\":\"%s\"",
+                   b->size, repeat, load_before, load_after);
             for (int k = 0; k < IMPL_COUNT; k++)
                 if (have[k]) printf(",\"%s_us\":%.3f", impl_names[k], lat[k] * 1e6);
             printf("}\n");
@@ -184,33 +286,37 @@ static void run(bench *b, int json, size_t max_bytes) {
                     printf(" %s %.2f us%s", impl_names[k], lat[k] * 1e6,
                            k + 1 < IMPL_COUNT && have[k + 1] ? "," : "");
             if (have[IMPL_MPI] && have[IMPL_TDMPI])
-                printf("; mpi-backend - MPI_Allreduce %+.2f us", (lat[IMPL_TDMPI] - lat[IMPL_MPI]) * 1e6);
+                printf("; mpi-backend - MPI_Allreduce %+.2f us",
+                       (lat[IMPL_TDMPI] - lat[IMPL_MPI]) * 1e6);
             printf("\n");
         }
+        fflush(stdout);
     }
-    free(send);
-    free(recv);
+    free(cpus);
+    for (int k = 0; k < IMPL_COUNT; k++)
+        if (k != IMPL_SHM_REG) free(b->send[k]), free(b->recv[k]);
     td_comm_free(b->shm, reg);
 }
 
 typedef struct {
-    int json;
+    int json, repeat;
     size_t max_bytes;
+    const char *launcher;
 } options;
 
 /* A rank started by bench_ranks or a launcher (the env contract): the shm backend. */
 static int shm_rank(int rank, int size, void *result, void *arg) {
     const options *o = arg;
     (void)result;
-    bench b = {.rank = rank, .size = size, .shm = bench_comm()};
-    run(&b, o->json, o->max_bytes);
+    bench b = {.rank = rank, .size = size, .shm = bench_comm(), .launcher = o->launcher};
+    run(&b, o->json, o->max_bytes, o->repeat);
     td_comm_destroy(b.shm);
     return 0;
 }
 
 int main(int argc, char **argv) {
-    int json = 0, np = 2;
-    size_t max_bytes = 256u << 20;
+    int json = 0, np = 2, repeat = 1;
+    size_t max_bytes = 64u << 20;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0)
             json = 1;
@@ -218,10 +324,16 @@ int main(int argc, char **argv) {
             np = atoi(argv[++i]);
         else if (strcmp(argv[i], "--max-bytes") == 0 && i + 1 < argc)
             max_bytes = (size_t)atoll(argv[++i]);
+        else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc)
+            repeat = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--json] [--np N] [--max-bytes N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--json] [--np N] [--max-bytes N] [--repeat K]\n", argv[0]);
             return 2;
         }
+    }
+    if (repeat < 1 || repeat > 99 || max_bytes < 4096) {
+        fprintf(stderr, "allreduce: --repeat 1..99, --max-bytes >= 4096\n");
+        return 2;
     }
     bench b = {0};
 #ifdef BENCH_MPI
@@ -231,6 +343,7 @@ int main(int argc, char **argv) {
         MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
         MPI_Comm_size(MPI_COMM_WORLD, &b.size);
         b.mpi = 1;
+        b.launcher = "mpirun";
         /* Rank 0 picks the store's port and token; everyone learns them over MPI. */
         int port = 0;
         char token[32] = {0};
@@ -253,16 +366,18 @@ int main(int argc, char **argv) {
             if (b.rank == 0) fprintf(stderr, "# mpi backend unavailable: %s\n", td_last_error());
             b.tdmpi = NULL;
         }
-        run(&b, json, max_bytes);
+        run(&b, json, max_bytes, repeat);
         td_comm_destroy(b.tdmpi);
         td_comm_destroy(b.shm);
         MPI_Finalize();
         return 0;
     }
 #endif
-    options o = {json, max_bytes};
-    if (getenv("RANK") && getenv("WORLD_SIZE")) /* tandemrun / torchrun-style env */
+    options o = {json, repeat, max_bytes, "forked, pinned"};
+    if (getenv("RANK") && getenv("WORLD_SIZE")) { /* tandemrun / torchrun-style env */
+        o.launcher = "tandemrun";
         return shm_rank(atoi(getenv("RANK")), atoi(getenv("WORLD_SIZE")), NULL, &o);
+    }
     /* No launcher: start np ranks of our own, each on its own core as tandemrun places them. */
     if (np < 1 || np > 64) {
         fprintf(stderr, "--np must be in 1..64\n");

@@ -1,6 +1,7 @@
 /* What every benchmark shares: CHECK (print the failed call and leave), running a function as
  * N ranks forked and pinned by td_spawn with each rank's result in shared memory, re-running
- * the program with one OpenMP thread, and the CPU's name for the table's heading.
+ * the program with one OpenMP thread, and the CPU's name and the load average for the table's
+ * heading.
  * Header-only; each bench/<name>.c includes it once. */
 #ifndef TANDEM_BENCH_H
 #define TANDEM_BENCH_H
@@ -119,6 +120,17 @@ static inline const char *bench_cpu_name(char *buf, size_t cap) {
     int n = snprintf(buf, cap, "%s (family %s model %s;%s)", name, family, model,
                      *found ? found : " no avx512");
     if (n >= (int)cap && cap > 4) memcpy(buf + cap - 4, "...", 4); /* say it was cut */
+    return buf;
+}
+
+/* The 1, 5 and 15-minute load averages from /proc/loadavg ("" when unreadable): on a machine
+ * shared with other work, what a table's reader needs to judge its timings by. */
+static inline const char *bench_load_average(char *buf, size_t cap) {
+    float a = 0, b = 0, c = 0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    buf[0] = 0;
+    if (f && fscanf(f, "%f %f %f", &a, &b, &c) == 3) snprintf(buf, cap, "%.2f %.2f %.2f", a, b, c);
+    if (f) fclose(f);
     return buf;
 }
 

@@ -263,10 +263,8 @@ int main(int argc, char **argv) {
             rows[nr++] = (row){.label = td_pipeline_schedule_name(sch[k]),
                                .cfg = {&su, 1, sch[k], micro[i], NULL}};
 
-    char cpu[256], load[128] = "";
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f && fgets(load, sizeof load, f)) load[strcspn(load, "\n")] = 0;
-    if (f) fclose(f);
+    char cpu[256], load[64];
+    bench_load_average(load, sizeof load);
     printf("%s\n", bench_cpu_name(cpu, sizeof cpu));
     printf("ResNet (td_resnet_default_params), batch %lld, %d stages, split %s; load average "
            "before: %s\n",

@@ -9,10 +9,11 @@
 #   sh scripts/deps.sh plots    also matplotlib, for scripts/plots.py
 # (several at once: sh scripts/deps.sh torch plots). UCX carries the bytes between hosts under
 # tandemrun --nnodes; iproute2 and iptables build the emulated hosts the multi-host tests run
-# on (scripts/hosts.sh).
+# on (scripts/hosts.sh). r-cran-janeaustenr ships Jane Austen's six novels, the English text
+# examples/gpt trains on (docs/gpt.md).
 set -e
 pkgs="gcc make libc6-dev pkg-config libdnnl-dev zlib1g-dev dataset-fashion-mnist libopenmpi-dev openmpi-bin"
-pkgs="$pkgs libucx-dev iproute2 iptables"
+pkgs="$pkgs libucx-dev iproute2 iptables r-cran-janeaustenr"
 for extra in "$@"; do
     case $extra in
     bench) pkgs="$pkgs python3-torch libopenblas0-pthread" ;;

@@ -1,8 +1,9 @@
 #!/bin/sh
 # The one command that verifies tandem on a GPU machine: sets up what the machine lacks,
 # builds with CUDA, runs every test that has GPU cases (the test programs whose cases skip
-# with "no CUDA device" elsewhere) and prints a report. It fits in one 10-minute call on a
-# 16-core GPU machine.
+# with "no CUDA device" elsewhere), then the GPU benchmark beside PyTorch, and prints a
+# report. It fits in one 10-minute call on a 16-core GPU machine; TD_GPU_BENCH="--models mlp"
+# (the benchmark's options) narrows the benchmark, TD_GPU_BENCH=none skips it.
 #
 #   sh scripts/gpu.sh --fetch   here, with apt: downloads the Debian packages the build needs
 #                               into .gpu-debs/ (ignored by git), to carry to a machine that
@@ -42,7 +43,7 @@ if [ ! -e /usr/include/dnnl.h ]; then
         export TD_FASHION_MNIST_DIR="$root/usr/share/datasets/fashion-mnist"
 fi
 site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || true)
-for lib in cudnn nccl; do
+for lib in cudnn nccl cublas; do
     if [ -n "$site" ] && [ -d "$site/nvidia/$lib/lib" ]; then
         export CPATH="$site/nvidia/$lib/include${CPATH:+:$CPATH}"
         export LIBRARY_PATH="$site/nvidia/$lib/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
@@ -77,4 +78,11 @@ for src in $(grep -l 'no CUDA device' tests/test_*.c); do
     fi
 done
 [ "$status" -eq 0 ] && echo "== all GPU tests passed" || echo "== GPU tests FAILED"
+
+bench=${TD_GPU_BENCH:---iters 10 --windows 3}
+if [ "$bench" != none ]; then
+    echo "== GPU benchmark: build/bench/train_gpu $bench"
+    # shellcheck disable=SC2086 # the options are words
+    timeout 420 build/bench/train_gpu $bench || { echo "gpu.sh: the benchmark failed" >&2; status=1; }
+fi
 exit "$status"

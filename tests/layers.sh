@@ -7,7 +7,8 @@
 # closing "P passed, F failed" line like the test programs. Collective ops (all-gather,
 # SyncBatchNorm) are graph ops that call comm/ (ARCHITECTURE.md), so ops and graph may use
 # process groups, through the public tandem/comm.h only, never comm's internals. oneDNN stays
-# inside the CPU backend's files.
+# inside the CPU backend's files. Programs (tools, examples, benchmarks) use the public headers
+# only.
 cd "$(dirname "$0")/.."
 # Which layer a public header belongs to.
 layer_of_public() {
@@ -19,11 +20,11 @@ layer_of_public() {
     graph) echo graph ;;
     nn) echo nn ;;
     comm | store) echo comm ;;
-    spawn) echo launch ;;
+    spawn | launch) echo launch ;;
     data) echo data ;;
     optim) echo optim ;;
     checkpoint) echo checkpoint ;;
-    ddp | dp | amp | pipeline) echo parallel ;;
+    ddp | dp | amp | pipeline | zero) echo parallel ;;
     *) echo "?$1" ;;
     esac
 }
@@ -37,8 +38,9 @@ allowed() {
     graph) echo "core device tensor ops graph comm" ;;
     nn) echo "core device tensor ops graph nn" ;;
     comm | optim | checkpoint) echo "core device $1" ;;
-    launch | data) echo "core $1" ;;
-    parallel) echo "core device tensor ops graph nn comm optim parallel" ;;
+    launch) echo "core $1" ;;
+    data) echo "core device data" ;;
+    parallel) echo "core device tensor ops graph nn comm optim checkpoint parallel" ;;
     *) echo "" ;;
     esac
 }
@@ -86,6 +88,46 @@ for f in $(find src -name '*.[ch]' | sort); do
     if grep -n '<dnnl\|dnnl_\|ops/onednn.h' "$f" >/dev/null; then
         echo "layers: $f names oneDNN (only the CPU backend's files in src/ops may):"
         grep -n '<dnnl\|dnnl_\|ops/onednn.h' "$f" | sed 's/^/    /'
+        bad=$((bad + 1))
+    fi
+done
+# Whether a process lives is asked in one place (src/core/proc.c: td__proc_state, td__pid_dead);
+# strategies pass on what their process group reports instead of probing peers themselves.
+for f in $(find src -name '*.[ch]' | sort); do
+    [ "$f" = src/core/proc.c ] && continue
+    probes=$(grep -nE 'kill\([^;]*, *0\)|/proc/%d/stat' "$f" | grep -vE '^[0-9]+: *(\*|/\*|//)')
+    if [ -n "$probes" ]; then
+        echo "layers: $f probes a process itself (src/core/proc.c does):"
+        echo "$probes" | sed 's/^/    /'
+        bad=$((bad + 1))
+    fi
+done
+# DDP's front reaches a reducer through its table only (src/parallel/reducer.h): a reducer's file
+# exports its table and nothing else, so no branch of the front can call one reducer's code.
+for f in $(grep -l '^const td__ddp_reducer ' src/parallel/*.c); do
+    if grep -nE '^[a-z_][a-z_0-9 *]*[ *][a-z_][a-z_0-9]* *(\(|\[|=|;)' "$f" |
+        grep -v ':static \|:typedef \|:const td__ddp_reducer ' >/dev/null; then
+        echo "layers: $f, a reducer, exports more than its table:"
+        grep -nE '^[a-z_][a-z_0-9 *]*[ *][a-z_][a-z_0-9]* *(\(|\[|=|;)' "$f" |
+            grep -v ':static \|:typedef \|:const td__ddp_reducer ' | sed 's/^/    /'
+        bad=$((bad + 1))
+    fi
+done
+# Programs (tools/, examples/, bench/) use the library as a user would: its public headers
+# (tandem/X.h) and headers beside them, never src/'s internals, nor a td__ name declared by hand.
+for f in $(find tools examples bench -name '*.[ch]' | sort); do
+    for inc in $(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$f"); do
+        case "$inc" in
+        tandem/*) continue ;;
+        */*) ;;
+        *) [ -f "$(dirname "$f")/$inc" ] && continue ;;
+        esac
+        echo "layers: $f includes \"$inc\": programs use the public headers (include/tandem) only"
+        bad=$((bad + 1))
+    done
+    if grep -n 'td__[a-z]' "$f" >/dev/null; then
+        echo "layers: $f names the library's internals (td__), which programs may not:"
+        grep -n 'td__[a-z]' "$f" | sed 's/^/    /'
         bad=$((bad + 1))
     fi
 done

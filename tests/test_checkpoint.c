@@ -255,6 +255,65 @@ static void damaged_headers_are_errors_naming_the_problem(void) {
     expect_open_error(path, TD_ENOTFOUND, "cannot open");
 }
 
+/* The last error holds only printable ASCII and contains `escaped`: bytes from a damaged file
+ * (terminal escapes, bytes that are not UTF-8) appear as JSON escapes, never as they are. */
+static void expect_escaped(const char *escaped) {
+    const char *e = td_last_error();
+    for (const unsigned char *p = (const unsigned char *)e; *p; p++)
+        if (*p < 0x20 || *p >= 0x7f) {
+            TEST_FAIL_AT("byte 0x%02x copied into \"%s\"", *p, e);
+            return;
+        }
+    if (!strstr(e, escaped)) TEST_FAIL_AT("\"%s\" lacks %s", e, escaped);
+}
+
+static void damaged_bytes_are_escaped_in_messages(void) {
+    char path[300];
+    path_in_dir(path, sizeof path, "raw.safetensors");
+    unsigned char data[8] = {0};
+    const struct {
+        const char *header;
+        const char *escaped;
+    } cases[] = {
+        /* a name decoded from \u001b: an ANSI colour sequence */
+        {"{\"a\\u001b[31m\":{\"dtype\":\"F8\",\"shape\":[2],\"data_offsets\":[0,2]}}",
+         "tensor a\\u001b[31m: dtype"},
+        {"{\"a\":{\"dtype\":\"F\\u00078\",\"shape\":[2],\"data_offsets\":[0,2]}}",
+         "dtype \"F\\u00078\""},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"\\r\":1}}",
+         "unknown field \"\\u000d\""},
+        {"{\"a\":\xff}", "unexpected character '\\u00ff'"},
+        {"{\"a\":\"\\\xfe\"}", "'\\u00fe'"},
+        {"{\"\\u0007\":1,\"\\u0007\":2}", "duplicate key \"\\u0007\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        write_st(path, cases[i].header, data, 8);
+        td_checkpoint *c = NULL;
+        CHECK(td_checkpoint_open(&c, path) != TD_OK);
+        expect_escaped(cases[i].escaped);
+    }
+    /* A metadata value with a byte that is not UTF-8, as a damaged file has it. */
+    write_st(path,
+             "{\"__metadata__\":{\"epoch\":\"3\xff\"},"
+             "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+             data, 8);
+    td_checkpoint *c = NULL;
+    CHECK_OK(td_checkpoint_open(&c, path));
+    int64_t v;
+    CHECK_STATUS(td_checkpoint_get_meta_i64(c, "epoch", 0, 10, &v), TD_EFORMAT);
+    expect_escaped("\"3\\u00ff\", not a decimal integer");
+    td_checkpoint_close(c);
+    /* What a file cannot hold is refused when saving, not changed. */
+    float w[2] = {1, 2};
+    td_param t = {.name = "w\xff", .data = w, .count = 2, .dtype = TD_F32, .ndim = 1, .shape = {2}};
+    CHECK_STATUS(td_checkpoint_save(path, &t, 1, NULL, 0), TD_EINVAL);
+    expect_escaped("tensor name \"w\\u00ff\" is not UTF-8 text");
+    t.name = "w";
+    td_checkpoint_meta meta[1] = {{"epoch", "3\xfe"}};
+    CHECK_STATUS(td_checkpoint_save(path, &t, 1, meta, 1), TD_EINVAL);
+    expect_escaped("metadata entry 0 (\"epoch\") is not UTF-8 text");
+}
+
 static void every_truncation_and_byte_flip_fails_cleanly(void) {
     float w[6] = {1, 2, 3, 4, 5, 6};
     int64_t s[2] = {7, 8};
@@ -642,6 +701,7 @@ int main(void) {
     RUN(round_trip_every_dtype_and_metadata);
     RUN(reads_files_written_by_other_writers);
     RUN(damaged_headers_are_errors_naming_the_problem);
+    RUN(damaged_bytes_are_escaped_in_messages);
     RUN(every_truncation_and_byte_flip_fails_cleanly);
     RUN(load_checks_names_dtypes_and_shapes);
     RUN(failed_save_keeps_the_previous_checkpoint);

@@ -1,6 +1,6 @@
 /* Process groups on the shm backend, with real forked ranks: every collective against a serial
- * reference over dtypes, ops, odd sizes (0, 1, 7, 1009, larger than a shared-memory chunk)
- * and world sizes 1-4; in-place calls; non-blocking calls with several outstanding;
+ * reference over dtypes, ops, odd sizes (0, 1, 7, 1009, larger than a shared-memory chunk,
+ * several MB) and world sizes 1-4; in-place calls; non-blocking calls with several outstanding;
  * point-to-point ordering, tags and large two-way isend/irecv; sub-groups working
  * concurrently with their parent; parameter checks and the environment contract. */
 #include <sched.h>
@@ -284,6 +284,26 @@ static void world_2_full_matrix(void) { run_matrix(2, 1); }
 static void world_3_full_matrix(void) { run_matrix(3, 1); }
 static void world_4(void) { run_matrix(4, 0); }
 
+/* Buffers of several MB, where the pipeline cuts chunks above its 512 KiB minimum (an eighth
+ * of the stream) with a short last one: every collective still matches the reference. */
+static void large_chunks_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 60));
+    if (!c) return;
+    size_t count = (9u << 20) / sizeof(float) + 7;
+    check_allreduce(c, TD_F32, TD_OP_SUM, count, 0);
+    check_allreduce(c, TD_F32, TD_OP_MAX, count, 1);
+    check_reductions(c, TD_F32, TD_OP_SUM, count);
+    check_movers(c, TD_F32, count);
+    td_comm_destroy(c);
+}
+
+static void large_chunks(void) {
+    for (int n = 2; n <= 3; n++) CHECK_EQ(test_run_ranks(n, large_chunks_rank, NULL, 120, 0), 0);
+    CHECK_EQ(test_shm_leftovers(), 0);
+}
+
 /* Several non-blocking collectives outstanding at once, completed out of order. */
 static void nonblocking_rank(int rank, int size, int port, void *arg) {
     (void)arg;
@@ -486,6 +506,68 @@ static void argument_error_on_one_rank_is_told_to_all(void) {
     CHECK_EQ(test_run_ranks(3, one_bad_rank, NULL, 30, 0), 0);
 }
 
+/* td_comm_agree: the same verdict on every rank, naming the rank that differs or failed. */
+typedef struct {
+    int64_t micro_batches, seed;
+} agree_sig;
+
+static void describe_agree_sig(const void *sig, const void *other, char *out, size_t cap,
+                               void *ctx) {
+    const agree_sig *a = sig, *b = other;
+    (void)ctx;
+    if (a->micro_batches != b->micro_batches)
+        snprintf(out, cap, "micro_batches = %lld", (long long)a->micro_batches);
+    else
+        snprintf(out, cap, "seed %lld", (long long)a->seed);
+}
+
+static void agree_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 30));
+    if (!c) return;
+    agree_sig sig = {4, 7};
+    td_comm_agreement a = {.what = "demo",
+                           .sig = &sig,
+                           .bytes = sizeof sig,
+                           .describe = describe_agree_sig,
+                           .hint = "; pass the same"};
+    CHECK_OK(td_comm_agree(c, &a));
+    /* Two ranks differ: the lowest is named, with what each side has. */
+    if (rank >= 2) sig.micro_batches = 2;
+    CHECK_STATUS(td_comm_agree(c, &a), TD_EMISMATCH);
+    CHECK(strstr(td_last_error(),
+                 "demo: rank 0 has micro_batches = 4 but rank 2 has micro_batches = 2; pass the "
+                 "same") != NULL);
+    sig.micro_batches = 4;
+    if (rank == 1) sig.seed = 9;
+    a.mismatch = TD_ESHAPE;
+    CHECK_STATUS(td_comm_agree(c, &a), TD_ESHAPE);
+    CHECK(strstr(td_last_error(), "rank 0 has seed 7 but rank 1 has seed 9") != NULL);
+    /* A rank that failed getting ready: its status and message reach every rank, before any
+     * difference in the signatures. */
+    const char *why = "td_comm_set_timeout: need a group and seconds > 0";
+    if (rank == 2) {
+        a.local = td_comm_set_timeout(c, -1);
+        CHECK_STATUS(td_comm_agree(c, &a), TD_EINVAL);
+        CHECK_EQ(strcmp(td_last_error(), why), 0);
+    } else {
+        CHECK_STATUS(td_comm_agree(c, &a), TD_EINVAL);
+        char want[128];
+        snprintf(want, sizeof want, "demo: rank 2: %s", why);
+        CHECK_EQ(strcmp(td_last_error(), want), 0);
+    }
+    /* The group is still in step. */
+    a.local = TD_OK;
+    sig.seed = 7;
+    CHECK_OK(td_comm_agree(c, &a));
+    td_comm_destroy(c);
+}
+
+static void agreement_is_the_same_verdict_everywhere(void) {
+    CHECK_EQ(test_run_ranks(4, agree_rank, NULL, 30, 0), 0);
+}
+
 /* td_comm_abort ends the group for every rank at once, naming who ended it. */
 static void abort_rank(int rank, int size, int port, void *arg) {
     (void)arg;
@@ -656,10 +738,12 @@ int main(void) {
     RUN(world_2_full_matrix);
     RUN(world_3_full_matrix);
     RUN(world_4);
+    RUN(large_chunks);
     RUN(nonblocking);
     RUN(point_to_point);
     RUN(point_to_point_as_in_mpi);
     RUN(argument_error_on_one_rank_is_told_to_all);
+    RUN(agreement_is_the_same_verdict_everywhere);
     RUN(abort_ends_the_group_everywhere);
     RUN(subgroups);
     TEST_END();

@@ -24,48 +24,6 @@ static int rank, size;
 static const size_t sizes[] = {0, 1, 7, 1009, 100003};
 #define NSIZES (sizeof sizes / sizeof *sizes)
 
-/* Rank r's element i for op; small integers, so every sum, product and average is exact
- * in every dtype and the reduction order cannot change a bit. */
-static double gen(int r, size_t i, td_reduce_op op, td_dtype dt) {
-    if (op == TD_OP_PROD) return (double)(1 + (i + (size_t)r) % 2);
-    double v = (double)((i * 7 + (size_t)r * 13) % 51);
-    if (dt != TD_U8 && (i + (size_t)r) % 3 == 0) v = -v;
-    return v;
-}
-
-/* The reduction of element i over all ranks, rounded to dt the way the result must be. */
-static double reference(size_t i, td_dtype dt, td_reduce_op op) {
-    double acc = gen(0, i, op, dt);
-    for (int r = 1; r < size; r++) {
-        double v = gen(r, i, op, dt);
-        switch (op) {
-        case TD_OP_PROD:
-            acc *= v;
-            break;
-        case TD_OP_MIN:
-            acc = v < acc ? v : acc;
-            break;
-        case TD_OP_MAX:
-            acc = v > acc ? v : acc;
-            break;
-        default:
-            acc += v;
-            break;
-        }
-    }
-    if (op == TD_OP_AVG) {
-        if (dt == TD_F32 || dt == TD_BF16 || dt == TD_F16)
-            acc = (float)acc / (float)size;
-        else if (dt == TD_F64)
-            acc /= size;
-        else
-            acc = (double)((int64_t)acc / size); /* integer division truncates */
-    }
-    unsigned char tmp[8];
-    test_elem_put(dt, tmp, 0, acc);
-    return test_elem_get(dt, tmp, 0);
-}
-
 /* Fails the case once, naming the first wrong element. */
 static int expect(const char *what, td_dtype dt, td_reduce_op op, size_t n, size_t i, double got,
                   double want) {
@@ -89,27 +47,27 @@ static void allreduce_reduce_every_dtype_op_size(void) {
                 size_t n = sizes[s];
                 if (n > 10000 && !big_case(dt, op)) continue; /* time */
                 void *send = alloc(n, dt), *recv = alloc(n, dt);
-                for (size_t i = 0; i < n; i++) test_elem_put(dt, send, i, gen(rank, i, op, dt));
+                for (size_t i = 0; i < n; i++) test_elem_put(dt, send, i, test_coll_gen(rank, i, op, dt));
                 CHECK_OK(td_comm_allreduce(world, send, recv, n, dt, op));
                 for (size_t i = 0; i < n; i++)
                     if (!expect("allreduce", dt, op, n, i, test_elem_get(dt, recv, i),
-                                reference(i, dt, op)))
+                                test_coll_reference(size, i, dt, op)))
                         break;
                 /* in place */
                 CHECK_OK(td_comm_allreduce(world, send, send, n, dt, op));
                 for (size_t i = 0; i < n; i++)
                     if (!expect("allreduce in place", dt, op, n, i, test_elem_get(dt, send, i),
-                                reference(i, dt, op)))
+                                test_coll_reference(size, i, dt, op)))
                         break;
                 /* reduce to a root that moves around */
                 int root = (int)((s + (size_t)op) % (size_t)size);
-                for (size_t i = 0; i < n; i++) test_elem_put(dt, send, i, gen(rank, i, op, dt));
+                for (size_t i = 0; i < n; i++) test_elem_put(dt, send, i, test_coll_gen(rank, i, op, dt));
                 memset(recv, 0, n * td_dtype_size(dt));
                 CHECK_OK(td_comm_reduce(world, send, recv, n, dt, op, root));
                 if (rank == root)
                     for (size_t i = 0; i < n; i++)
                         if (!expect("reduce", dt, op, n, i, test_elem_get(dt, recv, i),
-                                    reference(i, dt, op)))
+                                    test_coll_reference(size, i, dt, op)))
                             break;
                 free(send);
                 free(recv);
@@ -123,12 +81,12 @@ static void reduce_scatter_every_dtype_op_size(void) {
                 size_t n = sizes[s], total = n * (size_t)size;
                 if (n > 10000 && !big_case(dt, op)) continue; /* time */
                 void *send = alloc(total, dt), *recv = alloc(n, dt);
-                for (size_t i = 0; i < total; i++) test_elem_put(dt, send, i, gen(rank, i, op, dt));
+                for (size_t i = 0; i < total; i++) test_elem_put(dt, send, i, test_coll_gen(rank, i, op, dt));
                 CHECK_OK(td_comm_reduce_scatter(world, send, recv, n, dt, op));
                 for (size_t i = 0; i < n; i++) {
                     size_t g = (size_t)rank * n + i;
                     if (!expect("reduce_scatter", dt, op, n, i, test_elem_get(dt, recv, i),
-                                reference(g, dt, op)))
+                                test_coll_reference(size, g, dt, op)))
                         break;
                 }
                 /* in place: the result lands at the front of the buffer */
@@ -136,7 +94,7 @@ static void reduce_scatter_every_dtype_op_size(void) {
                 for (size_t i = 0; i < n; i++) {
                     size_t g = (size_t)rank * n + i;
                     if (!expect("reduce_scatter in place", dt, op, n, i, test_elem_get(dt, send, i),
-                                reference(g, dt, op)))
+                                test_coll_reference(size, g, dt, op)))
                         break;
                 }
                 free(send);

@@ -16,22 +16,20 @@
 #include <unistd.h>
 
 #include "tandem/comm.h"
+#include "tandem/launch.h"
 #include "tandem/spawn.h"
 
 #include "test.h"
 
-/* A port the kernel just handed out and took back; good enough for one test. */
+/* A port nothing is bound to, outside the ephemeral range (td_free_port): a test may pick it
+ * here and bind it in another network namespace (an emulated host). */
 static inline int test_free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        if (fd >= 0) close(fd);
-        return 20000 + (int)(getpid() % 40000);
+    int port = 0;
+    if (td_free_port(&port) != TD_OK) {
+        fprintf(stderr, "test_free_port: %s\n", td_last_error());
+        return 20000 + (int)(getpid() % 10000);
     }
-    close(fd);
-    return ntohs(a.sin_port);
+    return port;
 }
 
 static inline void test_sleep_ms(int ms) {
@@ -172,6 +170,49 @@ static inline double test_elem_get(td_dtype t, const void *buf, size_t i) {
     default:
         return 0;
     }
+}
+
+
+/* Rank r's element i for op in the collective tests; small integers, so every sum, product and
+ * average is exact in every dtype and the reduction order cannot change a bit. */
+static inline double test_coll_gen(int r, size_t i, td_reduce_op op, td_dtype dt) {
+    if (op == TD_OP_PROD) return (double)(1 + (i + (size_t)r) % 2);
+    double v = (double)((i * 7 + (size_t)r * 13) % 51);
+    if (dt != TD_U8 && (i + (size_t)r) % 3 == 0) v = -v;
+    return v;
+}
+
+/* The reduction of element i over `size` ranks, rounded to dt the way the result must be. */
+static inline double test_coll_reference(int size, size_t i, td_dtype dt, td_reduce_op op) {
+    double acc = test_coll_gen(0, i, op, dt);
+    for (int r = 1; r < size; r++) {
+        double v = test_coll_gen(r, i, op, dt);
+        switch (op) {
+        case TD_OP_PROD:
+            acc *= v;
+            break;
+        case TD_OP_MIN:
+            acc = v < acc ? v : acc;
+            break;
+        case TD_OP_MAX:
+            acc = v > acc ? v : acc;
+            break;
+        default:
+            acc += v;
+            break;
+        }
+    }
+    if (op == TD_OP_AVG) {
+        if (dt == TD_F32 || dt == TD_BF16 || dt == TD_F16)
+            acc = (float)acc / (float)size;
+        else if (dt == TD_F64)
+            acc /= size;
+        else
+            acc = (double)((int64_t)acc / size); /* integer division truncates */
+    }
+    unsigned char tmp[8];
+    test_elem_put(dt, tmp, 0, acc);
+    return test_elem_get(dt, tmp, 0);
 }
 
 #endif

@@ -70,10 +70,14 @@ static void model_init(model *m, uint64_t seed, int with_aux) {
     }
     for (int j = 0; j < H1; j++) m->bn_mean[j] = (float)seed + 0.25f * (float)j;
     m->steps = (int64_t)seed * 1000;
-    m->buffers[0] =
-        (td_param){"bn.running_mean", m->bn_mean, NULL, H1, TD_F32, 1, {H1}, {TD_DEVICE_CPU, 0}};
+    m->buffers[0] = (td_param){.name = "bn.running_mean",
+                               .data = m->bn_mean,
+                               .count = H1,
+                               .dtype = TD_F32,
+                               .ndim = 1,
+                               .shape = {H1}};
     m->buffers[1] =
-        (td_param){"bn.num_batches", &m->steps, NULL, 1, TD_I64, 0, {0}, {TD_DEVICE_CPU, 0}};
+        (td_param){.name = "bn.num_batches", .data = &m->steps, .count = 1, .dtype = TD_I64};
 }
 
 static void model_free(model *m) {
@@ -423,8 +427,8 @@ static void mismatch_rank(td_comm *comm, int rank, int world, void *arg) {
     CHECK(ddp == NULL);
     const char *msg = td_last_error();
     CHECK(strstr(msg, "fc3.weight") != NULL);
-    CHECK(strstr(msg, "[12, 16]") != NULL);
-    CHECK(strstr(msg, "[16, 12]") != NULL);
+    CHECK(strstr(msg, "(12, 16)") != NULL);
+    CHECK(strstr(msg, "(16, 12)") != NULL);
     char who[32];
     snprintf(who, sizeof who, "rank %d has", world - 1);
     CHECK(strstr(msg, who) != NULL);
@@ -433,20 +437,21 @@ static void mismatch_rank(td_comm *comm, int rank, int world, void *arg) {
     m.p[5].shape[1] = H2;
     /* One rank registers a parameter fewer: counted per kind, nothing else compared. */
     CHECK_STATUS(td_ddp_create(&ddp, comm, m.p, rank == 1 ? NP - 1 : NP, NULL, 0, NULL), TD_ESHAPE);
-    CHECK(strstr(td_last_error(), "rank 1 registered 8 parameters and 0 buffers, rank 0 "
-                                  "registered 9 parameters and 0 buffers") != NULL);
+    CHECK(strstr(td_last_error(), "rank 0 has 9 parameters and 0 buffers but rank 1 has 8 "
+                                  "parameters and 0 buffers") != NULL);
     /* Buffers are numbered among buffers, and a missing one is counted as a buffer. */
     float bufs[2][3] = {{0}};
-    td_param b[2] = {{"bn.running_mean", bufs[0], NULL, 3, TD_F32, 1, {3}, {TD_DEVICE_CPU, 0}},
-                     {"bn.running_var", bufs[1], NULL, 3, TD_F32, 1, {3}, {TD_DEVICE_CPU, 0}}};
+    td_param b[2] = {
+        {"bn.running_mean", bufs[0], NULL, 3, TD_F32, 1, {3}, {TD_DEVICE_CPU, 0}, TD_F32},
+        {"bn.running_var", bufs[1], NULL, 3, TD_F32, 1, {3}, {TD_DEVICE_CPU, 0}, TD_F32}};
     if (rank == 2) b[1].shape[0] = 1, b[1].count = 1;
     CHECK_STATUS(td_ddp_create(&ddp, comm, m.p, m.n, b, 2, NULL), TD_ESHAPE);
-    CHECK(strstr(td_last_error(), "differ at buffer 1: rank 0 has 'bn.running_var' f32 [3]") !=
-          NULL);
+    CHECK(strstr(td_last_error(), "rank 0 has buffer 1 'bn.running_var' f32 (3) but rank 2 has "
+                                  "buffer 1 'bn.running_var' f32 (1)") != NULL);
     b[1].shape[0] = 3, b[1].count = 3;
     CHECK_STATUS(td_ddp_create(&ddp, comm, m.p, m.n, b, rank == 3 ? 1 : 2, NULL), TD_ESHAPE);
-    CHECK(strstr(td_last_error(), "rank 3 registered 9 parameters and 1 buffer, rank 0 "
-                                  "registered 9 parameters and 2 buffers") != NULL);
+    CHECK(strstr(td_last_error(), "rank 0 has 9 parameters and 2 buffers but rank 3 has 9 "
+                                  "parameters and 1 buffer") != NULL);
     /* The group is still in step: a matching registration now succeeds. */
     CHECK_OK(td_ddp_create(&ddp, comm, m.p, m.n, NULL, 0, NULL));
     td_ddp_destroy(ddp);
@@ -621,6 +626,31 @@ static void rebuild_rank(td_comm *comm, int rank, int world, void *arg) {
 
 static void buckets_rebuild_once_from_ready_order(void) { run_world(2, rebuild_rank, NULL); }
 
+/* bucket_bytes below the first bucket's 1 MiB default caps the first bucket too: a caller that
+ * asks for small buckets gets them from the first. */
+static void small_buckets_rank(td_comm *comm, int rank, int world, void *arg) {
+    (void)rank, (void)world, (void)arg;
+    model m;
+    model_init(&m, 0, 0);
+    td_ddp_params dp = td_ddp_default_params();
+    dp.bucket_bytes = 256;
+    td_ddp *ddp = NULL;
+    CHECK_OK(td_ddp_create(&ddp, comm, m.p, m.n, NULL, 0, &dp));
+    if (ddp) {
+        size_t members[NP];
+        size_t n = td_ddp_bucket_params(ddp, 0, members, NP);
+        size_t bytes = 0;
+        for (size_t j = 0; j < n && j < NP; j++) bytes += m.p[members[j]].count * sizeof(float);
+        CHECK(n < NP);
+        CHECK(bytes < 256 + 64 * sizeof(float)); /* closed once it reached 256 bytes */
+        CHECK(td_ddp_get_stats(ddp).n_buckets >= 4);
+    }
+    td_ddp_destroy(ddp);
+    model_free(&m);
+}
+
+static void bucket_bytes_caps_the_first_bucket(void) { run_world(2, small_buckets_rank, NULL); }
+
 /* A trainer that keeps writing through a gradient pointer it read before the rebuild is told
  * so, with the parameter's name, at the next synchronised step. */
 static void stale_rank(td_comm *comm, int rank, int world, void *arg) {
@@ -768,6 +798,7 @@ int main(void) {
     RUN(no_sync_accumulates_micro_batches);
     RUN(unused_parameter_is_named_on_every_rank);
     RUN(buckets_rebuild_once_from_ready_order);
+    RUN(bucket_bytes_caps_the_first_bucket);
     RUN(stale_gradient_pointer_is_caught);
     RUN(finish_backward_twice_is_refused);
     RUN(allreduce_overlaps_backward);

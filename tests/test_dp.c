@@ -16,6 +16,7 @@
 #include "tandem/nn.h"
 #include "tandem/optim.h"
 #include "tandem/tensor.h"
+#include "tandem/trace.h"
 
 #include "test.h"
 #include "test_comm_util.h" /* test_run_ranks, test_comm_create */
@@ -232,7 +233,9 @@ static void test_cnn_bn_2_replicas_equal_sliced(void) { compare(TD_MODEL_CNN, NU
 static void test_cnn_bn_3_replicas_equal_sliced(void) { compare(TD_MODEL_CNN, NULL, 3, 6, 1); }
 
 /* DDP2: each of two processes runs td_dp with 2 replicas on its half of the global batch, and
- * td_ddp averages across the processes: the same weights as one graph on the whole batch. */
+ * td_ddp averages across the processes: the same weights as one graph on the whole batch. DDP's
+ * options reach it: with 1 KiB buckets the MLP's five tensors take at least four buckets (the
+ * default 1 MiB first bucket would hold three of them). */
 static void ddp2_rank(int rank, int size, int port, void *arg) {
     (void)arg;
     enum { B = 12 };
@@ -246,6 +249,10 @@ static void ddp2_rank(int rank, int size, int port, void *arg) {
     p.sgd = sgd();
     p.pin_threads = 0;
     p.comm = comm;
+    td_trace *trace = NULL;
+    CHECK_OK(td_trace_create(&trace, rank));
+    p.ddp.bucket_bytes = 1024;
+    p.ddp.trace = trace;
     td_dp *dp = NULL;
     ref_trainer ref;
     CHECK_OK(td_dp_create(&dp, &p));
@@ -261,11 +268,79 @@ static void ddp2_rank(int rank, int size, int port, void *arg) {
             ref_step_full(&ref, x, y, &loss);
         }
         double diff = rel_diff(dparams, ref.params, ref.n);
-        if (!(diff <= 1e-5)) TEST_FAIL_AT("rank %d: DDP2 differs from one graph by %.3g", rank, diff);
+        if (!(diff <= 1e-5))
+            TEST_FAIL_AT("rank %d: DDP2 differs from one graph by %.3g", rank, diff);
         ref_free(&ref);
+        size_t buckets = 0;
+        for (size_t i = 0; i < td_trace_count(trace); i++) {
+            td_trace_event e;
+            size_t k;
+            CHECK_OK(td_trace_event_get(trace, i, &e));
+            if (sscanf(e.name, "allreduce bucket %zu", &k) == 1 && k + 1 > buckets) buckets = k + 1;
+        }
+        if (buckets < 4)
+            TEST_FAIL_AT("rank %d: %zu buckets with bucket_bytes 1 KiB", rank, buckets);
     }
     td_dp_destroy(dp);
+    td_trace_destroy(trace);
     td_comm_destroy(comm);
+    free(x);
+}
+
+/* A parameter's element k as f32, whatever float dtype it has. */
+static double value(const td_param *p, size_t k) {
+    return p->dtype == TD_BF16 ? td_bf16_to_f32(((const uint16_t *)p->data)[k])
+                               : ((const float *)p->data)[k];
+}
+
+/* Every replica runs at the graph options' mixed-precision level: at O2 the replicas' weights
+ * are bf16, and two replicas train as one replica on the whole batch does (their bf16 gradients
+ * summed in f32, so to bf16's precision rather than to the bit). */
+static void test_replicas_run_at_the_amp_level(void) {
+    enum { B = 12 };
+    float *x = malloc((size_t)(B * SAMPLE) * sizeof(float));
+    int64_t y[B];
+    td_dp *dp[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        td_dp_params p = td_dp_default_params();
+        p.n_devices = 2 - k;
+        p.global_batch = B;
+        p.graph.amp.level = TD_AMP_O2;
+        p.sgd = sgd();
+        CHECK_OK(td_dp_create(&dp[k], &p));
+    }
+    td_param *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    if (dp[0] && dp[1]) {
+        for (int d = 0; d < 2; d++) {
+            CHECK_OK(td_graph_parameters(td_dp_graph(dp[0], d), &a, &na));
+            for (size_t i = 0; i < na; i++)
+                if (a[i].dtype != TD_BF16)
+                    TEST_FAIL_AT("replica %d's '%s' is %s at O2", d, a[i].name,
+                                 td_dtype_name(a[i].dtype));
+        }
+        for (int step = 0; step < STEPS; step++) {
+            make_batch(B, 100 + (uint64_t)step, x, y);
+            float l2 = 0, l1 = 0;
+            CHECK_OK(td_dp_step(dp[0], x, y, &l2));
+            CHECK_OK(td_dp_step(dp[1], x, y, &l1));
+            CHECK_NEAR(l2, l1, 1e-2 * fabs(l1));
+        }
+        CHECK_OK(td_graph_parameters(td_dp_graph(dp[0], 0), &a, &na));
+        CHECK_OK(td_graph_parameters(td_dp_graph(dp[1], 0), &b, &nb));
+        CHECK_EQ(na, nb);
+        double num = 0, den = 0, move = 0;
+        for (size_t i = 0; i < na && i < nb; i++)
+            for (size_t k = 0; k < a[i].count; k++) {
+                double d = value(&a[i], k) - value(&b[i], k);
+                num += d * d;
+                den += value(&b[i], k) * value(&b[i], k);
+            }
+        move = sqrt(num / (den > 0 ? den : 1));
+        if (!(move < 1e-2)) TEST_FAIL_AT("2 replicas differ from 1 at O2 by %.3g", move);
+    }
+    td_dp_destroy(dp[0]);
+    td_dp_destroy(dp[1]);
     free(x);
 }
 
@@ -379,6 +454,7 @@ int main(void) {
     RUN(test_cnn_bn_3_replicas_equal_sliced);
     RUN(test_cnn_full_size_runs_on_replica_threads);
     RUN(test_ddp2_two_processes_equal_single);
+    RUN(test_replicas_run_at_the_amp_level);
     RUN(test_memory_replica0_holds_more);
     RUN(test_bad_input_refused);
     TEST_END();

@@ -3,7 +3,8 @@
  * named, not answered with the usage; --max-steps caps the optimizer steps of the whole run,
  * across epochs and a resume, in every mode; the banner names the precision; progress in a log
  * is whole lines, also under mpirun, which hands ranks a terminal; a training set smaller than
- * one global batch is refused; the pipeline mode prints the whole model's parameter digest. */
+ * one global batch is refused; the pipeline mode prints the whole model's parameter digest;
+ * --zero trains what DDP trains and its checkpoints resume at another world size. */
 #include <libgen.h>
 #include <limits.h>
 
@@ -50,6 +51,7 @@ static void bad_option_values_are_named(void) {
     expect_named(mnist, "--spawn 0", "--spawn 0: expected an integer >= 1");
     expect_named(mnist, "--pipeline gpipe --micro-batches 0",
                  "--micro-batches 0: expected an integer >= 1");
+    expect_named(mnist, "--device gpu", "--device gpu: expected cpu, cuda or cuda:N");
     /* an option nobody knows is named, then the usage shows what there is */
     CHECK_EQ(run("%s --epoch 2", mnist), 2);
     CHECK(strstr(output, "unknown option --epoch") && strstr(output, "usage:"));
@@ -106,10 +108,27 @@ static void max_steps_counts_across_epochs_in_the_pipeline_and_contrastive(void)
 /* The banner says f32 for f32 training, and the apex level and type under mixed precision. */
 static void banner_names_the_precision(void) {
     CHECK_EQ(run("%s --model mlp --max-steps 1 --no-eval", mnist), 0);
-    CHECK(strstr(output, ", f32\n") != NULL);
+    CHECK(strstr(output, ", f32 on cpu\n") != NULL);
     CHECK(!strstr(output, "bf16") && !strstr(output, "amp O0"));
     CHECK_EQ(run("%s --model mlp --max-steps 1 --no-eval --amp O2", mnist), 0);
-    CHECK(strstr(output, ", amp O2 bf16\n") != NULL);
+    CHECK(strstr(output, ", amp O2 bf16 on cpu\n") != NULL);
+}
+
+/* --device cuda trains on a GPU where one can be used (the digest then equals nothing on the
+ * CPU's, the GPU summing in its own order, but the run must finish); where none can, the run
+ * stops at once saying why. */
+static void device_cuda_runs_or_says_why_not(void) {
+    int gpus = 0;
+    CHECK_OK(td_cuda_device_count(&gpus));
+    int rc = run("%s --model mlp --max-steps 3 --no-eval --device cuda", mnist);
+    if (gpus) {
+        CHECK_EQ(rc, 0);
+        CHECK(strstr(output, "f32 on cuda:0\n") && strstr(output, "final:"));
+    } else {
+        CHECK_EQ(rc, 1);
+        CHECK(strstr(output, "--device cuda: no GPU can be used here: ") != NULL);
+        CHECK(strstr(output, td_cuda_unavailable()) != NULL);
+    }
 }
 
 /* Open MPI gives its ranks a pseudo-terminal for stdout, whatever mpirun's own stdout is: the
@@ -162,6 +181,60 @@ static void pipeline_prints_the_whole_models_digest(void) {
     CHECK(!strcmp(one, two));
 }
 
+/* --zero 1|2|3 trains what DDP trains (the checkpoints, parameters and momentum, within 1e-5;
+ * the evaluation too), under tandemrun and mpirun; a stage 3 checkpoint of world 2 resumes at
+ * world 3 under stage 2 as DDP's checkpoint resumes there. */
+static void zero_stages_train_as_ddp_and_resume_at_another_world_size(void) {
+    char args[PATH_MAX + 256], a[128], b[128];
+    snprintf(args, sizeof args, "%s --model cnn --batch 32 --constant-lr --epochs 1 --data %s",
+             mnist, short_set);
+    snprintf(a, sizeof a, "%s/ddp.st", dir);
+    CHECK_EQ(run("%s --nproc-per-node 2 %s --max-steps 6 --checkpoint %s", launcher, args, a), 0);
+    double accuracy = final_field(" test_accuracy ");
+    for (int stage = 1; stage <= 3; stage++) {
+        snprintf(b, sizeof b, "%s/zero%d.st", dir, stage);
+        CHECK_EQ(run("%s --nproc-per-node 2 %s --max-steps 6 --zero %d --checkpoint %s", launcher,
+                     args, stage, b),
+                 0);
+        CHECK(strstr(output, "zero stage") && strstr(output, "gathered"));
+        CHECK_NEAR(final_field(" test_accuracy "), accuracy, 1e-4);
+        double d = checkpoint_difference(a, b);
+        if (d > 1e-5) TEST_FAIL_AT("--zero %d: %g from DDP's checkpoint", stage, d);
+    }
+    /* Halfway checkpoints of DDP and of stage 3, each resumed at world 3 (batch norm makes
+     * world 3 train otherwise than world 2: the two resumed runs are what must agree). */
+    const char *ways[2] = {"", "--zero 3"}, *resumes[2] = {"", "--zero 2"};
+    char ends[2][128];
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ(
+            run("%s --nproc-per-node 2 %s --no-eval --max-steps 3 %s --checkpoint %s/half%d.st",
+                launcher, args, ways[k], dir, k),
+            0);
+        snprintf(ends[k], sizeof ends[k], "%s/resumed%d.st", dir, k);
+        CHECK_EQ(run("%s --nproc-per-node 3 %s --no-eval --max-steps 6 %s --resume %s/half%d.st "
+                     "--checkpoint %s",
+                     launcher, args, resumes[k], dir, k, ends[k]),
+                 0);
+        CHECK(strstr(output, "resuming from") && strstr(output, "world size 3"));
+    }
+    double d = checkpoint_difference(ends[0], ends[1]);
+    if (d > 1e-5) TEST_FAIL_AT("resumed at world 3: %g from DDP's resumed run", d);
+    if (system("command -v mpirun >/dev/null 2>&1") != 0) {
+        SKIP("mpirun not found");
+        return;
+    }
+    snprintf(b, sizeof b, "%s/zero_mpi.st", dir);
+    CHECK_EQ(run("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                 "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_btl=self,vader "
+                 "ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0\" "
+                 "mpirun --oversubscribe --bind-to none -np 2 %s --no-eval --max-steps 6 "
+                 "--zero 3 --checkpoint %s",
+                 args, b),
+             0);
+    d = checkpoint_difference(a, b);
+    if (d > 1e-5) TEST_FAIL_AT("--zero 3 under mpirun: %g from DDP's checkpoint", d);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     char self[PATH_MAX];
@@ -179,9 +252,11 @@ int main(int argc, char **argv) {
     RUN(max_steps_counts_across_epochs_and_resumes);
     RUN(max_steps_counts_across_epochs_in_the_pipeline_and_contrastive);
     RUN(banner_names_the_precision);
+    RUN(device_cuda_runs_or_says_why_not);
     RUN(progress_under_mpirun_is_whole_lines);
     RUN(training_set_smaller_than_a_batch_is_refused);
     RUN(pipeline_prints_the_whole_models_digest);
+    RUN(zero_stages_train_as_ddp_and_resume_at_another_world_size);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) return 1;

@@ -159,23 +159,85 @@ static void pooling_matches_pytorch(void) {
 }
 
 static void activations_match_pytorch(void) {
-    for (int k = 0; k < 2; k++) {
+    static const char *const names[] = {"relu", "gelu", "gelu_tanh"};
+    for (int k = 0; k < 3; k++) {
         fixture f;
-        if (!load(&f, k ? "gelu" : "relu", ARRAYS("x", "y", "dy", "dx"))) continue;
+        if (!load(&f, names[k], ARRAYS("x", "y", "dy", "dx"))) continue;
         size_t n = COUNT("x");
         float *y = scratch(n), *dx = scratch(n);
-        if (k) {
+        if (k == 2) {
+            td__ref_gelu_tanh_forward(y, A("x"), n);
+            td__ref_gelu_tanh_backward(dx, A("dy"), A("x"), n);
+        } else if (k) {
             td__ref_gelu_forward(y, A("x"), n);
             td__ref_gelu_backward(dx, A("dy"), A("x"), n);
         } else {
             td__ref_relu_forward(y, A("x"), n);
             td__ref_relu_backward(dx, A("dy"), A("x"), n);
         }
-        check_close(k ? "gelu y" : "relu y", y, A("y"), n, RTOL, ATOL);
-        check_close(k ? "gelu dx" : "relu dx", dx, A("dx"), n, RTOL, ATOL);
+        char what[32];
+        snprintf(what, sizeof what, "%s y", names[k]);
+        check_close(what, y, A("y"), n, RTOL, ATOL);
+        snprintf(what, sizeof what, "%s dx", names[k]);
+        check_close(what, dx, A("dx"), n, RTOL, ATOL);
         free(y), free(dx);
         fixture_free(&f);
     }
+}
+
+static void layer_norm_matches_pytorch(void) {
+    fixture f;
+    if (!load(&f, "layer_norm", ARRAYS("x", "weight", "bias", "y", "dy", "dx", "dweight"))) return;
+    int C = (int)COUNT("weight");
+    size_t n = COUNT("x"), rows = n / (size_t)C;
+    float eps = (float)fixture_attr(&f, "eps", 1e-5);
+    float *y = scratch(n), *dx = scratch(n), *dw = scratch(C), *db = scratch(C);
+    td__ref_layer_norm_forward(y, NULL, NULL, A("x"), A("weight"), A("bias"), rows, C, eps);
+    td__ref_layer_norm_backward(dx, dw, db, A("dy"), A("x"), A("weight"), rows, C, eps);
+    check_close("layer_norm y", y, A("y"), n, RTOL, ATOL_SUM);
+    check_close("layer_norm dx", dx, A("dx"), n, RTOL, ATOL_SUM);
+    check_close("layer_norm dweight", dw, A("dweight"), C, RTOL, ATOL_SUM);
+    check_close("layer_norm dbias", db, A("dbias"), C, RTOL, ATOL_SUM);
+    free(y), free(dx), free(dw), free(db);
+    fixture_free(&f);
+}
+
+static void embedding_matches_pytorch(void) {
+    fixture f;
+    if (!load(&f, "embedding",
+              ARRAYS("idx", "weight", "pos_weight", "tok", "y", "dy", "dweight", "dpos_weight")))
+        return;
+    const fixture_array *idx = fixture_get(&f, "idx");
+    int S = (int)SHAPE("idx", 0), T = (int)SHAPE("idx", 1), V = (int)SHAPE("weight", 0);
+    int C = (int)SHAPE("weight", 1);
+    size_t n = (size_t)S * T;
+    float *tok = scratch(n * C), *y = scratch(n * C), *dw = scratch((size_t)V * C);
+    float *dp = scratch((size_t)T * C);
+    td__ref_embedding_forward(tok, idx->data, A("weight"), n, C);
+    td__ref_position_embedding_forward(y, tok, A("pos_weight"), S, T, C);
+    td__ref_embedding_backward(dw, A("dy"), idx->data, n, V, C);
+    td__ref_position_embedding_backward(dp, A("dy"), S, T, C);
+    check_close("embedding", tok, A("tok"), n * C, RTOL, ATOL);
+    check_close("position embedding", y, A("y"), n * C, RTOL, ATOL);
+    check_close("embedding dweight", dw, A("dweight"), (size_t)V * C, RTOL, ATOL);
+    check_close("position embedding dweight", dp, A("dpos_weight"), (size_t)T * C, RTOL, ATOL);
+    for (size_t i = (size_t)T * C; i < COUNT("dpos_weight"); i++) CHECK(A("dpos_weight")[i] == 0);
+    free(tok), free(y), free(dw), free(dp);
+    fixture_free(&f);
+}
+
+static void attention_matches_pytorch(void) {
+    fixture f;
+    if (!load(&f, "attention", ARRAYS("qkv", "y", "dy", "dqkv"))) return;
+    int B = (int)SHAPE("qkv", 0), T = (int)SHAPE("qkv", 1), C = (int)SHAPE("y", 2);
+    int NH = (int)fixture_attr(&f, "heads", 1);
+    float *y = scratch(COUNT("y")), *dx = scratch(COUNT("qkv"));
+    td__ref_attention_forward(y, A("qkv"), B, T, C, NH);
+    td__ref_attention_backward(dx, A("dy"), A("qkv"), B, T, C, NH);
+    check_close("attention y", y, A("y"), COUNT("y"), RTOL, ATOL_SUM);
+    check_close("attention dqkv", dx, A("dqkv"), COUNT("qkv"), RTOL, ATOL_SUM);
+    free(y), free(dx);
+    fixture_free(&f);
 }
 
 static void dropout_matches_pytorch(void) {
@@ -381,7 +443,8 @@ static void damaged_fixtures_are_errors(void) {
 }
 
 /* Every fixture the generator writes is checked by a case above (normalize and NT-Xent by
- * test_contrastive.c): a new .tdf without a case fails, so no fixture sits unread. */
+ * test_contrastive.c; the transformer's ops through the graph also by test_transformer_ops.c): a
+ * new .tdf without a case fails, so no fixture sits unread. */
 static void every_fixture_is_checked(void) {
     static const char *const covered[] = {"linear",
                                           "conv2d",
@@ -407,7 +470,11 @@ static void every_fixture_is_checked(void) {
                                           "cross_entropy_sum_ignore",
                                           "normalize",
                                           "nt_xent_local",
-                                          "nt_xent_global"};
+                                          "nt_xent_global",
+                                          "gelu_tanh",
+                                          "layer_norm",
+                                          "embedding",
+                                          "attention"};
     const size_t ncovered = sizeof covered / sizeof *covered;
     DIR *dir = opendir(fixture_dir());
     CHECK(dir != NULL);
@@ -437,6 +504,9 @@ int main(void) {
     RUN(concat_matches_pytorch);
     RUN(softmax_matches_pytorch);
     RUN(losses_match_pytorch);
+    RUN(layer_norm_matches_pytorch);
+    RUN(embedding_matches_pytorch);
+    RUN(attention_matches_pytorch);
     RUN(damaged_fixtures_are_errors);
     RUN(every_fixture_is_checked);
     TEST_END();

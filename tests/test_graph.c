@@ -1,5 +1,5 @@
-/* Graph mechanics: gradient accumulation and zeroing, the grad-ready hook, relocated
- * gradient buffers, train/eval behaviour of dropout and batch norm, RNG replay, parameter
+/* Graph mechanics: gradient accumulation and zeroing, the grad-ready and parameter-use hooks,
+ * relocated gradient buffers, train/eval behaviour of dropout and batch norm, RNG replay, parameter
  * sharing between graphs, a few SGD steps, and a finite-difference gradient check of a
  * conv + bn + relu + pool + linear + log_softmax + nll graph. */
 #include <math.h>
@@ -242,6 +242,105 @@ static void graph_follows_repointed_param_grads(void) {
     CHECK(memcmp(bucket, ref, n * sizeof(float)) == 0);
     td_graph_destroy(t.g);
     free(bucket);
+}
+
+/* The parameter-use hook (a sharded strategy gathers and frees parameters there): its calls in
+ * order, interleaved with grad-ready; a hook that moves a parameter is followed; an error stops
+ * the sweep. */
+typedef struct {
+    td_graph *g;
+    int events[64][2]; /* (parameter, use), grad-ready as use 4 */
+    int n;
+    float *moved;      /* where BEFORE_FORWARD moves fc1.weight, or NULL */
+    td_status fail_at; /* returned at fc2.bias's AFTER_FORWARD when set */
+} use_log;
+
+static td_status on_use(size_t i, td_param_use use, void *ctx) {
+    use_log *u = ctx;
+    if (u->n < 64) u->events[u->n][0] = (int)i, u->events[u->n++][1] = (int)use;
+    td_param *p;
+    size_t n;
+    td_graph_parameters(u->g, &p, &n);
+    if (u->moved && i == 0 && use == TD_PARAM_BEFORE_FORWARD && p[0].data != u->moved) {
+        memcpy(u->moved, p[0].data, p[0].count * sizeof(float));
+        for (size_t e = 0; e < p[0].count; e++) ((float *)p[0].data)[e] = NAN;
+        p[0].data = u->moved;
+    }
+    if (u->fail_at && i == 3 && use == TD_PARAM_AFTER_FORWARD) return u->fail_at;
+    return TD_OK;
+}
+
+static void on_ready_logged(size_t i, void *ctx) {
+    use_log *u = ctx;
+    if (u->n < 64) u->events[u->n][0] = (int)i, u->events[u->n++][1] = 4;
+}
+
+static void param_use_hook_order_moves_and_errors(void) {
+    tiny t;
+    CHECK(tiny_make(&t, 4));
+    CHECK_OK(td_graph_forward(t.g));
+    float want = *(float *)td_tensor_data(t.loss);
+    use_log u;
+    memset(&u, 0, sizeof u);
+    u.g = t.g;
+    td_graph_set_param_use_hook(t.g, on_use, &u);
+    td_graph_set_grad_ready_hook(t.g, on_ready_logged, &u);
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK_OK(td_graph_backward(t.g, t.loss));
+    /* fc1's weight and bias (0, 1) before and after its node, then fc2's (2, 3); backward
+     * fc2 then fc1, each parameter's BEFORE before its gradient is final and its AFTER after. */
+    static const int want_fwd[8][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1},
+                                       {2, 0}, {3, 0}, {2, 1}, {3, 1}};
+    CHECK_EQ(u.n, 20);
+    for (int k = 0; k < 8; k++) {
+        CHECK_EQ(u.events[k][0], want_fwd[k][0]);
+        CHECK_EQ(u.events[k][1], want_fwd[k][1]);
+    }
+    int seen_before[4] = {0}, ready[4] = {0}, after[4] = {0};
+    for (int k = 8; k < u.n; k++) {
+        int i = u.events[k][0], what = u.events[k][1];
+        if (what == TD_PARAM_BEFORE_BACKWARD) {
+            CHECK(!ready[i] && !after[i]);
+            seen_before[i]++;
+        } else if (what == TD_PARAM_AFTER_BACKWARD) {
+            CHECK(ready[i]); /* the data gradient that reads it comes after its grad-ready */
+            after[i]++;
+        } else {
+            CHECK_EQ(what, 4); /* grad-ready */
+            CHECK_EQ(seen_before[i], 1);
+            ready[i] = 1;
+        }
+    }
+    for (int i = 0; i < 4; i++) CHECK_EQ(after[i], 1);
+    CHECK_EQ(u.events[8][0] / 2, 1); /* fc2 first */
+    /* A hook that moves fc1.weight (and poisons where it was) is followed. */
+    float *moved = malloc(TIN * THID * sizeof(float));
+    u.moved = moved;
+    u.n = 0;
+    CHECK_OK(td_graph_forward(t.g));
+    CHECK(td_tensor_data(td_graph_param_tensor(t.g, 0)) == moved);
+    CHECK(*(float *)td_tensor_data(t.loss) == want);
+    /* A graph sharing the parameters reads where the td_param entries say, even for one moved
+     * since the last sweep. */
+    td_param *p;
+    size_t np;
+    CHECK_OK(td_graph_parameters(t.g, &p, &np));
+    float *again = malloc(THID * sizeof(float));
+    memcpy(again, p[1].data, THID * sizeof(float));
+    p[1].data = again;
+    tiny other;
+    CHECK(tiny_make(&other, 5));
+    CHECK_OK(td_graph_share_params(other.g, t.g));
+    CHECK(td_tensor_data(td_graph_param_tensor(other.g, 1)) == again);
+    td_graph_destroy(other.g);
+    /* An error ends the sweep and is what it returns. */
+    u.fail_at = TD_EPEER;
+    CHECK_STATUS(td_graph_forward(t.g), TD_EPEER);
+    td_graph_set_param_use_hook(t.g, NULL, NULL);
+    td_graph_set_grad_ready_hook(t.g, NULL, NULL);
+    td_graph_destroy(t.g);
+    free(moved);
+    free(again);
 }
 
 static void dropout_train_eval_and_replay(void) {
@@ -525,8 +624,9 @@ static void finite_difference_in_place_relu(void) {
     td_graph_destroy(t.g);
 }
 
+/* The image models (the GPT has its own in test_gpt.c). */
 static void models_build_and_share_params(void) {
-    for (int k = 0; k < TD_MODEL_COUNT; k++) {
+    for (int k = 0; k <= TD_MODEL_RESNET; k++) {
         td_graph *g, *e;
         td_model m, me;
         CHECK_OK(td_graph_create(&g, NULL));
@@ -671,6 +771,7 @@ int main(void) {
     RUN(grad_ready_hook_fires_once_with_final_values);
     RUN(grad_ready_hook_waits_for_data_gradients);
     RUN(graph_follows_repointed_param_grads);
+    RUN(param_use_hook_order_moves_and_errors);
     RUN(dropout_train_eval_and_replay);
     RUN(dropout2d_on_blocked_layout);
     RUN(batch_norm_train_and_eval);

@@ -10,125 +10,8 @@
 
 #include "tandem/graph.h"
 
-#include "fixture.h"
 #include "ops/ref.h"
-#include "test.h"
-
-#define TOL 1e-4
-
-static td_rng rng;
-
-static float *randn(size_t n) {
-    float *a = malloc((n ? n : 1) * sizeof(float));
-    for (size_t i = 0; i < n; i++) a[i] = td_rng_normal(&rng);
-    return a;
-}
-
-static float *scratch(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
-
-static void check_close(const char *what, const float *got, const float *want, size_t n,
-                        double tol) {
-    int bad = 0;
-    double worst = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        if (!(d <= tol * (1.0 + fabs(want[i])))) {
-            if (bad++ < 3)
-                TEST_FAIL_AT("%s[%zu]: graph %.9g, expected %.9g", what, i, (double)got[i],
-                             (double)want[i]);
-        }
-        if (d > worst) worst = d;
-    }
-    if (bad) TEST_FAIL_AT("%s: %d of %zu differ (worst %.3g)", what, bad, n, worst);
-}
-
-/* Loads a fixture or fails the case with the loader's message. */
-static int load(fixture *f, const char *name) {
-    td_status st = fixture_load(f, name);
-    if (st != TD_OK) TEST_FAIL_AT("%s", td_last_error());
-    return st == TD_OK;
-}
-
-/* ---- a one-op graph: leaves are recorded at build time and written after compile ------ */
-
-#define RIG_MAX 16
-
-typedef struct {
-    td_graph *g;
-    int n;
-    td_tensor *t[RIG_MAX];
-    const void *src[RIG_MAX];
-    int ok; /* 0 after any failed call (already reported) */
-} rig;
-
-#define RIG_CALL(r, call)                                                                   \
-    do {                                                                                    \
-        td_status rig_s_ = (call);                                                          \
-        if (rig_s_ != TD_OK) {                                                              \
-            TEST_FAIL_AT("%s -> %s: %s", #call, td_status_string(rig_s_), td_last_error()); \
-            (r)->ok = 0;                                                                    \
-        }                                                                                   \
-    } while (0)
-
-static void rig_init(rig *r) {
-    memset(r, 0, sizeof *r);
-    r->ok = 1;
-    RIG_CALL(r, td_graph_create(&r->g, NULL));
-}
-
-static void rig_free(rig *r) {
-    if (r->g) td_graph_destroy(r->g);
-    r->g = NULL;
-}
-
-/* Ends a one-op run: frees the graph and says whether every call succeeded. */
-static int rig_done(rig *r) {
-    int ok = r->ok;
-    rig_free(r);
-    return ok;
-}
-
-static void rig_keep(rig *r, td_tensor *t, const void *src) {
-    if (r->n < RIG_MAX) {
-        r->t[r->n] = t;
-        r->src[r->n] = src;
-        r->n++;
-    }
-}
-
-/* kind 0: input with gradient, 1: parameter, 2: buffer, 3: input without gradient */
-static td_tensor *rig_leaf(rig *r, int kind, const char *name, td_shape s, td_dtype dt,
-                           const void *data) {
-    td_tensor *t = NULL;
-    if (!r->ok) return NULL;
-    if (kind == 1)
-        RIG_CALL(r, td_graph_param(r->g, name, s, &t));
-    else if (kind == 2)
-        RIG_CALL(r, td_graph_buffer(r->g, name, s, &t));
-    else
-        RIG_CALL(r, td_graph_input(r->g, name, s, dt, kind == 0, &t));
-    if (t) rig_keep(r, t, data);
-    return t;
-}
-
-/* Compiles, writes the leaves, runs forward, then backward from y with upstream dy. */
-static int rig_run(rig *r, td_tensor *y, const float *dy) {
-    if (!r->ok || !y) return 0;
-    RIG_CALL(r, td_graph_compile(r->g));
-    for (int i = 0; r->ok && i < r->n; i++) RIG_CALL(r, td_tensor_write(r->t[i], r->src[i]));
-    if (r->ok) RIG_CALL(r, td_graph_forward(r->g));
-    if (r->ok) RIG_CALL(r, td_graph_zero_grad(r->g));
-    if (r->ok && dy) RIG_CALL(r, td_graph_backward_from(r->g, y, dy));
-    return r->ok;
-}
-
-static void rig_read(rig *r, td_tensor *t, float *dst) {
-    if (r->ok) RIG_CALL(r, td_tensor_read(t, dst));
-}
-
-static void rig_grad(rig *r, td_tensor *t, float *dst) {
-    if (r->ok) RIG_CALL(r, td_tensor_read_grad(t, dst));
-}
+#include "test_op_rig.h"
 
 /* ---- linear ------------------------------------------------------------------------- */
 
@@ -366,6 +249,32 @@ static void pool_fixture(const char *name, int is_max) {
 static void pooling_matches_pytorch(void) {
     pool_fixture("max_pool2d", 1);
     pool_fixture("avg_pool2d", 0);
+}
+
+/* torchvision's ResNet stem pools 3x3, stride 2, padding 1. Padding must never win: with every
+ * input negative a zero-padded max would give 0 at the borders, and on ReLU outputs (the stem's
+ * case, border windows of exact zeros) it would take the gradient of a tied window from the
+ * first real zero. Odd and even sides, as 112 -> 56 and 7 -> 4. */
+static void max_pool_padding_never_wins(void) {
+    td__ref_pool2d_dims sides[] = {{2, 3, 9, 10, 3, 3, 2, 2, 1, 1}, {1, 2, 7, 7, 3, 3, 2, 2, 1, 1}};
+    for (int k = 0; k < 2; k++) {
+        td__ref_pool2d_dims d = sides[k];
+        size_t nx = (size_t)d.N * d.C * d.H * d.W;
+        int OH, OW;
+        td__ref_pool2d_out(&d, &OH, &OW);
+        size_t ny = (size_t)d.N * d.C * OH * OW;
+        float *x = randn(nx), *y = scratch(ny), *dx = scratch(nx), *dy = randn(ny);
+        for (size_t i = 0; i < nx; i++) x[i] = -1.0f - fabsf(x[i]);
+        if (graph_pool(1, &d, x, dy, y, dx)) {
+            size_t above = 0;
+            for (size_t i = 0; i < ny; i++) above += !(y[i] <= -1.0f);
+            CHECK_EQ(above, 0);
+        }
+        pool_case(1, d, x, dy, NULL, NULL);
+        for (size_t i = 0; i < nx; i++) x[i] = i % 5 ? 0.0f : -x[i]; /* ReLU'd: mostly zeros */
+        pool_case(1, d, x, dy, NULL, NULL);
+        free(x), free(y), free(dx), free(dy);
+    }
 }
 
 /* PyTorch routes a tied window's gradient to its first maximum. */
@@ -971,6 +880,7 @@ int main(void) {
     RUN(conv2d_matches_pytorch);
     RUN(pooling_matches_reference);
     RUN(pooling_matches_pytorch);
+    RUN(max_pool_padding_never_wins);
     RUN(max_pool_ties_match_pytorch);
     RUN(unary_ops_match_reference);
     RUN(unary_ops_match_pytorch);

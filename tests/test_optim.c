@@ -1,5 +1,6 @@
 /* Optimizers, LR schedules and gradient clipping against values PyTorch computed
- * (tests/fixtures/optim/make_optim_ref.py), and bit-exact resume through a checkpoint. */
+ * (tests/fixtures/optim/make_optim_ref.py), bit-exact resume through a checkpoint, and bf16 /
+ * f16 parameters with master weights (O2) and without (O3) against f32 parameters. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +82,7 @@ static void set_grads(problem *pr, int t) {
     for (int i = 0; i < NP; i++) pr->p[i].grad = pr->mask[t * NP + i] ? pr->grad[t][i] : NULL;
 }
 
-static td_status make_optim(const char *config, problem *pr, td_optim **o) {
+static td_status make_optim(const char *config, td_param *p, size_t n, td_optim **o) {
     if (strncmp(config, "sgd", 3) == 0) {
         td_sgd_params hp = td_sgd_default_params();
         hp.lr = 0.1;
@@ -95,7 +96,7 @@ static td_status make_optim(const char *config, problem *pr, td_optim **o) {
             hp.weight_decay = 1e-3;
             hp.nesterov = 1;
         }
-        return td_optim_create_sgd(o, pr->p, NP, &hp);
+        return td_optim_create_sgd(o, p, n, &hp);
     }
     td_adamw_params hp = td_adamw_default_params();
     if (!strcmp(config, "adamw")) {
@@ -103,7 +104,7 @@ static td_status make_optim(const char *config, problem *pr, td_optim **o) {
         hp.beta2 = 0.99;
         hp.weight_decay = 0.1;
     }
-    return td_optim_create_adamw(o, pr->p, NP, &hp);
+    return td_optim_create_adamw(o, p, n, &hp);
 }
 
 static void optimizers_match_pytorch(void) {
@@ -118,7 +119,7 @@ static void optimizers_match_pytorch(void) {
         snprintf(name, sizeof name, "%s.lr", configs[c]);
         double *lr = fetch(name, TD_F64, NULL);
         td_optim *o = NULL;
-        CHECK_OK(make_optim(configs[c], &pr, &o));
+        CHECK_OK(make_optim(configs[c], pr.p, NP, &o));
         for (int t = 0; o && lr && t < T; t++) {
             set_grads(&pr, t);
             td_optim_set_lr(o, lr[t]);
@@ -150,7 +151,7 @@ static void optimizer_state_lists_buffers_and_steps(void) {
         return;
     }
     td_optim *o = NULL;
-    CHECK_OK(make_optim("adamw", &pr, &o));
+    CHECK_OK(make_optim("adamw", pr.p, NP, &o));
     if (!o) goto done;
     td_param *st = NULL;
     size_t n = 0;
@@ -182,7 +183,7 @@ static void optimizer_state_lists_buffers_and_steps(void) {
     td_optim_state(o, &st, &n);
     CHECK_EQ(n, 1);
     td_optim_destroy(o);
-    CHECK_OK(make_optim("sgd_momentum", &pr, &o));
+    CHECK_OK(make_optim("sgd_momentum", pr.p, NP, &o));
     td_optim_state(o, &st, &n);
     CHECK_EQ(n, 1 + NP);
     if (n > 3) CHECK(strcmp(st[3].name, "optim.w2.momentum_buffer") == 0);
@@ -208,8 +209,8 @@ static void resume_through_checkpoint_is_bit_exact(void) {
             break;
         }
         td_optim *oa = NULL, *ob = NULL;
-        CHECK_OK(make_optim(configs[c], &a, &oa));
-        CHECK_OK(make_optim(configs[c], &b, &ob));
+        CHECK_OK(make_optim(configs[c], a.p, NP, &oa));
+        CHECK_OK(make_optim(configs[c], b.p, NP, &ob));
         if (!oa || !ob) {
             td_optim_destroy(oa);
             td_optim_destroy(ob);
@@ -236,7 +237,7 @@ static void resume_through_checkpoint_is_bit_exact(void) {
         td_optim_destroy(ob);
         /* A fresh run: parameters scrambled, new optimizer, then everything loaded back. */
         for (int i = 0; i < NP; i++) memset(b.data[i], 0x7f, b.p[i].count * sizeof(float));
-        CHECK_OK(make_optim(configs[c], &b, &ob));
+        CHECK_OK(make_optim(configs[c], b.p, NP, &ob));
         td_optim_state(ob, &st, &ns);
         memcpy(all, b.p, sizeof b.p);
         memcpy(all + NP, st, ns * sizeof *st);
@@ -377,6 +378,91 @@ static void clipping_matches_pytorch(void) {
     CHECK_STATUS(td_clip_grad_norm(&p, 1, 0.0, NULL), TD_EINVAL);
 }
 
+/* ---- bf16 and f16 parameters -------------------------------------------------------- */
+
+enum { LOW_N = 5000 }; /* more than two of the optimizer's blocks */
+
+static uint16_t to_low(td_dtype dt, float x) {
+    return dt == TD_BF16 ? td_f32_to_bf16(x) : td_f32_to_f16(x);
+}
+
+static float from_low(td_dtype dt, uint16_t h) {
+    return dt == TD_BF16 ? td_bf16_to_f32(h) : td_f16_to_f32(h);
+}
+
+/* A reproducible value in [-1, 1). */
+static float uniform(uint32_t *state) {
+    *state = *state * 1664525u + 1013904223u;
+    return (float)(*state >> 8) / 8388608.0f - 1.0f;
+}
+
+/* Three steps of `config` on a parameter of dtype dt with master weights or without, and on the
+ * same values in f32: with master weights the master is that f32 parameter and the values are
+ * it rounded; without, the f32 parameter's values and state rounded to dt after each step are
+ * the low parameter's, bit for bit. */
+static void step_low_against_f32(const char *config, td_dtype dt, int master) {
+    uint16_t *lw = malloc(LOW_N * 2), *lg = malloc(LOW_N * 2);
+    float *w = malloc(LOW_N * 4), *g = malloc(LOW_N * 4);
+    uint32_t rng = 7;
+    for (size_t j = 0; j < LOW_N; j++) {
+        lw[j] = to_low(dt, 0.5f * uniform(&rng));
+        w[j] = from_low(dt, lw[j]);
+    }
+    td_param low = {.name = "w", .data = lw, .grad = lg, .count = LOW_N, .dtype = dt, .ndim = 1};
+    td_param ref = {.name = "w", .data = w, .grad = g, .count = LOW_N, .dtype = TD_F32, .ndim = 1};
+    low.shape[0] = ref.shape[0] = LOW_N;
+    low.master_dtype = master ? TD_F32 : dt;
+    td_optim *ol = NULL, *of = NULL;
+    td_param *sl = NULL, *sf = NULL;
+    size_t nl = 0, nf = 0;
+    CHECK_OK(make_optim(config, &low, 1, &ol));
+    CHECK_OK(make_optim(config, &ref, 1, &of));
+    td_optim_state(ol, &sl, &nl);
+    td_optim_state(of, &sf, &nf);
+    CHECK_EQ(nl, nf + (size_t)master); /* "optim.w.master" last */
+    for (size_t i = 1; i < nf && i < nl; i++) CHECK_EQ(sl[i].dtype, master ? TD_F32 : dt);
+    int same = ol && of && nl == nf + (size_t)master;
+    for (int t = 0; t < 3 && same; t++) {
+        for (size_t j = 0; j < LOW_N; j++) {
+            lg[j] = to_low(dt, uniform(&rng));
+            g[j] = from_low(dt, lg[j]);
+        }
+        CHECK_OK(td_optim_step(ol));
+        CHECK_OK(td_optim_step(of));
+        for (size_t j = 0; j < LOW_N; j++) {
+            if (master) {
+                same &= ((float *)sl[nl - 1].data)[j] == w[j];
+            } else { /* what storing in the low dtype does to the f32 run */
+                w[j] = from_low(dt, to_low(dt, w[j]));
+                for (size_t i = 1; i < nf; i++) {
+                    float *v = (float *)sf[i].data + j;
+                    *v = from_low(dt, to_low(dt, *v));
+                    same &= ((uint16_t *)sl[i].data)[j] == to_low(dt, *v);
+                }
+            }
+            same &= lw[j] == to_low(dt, w[j]);
+        }
+    }
+    if (!same)
+        TEST_FAIL_AT("%s, %s, %s master weights: not the f32 step rounded", config,
+                     td_dtype_name(dt), master ? "with" : "without");
+    td_optim_destroy(ol);
+    td_optim_destroy(of);
+    free(lw);
+    free(lg);
+    free(w);
+    free(g);
+}
+
+static void low_precision_parameters_step_like_f32_rounded(void) {
+    const char *configs[] = {"sgd_plain", "sgd_momentum", "sgd_nesterov", "adamw"};
+    for (int c = 0; c < 4; c++)
+        for (int master = 0; master < 2; master++) {
+            step_low_against_f32(configs[c], TD_BF16, master);
+            step_low_against_f32(configs[c], TD_F16, master);
+        }
+}
+
 static void bad_options_are_errors_naming_the_problem(void) {
     float x[2] = {0}, g[2] = {0};
     double xd[2] = {0};
@@ -405,6 +491,17 @@ static void bad_options_are_errors_naming_the_problem(void) {
     ad = td_adamw_default_params();
     CHECK_STATUS(td_optim_create_adamw(&o, ps, 2, &ad), TD_EINVAL);
     CHECK(strstr(td_last_error(), "twice") != NULL);
+    uint16_t h[2] = {0};
+    td_param low = {.name = "fc.bias",
+                    .data = h,
+                    .grad = h,
+                    .count = 2,
+                    .dtype = TD_BF16,
+                    .ndim = 1,
+                    .shape = {2},
+                    .master_dtype = TD_F16};
+    CHECK_STATUS(td_optim_create_sgd(&o, &low, 1, &sgd), TD_EDTYPE);
+    CHECK(strstr(td_last_error(), "fc.bias is bf16 with master_dtype f16") != NULL);
     CHECK(o == NULL);
 }
 
@@ -416,6 +513,7 @@ int main(void) {
     RUN(resume_through_checkpoint_is_bit_exact);
     RUN(schedules_match_pytorch);
     RUN(clipping_matches_pytorch);
+    RUN(low_precision_parameters_step_like_f32_rounded);
     RUN(bad_options_are_errors_naming_the_problem);
     td_checkpoint_close(ref);
     TEST_END();

@@ -443,14 +443,16 @@ static void dropout_masks_replay_in_every_schedule(void) {
 typedef struct {
     int dying;       /* this rank is killed at the start of step 1 */
     int mode;        /* 0: a rank dies; 1: rank 1 is built from another model; 2: rank 1 has
-                        other options; 3: rank 1 evaluates while rank 0 trains */
+                        other options; 3: rank 1 evaluates while rank 0 trains; 4: rank 0 calls
+                        an all-reduce on the pipeline's group while rank 1 steps */
     double *seconds; /* (world) how long the failing call took, shared */
 } fault_job;
 
 static void fault_rank(int rank, int size, int port, void *arg) {
     fault_job *j = arg;
     td_comm *comm = NULL;
-    CHECK_OK(test_comm_create(&comm, rank, size, port, 60));
+    /* Told, not timed out: a failure that waited for the group's timeout shows in the seconds. */
+    CHECK_OK(test_comm_create(&comm, rank, size, port, 20));
     if (!comm) return;
     td_sequential *s = conv_model(j->mode == 1 && rank == 1 ? 12 : 16);
     float *x;
@@ -468,12 +470,12 @@ static void fault_rank(int rank, int size, int port, void *arg) {
     snprintf(msg, sizeof msg, "%s", td_last_error());
     if (j->mode == 1) {
         CHECK_EQ(st, TD_ESHAPE);
-        CHECK(strstr(msg, "stage 0 (rank 0) sends activations of shape (4, 16) after 'fc1'") !=
-              NULL);
-        CHECK(strstr(msg, "stage 1 (rank 1) reads (4, 12) from 'fc2'") != NULL);
+        CHECK(strstr(msg,
+                     "rank 0 has activations of shape (4, 16) between 'fc1' and 'fc2' but "
+                     "rank 1 has activations of shape (4, 12) between 'fc1' and 'fc2'") != NULL);
     } else if (j->mode == 2) {
         CHECK_EQ(st, TD_EMISMATCH);
-        CHECK(strstr(msg, "rank 1 has micro_batches = 2 but rank 0 has 4") != NULL);
+        CHECK(strstr(msg, "rank 0 has micro_batches = 4 but rank 1 has micro_batches = 2") != NULL);
     } else {
         CHECK_OK(st);
     }
@@ -484,7 +486,10 @@ static void fault_rank(int rank, int size, int port, void *arg) {
     for (int step = 0; step < 3; step++) {
         if (j->mode == 0 && step == 1 && rank == j->dying) raise(SIGKILL);
         t0 = td_time_ns();
-        if (j->mode == 3 && rank == 1) {
+        if (j->mode == 4 && step == 1 && rank == 0) {
+            float v[4] = {0};
+            st = td_comm_allreduce(comm, v, v, 4, TD_F32, TD_OP_SUM);
+        } else if (j->mode == 3 && rank == 1) {
             double l;
             int64_t c;
             st = td_pipeline_evaluate(pipe, x, y, B, &l, &c);
@@ -499,19 +504,22 @@ static void fault_rank(int rank, int size, int port, void *arg) {
     char me[64];
     snprintf(me, sizeof me, "pipeline stage %d (rank %d) of %d, step 1", rank, rank, size);
     if (j->mode == 0) {
+        /* The group names the rank that died, in the caller's numbering. */
         char dead[64];
-        snprintf(dead, sizeof dead, "stage %d (rank %d), pid", j->dying, j->dying);
+        snprintf(dead, sizeof dead, "peer rank %d (pid", j->dying);
         CHECK(st == TD_EPEER);
         CHECK(strstr(msg, me) != NULL);
-        CHECK(strstr(msg, dead) != NULL && strstr(msg, "has died") != NULL);
-    } else if (rank == 1) {
+        CHECK(strstr(msg, dead) != NULL && strstr(msg, "died") != NULL);
+    } else if (j->mode == 3) {
+        /* Both ranks, at once, with what each was starting. */
         CHECK_EQ(st, TD_EMISMATCH);
-        CHECK(strstr(msg, "expected eval activations of micro-batch 0, step 0 from stage 0, but "
-                          "stage 0 sent activations") != NULL);
+        CHECK(strstr(msg, "rank 0 has training step 0 but rank 1 has evaluation 0 of 16 "
+                          "samples") != NULL);
     } else {
-        CHECK_EQ(st, TD_EPEER);
-        CHECK(strstr(msg, "pipeline stage 0 (rank 0) of 2, step 0: receiving gradients of "
-                          "micro-batch 0 from stage 1 (rank 1)") != NULL);
+        /* The collective issued against the step is named, on both ranks. */
+        CHECK_EQ(st, TD_EMISMATCH);
+        CHECK(strstr(msg, "allreduce #") != NULL && strstr(msg, "(f32, 4 elements, sum)") != NULL);
+        if (rank == 1) CHECK(strstr(msg, me) != NULL);
     }
     printf("    rank %d: %s\n", rank, msg);
     fflush(stdout);
@@ -543,6 +551,8 @@ static void stages_of_different_models_are_refused(void) { fault(2, 1, -1); }
 static void different_options_are_refused(void) { fault(2, 2, -1); }
 
 static void ranks_out_of_step_are_told(void) { fault(2, 3, -1); }
+
+static void a_collective_against_a_step_is_told(void) { fault(2, 4, -1); }
 
 /* ---- the split ---------------------------------------------------------------------- */
 
@@ -623,6 +633,7 @@ int main(void) {
     RUN(stages_of_different_models_are_refused);
     RUN(different_options_are_refused);
     RUN(ranks_out_of_step_are_told);
+    RUN(a_collective_against_a_step_is_told);
     RUN(bad_options_fail_on_every_rank);
     TEST_END();
 }

@@ -4,7 +4,8 @@
  * parameter gradient, the running statistics after a training forward and the eval output.
  * Then the layer lists: names and shapes of the default ResNet, cutting a model at any layer
  * builds the same parameters and the same output as building it whole, lookup of cuts by name,
- * and the errors of a bad description. */
+ * and the errors of a bad description. Then torchvision's resnet18 .. resnet152: their parameter
+ * counts, resnet50's state_dict names and shapes, and one training step of the ImageNet stem. */
 #include <string.h>
 
 #include "tandem/checkpoint.h"
@@ -213,6 +214,193 @@ static void default_resnet_layers_and_shapes(void) {
     CHECK_STATUS(td_resnet_sequential(&rp, &s), TD_EINVAL);
 }
 
+/* torchvision's resnet50 state_dict less num_batches_tracked, written out from its module
+ * tree: parameters (or buffers) in module order, each with its shape (unused dims 0). */
+typedef struct {
+    int buffers;
+    size_t n;
+    char name[200][48];
+    int64_t shape[200][4];
+} keys;
+
+static void key(keys *k, const char *module, const char *what, int64_t d0, int64_t d1, int64_t d2,
+                int64_t d3) {
+    snprintf(k->name[k->n], sizeof k->name[k->n], "%s%s", module, what);
+    int64_t d[4] = {d0, d1, d2, d3};
+    memcpy(k->shape[k->n++], d, sizeof d);
+}
+
+static void conv_keys(keys *k, const char *module, int64_t out, int64_t in, int64_t size) {
+    if (!k->buffers) key(k, module, ".weight", out, in, size, size);
+}
+
+static void bn_keys(keys *k, const char *module, int64_t c) {
+    key(k, module, k->buffers ? ".running_mean" : ".weight", c, 0, 0, 0);
+    key(k, module, k->buffers ? ".running_var" : ".bias", c, 0, 0, 0);
+}
+
+/* conv1, bn1, layer1..4 of Bottlenecks [3, 4, 6, 3] (conv1..3, bn1..3, and downsample.0 and
+ * .1 in each stage's first block), fc. */
+static void torchvision_resnet50_keys(keys *k) {
+    conv_keys(k, "conv1", 64, 3, 7);
+    bn_keys(k, "bn1", 64);
+    const int blocks[4] = {3, 4, 6, 3};
+    int64_t in = 64;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < blocks[i]; j++) {
+            int64_t planes = 64 << i;
+            char m[40];
+#define AT(what) (snprintf(m, sizeof m, "layer%d.%d.%s", i + 1, j, what), m)
+            conv_keys(k, AT("conv1"), planes, in, 1);
+            bn_keys(k, AT("bn1"), planes);
+            conv_keys(k, AT("conv2"), planes, planes, 3);
+            bn_keys(k, AT("bn2"), planes);
+            conv_keys(k, AT("conv3"), planes * 4, planes, 1);
+            bn_keys(k, AT("bn3"), planes * 4);
+            if (j == 0) {
+                conv_keys(k, AT("downsample.0"), planes * 4, in, 1);
+                bn_keys(k, AT("downsample.1"), planes * 4);
+            }
+#undef AT
+            in = planes * 4;
+        }
+    if (k->buffers) return;
+    key(k, "fc", ".weight", 1000, 2048, 0, 0);
+    key(k, "fc", ".bias", 1000, 0, 0, 0);
+}
+
+/* The graph's parameters (or buffers) must be torchvision's keys, in order, with their shapes. */
+static void check_resnet50_keys(td_graph *g, int buffers) {
+    td_param *p;
+    size_t n;
+    CHECK_OK(buffers ? td_graph_buffers(g, &p, &n) : td_graph_parameters(g, &p, &n));
+    keys *k = calloc(1, sizeof *k);
+    k->buffers = buffers;
+    torchvision_resnet50_keys(k);
+    CHECK_EQ(k->n, buffers ? 106 : 161); /* 320 keys with the 53 num_batches_tracked */
+    CHECK_EQ(n, k->n);
+    for (size_t i = 0; i < n && i < k->n; i++) {
+        int64_t d[4] = {0, 0, 0, 0};
+        for (int j = 0; j < p[i].ndim && j < 4; j++) d[j] = p[i].shape[j];
+        if (strcmp(p[i].name, k->name[i]) || memcmp(d, k->shape[i], sizeof d)) {
+            TEST_FAIL_AT("%s %zu: '%s' (%lld, %lld, %lld, %lld), torchvision '%s' (%lld, %lld, "
+                         "%lld, %lld)",
+                         buffers ? "buffer" : "parameter", i, p[i].name, (long long)d[0],
+                         (long long)d[1], (long long)d[2], (long long)d[3], k->name[i],
+                         (long long)k->shape[i][0], (long long)k->shape[i][1],
+                         (long long)k->shape[i][2], (long long)k->shape[i][3]);
+            break;
+        }
+    }
+    free(k);
+}
+
+/* torchvision's resnet<depth>: blocks, layers, shapes after the stem and before the head, and
+ * the parameter count of the model built. Building draws every weight (about 50 ns each on one
+ * core: 3 s and 240 MB for resnet152), so by default only resnet18 and resnet50 are built, one
+ * of each block kind; TD_LONG=1 builds all five. */
+static void torchvision_resnets(void) {
+    const struct {
+        int depth, bottleneck, blocks[4];
+        size_t parameters;
+    } tv[] = {{18, 0, {2, 2, 2, 2}, 11689512},
+              {34, 0, {3, 4, 6, 3}, 21797672},
+              {50, 1, {3, 4, 6, 3}, 25557032},
+              {101, 1, {3, 4, 23, 3}, 44549160},
+              {152, 1, {3, 8, 36, 3}, 60192808}};
+    for (int k = 0; k < 5; k++) {
+        td_resnet_params rp;
+        CHECK_OK(td_resnet_torchvision_params(tv[k].depth, &rp));
+        CHECK(rp.block == (tv[k].bottleneck ? TD_RESNET_BOTTLENECK : TD_RESNET_BASIC));
+        CHECK(rp.stages == 4 && memcmp(rp.blocks, tv[k].blocks, sizeof tv[k].blocks) == 0);
+        CHECK(rp.base_width == 64 && rp.in_channels == 3 && rp.image_size == 224);
+        CHECK(rp.classes == 1000 && rp.imagenet_stem == 1);
+        td_sequential *s;
+        CHECK_OK(td_resnet_sequential(&rp, &s));
+        size_t layers = td_sequential_count(s);
+        CHECK_EQ(layers, 2 + (size_t)(tv[k].blocks[0] + tv[k].blocks[1] + tv[k].blocks[2] +
+                                      tv[k].blocks[3]));
+        /* After the stem, conv1 stride 2 and max pool stride 2: 224 -> 56. (The shape at a later
+         * layer would replay, drawing, every weight before it.) */
+        td_shape sh;
+        CHECK_OK(td_sequential_shape_at(s, 1, 1, &sh));
+        CHECK(sh.dim[1] == 64 && sh.dim[2] == 56 && sh.dim[3] == 56);
+        if (tv[k].depth != 18 && tv[k].depth != 50 && !getenv("TD_LONG")) {
+            td_sequential_destroy(s);
+            continue;
+        }
+        /* Built, not compiled: the parameters exist, no activations are allocated. */
+        td_graph *g;
+        td_tensor *x, *y;
+        CHECK_OK(td_graph_create(&g, NULL));
+        CHECK_OK(td_graph_input(g, "x", td_shape_4d(1, 3, 224, 224), TD_F32, 0, &x));
+        CHECK_OK(td_sequential_build(s, g, 0, layers, x, 1, &y));
+        CHECK(td_tensor_shape(y).dim[1] == 1000);
+        td_param *p;
+        size_t n, total = 0;
+        CHECK_OK(td_graph_parameters(g, &p, &n));
+        for (size_t i = 0; i < n; i++) total += p[i].count;
+        if (total != tv[k].parameters)
+            TEST_FAIL_AT("resnet%d: %zu parameters, torchvision %zu", tv[k].depth, total,
+                         tv[k].parameters);
+        if (tv[k].depth == 50) {
+            check_resnet50_keys(g, 0);
+            check_resnet50_keys(g, 1);
+        }
+        td_graph_destroy(g);
+        td_sequential_destroy(s);
+    }
+    td_resnet_params rp = td_resnet_default_params(), kept = rp;
+    CHECK_EQ(rp.imagenet_stem, 0);
+    CHECK_STATUS(td_resnet_torchvision_params(20, &rp), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "depth 20") != NULL);
+    CHECK(memcmp(&rp, &kept, sizeof rp) == 0);
+    CHECK_STATUS(td_resnet_torchvision_params(50, NULL), TD_EINVAL);
+    rp.imagenet_stem = 2;
+    td_sequential *s;
+    CHECK_STATUS(td_resnet_sequential(&rp, &s), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "imagenet_stem 2") != NULL);
+}
+
+/* resnet18 with the ImageNet stem on 64 x 64 images (64 -> 16 after the stem, 2 x 2 before the
+ * pooling head): one training step gives a finite loss near ln(1000) and gradients everywhere. */
+static void imagenet_stem_trains(void) {
+    td_resnet_params rp;
+    CHECK_OK(td_resnet_torchvision_params(18, &rp));
+    rp.image_size = 64;
+    td_sequential *s;
+    td_graph *g;
+    td_model m;
+    const int64_t B = 2;
+    CHECK_OK(td_resnet_sequential(&rp, &s));
+    CHECK_OK(td_graph_create(&g, NULL));
+    CHECK_OK(td_model_build_sequential(g, s, B, 3, &m));
+    td_rng r;
+    td_rng_init(&r, 11);
+    td_rng_fill_uniform(&r, td_tensor_data(m.input), (size_t)B * 3 * 64 * 64, -1, 1);
+    int64_t labels[2] = {7, 999};
+    CHECK_OK(td_tensor_write(m.labels, labels));
+    CHECK_OK(td_graph_forward(g));
+    CHECK_OK(td_graph_backward(g, m.loss));
+    float loss;
+    CHECK_OK(td_tensor_read(m.loss, &loss));
+    CHECK(isfinite(loss) && fabs(loss - log(1000.0)) < 3.0);
+    td_param *p;
+    size_t n;
+    CHECK_OK(td_graph_parameters(g, &p, &n));
+    for (size_t i = 0; i < n; i++) {
+        const float *gd = p[i].grad;
+        double sq = 0;
+        for (size_t j = 0; j < p[i].count; j++) sq += (double)gd[j] * gd[j];
+        if (!(isfinite(sq) && sq > 0)) {
+            TEST_FAIL_AT("%s: gradient norm^2 %g", p[i].name, sq);
+            break;
+        }
+    }
+    td_graph_destroy(g);
+    td_sequential_destroy(s);
+}
+
 /* Builds layers [first, last) of s for batch B into a fresh training graph. */
 static td_graph *part(const td_sequential *s, size_t first, size_t last, int64_t B, td_tensor **x,
                       td_tensor **y) {
@@ -326,5 +514,7 @@ int main(void) {
     RUN(default_resnet_layers_and_shapes);
     RUN(cut_anywhere_builds_the_same_model);
     RUN(sequential_errors);
+    RUN(torchvision_resnets);
+    RUN(imagenet_stem_trains);
     TEST_END();
 }

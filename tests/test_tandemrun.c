@@ -506,13 +506,17 @@ static void a_failed_job_restarts_and_finishes(void) {
     int fd = mkstemp(marker);
     close(fd);
     unlink(marker);
-    char script[512];
+    /* Rank 1 fails once rank 0 has written its lines (%s.up), however late rank 0 starts. */
+    char script[768];
     snprintf(script, sizeof script,
              "echo PID $$; echo \"START $TANDEM_RESTART_COUNT $RANK $WORLD_SIZE\"; "
-             "if [ $RANK = 1 ] && [ ! -e %s ]; then touch %s; sleep 0.2; exit 3; fi; sleep 0.3",
-             marker, marker);
-    char *argv[] = {"tandemrun", "--max-restarts", "2", "--nproc-per-node", "2", "sh", "-c", script,
-                    NULL};
+             "if [ $RANK = 0 ]; then touch %s.up; fi; "
+             "if [ $RANK = 1 ] && [ ! -e %s ]; then touch %s; i=0; "
+             "while [ ! -e %s.up ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; exit 3; fi; "
+             "sleep 0.3",
+             marker, marker, marker, marker);
+    char *argv[] = {"tandemrun", "--max-restarts", "2", "--nproc-per-node", "2", "sh",
+                    "-c",        script,           NULL};
     run_result r = run(argv);
     CHECK_EQ(r.status, 0);
     CHECK(strstr(r.err, "rank 1 (pid ") != NULL);
@@ -522,27 +526,69 @@ static void a_failed_job_restarts_and_finishes(void) {
     check_pids_gone(r.out, 4);
     release(&r);
     unlink(marker);
+    char up[sizeof marker + 3];
+    snprintf(up, sizeof up, "%s.up", marker);
+    unlink(up);
 }
 
 /* A rank that always fails: 1 + K starts, then the rank's status. */
 static void restarts_stop_at_the_limit(void) {
-    char *argv[] = {"tandemrun", "--max-restarts", "2", "--nproc-per-node", "2", "sh", "-c",
-                    "echo \"START $TANDEM_RESTART_COUNT\"; if [ $RANK = 0 ]; then sleep 0.2; exit 5; fi; "
-                    "exec sleep 30",
-                    NULL};
+    char *argv[] = {
+        "tandemrun",
+        "--max-restarts",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "sh",
+        "-c",
+        "echo \"START $TANDEM_RESTART_COUNT\"; if [ $RANK = 0 ]; then sleep 0.2; exit 5; fi; "
+        "exec sleep 30",
+        NULL};
     run_result r = run(argv);
     CHECK_EQ(r.status, 5);
     CHECK_EQ(count_lines_with(r.out, "START "), 6);
     CHECK(strstr(r.err, "restart 2 of 2") != NULL);
     CHECK(strstr(r.err, "restart 3") == NULL);
+    CHECK(strstr(r.err, "not restarting: rank 0 failed and all 2 restarts are used "
+                        "(--max-restarts 2); exiting with status 5") != NULL);
     CHECK(r.secs < 10);
+    if (test_case_failed) fprintf(stderr, "%s\n", r.err);
+    release(&r);
+}
+
+/* --restart-nproc-per-node left shrinks the job by one rank per failure: when the last rank
+ * fails, restarts still allowed, tandemrun says why it does not go on. */
+static void shrinking_to_no_rank_says_why(void) {
+    char *argv[] = {
+        "tandemrun", "--max-restarts",
+        "5",         "--restart-nproc-per-node",
+        "left",      "--nproc-per-node",
+        "2",         "sh",
+        "-c",        "echo \"WORLD $WORLD_SIZE\"; if [ $RANK = 0 ]; then exit 4; fi; exec sleep 30",
+        NULL};
+    run_result r = run(argv);
+    CHECK_EQ(r.status, 4);
+    CHECK_EQ(count_lines_with(r.out, "WORLD 1"), 1);
+    CHECK(strstr(r.err, "restart 1 of 5 after rank 0 failed: starting 1 rank") != NULL);
+    CHECK(strstr(r.err, "not restarting: rank 0, the last one left, failed: "
+                        "--restart-nproc-per-node left restarts without the rank that failed, "
+                        "which leaves none (1 of 5 restarts used); exiting with status 4") != NULL);
+    CHECK(r.secs < 10);
+    if (test_case_failed) fprintf(stderr, "%s\n", r.err);
     release(&r);
 }
 
 /* --restart-nproc-per-node left starts the ranks that did not fail; a number, that many. */
 static void a_restart_may_change_the_world_size(void) {
-    char *left[] = {"tandemrun", "--max-restarts", "1", "--restart-nproc-per-node", "left",
-                    "--nproc-per-node", "3", "sh", "-c",
+    char *left[] = {"tandemrun",
+                    "--max-restarts",
+                    "1",
+                    "--restart-nproc-per-node",
+                    "left",
+                    "--nproc-per-node",
+                    "3",
+                    "sh",
+                    "-c",
                     "echo \"WORLD $WORLD_SIZE\"; if [ $WORLD_SIZE = 3 ] && [ $RANK = 2 ]; then "
                     "sleep 0.2; exit 1; fi; sleep 0.4",
                     NULL};
@@ -552,9 +598,15 @@ static void a_restart_may_change_the_world_size(void) {
     CHECK_EQ(count_lines_with(r.out, "WORLD 2"), 2);
     CHECK(strstr(r.err, "starting 2 ranks") != NULL);
     release(&r);
-    char *four[] = {"tandemrun", "--max-restarts=1", "--restart_nproc_per_node=4",
-                    "--nproc-per-node", "2", "sh", "-c",
-                    "echo \"WORLD $WORLD_SIZE\"; if [ $WORLD_SIZE = 2 ]; then exit 1; fi", NULL};
+    char *four[] = {"tandemrun",
+                    "--max-restarts=1",
+                    "--restart_nproc_per_node=4",
+                    "--nproc-per-node",
+                    "2",
+                    "sh",
+                    "-c",
+                    "echo \"WORLD $WORLD_SIZE\"; if [ $WORLD_SIZE = 2 ]; then exit 1; fi",
+                    NULL};
     r = run(four);
     CHECK_EQ(r.status, 0);
     CHECK_EQ(count_lines_with(r.out, "WORLD 4"), 4);
@@ -563,8 +615,11 @@ static void a_restart_may_change_the_world_size(void) {
 
 /* SIGTERM to the launcher ends the job for good, restarts left or not. */
 static void an_interrupted_job_does_not_restart(void) {
-    char *argv[] = {"tandemrun", "--max-restarts", "3", "--nproc-per-node", "2", "sh", "-c",
-                    "echo START; exec sleep 30", NULL};
+    char *argv[] = {"tandemrun", "--max-restarts",
+                    "3",         "--nproc-per-node",
+                    "2",         "sh",
+                    "-c",        "echo START; exec sleep 30",
+                    NULL};
     int o, e;
     double t0 = now_s();
     pid_t pid = start(argv, &o, &e);
@@ -619,6 +674,7 @@ int main(int argc, char **argv) {
     RUN(a_failed_job_restarts_and_finishes);
     RUN(restarts_stop_at_the_limit);
     RUN(a_restart_may_change_the_world_size);
+    RUN(shrinking_to_no_rank_says_why);
     RUN(an_interrupted_job_does_not_restart);
     TEST_END();
 }

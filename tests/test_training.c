@@ -1,7 +1,8 @@
 /* End to end through the real programs: examples/mnist trains on the real Fashion-MNIST
  * files, alone and under tandemrun with DDP over shared memory. Checks accuracy, bitwise
- * resume from a checkpoint, N-rank DDP == one process on the same global batch, the trace's
- * overlap of all-reduce and backward, and the refusal of a corrupt checkpoint.
+ * resume from a checkpoint (f32, O1, O2 in f16, O3 in bf16), N-rank DDP == one process on the
+ * same global batch, the trace's overlap of all-reduce and backward, and the refusal of a
+ * corrupt checkpoint.
  * Mixed precision in bf16 (O1, O2) stays within half a point of f32's accuracy; the pipeline
  * mode of the example runs (2 stages, and 2 stages x 2 replicas). Deterministic mode: 200 steps
  * of the CNN with dropout at world sizes 1, 2 and 4 give one parameter digest (another seed
@@ -155,6 +156,11 @@ static void resume_continues_bit_for_bit(void) {
     resume_is_bitwise(args, "--epochs 1");
     /* (a constant lr: the cosine schedule spans the run, which the halves differ in) */
     snprintf(args, sizeof args, "--model cnn --no-eval --constant-lr --amp O1 --data %s",
+             set_6x128);
+    resume_is_bitwise(args, "--epochs 1");
+    /* O3: bf16 weights (batch norm's too) and bf16 momentum, no master weights, saved and loaded
+     * in bf16. */
+    snprintf(args, sizeof args, "--model cnn --no-eval --constant-lr --amp O3 --data %s",
              set_6x128);
     resume_is_bitwise(args, "--epochs 1");
 }

@@ -13,13 +13,24 @@
  * epoch with the test set split across ranks. --max-steps N ends the run after N optimizer steps
  * in all (across epochs and a resume), writing the checkpoint where it stopped.
  *
+ * --device cuda trains on this rank's GPU (cuda:LOCAL_RANK; cuda:N names one, also for ranks
+ * that share it): the graph, the optimizer and the loss scale on the GPU, batches uploaded
+ * ahead on its copy stream from page-locked memory, one process's sweeps replayed as CUDA
+ * graphs; DDP's buckets live on the GPU and go through NCCL (a GPU per rank) or CUDA IPC
+ * (ranks sharing one). Deterministic mode stays on the CPU for now.
+ *
  * --deterministic trains to the same bits at any world size (docs/reproducibility.md): the
  * global batch is --shards fixed shards, each rank runs its shards one by one (batch norm sees
  * one shard's statistics, dropout draws by sample and step), and DDP sums them in one fixed
  * tree. Its checkpoints (--checkpoint-every N steps) resume at any world size that divides the
  * shards, on the same trajectory; --resume auto picks up the --checkpoint file if there is one,
  * which is what a restarted job (tandemrun --max-restarts) needs. The last line gives the
- * SHA-256 of the parameters, to compare runs by. */
+ * SHA-256 of the parameters, to compare runs by.
+ *
+ * --zero 1|2|3 shards the training state over the ranks instead of replicating it (td_zero,
+ * docs/zero.md): the optimizer state, also the gradients, also the parameters. Checkpoints are
+ * then sharded (each rank writes its part beside --checkpoint, which names them) and resume at
+ * any world size, as td_ddp's do; the run ends with each kind of memory rank 0 held. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +62,8 @@ typedef struct {
     double dropout;        /* > 0: a dropout layer of this probability before the classifier */
     long checkpoint_every; /* also write the checkpoint every N steps (0: each epoch only) */
     int resume_auto;       /* --resume auto: from --checkpoint when that file exists */
+    const char *device;    /* "cpu", "cuda" (this rank's GPU) or "cuda:N" */
+    int zero;              /* 0: DDP; 1, 2, 3: the ZeRO stage */
     int trace_ops;         /* every op of the graph in the trace, not only forward/backward */
 } options;
 
@@ -65,7 +78,7 @@ static void usage(void) {
             "             [--loss-scale dynamic|none|N] [--comm-dtype f32|bf16|f16]\n"
             "             [--spawn N]\n"
             "             [--deterministic [--shards S]] [--dropout P] [--checkpoint-every N]\n"
-            "             [--resume auto]\n"
+            "             [--resume auto] [--zero 1|2|3] [--device cpu|cuda|cuda:N]\n"
             "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n"
             "  --max-steps N  stop after N optimizer steps in all, counted across epochs (and\n"
             "                 across a resume), or at the end of --epochs if that comes first\n"
@@ -88,7 +101,8 @@ static options parse(int argc, char **argv) {
                  .amp_dtype = TD_BF16,
                  .loss_scale = -2, /* unset: dynamic for f16, none for bf16 */
                  .comm_dtype = TD_F32,
-                 .shards = 8};
+                 .shards = 8,
+                 .device = "cpu"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-eval") || !strcmp(a, "--cosine") || !strcmp(a, "--constant-lr") ||
@@ -135,6 +149,8 @@ static options parse(int argc, char **argv) {
             o.resume_auto = 1;
         else if (!strcmp(a, "--resume"))
             o.resume = v;
+        else if (!strcmp(a, "--zero"))
+            o.zero = (int)mnist_int(a, v, 1, 3);
         else if (!strcmp(a, "--shards"))
             o.shards = (int)mnist_int(a, v, 1, INT_MAX);
         else if (!strcmp(a, "--dropout"))
@@ -143,7 +159,11 @@ static options parse(int argc, char **argv) {
             o.checkpoint_every = mnist_int(a, v, 0, LONG_MAX);
         else if (!strcmp(a, "--trace"))
             o.trace = v;
-        else if (!strcmp(a, "--amp")) {
+        else if (!strcmp(a, "--device")) {
+            td_device d;
+            if (td_device_parse(v, &d) != TD_OK) mnist_bad_value(a, v, "cpu, cuda or cuda:N");
+            o.device = v;
+        } else if (!strcmp(a, "--amp")) {
             if (v[0] != 'O' || v[1] < '0' || v[1] > '3' || v[2])
                 mnist_bad_value(a, v, "O0, O1, O2 or O3 (apex's opt levels)");
             o.amp = (td_amp_level)(v[1] - '0');
@@ -201,7 +221,9 @@ typedef struct {
     size_t n_params, n_buffers;
     td_optim *optim;
     td_grad_scaler *scaler; /* NULL without loss scaling */
+    td_device device;       /* where the graphs train */
     td_ddp *ddp;
+    td_zero *zero; /* --zero: instead of ddp */
     td_trace *trace;
     int first_epoch;
     size_t first_batch;   /* of first_epoch, when resuming in the middle of one */
@@ -212,29 +234,32 @@ typedef struct {
     float grad_scale;     /* world * local_batch / batch: weights the rank average by share */
 } trainer;
 
-/* Parameters, buffers, optimizer state (master weights included) and the loss scaler's: what
- * a checkpoint holds. */
-static td_param *checkpoint_tensors(trainer *t, size_t *n) {
-    td_param *state, *amp = NULL;
-    size_t n_state, n_amp = 0;
-    td_optim_state(t->optim, &state, &n_state);
+/* What a checkpoint holds: the buffers and the loss scaler's state, then (whole) only when
+ * `whole`, the parameters and the optimizer state (master weights included), which ZeRO writes
+ * in parts itself. */
+static td_param *checkpoint_tensors(trainer *t, int whole, size_t *n) {
+    td_param *state = NULL, *amp = NULL;
+    size_t n_state = 0, n_amp = 0;
+    if (whole) td_optim_state(t->optim, &state, &n_state);
     if (t->scaler) td_grad_scaler_state(t->scaler, &amp, &n_amp);
-    *n = t->n_params + t->n_buffers + n_state + n_amp;
-    td_param *all = malloc(*n * sizeof *all);
+    *n = (whole ? t->n_params : 0) + t->n_buffers + n_state + n_amp;
+    td_param *all = malloc((*n ? *n : 1) * sizeof *all);
     if (!all) CHECK(TD_ENOMEM);
     td_param *at = all;
-    for (size_t i = 0; i < t->n_params; i++) *at++ = t->params[i];
     for (size_t i = 0; i < t->n_buffers; i++) *at++ = t->buffers[i];
-    for (size_t i = 0; i < n_state; i++) *at++ = state[i];
     for (size_t i = 0; i < n_amp; i++) *at++ = amp[i];
+    for (size_t i = 0; whole && i < t->n_params; i++) *at++ = t->params[i];
+    for (size_t i = 0; i < n_state; i++) *at++ = state[i];
     return all;
 }
 
-/* Writes the checkpoint (rank 0) after `epochs_done` whole epochs and `batches_done` batches of
- * the next, global step `step`. It holds no world size: the same file resumes at any. */
+/* Writes the checkpoint after `epochs_done` whole epochs and `batches_done` batches of the next,
+ * global step `step`: rank 0 alone, or with --zero every rank its part. It holds no world size:
+ * the same checkpoint resumes at any. Called on every rank. */
 static void save(trainer *t, int epochs_done, size_t batches_done, uint64_t step) {
+    if (!t->zero && t->rank != 0) return;
     size_t n;
-    td_param *all = checkpoint_tensors(t, &n);
+    td_param *all = checkpoint_tensors(t, !t->zero, &n);
     td_rng *rng = td_graph_rng(t->train);
     char epoch[32], batch[32], steps[32], global[32], shards[32], seed[32], offset[32];
     snprintf(epoch, sizeof epoch, "%d", epochs_done);
@@ -252,9 +277,13 @@ static void save(trainer *t, int epochs_done, size_t batches_done, uint64_t step
                                  {"shards", shards},
                                  {"dropout_rng_seed", seed},
                                  {"dropout_rng_offset", offset}};
-    CHECK(td_checkpoint_save(t->opt.checkpoint, all, n, meta, sizeof meta / sizeof *meta));
+    size_t n_meta = sizeof meta / sizeof *meta;
+    if (t->zero)
+        CHECK(td_zero_save(t->zero, t->optim, t->opt.checkpoint, all, n, meta, n_meta));
+    else
+        CHECK(td_checkpoint_save(t->opt.checkpoint, all, n, meta, n_meta));
     free(all);
-    if (t->opt.checkpoint_every > 0) {
+    if (t->rank == 0 && t->opt.checkpoint_every > 0) {
         printf("checkpoint at step %llu: %s\n", (unsigned long long)step, t->opt.checkpoint);
         fflush(stdout);
     }
@@ -307,8 +336,11 @@ static void resume(trainer *t) {
         exit(1);
     }
     size_t n;
-    td_param *all = checkpoint_tensors(t, &n);
-    CHECK(td_checkpoint_read(ck, all, n));
+    td_param *all = checkpoint_tensors(t, !t->zero, &n);
+    if (t->zero) /* every rank its own parts, at this world size, sharded or not */
+        CHECK(td_zero_load(t->zero, t->optim, path, all, n));
+    else
+        CHECK(td_checkpoint_read(ck, all, n));
     free(all);
     t->first_epoch = (int)epoch;
     t->first_batch = (size_t)batch;
@@ -341,13 +373,49 @@ static void build_model(const options *o, td_graph *g, int64_t batch, td_model *
     td_sequential_destroy(s);
 }
 
+/* --device as a device of this rank: "cuda" is cuda:LOCAL_RANK, as torchrun's recipes pick. */
+static td_device train_device(const char *text) {
+    td_device d;
+    CHECK(td_device_parse(text, &d));
+    if (d.type == TD_DEVICE_CPU) return d;
+    int gpus = 0;
+    CHECK(td_cuda_device_count(&gpus));
+    if (!gpus) {
+        fprintf(stderr, "mnist: --device %s: no GPU can be used here: %s\n", text,
+                td_cuda_unavailable());
+        exit(1);
+    }
+    if (!strcmp(text, "cuda")) CHECK(td_device_local(&d));
+    return d;
+}
+
+/* Points (CPU) or copies (GPU, on its stream: the recorded sweeps keep reading the graph's own
+ * memory) `n` samples of the batch, from sample `at` on, into the model's input and labels. */
+static void feed(const trainer *t, const td_model *m, const td_batch *b, size_t at) {
+    size_t sample = (size_t)td_tensor_numel(m->input) / (size_t)td_tensor_shape(m->input).dim[0];
+    if (b->device.type == TD_DEVICE_CPU && t->device.type == TD_DEVICE_CPU) {
+        CHECK(td_tensor_set_data(m->input, b->x + at * sample));
+        CHECK(td_tensor_set_data(m->labels, b->y + at));
+        return;
+    }
+    CHECK(td_tensor_copy_from(m->input, b->device, b->x + at * sample));
+    CHECK(td_tensor_copy_from(m->labels, b->device, b->y + at));
+}
+
+/* The loss of the last forward, wherever the graph computes. */
+static float loss_of(const td_model *m) {
+    float loss;
+    CHECK(td_tensor_read(m->loss, &loss));
+    return loss;
+}
+
 static void setup(trainer *t) {
     t->rank = 0;
     t->world = 1;
     int launched = getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE") || getenv("SLURM_NTASKS");
-    if (launched || t->opt.deterministic) {
+    if (launched || t->opt.deterministic || t->opt.zero) {
         td_comm_params cp = td_comm_default_params();
-        if (!launched) { /* deterministic alone: DDP's shard tree on one rank */
+        if (!launched) { /* alone: DDP's shard tree or ZeRO on one rank */
             cp.rank = cp.local_rank = 0;
             cp.world_size = cp.local_world_size = 1;
         }
@@ -361,6 +429,7 @@ static void setup(trainer *t) {
                 t->opt.batch, t->world, t->world);
         exit(2);
     }
+    t->device = train_device(t->opt.device);
     size_t first, count;
     td_split_even((size_t)t->opt.batch, t->world, t->rank, &first, &count);
     t->local_batch = (int64_t)count;
@@ -373,6 +442,7 @@ static void setup(trainer *t) {
     const char *ops = getenv("TANDEM_TRACE_OPS");
     if (t->trace) CHECK(td_trace_name_thread(t->trace, "compute"));
     td_graph_params go = td_graph_default_params();
+    go.device = t->device;
     go.seed = t->opt.seed;
     go.amp.level = t->opt.amp;
     go.amp.dtype = t->opt.amp_dtype;
@@ -384,15 +454,34 @@ static void setup(trainer *t) {
     go.trace = NULL;
     CHECK(td_graph_create(&t->eval, &go));
     build_model(&t->opt, t->eval, t->local_batch, &t->eval_model);
-    CHECK(td_graph_share_params(t->eval, t->train));
     td_graph_set_training(t->eval, 0);
 
     CHECK(td_graph_parameters(t->train, &t->params, &t->n_params));
     CHECK(td_graph_buffers(t->train, &t->buffers, &t->n_buffers));
+    td_ddp_params dp = td_ddp_default_params();
+    dp.trace = t->trace;
+    dp.comm_dtype = t->opt.comm_dtype;
+    dp.deterministic = t->opt.deterministic;
+    dp.shards = (size_t)t->opt.shards;
+    if (t->opt.bucket_kb > 0) dp.bucket_bytes = (size_t)t->opt.bucket_kb << 10;
+    td_param *stepped = t->params; /* what the optimizer steps: all, or this rank's shards */
+    size_t n_stepped = t->n_params;
+    if (t->opt.zero) {
+        td_zero_params zp = td_zero_default_params();
+        zp.stage = t->opt.zero;
+        zp.ddp = dp;
+        CHECK(td_zero_create(&t->zero, t->comm, t->params, t->n_params, t->buffers, t->n_buffers,
+                             &zp));
+        CHECK(td_zero_parameters(t->zero, &stepped, &n_stepped));
+        td_graph_set_grad_ready_hook(t->train, td_zero_grad_ready_hook, t->zero);
+        td_graph_set_param_use_hook(t->train, td_zero_param_use_hook, t->zero);
+    }
+    /* After ZeRO moved the parameters: the evaluation graph reads where they are now. */
+    CHECK(td_graph_share_params(t->eval, t->train));
     td_sgd_params sp = td_sgd_default_params();
     sp.lr = t->opt.lr;
     sp.momentum = t->opt.momentum;
-    CHECK(td_optim_create_sgd(&t->optim, t->params, t->n_params, &sp));
+    CHECK(td_optim_create_sgd(&t->optim, stepped, n_stepped, &sp));
     if (t->opt.loss_scale >= 0) {
         td_grad_scaler_params gp = td_grad_scaler_default_params();
         gp.comm = t->comm; /* every rank skips the same steps */
@@ -403,20 +492,33 @@ static void setup(trainer *t) {
         CHECK(td_grad_scaler_create(&t->scaler, &gp));
     }
     if (t->opt.resume || t->opt.resume_auto) resume(t);
-    if (t->comm) {
-        td_ddp_params dp = td_ddp_default_params();
-        dp.trace = t->trace;
-        dp.comm_dtype = t->opt.comm_dtype;
-        dp.deterministic = t->opt.deterministic;
-        dp.shards = (size_t)t->opt.shards;
-        if (t->opt.bucket_kb > 0) {
-            dp.bucket_bytes = (size_t)t->opt.bucket_kb << 10;
-            if (dp.first_bucket_bytes > dp.bucket_bytes) dp.first_bucket_bytes = dp.bucket_bytes;
-        }
+    if (t->comm && !t->zero) {
         CHECK(
             td_ddp_create(&t->ddp, t->comm, t->params, t->n_params, t->buffers, t->n_buffers, &dp));
         td_graph_set_grad_ready_hook(t->train, td_ddp_grad_ready_hook, t->ddp);
     }
+}
+
+/* The calls of a step, to DDP or ZeRO, whichever synchronises the ranks (or none, alone). */
+static void sync_prepare(trainer *t) {
+    if (t->zero) CHECK(td_zero_prepare_forward(t->zero));
+    if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
+}
+
+static void sync_finish(trainer *t, float loss) {
+    if (t->zero) {
+        td_zero_set_loss(t->zero, loss);
+        CHECK(td_zero_finish_backward(t->zero));
+    }
+    if (t->ddp) {
+        td_ddp_set_loss(t->ddp, loss);
+        CHECK(td_ddp_finish_backward(t->ddp));
+    }
+}
+
+/* The step's loss reduced over ranks (this rank's `mine` alone). */
+static float sync_loss(const trainer *t, float mine) {
+    return t->zero ? td_zero_loss(t->zero) : t->ddp ? td_ddp_loss(t->ddp) : mine;
 }
 
 /* After step `step` of `epoch`, which runs to `end`: a bar redrawn in place on a terminal,
@@ -443,24 +545,22 @@ static void progress(const trainer *t, int epoch, size_t step, size_t end, doubl
  * are the global batch's mean after it. Returns the loss to show. */
 static float forward_backward(trainer *t, const td_batch *batch) {
     uint64_t t0 = td_time_ns();
-    if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
+    sync_prepare(t);
     /* The batch stays valid until the next td_loader_next: train on it in place. */
-    CHECK(td_tensor_set_data(t->model.input, batch->x));
-    CHECK(td_tensor_set_data(t->model.labels, batch->y));
+    feed(t, &t->model, batch, 0);
     CHECK(td_graph_forward(t->train));
     uint64_t t1 = td_time_ns();
-    float loss = *(float *)td_tensor_data(t->model.loss);
+    float loss = loss_of(&t->model);
     /* The loss is this rank's mean; its share of the global mean has this weight, times the
      * loss scale under mixed precision. */
     float seed = t->grad_scale * (t->scaler ? td_grad_scaler_scale(t->scaler) : 1.0f);
-    if (t->ddp) td_ddp_set_loss(t->ddp, loss * t->grad_scale);
     CHECK(td_graph_backward_from(t->train, t->model.loss, &seed));
-    if (t->ddp) CHECK(td_ddp_finish_backward(t->ddp));
+    sync_finish(t, loss * t->grad_scale);
     if (t->trace) {
         CHECK(td_trace_span(t->trace, "forward", "compute", t0, t1));
         CHECK(td_trace_span(t->trace, "backward", "compute", t1, td_time_ns()));
     }
-    return t->ddp ? td_ddp_loss(t->ddp) : loss;
+    return sync_loss(t, loss);
 }
 
 /* The same in deterministic mode: this rank's shards of the global batch one after another, each
@@ -468,24 +568,25 @@ static float forward_backward(trainer *t, const td_batch *batch) {
  * batch); DDP folds their gradients, buffers and losses into its fixed tree. */
 static float forward_backward_shards(trainer *t, const td_batch *batch, uint64_t step) {
     size_t first, count, b = (size_t)t->shard_batch;
-    size_t sample = (size_t)td_tensor_numel(t->model.input) / b;
-    td_ddp_shards(t->ddp, &first, &count);
+    if (t->zero)
+        td_zero_shards(t->zero, &first, &count);
+    else
+        td_ddp_shards(t->ddp, &first, &count);
     for (size_t j = 0; j < count; j++) {
         uint64_t t0 = td_time_ns();
-        CHECK(td_ddp_prepare_forward(t->ddp));
-        CHECK(td_tensor_set_data(t->model.input, batch->x + j * b * sample));
-        CHECK(td_tensor_set_data(t->model.labels, batch->y + j * b));
+        sync_prepare(t);
+        feed(t, &t->model, batch, j * b);
         CHECK(td_graph_set_rng_key(t->train, step, (first + j) * b));
         CHECK(td_graph_forward(t->train));
-        td_ddp_set_loss(t->ddp, *(float *)td_tensor_data(t->model.loss));
+        float loss = loss_of(&t->model);
         CHECK(td_graph_zero_grad(t->train));
         /* every shard's loss is its mean; DDP averages over the shards (and f16 scales it) */
         float seed = t->scaler ? td_grad_scaler_scale(t->scaler) : 1.0f;
         CHECK(td_graph_backward_from(t->train, t->model.loss, &seed));
-        CHECK(td_ddp_finish_backward(t->ddp));
+        sync_finish(t, loss);
         if (t->trace) CHECK(td_trace_span(t->trace, "shard", "compute", t0, td_time_ns()));
     }
-    return td_ddp_loss(t->ddp);
+    return sync_loss(t, 0.0f);
 }
 
 /* Steps [first, end) of one epoch; returns samples/s over them (all ranks). */
@@ -511,7 +612,7 @@ static double train_epoch(trainer *t, td_loader *loader, int epoch, size_t first
         CHECK(td_graph_zero_grad(t->train));
         uint64_t t3 = td_time_ns();
         if (t->trace) CHECK(td_trace_span(t->trace, "optimizer", "compute", t2, t3));
-        if (t->rank == 0 && t->opt.checkpoint && t->opt.checkpoint_every > 0 &&
+        if (t->opt.checkpoint && t->opt.checkpoint_every > 0 &&
             (global_step + 1) % (uint64_t)t->opt.checkpoint_every == 0 && step + 1 < end)
             save(t, epoch, step + 1, global_step + 1);
         double secs = (double)(td_time_ns() - start) * 1e-9;
@@ -522,6 +623,8 @@ static double train_epoch(trainer *t, td_loader *loader, int epoch, size_t first
 
 /* Test accuracy and mean loss, the test set split across ranks batch by batch. */
 static void evaluate(trainer *t, td_loader *test, double *accuracy, double *loss) {
+    /* ranks evaluate different batches: ZeRO holds every parameter whole meanwhile */
+    if (t->zero) CHECK(td_zero_full_params(t->zero, 1));
     CHECK(td_loader_set_epoch(test, 0));
     int64_t cap = td_tensor_shape(t->eval_model.input).dim[0];
     size_t sample = (size_t)td_tensor_numel(t->eval_model.input) / (size_t)cap;
@@ -554,12 +657,28 @@ static void evaluate(trainer *t, td_loader *test, double *accuracy, double *loss
     if (t->comm) CHECK(td_comm_allreduce(t->comm, sums, sums, 3, TD_F64, TD_OP_SUM));
     *accuracy = sums[0] / sums[2];
     *loss = sums[1] / sums[2];
+    if (t->zero) CHECK(td_zero_full_params(t->zero, 0));
     free(x);
     free(y);
     free(logp);
 }
 
 static int train(int rank, int world_size, void *arg);
+
+/* What ZeRO held on this rank, by kind, now and at its peak (td_zero_memory_stats). */
+static void print_zero_memory(const trainer *t) {
+    td_zero_memory m = td_zero_memory_stats(t->zero, t->optim);
+    int stage;
+    size_t units, flats;
+    td_zero_layout(t->zero, &stage, &units, &flats);
+    printf("zero stage %d, %zu units, rank 0 of %d held (KiB now / peak): parameters %zu / %zu, "
+           "gradients %zu / %zu, optimizer %zu / %zu, gathered %zu / %zu, reducing %zu / %zu, "
+           "total %zu / %zu\n",
+           stage, units, t->world, m.now.params >> 10, m.peak.params >> 10, m.now.grads >> 10,
+           m.peak.grads >> 10, m.now.optim >> 10, m.peak.optim >> 10, m.now.gathered >> 10,
+           m.peak.gathered >> 10, m.now.reducing >> 10, m.peak.reducing >> 10, m.now.total >> 10,
+           m.peak.total >> 10);
+}
 
 int main(int argc, char **argv) {
     if (mnist_pipeline_requested(argc, argv)) return mnist_pipeline_main(argc, argv);
@@ -588,6 +707,7 @@ static int train(int rank, int world_size, void *arg) {
     lp.sampler.drop_last = 1; /* the graph is built for one batch size */
     lp.sampler.rank = t.rank;
     lp.sampler.world_size = t.world;
+    lp.device = t.device; /* the test set stays on the host: evaluation copies its batches */
     td_loader *loader = mnist_train_loader(train_set, &lp), *test_loader;
     t.epoch_batches = td_loader_batches_per_epoch(loader);
     t.run_steps = (uint64_t)t.opt.epochs * t.epoch_batches;
@@ -605,10 +725,12 @@ static int train(int rank, int world_size, void *arg) {
         if (t.opt.amp != TD_AMP_O0)
             snprintf(precision, sizeof precision, "amp O%d %s", (int)t.opt.amp,
                      td_dtype_name(t.opt.amp_dtype));
+        char on[32];
+        td_device_format(t.device, on, sizeof on);
         printf("training %s on Fashion-MNIST: %d rank(s), global batch %d, %d epoch(s) of %zu "
-               "steps%s, %s%s\n",
+               "steps%s, %s on %s%s\n",
                td_model_name(t.opt.model), t.world, t.opt.batch, t.opt.epochs, t.epoch_batches,
-               steps, precision, t.first_epoch || t.first_batch ? " (resumed)" : "");
+               steps, precision, on, t.first_epoch || t.first_batch ? " (resumed)" : "");
         if (t.opt.deterministic) {
             /* oneDNN's sums depend on its thread count: the bits match runs with the same one */
             const char *threads = getenv("OMP_NUM_THREADS");
@@ -627,17 +749,17 @@ static int train(int rank, int world_size, void *arg) {
         rate = train_epoch(&t, loader, epoch, first, end);
         done = at + end;
         if (t.opt.eval) evaluate(&t, test_loader, &accuracy, &test_loss);
-        if (t.rank == 0) {
-            if (t.opt.eval)
-                printf("epoch %d: test accuracy %.4f, test loss %.4f, %.0f samples/s\n", epoch + 1,
-                       accuracy, test_loss, rate);
-            /* stopped by --max-steps inside the epoch: the checkpoint says where, to go on */
-            int whole = end == t.epoch_batches;
-            if (t.opt.checkpoint) save(&t, whole ? epoch + 1 : epoch, whole ? 0 : end, done);
-        }
+        if (t.rank == 0 && t.opt.eval)
+            printf("epoch %d: test accuracy %.4f, test loss %.4f, %.0f samples/s\n", epoch + 1,
+                   accuracy, test_loss, rate);
+        /* stopped by --max-steps inside the epoch: the checkpoint says where, to go on */
+        int whole = end == t.epoch_batches;
+        if (t.opt.checkpoint) save(&t, whole ? epoch + 1 : epoch, whole ? 0 : end, done);
     }
     char digest[65];
-    td_params_sha256(t.params, t.n_params, digest);
+    if (t.rank == 0 && t.zero) print_zero_memory(&t);
+    if (t.zero) CHECK(td_zero_full_params(t.zero, 1)); /* the whole model, for its digest */
+    CHECK(td_params_sha256(t.params, t.n_params, digest));
     if (t.rank == 0 && t.scaler)
         printf("loss scale %g, %lld step(s) skipped for inf/NaN gradients\n",
                (double)td_grad_scaler_scale(t.scaler), (long long)td_grad_scaler_skipped(t.scaler));
@@ -662,6 +784,7 @@ static int train(int rank, int world_size, void *arg) {
     td_dataset_destroy(train_set);
     td_dataset_destroy(test_set);
     td_ddp_destroy(t.ddp);
+    td_zero_destroy(t.zero);
     td_grad_scaler_destroy(t.scaler);
     td_optim_destroy(t.optim);
     td_graph_destroy(t.eval);

@@ -66,6 +66,49 @@ td_status td_checkpoint_get_meta_u64(const td_checkpoint *checkpoint, const char
 /* Open, read, close in one call. */
 td_status td_checkpoint_load(const char *path, td_param *tensors, size_t n);
 
+/* Elements [offset, offset + count) of tensor `name` flattened in row-major order into dst,
+ * after checking that it exists with `dtype` and holds them (TD_ENOTFOUND, TD_EDTYPE, TD_ESHAPE
+ * naming the file and the tensor). */
+td_status td_checkpoint_read_range(td_checkpoint *checkpoint, const char *name, td_dtype dtype,
+                                   size_t offset, size_t count, void *dst);
+
+/* ---- sharded checkpoints ----------------------------------------------------------------
+ *
+ * A sharded checkpoint at `path` is a set of part files beside it, each written by one rank with
+ * the parts of tensors that rank holds, and `path` itself, the index: a safetensors file with no
+ * tensors whose metadata names the part files (key "tandem.parts") besides the caller's. It
+ * opens as one checkpoint: td_checkpoint_open on the index gives the whole tensors, assembled
+ * from the parts (which must cover each exactly once), so every reader above reads either kind.
+ * Part files are "<path>.shard-<id>-<rank>-of-<world_size>", id (16 hex digits) naming the save.
+ * Writing the index is the save's commit: until its rename, `path` is the previous checkpoint,
+ * whole, whatever process dies (docs/zero.md). */
+
+/* A part of a tensor: elements [offset, offset + count) of `tensor` flattened in row-major order
+ * (tensor's name, dtype and shape describe the whole; its data is not read), from data. */
+typedef struct {
+    td_param tensor;
+    size_t offset, count;
+    const void *data;
+} td_checkpoint_part;
+
+/* Writes the part file of `rank` for save `id` of the sharded checkpoint at path (atomically,
+ * as td_checkpoint_save). A tensor appears at most once per part file. */
+td_status td_checkpoint_save_part(const char *path, uint64_t id, int rank, int world_size,
+                                  const td_checkpoint_part *parts, size_t n);
+
+/* Commits save `id`: checks that its world_size part files cover every tensor they name exactly
+ * once with one dtype and shape, writes the index at path with meta (keys beginning "tandem."
+ * are reserved) atomically, then removes the part files of every other save of path. Call it
+ * once, after every rank's td_checkpoint_save_part of the save succeeded. */
+td_status td_checkpoint_publish(const char *path, uint64_t id, int world_size,
+                                const td_checkpoint_meta *meta, size_t n_meta);
+
+/* Writes the checkpoint at path (sharded or not) as one safetensors file at out, with its
+ * metadata and every tensor whose name begins with none of drop[0..n_drop) ("optim." leaves the
+ * model alone), whole: what PyTorch's safetensors.torch.load_file reads. */
+td_status td_checkpoint_consolidate(const char *path, const char *out, const char *const *drop,
+                                    size_t n_drop);
+
 #ifdef __cplusplus
 }
 #endif

@@ -114,6 +114,11 @@ int td_comm_num_nodes(const td_comm *comm);
 /* "shm", "mpi", "ucx", or "mpi+shm" / "ucx+shm" for a hierarchical group across hosts. */
 const char *td_comm_backend_name(const td_comm *comm);
 
+/* How the group's collectives on device memory run: "nccl" (every rank has a GPU of its own),
+ * "cuda-ipc" (the ranks share one GPU), "staged" (through host memory and the backend), or
+ * "none" before the group's first collective on a GPU, which picks it. */
+const char *td_comm_device_path(const td_comm *comm);
+
 /* Records every collective the group runs, from now on, as a span in `trace` (NULL stops):
  * named as in error messages ("allreduce #12 (f32, 1024 elements, sum)"), category "comm", on
  * the thread that runs it (the caller's, or the group's progress thread, whose row is named
@@ -257,6 +262,35 @@ td_status td_request_test(td_request *req, int *done);
 /* Waits for all n requests (NULL entries are skipped), frees them and sets each to NULL;
  * returns the first failure in array order, its message naming the request's index. */
 td_status td_request_waitall(size_t n, td_request **reqs);
+
+/* How td_comm_agree words a difference: writes what `sig` says where it differs from `other`
+ * ("micro_batches = 4"), both signatures given to td_comm_agree; ctx is describe_ctx. */
+typedef void (*td_comm_describe_fn)(const void *sig, const void *other, char *out, size_t cap,
+                                    void *ctx);
+
+/* What the ranks of a group must agree on before they act on it (td_comm_agree). */
+typedef struct {
+    const char *what;             /* the messages' first words: "pipeline", "ddp rank 2" */
+    td_status local;              /* TD_OK, or the error this rank met getting ready: its message
+                                     is this thread's td_last_error() at the call */
+    const void *sig;              /* (bytes) what this rank is about to do, compared byte for byte
+                                     (zero the padding of structs) */
+    size_t bytes;                 /* the same on every rank */
+    td_status mismatch;           /* what differing signatures return (0: TD_EMISMATCH) */
+    td_comm_describe_fn describe; /* words for one side of a difference (NULL when bytes = 0) */
+    void *describe_ctx;
+    const char *hint;             /* NULL, or what a mismatch message ends with ("; every rank
+                                     must ...") */
+} td_comm_agreement;
+
+/* Checks that every rank of the group is about to do the same thing, before anything that would
+ * hang or misread if they were not. Collective: one small all-gather (and a broadcast of the
+ * message when a rank failed). Every rank returns the same: TD_OK when every rank's `local` is
+ * TD_OK and every signature equals rank 0's; else the status of the lowest rank whose `local`
+ * failed, with its message ("<what>: rank R: <its message>"; that rank keeps its own message);
+ * else `mismatch` with "<what>: rank 0 has <A> but rank R has <B><hint>" for the lowest rank R
+ * whose signature differs from rank 0's. A failing collective returns the group's own error. */
+td_status td_comm_agree(td_comm *comm, const td_comm_agreement *a);
 
 /* Ends the group on purpose (ncclCommAbort): this rank's operations in flight and later fail
  * with TD_ESTATE; on shm every other rank's current and next operation fails at once with

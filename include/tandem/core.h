@@ -105,6 +105,7 @@ td_shape td_shape_make(int ndim, const int64_t *dims);
 /* Convenience constructors for the common ranks. */
 td_shape td_shape_1d(int64_t d0);
 td_shape td_shape_2d(int64_t d0, int64_t d1);
+td_shape td_shape_3d(int64_t d0, int64_t d1, int64_t d2);
 td_shape td_shape_4d(int64_t d0, int64_t d1, int64_t d2, int64_t d3);
 
 /* Number of elements (1 for a scalar). */

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "tandem/core.h"
+#include "tandem/device.h"
 #include "tandem/param.h"
 
 #ifdef __cplusplus
@@ -75,6 +76,35 @@ float *td_dataset_x(td_dataset *dataset);
 /* The labels, (N), owned by the dataset. */
 int64_t *td_dataset_y(td_dataset *dataset);
 
+/* ---- Text ------------------------------------------------------------------------- */
+
+/* A text as bytes: byte-level tokens, vocabulary 256. Owned by the caller: free with
+ * td_corpus_free. */
+typedef struct {
+    uint8_t *bytes; /* (size) */
+    size_t size;
+} td_corpus;
+
+/* Where Debian's r-cran-janeaustenr keeps Jane Austen's six novels (an R lazy-load database). */
+const char *td_corpus_default_path(void);
+
+/* Reads a text: a path ending in ".rdb" is an R lazy-load database whose character vectors are
+ * joined line by line (the janeaustenr package's novels, read without R); anything else is
+ * taken as plain bytes. A missing file is TD_EIO naming the package that ships the novels. */
+td_status td_corpus_load(td_corpus *out, const char *path);
+
+/* Frees the bytes and zeroes the struct; NULL-safe. */
+void td_corpus_free(td_corpus *corpus);
+
+/* Non-overlapping windows of T + 1 bytes that `size` bytes hold: window k is bytes
+ * [k T, k T + T + 1), the T inputs and the T next bytes they predict. A sampler over
+ * td_corpus_windows(size, T) indices gives a language model's batches. */
+size_t td_corpus_windows(size_t size, int64_t T);
+
+/* Window k of `text`: x[t] = text[k T + t] (as f32 token ids) and y[t] = text[k T + t + 1]
+ * (either may be NULL). */
+void td_corpus_window(const uint8_t *text, size_t k, int64_t T, float *x, int64_t *y);
+
 /* ---- DistributedSampler ------------------------------------------------------------- */
 
 /* Options of a sampler; fill with td_sampler_default_params. Two ways to share an epoch:
@@ -134,9 +164,17 @@ typedef struct {
     int drop_last;             /* drop the final partial batch instead of yielding it short
                                   (sharded: the sampler's drop_last decides) */
     td_sampler_params sampler; /* which indices this rank gets, in which order */
+    td_device device;          /* where batches are handed out (PyTorch's pin_memory plus
+                                  non_blocking copies): on a GPU the prefetch thread fills
+                                  page-locked host memory and uploads the batch on the GPU's
+                                  copy stream while the caller trains on the one before; the
+                                  batch's memory is then on the GPU, and work queued on its
+                                  compute stream after td_loader_next sees it. The CPU by
+                                  default */
 } td_loader_params;
 
-/* batch_size 64, no dropping, the sampler's defaults (rank 0 of 1, shuffled, seed 0). */
+/* batch_size 64, no dropping, the sampler's defaults (rank 0 of 1, shuffled, seed 0), on the
+ * CPU. */
 td_loader_params td_loader_default_params(void);
 
 /* One batch; its memory belongs to the loader and is valid until the next td_loader_next,
@@ -147,6 +185,7 @@ typedef struct {
     size_t size;  /* samples in this batch; 0 marks the end of the epoch */
     size_t index; /* batch number within the epoch */
     uint64_t epoch;
+    td_device device; /* where x and y are (the loader's device) */
 } td_batch;
 
 /* Yields per-rank batches of a dataset, filling the next batch on a prefetch thread

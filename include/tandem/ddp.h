@@ -45,7 +45,8 @@ typedef struct td_ddp td_ddp;
 
 /* Options; fill with td_ddp_default_params and change what you need. */
 typedef struct {
-    size_t first_bucket_bytes;  /* 1 MiB: the first bucket is small so communication starts early */
+    size_t first_bucket_bytes;  /* 1 MiB: the first bucket is small so communication starts
+                                   early (never larger than bucket_bytes) */
     size_t bucket_bytes;        /* 25 MiB: the cap of every later bucket */
     int average;                /* 1: gradients are averaged over ranks; 0: summed */
     int find_unused_parameters; /* 0: a parameter without grad_ready is TD_EUNUSED; 1: zero grad */

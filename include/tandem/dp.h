@@ -30,6 +30,7 @@
 
 #include "tandem/comm.h"
 #include "tandem/core.h"
+#include "tandem/ddp.h"
 #include "tandem/graph.h"
 #include "tandem/nn.h"
 #include "tandem/optim.h"
@@ -51,19 +52,26 @@ typedef td_status (*td_dp_build_fn)(td_graph *g, int64_t batch, int replica, voi
 
 /* Options of td_dp_create; fill with td_dp_default_params. */
 typedef struct {
-    int n_devices;        /* replicas, one worker thread each (2) */
-    int64_t global_batch; /* samples per step, split evenly: n_devices must divide it (128) */
-    td_model_kind model;  /* the reference model built when build is NULL (TD_MODEL_MLP) */
-    uint64_t seed;        /* initialisation seed given to td_model_build (0) */
-    td_dp_build_fn build; /* NULL: td_model_build(model) */
-    void *build_ctx;      /* passed to build */
-    td_sgd_params sgd;    /* step (8): td_sgd_default_params() */
-    int pin_threads;      /* 1: pin worker d to a core; 0: leave placement to the OS */
-    td_comm *comm;        /* DDP2: NULL, or one process per host whose gradients DDP averages;
-                             global_batch is then each host's share */
+    int n_devices;         /* replicas, one worker thread each (2) */
+    int64_t global_batch;  /* samples per step, split evenly: n_devices must divide it (128) */
+    td_model_kind model;   /* the reference model built when build is NULL (TD_MODEL_MLP) */
+    uint64_t seed;         /* initialisation seed given to td_model_build (0); replica d's
+                              dropout stream is seeded with seed + d */
+    td_dp_build_fn build;  /* NULL: td_model_build(model) */
+    void *build_ctx;       /* passed to build */
+    td_graph_params graph; /* every replica's graph: td_graph_default_params(); its amp level
+                              (mixed precision) holds for every replica, its seed is replaced
+                              as above and gradients are always enabled */
+    td_sgd_params sgd;     /* step (8): td_sgd_default_params() */
+    int pin_threads;       /* 1: pin worker d to a core; 0: leave placement to the OS */
+    td_comm *comm;         /* DDP2: NULL, or one process per host whose gradients DDP averages;
+                              global_batch is then each host's share */
+    td_ddp_params ddp;     /* DDP2's options (bucket sizes, comm_dtype, ...):
+                              td_ddp_default_params() */
 } td_dp_params;
 
-/* n_devices 2, global_batch 128, the MLP, seed 0, SGD defaults, pinned threads, no comm. */
+/* n_devices 2, global_batch 128, the MLP, seed 0, default graph and DDP options, SGD defaults,
+ * pinned threads, no comm. */
 td_dp_params td_dp_default_params(void);
 
 /* Builds n_devices replicas, starts their worker threads and the optimizer over replica 0's
@@ -109,7 +117,7 @@ typedef enum {
     TD_DP_GATHER,
     TD_DP_LOSS,
     TD_DP_BACKWARD, /* scatter of the output gradient and the parallel backward */
-    TD_DP_REDUCE, /* with comm: also the all-reduce across hosts left after the sums */
+    TD_DP_REDUCE,   /* with comm: also the all-reduce across hosts left after the sums */
     TD_DP_OPTIMIZER,
     TD_DP_PHASE_COUNT
 } td_dp_phase;

@@ -47,9 +47,13 @@ typedef enum {
                       their f32 weights; pooling, activations, dropout, add, concat and reshape
                       follow their input's dtype; batch norm, softmax and the losses take f32 */
     TD_AMP_O2,     /* the weights themselves in the low dtype (batch norm's stay f32) and the
-                      activations too; keep f32 master weights in the optimizer (optim.h) */
-    TD_AMP_O3,     /* everything in the low dtype, batch norm's weights too, no master weights:
-                      the fastest level and the one that can diverge */
+                      activations too; the optimizer keeps f32 master weights (td_param's
+                      master_dtype is f32; optim.h) */
+    TD_AMP_O3,     /* everything in the low dtype, batch norm's weights too, and no master
+                      weights: td_param's master_dtype is the low dtype, so the optimizer
+                      updates the weights in place and keeps its state in the low dtype (apex's
+                      pure half precision): the least memory, and the level that can stall or
+                      diverge */
 } td_amp_level;
 
 /* A graph's mixed precision. */
@@ -84,6 +88,13 @@ typedef struct {
                                  point into device memory (td_tensor_read and td_tensor_write
                                  copy either way). Creating a graph on a GPU that cannot be
                                  used here fails naming why. */
+    int cuda_graphs;          /* 1 (default): on a GPU, a forward or backward run a second time
+                                 the same way is recorded as a CUDA graph and later ones are
+                                 replays of it (td_graph_replays); 0: every op is launched
+                                 on its own each time */
+    int allow_tf32;           /* 1: f32 matmuls and convolutions on a GPU may round their inputs
+                                 to TF32 on tensor cores (PyTorch's allow_tf32); 0 (default):
+                                 full f32 */
     td_trace *trace;          /* NULL, or where every node's forward and backward run is
                                  recorded as a span on the calling thread (the node's output
                                  name, "conv2d:3"; categories "forward" and "backward"), that
@@ -92,7 +103,7 @@ typedef struct {
 } td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no
- * process group, plain batch norm, the CPU, no trace. */
+ * process group, plain batch norm, the CPU, CUDA graphs on, TF32 off, no trace. */
 td_graph_params td_graph_default_params(void);
 
 /* Creates an empty graph in training mode; params may be NULL for the defaults. */
@@ -139,6 +150,10 @@ td_status td_graph_cast(td_graph *g, td_tensor *x, td_dtype dtype, td_tensor **y
 
 /* x * Phi(x) with the exact erf form (PyTorch's default GELU), any shape. */
 td_status td_graph_gelu(td_graph *g, td_tensor *x, td_tensor **y);
+
+/* GPT-2's GELU, the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+ * (F.gelu(x, approximate="tanh")), any shape. */
+td_status td_graph_gelu_tanh(td_graph *g, td_tensor *x, td_tensor **y);
 
 /* Training: zero each element with probability p, scale the rest by 1/(1-p); eval: copy.
  * Masks come from td_graph_rng. */
@@ -212,6 +227,33 @@ td_status td_graph_nll_loss(td_graph *g, td_tensor *logp, td_tensor *labels, td_
 td_status td_graph_cross_entropy(td_graph *g, td_tensor *logits, td_tensor *labels,
                                  td_reduction reduction, td_tensor **loss, td_tensor **logp);
 
+/* ---- ops for transformers (docs/gpt.md) ----------------------------------------------- */
+
+/* F.embedding: y = weight[idx], idx.shape + (C). weight (V, C); idx holds token ids as i64,
+ * i32 or whole numbers in f32 (exact below 2^24), and an id outside [0, V) is an error naming
+ * its position. Backward adds dy's rows into the rows of weight's gradient they came from, so
+ * a weight also read elsewhere (a tied output projection) gets both gradients. */
+td_status td_graph_embedding(td_graph *g, td_tensor *idx, td_tensor *weight, td_tensor **y);
+
+/* A learned position embedding: y = x + weight[t] at position t of each sequence of x
+ * (..., T, C), weight (T_max >= T, C): GPT-2's `tok_emb + wpe(arange(T))`. */
+td_status td_graph_position_embedding(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor **y);
+
+/* nn.LayerNorm over the last dim of x (..., C): each row normalised by its mean and biased
+ * variance (+ eps), times weight (C) plus bias (C); either may be NULL. Computes in f32 at
+ * every mixed-precision level, as autocast does. */
+td_status td_graph_layer_norm(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
+                              float eps, td_tensor **y);
+
+/* Causal multi-head self-attention over the fused projection qkv (rows, 3C): T = seq_len rows
+ * per sequence, one sequence after another (or qkv (B, T, 3C) and seq_len T or 0), each row
+ * [q | k | v] with C = heads x hs. y (rows, C) = softmax(q k^T / sqrt(hs), keys up to the row's
+ * own position) v per head, the heads side by side: nanoGPT's CausalSelfAttention between its
+ * c_attn and c_proj linears. Memory beyond y: one float per (sequence, head, position), not
+ * T^2 (docs/gpt.md). */
+td_status td_graph_causal_attention(td_graph *g, td_tensor *qkv, int heads, int64_t seq_len,
+                                    td_tensor **y);
+
 /* ---- running ------------------------------------------------------------------------- */
 
 /* Creates primitives, picks layouts and allocates activations; no nodes may be added
@@ -280,9 +322,23 @@ typedef void (*td_grad_ready_fn)(size_t param_index, void *ctx);
 /* Installs (or with NULL removes) the grad-ready hook. */
 void td_graph_set_grad_ready_hook(td_graph *g, td_grad_ready_fn fn, void *ctx);
 
+/* Installs (or with NULL removes) the parameter-use hook (param.h's td_param_use): in every
+ * forward it is called before the first and after the last node that reads a parameter; in every
+ * backward before the first node that reads it and runs backward, and after the last node that
+ * reads it (whether that node ran backward or not); parameters no node reads get their AFTER
+ * calls at the sweep's end. The graph then takes the parameter's data and grad from its td_param
+ * entry again, so the hook may move them. The calls depend on the graph alone, so every rank
+ * running the same graph makes them in the same order. */
+void td_graph_set_param_use_hook(td_graph *g, td_param_use_fn fn, void *ctx);
+
 /* Makes `dst` use `src`'s parameter and buffer storage (same names, shapes, order), e.g.
  * an eval graph of another batch size that always sees the training weights. */
 td_status td_graph_share_params(td_graph *dst, td_graph *src);
+
+/* How many forward and backward sweeps ran as replays of a recording (CUDA graphs on a GPU;
+ * always 0 on the CPU or with cuda_graphs off); *why_not (may be NULL) says why recording was
+ * given up, or is NULL while it is on. */
+size_t td_graph_replays(const td_graph *g, const char **why_not);
 
 /* Bytes of activation/gradient memory the graph holds (arena high-water mark). */
 size_t td_graph_memory_bytes(const td_graph *g);

@@ -36,12 +36,14 @@ td_status td_nn_batch_norm2d(td_graph *g, const char *name, td_tensor *x, td_ten
 td_status td_nn_nt_xent(td_graph *g, const char *name, td_tensor *z, td_tensor *keys, int64_t first,
                         float temperature, td_tensor **loss);
 
-/* The reference models (all take (B, 1, 28, 28) f32 images and (B) i64 labels). */
+/* The reference models. The image models take (B, 1, 28, 28) f32 images and (B) i64 labels;
+ * the GPT takes (B, T) token ids (as f32) and one i64 label per position, (B * T). */
 typedef enum {
     TD_MODEL_NET = 0,    /* the seeds' Net: 2 convs, dropout2d, 2 linears, dropout */
     TD_MODEL_MLP = 1,    /* 784 -> 1024 -> 1024 -> 10 */
     TD_MODEL_CNN = 2,    /* 4 conv3x3 + BN + ReLU, 2 max-pools, linear 3136 -> 10 */
     TD_MODEL_RESNET = 3, /* td_resnet_default_params(): BasicBlocks [1, 1, 1, 1], width 16 */
+    TD_MODEL_GPT = 4,    /* td_gpt_default_params(): GPT-2 of 4 layers, width 128, T 128 */
     TD_MODEL_COUNT
 } td_model_kind;
 
@@ -49,10 +51,12 @@ typedef enum {
 typedef struct {
     td_model_kind kind;
     int64_t batch;
-    td_tensor *input;  /* (B, 1, 28, 28) f32: write images here (or td_tensor_set_data) */
-    td_tensor *labels; /* (B) i64 */
-    td_tensor *output; /* (B, 10) log-probabilities; argmax is the prediction */
-    td_tensor *loss;   /* () f32, mean over the batch */
+    td_tensor *input;  /* (B, sample...) f32: write images or token ids here (or
+                          td_tensor_set_data) */
+    td_tensor *labels; /* (R) i64, one per row of the output: R = B for the image models,
+                          B * T for a language model */
+    td_tensor *output; /* (R, classes) log-probabilities; argmax is the prediction */
+    td_tensor *loss;   /* () f32, mean over the R rows */
 } td_model;
 
 /* Builds `kind` for batch size `batch` into an empty graph, initialised from `seed`, and
@@ -61,10 +65,10 @@ typedef struct {
 td_status td_model_build(td_graph *g, td_model_kind kind, int64_t batch, uint64_t seed,
                          td_model *out);
 
-/* "net", "mlp", "cnn", "resnet". */
+/* "net", "mlp", "cnn", "resnet", "gpt". */
 const char *td_model_name(td_model_kind kind);
 
-/* Parses "net" / "mlp" / "cnn" / "resnet"; TD_EINVAL names the bad string. */
+/* Parses "net" / "mlp" / "cnn" / "resnet" / "gpt"; TD_EINVAL names the bad string. */
 td_status td_model_kind_parse(const char *name, td_model_kind *out);
 
 /* ---- sequential models ------------------------------------------------------------------ */
@@ -120,7 +124,8 @@ td_status td_sequential_build(const td_sequential *s, td_graph *g, size_t first,
                               td_tensor *x, uint64_t seed, td_tensor **y);
 
 /* Builds the whole model for batch size `batch` into an empty graph as a td_model (inputs
- * "input" and "labels", cross-entropy loss) and compiles it. out->kind is the reference
+ * "input" and "labels", one label per row of the last layer's (R, classes) logits,
+ * cross-entropy loss) and compiles it. out->kind is the reference
  * model's kind, or TD_MODEL_COUNT for a model the caller assembled. */
 td_status td_model_build_sequential(td_graph *g, const td_sequential *s, int64_t batch,
                                     uint64_t seed, td_model *out);
@@ -138,12 +143,14 @@ typedef enum { TD_RESNET_BASIC = 0, TD_RESNET_BOTTLENECK = 1 } td_resnet_block;
 
 #define TD_RESNET_MAX_STAGES 6
 
-/* A ResNet for small images; fill with td_resnet_default_params. The stem is a 3x3 stride-1
- * convolution to base_width channels + batch norm + ReLU (no max pool: 28x28 inputs are small
- * already); stage i (torchvision's layer<i+1>) has blocks[i] blocks of base_width * 2^i
- * planes, striding by 2 from the second stage on; then global average pooling and a linear
- * classifier. Convolutions are bias-free and kaiming_normal(fan_out) initialised, batch norms
- * start at weight 1, bias 0, as in torchvision. */
+/* A ResNet; fill with td_resnet_default_params (small images) or td_resnet_torchvision_params
+ * (ImageNet). The stem is a convolution to base_width channels + batch norm + ReLU: 3x3
+ * stride 1 with no max pool (28x28 inputs are small already), or with imagenet_stem
+ * torchvision's 7x7 stride 2 + max pool 3x3 stride 2 (a quarter of the side); stage i
+ * (torchvision's layer<i+1>) has blocks[i] blocks of base_width * 2^i planes, striding by 2 from
+ * the second stage on; then global average pooling and a linear classifier. Convolutions are
+ * bias-free and kaiming_normal(fan_out) initialised, batch norms start at weight 1, bias 0, as in
+ * torchvision. */
 typedef struct {
     td_resnet_block block;
     int stages;                       /* 1 .. TD_RESNET_MAX_STAGES */
@@ -151,11 +158,19 @@ typedef struct {
     int64_t base_width;               /* channels of the stem and of stage 1's planes */
     int64_t in_channels, image_size;  /* input (in_channels, image_size, image_size) */
     int64_t classes;
+    int imagenet_stem; /* 0: conv1 3x3 stride 1; 1: conv1 7x7 stride 2 pad 3 + maxpool 3/2/1 */
 } td_resnet_params;
 
-/* BasicBlock, 4 stages of [1, 1, 1, 1] blocks, base width 16, 1 x 28 x 28 inputs, 10 classes:
- * 308,538 parameters; an epoch of Fashion-MNIST takes about a minute on one core. */
+/* BasicBlock, 4 stages of [1, 1, 1, 1] blocks, base width 16, 1 x 28 x 28 inputs, 10 classes,
+ * small-image stem: 308,538 parameters; an epoch of Fashion-MNIST takes about a minute on one
+ * core. */
 td_resnet_params td_resnet_default_params(void);
+
+/* torchvision's resnet<depth>() for depth 18, 34 (BasicBlock [2,2,2,2], [3,4,6,3]), 50, 101,
+ * 152 (Bottleneck [3,4,6,3], [3,4,23,3], [3,8,36,3]): base width 64, 3 x 224 x 224 inputs,
+ * 1000 classes, the ImageNet stem; the same parameter count and state_dict names (less
+ * num_batches_tracked). Any other depth is TD_EINVAL naming it; *out is then unchanged. */
+td_status td_resnet_torchvision_params(int depth, td_resnet_params *out);
 
 /* The ResNet as layers named like torchvision's modules: "stem" (parameters conv1, bn1),
  * one layer per block "layer<i>.<j>" (parameters "layer<i>.<j>.conv1.weight", ...,
@@ -163,7 +178,35 @@ td_resnet_params td_resnet_default_params(void);
  * pooling, flatten and the classifier fc). The caller destroys it. */
 td_status td_resnet_sequential(const td_resnet_params *p, td_sequential **out);
 
-/* Writes the argmax of each row of `output` into pred[0..B) and returns how many equal
+/* ---- GPT ----------------------------------------------------------------------------------- */
+
+/* A GPT-2 (docs/gpt.md): token and position embeddings, `layers` pre-norm transformer blocks of
+ * `heads`-head causal self-attention and a 4x MLP with the tanh GELU, a final layer norm and an
+ * output projection tied to the token embedding. Fill with td_gpt_default_params. */
+typedef struct {
+    int layers;      /* transformer blocks (n_layer) */
+    int heads;       /* attention heads (n_head); width divides among them */
+    int64_t width;   /* embedding width C (n_embd) */
+    int64_t context; /* T: the sequence length it is built for (block_size) */
+    int64_t vocab;   /* V (vocab_size); 256 for bytes */
+} td_gpt_params;
+
+/* 4 layers, 4 heads, width 128, context 128, vocabulary 256 (bytes): 0.84M parameters. */
+td_gpt_params td_gpt_default_params(void);
+
+/* The GPT as layers: "embed" (parameters transformer.wte.weight, transformer.wpe.weight),
+ * "h.0" .. "h.<layers - 1>" (transformer.h.<i>.ln_1, .attn.c_attn, .attn.c_proj, .ln_2,
+ * .mlp.c_fc, .mlp.c_proj, nanoGPT's names) and "head" (transformer.ln_f and the projection on
+ * transformer.wte.weight). The sample is T token ids (f32 holding whole numbers); between layers
+ * activations are (B, T, width); the logits are (B * T, vocab). A head built into a graph
+ * without the embedding (a pipeline stage) holds its own transformer.wte.weight. The caller
+ * destroys it. */
+td_status td_gpt_sequential(const td_gpt_params *p, td_sequential **out);
+
+/* Parameters of the model p describes (the tied projection counted once). */
+int64_t td_gpt_parameter_count(const td_gpt_params *p);
+
+/* Writes the argmax of each row of `output` into pred[0..R) and returns how many equal
  * labels (both read from the graph after forward). */
 td_status td_model_predict(const td_model *m, int64_t *pred, int64_t *correct);
 

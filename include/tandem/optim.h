@@ -4,9 +4,13 @@
  * An optimizer keeps a pointer to the caller's td_param array and reads params[i].grad
  * afresh at every step (DDP moves gradients after construction); a parameter whose grad is
  * NULL at a step is skipped, as PyTorch skips p.grad is None. Parameters are f32, or bf16 /
- * f16 (mixed precision's O2): those get f32 master weights inside the optimizer, initialised
- * from their values at creation, updated from the gradient in f32 and copied back rounded
- * after each step; they are part of td_optim_state, so checkpoints keep them. */
+ * f16 (mixed precision). A low-precision parameter whose master_dtype is f32 (O2) gets f32
+ * master weights inside the optimizer, initialised from its values at creation, updated from
+ * the gradient in f32 and copied back rounded after each step; they are part of
+ * td_optim_state, so checkpoints keep them. One whose master_dtype is its own dtype (O3) is
+ * updated in place, its optimizer state in that dtype too: each step computes in f32 and
+ * rounds the parameter and the state once, so updates below half a unit in the last place of
+ * the low dtype are lost, as in apex's O3. */
 #ifndef TANDEM_OPTIM_H
 #define TANDEM_OPTIM_H
 
@@ -73,8 +77,9 @@ double td_optim_get_lr(const td_optim *optim);
 
 /* The optimizer's state as named tensors owned by the optimizer, for checkpoints: "optim.step"
  * (i64, (n): steps each parameter has taken), per parameter "optim.<name>.momentum_buffer"
- * (SGD with momentum) or "optim.<name>.exp_avg" / "optim.<name>.exp_avg_sq" (AdamW), and
- * "optim.<name>.master" for the f32 master weights of a low-precision parameter. Loading
+ * (SGD with momentum) or "optim.<name>.exp_avg" / "optim.<name>.exp_avg_sq" (AdamW), f32 or,
+ * for a parameter without master weights, its own dtype, and "optim.<name>.master" for the
+ * f32 master weights of a low-precision parameter that has them. Loading
  * saved values into these buffers resumes bit for bit. Valid until destroy. */
 void td_optim_state(td_optim *optim, td_param **state, size_t *n_state);
 

@@ -19,16 +19,41 @@ typedef struct {
     void *data;       /* (count) elements of dtype */
     void *grad;       /* (count) elements of dtype, or NULL */
     size_t count;     /* product of shape */
-    td_dtype dtype;   /* TD_F32 for trainable parameters today */
+    td_dtype dtype;   /* TD_F32, or TD_BF16 / TD_F16 under mixed precision */
     int ndim;         /* 0..TD_MAX_DIMS */
     int64_t shape[TD_MAX_DIMS];
-    td_device device; /* where data and grad live: the CPU (zeroed) unless a graph on a GPU
-                         handed the entry out */
+    td_device device;      /* where data and grad live: the CPU (zeroed) unless a graph on a GPU
+                              handed the entry out */
+    td_dtype master_dtype; /* what an optimizer updates a bf16 / f16 parameter in: TD_F32 (the
+                              zero value) through f32 master weights it keeps (apex's O2), or
+                              the parameter's own dtype, in place with no copy and its
+                              optimizer state in that dtype too (apex's O3). f32 parameters:
+                              TD_F32 */
 } td_param;
 
+/* The points of a sweep at which a parameter's values are about to be read, or were read for
+ * the last time: a sharded strategy (ZeRO stage 3, tandem/zero.h) gathers a parameter's values
+ * before its first read and frees them after the last. A sweep makes one AFTER call per
+ * parameter, and a BEFORE call for each parameter it reads. */
+typedef enum {
+    TD_PARAM_BEFORE_FORWARD = 0,  /* before the first node that reads it runs forward */
+    TD_PARAM_AFTER_FORWARD = 1,   /* after the last node that reads it ran forward (at the end of
+                                     the forward for a parameter that no node reads) */
+    TD_PARAM_BEFORE_BACKWARD = 2, /* before the first node that reads it runs backward */
+    TD_PARAM_AFTER_BACKWARD = 3,  /* after the last node that reads it ran backward, its data
+                                     gradient included (its gradient may have been final earlier:
+                                     a layer reports its weight gradients before computing the
+                                     gradient of its input from the weights) */
+} td_param_use;
+
+/* Called at those points with the parameter's index in its array; an error stops the sweep and
+ * is what the sweep returns. */
+typedef td_status (*td_param_use_fn)(size_t param_index, td_param_use use, void *ctx);
+
 /* SHA-256 of the data bytes of params[0..n) in order, as 64 lower-case hex digits and a NUL:
- * two runs that trained to the same bits print the same digest. */
-void td_params_sha256(const td_param *params, size_t n, char hex[65]);
+ * two runs that trained to the same bits print the same digest, on any device (parameters on
+ * a GPU are read through a host copy, which is what can fail). */
+td_status td_params_sha256(const td_param *params, size_t n, char hex[65]);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /* Pipeline parallelism: a td_sequential model cut into P consecutive stages, one per rank,
  * trained on micro-batches with the naive, GPipe or 1F1B schedule, and optionally replicated:
- * P stages x D replicas on P * D ranks, each stage's D replicas a DDP group.
+ * P stages x D replicas on P * D ranks, each stage's D replicas a DDP group (or a ZeRO group:
+ * zero_stage).
  *
  * Ranks: rank = replica * P + stage, in the group given to td_pipeline_create. Each rank builds
  * only its stage's layers, as graphs for one micro-batch of batch / M samples that share
@@ -32,11 +33,17 @@
  * need; f16 levels would need one and are not scaled here.
  *
  * Errors: td_pipeline_create checks, on every rank, that all ranks agree on the model and the
- * options and that each stage reads the shape its upstream stage produces (TD_ESHAPE naming both
- * stages and shapes). Any error in a step ends the pipeline's groups (td_comm_abort) so that no
- * rank waits for it: every rank's error names its stage, what it was doing and the stage that
- * failed or died. Destroy a pipeline after an error. Not thread-safe: drive it from one thread.
- * It does not own the group it is given, the model description, or an optimizer. */
+ * options and that the activations crossing each cut have the same shape on every rank
+ * (TD_ESHAPE naming the cut and both shapes). Every td_pipeline_step begins with a check on the
+ * group it was created on (td_comm_agree) that every rank starts the same call, so a rank that
+ * issues another collective on that group, or another pipeline call, fails at once on every
+ * rank with both calls named (TD_EMISMATCH), as does a dead rank (TD_EPEER, the group naming
+ * it); td_pipeline_evaluate checks the same among its replica's stages (with one replica, on
+ * that group too). Any error in a step ends the pipeline's groups
+ * (td_comm_abort) so that no rank waits for it: every rank's error names its stage, what it was
+ * doing and the group's own message. Destroy a pipeline after an error. Not thread-safe: drive
+ * it from one thread. It does not own the group it is given (which must outlive it), the model
+ * description, or an optimizer. */
 #ifndef TANDEM_PIPELINE_H
 #define TANDEM_PIPELINE_H
 
@@ -47,6 +54,7 @@
 #include "tandem/nn.h"
 #include "tandem/param.h"
 #include "tandem/trace.h"
+#include "tandem/zero.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,6 +90,10 @@ typedef struct {
                               RLIMIT_NICE, and without it they stay as they are */
     td_graph_params graph; /* options of the stage graphs (conv_winograd, arena blocks) */
     td_ddp_params ddp;     /* the replicas' DDP, when there is more than one replica */
+    int zero_stage;        /* 0: each stage's replicas are a DDP group; 1, 2, 3: a ZeRO group
+                              of that stage (tandem/zero.h: ddp's options, default units) whose
+                              shards td_pipeline_parameters gives; at stage 3 an evaluation
+                              gathers parameters too, so every replica evaluates alike */
     td_trace *trace;       /* NULL, or where forward, backward and transfer spans are recorded */
 } td_pipeline_params;
 
@@ -136,12 +148,14 @@ td_status td_pipeline_step(td_pipeline *pp, const float *x, const int64_t *label
 /* Forward only, in eval mode (batch norm's running statistics, no dropout), over the first n
  * <= batch samples of x and labels, pipelined in micro-batches. On the last stage sets
  * *loss_sum to the summed cross-entropy and *correct to the number of argmax hits (zero on the
- * other stages). Training mode returns afterwards. Collective over the pipeline's ranks. */
+ * other stages). Training mode returns afterwards. Collective over the stages of this rank's
+ * replica (each replica may evaluate its own batches). */
 td_status td_pipeline_evaluate(td_pipeline *pp, const float *x, const int64_t *labels, int64_t n,
                                double *loss_sum, int64_t *correct);
 
-/* This stage's parameters (those an optimizer steps) and buffers, owned by the pipeline; the
- * array is stable, and grads are read afresh as ddp.h says. */
+/* This stage's parameters (those an optimizer steps: with zero_stage, this rank's shards of
+ * them, td_zero_parameters) and buffers, owned by the pipeline; the array is stable, and grads
+ * are read afresh as ddp.h says. */
 td_status td_pipeline_parameters(td_pipeline *pp, td_param **params, size_t *n);
 td_status td_pipeline_buffers(td_pipeline *pp, td_param **buffers, size_t *n);
 

@@ -13,6 +13,11 @@
 extern "C" {
 #endif
 
+/* The key under which the host keeps the address ("10.0.0.2:40112", a NUL-terminated string)
+ * of the last connection it refused for presenting another token: a client waiting for a peer
+ * can tell that the peer came with a different token instead of waiting out its timeout. */
+#define TD_STORE_KEY_DENIED "tandem/store/denied"
+
 /* A connection to the store (and, when hosting, the server thread). */
 typedef struct td_store td_store;
 

@@ -11,6 +11,7 @@
 #include "tandem/ddp.h"
 #include "tandem/dp.h"
 #include "tandem/graph.h"
+#include "tandem/launch.h"
 #include "tandem/nn.h"
 #include "tandem/ops.h"
 #include "tandem/optim.h"
@@ -20,5 +21,6 @@
 #include "tandem/store.h"
 #include "tandem/tensor.h"
 #include "tandem/trace.h"
+#include "tandem/zero.h"
 
 #endif

@@ -49,6 +49,12 @@ td_status td_tensor_read_grad(const td_tensor *t, void *dst);
 /* Copies numel elements (plain row-major) into an input, parameter or buffer. */
 td_status td_tensor_write(td_tensor *t, const void *src);
 
+/* td_tensor_write from memory on device `from`: host memory (then it is td_tensor_write), or
+ * memory of the graph's own GPU, copied on the GPU's compute stream without waiting (a batch
+ * a GPU loader handed out, as PyTorch's copy_(batch, non_blocking=True)). Unlike
+ * td_tensor_set_data it keeps the tensor's memory, so recorded sweeps stay valid. */
+td_status td_tensor_copy_from(td_tensor *t, td_device from, const void *src);
+
 /* Points a graph input at caller memory (numel elements, plain, kept alive by the caller)
  * so that feeding a batch copies nothing. NULL goes back to the graph's own storage. */
 td_status td_tensor_set_data(td_tensor *t, void *data);

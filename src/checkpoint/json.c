@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "checkpoint/json_impl.h"
+#include "core/core_impl.h"
 
 #define MAX_DEPTH 64
 
@@ -30,6 +31,14 @@ static void fail(parser *p, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(p->err + k, p->err_len - (size_t)k, fmt, ap);
     va_end(ap);
+}
+
+/* Byte c is not what JSON allows where it stands: "<what> 'c'", the byte escaped, as it may be
+ * any byte. */
+static void fail_byte(parser *p, const char *what, char c) {
+    char shown[8];
+    td__json_escape(shown, sizeof shown, &c, 1);
+    fail(p, "%s '%s'", what, shown);
 }
 
 static void skip_ws(parser *p) {
@@ -184,7 +193,7 @@ static char *parse_string(parser *p, size_t *out_len) {
         }
         default:
             p->pos--;
-            fail(p, "bad escape \\%c", e);
+            fail_byte(p, "bad escape: a backslash before", e);
             goto bad;
         }
     }
@@ -308,7 +317,9 @@ static int parse_container(parser *p, td__json *v, int depth, int object) {
             if (!key) return 0;
             for (size_t i = 0; i < v->n; i++)
                 if (strcmp(v->keys[i], key) == 0) {
-                    fail(p, "duplicate key \"%s\"", key);
+                    char shown[128];
+                    td__json_escape(shown, sizeof shown, key, klen);
+                    fail(p, "duplicate key \"%s\"", shown);
                     free(key);
                     return 0;
                 }
@@ -343,7 +354,7 @@ static int literal(parser *p, const char *word) {
         p->pos += n;
         return 1;
     }
-    fail(p, "unexpected character '%c'", p->s[p->pos]);
+    fail_byte(p, "unexpected character", p->s[p->pos]);
     return 0;
 }
 
@@ -379,7 +390,7 @@ static int parse_value(parser *p, td__json *v, int depth) {
         return literal(p, "null");
     default:
         if (c == '-' || (c >= '0' && c <= '9')) return parse_number(p, v);
-        fail(p, "unexpected character '%c'", c);
+        fail_byte(p, "unexpected character", c);
         return 0;
     }
 }

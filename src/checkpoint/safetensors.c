@@ -3,7 +3,9 @@
  * then the byte buffer, which the tensors' [begin, end) offsets cover exactly, with no holes.
  *
  * Reading is strict: anything the format does not allow is TD_EFORMAT naming the file and
- * the tensor. It assumes a little-endian host, as the format stores bytes as they are. */
+ * the tensor. A file whose metadata names part files is a sharded checkpoint's index, whose
+ * tensors sharded.c assembles from those parts; reads here serve both. It assumes a
+ * little-endian host, as the format stores bytes as they are. */
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -15,32 +17,16 @@
 #include <unistd.h>
 
 #include "tandem/checkpoint.h"
+#include "tandem/device.h"
 
+#include "checkpoint/checkpoint_impl.h"
 #include "checkpoint/json_impl.h"
 #include "checkpoint/temporary_impl.h"
 #include "core/core_impl.h"
 
 #define MAX_HEADER (100u << 20) /* the Python package's limit */
 
-typedef struct {
-    char *name;
-    td_dtype dtype;
-    int ndim;
-    int64_t shape[TD_MAX_DIMS];
-    size_t count;
-    uint64_t begin, end; /* relative to the start of the byte buffer */
-} entry;
-
-struct td_checkpoint {
-    char *path;
-    int fd;
-    uint64_t data_start; /* 8 + N */
-    entry *entries;      /* (n) */
-    size_t n;
-    char **meta_keys;   /* (n_meta) */
-    char **meta_values; /* (n_meta) */
-    size_t n_meta;
-};
+typedef td__checkpoint_entry entry;
 
 static const struct {
     const char *name;
@@ -65,15 +51,18 @@ static int st_to_dtype(const char *s, td_dtype *d) {
     return 0;
 }
 
+/* Text read from a file (a tensor name, a dtype, a metadata key or value) as a message shows it:
+ * escaped, since a damaged file may hold any bytes there, and cut with "..." when longer than
+ * cap allows (cap >= 4). */
+const char *td__checkpoint_shown(char *buf, size_t cap, const char *text) {
+    if (td__json_escape(buf, cap - 3, text, strlen(text)) >= cap - 3) strcat(buf, "...");
+    return buf;
+}
+#define shown td__checkpoint_shown
+
 /* ---- writing ------------------------------------------------------------------------ */
 
-typedef struct {
-    char *s;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
+void td__checkpoint_text_put(td__checkpoint_text *b, const char *s, size_t n) {
     if (b->oom) return;
     if (b->len + n + 1 > b->cap) {
         size_t nc = b->cap ? b->cap : 256;
@@ -91,29 +80,27 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
     b->s[b->len] = '\0';
 }
 
-static void sb_printf(sbuf *b, const char *fmt, ...) TD__PRINTF(2, 3);
-static void sb_printf(sbuf *b, const char *fmt, ...) {
+void td__checkpoint_text_printf(td__checkpoint_text *b, const char *fmt, ...) {
     char tmp[128];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n > 0) sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    if (n > 0) td__checkpoint_text_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
-static void sb_json_string(sbuf *b, const char *s) {
-    sb_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char e[2] = {'\\', (char)*p};
-            sb_put(b, e, 2);
-        } else if (*p < 0x20) {
-            sb_printf(b, "\\u%04x", *p);
-        } else {
-            sb_put(b, (const char *)p, 1);
-        }
+void td__checkpoint_text_json(td__checkpoint_text *b, const char *s) {
+    size_t n = strlen(s), need = td__json_escape(NULL, 0, s, n);
+    char *text = malloc(need + 1);
+    if (!text) {
+        b->oom = 1;
+        return;
     }
-    sb_put(b, "\"", 1);
+    td__json_escape(text, need + 1, s, n);
+    td__checkpoint_text_put(b, "\"", 1);
+    td__checkpoint_text_put(b, text, need);
+    td__checkpoint_text_put(b, "\"", 1);
+    free(text);
 }
 
 static int write_all(int fd, const void *data, size_t len) {
@@ -130,14 +117,35 @@ static int write_all(int fd, const void *data, size_t len) {
     return 1;
 }
 
+/* A tensor's bytes into fd; one on a GPU goes through a host copy. NULL, or what failed. */
+static const char *write_tensor(int fd, const td_param *t) {
+    size_t bytes = t->count * td_dtype_size(t->dtype);
+    if (t->device.type == TD_DEVICE_CPU)
+        return write_all(fd, t->data, bytes) ? NULL : "writing tensor data";
+    void *host = malloc(bytes ? bytes : 1);
+    const char *what = NULL;
+    if (!host)
+        what = "allocating a host copy of a GPU tensor";
+    else if (td_device_copy(td_device_cpu(), host, t->device, t->data, bytes) != TD_OK)
+        what = "copying a tensor from its GPU";
+    else if (!write_all(fd, host, bytes))
+        what = "writing tensor data";
+    free(host);
+    return what;
+}
+
 static td_status check_save_args(const char *path, const td_param *t, size_t n,
                                  const td_checkpoint_meta *meta, size_t n_meta) {
     if (!path) return td__fail(TD_EINVAL, "td_checkpoint_save: path is NULL");
     if (!t && n) return td__fail(TD_EINVAL, "%s: tensors is NULL with n = %zu", path, n);
     if (!meta && n_meta)
         return td__fail(TD_EINVAL, "%s: meta is NULL with n_meta = %zu", path, n_meta);
+    char text[160];
     for (size_t i = 0; i < n; i++) {
         if (!t[i].name) return td__fail(TD_EINVAL, "%s: tensors[%zu] has no name", path, i);
+        if (!td__utf8_valid(t[i].name, strlen(t[i].name)))
+            return td__fail(TD_EINVAL, "%s: tensor name \"%s\" is not UTF-8 text", path,
+                            shown(text, sizeof text, t[i].name));
         if (strcmp(t[i].name, "__metadata__") == 0)
             return td__fail(TD_EINVAL, "%s: a tensor may not be named __metadata__", path);
         if (!dtype_to_st(t[i].dtype))
@@ -165,6 +173,10 @@ static td_status check_save_args(const char *path, const td_param *t, size_t n,
     for (size_t i = 0; i < n_meta; i++) {
         if (!meta[i].key || !meta[i].value)
             return td__fail(TD_EINVAL, "%s: metadata entry %zu has a NULL key or value", path, i);
+        if (!td__utf8_valid(meta[i].key, strlen(meta[i].key)) ||
+            !td__utf8_valid(meta[i].value, strlen(meta[i].value)))
+            return td__fail(TD_EINVAL, "%s: metadata entry %zu (\"%s\") is not UTF-8 text", path, i,
+                            shown(text, sizeof text, meta[i].key));
         for (size_t j = 0; j < i; j++)
             if (strcmp(meta[j].key, meta[i].key) == 0)
                 return td__fail(TD_EINVAL, "%s: metadata key %s appears twice", path, meta[i].key);
@@ -180,35 +192,37 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
     /* Caught here rather than by rename(2) after the whole file has been written. */
     if (stat(path, &ps) == 0 && S_ISDIR(ps.st_mode))
         return td__fail(TD_EINVAL, "%s: is a directory; a checkpoint path must name a file", path);
-    sbuf h = {0};
-    sb_put(&h, "{", 1);
+    td__checkpoint_text h = {0};
+    td__checkpoint_text_put(&h, "{", 1);
     int first = 1;
     if (n_meta) {
-        sb_put(&h, "\"__metadata__\":{", 16);
+        td__checkpoint_text_put(&h, "\"__metadata__\":{", 16);
         for (size_t i = 0; i < n_meta; i++) {
-            if (i) sb_put(&h, ",", 1);
-            sb_json_string(&h, meta[i].key);
-            sb_put(&h, ":", 1);
-            sb_json_string(&h, meta[i].value);
+            if (i) td__checkpoint_text_put(&h, ",", 1);
+            td__checkpoint_text_json(&h, meta[i].key);
+            td__checkpoint_text_put(&h, ":", 1);
+            td__checkpoint_text_json(&h, meta[i].value);
         }
-        sb_put(&h, "}", 1);
+        td__checkpoint_text_put(&h, "}", 1);
         first = 0;
     }
     uint64_t offset = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!first) sb_put(&h, ",", 1);
+        if (!first) td__checkpoint_text_put(&h, ",", 1);
         first = 0;
-        sb_json_string(&h, t[i].name);
-        sb_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", dtype_to_st(t[i].dtype));
+        td__checkpoint_text_json(&h, t[i].name);
+        td__checkpoint_text_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", dtype_to_st(t[i].dtype));
         for (int d = 0; d < t[i].ndim; d++)
-            sb_printf(&h, d ? ",%lld" : "%lld", (long long)t[i].shape[d]);
+            td__checkpoint_text_printf(&h, d ? ",%lld" : "%lld", (long long)t[i].shape[d]);
         uint64_t bytes = (uint64_t)t[i].count * td_dtype_size(t[i].dtype);
-        sb_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
-                  (unsigned long long)(offset + bytes));
+        td__checkpoint_text_printf(&h, "],\"data_offsets\":[%llu,%llu]}",
+                                   (unsigned long long)offset,
+                                   (unsigned long long)(offset + bytes));
         offset += bytes;
     }
-    sb_put(&h, "}", 1);
-    while (!h.oom && h.len % 8) sb_put(&h, " ", 1); /* the byte buffer starts 8-aligned */
+    td__checkpoint_text_put(&h, "}", 1);
+    while (!h.oom && h.len % 8)
+        td__checkpoint_text_put(&h, " ", 1); /* the byte buffer starts 8-aligned */
     if (h.oom) {
         free(h.s);
         return td__fail(TD_ENOMEM, "%s: out of memory building the header", path);
@@ -231,9 +245,7 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
     const char *what = NULL;
     if (!write_all(fd, len8, 8) || !write_all(fd, h.s, h.len)) what = "writing the header";
-    for (size_t i = 0; i < n && !what; i++)
-        if (!write_all(fd, t[i].data, t[i].count * td_dtype_size(t[i].dtype)))
-            what = "writing tensor data";
+    for (size_t i = 0; i < n && !what; i++) what = write_tensor(fd, &t[i]);
     if (!what && fchmod(fd, 0644) != 0) what = "fchmod";
     if (!what && fsync(fd) != 0) what = "fsync";
     int saved_errno = errno;
@@ -272,7 +284,12 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
 void td_checkpoint_close(td_checkpoint *c) {
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
-    for (size_t i = 0; i < c->n; i++) free(c->entries[i].name);
+    for (size_t i = 0; i < c->n_parts; i++) td_checkpoint_close(c->parts[i]);
+    free(c->parts);
+    for (size_t i = 0; i < c->n; i++) {
+        free(c->entries[i].name);
+        free(c->entries[i].pieces);
+    }
     for (size_t i = 0; i < c->n_meta; i++) {
         free(c->meta_keys[i]);
         free(c->meta_values[i]);
@@ -284,7 +301,7 @@ void td_checkpoint_close(td_checkpoint *c) {
     free(c);
 }
 
-static int read_exact(int fd, void *buf, size_t len, uint64_t off) {
+int td__checkpoint_read_at(int fd, void *buf, size_t len, uint64_t off) {
     char *p = buf;
     while (len > 0) {
         ssize_t r = pread(fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)off);
@@ -304,15 +321,17 @@ static int cmp_begin(const void *a, const void *b) {
 }
 
 /* One tensor's header entry: exactly dtype, shape and data_offsets, consistent with each other. */
-static td_status parse_entry(const char *path, const char *name, const td__json *v,
+static td_status parse_entry(const char *path, const char *key, const td__json *v,
                              uint64_t data_len, entry *e) {
+    char name[160], field[80];
+    shown(name, sizeof name, key);
     if (v->kind != TD__JSON_OBJECT)
         return td__fail(TD_EFORMAT, "%s: tensor %s: header entry is not an object", path, name);
     for (size_t k = 0; k < v->n; k++)
         if (strcmp(v->keys[k], "dtype") && strcmp(v->keys[k], "shape") &&
             strcmp(v->keys[k], "data_offsets"))
             return td__fail(TD_EFORMAT, "%s: tensor %s: unknown field \"%s\"", path, name,
-                            v->keys[k]);
+                            shown(field, sizeof field, v->keys[k]));
     const td__json *dt = td__json_get(v, "dtype"), *sh = td__json_get(v, "shape"),
                    *off = td__json_get(v, "data_offsets");
     if (!dt || dt->kind != TD__JSON_STRING)
@@ -320,7 +339,7 @@ static td_status parse_entry(const char *path, const char *name, const td__json 
     if (!st_to_dtype(dt->string, &e->dtype))
         return td__fail(TD_EDTYPE,
                         "%s: tensor %s: dtype \"%s\" is not one of F32 F64 BF16 F16 I32 I64 U8",
-                        path, name, dt->string);
+                        path, name, shown(field, sizeof field, dt->string));
     if (!sh || sh->kind != TD__JSON_ARRAY)
         return td__fail(TD_EFORMAT, "%s: tensor %s: missing array field \"shape\"", path, name);
     if (sh->n > TD_MAX_DIMS)
@@ -362,7 +381,7 @@ static td_status parse_entry(const char *path, const char *name, const td__json 
     if (overflow || want != e->end - e->begin)
         return td__fail(TD_EFORMAT,
                         "%s: tensor %s: shape needs %llu bytes of %s but data_offsets span %llu",
-                        path, name, (unsigned long long)want, dt->string,
+                        path, name, (unsigned long long)want, dtype_to_st(e->dtype),
                         (unsigned long long)(e->end - e->begin));
     e->count = (size_t)count;
     return TD_OK;
@@ -374,6 +393,7 @@ static td_status parse_header(td_checkpoint *c, const char *path, const td__json
         return td__fail(TD_EFORMAT, "%s: header is not a JSON object", path);
     c->entries = calloc(root->n ? root->n : 1, sizeof *c->entries);
     if (!c->entries) return td__fail(TD_ENOMEM, "%s: out of memory", path);
+    char key[160], other[160];
     for (size_t i = 0; i < root->n; i++) {
         const char *name = root->keys[i];
         const td__json *v = &root->items[i];
@@ -387,7 +407,7 @@ static td_status parse_header(td_checkpoint *c, const char *path, const td__json
             for (size_t k = 0; k < v->n; k++) {
                 if (v->items[k].kind != TD__JSON_STRING)
                     return td__fail(TD_EFORMAT, "%s: __metadata__ value of \"%s\" is not a string",
-                                    path, v->keys[k]);
+                                    path, shown(key, sizeof key, v->keys[k]));
                 c->meta_keys[k] = strdup(v->keys[k]);
                 c->meta_values[k] = strdup(v->items[k].string);
                 c->n_meta++;
@@ -414,12 +434,13 @@ static td_status parse_header(td_checkpoint *c, const char *path, const td__json
     for (size_t i = 0; i < c->n && st == TD_OK; i++) {
         if (order[i]->begin < at)
             st = td__fail(TD_EFORMAT, "%s: tensors %s and %s overlap (bytes %llu..%llu)", path,
-                          order[i - 1]->name, order[i]->name, (unsigned long long)order[i]->begin,
-                          (unsigned long long)at);
+                          shown(other, sizeof other, order[i - 1]->name),
+                          shown(key, sizeof key, order[i]->name),
+                          (unsigned long long)order[i]->begin, (unsigned long long)at);
         else if (order[i]->begin > at)
             st = td__fail(TD_EFORMAT, "%s: bytes %llu..%llu before tensor %s belong to no tensor",
                           path, (unsigned long long)at, (unsigned long long)order[i]->begin,
-                          order[i]->name);
+                          shown(key, sizeof key, order[i]->name));
         at = order[i]->end;
     }
     free(order);
@@ -429,7 +450,8 @@ static td_status parse_header(td_checkpoint *c, const char *path, const td__json
     return st;
 }
 
-td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
+/* Opens one file; `follow` opens the parts an index names (a part may not be an index). */
+static td_status open_file(td_checkpoint **out, const char *path, int follow) {
     if (!out || !path)
         return td__fail(TD_EINVAL, "td_checkpoint_open: out and path must not be NULL");
     *out = NULL;
@@ -475,7 +497,7 @@ td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
     fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) & ~O_NONBLOCK);
     uint64_t size = (uint64_t)sb.st_size;
     unsigned char len8[8];
-    if (size < 8 || !read_exact(c->fd, len8, 8, 0)) {
+    if (size < 8 || !td__checkpoint_read_at(c->fd, len8, 8, 0)) {
         st = td__fail(TD_EFORMAT, "%s: file has %llu bytes, too short for the 8-byte header length",
                       path, (unsigned long long)size);
         goto done;
@@ -494,7 +516,7 @@ td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
                       (unsigned long long)hlen);
         goto done;
     }
-    if (!read_exact(c->fd, text, (size_t)hlen, 8)) {
+    if (!td__checkpoint_read_at(c->fd, text, (size_t)hlen, 8)) {
         st = td__fail(TD_EIO, "%s: cannot read the header: %s", path, strerror(errno));
         goto done;
     }
@@ -510,6 +532,10 @@ td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
     }
     c->data_start = 8 + hlen;
     st = parse_header(c, path, root, size - c->data_start);
+    if (st == TD_OK && td_checkpoint_get_meta(c, TD__CHECKPOINT_PARTS_KEY))
+        st = follow ? td__checkpoint_open_parts(c)
+                    : td__fail(TD_EFORMAT, "%s: a part of a sharded checkpoint is itself an index",
+                               path);
 done:
     td__json_free(root);
     free(text);
@@ -518,6 +544,14 @@ done:
     else
         *out = c;
     return st;
+}
+
+td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
+    return open_file(out, path, 1);
+}
+
+td_status td__checkpoint_open_part(td_checkpoint **out, const char *path) {
+    return open_file(out, path, 0);
 }
 
 size_t td_checkpoint_count(const td_checkpoint *c) { return c ? c->n : 0; }
@@ -544,23 +578,10 @@ const char *td_checkpoint_get_meta(const td_checkpoint *c, const char *key) {
     return NULL;
 }
 
-/* A metadata value as it may appear in a message: at most 64 bytes, control characters as
- * '?', "..." when cut. */
-static void value_str(char *buf, size_t len, const char *v) {
-    size_t k = 0;
-    for (; v[k] && k < 64 && k + 4 < len; k++) buf[k] = (unsigned char)v[k] < 0x20 ? '?' : v[k];
-    if (v[k] && k + 4 <= len) {
-        memcpy(buf + k, "...", 3);
-        k += 3;
-    }
-    buf[k] = '\0';
-}
-
 static td_status meta_out_of_range(const td_checkpoint *c, const char *key, const char *range) {
-    char shown[80];
-    value_str(shown, sizeof shown, td_checkpoint_get_meta(c, key));
+    char value[80];
     return td__fail(TD_EFORMAT, "%s: metadata \"%s\" is \"%s\", out of the range %s", c->path, key,
-                    shown, range);
+                    shown(value, sizeof value, td_checkpoint_get_meta(c, key)), range);
 }
 
 /* Looks up key and parses its value as decimal digits, after one '-' when is_signed, with
@@ -587,11 +608,10 @@ static td_status meta_decimal(const td_checkpoint *c, const char *key, int is_si
             m = m * 10 + d;
     }
     if (!digits) {
-        char shown[80];
-        value_str(shown, sizeof shown, v);
+        char value[80];
         return td__fail(TD_EFORMAT,
                         "%s: metadata \"%s\" is \"%s\", not a decimal integer (expected one in %s)",
-                        c->path, key, shown, range);
+                        c->path, key, shown(value, sizeof value, v), range);
     }
     if (overflow) return meta_out_of_range(c, key, range);
     *magnitude = m;
@@ -641,18 +661,47 @@ td_status td_checkpoint_get_meta_u64(const td_checkpoint *c, const char *key, ui
     return TD_OK;
 }
 
-static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
-    size_t k = 0;
-    k += (size_t)snprintf(buf + k, len - k, "(");
-    for (int d = 0; d < ndim && k < len; d++)
-        k += (size_t)snprintf(buf + k, len - k, d ? ", %lld" : "%lld", (long long)shape[d]);
-    if (k < len) snprintf(buf + k, len - k, ")");
-}
-
 static const entry *find(const td_checkpoint *c, const char *name) {
     for (size_t i = 0; i < c->n; i++)
         if (strcmp(c->entries[i].name, name) == 0) return &c->entries[i];
     return NULL;
+}
+
+/* The entry called name, of dtype: TD_ENOTFOUND or TD_EDTYPE saying so otherwise. */
+static td_status find_typed(const td_checkpoint *c, const char *name, td_dtype dtype,
+                            const entry **out) {
+    const entry *e = find(c, name);
+    if (!e) return td__fail(TD_ENOTFOUND, "%s: tensor %s is not in the file", c->path, name);
+    if (e->dtype != dtype)
+        return td__fail(TD_EDTYPE, "%s: tensor %s: expected dtype %s, file has %s", c->path, name,
+                        dtype_to_st(dtype) ? dtype_to_st(dtype) : "invalid", dtype_to_st(e->dtype));
+    *out = e;
+    return TD_OK;
+}
+
+/* Elements [offset, offset + count) of e into dst, from this file or a sharded one's parts. */
+static td_status read_span(td_checkpoint *c, const entry *e, size_t offset, size_t count,
+                           void *dst) {
+    if (e->pieces) return td__checkpoint_read_pieces(c, e, offset, count, dst);
+    if (!count) return TD_OK;
+    size_t es = td_dtype_size(e->dtype);
+    if (!td__checkpoint_read_at(c->fd, dst, count * es, c->data_start + e->begin + offset * es))
+        return td__fail(TD_EIO, "%s: tensor %s: read failed (file changed while open?)", c->path,
+                        e->name);
+    return TD_OK;
+}
+
+/* Entry e's bytes into t's buffer; one on a GPU through a host copy. */
+static td_status read_tensor(td_checkpoint *c, const entry *e, td_param *t) {
+    if (t->device.type == TD_DEVICE_CPU) return read_span(c, e, 0, t->count, t->data);
+    size_t bytes = t->count * td_dtype_size(e->dtype);
+    void *buf = malloc(bytes ? bytes : 1);
+    if (!buf)
+        return td__fail(TD_ENOMEM, "%s: tensor %s: no memory for a host copy", c->path, t->name);
+    td_status st = read_span(c, e, 0, t->count, buf);
+    if (st == TD_OK) st = td_device_copy(t->device, t->data, td_device_cpu(), buf, bytes);
+    free(buf);
+    return st;
 }
 
 td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
@@ -660,24 +709,14 @@ td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
         return td__fail(TD_EINVAL, "td_checkpoint_read: checkpoint and tensors must not be NULL");
     for (size_t i = 0; i < n; i++) {
         if (!t[i].name) return td__fail(TD_EINVAL, "%s: tensors[%zu] has no name", c->path, i);
-        const entry *e = find(c, t[i].name);
-        if (!e)
-            return td__fail(TD_ENOTFOUND, "%s: tensor %s is not in the file", c->path, t[i].name);
-        if (e->dtype != t[i].dtype)
-            return td__fail(TD_EDTYPE, "%s: tensor %s: expected dtype %s, file has %s", c->path,
-                            t[i].name,
-                            dtype_to_st(t[i].dtype) ? dtype_to_st(t[i].dtype) : "invalid",
-                            dtype_to_st(e->dtype));
+        const entry *e;
+        TD__TRY(find_typed(c, t[i].name, t[i].dtype, &e));
         int same = e->ndim == t[i].ndim;
         for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == t[i].shape[d];
         if (!same) {
             char want[160], got[160];
-            shape_str(want, sizeof want,
-                      t[i].ndim < 0             ? 0
-                      : t[i].ndim > TD_MAX_DIMS ? TD_MAX_DIMS
-                                                : t[i].ndim,
-                      t[i].shape);
-            shape_str(got, sizeof got, e->ndim, e->shape);
+            td__dims_str(want, sizeof want, t[i].ndim, t[i].shape);
+            td__dims_str(got, sizeof got, e->ndim, e->shape);
             return td__fail(TD_ESHAPE, "%s: tensor %s: expected shape %s, file has %s", c->path,
                             t[i].name, want, got);
         }
@@ -687,13 +726,21 @@ td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
         if (!t[i].data && e->count)
             return td__fail(TD_EINVAL, "%s: tensor %s has no data buffer", c->path, t[i].name);
     }
-    for (size_t i = 0; i < n; i++) {
-        const entry *e = find(c, t[i].name);
-        if (!read_exact(c->fd, t[i].data, (size_t)(e->end - e->begin), c->data_start + e->begin))
-            return td__fail(TD_EIO, "%s: tensor %s: read failed (file changed while open?)",
-                            c->path, t[i].name);
-    }
+    for (size_t i = 0; i < n; i++) TD__TRY(read_tensor(c, find(c, t[i].name), &t[i]));
     return TD_OK;
+}
+
+td_status td_checkpoint_read_range(td_checkpoint *c, const char *name, td_dtype dtype,
+                                   size_t offset, size_t count, void *dst) {
+    if (!c || !name || (!dst && count))
+        return td__fail(TD_EINVAL,
+                        "td_checkpoint_read_range: checkpoint, name and dst must not be NULL");
+    const entry *e;
+    TD__TRY(find_typed(c, name, dtype, &e));
+    if (offset > e->count || count > e->count - offset)
+        return td__fail(TD_ESHAPE, "%s: tensor %s: elements [%zu, %zu) asked for, it has %zu",
+                        c->path, name, offset, offset + count, e->count);
+    return count ? read_span(c, e, offset, count, dst) : TD_OK;
 }
 
 td_status td_checkpoint_load(const char *path, td_param *t, size_t n) {

@@ -60,3 +60,22 @@ void td__coll_describe_call(char *out, size_t cap, const td__coll *c) {
     const td__coll *s = td__coll_sig(c);
     td__coll_describe(out, cap, s->kind, s->seq, s->dtype, s->count, s->op, s->root);
 }
+
+td_status td__coll_step(const td__backend_ops *ops, void *ctx, const td__coll *c,
+                        td__coll_kind kind, const void *send, void *recv, size_t count,
+                        td_dtype dtype, td_reduce_op op, int root, double timeout_s) {
+    td__coll sub = {.kind = kind,
+                    .seq = c->seq,
+                    .send = send,
+                    .recv = recv,
+                    .count = count,
+                    .dtype = dtype,
+                    .op = op,
+                    .root = root,
+                    .error = c->error,
+                    .error_msg = c->error_msg,
+                    .error_rank = c->error_rank,
+                    .sig = td__coll_sig(c),
+                    .device = {TD_DEVICE_CPU, 0}};
+    return ops->collective(ctx, &sub, timeout_s);
+}

@@ -17,6 +17,7 @@
 
 #include "comm/comm_impl.h"
 #include "core/core_impl.h"
+#include "device/device_impl.h"
 
 /* The trace key of a group made by td_comm_create; split groups derive theirs from it. */
 #define TRACE_WORLD_KEY 0x9e3779b97f4a7c15ull
@@ -61,6 +62,7 @@ struct td_comm {
     char failed_msg[512];
     comm_alloc *allocs;  /* td_comm_alloc memory not yet freed */
     td__self_box *self;  /* messages to this rank itself */
+    td__gpu_path *gpu;   /* collectives on device memory, once there was one */
     td_trace *trace;     /* NULL, or where collectives are recorded (not owned) */
     uint64_t trace_key;  /* the group, the same on each of its ranks: links its calls' spans */
     uint64_t splits;     /* groups split from this one so far: part of their keys */
@@ -135,6 +137,7 @@ void td_comm_destroy(td_comm *comm) {
     pthread_mutex_unlock(&comm->lock);
     if (comm->thread_started) pthread_join(comm->thread, NULL);
     while (comm->allocs) td_comm_free(comm, comm->allocs->ptr);
+    td__gpu_path_destroy(comm->gpu);
     comm->ops->destroy(comm->ctx);
     td__self_box_destroy(comm->self);
     pthread_cond_destroy(&comm->cond);
@@ -149,6 +152,9 @@ int td_comm_local_size(const td_comm *comm) { return comm ? comm->shape.local_si
 int td_comm_node_rank(const td_comm *comm) { return comm ? comm->shape.node : -1; }
 int td_comm_num_nodes(const td_comm *comm) { return comm ? comm->shape.nodes : 0; }
 const char *td_comm_backend_name(const td_comm *comm) { return comm ? comm->ops->name : "none"; }
+const char *td_comm_device_path(const td_comm *comm) {
+    return td__gpu_path_name(comm ? comm->gpu : NULL);
+}
 
 td_status td_comm_set_trace(td_comm *comm, td_trace *trace) {
     if (!comm) return td__fail(TD_EINVAL, "td_comm_set_trace: the group is NULL");
@@ -210,6 +216,7 @@ td_status td_comm_abort(td_comm *comm) {
     if (!comm) return td__fail(TD_EINVAL, "td_comm_abort: the group is NULL");
     td__fail(TD_ESTATE, "rank %d aborted the group (td_comm_abort)", comm->shape.rank);
     poison(comm, TD_ESTATE);
+    td__gpu_path_abort(comm->gpu);
     if (comm->ops->abort) comm->ops->abort(comm->ctx, comm->shape.rank, "td_comm_abort");
     return TD_OK;
 }
@@ -241,7 +248,11 @@ static td_status run_item(td_comm *comm, td_request *r) {
         s = comm->ops->alloc(comm->ctx, r->bytes, timeout, r->alloc_out);
     } else {
         uint64_t t0 = trace ? td_time_ns() : 0;
-        s = comm->ops->collective(comm->ctx, &r->coll, timeout);
+        if (r->coll.device.type != TD_DEVICE_CPU && !r->coll.error)
+            s = td__gpu_collective(comm->ops, comm->ctx, &comm->shape, &comm->gpu, &r->coll,
+                                   timeout);
+        else
+            s = comm->ops->collective(comm->ctx, &r->coll, timeout);
         if (trace) {
             char name[160];
             td__coll_describe_call(name, sizeof name, &r->coll);
@@ -376,6 +387,18 @@ static td_status check_coll(const td_comm *comm, const td__coll *k, int async, c
     return TD_OK;
 }
 
+/* Sets k->device from where its buffers are; both on one device, or TD_EINVAL. */
+static td_status where(td__coll *k, char *why, size_t cap) {
+    td_device s = td__device_of_pointer(k->send), r = td__device_of_pointer(k->recv);
+    k->device = r.type != TD_DEVICE_CPU ? r : s;
+    if (!k->send || !k->recv || (s.type == r.type && s.index == r.index)) return TD_OK;
+    char a[32], b[32];
+    td_device_format(s, a, sizeof a);
+    td_device_format(r, b, sizeof b);
+    snprintf(why, cap, "send is on %s and recv on %s: both on one device", a, b);
+    return TD_EINVAL;
+}
+
 /* A collective call. Arguments rejected on this rank still make a call, so that every rank
  * learns of them and returns the same error instead of waiting for this one (comm_impl.h). */
 static td_status coll(td_comm *comm, td__coll_kind kind, const void *send, void *recv, size_t count,
@@ -391,6 +414,7 @@ static td_status coll(td_comm *comm, td__coll_kind kind, const void *send, void 
     if (!comm) return td__fail(TD_EINVAL, "%s: the group is NULL", td__coll_name(kind));
     char why[192];
     k.error = check_coll(comm, &k, async, req, why, sizeof why);
+    if (!k.error) k.error = where(&k, why, sizeof why);
     if (k.error) k.error_msg = why;
     k.error_rank = comm->shape.rank;
     if (!async || k.error) {

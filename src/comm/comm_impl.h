@@ -8,6 +8,7 @@
 #define TANDEM_COMM_IMPL_H
 
 #include "tandem/comm.h"
+#include "tandem/device.h"
 
 /* The collectives, in the words of their error messages. */
 typedef enum {
@@ -45,6 +46,8 @@ typedef struct td__coll {
      * its cross-host groups); NULL: this call itself. Backends compare and describe `sig`'s
      * kind, seq, dtype, count, op and root, and move data as this call says. */
     const struct td__coll *sig;
+    /* Where send and recv are: a GPU routes the call through gpu_path.c. */
+    td_device device;
 } td__coll;
 
 /* The call `c` stands for in agreement checks and messages. */
@@ -127,6 +130,25 @@ td_status td__shm_create_local(int rank, int size, td__shm_share_fn share, void 
 td_status td__hier_create(const td__backend_ops *flat_ops, void *flat_ctx,
                           const td__group_shape *flat_shape, double timeout_s, void **ctx,
                           td__group_shape *shape, const td__backend_ops **ops);
+
+/* A group's path for collectives on device memory (gpu_path.c): NCCL, CUDA IPC or staging
+ * through host memory, picked on the first such call. */
+typedef struct td__gpu_path td__gpu_path;
+
+/* Runs `k` (buffers on k->device) on the group of ops/ctx, creating *path on the first call;
+ * every step on the host path stands for k, so disagreeing ranks are named as usual. */
+td_status td__gpu_collective(const td__backend_ops *ops, void *ctx, const td__group_shape *shape,
+                             td__gpu_path **path, const td__coll *k, double timeout_s);
+void td__gpu_path_abort(td__gpu_path *p);
+void td__gpu_path_destroy(td__gpu_path *p);
+/* "nccl", "cuda-ipc", "staged", or "none" before the first call. */
+const char *td__gpu_path_name(const td__gpu_path *p);
+
+/* One step of collective `c` on the group of ops/ctx (hier.c and gpu_path.c run a user's call
+ * as such steps): it agrees on c's call and carries c's rejected arguments, if any (coll.c). */
+td_status td__coll_step(const td__backend_ops *ops, void *ctx, const td__coll *c,
+                        td__coll_kind kind, const void *send, void *recv, size_t count,
+                        td_dtype dtype, td_reduce_op op, int root, double timeout_s);
 
 /* "allreduce", "broadcast", ... (coll.c) */
 const char *td__coll_name(td__coll_kind kind);

@@ -36,10 +36,10 @@ typedef struct {
     const td__backend_ops *self, *flat_ops, *local_ops;
     void *flat, *local, *cross; /* cross (flat_ops): NULL on one host or when not uniform */
     td__group_shape shape;
-    int L, H;          /* ranks per host (when uniform), hosts */
-    int *node_of;      /* (size) the host of each rank */
-    int *local_of;     /* (size) its local rank */
-    int *host_ranks;   /* (local size) this host's ranks, in local order */
+    int L, H;        /* ranks per host (when uniform), hosts */
+    int *node_of;    /* (size) the host of each rank */
+    int *local_of;   /* (size) its local rank */
+    int *host_ranks; /* (local size) this host's ranks, in local order */
 } hier_ctx;
 
 /* One point-to-point request: which group carries it. */
@@ -63,26 +63,6 @@ static void hier_free(hier_ctx *h) {
 
 /* ---------------------------------------------------------------- steps */
 
-/* One step of collective `c` on group `g` of `ops`, agreeing on c's call and carrying its
- * rejected arguments, if any. */
-static td_status step(const td__backend_ops *ops, void *g, const td__coll *c, td__coll_kind kind,
-                      const void *send, void *recv, size_t count, td_dtype dtype, td_reduce_op op,
-                      int root, double timeout_s) {
-    td__coll sub = {.kind = kind,
-                    .seq = c->seq,
-                    .send = send,
-                    .recv = recv,
-                    .count = count,
-                    .dtype = dtype,
-                    .op = op,
-                    .root = root,
-                    .error = c->error,
-                    .error_msg = c->error_msg,
-                    .error_rank = c->error_rank,
-                    .sig = td__coll_sig(c)};
-    return ops->collective(g, &sub, timeout_s);
-}
-
 /* Steps on the host wait a little longer than the timeout: a local rank that does not come is
  * most often waiting across hosts itself, and its failure, which names the host it lost,
  * should reach the others before their own timeout does. */
@@ -90,9 +70,10 @@ static double local_timeout(double timeout_s) {
     return timeout_s + (timeout_s / 10 > 1 ? timeout_s / 10 : 1);
 }
 
-#define LOCAL(kind, send, recv, count, dtype, op, root, timeout_s) \
-    step(h->local_ops, h->local, c, kind, send, recv, count, dtype, op, root, local_timeout(timeout_s))
-#define CROSS(...) step(h->flat_ops, h->cross, c, __VA_ARGS__)
+#define LOCAL(kind, send, recv, count, dtype, op, root, timeout_s)                     \
+    td__coll_step(h->local_ops, h->local, c, kind, send, recv, count, dtype, op, root, \
+                  local_timeout(timeout_s))
+#define CROSS(...) td__coll_step(h->flat_ops, h->cross, c, __VA_ARGS__)
 
 static int usable(td_status s) { return s == TD_EINVAL || s == TD_EDTYPE; }
 
@@ -104,7 +85,8 @@ static void name_local_ranks(const hier_ctx *h, char *msg, size_t cap) {
     size_t at = strlen(msg);
     at += (size_t)snprintf(msg + at, at < cap ? cap - at : 0, " [host %s's local ranks:", host);
     for (int i = 0; i < h->shape.local_size && at < cap; i++)
-        at += (size_t)snprintf(msg + at, cap - at, "%s %d = rank %d", i ? "," : "", i, h->host_ranks[i]);
+        at += (size_t)snprintf(msg + at, cap - at, "%s %d = rank %d", i ? "," : "", i,
+                               h->host_ranks[i]);
     if (at < cap) snprintf(msg + at, cap - at, "]");
 }
 
@@ -130,17 +112,22 @@ static td_status first_step_failed(hier_ctx *h, const td__coll *c, td_status s, 
     char msg[768];
     snprintf(msg, sizeof msg, "%s", td_last_error());
     if (!usable(s)) name_local_ranks(h, msg, sizeof msg);
-    td__coll tell = {.kind = TD__COLL_BARRIER, .seq = c->seq, .sig = td__coll_sig(c),
-                     .error = s, .error_rank = c->error_rank, .error_msg = msg};
+    td__coll tell = {.kind = TD__COLL_BARRIER,
+                     .seq = c->seq,
+                     .sig = td__coll_sig(c),
+                     .error = s,
+                     .error_rank = c->error_rank,
+                     .error_msg = msg};
     if (usable(s)) {
         int L = h->shape.local_size;
-        rejection mine = {.error = c->error, .rank = c->error_rank}, *all = calloc((size_t)L, sizeof *all);
+        rejection mine = {.error = c->error, .rank = c->error_rank},
+                  *all = calloc((size_t)L, sizeof *all);
         if (!all) return td__fail(TD_ENOMEM, "hier: out of memory");
         if (c->error) snprintf(mine.why, sizeof mine.why, "%s", c->error_msg ? c->error_msg : "");
         td__coll quiet = *c; /* the same call, its rejection now carried in `mine` */
         quiet.error = TD_OK;
-        td_status t = step(h->local_ops, h->local, &quiet, TD__COLL_ALLGATHER, &mine, all,
-                           sizeof mine, TD_U8, TD_OP_SUM, 0, timeout_s);
+        td_status t = td__coll_step(h->local_ops, h->local, &quiet, TD__COLL_ALLGATHER, &mine, all,
+                                    sizeof mine, TD_U8, TD_OP_SUM, 0, timeout_s);
         int low = -1;
         for (int i = 0; t == TD_OK && i < L; i++)
             if (all[i].error && (low < 0 || all[i].rank < all[low].rank)) low = i;
@@ -196,14 +183,17 @@ static td_status hier_allreduce(hier_ctx *h, const td__coll *c, double timeout_s
     size_t k = N / L, t = N - k * L, mine = k + ((size_t)l == L - 1 ? t : 0);
     unsigned char *shard = recv + (size_t)l * k * e;
     s = LOCAL(TD__COLL_REDUCE_SCATTER, send, shard, k, c->dtype, op, 0, timeout_s);
-    if (!s && t) s = LOCAL(TD__COLL_ALLREDUCE, send + L * k * e, recv + L * k * e, t, c->dtype, op, 0, timeout_s);
+    if (!s && t)
+        s = LOCAL(TD__COLL_ALLREDUCE, send + L * k * e, recv + L * k * e, t, c->dtype, op, 0,
+                  timeout_s);
     if (s) return first_step_failed(h, c, s, timeout_s);
     s = CROSS(TD__COLL_ALLREDUCE, shard, shard, mine, c->dtype, op, 0, timeout_s);
     if (s) return later_step_failed(h, s);
     if (avg) average(h, shard, mine, c->dtype);
     s = LOCAL(TD__COLL_ALLGATHER, shard, recv, k, c->dtype, TD_OP_SUM, 0, timeout_s);
     if (!s && t)
-        s = LOCAL(TD__COLL_BROADCAST, recv + L * k * e, recv + L * k * e, t, c->dtype, TD_OP_SUM, (int)L - 1, timeout_s);
+        s = LOCAL(TD__COLL_BROADCAST, recv + L * k * e, recv + L * k * e, t, c->dtype, TD_OP_SUM,
+                  (int)L - 1, timeout_s);
     return s ? local_failed(h, s) : TD_OK;
 }
 
@@ -211,7 +201,8 @@ static td_status hier_broadcast(hier_ctx *h, const td__coll *c, double timeout_s
     size_t N = c->count, e = td_dtype_size(c->dtype), L = (size_t)h->L;
     int root_host = h->node_of[c->root], here = root_host == h->shape.node, l = h->shape.local_rank;
     unsigned char *buf = c->recv;
-    td_status s = here ? LOCAL(TD__COLL_BROADCAST, buf, buf, N, c->dtype, TD_OP_SUM, h->local_of[c->root], timeout_s)
+    td_status s = here ? LOCAL(TD__COLL_BROADCAST, buf, buf, N, c->dtype, TD_OP_SUM,
+                               h->local_of[c->root], timeout_s)
                        : LOCAL(TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, TD_OP_SUM, 0, timeout_s);
     if (s) return first_step_failed(h, c, s, timeout_s);
     if (N * e <= HIER_SMALL || N < L) {
@@ -225,7 +216,8 @@ static td_status hier_broadcast(hier_ctx *h, const td__coll *c, double timeout_s
     if (here) return TD_OK; /* the root's host has had it all since the first step */
     s = LOCAL(TD__COLL_ALLGATHER, part, buf, k, c->dtype, TD_OP_SUM, 0, timeout_s);
     if (!s && t)
-        s = LOCAL(TD__COLL_BROADCAST, buf + L * k * e, buf + L * k * e, t, c->dtype, TD_OP_SUM, (int)L - 1, timeout_s);
+        s = LOCAL(TD__COLL_BROADCAST, buf + L * k * e, buf + L * k * e, t, c->dtype, TD_OP_SUM,
+                  (int)L - 1, timeout_s);
     return s ? local_failed(h, s) : TD_OK;
 }
 
@@ -236,8 +228,9 @@ static td_status hier_allgather(hier_ctx *h, const td__coll *c, double timeout_s
     td_status s = LOCAL(TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, TD_OP_SUM, 0, timeout_s);
     if (s) return first_step_failed(h, c, s, timeout_s);
     unsigned char *across = malloc(H * b + 1), *all = malloc(L * H * b + 1);
-    s = across && all ? CROSS(TD__COLL_ALLGATHER, c->send, across, b, TD_U8, TD_OP_SUM, 0, timeout_s)
-                      : td__fail(TD_ENOMEM, "hier allgather: out of memory for %zu bytes", (L + 1) * H * b);
+    s = across && all
+            ? CROSS(TD__COLL_ALLGATHER, c->send, across, b, TD_U8, TD_OP_SUM, 0, timeout_s)
+            : td__fail(TD_ENOMEM, "hier allgather: out of memory for %zu bytes", (L + 1) * H * b);
     if (s) {
         free(across);
         free(all);
@@ -301,7 +294,8 @@ static td_status hier_post(hier_ctx *h, int send, void *buf, size_t bytes, int p
     const td__backend_ops *ops = r->local ? h->local_ops : h->flat_ops;
     void *g = r->local ? h->local : h->flat;
     int to = r->local ? h->local_of[peer] : peer;
-    td_status s = send ? ops->isend(g, buf, bytes, to, tag, &r->req) : ops->irecv(g, buf, bytes, to, tag, &r->req);
+    td_status s = send ? ops->isend(g, buf, bytes, to, tag, &r->req)
+                       : ops->irecv(g, buf, bytes, to, tag, &r->req);
     if (s) {
         free(r);
         return s;
@@ -310,7 +304,8 @@ static td_status hier_post(hier_ctx *h, int send, void *buf, size_t bytes, int p
     return TD_OK;
 }
 
-static td_status hier_isend(void *ctx, const void *buf, size_t bytes, int dst, int tag, void **req) {
+static td_status hier_isend(void *ctx, const void *buf, size_t bytes, int dst, int tag,
+                            void **req) {
     return hier_post(ctx, 1, (void *)buf, bytes, dst, tag, req);
 }
 
@@ -350,8 +345,12 @@ static td_status learn_hosts(hier_ctx *h, double timeout_s) {
         free(all);
         return td__fail(TD_ENOMEM, "hier: out of memory for %d ranks", n);
     }
-    td__coll c = {.kind = TD__COLL_ALLGATHER, .send = mine, .recv = all, .count = 3,
-                  .dtype = TD_I32, .error_rank = h->shape.rank};
+    td__coll c = {.kind = TD__COLL_ALLGATHER,
+                  .send = mine,
+                  .recv = all,
+                  .count = 3,
+                  .dtype = TD_I32,
+                  .error_rank = h->shape.rank};
     td_status s = h->flat_ops->collective(h->flat, &c, timeout_s);
     int uniform = 1;
     h->H = h->shape.nodes;
@@ -366,7 +365,8 @@ static td_status learn_hosts(hier_ctx *h, double timeout_s) {
     free(all);
     if (s == TD_OK && uniform && h->H > 1) {
         td__group_shape cs;
-        s = h->flat_ops->split(h->flat, h->shape.local_rank, h->shape.node, timeout_s, &h->cross, &cs);
+        s = h->flat_ops->split(h->flat, h->shape.local_rank, h->shape.node, timeout_s, &h->cross,
+                               &cs);
     }
     return s;
 }
@@ -380,15 +380,20 @@ static td_status share_over_flat(void *arg, int rank, char name[96], double time
     if (!all) return td__fail(TD_ENOMEM, "hier: out of memory");
     char mine[96] = "";
     if (rank == 0) memcpy(mine, name, 96);
-    td__coll c = {.kind = TD__COLL_ALLGATHER, .send = mine, .recv = all, .count = 96,
-                  .dtype = TD_U8, .error_rank = h->shape.rank};
+    td__coll c = {.kind = TD__COLL_ALLGATHER,
+                  .send = mine,
+                  .recv = all,
+                  .count = 96,
+                  .dtype = TD_U8,
+                  .error_rank = h->shape.rank};
     td_status s = h->flat_ops->collective(h->flat, &c, timeout_s);
     if (s == TD_OK && rank > 0) memcpy(name, all + (size_t)h->host_ranks[0] * 96, 96);
     free(all);
     return s;
 }
 
-static hier_ctx *hier_new(const td__backend_ops *flat_ops, void *flat, const td__group_shape *shape) {
+static hier_ctx *hier_new(const td__backend_ops *flat_ops, void *flat,
+                          const td__group_shape *shape) {
     hier_ctx *h = calloc(1, sizeof *h);
     if (!h) return NULL;
     h->self = strcmp(flat_ops->name, "mpi") == 0 ? &hier_mpi_ops : &hier_ucx_ops;
@@ -406,8 +411,8 @@ td_status td__hier_create(const td__backend_ops *flat_ops, void *flat_ctx,
     td_status s = learn_hosts(h, timeout_s);
     td__group_shape ls;
     if (s == TD_OK)
-        s = td__shm_create_local(flat_shape->local_rank, flat_shape->local_size, share_over_flat,
-                                 h, timeout_s, &h->local, &ls, &h->local_ops);
+        s = td__shm_create_local(flat_shape->local_rank, flat_shape->local_size, share_over_flat, h,
+                                 timeout_s, &h->local, &ls, &h->local_ops);
     if (s) {
         h->flat = NULL; /* the caller's still */
         hier_free(h);
@@ -464,12 +469,11 @@ static void hier_abort(void *vctx, int rank, const char *why) {
 
 static void hier_destroy(void *vctx) { hier_free(vctx); }
 
-#define HIER_OPS(label)                                                                        \
-    {                                                                                          \
-        .name = label, .collective = hier_collective, .isend = hier_isend,                     \
-        .irecv = hier_irecv, .p2p_wait = hier_p2p_wait, .p2p_test = hier_p2p_test,             \
-        .split = hier_split, .split_host = hier_split_host, .abort = hier_abort,               \
-        .destroy = hier_destroy,                                                               \
+#define HIER_OPS(label)                                                                         \
+    {                                                                                           \
+        .name = label, .collective = hier_collective, .isend = hier_isend, .irecv = hier_irecv, \
+        .p2p_wait = hier_p2p_wait, .p2p_test = hier_p2p_test, .split = hier_split,              \
+        .split_host = hier_split_host, .abort = hier_abort, .destroy = hier_destroy,            \
     }
 static const td__backend_ops hier_mpi_ops = HIER_OPS("mpi+shm");
 static const td__backend_ops hier_ucx_ops = HIER_OPS("ucx+shm");

@@ -175,6 +175,20 @@ static void wake_waiters(td__store_server *s, const char *key) {
     }
 }
 
+/* Keeps the address of a connection refused for its token under TD_STORE_KEY_DENIED, so that
+ * a client waiting for a peer learns that the peer came with another token (store.h). */
+static void record_denied(td__store_server *s, int fd) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    char text[INET_ADDRSTRLEN + 8] = "an unknown address";
+    char ip[INET_ADDRSTRLEN];
+    if (getpeername(fd, (struct sockaddr *)&a, &len) == 0 && a.sin_family == AF_INET &&
+        inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip))
+        snprintf(text, sizeof text, "%s:%d", ip, ntohs(a.sin_port));
+    if (entry_put(s, TD_STORE_KEY_DENIED, (const unsigned char *)text, strlen(text) + 1))
+        wake_waiters(s, TD_STORE_KEY_DENIED);
+}
+
 /* Handles one complete request; returns -1 to drop the connection, 1 to drop it once the
  * queued reply is sent. */
 static int conn_handle(td__store_server *s, store_conn *c) {
@@ -186,6 +200,7 @@ static int conn_handle(td__store_server *s, store_conn *c) {
         /* An explicit answer, so that the client blames the token only when it is wrong. */
         if (!token_equal(vp, vlen, s->token)) {
             s->n_denied++;
+            record_denied(s, c->fd);
             return conn_reply(c, ST_DENIED, NULL, 0) ? -1 : 1;
         }
         c->authed = 1;

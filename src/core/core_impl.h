@@ -31,6 +31,24 @@ void td__log(td_log_level level, const char *fmt, ...) TD__PRINTF(2, 3);
  * cannot be read (no such process). */
 char td__proc_state(int pid);
 
+/* Writes "(d0, d1, ...)", the first ndim of dims (at most TD_MAX_DIMS), for messages; returns
+ * out. */
+const char *td__dims_str(char *out, size_t cap, int64_t ndim, const int64_t *dims);
+
+/* 1 when process `pid` of this host has exited: it no longer exists, or it is a zombie its
+ * parent has not reaped yet. 0 for pid <= 0. */
+int td__pid_dead(int pid);
+
+/* Writes the n bytes of s into out as the body of a JSON string (without the quotes): '"' and
+ * '\\' escaped, control characters, DEL and bytes that are not part of well-formed UTF-8 as
+ * \u00XX of their value, so the text is valid JSON and shows every byte. Writes whole escapes
+ * only and always terminates out (when cap > 0); returns the length of the whole escaped text,
+ * as snprintf does, so a caller can size a buffer with td__json_escape(NULL, 0, s, n). */
+size_t td__json_escape(char *out, size_t cap, const char *s, size_t n);
+
+/* 1 when the n bytes of s are well-formed UTF-8 (what a JSON file must hold), else 0. */
+int td__utf8_valid(const char *s, size_t n);
+
 /* The conversions of tandem/core.h as inline functions for loops over elements: round to
  * nearest even, NaN stays NaN (quiet), f16 overflows to infinity and keeps subnormals. */
 static inline uint32_t td__f32_bits(float x) {
@@ -88,7 +106,9 @@ static inline float td__f16_to_f32(uint16_t x) {
 }
 
 /* 1 for the floating dtypes a tensor may have (f32, bf16, f16). */
-static inline int td__is_float(td_dtype dt) { return dt == TD_F32 || dt == TD_BF16 || dt == TD_F16; }
+static inline int td__is_float(td_dtype dt) {
+    return dt == TD_F32 || dt == TD_BF16 || dt == TD_F16;
+}
 
 /* Element i of a buffer of float dtype dt, as f32, and back. */
 static inline float td__load(const void *p, td_dtype dt, size_t i) {

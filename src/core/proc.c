@@ -1,5 +1,8 @@
-/* A process's scheduling state as /proc shows it, for the supervisors that must tell a dead,
- * stopped or running peer apart (the launcher, the shm backend's liveness checks). */
+/* A process's scheduling state as /proc shows it, and whether it has died, for the supervisors
+ * that must tell a dead, stopped or running peer apart (the launcher, the shm backend's liveness
+ * checks). */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -16,4 +19,12 @@ char td__proc_state(int pid) {
     /* "pid (comm) S ...": comm may hold spaces and parentheses, the last ')' ends it. */
     char *p = strrchr(buf, ')');
     return p && p[1] == ' ' ? p[2] : 0;
+}
+
+int td__pid_dead(int pid) {
+    if (pid <= 0) return 0;
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
+    /* A killed child stays a zombie until its parent reaps it; it is dead all the same. */
+    char state = td__proc_state(pid);
+    return state == 'Z' || state == 'X';
 }

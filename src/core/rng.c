@@ -6,26 +6,10 @@
 
 #include "tandem/core.h"
 
+#include "core/philox.h"
+
 void td_philox4x32_stream(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]) {
-    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = (uint32_t)stream,
-             c3 = (uint32_t)(stream >> 32);
-    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-    for (int round = 0; round < 10; round++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0;
-        uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
-        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c1 = (uint32_t)p1;
-        c3 = (uint32_t)p0;
-        c0 = n0;
-        c2 = n2;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
+    td__philox4x32_10(seed, stream, counter, out);
 }
 
 void td_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]) {
@@ -43,7 +27,7 @@ uint32_t td_rng_u32(td_rng *rng) {
     return block[rng->offset++ & 3];
 }
 
-float td_rng_uniform(td_rng *rng) { return (float)(td_rng_u32(rng) >> 8) * (1.0f / 16777216.0f); }
+float td_rng_uniform(td_rng *rng) { return td__philox_uniform(td_rng_u32(rng)); }
 
 float td_rng_normal(td_rng *rng) {
     float u1 = ((float)(td_rng_u32(rng) >> 8) + 1.0f) * (1.0f / 16777217.0f); /* (0, 1] */

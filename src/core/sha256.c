@@ -91,14 +91,3 @@ void td_sha256(const void *data, size_t n, uint8_t digest[32]) {
     td_sha256_update(&ctx, data, n);
     td_sha256_final(&ctx, digest);
 }
-
-void td_params_sha256(const td_param *params, size_t n, char hex[65]) {
-    td_sha256_ctx ctx;
-    td_sha256_init(&ctx);
-    for (size_t i = 0; i < n; i++)
-        if (params[i].data)
-            td_sha256_update(&ctx, params[i].data, params[i].count * td_dtype_size(params[i].dtype));
-    uint8_t d[32];
-    td_sha256_final(&ctx, d);
-    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
-}

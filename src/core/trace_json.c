@@ -11,20 +11,14 @@
 #include "core_impl.h"
 #include "trace_impl.h"
 
-/* JSON string body: quotes, backslashes and control characters escaped. */
+/* A name as a JSON string. */
 static void trace_put_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            fputc('\\', f);
-            fputc(*p, f);
-        } else if (*p < 0x20) {
-            fprintf(f, "\\u%04x", *p);
-        } else {
-            fputc(*p, f);
-        }
-    }
-    fputc('"', f);
+    char small[256], *text = small;
+    size_t n = strlen(s), need = td__json_escape(small, sizeof small, s, n);
+    if (need >= sizeof small && (text = malloc(need + 1)) != NULL)
+        td__json_escape(text, need + 1, s, n);
+    fprintf(f, "\"%s\"", text ? text : small);
+    if (text != small) free(text);
 }
 
 /* Microseconds with nanosecond decimals: Chrome's unit, without losing precision. */

@@ -9,12 +9,14 @@
 
 #include "tandem/device.h"
 
+#include "device/multi_tensor.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* Bumped whenever either table changes: a library of another version is refused by name. */
-#define TD__CUDA_ABI 1
+#define TD__CUDA_ABI 5
 #define TD__CUDA_ENTRY "td_cuda_entry"
 
 /* What the host lends the library. */
@@ -46,6 +48,30 @@ typedef struct {
     void (*event_destroy)(void *event);
     /* Any direction (unified addressing), queued on stream. */
     td_status (*memcpy_async)(int device, void *dst, const void *src, size_t bytes, void *stream);
+    td_status (*memset_async)(int device, void *ptr, int value, size_t bytes, void *stream);
+    /* Page-locked host memory (fast, truly asynchronous copies), and its release. */
+    td_status (*host_alloc)(size_t bytes, void **ptr);
+    void (*host_free)(void *ptr);
+    /* Work queued on stream after this waits until the stream of `event` has passed it. */
+    td_status (*event_wait)(int device, void *stream, void *event);
+    /* Blocks the calling thread until the stream has passed the event. */
+    td_status (*event_synchronize)(void *event);
+    /* n elements from one dtype to another, and n elements of `size` (2 or 4) bytes set to
+     * `bits`, queued on stream. */
+    td_status (*convert_async)(int device, void *stream, void *dst, td_dtype dst_dtype,
+                               const void *src, td_dtype src_dtype, size_t n);
+    td_status (*fill_async)(int device, void *stream, void *ptr, uint32_t bits, int size, size_t n);
+    /* The GPU whose memory ptr is (cudaMalloc'd, ours or not), or -1 for host memory. */
+    int (*pointer_device)(const void *ptr);
+    /* A GPU's UUID, the same in every process whatever CUDA_VISIBLE_DEVICES numbers it. */
+    td_status (*device_uuid)(int device, unsigned char uuid[16]);
+    /* One multi-tensor launch (multi_tensor.h) over list[0..n) on stream. The list is host
+     * memory the call rewrites (tensors without work dropped, chunk0 filled); *scratch is a
+     * device buffer of *scratch_bytes from the device's allocator that the call grows as it
+     * needs and the caller frees (td_device_free). SQUARES and UNSCALE wait for their result. */
+    td_status (*multi_tensor)(int device, void *stream, const td__mt_args *args,
+                              td__mt_tensor *list, size_t n, void **scratch, size_t *scratch_bytes,
+                              double *result);
     /* The graph engine's backend on a GPU (its kernels are in src/ops/cuda/), and the sizes of
      * the engine's private structs it was compiled with (td_tensor, td__node, td__op_ctx), so
      * that a library built from other sources is refused, not trusted. */

@@ -12,9 +12,11 @@
 
 #include "core/core_impl.h"
 #include "device/cuda_api.h"
+#include "device/device_impl.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static const td__cuda_api *api;
+static void *library; /* the dlopen handle behind api */
 static char why[1024];
 
 static const td__cuda_host host = {.abi = TD__CUDA_ABI,
@@ -42,6 +44,7 @@ static int try_open(const char *path) {
     }
     why[0] = 0;
     api = a;
+    library = h;
     return 1;
 }
 
@@ -77,6 +80,12 @@ static void load(void) {
 const td__cuda_api *td__cuda(void) {
     pthread_once(&once, load);
     return api;
+}
+
+const void *td__device_library_table(const char *entry) {
+    if (!td__cuda()) return NULL;
+    const void *(*fn)(void) = (const void *(*)(void))(uintptr_t)dlsym(library, entry);
+    return fn ? fn() : NULL;
 }
 
 /* The device count is asked once: the driver's answer does not change within a process. */

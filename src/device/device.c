@@ -10,6 +10,7 @@
 #include "core/core_impl.h"
 #include "device/caching_allocator.h"
 #include "device/cuda_api.h"
+#include "device/device_impl.h"
 
 #define MAX_GPUS 64
 
@@ -17,11 +18,13 @@ typedef struct {
     int index;
     int ready;
     void *stream; /* compute stream: copies and kernels of this process on this GPU */
+    void *copy;   /* copy stream: uploads ahead of use (loaders), made on first use */
     td__caching_allocator alloc;
 } gpu;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static gpu gpus[MAX_GPUS];
+static int gpus_used; /* some GPU has its stream and allocator: CUDA is running here */
 
 td_device td_device_cpu(void) { return (td_device){TD_DEVICE_CPU, 0}; }
 
@@ -123,6 +126,7 @@ static td_status gpu_of(td_device d, const char *what, gpu **out) {
             td__raw_memory raw = {g, raw_alloc, raw_free, raw_event, raw_done, raw_event_destroy};
             td__allocator_init(&g->alloc, name, raw);
             g->ready = 1;
+            gpus_used = 1;
         }
     }
     pthread_mutex_unlock(&lock);
@@ -221,4 +225,127 @@ td_status td_device_copy(td_device dst_device, void *dst, td_device src_device, 
     }
     TD__TRY(td__cuda()->memcpy_async(g->index, dst, src, bytes, g->stream));
     return td__cuda()->stream_synchronize(g->index, g->stream);
+}
+
+td_status td__device_memset(td_device d, void *ptr, int value, size_t bytes, const char *what) {
+    if (d.type == TD_DEVICE_CPU) {
+        if (bytes) memset(ptr, value, bytes);
+        return TD_OK;
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->memset_async(g->index, ptr, value, bytes, g->stream);
+}
+
+td_status td__device_multi_tensor(td_device d, const td__mt_args *args, td__mt_tensor *list,
+                                  size_t n, void **scratch, size_t *scratch_bytes, double *result,
+                                  const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->multi_tensor(g->index, g->stream, args, list, n, scratch, scratch_bytes,
+                                    result);
+}
+
+td_status td__device_streams(td_device d, void **compute, void **copy, const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    td_status s = TD_OK;
+    pthread_mutex_lock(&lock);
+    if (!g->copy) s = td__cuda()->stream_create(g->index, &g->copy);
+    pthread_mutex_unlock(&lock);
+    *compute = g->stream;
+    *copy = g->copy;
+    return s;
+}
+
+td_status td__device_host_alloc(td_device d, size_t bytes, void **out, const char *what) {
+    if (d.type == TD_DEVICE_CPU) {
+        *out = malloc(bytes ? bytes : 1);
+        return *out ? TD_OK : td__fail(TD_ENOMEM, "%s: out of memory for %zu bytes", what, bytes);
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->host_alloc(bytes, out);
+}
+
+void td__device_host_free(td_device d, void *ptr) {
+    if (d.type == TD_DEVICE_CPU)
+        free(ptr);
+    else if (ptr)
+        td__cuda()->host_free(ptr);
+}
+
+td_status td__device_copy_async(td_device d, void *dst, const void *src, size_t bytes, void *stream,
+                                const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->memcpy_async(g->index, dst, src, bytes, stream);
+}
+
+td_status td__device_event_record(td_device d, void *stream, void **event, const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->event_record(g->index, stream, event);
+}
+
+td_status td__device_event_wait(td_device d, void *stream, void *event, const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->event_wait(g->index, stream, event);
+}
+
+td_status td__device_event_synchronize(void *event) { return td__cuda()->event_synchronize(event); }
+
+void td__device_event_free(void *event) {
+    if (event) td__cuda()->event_destroy(event);
+}
+
+td_device td__device_of_pointer(const void *ptr) {
+    pthread_mutex_lock(&lock);
+    int used = gpus_used;
+    pthread_mutex_unlock(&lock);
+    int d = used && ptr ? td__cuda()->pointer_device(ptr) : -1;
+    return d < 0 ? td_device_cpu() : td_device_cuda(d);
+}
+
+td_status td__device_uuid(td_device d, unsigned char uuid[16], const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->device_uuid(g->index, uuid);
+}
+
+td_status td__device_convert(td_device d, void *dst, td_dtype dst_dtype, const void *src,
+                             td_dtype src_dtype, size_t n, const char *what) {
+    if (d.type == TD_DEVICE_CPU) {
+        td__convert(dst, dst_dtype, src, src_dtype, n);
+        return TD_OK;
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->convert_async(g->index, g->stream, dst, dst_dtype, src, src_dtype, n);
+}
+
+td_status td__device_fill(td_device d, void *ptr, uint32_t bits, int size, size_t n,
+                          const char *what) {
+    if (d.type == TD_DEVICE_CPU) {
+        uint16_t half = (uint16_t)bits;
+        for (size_t i = 0; i < n; i++)
+            memcpy((unsigned char *)ptr + i * (size_t)size,
+                   size == 2 ? (void *)&half : (void *)&bits, (size_t)size);
+        return TD_OK;
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->fill_async(g->index, g->stream, ptr, bits, size, n);
+}
+
+td_status td__device_upload(td_device d, void *dst, const void *host, size_t bytes,
+                            const char *what) {
+    if (d.type == TD_DEVICE_CPU) {
+        if (bytes) memcpy(dst, host, bytes);
+        return TD_OK;
+    }
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->memcpy_async(g->index, dst, host, bytes, g->stream);
 }

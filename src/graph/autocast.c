@@ -2,7 +2,8 @@
  * its float inputs are cast to the dtype the node computes in (the op table's `precision`), or
  * it computes in f32 between casts when its table says it cannot compute in the low dtype on
  * this machine; from level O2 on, parameters are stored in the low dtype the first time a node
- * takes them (batch norm's stay f32 at O2). Casts are made once per (tensor, dtype), so a
+ * takes them (batch norm's stay f32 at O2), with f32 master weights in the optimizer at O2 and
+ * none at O3. Casts are made once per (tensor, dtype), so a
  * weight used twice is cast once per forward. Walks op tables; names no op. */
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +53,8 @@ static td_dtype follow(const td__node *probe) {
     return d == TD_DTYPE_COUNT ? TD_F32 : d;
 }
 
-/* Stores parameter t in dtype (values converted): its td_param entry follows. */
+/* Stores parameter t in dtype (values converted): its td_param entry follows. At O3 the
+ * entry asks optimizers to step it in that dtype, with no f32 master weights (apex's O3). */
 static td_status param_to(td_graph *g, td_tensor *t, td_dtype dtype) {
     size_t n = (size_t)td_shape_numel(&t->shape), bytes = n * td_dtype_size(dtype);
     void *own = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
@@ -65,6 +67,7 @@ static td_status param_to(td_graph *g, td_tensor *t, td_dtype dtype) {
     TD__TRY(g->ctx.backend->describe(&g->ctx, t));
     g->params[t->index].data = own;
     g->params[t->index].dtype = dtype;
+    if (g->opt.amp.level == TD_AMP_O3) g->params[t->index].master_dtype = dtype;
     return TD_OK;
 }
 

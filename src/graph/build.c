@@ -49,6 +49,10 @@ td_status td_graph_gelu(td_graph *g, td_tensor *x, td_tensor **y) {
     return unary(g, &td__op_eltwise, "gelu", x, NULL, TD__ELT_GELU, y);
 }
 
+td_status td_graph_gelu_tanh(td_graph *g, td_tensor *x, td_tensor **y) {
+    return unary(g, &td__op_eltwise, "gelu_tanh", x, NULL, TD__ELT_GELU_TANH, y);
+}
+
 td_status td_graph_dropout(td_graph *g, td_tensor *x, float p, td_tensor **y) {
     td__op_attr a = {.p = p};
     return unary(g, &td__op_dropout, "dropout", x, &a, TD__DROP_ELEMENT, y);
@@ -156,4 +160,30 @@ td_status td_graph_cross_entropy(td_graph *g, td_tensor *logits, td_tensor *labe
     TD__TRY(td_graph_log_softmax(g, logits, &lp));
     if (logp) *logp = lp;
     return td_graph_nll_loss(g, lp, labels, reduction, loss);
+}
+
+td_status td_graph_embedding(td_graph *g, td_tensor *idx, td_tensor *weight, td_tensor **y) {
+    td_tensor *ins[2] = {idx, weight};
+    return td__graph_add(g, &td__op_embedding, "embedding", ins, 2, NULL, TD__EMB_TOKEN, y);
+}
+
+td_status td_graph_position_embedding(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor **y) {
+    td_tensor *ins[2] = {x, weight};
+    return td__graph_add(g, &td__op_embedding, "position_embedding", ins, 2, NULL, TD__EMB_POSITION,
+                         y);
+}
+
+td_status td_graph_layer_norm(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
+                              float eps, td_tensor **y) {
+    td_tensor *ins[3] = {x, weight, bias};
+    td__op_attr a = {.eps = eps};
+    return td__graph_add(g, &td__op_layer_norm, "layer_norm", ins, 3, &a, 0, y);
+}
+
+td_status td_graph_causal_attention(td_graph *g, td_tensor *qkv, int heads, int64_t seq_len,
+                                    td_tensor **y) {
+    if (!qkv) return td__fail(TD_EINVAL, "attention: qkv is NULL");
+    if (seq_len == 0 && qkv->shape.ndim == 3) seq_len = qkv->shape.dim[1];
+    td__op_attr a = {.attn = {.heads = heads, .seq_len = seq_len}};
+    return unary(g, &td__op_attention, "attention", qkv, &a, 0, y);
 }

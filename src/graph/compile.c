@@ -108,18 +108,23 @@ td_status td__graph_allocate(td_graph *g) {
 }
 
 /* For each parameter, the first node that reads it: the last one backward visits, after
- * which its gradient is final. */
+ * which its gradient is final; and the last node that reads it, after which forward is done
+ * with it (the parameter-use hook's points). */
 static td_status plan_grad_ready(td_graph *g) {
-    g->param_last_node = malloc(((size_t)g->nparams + 1) * sizeof *g->param_last_node);
-    g->fired = calloc((size_t)g->nparams + 1, 1);
-    if (!g->param_last_node || !g->fired)
+    size_t n = (size_t)g->nparams + 1;
+    g->param_last_node = malloc(n * sizeof *g->param_last_node);
+    g->param_final_node = malloc(n * sizeof *g->param_final_node);
+    g->fired = calloc(n, 1);
+    g->used = calloc(n, 1);
+    if (!g->param_last_node || !g->param_final_node || !g->fired || !g->used)
         return td__fail(TD_ENOMEM, "td_graph_compile: out of memory");
-    for (int i = 0; i < g->nparams; i++) g->param_last_node[i] = -1;
+    for (int i = 0; i < g->nparams; i++) g->param_last_node[i] = g->param_final_node[i] = -1;
     for (int k = 0; k < g->nnodes; k++)
         for (int i = 0; i < g->nodes[k]->nin; i++) {
             td_tensor *t = g->nodes[k]->in[i];
-            if (t && t->kind == TD__PARAM && g->param_last_node[t->index] < 0)
-                g->param_last_node[t->index] = k;
+            if (!t || t->kind != TD__PARAM) continue;
+            if (g->param_last_node[t->index] < 0) g->param_last_node[t->index] = k;
+            g->param_final_node[t->index] = k;
         }
     return TD_OK;
 }

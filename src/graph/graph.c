@@ -1,6 +1,6 @@
 /* The graph itself: creation, leaves and nodes, the forward and backward sweeps, gradient
- * zeroing, the grad-ready hook, and parameter sharing between graphs. Compiling is in
- * compile.c and fuse.c, the public op builders in build.c, the ops' math in src/ops; this
+ * zeroing, the grad-ready and parameter-use hooks, and parameter sharing between graphs. Compiling
+ * is in compile.c and fuse.c, the public op builders in build.c, the ops' math in src/ops; this
  * file walks op tables and never names an op. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +17,8 @@ td_graph_params td_graph_default_params(void) {
                          .comm = NULL,
                          .sync_batch_norm = 0,
                          .device = {TD_DEVICE_CPU, 0},
+                         .cuda_graphs = 1,
+                         .allow_tf32 = 0,
                          .trace = NULL};
     return p;
 }
@@ -45,6 +47,7 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     g->ctx.comm = g->opt.comm;
     g->ctx.params_ready = params_ready;
     g->ctx.device = g->opt.device;
+    g->ctx.allow_tf32 = g->opt.allow_tf32;
     td_status s = td__backend_for(g->opt.device, "td_graph_create", &g->ctx.backend);
     if (s == TD_OK) s = g->ctx.backend->init(&g->ctx, "td_graph_create");
     if (s == TD_OK)
@@ -75,6 +78,8 @@ void td_graph_destroy(td_graph *g) {
         if (t->kind != TD__ACT && (own < storage || own >= storage + g->storage_bytes)) free(own);
         free(t);
     }
+    td__graph_records_free(g);
+    free(g->dy_host);
     if (g->storage) g->ctx.backend->free(&g->ctx, g->storage);
     free(g->nodes);
     free(g->tensors);
@@ -83,8 +88,10 @@ void td_graph_destroy(td_graph *g) {
     free(g->buffers);
     free(g->buffer_t);
     free(g->param_last_node);
+    free(g->param_final_node);
     free(g->casts);
     free(g->fired);
+    free(g->used);
     td_arena_destroy(g->ctx.arena);
     td_arena_destroy(g->ctx.records);
     if (g->ctx.backend) g->ctx.backend->destroy(&g->ctx);
@@ -181,6 +188,7 @@ static void fill_param(td_param *p, td_tensor *t) {
     p->dtype = t->dtype;
     p->ndim = t->shape.ndim;
     p->device = t->g->opt.device;
+    p->master_dtype = TD_F32;
     for (int i = 0; i < TD_MAX_DIMS; i++) p->shape[i] = i < t->shape.ndim ? t->shape.dim[i] : 0;
 }
 
@@ -250,6 +258,12 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
     if (g->compiled) return td__fail(TD_ESTATE, "%s: the graph is already compiled", what);
     if (nin < 1 || nin > TD__MAX_IN)
         return td__fail(TD_EINVAL, "%s: %d inputs (1 to %d)", what, nin, TD__MAX_IN);
+    if (!td__kernels_of(&g->ctx, op)) {
+        char dev[32];
+        td_device_format(g->opt.device, dev, sizeof dev);
+        return td__fail(TD_EUNSUPPORTED, "%s: no kernels for it on %s (the %s backend) yet", what,
+                        dev, g->ctx.backend->name);
+    }
     TD__TRY(check_input(g, ins[0], what));
     for (int i = 1; i < nin; i++)
         if (ins[i]) TD__TRY(check_input(g, ins[i], what));
@@ -287,30 +301,90 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
 }
 
 void td__graph_sync_storage(td_graph *g) {
+    int moved = 0;
     for (int i = 0; i < g->nparams; i++) {
         td_tensor *t = g->param_t[i];
-        if (g->params[i].data && g->params[i].data != t->data) t->data = g->params[i].data;
-        if (g->params[i].grad && g->params[i].grad != t->grad) t->grad = g->params[i].grad;
+        if (g->params[i].data && g->params[i].data != t->data)
+            t->data = g->params[i].data, moved = 1;
+        if (g->params[i].grad && g->params[i].grad != t->grad)
+            t->grad = g->params[i].grad, moved = 1;
     }
     for (int i = 0; i < g->nbuffers; i++) {
         td_tensor *t = g->buffer_t[i];
-        if (g->buffers[i].data && g->buffers[i].data != t->data) t->data = g->buffers[i].data;
+        if (g->buffers[i].data && g->buffers[i].data != t->data)
+            t->data = g->buffers[i].data, moved = 1;
     }
+    g->storage_gen += moved;
 }
+
+/* Tells the parameter-use hook that parameter i reaches `use`, then takes its storage from its
+ * td_param entry again: the hook may have moved it. */
+static td_status use_param(td_graph *g, int i, td_param_use use) {
+    TD__TRY(g->use_hook((size_t)i, use, g->use_ctx));
+    td_tensor *t = g->param_t[i];
+    if (g->params[i].data) t->data = g->params[i].data;
+    if (g->params[i].grad) t->grad = g->params[i].grad;
+    return TD_OK;
+}
+
+/* Whether input i of n is a parameter that no earlier input of n is. */
+static int first_param_input(const td__node *n, int i) {
+    if (!n->in[i] || n->in[i]->kind != TD__PARAM) return 0;
+    for (int j = 0; j < i; j++)
+        if (n->in[j] == n->in[i]) return 0;
+    return 1;
+}
+
+/* The hook for each parameter that node n reads and whose first or last reader n is. */
+static td_status use_params_at(td_graph *g, const td__node *n, const int *reader,
+                               td_param_use use) {
+    for (int i = 0; i < n->nin; i++)
+        if (first_param_input(n, i) && reader[n->in[i]->index] == n->index)
+            TD__TRY(use_param(g, n->in[i]->index, use));
+    return TD_OK;
+}
+
+static td_status forward_nodes(td_graph *g, const void *arg);
 
 td_status td_graph_forward(td_graph *g) {
     if (!g) return td__fail(TD_EINVAL, "td_graph_forward: graph is NULL");
     if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_forward: call td_graph_compile first");
     td__graph_sync_storage(g);
+    for (int k = 0; k < g->nnodes; k++) {
+        const td__kernels *kern = td__kernels_of(&g->ctx, g->nodes[k]->op);
+        if (kern->check) TD__TRY(kern->check(&g->ctx, g->nodes[k]));
+    }
     g->ctx.rng_sample_offset = 0;
+    if (g->opt.trace) (void)td_trace_name_thread(g->opt.trace, "compute");
+    if (g->ctx.backend->forward_begin) TD__TRY(g->ctx.backend->forward_begin(&g->ctx));
+    return td__graph_sweep(g, NULL, forward_nodes, NULL);
+}
+
+/* A forward's nodes, with the parameter-use hook at each parameter's first and last reader. */
+static td_status forward_nodes(td_graph *g, const void *arg) {
+    (void)arg;
+    td_param_use_fn hook = g->use_hook;
     td_trace *trace = g->opt.trace;
-    if (trace) (void)td_trace_name_thread(trace, "compute");
     for (int k = 0; k < g->nnodes; k++) {
         td__node *n = g->nodes[k];
+        if (hook) TD__TRY(use_params_at(g, n, g->param_last_node, TD_PARAM_BEFORE_FORWARD));
         uint64_t t0 = trace ? td_time_ns() : 0;
         TD__TRY(td__kernels_of(&g->ctx, n->op)->forward(&g->ctx, n));
         if (trace) (void)td_trace_span(trace, n->out->name, "forward", t0, td_time_ns());
+        if (hook) TD__TRY(use_params_at(g, n, g->param_final_node, TD_PARAM_AFTER_FORWARD));
     }
+    for (int i = 0; hook && i < g->nparams; i++)
+        if (g->param_final_node[i] < 0) TD__TRY(use_param(g, i, TD_PARAM_AFTER_FORWARD));
+    return TD_OK;
+}
+
+/* Backward's point: before the first node that reads a parameter and runs backward. */
+static td_status use_params_backward(td_graph *g, const td__node *n) {
+    for (int i = 0; i < n->nin; i++)
+        if (first_param_input(n, i) && !g->used[n->in[i]->index]) {
+            g->used[n->in[i]->index] = 1;
+            TD__TRY(use_param(g, n->in[i]->index, TD_PARAM_BEFORE_BACKWARD));
+        }
     return TD_OK;
 }
 
@@ -335,6 +409,15 @@ static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only) {
     }
 }
 
+/* What a backward sweep starts from: y and its upstream gradient, f32, where the device reads
+ * it. */
+typedef struct {
+    td_tensor *y;
+    const float *dy;
+} backward_args;
+
+static td_status backward_nodes(td_graph *g, const void *arg);
+
 td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     if (!g || !y || !dy) return td__fail(TD_EINVAL, "td_graph_backward: NULL argument");
     if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_backward: call td_graph_compile first");
@@ -355,20 +438,39 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
                             "or in place); start from the ReLU's output",
                             y->name);
     td__graph_sync_storage(g);
-    for (int i = 0; i < g->ntensors; i++)
-        if (g->tensors[i]->kind == TD__ACT) g->tensors[i]->grad_zero = 1;
-    void *d = td__grad_begin(&g->ctx, y, 0);
     size_t numel = (size_t)td_shape_numel(&y->shape);
-    const td__backend *be = g->ctx.backend;
-    if (g->opt.device.type != TD_DEVICE_CPU) { /* dy comes from host memory */
+    if (g->opt.device.type != TD_DEVICE_CPU) {
+        /* dy goes to the device ahead of the sweep (which may be a replay that reads it there),
+         * from a pageable copy so that the caller may reuse its buffer at once. */
         if (numel * sizeof(float) > g->ctx.scratch_bytes)
             return td__fail(TD_EUNSUPPORTED,
                             "td_graph_backward: '%s' (%zu elements) is larger than the graph's "
                             "scratch for an f32 gradient",
                             y->name, numel);
-        TD__TRY(be->upload(&g->ctx, g->ctx.scratch[1], dy, numel * sizeof(float)));
+        if (g->dy_host_count < numel) {
+            float *h = realloc(g->dy_host, numel * sizeof *h);
+            if (!h) return td__fail(TD_ENOMEM, "td_graph_backward: out of memory");
+            g->dy_host = h;
+            g->dy_host_count = numel;
+        }
+        memcpy(g->dy_host, dy, numel * sizeof *dy);
+        TD__TRY(g->ctx.backend->upload_async(&g->ctx, g->ctx.scratch[1], g->dy_host,
+                                             numel * sizeof *dy));
         dy = g->ctx.scratch[1];
     }
+    backward_args a = {y, dy};
+    return td__graph_sweep(g, y, backward_nodes, &a);
+}
+
+static td_status backward_nodes(td_graph *g, const void *arg) {
+    const backward_args *a = arg;
+    td_tensor *y = a->y;
+    const float *dy = a->dy;
+    for (int i = 0; i < g->ntensors; i++)
+        if (g->tensors[i]->kind == TD__ACT) g->tensors[i]->grad_zero = 1;
+    void *d = td__grad_begin(&g->ctx, y, 0);
+    size_t numel = (size_t)td_shape_numel(&y->shape);
+    const td__backend *be = g->ctx.backend;
     if (y->blocked) /* f32 plain -> y's dtype and layout in one copy */
         TD__TRY(be->copy_plain(&g->ctx, y, dy, d, TD_F32, 0));
     else
@@ -376,18 +478,23 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     td__grad_end(&g->ctx, y);
     g->zero_failed = 0;
     memset(g->fired, 0, (size_t)g->nparams);
+    memset(g->used, 0, (size_t)g->nparams);
     td_trace *trace = g->opt.trace;
     for (int k = g->nnodes - 1; k >= 0; k--) {
         td__node *n = g->nodes[k];
         if (n->out->requires_grad && !n->out->grad_zero) {
+            if (g->use_hook) TD__TRY(use_params_backward(g, n));
             uint64_t t0 = trace ? td_time_ns() : 0;
             TD__TRY(td__kernels_of(&g->ctx, n->op)->backward(&g->ctx, n));
             if (trace) (void)td_trace_span(trace, n->out->name, "backward", t0, td_time_ns());
         }
         params_ready(&g->ctx, n, 0);
+        if (g->use_hook) TD__TRY(use_params_at(g, n, g->param_last_node, TD_PARAM_AFTER_BACKWARD));
     }
     for (int i = 0; i < g->nparams; i++)
         if (!g->fired[i]) fire(g, i);
+    for (int i = 0; g->use_hook && i < g->nparams; i++)
+        if (g->param_last_node[i] < 0) TD__TRY(use_param(g, i, TD_PARAM_AFTER_BACKWARD));
     if (g->zero_failed)
         return td__fail(TD_EBACKEND, "td_graph_backward: zeroing a parameter gradient failed");
     for (int i = 0; i < g->ntensors; i++) {
@@ -469,6 +576,12 @@ void td_graph_set_grad_ready_hook(td_graph *g, td_grad_ready_fn fn, void *ctx) {
     g->hook_ctx = ctx;
 }
 
+void td_graph_set_param_use_hook(td_graph *g, td_param_use_fn fn, void *ctx) {
+    if (!g) return;
+    g->use_hook = fn;
+    g->use_ctx = ctx;
+}
+
 static td_status share(td_tensor **dst, td_param *dp, td_tensor **src, int n, int nsrc,
                        const char *what) {
     if (n != nsrc)
@@ -492,6 +605,7 @@ static td_status share(td_tensor **dst, td_param *dp, td_tensor **src, int n, in
 
 td_status td_graph_share_params(td_graph *dst, td_graph *src) {
     if (!dst || !src) return td__fail(TD_EINVAL, "td_graph_share_params: NULL graph");
+    td__graph_sync_storage(src); /* where src's td_param entries say, if moved since its sweep */
     TD__TRY(
         share(dst->param_t, dst->params, src->param_t, dst->nparams, src->nparams, "parameters"));
     return share(dst->buffer_t, dst->buffers, src->buffer_t, dst->nbuffers, src->nbuffers,

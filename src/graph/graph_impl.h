@@ -16,6 +16,21 @@ typedef struct {
     td_tensor *to;
 } td__graph_cast_entry;
 
+/* A sweep the backend recorded (record.c): its key, its recording and what a replay must redo
+ * on the host. */
+typedef struct {
+    void *recording; /* the backend's; NULL: none */
+    int seen;
+    uint64_t storage_gen;
+    /* where every tensor's memory was when recorded */ /* the last sweep ran op by op with this
+                                                           key */
+    int training, by_sample;     /* forward's key: the training mode, dropout keyed by sample */
+    const td_tensor *from;       /* backward's key: where it starts ... */
+    unsigned char *flags_before; /* ... and every tensor's gradient flags (ntensors) */
+    unsigned char *flags_after;  /* backward: the flags a replay leaves */
+    uint64_t rng_advance, sample_advance; /* forward: the dropout RNG's draws */
+} td__recorded_sweep;
+
 struct td_graph {
     td__op_ctx ctx; /* first: an op's ctx pointer is the graph's address */
     td_graph_params opt;
@@ -31,10 +46,14 @@ struct td_graph {
     td_param *buffers;
     td_tensor **buffer_t;
     int nbuffers, cap_buffers;
-    int *param_last_node; /* (nparams) lowest consumer node index, or -1 */
-    unsigned char *fired; /* (nparams) hook already called in this sweep */
+    int *param_last_node;  /* (nparams) lowest consumer node index, or -1 */
+    int *param_final_node; /* (nparams) highest consumer node index, or -1 */
+    unsigned char *fired;  /* (nparams) hook already called in this sweep */
+    unsigned char *used;   /* (nparams) the use hook's BEFORE_BACKWARD made in this sweep */
     td_grad_ready_fn hook;
     void *hook_ctx;
+    td_param_use_fn use_hook; /* td_graph_set_param_use_hook's */
+    void *use_ctx;
     td__graph_cast_entry *casts;
     int ncasts, cap_casts;
     /* Activations, gradients and scratch (and, on a GPU, the leaves too) in one allocation
@@ -42,6 +61,13 @@ struct td_graph {
     void *storage;
     size_t storage_bytes;
     int zero_failed; /* a deferred gradient zeroing failed during this backward */
+    td__recorded_sweep rec_forward, rec_backward;
+    size_t replays;       /* sweeps run as replays */
+    uint64_t storage_gen; /* bumped whenever a tensor is pointed at other memory */
+    char record_why[256]; /* why recording was given up; empty while it is on */
+    int record_checked;   /* the nodes were found recordable */
+    float *dy_host;       /* backward's upstream gradient, staged in pageable memory */
+    size_t dy_host_count;
 };
 
 /* Where td__graph_allocate puts each tensor: offsets into the graph's one storage block, by
@@ -74,6 +100,14 @@ void td__graph_fuse(td_graph *g);                 /* fuse.c: fold or run activat
 void td__graph_plan_layouts(td_graph *g);         /* which activations may stay blocked */
 td_status td__graph_make_primitives(td_graph *g); /* every op's compile */
 td_status td__graph_allocate(td_graph *g);        /* activation, gradient and scratch memory */
+
+/* Runs run(g, arg), a forward (from NULL) or a backward from `from`, recorded and replayed
+ * where the backend can (record.c). */
+td_status td__graph_sweep(td_graph *g, const td_tensor *from,
+                          td_status (*run)(td_graph *, const void *), const void *arg);
+
+/* Frees the graph's recordings. */
+void td__graph_records_free(td_graph *g);
 
 /* Inference graphs (grad_enabled = 0): places every activation in the plan, letting an
  * activation reuse the memory of one whose consumers have all run (memplan.c). */

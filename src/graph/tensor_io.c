@@ -71,10 +71,31 @@ td_status td_tensor_write(td_tensor *t, const void *src) {
     return move(t, t->data, src, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype), 0);
 }
 
+td_status td_tensor_copy_from(td_tensor *t, td_device from, const void *src) {
+    if (!t || !src) return td__fail(TD_EINVAL, "td_tensor_copy_from: NULL argument");
+    if (from.type == TD_DEVICE_CPU) return td_tensor_write(t, src);
+    td_device on = t->g->opt.device;
+    if (from.type != on.type || from.index != on.index) {
+        char a[32], b[32];
+        td_device_format(from, a, sizeof a);
+        td_device_format(on, b, sizeof b);
+        return td__fail(TD_EINVAL, "td_tensor_copy_from: '%s' is on %s, the source on %s", t->name,
+                        b, a);
+    }
+    if (!t->g->compiled || t->kind == TD__ACT)
+        return td__fail(TD_ESTATE, "td_tensor_copy_from: '%s' is not a leaf of a compiled graph",
+                        t->name);
+    td__op_ctx *ctx = &t->g->ctx;
+    return ctx->backend->copy(ctx, t->data, src,
+                              (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype));
+}
+
 td_status td_tensor_set_data(td_tensor *t, void *data) {
     if (!t) return td__fail(TD_EINVAL, "td_tensor_set_data: tensor is NULL");
     if (t->kind != TD__INPUT)
         return td__fail(TD_EINVAL, "td_tensor_set_data: '%s' is not a graph input", t->name);
-    t->data = data ? data : t->own;
+    void *to = data ? data : t->own;
+    if (to != t->data) t->g->storage_gen++; /* recorded sweeps read the old memory */
+    t->data = to;
     return TD_OK;
 }

@@ -3,6 +3,7 @@
  * around them: names, and predictions/accuracy from the log-probabilities. Training loops live
  * in the examples. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tandem/nn.h"
@@ -10,7 +11,7 @@
 #include "core/core_impl.h"
 #include "nn/nn_impl.h"
 
-static const char *const model_names[TD_MODEL_COUNT] = {"net", "mlp", "cnn", "resnet"};
+static const char *const model_names[TD_MODEL_COUNT] = {"net", "mlp", "cnn", "resnet", "gpt"};
 
 const char *td_model_name(td_model_kind kind) {
     return (unsigned)kind < TD_MODEL_COUNT ? model_names[kind] : "invalid";
@@ -23,7 +24,7 @@ td_status td_model_kind_parse(const char *name, td_model_kind *out) {
             *out = (td_model_kind)i;
             return TD_OK;
         }
-    return td__fail(TD_EINVAL, "unknown model '%s' (expected net, mlp, cnn or resnet)", name);
+    return td__fail(TD_EINVAL, "unknown model '%s' (expected net, mlp, cnn, resnet or gpt)", name);
 }
 
 /* The models as layers. Each layer draws its parameters in the order the whole model always
@@ -137,6 +138,10 @@ td_status td_model_sequential(td_model_kind kind, td_sequential **out) {
         td_resnet_params rp = td_resnet_default_params();
         return td_resnet_sequential(&rp, out);
     }
+    if (kind == TD_MODEL_GPT) {
+        td_gpt_params gp = td_gpt_default_params();
+        return td_gpt_sequential(&gp, out);
+    }
     td_sequential *s;
     TD__TRY(td_sequential_create(&s, td_shape_make(3, (const int64_t[]){1, 28, 28})));
     td_status st = add_layers(s, kind);
@@ -165,17 +170,25 @@ td_status td_model_build(td_graph *g, td_model_kind kind, int64_t batch, uint64_
 
 td_status td_model_predict(const td_model *m, int64_t *pred, int64_t *correct) {
     if (!m || !m->output) return td__fail(TD_EINVAL, "td_model_predict: model not built");
-    const float *lp = td_tensor_data(m->output);
-    const int64_t *lab = td_tensor_data(m->labels);
-    if (!lp || !lab) return td__fail(TD_ESTATE, "td_model_predict: the graph is not compiled");
-    int64_t B = m->batch, C = td_tensor_shape(m->output).dim[1], ok = 0;
-    for (int64_t i = 0; i < B; i++) {
+    if (!td_tensor_data(m->output) || !td_tensor_data(m->labels))
+        return td__fail(TD_ESTATE, "td_model_predict: the graph is not compiled");
+    /* Through copies, wherever the graph keeps its tensors; one label per row of the output. */
+    td_shape os = td_tensor_shape(m->output);
+    int64_t B = os.dim[0], C = os.dim[1], ok = 0;
+    float *lp = malloc((size_t)(B * C) * sizeof *lp);
+    int64_t *lab = malloc((size_t)B * sizeof *lab);
+    td_status st = lp && lab ? TD_OK : td__fail(TD_ENOMEM, "td_model_predict: out of memory");
+    if (st == TD_OK) st = td_tensor_read(m->output, lp);
+    if (st == TD_OK) st = td_tensor_read(m->labels, lab);
+    for (int64_t i = 0; st == TD_OK && i < B; i++) {
         int64_t best = 0;
         for (int64_t c = 1; c < C; c++)
             if (lp[i * C + c] > lp[i * C + best]) best = c;
         if (pred) pred[i] = best;
         ok += best == lab[i];
     }
-    if (correct) *correct = ok;
-    return TD_OK;
+    free(lp);
+    free(lab);
+    if (st == TD_OK && correct) *correct = ok;
+    return st;
 }

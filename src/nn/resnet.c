@@ -1,6 +1,7 @@
-/* ResNet (He et al. 2015) for small images as a td_sequential: a stem, one layer per residual
- * block (BasicBlock or Bottleneck, torchvision v1.5), and a head of global average pooling and
- * a linear classifier. Parameter names and initialisation follow torchvision, so a state_dict
+/* ResNet (He et al. 2015) as a td_sequential: a stem (for small images, or torchvision's
+ * ImageNet stem), one layer per residual block (BasicBlock or Bottleneck, torchvision v1.5),
+ * and a head of global average pooling and a linear classifier; torchvision's resnet18 ..
+ * resnet152 by depth. Parameter names and initialisation follow torchvision, so a state_dict
  * of the same architecture loads by name (tests/fixtures/models checks it against PyTorch).
  * It does not train, and knows nothing of stages: any cut between layers is a valid one. */
 #include <math.h>
@@ -23,6 +24,34 @@ td_resnet_params td_resnet_default_params(void) {
     p.image_size = 28;
     p.classes = 10;
     return p;
+}
+
+td_status td_resnet_torchvision_params(int depth, td_resnet_params *out) {
+    static const struct {
+        int depth;
+        td_resnet_block block;
+        int blocks[4];
+    } arch[] = {{18, TD_RESNET_BASIC, {2, 2, 2, 2}},
+                {34, TD_RESNET_BASIC, {3, 4, 6, 3}},
+                {50, TD_RESNET_BOTTLENECK, {3, 4, 6, 3}},
+                {101, TD_RESNET_BOTTLENECK, {3, 4, 23, 3}},
+                {152, TD_RESNET_BOTTLENECK, {3, 8, 36, 3}}};
+    if (!out) return td__fail(TD_EINVAL, "td_resnet_torchvision_params: NULL argument");
+    for (size_t i = 0; i < sizeof arch / sizeof *arch; i++) {
+        if (arch[i].depth != depth) continue;
+        td_resnet_params p = td_resnet_default_params();
+        p.block = arch[i].block;
+        for (int j = 0; j < 4; j++) p.blocks[j] = arch[i].blocks[j];
+        p.base_width = 64;
+        p.in_channels = 3;
+        p.image_size = 224;
+        p.classes = 1000;
+        p.imagenet_stem = 1;
+        *out = p;
+        return TD_OK;
+    }
+    return td__fail(TD_EINVAL, "td_resnet_torchvision_params: depth %d (18, 34, 50, 101 or 152)",
+                    depth);
 }
 
 /* conv (k x k, no bias) with torchvision's kaiming_normal_(mode="fan_out", relu). */
@@ -51,15 +80,23 @@ static td_status bn(td_graph *g, const char *prefix, const char *what, td_tensor
     return td_nn_batch_norm2d(g, name, x, y);
 }
 
-/* The stem: conv1 (3x3, stride 1) to base_width channels, bn1, ReLU. */
+/* The stem: conv1 to base_width channels, bn1, ReLU; 3x3 stride 1 for small images, or
+ * torchvision's 7x7 stride 2 followed by its maxpool (3x3, stride 2, padding 1). */
 static td_status stem(td_graph *g, const char *name, td_tensor *x, td_rng *rng, const void *arg,
                       td_tensor **y) {
     (void)name;
     const td_resnet_params *p = arg;
     td_tensor *t;
-    TD__TRY(conv(g, "", "conv1", x, p->base_width, 3, 1, rng, &t));
+    TD__TRY(conv(g, "", "conv1", x, p->base_width, p->imagenet_stem ? 7 : 3,
+                 p->imagenet_stem ? 2 : 1, rng, &t));
     TD__TRY(bn(g, "", "bn1", t, &t));
-    return td_graph_relu(g, t, y);
+    if (!p->imagenet_stem) return td_graph_relu(g, t, y);
+    TD__TRY(td_graph_relu(g, t, &t));
+    td_pool2d_params pp = td_pool2d_default_params();
+    pp.kernel[0] = pp.kernel[1] = 3;
+    pp.stride[0] = pp.stride[1] = 2;
+    pp.padding[0] = pp.padding[1] = 1;
+    return td_graph_max_pool2d(g, t, &pp, y);
 }
 
 typedef struct {
@@ -126,6 +163,8 @@ static td_status check(const td_resnet_params *p) {
         if (p->blocks[i] < 1 || p->blocks[i] > 64)
             return td__fail(TD_EINVAL, "resnet: stage %d has %d blocks (1 to 64)", i + 1,
                             p->blocks[i]);
+    if (p->imagenet_stem != 0 && p->imagenet_stem != 1)
+        return td__fail(TD_EINVAL, "resnet: imagenet_stem %d (0 or 1)", p->imagenet_stem);
     if (p->base_width < 1 || p->in_channels < 1 || p->image_size < 1 || p->classes < 1)
         return td__fail(TD_EINVAL,
                         "resnet: base_width %lld, in_channels %lld, image_size %lld and classes "

@@ -59,11 +59,11 @@ td_status td_sequential_insert(td_sequential *s, size_t index, const char *name,
     if (!s || !name || !fn || (arg_bytes && !arg))
         return td__fail(TD_EINVAL, "sequential: NULL model, name, function or arg");
     if (index > s->n)
-        return td__fail(TD_EINVAL, "sequential: position %zu of a model of %zu layers",
-                        index, s->n);
+        return td__fail(TD_EINVAL, "sequential: position %zu of a model of %zu layers", index,
+                        s->n);
     if (!*name || strlen(name) >= SEQ_NAME_MAX)
-        return td__fail(TD_EINVAL, "sequential: layer name '%s' is empty or over %d chars",
-                        name, SEQ_NAME_MAX - 1);
+        return td__fail(TD_EINVAL, "sequential: layer name '%s' is empty or over %d chars", name,
+                        SEQ_NAME_MAX - 1);
     for (size_t i = 0; i < s->n; i++)
         if (strcmp(s->layers[i].name, name) == 0)
             return td__fail(TD_EINVAL, "sequential: layer '%s' is already there", name);
@@ -127,13 +127,6 @@ td_status td_sequential_find(const td_sequential *s, const char *name, size_t *i
                                s->layers[i].name);
     return td__fail(TD_ENOTFOUND, "no layer '%s' (or '%s.*'); the layers are: %s", name, name,
                     names);
-}
-
-static void shape_str(const td_shape *s, char *out, size_t cap) {
-    size_t at = (size_t)snprintf(out, cap, "(");
-    for (int i = 0; i < s->ndim && at < cap; i++)
-        at += (size_t)snprintf(out + at, cap - at, i ? ", %lld" : "%lld", (long long)s->dim[i]);
-    if (at < cap) snprintf(out + at, cap - at, ")");
 }
 
 /* Builds layers [first, last) reading x, drawing from rng. */
@@ -201,8 +194,8 @@ td_status td_sequential_build(const td_sequential *s, td_graph *g, size_t first,
     TD__TRY(replay(s, first, got.ndim > 0 ? got.dim[0] : 1, seed, &rng, &want));
     if (!td_shape_equal(&want, &got)) {
         char a[96], b[96];
-        shape_str(&want, a, sizeof a);
-        shape_str(&got, b, sizeof b);
+        td__dims_str(a, sizeof a, want.ndim, want.dim);
+        td__dims_str(b, sizeof b, got.ndim, got.dim);
         return td__fail(TD_ESHAPE, "td_sequential_build: layer %zu '%s' reads %s, x is %s", first,
                         s->layers[first].name, a, b);
     }
@@ -222,9 +215,15 @@ td_status td_model_build_sequential(td_graph *g, const td_sequential *s, int64_t
     td_rng rng;
     TD__TRY(replay(s, 0, batch, seed, &rng, &in));
     TD__TRY(td_graph_input(g, "input", in, TD_F32, 0, &out->input));
-    TD__TRY(td_graph_input(g, "labels", td_shape_1d(batch), TD_I64, 0, &out->labels));
     td_tensor *logits;
     TD__TRY(build_run(s, g, 0, s->n, out->input, &rng, &logits));
+    td_shape ls = td_tensor_shape(logits);
+    if (ls.ndim != 2)
+        return td__fail(TD_ESHAPE,
+                        "td_model_build_sequential: the last layer gives %d dims, "
+                        "expected (rows, classes) logits",
+                        ls.ndim);
+    TD__TRY(td_graph_input(g, "labels", td_shape_1d(ls.dim[0]), TD_I64, 0, &out->labels));
     TD__TRY(td_graph_cross_entropy(g, logits, out->labels, TD_REDUCTION_MEAN, &out->loss,
                                    &out->output));
     return td_graph_compile(g);

@@ -4,8 +4,7 @@
  * loss may depend on every rank's rows) and each rank keeps the rows of its own x. Any float
  * dtype, moved as it is; plain layouts only (ranks on different CPUs may block differently).
  * In a group of one it is a copy. */
-#include <string.h>
-
+#include "ops/backend.h"
 #include "ops/collective.h"
 
 static td_status ag_compile(td__op_ctx *ctx, td__node *n) {
@@ -15,10 +14,7 @@ static td_status ag_compile(td__op_ctx *ctx, td__node *n) {
 
 static td_status ag_forward(td__op_ctx *ctx, td__node *n) {
     td_tensor *x = n->in[0], *y = n->out;
-    if (td__coll_size(ctx) == 1) {
-        memcpy(y->data, x->data, x->bytes);
-        return TD_OK;
-    }
+    if (td__coll_size(ctx) == 1) return ctx->backend->copy(ctx, y->data, x->data, x->bytes);
     td_status st =
         td_comm_allgather(ctx->comm, x->data, y->data, (size_t)td_tensor_numel(x), x->dtype);
     return st == TD_OK ? TD_OK : td__coll_fail(n, "forward", st);
@@ -30,13 +26,12 @@ static td_status ag_backward(td__op_ctx *ctx, td__node *n) {
     void *dx = td__grad_begin(ctx, x, 0);
     td_status st = TD_OK;
     if (td__coll_size(ctx) == 1)
-        memcpy(dx, y->grad, x->bytes);
+        st = ctx->backend->copy(ctx, dx, y->grad, x->bytes);
     else
         st = td_comm_reduce_scatter(ctx->comm, y->grad, dx, (size_t)td_tensor_numel(x), x->dtype,
                                     TD_OP_SUM);
     if (st != TD_OK) return td__coll_fail(n, "backward", st);
-    td__grad_end(ctx, x);
-    return TD_OK;
+    return td__grad_end(ctx, x);
 }
 
 static td_status ag_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
@@ -50,15 +45,17 @@ static td_status ag_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
     return TD_OK;
 }
 
-const td__op td__op_all_gather = {
-    .name = "all_gather",
-    .id = TD__OP_ALL_GATHER,
-    .infer = ag_infer,
-};
-
-/* The CPU backend's kernels. */
-const td__kernels td__cpu_all_gather = {
+/* Its kernels on every backend: the group moves host and device memory alike. */
+static const td__kernels kernels = {
     .compile = ag_compile,
     .forward = ag_forward,
     .backward = ag_backward,
+};
+
+const td__op td__op_all_gather = {
+    .name = "all_gather",
+    .id = TD__OP_ALL_GATHER,
+    .generic = &kernels,
+    .collective = 1,
+    .infer = ag_infer,
 };

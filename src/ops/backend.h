@@ -29,6 +29,10 @@ struct td__backend {
     /* Bytes between host memory and storage. */
     td_status (*upload)(td__op_ctx *ctx, void *dst, const void *host, size_t bytes);
     td_status (*download)(td__op_ctx *ctx, void *host, const void *src, size_t bytes);
+    /* Bytes from storage to storage, queued in order with the kernels (no wait). */
+    td_status (*copy)(td__op_ctx *ctx, void *dst, const void *src, size_t bytes);
+    /* dst += src, n elements of dt in storage (td__grad_end's accumulation). */
+    td_status (*accumulate)(td__op_ctx *ctx, void *dst, const void *src, td_dtype dt, size_t n);
     /* n elements of storage from one dtype to another (dst and src do not overlap). */
     td_status (*convert)(td__op_ctx *ctx, void *dst, td_dtype dst_dtype, const void *src,
                          td_dtype src_dtype, size_t n);
@@ -36,6 +40,19 @@ struct td__backend {
      * plain_dtype: src in t's layout to dst plain when to_plain, else the other way. */
     td_status (*copy_plain)(td__op_ctx *ctx, const td_tensor *t, const void *src, void *dst,
                             td_dtype plain_dtype, int to_plain);
+    /* Optional: runs before each forward's first node, outside any recorded region (a GPU
+     * backend hands its kernels the forward's RNG key here). */
+    td_status (*forward_begin)(td__op_ctx *ctx);
+    /* Optional: bytes from pageable host memory (never pinned or registered) queued without
+     * waiting; the source may be reused once the call returns. */
+    td_status (*upload_async)(td__op_ctx *ctx, void *dst, const void *host, size_t bytes);
+    /* Optional (all four or none): recording what the kernels queue between record_begin and
+     * record_end (which hands back a replayable recording, or ends a failed recording and
+     * frees what it had), replaying it, and freeing it. CUDA graphs on a GPU. */
+    td_status (*record_begin)(td__op_ctx *ctx);
+    td_status (*record_end)(td__op_ctx *ctx, int keep, void **recording);
+    td_status (*replay)(td__op_ctx *ctx, void *recording);
+    void (*release)(void *recording);
 };
 
 /* The CPU backend: oneDNN primitives and plain-C kernels (cpu_backend.c). */
@@ -45,9 +62,10 @@ extern const td__backend td__backend_cpu;
  * names `what`, the device and why it cannot be used here. */
 td_status td__backend_for(td_device device, const char *what, const td__backend **out);
 
-/* The kernels of n's op on ctx's backend (NULL when it has none). */
+/* The kernels of n's op on ctx's backend, or its backend-neutral ones (NULL when neither). */
 static inline const td__kernels *td__kernels_of(const td__op_ctx *ctx, const td__op *op) {
-    return ctx->backend->kernels[op->id];
+    const td__kernels *k = ctx->backend->kernels[op->id];
+    return k ? k : op->generic;
 }
 
 #endif

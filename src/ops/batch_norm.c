@@ -6,8 +6,6 @@
 
 #include "ops/onednn.h"
 
-enum { BN_PLAIN = 0, BN_RELU = 1 }; /* variant: BN_RELU applies a folded ReLU */
-
 typedef struct {
     dnnl_primitive_t fwd_train, fwd_eval, bwd_train, bwd_eval;
     float *mean, *var;        /* (C) batch statistics of the last training forward */
@@ -39,7 +37,7 @@ static td_status bn_compile(td__op_ctx *ctx, td__node *n) {
     y->blocked = x->blocked;
     float eps = n->attr.bn.eps;
     unsigned flags = dnnl_use_scale | dnnl_use_shift;
-    if (n->variant == BN_RELU) flags |= dnnl_fuse_norm_relu;
+    if (n->variant == TD__BN_RELU) flags |= dnnl_fuse_norm_relu;
     dnnl_batch_normalization_desc_t d;
     dnnl_primitive_desc_t tpd = NULL, epd = NULL;
     TD__DNNL(dnnl_batch_normalization_forward_desc_init(&d, dnnl_forward_training, td__md(x), eps,
@@ -68,7 +66,7 @@ static td_status bn_compile(td__op_ctx *ctx, td__node *n) {
     dnnl_primitive_desc_destroy(tpd);
     if (epd) dnnl_primitive_desc_destroy(epd);
     TD__TRY(st);
-    if (n->variant == BN_RELU) {
+    if (n->variant == TD__BN_RELU) {
         size_t bt = dnnl_memory_desc_get_size(&wst), be = dnnl_memory_desc_get_size(&wse);
         if (bt) {
             if (!(s->ws_train = td__op_alloc(ctx, bt)))
@@ -193,8 +191,8 @@ static void bn_destroy(td__node *n) {
 /* A ReLU right after the batch norm runs inside its primitive: one pass less over the
  * activation, forward and backward. */
 static int bn_fold_activation(td__node *n, td__activation act) {
-    if (act != TD__ACT_RELU || n->variant != BN_PLAIN) return 0;
-    n->variant = BN_RELU;
+    if (act != TD__ACT_RELU || n->variant != TD__BN_PLAIN) return 0;
+    n->variant = TD__BN_RELU;
     return 1;
 }
 

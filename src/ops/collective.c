@@ -15,18 +15,17 @@ typedef struct {
     int64_t grad, dtype, ndim, dim[TD_MAX_DIMS];
 } coll_sig;
 
-static void describe(const coll_sig *s, char *buf, size_t cap) {
-    int at = snprintf(buf, cap, "%s of %s (", s->what, td_dtype_name((td_dtype)s->dtype));
-    for (int i = 0; i < s->ndim && at > 0 && (size_t)at < cap; i++)
-        at += snprintf(buf + at, cap - (size_t)at, i ? ", %lld" : "%lld", (long long)s->dim[i]);
-    if (at > 0 && (size_t)at < cap)
-        snprintf(buf + at, cap - (size_t)at, ")%s", s->grad ? " with a backward" : "");
+static void describe(const void *sig, const void *other, char *buf, size_t cap, void *ctx) {
+    (void)other, (void)ctx;
+    const coll_sig *s = sig;
+    char dims[160];
+    snprintf(buf, cap, "%s of %s %s%s", s->what, td_dtype_name((td_dtype)s->dtype),
+             td__dims_str(dims, sizeof dims, s->ndim, s->dim), s->grad ? " with a backward" : "");
 }
 
 td_status td__coll_agree(td__op_ctx *ctx, const td__node *n, const td_shape *shape, td_dtype dtype,
                          int grad) {
-    int world = td__coll_size(ctx);
-    if (world == 1) return TD_OK;
+    if (td__coll_size(ctx) == 1) return TD_OK;
     coll_sig mine;
     memset(&mine, 0, sizeof mine);
     snprintf(mine.what, sizeof mine.what, "%s", n->what);
@@ -34,21 +33,16 @@ td_status td__coll_agree(td__op_ctx *ctx, const td__node *n, const td_shape *sha
     mine.dtype = dtype;
     mine.ndim = shape->ndim;
     for (int i = 0; i < shape->ndim; i++) mine.dim[i] = shape->dim[i];
-    coll_sig *all = td__op_alloc(ctx, (size_t)world * sizeof *all);
-    if (!all) return td__fail(TD_ENOMEM, "%s: out of memory", n->what);
-    td_status st = td_comm_allgather(ctx->comm, &mine, all, sizeof mine, TD_U8);
-    if (st != TD_OK) return td__coll_fail(n, "compile", st);
-    for (int r = 1; r < world; r++) {
-        if (memcmp(&all[r], &all[0], sizeof mine) == 0) continue;
-        char a[160], b[160];
-        describe(&all[0], a, sizeof a);
-        describe(&all[r], b, sizeof b);
-        return td__fail(TD_ESHAPE,
-                        "%s (node %d, input '%s'): ranks build different graphs: rank 0 has %s "
-                        "here, rank %d has %s",
-                        n->what, n->index, n->in[0]->name, a, r, b);
-    }
-    return TD_OK;
+    char what[160];
+    snprintf(what, sizeof what, "%s (node %d, input '%s'): ranks build different graphs", n->what,
+             n->index, n->in[0]->name);
+    td_comm_agreement a = {.what = what,
+                           .sig = &mine,
+                           .bytes = sizeof mine,
+                           .mismatch = TD_ESHAPE,
+                           .describe = describe};
+    td_status st = td_comm_agree(ctx->comm, &a);
+    return st == TD_OK || st == TD_ESHAPE ? st : td__coll_fail(n, "compile", st);
 }
 
 td_status td__coll_fail(const td__node *n, const char *step, td_status status) {

@@ -64,6 +64,13 @@ static td_status cpu_copy(td__op_ctx *ctx, void *dst, const void *src, size_t by
     return TD_OK;
 }
 
+static td_status cpu_accumulate(td__op_ctx *ctx, void *dst, const void *src, td_dtype dt,
+                                size_t n) {
+    (void)ctx;
+    td__accumulate(dst, src, dt, n);
+    return TD_OK;
+}
+
 static td_status cpu_convert(td__op_ctx *ctx, void *dst, td_dtype dst_dtype, const void *src,
                              td_dtype src_dtype, size_t n) {
     (void)ctx;
@@ -100,11 +107,12 @@ const td__backend td__backend_cpu = {
             [TD__OP_SOFTMAX] = &td__cpu_softmax,
             [TD__OP_NLL] = &td__cpu_nll,
             [TD__OP_CAST] = &td__cpu_cast,
-            [TD__OP_ALL_GATHER] = &td__cpu_all_gather,
-            [TD__OP_ALL_REDUCE] = &td__cpu_all_reduce,
             [TD__OP_SYNC_BATCH_NORM] = &td__cpu_sync_batch_norm,
             [TD__OP_NORMALIZE] = &td__cpu_normalize,
             [TD__OP_SCALE] = &td__cpu_scale,
+            [TD__OP_EMBEDDING] = &td__cpu_embedding,
+            [TD__OP_LAYER_NORM] = &td__cpu_layer_norm,
+            [TD__OP_ATTENTION] = &td__cpu_attention,
         },
     .init = cpu_init,
     .destroy = cpu_destroy,
@@ -115,6 +123,8 @@ const td__backend td__backend_cpu = {
     .zero = cpu_zero,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .copy = cpu_copy,
+    .accumulate = cpu_accumulate,
     .convert = cpu_convert,
     .copy_plain = cpu_copy_plain,
 };

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/philox.h"
 #include "ops/onednn.h"
 
 typedef struct {
@@ -47,7 +48,7 @@ static void draw_mask(td_rng *rng, float *mask, size_t n, float p, float keep) {
     while (i < n) {
         td_philox4x32(rng->seed, rng->offset >> 2, block);
         for (unsigned k = (unsigned)(rng->offset & 3); k < 4 && i < n; k++, i++, rng->offset++) {
-            float u = (float)(block[k] >> 8) * (1.0f / 16777216.0f);
+            float u = td__philox_uniform(block[k]);
             mask[i] = u < p ? 0.f : keep;
         }
     }
@@ -68,7 +69,7 @@ static void sample_stream_open(sample_stream *st, const td__op_ctx *ctx, int64_t
 
 static float sample_stream_mask(sample_stream *st, float p, float keep) {
     if ((st->word & 3) == 0) td_philox4x32_stream(st->seed, st->stream, st->word >> 2, st->block);
-    float u = (float)(st->block[st->word++ & 3] >> 8) * (1.0f / 16777216.0f);
+    float u = td__philox_uniform(st->block[st->word++ & 3]);
     return u < p ? 0.f : keep;
 }
 

@@ -1,5 +1,5 @@
-/* Element-wise activation nodes (ReLU, exact-erf GELU) through oneDNN's eltwise
- * primitive, in whatever layout the input has. */
+/* Element-wise activation nodes (ReLU, exact-erf GELU, and GPT-2's tanh-approximated GELU)
+ * through oneDNN's eltwise primitive, in whatever layout the input has. */
 #include <stdlib.h>
 
 #include "ops/onednn.h"
@@ -18,9 +18,10 @@ static td_status elt_compile(td__op_ctx *ctx, td__node *n) {
     y->blocked = x->blocked;
     if (n->alias == TD__FOLDED) return TD_OK;
     /* In place, backward has only the output to go by. */
-    dnnl_alg_kind_t alg = n->alias == TD__IN_PLACE     ? dnnl_eltwise_relu_use_dst_for_bwd
-                          : n->variant == TD__ELT_GELU ? dnnl_eltwise_gelu_erf
-                                                       : dnnl_eltwise_relu;
+    dnnl_alg_kind_t alg = n->alias == TD__IN_PLACE          ? dnnl_eltwise_relu_use_dst_for_bwd
+                          : n->variant == TD__ELT_GELU      ? dnnl_eltwise_gelu_erf
+                          : n->variant == TD__ELT_GELU_TANH ? dnnl_eltwise_gelu_tanh
+                                                            : dnnl_eltwise_relu;
     dnnl_eltwise_desc_t d;
     dnnl_primitive_desc_t fpd = NULL, bpd = NULL;
     TD__DNNL(dnnl_eltwise_forward_desc_init(&d, dnnl_forward_training, alg, td__md(x), 0.f, 0.f),

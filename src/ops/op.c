@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "ops/backend.h"
+
 void *td__op_alloc(td__op_ctx *ctx, size_t bytes) {
     void *p = td_arena_alloc(ctx->arena, bytes);
     if (p) memset(p, 0, bytes);
@@ -19,12 +21,14 @@ void *td__grad_begin(td__op_ctx *ctx, td_tensor *t, int slot) {
     return ctx->scratch[slot];
 }
 
-void td__grad_end(td__op_ctx *ctx, td_tensor *t) {
-    if (t->grad_scratch) {
-        td__accumulate(t->grad, ctx->scratch[t->grad_scratch - 1], t->dtype, td__nelems(t));
-        t->grad_scratch = 0;
-    }
+td_status td__grad_end(td__op_ctx *ctx, td_tensor *t) {
+    td_status s = TD_OK;
+    if (t->grad_scratch)
+        s = ctx->backend->accumulate(ctx, t->grad, ctx->scratch[t->grad_scratch - 1], t->dtype,
+                                     td__nelems(t));
+    t->grad_scratch = 0;
     t->grad_zero = 0;
+    return s;
 }
 
 td_conv2d_params td_conv2d_default_params(void) {

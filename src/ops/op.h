@@ -44,6 +44,9 @@ typedef enum {
     TD__OP_SYNC_BATCH_NORM,
     TD__OP_NORMALIZE,
     TD__OP_SCALE,
+    TD__OP_EMBEDDING,
+    TD__OP_LAYER_NORM,
+    TD__OP_ATTENTION,
     TD__OP_COUNT
 } td__op_id;
 
@@ -58,6 +61,7 @@ struct td__op_ctx {
     size_t scratch_bytes;
     int training;      /* training mode (dropout drops, batch norm uses batch statistics) */
     int conv_winograd; /* convolutions may use Winograd */
+    int allow_tf32;    /* f32 matmuls and convolutions may use TF32 (td_graph_params) */
     td_rng *rng;       /* the graph's dropout RNG */
     td_comm *comm;     /* the graph's process group for collective ops; NULL: a group of one */
     /* Dropout keyed by sample instead (td_graph_set_rng_key): sample n of the batch draws from
@@ -84,14 +88,21 @@ typedef union {
         td_reduce_op op; /* all_reduce's reduction */
     } coll;              /* collective ops */
     float alpha;         /* scale's factor */
-    float eps;           /* normalize's lower bound on the norm */
+    float eps;           /* normalize's lower bound on the norm; layer norm's epsilon */
+    struct {
+        int heads;       /* attention heads; the width divides among them */
+        int64_t seq_len; /* T: rows of the input are sequences of T positions, one after
+                            another */
+    } attn;              /* causal self-attention */
 } td__op_attr;
 
 /* Variants of the ops that have more than one (td__node.variant). */
 enum { TD__POOL_MAX = 0, TD__POOL_AVG = 1 };
-enum { TD__ELT_RELU = 0, TD__ELT_GELU = 1 };
+enum { TD__ELT_RELU = 0, TD__ELT_GELU = 1, TD__ELT_GELU_TANH = 2 };
 enum { TD__DROP_ELEMENT = 0, TD__DROP_CHANNEL = 1 };
 enum { TD__SOFTMAX = 0, TD__LOG_SOFTMAX = 1 };
+enum { TD__BN_PLAIN = 0, TD__BN_RELU = 1 }; /* TD__BN_RELU: a ReLU folded in */
+enum { TD__EMB_TOKEN = 0, TD__EMB_POSITION = 1 };
 
 /* How an element-wise node relates to the storage of its input after the fusion pass. */
 typedef enum {
@@ -134,6 +145,13 @@ typedef struct td__op {
      * input) lets an input keep another dtype (batch norm's f32 weight and bias). */
     td__precision precision;
     td_dtype (*input_dtype)(const td__node *n, int i, td_dtype dtype);
+    /* Optional: kernels written against the backend contract alone (backend.h: copies,
+     * accumulation) and the process group, which run on any backend that has none of its own
+     * (the collective ops: the group moves device memory as well as host memory). */
+    const struct td__kernels *generic;
+    /* The kernels talk to the process group and wait for it on the host, so a sweep holding
+     * the op cannot be recorded (graph/record.c). */
+    int collective;
 } td__op;
 
 /* One op's kernels on one backend. */
@@ -149,6 +167,9 @@ typedef struct td__kernels {
     /* Optional (NULL: every float dtype, as plain-C kernels can): 1 when the kernels compute
      * in `dtype` on this device. */
     int (*supports)(const td__node *n, td_dtype dtype, const td__op_ctx *ctx);
+    /* Optional: host-side checks of what earlier forwards found (a label out of range), run
+     * before every forward, also one that replays a recording. */
+    td_status (*check)(td__op_ctx *ctx, td__node *n);
 } td__kernels;
 
 struct td__node {
@@ -171,7 +192,7 @@ void *td__op_alloc(td__op_ctx *ctx, size_t bytes);
  * (oneDNN backward primitives overwrite), otherwise a scratch slot that td__grad_end adds
  * into t->grad. */
 void *td__grad_begin(td__op_ctx *ctx, td_tensor *t, int slot);
-void td__grad_end(td__op_ctx *ctx, td_tensor *t);
+td_status td__grad_end(td__op_ctx *ctx, td_tensor *t);
 
 /* The op tables (one file each in src/ops) and the CPU backend's kernels beside them. */
 extern const td__op td__op_linear, td__op_conv2d, td__op_pool2d, td__op_eltwise, td__op_dropout,
@@ -179,9 +200,11 @@ extern const td__op td__op_linear, td__op_conv2d, td__op_pool2d, td__op_eltwise,
     td__op_cast;
 extern const td__op td__op_all_gather, td__op_all_reduce, td__op_sync_batch_norm, td__op_normalize,
     td__op_scale;
+extern const td__op td__op_embedding, td__op_layer_norm, td__op_attention;
 extern const td__kernels td__cpu_linear, td__cpu_conv2d, td__cpu_pool2d, td__cpu_eltwise,
     td__cpu_dropout, td__cpu_batch_norm, td__cpu_reshape, td__cpu_add, td__cpu_concat,
-    td__cpu_softmax, td__cpu_nll, td__cpu_cast, td__cpu_all_gather, td__cpu_all_reduce,
-    td__cpu_sync_batch_norm, td__cpu_normalize, td__cpu_scale;
+    td__cpu_softmax, td__cpu_nll, td__cpu_cast, td__cpu_sync_batch_norm, td__cpu_normalize,
+    td__cpu_scale;
+extern const td__kernels td__cpu_embedding, td__cpu_layer_norm, td__cpu_attention;
 
 #endif

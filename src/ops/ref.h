@@ -105,6 +105,10 @@ void td__ref_relu_backward(float *dx, const float *dy, const float *x, size_t n)
 void td__ref_gelu_forward(float *y, const float *x, size_t n);
 void td__ref_gelu_backward(float *dx, const float *dy, const float *x, size_t n);
 
+/* GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+void td__ref_gelu_tanh_forward(float *y, const float *x, size_t n);
+void td__ref_gelu_tanh_backward(float *dx, const float *dy, const float *x, size_t n);
+
 /* Dropout with a given keep mask (1 keep, 0 drop) and scale = 1 / (1 - p). */
 void td__ref_dropout_forward(float *y,            // (n)
                              const float *x,      // (n)
@@ -167,6 +171,62 @@ void td__ref_batchnorm2d_backward_eval(float *dx,                 // (N, C, H, W
                                        const float *running_var,  // (C)
                                        const float *weight,       // (C) or NULL
                                        int N, int C, int HW, float eps);
+
+/* ---- layer norm over the last dim ----------------------------------------------------- */
+
+/* Each row normalised by its mean and biased variance; mean and rstd = 1/sqrt(var + eps) are
+ * written for backward (either may be NULL). weight/bias NULL: no affine part. */
+void td__ref_layer_norm_forward(float *y,            // (rows, C)
+                                float *mean,         // (rows) or NULL
+                                float *rstd,         // (rows) or NULL
+                                const float *x,      // (rows, C)
+                                const float *weight, // (C) or NULL
+                                const float *bias,   // (C) or NULL
+                                size_t rows, int C, float eps);
+
+void td__ref_layer_norm_backward(float *dx,           // (rows, C) or NULL
+                                 float *dweight,      // (C) or NULL
+                                 float *dbias,        // (C) or NULL
+                                 const float *dy,     // (rows, C)
+                                 const float *x,      // (rows, C)
+                                 const float *weight, // (C) or NULL
+                                 size_t rows, int C, float eps);
+
+/* ---- embeddings ---------------------------------------------------------------------- */
+
+/* y[i] = table[idx[i]] over n ids; ids are checked by the caller. */
+void td__ref_embedding_forward(float *y,           // (n, C)
+                               const int64_t *idx, // (n)
+                               const float *table, // (V, C)
+                               size_t n, int C);
+/* dtable = sum over i of dy[i] into row idx[i] (overwritten: rows never used are 0). */
+void td__ref_embedding_backward(float *dtable,      // (V, C)
+                                const float *dy,    // (n, C)
+                                const int64_t *idx, // (n)
+                                size_t n, int V, int C);
+
+/* y[s, t] = x[s, t] + table[t] over S sequences of T positions. */
+void td__ref_position_embedding_forward(float *y,           // (S, T, C)
+                                        const float *x,     // (S, T, C)
+                                        const float *table, // (>= T, C)
+                                        int S, int T, int C);
+/* dtable[t] = sum over s of dy[s, t] (rows [0, T) only); dx = dy needs no kernel. */
+void td__ref_position_embedding_backward(float *dtable,   // (T, C)
+                                         const float *dy, // (S, T, C)
+                                         int S, int T, int C);
+
+/* ---- causal self-attention ------------------------------------------------------------ */
+
+/* qkv (B, T, 3C): row [q | k | v], NH heads of C / NH. y[b, t, head h] = sum over s <= t of
+ * softmax_s(q_t . k_s / sqrt(hs)) v_s. */
+void td__ref_attention_forward(float *y,         // (B, T, C)
+                               const float *qkv, // (B, T, 3C)
+                               int B, int T, int C, int NH);
+
+void td__ref_attention_backward(float *dqkv,      // (B, T, 3C)
+                                const float *dy,  // (B, T, C)
+                                const float *qkv, // (B, T, 3C)
+                                int B, int T, int C, int NH);
 
 /* ---- structural ops ------------------------------------------------------------------ */
 

@@ -1,4 +1,4 @@
-/* Reference element-wise activations and dropout: relu, exact (erf) gelu, and dropout /
+/* Reference element-wise activations and dropout: relu, exact (erf) and tanh gelu, and dropout /
  * dropout2d applied with a mask the caller supplies. Generating the mask belongs to the
  * graph (it owns the RNG stream); here it is an input so results are reproducible. */
 #include <math.h>
@@ -28,6 +28,23 @@ void td__ref_gelu_backward(float *dx, const float *dy, const float *x, size_t n)
         double cdf = 0.5 * (1.0 + erf(v * M_SQRT1_2));
         double pdf = inv_sqrt_2pi * exp(-0.5 * v * v);
         dx[i] = (float)(dy[i] * (cdf + v * pdf));
+    }
+}
+
+#define GELU_K 0.7978845608028654 /* sqrt(2 / pi) */
+
+void td__ref_gelu_tanh_forward(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i];
+        y[i] = (float)(0.5 * v * (1.0 + tanh(GELU_K * (v + 0.044715 * v * v * v))));
+    }
+}
+
+void td__ref_gelu_tanh_backward(float *dx, const float *dy, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i], u = GELU_K * (v + 0.044715 * v * v * v), t = tanh(u);
+        double du = GELU_K * (1.0 + 3.0 * 0.044715 * v * v);
+        dx[i] = (float)(dy[i] * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du));
     }
 }
 

@@ -256,6 +256,7 @@ const td__op td__op_sync_batch_norm = {
     .infer = sbn_infer,
     .precision = TD__PREC_F32,
     .input_dtype = sbn_input_dtype,
+    .collective = 1,
 };
 
 /* The CPU backend's kernels. */

@@ -71,10 +71,11 @@ td_status td_ddp_join(td_ddp *d, int *done) {
     if (!d || !done) return td__fail(TD_EINVAL, "td_ddp_join: ddp or done is NULL");
     *done = 0;
     if (!d->join)
-        return td__fail(TD_ESTATE, "ddp rank %d: td_ddp_join needs join mode (td_ddp_params.join = "
-                                   "1) on every rank",
+        return td__fail(TD_ESTATE,
+                        "ddp rank %d: td_ddp_join needs join mode (td_ddp_params.join = "
+                        "1) on every rank",
                         d->rank);
-    if (!d->sync || d->n_ready > 0 || d->next_bucket > 0)
+    if (!d->sync || d->n_ready > 0)
         return td__fail(TD_ESTATE,
                         "ddp rank %d: td_ddp_join inside a step (finish the backward and turn "
                         "sync back on first)",

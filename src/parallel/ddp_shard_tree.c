@@ -17,8 +17,9 @@
  *
  * Memory: levels 0 .. log2 L (one node each, in the bucket layout) and a spare of the same size
  * that holds an odd shard's gradients and, at the end of the step, what the all-to-all receives.
- * An even shard's gradients go straight to level 0. This file does not decide bucket membership
- * (ddp.c plans it) and knows nothing of graphs. */
+ * An even shard's gradients go straight to level 0. This file is td_ddp's reducer for
+ * deterministic mode (reducer.h); it does not decide bucket membership (ddp_layout.c plans it)
+ * and knows nothing of graphs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,27 +31,81 @@
 #define TREE_CHUNK 512 /* floats folded per pass up the levels */
 #define TREE_TRACE_TID_BASE 0x7f000000
 
+/* The levels of the tree: each holds the layout of every bucket, padded to world_size segments,
+ * and after them the tail: the buffers, the unready count and the loss of a shard, summed by
+ * the same tree. */
+typedef struct {
+    size_t shards;      /* S */
+    size_t local;       /* L = S / world_size: this rank's shards, leaves [rank L, rank L + L) */
+    int levels;         /* floor(log2 L) */
+    size_t shard;       /* this rank's shard of the step under way, 0 .. L-1 */
+    size_t flat;        /* floats per level */
+    size_t *base, *seg; /* (n_buckets + 1) where bucket k starts, its per-rank segment; tail last */
+    float *mem;         /* (levels + 2) * flat */
+    float **level;      /* (levels + 1): level[l] holds a node of 2^l leaves */
+    float *spare;       /* an odd shard's gradients; at the step's end, the all-to-all's receive */
+    float *buffers0;    /* (n_buffer_floats) the buffers at the start of the step */
+    size_t n_buffer_floats;
+    td_request **req;   /* (n_buckets + 1) */
+    size_t next_launch; /* buckets [0, next_launch) have their all-to-all queued */
+} ddp_tree;
+
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 /* Where parameter i's gradient lies in a level (or the spare). */
 static size_t param_at(const td_ddp *d, size_t i) {
-    return d->tree->base[d->bucket_of[i]] + d->offset_of[i];
+    const ddp_tree *t = d->state;
+    return t->base[d->bucket_of[i]] + d->offset_of[i];
 }
 
 /* Where the current shard's gradients go: level 0 for an even shard, the spare for an odd one. */
 static float *shard_target(const ddp_tree *t) { return t->shard & 1 ? t->spare : t->level[0]; }
 
-td_status td__ddp_tree_create(td_ddp *d) {
+/* The shards must split into equal subtrees over the ranks, and the tree sums f32. */
+static td_status tree_check(const td_ddp *d) {
+    size_t S = d->opt.shards, w = (size_t)d->size, L = S / w;
+    if (S == 0 || S % w != 0 || (w > 1 && (L & (L - 1)) != 0))
+        return td__fail(TD_EINVAL,
+                        "ddp rank %d: deterministic mode with %zu shards at world size %d: "
+                        "each rank must hold the same power of two of them (1, 2, 4, ...), so "
+                        "the world size must be 1 or %zu divided by a power of two",
+                        d->rank, S, d->size, S);
+    if (d->opt.join)
+        return td__fail(TD_EINVAL,
+                        "ddp rank %d: deterministic mode and join exclude each other: every "
+                        "rank holds S / world_size shards of every global batch",
+                        d->rank);
+    if (d->opt.comm_dtype != TD_F32)
+        return td__fail(TD_EINVAL,
+                        "ddp rank %d: deterministic mode sums f32 gradients; comm_dtype is %s",
+                        d->rank, td_dtype_name(d->opt.comm_dtype));
+    for (size_t i = 0; i < d->n_params; i++)
+        if (d->params[i].dtype != TD_F32)
+            return td__fail(TD_EDTYPE,
+                            "ddp rank %d: parameter '%s' is %s; deterministic mode sums f32 "
+                            "gradients (mixed precision O2/O3 is not supported there)",
+                            d->rank, d->params[i].name, td_dtype_name(d->params[i].dtype));
+    for (size_t i = 0; i < d->n_buffers; i++)
+        if (d->buffers[i].dtype != TD_F32)
+            return td__fail(TD_EDTYPE,
+                            "ddp rank %d: buffer '%s' is %s; deterministic mode averages f32 "
+                            "buffers over shards",
+                            d->rank, d->buffers[i].name, td_dtype_name(d->buffers[i].dtype));
+    return TD_OK;
+}
+
+static td_status tree_create(td_ddp *d) {
     ddp_tree *t = calloc(1, sizeof *t);
     if (!t) return td__fail(TD_ENOMEM, "ddp rank %d: out of memory", d->rank);
-    d->tree = t;
+    d->state = t;
     t->shards = d->opt.shards;
     t->local = t->shards / (size_t)d->size;
+    d->shard_first = (size_t)d->rank * t->local;
+    d->shard_count = t->local;
     for (size_t l = t->local; l > 1; l >>= 1) t->levels++;
     for (size_t i = 0; i < d->n_buffers; i++) t->n_buffer_floats += d->buffers[i].count;
     TD__TRY(td__ddp_plan_buckets(d, d->order, &d->buckets, &d->n_buckets, &d->bucket_of,
                                  &d->offset_of));
-    d->stats.n_buckets = d->n_buckets;
     size_t nb = d->n_buckets + 1, w = (size_t)d->size;
     t->base = calloc(nb, sizeof *t->base);
     t->seg = calloc(nb, sizeof *t->seg);
@@ -81,19 +136,19 @@ td_status td__ddp_tree_create(td_ddp *d) {
     return TD_OK;
 }
 
-void td__ddp_tree_wait(td_ddp *d) {
-    if (!d->tree) return;
-    for (size_t k = 0; k <= d->n_buckets; k++)
-        if (d->tree->req[k]) {
-            (void)td_request_wait(d->tree->req[k]);
-            d->tree->req[k] = NULL;
+static void tree_wait(td_ddp *d) {
+    ddp_tree *t = d->state;
+    for (size_t k = 0; t && t->req && k <= d->n_buckets; k++)
+        if (t->req[k]) {
+            (void)td_request_wait(t->req[k]);
+            t->req[k] = NULL;
         }
 }
 
-void td__ddp_tree_destroy(td_ddp *d) {
-    ddp_tree *t = d->tree;
+static void tree_destroy(td_ddp *d) {
+    ddp_tree *t = d->state;
     if (!t) return;
-    if (t->req) td__ddp_tree_wait(d);
+    tree_wait(d);
     free(t->base);
     free(t->seg);
     free(t->req);
@@ -101,11 +156,11 @@ void td__ddp_tree_destroy(td_ddp *d) {
     free(t->buffers0);
     free(t->mem);
     free(t);
-    d->tree = NULL;
+    d->state = NULL;
 }
 
-td_status td__ddp_tree_prepare(td_ddp *d) {
-    ddp_tree *t = d->tree;
+static td_status tree_prepare(td_ddp *d) {
+    ddp_tree *t = d->state;
     /* Every shard starts from the buffers the step started with. */
     float *b0 = t->buffers0;
     for (size_t i = 0; i < d->n_buffers; i++) {
@@ -118,12 +173,12 @@ td_status td__ddp_tree_prepare(td_ddp *d) {
     }
     float *dst = shard_target(t);
     for (size_t i = 0; i < d->n_params; i++) d->params[i].grad = dst + param_at(d, i);
-    d->open = 1;
     return TD_OK;
 }
 
-void td__ddp_tree_zero_grad(td_ddp *d) {
-    memset(shard_target(d->tree), 0, d->tree->flat * sizeof(float));
+static void tree_zero_grad(td_ddp *d) {
+    ddp_tree *t = d->state;
+    memset(shard_target(t), 0, t->flat * sizeof(float));
 }
 
 /* The loops below run in blocks of TREE_VEC floats: a fixed trip count over restrict pointers
@@ -132,8 +187,7 @@ void td__ddp_tree_zero_grad(td_ddp *d) {
 #define TREE_VEC 16
 
 /* dst = a + b */
-static void add2(float *restrict dst, const float *restrict a, const float *restrict b,
-                 size_t n) {
+static void add2(float *restrict dst, const float *restrict a, const float *restrict b, size_t n) {
     size_t e = 0;
     for (; e + TREE_VEC <= n; e += TREE_VEC)
         for (size_t k = 0; k < TREE_VEC; k++) dst[e + k] = a[e + k] + b[e + k];
@@ -221,7 +275,7 @@ static void tree_fold(ddp_tree *t, size_t off, size_t n, float by) {
 /* Queues bucket k's all-to-all (k == n_buckets: the tail): rank r receives every rank's segment
  * r of the bucket, in rank order, into the spare. */
 static void tree_launch(td_ddp *d, size_t k) {
-    ddp_tree *t = d->tree;
+    ddp_tree *t = d->state;
     if (k < d->n_buckets) d->buckets[k].t_launch = td_time_ns();
     if (d->size == 1) return;
     td_status s = td_comm_ialltoall(d->comm, t->level[t->levels] + t->base[k],
@@ -235,13 +289,13 @@ static void tree_launch(td_ddp *d, size_t k) {
 /* The factor a parameter's gradients are averaged by where the root is written: one rank alone
  * writes the root itself; across ranks, the segments are averaged after the last additions. */
 static float root_factor(const td_ddp *d) {
-    return d->size == 1 && d->opt.average ? 1.0f / (float)d->tree->shards : 1.0f;
+    return d->size == 1 && d->opt.average ? 1.0f / (float)d->opt.shards : 1.0f;
 }
 
-td_status td__ddp_tree_grad_ready(td_ddp *d, size_t i) {
-    ddp_tree *t = d->tree;
+static void tree_grad_ready(td_ddp *d, size_t i) {
+    ddp_tree *t = d->state;
     tree_fold(t, param_at(d, i), d->params[i].count, root_factor(d));
-    if (t->shard + 1 < t->local) return TD_OK;
+    if (t->shard + 1 < t->local) return;
     /* The last shard: once a bucket's subtree sums are final it may go across ranks. All-to-alls
      * go out in bucket order on every rank, so every rank queues the same collectives. */
     d->buckets[d->bucket_of[i]].pending--;
@@ -249,7 +303,6 @@ td_status td__ddp_tree_grad_ready(td_ddp *d, size_t i) {
         tree_launch(d, t->next_launch++);
         d->stats.buckets_early++;
     }
-    return d->err;
 }
 
 static void scale(float *x, size_t n, float by) {
@@ -261,7 +314,7 @@ static void scale(float *x, size_t n, float by) {
  * over the shards when asked, and all-gathered into the top level. All-gathers are queued in
  * bucket order after every all-to-all, so the collectives match on every rank. */
 static td_status tree_across_ranks(td_ddp *d) {
-    ddp_tree *t = d->tree;
+    ddp_tree *t = d->state;
     float *top = t->level[t->levels], inv = 1.0f / (float)t->shards;
     int average = d->opt.average && t->shards > 1;
     size_t w = (size_t)d->size, nb = d->n_buckets + 1;
@@ -305,8 +358,8 @@ static void tree_trace(td_ddp *d) {
     }
 }
 
-td_status td__ddp_tree_finish(td_ddp *d) {
-    ddp_tree *t = d->tree;
+static td_status tree_finish(td_ddp *d) {
+    ddp_tree *t = d->state;
     /* A parameter no backward reached has a zero gradient in this shard. */
     float *dst = shard_target(t);
     size_t n_unready = 0;
@@ -314,7 +367,7 @@ td_status td__ddp_tree_finish(td_ddp *d) {
         if (d->ready[i]) continue;
         n_unready++;
         memset(dst + param_at(d, i), 0, d->params[i].count * sizeof(float));
-        td__ddp_note_error(d, td__ddp_tree_grad_ready(d, i));
+        tree_grad_ready(d, i);
     }
     /* The tail: this shard's buffers, its unready count and its loss, into the same tree. */
     float *tail = dst + t->base[d->n_buckets];
@@ -338,19 +391,12 @@ td_status td__ddp_tree_finish(td_ddp *d) {
     /* The step's last shard: what is left goes across ranks, then the result is read out. */
     while (t->next_launch < d->n_buckets) tree_launch(d, t->next_launch++);
     tree_launch(d, d->n_buckets);
-    td_status s = tree_across_ranks(d);
+    td__ddp_note_error(d, tree_across_ranks(d));
     tree_trace(d);
     t->shard = 0;
     t->next_launch = 0;
     for (size_t k = 0; k < d->n_buckets; k++) d->buckets[k].pending = d->buckets[k].n_members;
-    if (s == TD_OK) s = d->err;
-    if (s != TD_OK) {
-        char msg[768];
-        snprintf(msg, sizeof msg, "%s", d->err == s ? d->err_msg : td_last_error());
-        d->err = TD_OK;
-        d->err_msg[0] = 0;
-        return td__fail(s, "%s", msg);
-    }
+    if (d->err != TD_OK) return td__ddp_take_error(d);
     float *top = t->level[t->levels], inv = 1.0f / (float)t->shards;
     for (size_t i = 0; i < d->n_params; i++) d->params[i].grad = top + param_at(d, i);
     const float *sum = top + t->base[d->n_buckets];
@@ -362,7 +408,7 @@ td_status td__ddp_tree_finish(td_ddp *d) {
     double unready_all = sum[0];
     d->loss_all = d->opt.average ? sum[1] * inv : sum[1];
     d->stats.sync_steps++;
-    s = td__ddp_check_moved(d);
+    td_status s = td__ddp_check_moved(d);
     if (s == TD_OK && unready_all > 0.5 && !d->opt.find_unused_parameters)
         s = td__fail(TD_EUNUSED,
                      "ddp rank %d: %.0f shard backward(s) left parameters without a gradient (no "
@@ -372,3 +418,23 @@ td_status td__ddp_tree_finish(td_ddp *d) {
                      d->rank, unready_all, n_unready);
     return s;
 }
+
+static td_status tree_refuse_no_sync(const td_ddp *d) {
+    return td__fail(TD_EUNSUPPORTED,
+                    "ddp rank %d: no_sync in deterministic mode: its shards already are the "
+                    "accumulated micro-batches; make the global batch larger instead",
+                    d->rank);
+}
+
+const td__ddp_reducer td__ddp_shard_tree = {
+    .name = "shard tree",
+    .check = tree_check,
+    .create = tree_create,
+    .prepare = tree_prepare,
+    .grad_ready = tree_grad_ready,
+    .finish = tree_finish,
+    .zero_grad = tree_zero_grad,
+    .refuse_no_sync = tree_refuse_no_sync,
+    .wait = tree_wait,
+    .destroy = tree_destroy,
+};

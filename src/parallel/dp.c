@@ -10,8 +10,6 @@
  * all-reduces across hosts overlap the rest of the summing. */
 #include "tandem/dp.h"
 
-#include "tandem/ddp.h"
-
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -44,15 +42,15 @@ struct td_dp {
     int64_t classes;
     dp_replica *r;
     /* replica 0's extra memory */
-    float *batch_x;     /* (B, sample): the whole batch before scatter */
-    int64_t *batch_y;   /* (B) */
-    float *gathered;    /* (B, classes) log-probabilities */
-    float *gathered_dy; /* (B, classes) */
-    float *staging;     /* (total parameter floats): another replica's gradients, copied in */
-    size_t grad_floats;
+    float *batch_x;         /* (B, sample): the whole batch before scatter */
+    int64_t *batch_y;       /* (B) */
+    float *gathered;        /* (B, classes) log-probabilities */
+    float *gathered_dy;     /* (B, classes) */
+    unsigned char *staging; /* (grad_bytes): another replica's gradients, copied in */
+    size_t grad_bytes;
     td_optim *optim;
-    td_ddp *ddp; /* DDP2: replica 0's parameters across hosts, or NULL */
-    size_t *offset; /* (n_params) each parameter's first float in staging */
+    td_ddp *ddp;    /* DDP2: replica 0's parameters across hosts, or NULL */
+    size_t *offset; /* (n_params) each parameter's first byte in staging */
     double phase_s[TD_DP_PHASE_COUNT];
     /* worker dispatch */
     pthread_mutex_t mu;
@@ -73,8 +71,10 @@ td_dp_params td_dp_default_params(void) {
     p.seed = 0;
     p.build = NULL;
     p.build_ctx = NULL;
+    p.graph = td_graph_default_params();
     p.sgd = td_sgd_default_params();
     p.pin_threads = 1;
+    p.ddp = td_ddp_default_params();
     return p;
 }
 
@@ -172,8 +172,9 @@ static td_status run_on(td_dp *dp, job_kind job, int only, const char *what) {
 
 static td_status build_replica(td_dp *dp, int d) {
     dp_replica *r = &dp->r[d];
-    td_graph_params o = td_graph_default_params();
+    td_graph_params o = dp->p.graph;   /* the same mixed precision on every device */
     o.seed = dp->p.seed + (uint64_t)d; /* each device has its own dropout stream */
+    o.grad_enabled = 1;
     td_status s = td_graph_create(&r->g, &o);
     if (s != TD_OK) return s;
     memset(&r->m, 0, sizeof r->m);
@@ -233,8 +234,9 @@ static td_status check_same_layout(const td_dp *dp, int d) {
                             "td_dp_create: replica %d's '%s' (%zu elements) differs from replica "
                             "0's '%s' (%zu)",
                             d, y->name, y->count, x->name, x->count);
-        if (i < a->n_params && (!x->grad || !y->grad || x->dtype != TD_F32))
-            return td__fail(TD_EDTYPE, "td_dp_create: parameter '%s' must be f32 with a gradient",
+        if (i < a->n_params && (!x->grad || !y->grad || !td__is_float(x->dtype)))
+            return td__fail(TD_EDTYPE,
+                            "td_dp_create: parameter '%s' must be f32, bf16 or f16 with a gradient",
                             x->name);
     }
     return TD_OK;
@@ -286,8 +288,8 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
         dp->offset = malloc((r0->n_params ? r0->n_params : 1) * sizeof *dp->offset);
         if (!dp->offset) s = td__fail(TD_ENOMEM, "td_dp_create: out of memory");
         for (size_t i = 0; dp->offset && i < r0->n_params; i++) {
-            dp->offset[i] = dp->grad_floats;
-            dp->grad_floats += r0->params[i].count;
+            dp->offset[i] = dp->grad_bytes;
+            dp->grad_bytes += r0->params[i].count * td_dtype_size(r0->params[i].dtype);
         }
     }
     if (s == TD_OK) {
@@ -296,8 +298,7 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
         dp->batch_y = malloc(B * sizeof(int64_t));
         dp->gathered = malloc(B * (size_t)dp->classes * sizeof(float));
         dp->gathered_dy = malloc(B * (size_t)dp->classes * sizeof(float));
-        dp->staging =
-            dp->n > 1 ? malloc((dp->grad_floats ? dp->grad_floats : 1) * sizeof(float)) : NULL;
+        dp->staging = dp->n > 1 ? malloc(dp->grad_bytes ? dp->grad_bytes : 1) : NULL;
         if (!dp->batch_x || !dp->batch_y || !dp->gathered || !dp->gathered_dy ||
             (dp->n > 1 && !dp->staging))
             s = td__fail(TD_ENOMEM, "td_dp_create: out of memory for replica 0's gather buffers");
@@ -305,7 +306,7 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
     /* DDP2: every host starts from rank 0's replica 0 (collective over comm). */
     if (s == TD_OK && params->comm)
         s = td_ddp_create(&dp->ddp, params->comm, dp->r[0].params, dp->r[0].n_params,
-                          dp->r[0].buffers, dp->r[0].n_buffers, NULL);
+                          dp->r[0].buffers, dp->r[0].n_buffers, &params->ddp);
     if (s == TD_OK)
         s = td_optim_create_sgd(&dp->optim, dp->r[0].params, dp->r[0].n_params, &params->sgd);
     if (s != TD_OK) {
@@ -349,7 +350,8 @@ static void replicate(td_dp *dp) {
     for (int d = 1; d < dp->n; d++) {
         dp_replica *r = &dp->r[d];
         for (size_t i = 0; i < r0->n_params; i++)
-            memcpy(r->params[i].data, r0->params[i].data, r0->params[i].count * sizeof(float));
+            memcpy(r->params[i].data, r0->params[i].data,
+                   r0->params[i].count * td_dtype_size(r0->params[i].dtype));
         for (size_t i = 0; i < r0->n_buffers; i++)
             memcpy(r->buffers[i].data, r0->buffers[i].data,
                    r0->buffers[i].count * td_dtype_size(r0->buffers[i].dtype));
@@ -402,11 +404,11 @@ static void loss_on_replica0(td_dp *dp, float *loss) {
 static td_status reduce_grads(td_dp *dp) {
     dp_replica *r0 = &dp->r[0];
     for (size_t i = r0->n_params; i-- > 0;) {
-        float *g = r0->params[i].grad, *in = dp->staging + dp->offset[i];
-        size_t n = r0->params[i].count;
+        const td_param *p = &r0->params[i];
+        unsigned char *in = dp->staging + dp->offset[i];
         for (int d = 1; d < dp->n; d++) {
-            memcpy(in, dp->r[d].params[i].grad, n * sizeof(float));
-            for (size_t k = 0; k < n; k++) g[k] += in[k];
+            memcpy(in, dp->r[d].params[i].grad, p->count * td_dtype_size(p->dtype));
+            td__accumulate(p->grad, in, p->dtype, p->count);
         }
         if (dp->ddp) TD__TRY(td_ddp_grad_ready(dp->ddp, i));
     }
@@ -462,7 +464,8 @@ td_status td_dp_memory_stats(const td_dp *dp, int replica, td_dp_memory *out) {
         return td__fail(TD_EINVAL, "td_dp_memory_stats: replica %d, there are %d", replica, dp->n);
     const dp_replica *r = &dp->r[replica];
     memset(out, 0, sizeof *out);
-    for (size_t i = 0; i < r->n_params; i++) out->param_bytes += r->params[i].count * sizeof(float);
+    for (size_t i = 0; i < r->n_params; i++)
+        out->param_bytes += r->params[i].count * td_dtype_size(r->params[i].dtype);
     for (size_t i = 0; i < r->n_buffers; i++)
         out->param_bytes += r->buffers[i].count * td_dtype_size(r->buffers[i].dtype);
     out->graph_bytes = td_graph_memory_bytes(r->g);
@@ -472,7 +475,7 @@ td_status td_dp_memory_stats(const td_dp *dp, int replica, td_dp_memory *out) {
     if (replica == 0) {
         out->input_bytes += B * ((size_t)dp->sample * sizeof(float) + sizeof(int64_t));
         out->output_bytes += 2 * B * (size_t)dp->classes * sizeof(float);
-        out->reduce_bytes = dp->staging ? dp->grad_floats * sizeof(float) : 0;
+        out->reduce_bytes = dp->staging ? dp->grad_bytes : 0;
         td_param *state = NULL;
         size_t n_state = 0;
         td_optim_state(dp->optim, &state, &n_state);

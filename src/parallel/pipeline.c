@@ -1,15 +1,13 @@
 /* td_pipeline: creating a stage (the groups, the cut, the micro-batch graphs that share one
  * set of parameters and gradients, the transfer channels, the replicas' DDP), the agreement
- * checks every rank runs at creation, the failure path that ends every group so no rank hangs,
- * and the accessors. The schedules themselves are in pipeline_schedule.c, the transfers in
- * pipeline_channel.c and the choice of cut in pipeline_split.c. */
-#include <errno.h>
-#include <signal.h>
+ * checks every rank runs at creation and at the start of every call, the failure path that ends
+ * every group so no rank hangs, and the accessors. The schedules themselves are in
+ * pipeline_schedule.c, the transfers in pipeline_channel.c and the choice of cut in
+ * pipeline_split.c. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/core_impl.h"
 #include "parallel/pipeline_impl.h"
@@ -27,6 +25,7 @@ td_pipeline_params td_pipeline_default_params(void) {
     p.transfer_nice = -10;
     p.graph = td_graph_default_params();
     p.ddp = td_ddp_default_params();
+    p.zero_stage = 0;
     p.trace = NULL;
     return p;
 }
@@ -50,21 +49,6 @@ td_status td_pipeline_schedule_parse(const char *name, td_pipeline_schedule *out
 
 /* ---- failure ------------------------------------------------------------------------ */
 
-/* A process of this host that has exited (a zombie until reaped counts). */
-static int pid_dead(int pid) {
-    if (pid <= 0 || pid == getpid()) return 0;
-    if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
-}
-
 void td__pp_stage_name(const td_pipeline *pp, int rank, char *out, size_t cap) {
     int s = rank % pp->P, d = rank / pp->P;
     if (pp->D > 1)
@@ -81,128 +65,13 @@ td_status td__pp_fail(td_pipeline *pp, td_status s, const char *fmt, ...) {
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     td__pp_stage_name(pp, pp->rank, me, sizeof me);
-    size_t at =
-        (size_t)snprintf(pp->failed_msg, sizeof pp->failed_msg, "pipeline %s of %d, step %llu: %s",
-                         me, pp->P, (unsigned long long)pp->step, what);
-    /* Which rank started it, when one has died: the comm's messages number the ranks of the
-     * pipeline's own groups (in which rank s is stage s), so name them in the caller's terms. */
-    for (int r = 0; pp->pids && r < pp->world && at < sizeof pp->failed_msg; r++) {
-        if (r == pp->rank || pp->hosts[r] != pp->hosts[pp->rank] || !pid_dead(pp->pids[r]))
-            continue;
-        char who[64];
-        td__pp_stage_name(pp, r, who, sizeof who);
-        at += (size_t)snprintf(pp->failed_msg + at, sizeof pp->failed_msg - at,
-                               "; %s, pid %d, has died", who, pp->pids[r]);
-    }
+    snprintf(pp->failed_msg, sizeof pp->failed_msg, "pipeline %s of %d, step %llu: %s", me, pp->P,
+             (unsigned long long)pp->step, what);
     pp->failed = s;
     /* No rank may go on waiting for this one. */
     if (pp->pipe) (void)td_comm_abort(pp->pipe);
     if (pp->dp) (void)td_comm_abort(pp->dp);
     return td__fail(s, "%s", pp->failed_msg);
-}
-
-/* ---- agreement ---------------------------------------------------------------------- */
-
-/* What every rank tells the others at creation, before anything collective can hang. */
-typedef struct {
-    int64_t status;
-    int64_t stages, micro_batches, batch, schedule, layers, replicas;
-    uint64_t model_hash, split_hash, seed;
-    char message[320];
-} pp_config;
-
-/* What every rank tells the others once its stage is built. */
-typedef struct {
-    int64_t status, first, last, pid;
-    uint64_t host;
-    int64_t in_ndim, in_dims[TD_MAX_DIMS], out_ndim, out_dims[TD_MAX_DIMS];
-    char message[320];
-} pp_built;
-
-static uint64_t fnv(uint64_t h, const void *data, size_t n) {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
-
-static uint64_t model_hash(const td_sequential *m) {
-    uint64_t h = 14695981039346656037ull;
-    td_shape s = td_sequential_sample_shape(m);
-    h = fnv(h, &s, sizeof s);
-    for (size_t i = 0; i < td_sequential_count(m); i++) {
-        const char *n = td_sequential_layer_name(m, i);
-        h = fnv(h, n, strlen(n) + 1);
-    }
-    return h;
-}
-
-static void shape_str(int64_t ndim, const int64_t *dims, char *out, size_t cap) {
-    size_t at = (size_t)snprintf(out, cap, "(");
-    for (int64_t i = 0; i < ndim && at < cap; i++)
-        at += (size_t)snprintf(out + at, cap - at, i ? ", %lld" : "%lld", (long long)dims[i]);
-    if (at < cap) snprintf(out + at, cap - at, ")");
-}
-
-/* Every rank's options against rank 0's; the same message on every rank. */
-static td_status check_configs(const pp_config *all, int world, int rank) {
-    for (int r = 0; r < world; r++)
-        if (all[r].status != TD_OK) {
-            if (r == rank) return td__fail((td_status)all[r].status, "%s", all[r].message);
-            return td__fail((td_status)all[r].status,
-                            "pipeline: rank %d rejected the pipeline's options: %s", r,
-                            all[r].message);
-        }
-    const char *names[] = {"stages", "micro_batches", "batch", "schedule", "layers", "replicas"};
-    for (int r = 1; r < world; r++) {
-        const int64_t *a = &all[0].stages, *b = &all[r].stages;
-        for (int i = 0; i < 6; i++)
-            if (a[i] != b[i])
-                return td__fail(TD_EMISMATCH,
-                                "pipeline: rank %d has %s = %lld but rank 0 has %lld; every rank "
-                                "must create the pipeline with the same options",
-                                r, names[i], (long long)b[i], (long long)a[i]);
-        if (all[r].model_hash != all[0].model_hash)
-            return td__fail(TD_EMISMATCH,
-                            "pipeline: rank %d describes another model than rank 0 (layer names "
-                            "or sample shape differ)",
-                            r);
-        if (all[r].split_hash != all[0].split_hash || all[r].seed != all[0].seed)
-            return td__fail(TD_EMISMATCH, "pipeline: rank %d has another split or seed than rank 0",
-                            r);
-    }
-    return TD_OK;
-}
-
-/* Every stage built, and each reads what the stage before it produces. */
-static td_status check_built(const td_pipeline *pp, const td_sequential *model,
-                             const pp_built *all) {
-    for (int r = 0; r < pp->world; r++)
-        if (all[r].status != TD_OK) {
-            char who[64];
-            td__pp_stage_name(pp, r, who, sizeof who);
-            if (r == pp->rank) return td__fail((td_status)all[r].status, "%s", all[r].message);
-            return td__fail((td_status)all[r].status, "pipeline: %s could not build its stage: %s",
-                            who, all[r].message);
-        }
-    for (int r = 0; r < pp->world; r++) {
-        int s = r % pp->P;
-        if (s + 1 == pp->P) continue;
-        const pp_built *a = &all[r], *b = &all[r + 1];
-        int same = a->out_ndim == b->in_ndim && a->last == b->first;
-        for (int i = 0; same && i < a->out_ndim; i++) same = a->out_dims[i] == b->in_dims[i];
-        if (same) continue;
-        char wa[64], wb[64], sa[128], sb[128];
-        td__pp_stage_name(pp, r, wa, sizeof wa);
-        td__pp_stage_name(pp, r + 1, wb, sizeof wb);
-        shape_str(a->out_ndim, a->out_dims, sa, sizeof sa);
-        shape_str(b->in_ndim, b->in_dims, sb, sizeof sb);
-        return td__fail(TD_ESHAPE,
-                        "pipeline: %s sends activations of shape %s after '%s' but %s reads %s "
-                        "from '%s': the stages were built from different models",
-                        wa, sa, td_sequential_layer_name(model, (size_t)a->last - 1), wb, sb,
-                        td_sequential_layer_name(model, (size_t)b->first));
-    }
-    return TD_OK;
 }
 
 /* ---- building ----------------------------------------------------------------------- */
@@ -273,10 +142,83 @@ static td_status build_stage(td_pipeline *pp, const td_sequential *model) {
     return TD_OK;
 }
 
-static uint64_t host_hash(void) {
-    char name[256] = "";
-    gethostname(name, sizeof name - 1);
-    return fnv(14695981039346656037ull, name, strlen(name));
+/* ---- agreement ---------------------------------------------------------------------- */
+
+/* What every rank must have passed to td_pipeline_create, checked before anything collective
+ * can hang. */
+typedef struct {
+    int64_t stages, micro_batches, batch, schedule, layers, replicas;
+    uint64_t seed;
+    char split[96];           /* as given, cut at 95 bytes ("" when balanced) */
+    uint8_t split_digest[32]; /* SHA-256 of the whole split */
+    uint8_t model_digest[32]; /* SHA-256 of the sample shape and the layer names */
+} pp_options;
+
+static const char *const option_names[] = {"stages",   "micro_batches", "batch",
+                                           "schedule", "layers",        "replicas"};
+
+static void describe_options(const void *sig, const void *other, char *out, size_t cap, void *ctx) {
+    const pp_options *a = sig, *b = other;
+    (void)ctx;
+    const int64_t *x = &a->stages, *y = &b->stages;
+    for (int i = 0; i < 6; i++)
+        if (x[i] != y[i]) {
+            snprintf(out, cap, "%s = %lld", option_names[i], (long long)x[i]);
+            return;
+        }
+    if (a->seed != b->seed)
+        snprintf(out, cap, "seed %llu", (unsigned long long)a->seed);
+    else if (memcmp(a->split_digest, b->split_digest, 32) != 0)
+        snprintf(out, cap, "split '%s'", a->split);
+    else
+        snprintf(out, cap, "a model of other layer names or sample shape (digest %02x%02x%02x%02x)",
+                 a->model_digest[0], a->model_digest[1], a->model_digest[2], a->model_digest[3]);
+}
+
+static void model_digest(const td_sequential *m, uint8_t digest[32]) {
+    td_sha256_ctx h;
+    td_sha256_init(&h);
+    td_shape s = td_sequential_sample_shape(m);
+    int64_t ndim = s.ndim;
+    td_sha256_update(&h, &ndim, sizeof ndim);
+    td_sha256_update(&h, s.dim, (size_t)s.ndim * sizeof *s.dim);
+    for (size_t i = 0; i < td_sequential_count(m); i++) {
+        const char *n = td_sequential_layer_name(m, i);
+        td_sha256_update(&h, n, strlen(n) + 1);
+    }
+    td_sha256_final(&h, digest);
+}
+
+/* The cuts as every rank sees them: where each stage starts, and the shape of the activations
+ * that cross each cut as this rank's model computes them. Ranks built from different models
+ * disagree here, before any activation is misread. */
+typedef struct {
+    int64_t first[TD_PIPELINE_MAX_STAGES + 1];
+    int64_t ndim[TD_PIPELINE_MAX_STAGES], dims[TD_PIPELINE_MAX_STAGES][TD_MAX_DIMS];
+} pp_cuts;
+
+typedef struct {
+    const td_sequential *model;
+    int stages;
+} pp_cut_words;
+
+static void describe_cuts(const void *sig, const void *other, char *out, size_t cap, void *ctx) {
+    const pp_cuts *a = sig, *b = other;
+    const pp_cut_words *w = ctx;
+    int c = 1;
+    while (c < w->stages && a->first[c] == b->first[c] && a->ndim[c] == b->ndim[c] &&
+           memcmp(a->dims[c], b->dims[c], sizeof a->dims[c]) == 0)
+        c++;
+    if (c == w->stages) { /* the cuts agree; what differs is not a cut's */
+        snprintf(out, cap, "other cuts");
+        return;
+    }
+    char dims[128];
+    size_t layer = (size_t)a->first[c];
+    snprintf(out, cap, "activations of shape %s between '%s' and '%s'",
+             td__dims_str(dims, sizeof dims, a->ndim[c], a->dims[c]),
+             td_sequential_layer_name(w->model, layer - 1),
+             td_sequential_layer_name(w->model, layer));
 }
 
 /* Checks that need no other rank; the message goes to every rank. */
@@ -303,61 +245,51 @@ static td_status check_local(const td_pipeline_params *p, const td_sequential *m
 }
 
 static td_status agree_on_options(td_pipeline *pp, td_comm *comm, const td_sequential *model) {
-    pp_config mine;
+    pp_options mine;
     memset(&mine, 0, sizeof mine);
-    td_status s = check_local(&pp->opt, model, pp->world);
-    if (s) snprintf(mine.message, sizeof mine.message, "%s", td_last_error());
-    mine.status = s;
     mine.stages = pp->opt.stages;
     mine.micro_batches = pp->M;
     mine.batch = pp->opt.batch;
     mine.schedule = pp->opt.schedule;
     mine.layers = (int64_t)td_sequential_count(model);
     mine.replicas = pp->opt.stages > 0 ? pp->world / pp->opt.stages : 0;
-    mine.model_hash = model_hash(model);
-    mine.split_hash = pp->opt.split ? fnv(1, pp->opt.split, strlen(pp->opt.split)) : 0;
     mine.seed = pp->opt.seed;
-    pp_config *all = calloc((size_t)pp->world, sizeof *all);
-    if (!all) return td__fail(TD_ENOMEM, "pipeline: out of memory");
-    s = td_comm_allgather(comm, &mine, all, sizeof mine, TD_U8);
-    if (s == TD_OK) s = check_configs(all, pp->world, pp->rank);
-    free(all);
-    return s;
+    const char *split = pp->opt.split ? pp->opt.split : "";
+    snprintf(mine.split, sizeof mine.split, "%s", split);
+    td_sha256(split, strlen(split), mine.split_digest);
+    model_digest(model, mine.model_digest);
+    td_comm_agreement a = {
+        .what = "pipeline",
+        .local = check_local(&pp->opt, model, pp->world),
+        .sig = &mine,
+        .bytes = sizeof mine,
+        .describe = describe_options,
+        .hint = "; every rank must create the pipeline with the same options and model"};
+    return td_comm_agree(comm, &a);
 }
 
-static td_status agree_on_stages(td_pipeline *pp, td_comm *comm, const td_sequential *model,
-                                 td_status built, const char *built_msg) {
-    pp_built mine;
+static td_status agree_on_cuts(td_pipeline *pp, td_comm *comm, const td_sequential *model,
+                               td_status built) {
+    pp_cuts mine;
     memset(&mine, 0, sizeof mine);
-    mine.status = built;
-    snprintf(mine.message, sizeof mine.message, "%s", built_msg);
-    mine.first = (int64_t)pp->first_layer;
-    mine.last = (int64_t)pp->last_layer;
-    mine.pid = getpid();
-    mine.host = host_hash();
-    mine.in_ndim = pp->in_shape.ndim;
-    mine.out_ndim = pp->out_shape.ndim;
-    for (int i = 0; i < TD_MAX_DIMS; i++) {
-        mine.in_dims[i] = pp->in_shape.dim[i];
-        mine.out_dims[i] = pp->out_shape.dim[i];
+    td_status local = built;
+    for (int c = 0; c <= pp->P; c++) mine.first[c] = (int64_t)pp->stage_first[c];
+    for (int c = 1; c < pp->P && local == TD_OK; c++) {
+        td_shape at;
+        local = td_sequential_shape_at(model, pp->stage_first[c], pp->b, &at);
+        mine.ndim[c] = at.ndim;
+        for (int i = 0; i < at.ndim; i++) mine.dims[c][i] = at.dim[i];
     }
-    pp_built *all = calloc((size_t)pp->world, sizeof *all);
-    pp->pids = calloc((size_t)pp->world, sizeof *pp->pids);
-    pp->hosts = calloc((size_t)pp->world, sizeof *pp->hosts);
-    if (!all || !pp->pids || !pp->hosts) {
-        free(all);
-        return td__fail(TD_ENOMEM, "pipeline: out of memory");
-    }
-    td_status s = td_comm_allgather(comm, &mine, all, sizeof mine, TD_U8);
-    if (s == TD_OK) {
-        for (int r = 0; r < pp->world; r++) {
-            pp->pids[r] = (int)all[r].pid;
-            pp->hosts[r] = all[r].host;
-        }
-        s = check_built(pp, model, all);
-    }
-    free(all);
-    return s;
+    pp_cut_words words = {model, pp->P};
+    td_comm_agreement a = {.what = "pipeline",
+                           .local = local,
+                           .sig = &mine,
+                           .bytes = sizeof mine,
+                           .mismatch = TD_ESHAPE,
+                           .describe = describe_cuts,
+                           .describe_ctx = &words,
+                           .hint = "; the stages were built from different models"};
+    return td_comm_agree(comm, &a);
 }
 
 static td_status start_channels(td_pipeline *pp) {
@@ -392,12 +324,23 @@ static td_status create(td_pipeline *pp, td_comm *comm, const td_sequential *mod
     pp->stage_first[pp->P] = L;
     pp->first_layer = pp->stage_first[pp->stage];
     pp->last_layer = pp->stage_first[pp->stage + 1];
-    td_status built = build_stage(pp, model);
-    char msg[320];
-    snprintf(msg, sizeof msg, "%s", built ? td_last_error() : "");
-    TD__TRY(agree_on_stages(pp, comm, model, built, msg));
+    TD__TRY(agree_on_cuts(pp, comm, model, build_stage(pp, model)));
     TD__TRY(start_channels(pp));
-    if (pp->dp) {
+    if (pp->dp && pp->opt.zero_stage) {
+        td_zero_params zp = td_zero_default_params();
+        zp.stage = pp->opt.zero_stage;
+        zp.ddp = pp->opt.ddp;
+        if (!zp.ddp.trace) zp.ddp.trace = pp->opt.trace;
+        pp_slot *s0 = &pp->slots[0];
+        TD__TRY(td_zero_create(&pp->zero, pp->dp, s0->params, s0->n_params, s0->buffers,
+                               s0->n_buffers, &zp));
+        for (int k = 0; k < pp->K; k++) {
+            /* ZeRO moved the parameters: every micro-batch graph reads them there. */
+            if (k > 0) TD__TRY(td_graph_share_params(pp->slots[k].g, s0->g));
+            td_graph_set_grad_ready_hook(pp->slots[k].g, td_zero_grad_ready_hook, pp->zero);
+            td_graph_set_param_use_hook(pp->slots[k].g, td_zero_param_use_hook, pp->zero);
+        }
+    } else if (pp->dp) {
         td_ddp_params dp = pp->opt.ddp;
         if (!dp.trace) dp.trace = pp->opt.trace;
         pp_slot *s0 = &pp->slots[0];
@@ -417,6 +360,7 @@ td_status td_pipeline_create(td_pipeline **out, td_comm *comm, const td_sequenti
     td_pipeline *pp = calloc(1, sizeof *pp);
     if (!pp) return td__fail(TD_ENOMEM, "td_pipeline_create: out of memory");
     pp->opt = p ? *p : td_pipeline_default_params();
+    pp->group = comm;
     pp->rank = td_comm_rank(comm);
     pp->world = td_comm_size(comm);
     pp->M = pp->opt.schedule == TD_SCHEDULE_NAIVE ? 1 : pp->opt.micro_batches;
@@ -440,6 +384,7 @@ void td_pipeline_destroy(td_pipeline *pp) {
     td__pp_channel_stop(&pp->grad_in);
     td__pp_channel_stop(&pp->grad_out);
     td_ddp_destroy(pp->ddp);
+    td_zero_destroy(pp->zero);
     for (int k = 0; pp->slots && k < pp->K; k++) {
         pp_slot *sl = &pp->slots[k];
         td_graph_destroy(sl->g);
@@ -450,8 +395,6 @@ void td_pipeline_destroy(td_pipeline *pp) {
     }
     free(pp->slots);
     free(pp->ops);
-    free(pp->pids);
-    free(pp->hosts);
     td_comm_destroy(pp->dp);
     td_comm_destroy(pp->pipe);
     free(pp);
@@ -459,31 +402,78 @@ void td_pipeline_destroy(td_pipeline *pp) {
 
 /* ---- running and accessors ---------------------------------------------------------- */
 
+/* What a rank is about to run; every rank of the group must start the same. */
+typedef struct {
+    int64_t evaluation; /* 0: a training step, 1: an evaluation */
+    uint64_t index;     /* the step's or the evaluation's number */
+    int64_t samples;
+} pp_call;
+
+static void describe_call(const void *sig, const void *other, char *out, size_t cap, void *ctx) {
+    const pp_call *c = sig;
+    (void)other, (void)ctx;
+    if (c->evaluation)
+        snprintf(out, cap, "evaluation %llu of %lld samples", (unsigned long long)c->index,
+                 (long long)c->samples);
+    else
+        snprintf(out, cap, "training step %llu", (unsigned long long)c->index);
+}
+
+/* Every rank that takes part in a call starts the same one, checked by a collective on the
+ * group of those ranks: a step on the group the pipeline was made on (the replicas step
+ * together), an evaluation on its replica's stages (each replica evaluates its own batches),
+ * which with one replica is the same group. A rank that issues a collective of its own there
+ * instead, or another pipeline call, fails at once on every rank, named by the group's sequence
+ * check or by this comparison, not by a transfer's timeout. `local` is this rank's argument
+ * check. A pipeline that failed earlier still takes part, so that the others learn of it, and
+ * returns its first error. */
+static td_status start_call(td_pipeline *pp, int evaluation, int64_t samples, td_status local) {
+    pp_call mine = {evaluation, evaluation ? pp->evals : pp->step, samples};
+    if (pp->failed) local = td__fail(pp->failed, "%s", pp->failed_msg);
+    td_comm_agreement a = {.what = "pipeline",
+                           .local = local,
+                           .sig = &mine,
+                           .bytes = sizeof mine,
+                           .describe = describe_call,
+                           .hint = "; every rank must make the same pipeline calls in the same "
+                                   "order, and no other collective on the pipeline's group "
+                                   "between them"};
+    td_status s = td_comm_agree(evaluation && pp->D > 1 ? pp->pipe : pp->group, &a);
+    if (pp->failed) return td__fail(pp->failed, "%s", pp->failed_msg);
+    if (s == TD_OK) return TD_OK;
+    char msg[768];
+    snprintf(msg, sizeof msg, "%s", td_last_error());
+    return td__pp_fail(pp, s, "starting %s: %s", evaluation ? "an evaluation" : "the step", msg);
+}
+
 td_status td_pipeline_step(td_pipeline *pp, const float *x, const int64_t *labels, float *loss) {
     if (!pp) return td__fail(TD_EINVAL, "td_pipeline_step: pipeline is NULL");
-    if (pp->failed) return td__fail(pp->failed, "%s", pp->failed_msg);
+    td_status local = TD_OK;
     if (pp->stage == 0 && !x)
-        return td__pp_fail(pp, TD_EINVAL, "td_pipeline_step: x is NULL on the first stage");
-    if (pp->stage + 1 == pp->P && !labels)
-        return td__pp_fail(pp, TD_EINVAL, "td_pipeline_step: labels are NULL on the last stage");
+        local = td__fail(TD_EINVAL, "td_pipeline_step: x is NULL on the first stage");
+    else if (pp->stage + 1 == pp->P && !labels)
+        local = td__fail(TD_EINVAL, "td_pipeline_step: labels are NULL on the last stage");
+    TD__TRY(start_call(pp, 0, pp->opt.batch, local));
     return td__pp_run_step(pp, x, labels, loss);
 }
 
 td_status td_pipeline_evaluate(td_pipeline *pp, const float *x, const int64_t *labels, int64_t n,
                                double *loss_sum, int64_t *correct) {
     if (!pp) return td__fail(TD_EINVAL, "td_pipeline_evaluate: pipeline is NULL");
-    if (pp->failed) return td__fail(pp->failed, "%s", pp->failed_msg);
+    td_status local = TD_OK;
     if (n < 1 || n > pp->opt.batch)
-        return td__pp_fail(pp, TD_EINVAL, "td_pipeline_evaluate: n = %lld (1 to the batch, %lld)",
-                           (long long)n, (long long)pp->opt.batch);
-    if ((pp->stage == 0 && !x) || (pp->stage + 1 == pp->P && !labels))
-        return td__pp_fail(pp, TD_EINVAL,
-                           "td_pipeline_evaluate: x (first stage) or labels (last stage) is NULL");
+        local = td__fail(TD_EINVAL, "td_pipeline_evaluate: n = %lld (1 to the batch, %lld)",
+                         (long long)n, (long long)pp->opt.batch);
+    else if ((pp->stage == 0 && !x) || (pp->stage + 1 == pp->P && !labels))
+        local = td__fail(TD_EINVAL,
+                         "td_pipeline_evaluate: x (first stage) or labels (last stage) is NULL");
+    TD__TRY(start_call(pp, 1, n, local));
     return td__pp_run_eval(pp, x, labels, n, loss_sum, correct);
 }
 
 td_status td_pipeline_parameters(td_pipeline *pp, td_param **params, size_t *n) {
     if (!pp || !params || !n) return td__fail(TD_EINVAL, "td_pipeline_parameters: NULL argument");
+    if (pp->zero) return td_zero_parameters(pp->zero, params, n);
     *params = pp->slots[0].params;
     *n = pp->slots[0].n_params;
     return TD_OK;

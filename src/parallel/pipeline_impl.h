@@ -98,9 +98,9 @@ struct td_pipeline {
     pp_slot *slots;
     pp_channel act_in, act_out, grad_in, grad_out;
     td_ddp *ddp;
-    int world;
-    int *pids;            /* (world) pid of every rank of the creation group */
-    uint64_t *hosts;      /* (world) host name hash of every rank */
+    td_zero *zero;        /* instead of ddp, with zero_stage */
+    td_comm *group;       /* the group given to td_pipeline_create (not owned) */
+    int world;            /* its size */
     uint64_t step, evals; /* training steps and evaluations run: the headers' sequence numbers */
     struct pp_op *ops;    /* (2M) this stage's schedule */
     td_status failed;
@@ -109,8 +109,9 @@ struct td_pipeline {
 };
 
 /* Ends the pipeline after an error: keeps the first message, prefixed with this stage's place
- * and followed by which ranks (if any) have died, aborts the pipeline's groups so that no peer
- * waits on this rank, and returns `s` with that message. Later calls return the first error. */
+ * (the message of a failed transfer or check is the group's own: it names a peer that died),
+ * aborts the pipeline's groups so that no peer waits on this rank, and returns `s` with that
+ * message. Later calls return the first error. */
 td_status td__pp_fail(td_pipeline *pp, td_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

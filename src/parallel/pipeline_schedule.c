@@ -81,16 +81,8 @@ static td_status check_header(td_pipeline *pp, const unsigned char *buf, pp_kind
     for (int i = 0; same && i < shape->ndim; i++) same = h.dims[i] == shape->dim[i];
     if (!same) {
         char a[128], b[128];
-        size_t at = (size_t)snprintf(a, sizeof a, "(");
-        for (int i = 0; i < h.ndim && i < TD_MAX_DIMS; i++)
-            at += (size_t)snprintf(a + at, sizeof a - at, i ? ", %lld" : "%lld",
-                                   (long long)h.dims[i]);
-        snprintf(a + at, sizeof a - at, ")");
-        at = (size_t)snprintf(b, sizeof b, "(");
-        for (int i = 0; i < shape->ndim; i++)
-            at += (size_t)snprintf(b + at, sizeof b - at, i ? ", %lld" : "%lld",
-                                   (long long)shape->dim[i]);
-        snprintf(b + at, sizeof b - at, ")");
+        td__dims_str(a, sizeof a, h.ndim, h.dims);
+        td__dims_str(b, sizeof b, shape->ndim, shape->dim);
         return td__pp_fail(pp, TD_ESHAPE,
                            "stage %d sent %s of shape %s for micro-batch %d, this stage expects %s",
                            from, kind_name(kind), a, m, b);
@@ -150,6 +142,13 @@ static void post_receives(td_pipeline *pp, int m, int training) {
 
 /* The forward of micro-batch m: its input (xm, its samples on stage 0; ym, its labels on the
  * last stage), the graph, and the output on its way downstream. */
+/* no_sync on the replicas' group, DDP's or ZeRO's (none: nothing to do). */
+static td_status replicas_set_sync(td_pipeline *pp, int sync) {
+    return pp->zero  ? td_zero_set_sync(pp->zero, sync)
+           : pp->ddp ? td_ddp_set_sync(pp->ddp, sync)
+                     : TD_OK;
+}
+
 static td_status forward_one(td_pipeline *pp, int m, const float *xm, const int64_t *ym,
                              pp_kind kind, double *loss_sum) {
     pp_slot *sl = &pp->slots[m % pp->K];
@@ -212,7 +211,7 @@ static td_status backward_one(td_pipeline *pp, int m, int first) {
         if (!s) s = td_graph_zero_input_grads(sl->g);
     }
     /* The replicas reduce once, as the step's last backward makes each gradient final. */
-    if (!s && pp->ddp && m == pp->M - 1 && pp->M > 1) s = td_ddp_set_sync(pp->ddp, 1);
+    if (!s && m == pp->M - 1 && pp->M > 1) s = replicas_set_sync(pp, 1);
     if (s) return compute_failed(pp, s, "preparing the backward", m);
     uint64_t t0 = td_time_ns();
     if (last) {
@@ -265,11 +264,11 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
     for (int k = 1; k < pp->K; k++)
         for (size_t i = 0; i < s0->n_params; i++) pp->slots[k].params[i].grad = s0->params[i].grad;
     td_status s = TD_OK;
-    if (pp->ddp) {
-        s = td_ddp_set_sync(pp->ddp, 1);
-        if (!s) s = td_ddp_prepare_forward(pp->ddp);
-        if (!s && pp->M > 1) s = td_ddp_set_sync(pp->ddp, 0);
-        if (s) return compute_failed(pp, s, "starting DDP before the forward", 0);
+    if (pp->ddp || pp->zero) {
+        s = replicas_set_sync(pp, 1);
+        if (!s) s = pp->zero ? td_zero_prepare_forward(pp->zero) : td_ddp_prepare_forward(pp->ddp);
+        if (!s && pp->M > 1) s = replicas_set_sync(pp, 0);
+        if (s) return compute_failed(pp, s, "starting the replicas' group before the forward", 0);
     }
     pp_op *ops = pp->ops;
     int n = schedule_ops(pp, ops);
@@ -290,9 +289,9 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
         }
     }
     TD__TRY(drain_sends(pp));
-    if (pp->ddp) {
+    if (pp->ddp || pp->zero) {
         uint64_t t0 = td_time_ns();
-        s = td_ddp_finish_backward(pp->ddp);
+        s = pp->zero ? td_zero_finish_backward(pp->zero) : td_ddp_finish_backward(pp->ddp);
         st->sync_ns = td_time_ns() - t0;
         if (s)
             return compute_failed(pp, s, "the replicas' all-reduce after the backward", pp->M - 1);

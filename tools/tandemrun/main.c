@@ -17,7 +17,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "launch/launch_impl.h"
 #include "tandemrun.h"
 
 static const char usage_text[] =
@@ -216,7 +215,7 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
             TAKES_VALUE();
             long v;
             if (strcmp(value, "left") == 0)
-                o->restart_nproc = -1;
+                o->restart_nproc = TR_RESTART_LEFT;
             else if (parse_int(value, 1, TR_MAX_RANKS, &v))
                 o->restart_nproc = (int)v;
             else
@@ -347,11 +346,17 @@ int main(int argc, char **argv) {
     }
     char trace_dir[PATH_MAX];
     if (opts.trace_dir && trace_env(&opts, trace_dir) != 0) return 2;
-    td__restart restart = {opts.max_restarts, 0, opts.restart_nproc};
+    tr_restart restart = {opts.max_restarts, 0, opts.restart_nproc};
     for (;;) {
         int failed, next;
+        char why[256];
         rc = tr_run_job(&opts, &failed);
-        if (tr_interrupted() || !td__restart_next(&restart, failed, opts.nproc, &next)) break;
+        if (tr_interrupted()) break;
+        if (!tr_restart_next(&restart, failed, opts.nproc, &next, why, sizeof why)) {
+            if (*why)
+                fprintf(stderr, "tandemrun: not restarting: %s; exiting with status %d\n", why, rc);
+            break;
+        }
         fprintf(stderr, "tandemrun: restart %d of %d after rank %d failed: starting %d rank%s\n",
                 restart.done, restart.max_restarts, failed, next, next == 1 ? "" : "s");
         opts.nproc = next;

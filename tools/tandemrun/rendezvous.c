@@ -88,9 +88,23 @@ static int signalled(int sig_fd) {
     return 0;
 }
 
-/* Waits for `key` until `deadline` in short slices, so that a signal stops the wait: TD_OK,
- * TD_ETIMEOUT, another store error, or TD_ESTATE with *sig set. */
-static td_status wait_key(tr_rdzv *z, const char *key, uint64_t deadline, int sig_fd, int *sig) {
+/* The address of the last connection the store refused for another token (store.h's
+ * TD_STORE_KEY_DENIED): 1 with it in `from`, or 0. */
+static int denied(tr_rdzv *z, char *from, size_t cap) {
+    size_t len = 0;
+    if (td_store_wait(z->store, TD_STORE_KEY_DENIED, 0.001) != TD_OK ||
+        td_store_get(z->store, TD_STORE_KEY_DENIED, from, cap - 1, &len) != TD_OK)
+        return 0;
+    from[len < cap ? len : cap - 1] = 0;
+    return 1;
+}
+
+/* Waits for `key` until `deadline` in short slices, so that a signal stops the wait, and so
+ * that a node that came with another token ends it at once: TD_OK, TD_ETIMEOUT, another store
+ * error, TD_ESTATE with *sig set, or TD_EAUTH with the refused connection's address in
+ * `from`. */
+static td_status wait_key(tr_rdzv *z, const char *key, uint64_t deadline, int sig_fd, int *sig,
+                          char *from, size_t cap) {
     for (;;) {
         if ((*sig = signalled(sig_fd))) return TD_ESTATE;
         uint64_t now = td_time_ns();
@@ -98,6 +112,7 @@ static td_status wait_key(tr_rdzv *z, const char *key, uint64_t deadline, int si
         double left = (double)(deadline - now) / 1e9;
         td_status s = td_store_wait(z->store, key, left < 0.2 ? left + 0.001 : 0.2);
         if (s != TD_ETIMEOUT) return s;
+        if (denied(z, from, cap)) return TD_EAUTH;
     }
 }
 
@@ -125,7 +140,8 @@ int tr_rdzv_join(const tr_options *o, int wake_fd, int sig_fd, tr_rdzv *z) {
         sp.timeout_s = 1;
         do {
             s = td_store_create(&z->store, &sp);
-        } while (s != TD_OK && s != TD_EAUTH && td_time_ns() < deadline && !(sig = signalled(sig_fd)));
+        } while (s != TD_OK && s != TD_EAUTH && td_time_ns() < deadline &&
+                 !(sig = signalled(sig_fd)));
         if (s == TD_OK) td_store_set_timeout(z->store, o->rdzv_timeout_s);
     }
     if (sig) {
@@ -174,15 +190,27 @@ int tr_rdzv_join(const tr_options *o, int wake_fd, int sig_fd, tr_rdzv *z) {
         node_record theirs;
         size_t len = 0;
         snprintf(key, sizeof key, "tandem/rdzv/node/%d", r);
-        s = wait_key(z, key, deadline, sig_fd, &sig);
+        char from[64];
+        s = wait_key(z, key, deadline, sig_fd, &sig, from, sizeof from);
         if (sig) {
             fprintf(stderr, "tandemrun: signal %d during the rendezvous; leaving\n", sig);
             return 128 + sig;
         }
+        char missing[256];
+        int k = s == TD_EAUTH ? missing_nodes(z, missing, sizeof missing) : 0;
+        if (s == TD_EAUTH && k == 0) s = TD_OK; /* the node came meanwhile after all */
+        if (s == TD_EAUTH) {
+            fprintf(stderr,
+                    "tandemrun: the rendezvous store at %s:%d refused a connection from %s that "
+                    "presented another token, and %s %s not arrived: was %s given a different "
+                    "--token (or TANDEM_TOKEN)? Every node of the job must give the same\n",
+                    o->master_addr, o->master_port, from, missing, k == 1 ? "has" : "have",
+                    k == 1 ? "it" : "one");
+            return 1;
+        }
         if (s == TD_OK) s = td_store_get(z->store, key, &theirs, sizeof theirs, &len);
         if (s == TD_ETIMEOUT) {
-            char missing[256];
-            int k = missing_nodes(z, missing, sizeof missing);
+            k = missing_nodes(z, missing, sizeof missing);
             fprintf(stderr,
                     "tandemrun: rendezvous timed out after %g s: %d of %d nodes arrived, "
                     "missing %s (start tandemrun --nnodes %d --node-rank R on each of them, with "
@@ -277,12 +305,15 @@ void tr_rdzv_leave(tr_rdzv *z, int ok) {
                 int64_t beat = 0;
                 snprintf(key, sizeof key, "tandem/job/beat/%d", r);
                 td_store_add(z->store, key, 0, &beat);
-                if (beat != beats[r] || since[r] == 0) beats[r] = beat, since[r] = ((double)td_time_ns() * 1e-9);
+                if (beat != beats[r] || since[r] == 0)
+                    beats[r] = beat, since[r] = ((double)td_time_ns() * 1e-9);
                 if (((double)td_time_ns() * 1e-9) - since[r] > 10) silent = r;
             }
             if (silent >= 0) {
-                fprintf(stderr, "tandemrun: node %d stopped answering the rendezvous store; "
-                                "leaving\n", silent);
+                fprintf(stderr,
+                        "tandemrun: node %d stopped answering the rendezvous store; "
+                        "leaving\n",
+                        silent);
                 break;
             }
         }

@@ -4,13 +4,13 @@
  * reaches the rank and anything it started, and so that the terminal's Ctrl-C reaches
  * only the launcher, which forwards it once). Children die with the launcher
  * (PR_SET_PDEATHSIG) even if it is killed outright. One loop polls the ranks' output
- * pipes and a self-pipe fed by the signal handlers; the library's job core (src/launch, shared
- * with td_spawn) reaps the ranks and, when one fails, gives the others SIGTERM and, after the
+ * pipes and a self-pipe fed by the signal handlers; a td_job (tandem/launch.h, what td_spawn
+ * is built on too) reaps the ranks and, when one fails, gives the others SIGTERM and, after the
  * grace period, SIGKILL. The final report names a rank that is stopped (SIGSTOP) as the one
  * the others waited for. In a job across hosts (--nnodes) the nodes meet first (rendezvous.c),
  * ranks are numbered node by node, the first failure on any node ends the job on every node,
- * and reports name the host. It runs one start of the job:
- * restarts after a failure are main.c's loop around it, on one node. */
+ * and reports name the host. It runs one start of the job: restarts after a failure are
+ * main.c's loop around it (restart.c), on one node. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -21,9 +21,11 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include "launch/launch_impl.h"
+#include "tandem/launch.h"
+
 #include "tandemrun.h"
 
 static int self_pipe[2] = {-1, -1};
@@ -33,6 +35,8 @@ int tr_interrupted(void) { return interrupted != 0; }
 
 /* A byte on the self-pipe that is no signal: the watcher learned the job's end. */
 #define WAKE_END 0
+
+static double now_s(void) { return (double)td_time_ns() * 1e-9; }
 
 static void on_signal(int sig) {
     int saved = errno;
@@ -44,8 +48,8 @@ static void on_signal(int sig) {
 }
 
 /* Runs in the forked child; never returns. */
-static void exec_rank(const tr_options *o, const td__rank_env *env, int out_w, int err_w,
-                      const cpu_set_t *cpus, pid_t launcher) {
+static void exec_rank(const tr_options *o, const td_rank_env *env, int out_w, int err_w,
+                      pid_t launcher) {
     if (o->nnodes > 1) setenv("TANDEM_STORE_HOSTED", "1", 1); /* node 0's tandemrun hosts it */
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -69,9 +73,17 @@ static void exec_rank(const tr_options *o, const td__rank_env *env, int out_w, i
             close(devnull);
         }
     }
-    sched_setaffinity(0, sizeof *cpus, cpus);
+    int cores[CPU_SETSIZE];
+    int ncores = td_rank_cpus(env->local_rank, env->local_world_size, cores, CPU_SETSIZE);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int k = 0; k < ncores; k++) CPU_SET(cores[k], &set);
+    sched_setaffinity(0, sizeof set, &set);
 
-    td__rank_env_apply(env, CPU_COUNT(cpus));
+    if (td_rank_env_apply(env, ncores) != TD_OK) {
+        dprintf(2, "tandemrun: %s\n", td_last_error());
+        _exit(127);
+    }
     char attempt[16];
     snprintf(attempt, sizeof attempt, "%d", o->attempt);
     setenv("TANDEM_RESTART_COUNT", attempt, 1); /* torchrun's TORCHELASTIC_RESTART_COUNT */
@@ -95,10 +107,11 @@ typedef struct {
     double at;
     int code, others;
     char what[256];
+    int job_code; /* the job's exit code as another node's end decided it, or -1 */
 } tr_claim;
 
 /* Reports this node's first failure as the job's end, or as what followed another node's. */
-static void claim_end(td__job *j, tr_rdzv *z, tr_claim *c) {
+static void claim_end(tr_rdzv *z, tr_claim *c) {
     char job[512];
     int code;
     c->pending = 0;
@@ -109,12 +122,12 @@ static void claim_end(td__job *j, tr_rdzv *z, tr_claim *c) {
     }
     fprintf(stderr, "tandemrun: %s; then %s; stopping the other %d rank%s on this node\n", job,
             c->what, c->others, c->others == 1 ? "" : "s");
-    j->exit_code = code;
+    c->job_code = code;
 }
 
 /* Settles a pending claim: another node ended the job meanwhile, or its time has come (with
  * `wait`, after waiting for that). */
-static void settle(td__job *j, tr_rdzv *z, tr_claim *c, int wait) {
+static void settle(tr_rdzv *z, tr_claim *c, int wait) {
     while (c->pending) {
         int code;
         char job[512];
@@ -122,9 +135,9 @@ static void settle(td__job *j, tr_rdzv *z, tr_claim *c, int wait) {
             c->pending = 0;
             fprintf(stderr, "tandemrun: %s; then %s; stopping the other %d rank%s on this node\n",
                     job, c->what, c->others, c->others == 1 ? "" : "s");
-            j->exit_code = code;
-        } else if (td__now_s() >= c->at) {
-            claim_end(j, z, c);
+            c->job_code = code;
+        } else if (now_s() >= c->at) {
+            claim_end(z, c);
         } else if (!wait) {
             return;
         } else {
@@ -137,30 +150,32 @@ static void settle(td__job *j, tr_rdzv *z, tr_claim *c, int wait) {
 /* Reaps ended ranks and reports the job's first failure, naming any rank that is stopped:
  * the others usually failed because they gave up waiting for it. Across hosts the report
  * names this host, and the failure ends the job on every node (see tr_claim). */
-static void reap(td__job *j, tr_rdzv *z, tr_claim *claim) {
-    int f = td__job_reap(j);
+static void reap(td_job *j, tr_rdzv *z, tr_claim *claim) {
+    int f = td_job_reap(j);
     if (f < 0) return;
-    const td__proc *p = &j->procs[f];
+    td_job_proc p = td_job_get(j, f);
     char how[96], stopped[256];
-    td__describe_exit(p->status, how, sizeof how);
-    int others = j->running;
+    td_exit_describe(p.status, how, sizeof how);
+    int others = td_job_running(j);
     if (z) {
-        *claim = (tr_claim){.pending = 1, .code = td__exit_code(p->status), .others = others,
-                            .at = td__now_s() + (WIFSIGNALED(p->status) ? 0 : SETTLE_S)};
-        snprintf(claim->what, sizeof claim->what, "rank %d (pid %d) on %s (node %d) %s", p->rank,
-                 (int)p->pid, z->host, z->node_rank, how);
-        settle(j, z, claim, 0);
+        claim->pending = 1;
+        claim->code = td_exit_code(p.status);
+        claim->others = others;
+        claim->at = now_s() + (WIFSIGNALED(p.status) ? 0 : SETTLE_S);
+        snprintf(claim->what, sizeof claim->what, "rank %d (pid %d) on %s (node %d) %s", p.rank,
+                 (int)p.pid, z->host, z->node_rank, how);
+        settle(z, claim, 0);
     } else if (others > 0) {
-        fprintf(stderr, "tandemrun: rank %d (pid %d) %s; stopping the other %d rank%s\n", p->rank,
-                (int)p->pid, how, others, others == 1 ? "" : "s");
+        fprintf(stderr, "tandemrun: rank %d (pid %d) %s; stopping the other %d rank%s\n", p.rank,
+                (int)p.pid, how, others, others == 1 ? "" : "s");
     } else {
-        fprintf(stderr, "tandemrun: rank %d (pid %d) %s\n", p->rank, (int)p->pid, how);
+        fprintf(stderr, "tandemrun: rank %d (pid %d) %s\n", p.rank, (int)p.pid, how);
     }
-    if (td__job_stopped_ranks(j, stopped, sizeof stopped) > 0)
+    if (td_job_stopped_ranks(j, stopped, sizeof stopped) > 0)
         fprintf(stderr,
                 "tandemrun: %s stopped (SIGSTOP) and never arrived: the job was stuck on it; "
                 "rank %d gave up waiting\n",
-                stopped, p->rank);
+                stopped, p.rank);
 }
 
 /* Reads what a stream has now; closes it at EOF. */
@@ -190,24 +205,26 @@ static int open_pipe(int p[2]) {
 
 int tr_run_job(const tr_options *o, int *failed_rank) {
     *failed_rank = -1;
-    char token[33];
-    if (o->nnodes > 1) {
-        snprintf(token, sizeof token, "%s", o->token); /* (only for the env; the store takes o's) */
-    } else if (td__job_token(token) != TD_OK) {
+    char token[TD_JOB_TOKEN_LEN + 1] = "";
+    int port = o->master_port;
+    if ((o->nnodes == 1 && td_job_token(token) != TD_OK) || (!port && td_free_port(&port))) {
         fprintf(stderr, "tandemrun: %s\n", td_last_error());
         return 1;
     }
-    int port = o->master_port ? o->master_port : td__free_port();
-    if (port <= 0) {
-        fprintf(stderr, "tandemrun: cannot find a free port for MASTER_PORT: %s\n",
+    if (o->tee && mkdir(o->log_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "tandemrun: cannot create log directory '%s': %s\n", o->log_dir,
                 strerror(errno));
         return 1;
     }
-    int cpus[CPU_SETSIZE];
-    int ncpus = td__allowed_cpus(cpus, CPU_SETSIZE);
-
-    if (open_pipe(self_pipe) != 0) {
-        fprintf(stderr, "tandemrun: pipe: %s\n", strerror(errno));
+    td_job_params jp = td_job_default_params();
+    jp.grace_s = o->grace_s;
+    jp.own_groups = 1;
+    td_job *j = NULL;
+    tr_rank *ranks = calloc((size_t)o->nproc, sizeof *ranks);
+    if (!ranks || td_job_create(&j, &jp) != TD_OK || open_pipe(self_pipe) != 0) {
+        fprintf(stderr, "tandemrun: cannot start the job: %s\n", strerror(errno));
+        free(ranks);
+        td_job_destroy(j);
         return 1;
     }
     fcntl(self_pipe[1], F_SETFL, fcntl(self_pipe[1], F_GETFL) | O_NONBLOCK);
@@ -227,38 +244,30 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
         if (rc) { /* it failed before its watcher started: only the connections to close */
             td_store_destroy(rdzv.watch);
             td_store_destroy(rdzv.store);
+            close(self_pipe[0]);
+            close(self_pipe[1]);
+            self_pipe[0] = self_pipe[1] = -1;
+            free(ranks);
+            td_job_destroy(j);
             return rc;
         }
         z = &rdzv;
     }
     int rank0 = z ? z->rank_offset : 0, world = z ? z->world_size : o->nproc;
-    tr_claim claim = {0};
+    tr_claim claim = {.job_code = -1};
     const char *job_token = z ? o->token : token;
 
-    if (o->tee && mkdir(o->log_dir, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "tandemrun: cannot create log directory '%s': %s\n", o->log_dir,
-                strerror(errno));
-        return 1;
-    }
-    tr_rank *ranks = calloc((size_t)o->nproc, sizeof *ranks);
-    td__proc *procs = calloc((size_t)o->nproc, sizeof *procs);
-    if (!ranks || !procs) {
-        fprintf(stderr, "tandemrun: out of memory\n");
-        free(ranks);
-        free(procs);
-        return 1;
-    }
-    td__job j;
-    td__job_init(&j, procs, 0, 1, o->grace_s);
     int capture = o->prefix || o->tee;
     pid_t self = getpid();
     fflush(NULL);
+    for (int r = 0; r < o->nproc; r++) { /* the ranks never started have no streams */
+        ranks[r] = (tr_rank){.rank = rank0 + r,
+                             .out = {.fd = -1, .out_fd = 1},
+                             .err = {.fd = -1, .out_fd = 2},
+                             .log_fd = -1};
+    }
     for (int r = 0; r < o->nproc; r++) {
         tr_rank *rk = &ranks[r];
-        rk->rank = rank0 + r;
-        rk->out.fd = rk->err.fd = rk->log_fd = -1;
-        rk->out.out_fd = 1;
-        rk->err.out_fd = 2;
         if (o->tee) {
             char path[4096];
             snprintf(path, sizeof path, "%s/rank_%d.log", o->log_dir, rank0 + r);
@@ -271,44 +280,45 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
         int po[2] = {-1, -1}, pe[2] = {-1, -1};
         if (capture && (open_pipe(po) != 0 || open_pipe(pe) != 0)) {
             fprintf(stderr, "tandemrun: pipe for rank %d: %s\n", r, strerror(errno));
-            td__job_stop(&j, SIGKILL, 1);
+            td_job_stop(j, SIGKILL, 1);
             break;
         }
-        cpu_set_t set;
-        td__rank_cpus(r, o->nproc, cpus, ncpus, &set);
-        td__rank_env env = {rank0 + r, world, r, o->nproc, o->node_rank, o->master_addr, port,
-                            job_token};
+        td_rank_env env = {rank0 + r,    world,          r,    o->nproc,
+                           o->node_rank, o->master_addr, port, job_token};
         pid_t pid = fork();
-        if (pid == 0) exec_rank(o, &env, po[1], pe[1], &set, self);
+        if (pid == 0) exec_rank(o, &env, po[1], pe[1], self);
         if (capture) {
             close(po[1]);
             close(pe[1]);
         }
-        if (pid < 0) {
-            fprintf(stderr, "tandemrun: cannot start rank %d: %s\n", r, strerror(errno));
+        if (pid > 0) setpgid(pid, pid); /* also here, so that kill(-pid) works before it runs */
+        if (pid < 0 || td_job_add(j, rank0 + r, pid) != TD_OK) {
+            fprintf(stderr, "tandemrun: cannot start rank %d: %s\n", r,
+                    pid < 0 ? strerror(errno) : td_last_error());
+            if (pid > 0) {
+                kill(-pid, SIGKILL);
+                waitpid(pid, NULL, 0);
+            }
             if (capture) {
                 close(po[0]);
                 close(pe[0]);
             }
-            td__job_stop(&j, SIGKILL, 1);
+            td_job_stop(j, SIGKILL, 1);
             break;
         }
-        setpgid(pid, pid); /* also here, so that kill(-pid) works before the child runs */
-        procs[r] = (td__proc){.rank = rank0 + r, .pid = pid, .running = 1};
-        td__job_add(&j);
         rk->out.fd = po[0];
         rk->err.fd = pe[0];
     }
 
-    double deadline = o->timeout_s > 0 ? td__now_s() + o->timeout_s : 0;
+    double deadline = o->timeout_s > 0 ? now_s() + o->timeout_s : 0;
     struct pollfd *fds = calloc(2 * (size_t)o->nproc + 1, sizeof *fds);
     tr_stream **owners = calloc(2 * (size_t)o->nproc + 1, sizeof *owners);
     tr_rank **owner_ranks = calloc(2 * (size_t)o->nproc + 1, sizeof *owner_ranks);
     if (!fds || !owners || !owner_ranks) {
         fprintf(stderr, "tandemrun: out of memory\n");
-        td__job_stop(&j, SIGKILL, 1);
+        td_job_stop(j, SIGKILL, 1);
     }
-    while (j.running > 0) {
+    while (td_job_running(j) > 0) {
         int nfds = 0;
         if (fds) {
             fds[nfds++] = (struct pollfd){.fd = self_pipe[0], .events = POLLIN};
@@ -322,9 +332,9 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
                 }
             }
         }
-        double t = td__now_s(), wake = 0;
-        if (j.stopping && j.kill_at > 0) wake = j.kill_at;
-        if (!j.stopping && deadline > 0) wake = deadline;
+        double t = now_s(), kill_in = td_job_tick(j), wake = 0;
+        if (kill_in >= 0) wake = t + kill_in;
+        if (!td_job_stopping(j) && deadline > 0) wake = deadline;
         if (claim.pending && (wake == 0 || claim.at < wake)) wake = claim.at;
         int ms = -1;
         if (wake > 0) ms = wake <= t ? 0 : (int)((wake - t) * 1000) + 1;
@@ -332,7 +342,7 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
         int n = fds ? poll(fds, (nfds_t)nfds, ms) : poll(NULL, 0, ms);
         if (n < 0 && errno != EINTR) {
             fprintf(stderr, "tandemrun: poll: %s\n", strerror(errno));
-            td__job_stop(&j, SIGKILL, 1);
+            td_job_stop(j, SIGKILL, 1);
         }
         for (int k = 1; n > 0 && k < nfds; k++)
             if (fds[k].revents) pump(owner_ranks[k], owners[k], o->prefix);
@@ -345,38 +355,40 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
                     char what[512];
                     if (sig == SIGCHLD) continue;
                     if (sig == WAKE_END) {
-                        settle(&j, z, &claim, 0);
-                        if (!j.stopping && tr_rdzv_ended(z, &code, what, sizeof what)) {
+                        settle(z, &claim, 0);
+                        if (!td_job_stopping(j) && tr_rdzv_ended(z, &code, what, sizeof what)) {
+                            int left = td_job_running(j);
                             fprintf(stderr, "tandemrun: %s; stopping the %d rank%s on this node\n",
-                                    what, j.running, j.running == 1 ? "" : "s");
-                            td__job_stop(&j, SIGTERM, code ? code : 1);
+                                    what, left, left == 1 ? "" : "s");
+                            td_job_stop(j, SIGTERM, code ? code : 1);
                         }
                         continue;
                     }
-                    if (!j.stopping) {
+                    if (!td_job_stopping(j)) {
                         char name[16];
+                        int left = td_job_running(j);
                         fprintf(stderr, "tandemrun: received %s; stopping %d rank%s\n",
-                                td__signal_name(sig, name), j.running, j.running == 1 ? "" : "s");
+                                td_signal_name(sig, name), left, left == 1 ? "" : "s");
                         if (z) {
                             char job[512];
                             snprintf(what, sizeof what, "tandemrun on %s (node %d) received %s",
                                      z->host, z->node_rank, name);
                             tr_rdzv_end_job(z, 128 + sig, what, &code, job, sizeof job);
                         }
-                        td__job_stop(&j, sig, 128 + sig);
+                        td_job_stop(j, sig, 128 + sig);
                     } else if (sig == SIGINT) { /* a second Ctrl-C: do not wait out the grace */
-                        td__job_signal(&j, SIGKILL);
+                        td_job_signal(j, SIGKILL);
                     }
                 }
             }
         }
-        reap(&j, z, &claim);
-        if (z) settle(&j, z, &claim, 0);
-        td__job_tick(&j);
-        if (!j.stopping && deadline > 0 && td__now_s() >= deadline) {
+        reap(j, z, &claim);
+        if (z) settle(z, &claim, 0);
+        if (!td_job_stopping(j) && deadline > 0 && now_s() >= deadline) {
             char stopped[256];
+            int left = td_job_running(j);
             fprintf(stderr, "tandemrun: job timed out after %g s; stopping %d rank%s\n",
-                    o->timeout_s, j.running, j.running == 1 ? "" : "s");
+                    o->timeout_s, left, left == 1 ? "" : "s");
             if (z) {
                 char what[128], job[512];
                 int code;
@@ -384,10 +396,10 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
                          o->timeout_s, z->host, z->node_rank);
                 tr_rdzv_end_job(z, 124, what, &code, job, sizeof job);
             }
-            if (td__job_stopped_ranks(&j, stopped, sizeof stopped) > 0)
+            if (td_job_stopped_ranks(j, stopped, sizeof stopped) > 0)
                 fprintf(stderr, "tandemrun: %s stopped (SIGSTOP): the job was stuck on it\n",
                         stopped);
-            td__job_stop(&j, SIGTERM, 124);
+            td_job_stop(j, SIGTERM, 124);
         }
     }
     /* Every rank is gone; what they wrote last is still in the pipes. Something a rank left
@@ -402,14 +414,15 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
         }
         if (ranks[r].log_fd >= 0) close(ranks[r].log_fd);
     }
-    if (j.first_failed >= 0) *failed_rank = procs[j.first_failed].rank;
+    if (td_job_first_failure(j) >= 0) *failed_rank = td_job_get(j, td_job_first_failure(j)).rank;
     free(fds);
     free(owners);
     free(owner_ranks);
     free(ranks);
-    free(procs);
-    if (z) settle(&j, z, &claim, 1);
-    int rc = j.exit_code < 0 ? 0 : j.exit_code;
+    if (z) settle(z, &claim, 1);
+    int rc = claim.job_code >= 0 ? claim.job_code : td_job_exit_code(j);
+    if (rc < 0) rc = 0;
+    td_job_destroy(j);
     if (z) tr_rdzv_leave(z, rc == 0);
     close(self_pipe[0]);
     close(self_pipe[1]);

@@ -1,7 +1,8 @@
 /* tandemrun's pieces: the parsed command line, the per-rank output state, the rendezvous of
  * the nodes of a multi-node job, and the functions that spawn, relay output for and supervise
- * the ranks of one host. Private to the launcher; the library knows nothing of it (the
- * supervision core it uses is the library's, shared with td_spawn: src/launch). */
+ * the ranks of one host, and the restart policy. Private to the launcher; the library knows
+ * nothing of it (the supervision it uses is the library's public tandem/launch.h, which
+ * td_spawn is built on too). */
 #ifndef TANDEMRUN_H
 #define TANDEMRUN_H
 
@@ -39,6 +40,22 @@ typedef struct {
     int trace_ops;         /* --trace-ops: and TANDEM_TRACE_OPS=1 */
 } tr_options;
 
+/* Restarts after a rank failed (restart.c, torchrun's --max-restarts). */
+enum { TR_RESTART_SAME = 0, TR_RESTART_LEFT = -1 };
+typedef struct {
+    int max_restarts; /* starts allowed after the first */
+    int done;         /* restarts so far */
+    int nproc;        /* ranks of a restart: TR_RESTART_SAME as the run before, TR_RESTART_LEFT
+                         the ones that did not fail, or a count */
+} tr_restart;
+
+/* After a run of `nproc` ranks ended with rank `failed_rank` failing first (-1: none failed, as
+ * when it finished, was interrupted or timed out): 1 when the job starts again, with
+ * *next_nproc ranks (the restart is counted); else 0, and when restarts were asked for and a
+ * rank failed, why none follows in `why` (else it is empty). */
+int tr_restart_next(tr_restart *r, int failed_rank, int nproc, int *next_nproc, char *why,
+                    size_t cap);
+
 /* One captured output stream of a rank (stdout or stderr). */
 typedef struct {
     int fd;     /* read end of the pipe, -1 once at EOF */
@@ -47,7 +64,7 @@ typedef struct {
     size_t len, cap;
 } tr_stream;
 
-/* The output of one rank of the job (its process is a td__proc of the job). */
+/* The output of one rank of the job (its process is in the job's td_job). */
 typedef struct {
     int rank;
     tr_stream out, err;

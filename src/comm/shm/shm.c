@@ -11,7 +11,6 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,14 +58,6 @@ void td__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t max_
 
 void td__shm_futex_wake(_Atomic uint32_t *word) {
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
-
-int td__shm_pid_dead(int pid) {
-    if (pid <= 0) return 0;
-    if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
-    /* A killed child stays a zombie until its parent reaps it; it is dead all the same. */
-    char state = td__proc_state(pid);
-    return state == 'Z' || state == 'X';
 }
 
 static void ring_all(shm_ctx *c) {
@@ -159,7 +150,7 @@ static td_status wait_peers(shm_ctx *c, uint32_t target, const shm_call *call,
                 if (r == c->rank || (int32_t)(atomic_load(&c->ranks[r].phase) - target) >= 0)
                     continue;
                 int pid = c->ranks[r].pid;
-                if (td__shm_pid_dead(pid)) {
+                if (td__pid_dead(pid)) {
                     describe(what, sizeof what, call);
                     return td__shm_poison(c, TD_EPEER, "%s: rank %d: peer rank %d (pid %d) died",
                                           what, c->rank, r, pid);

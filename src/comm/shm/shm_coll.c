@@ -52,6 +52,16 @@ static void copy_window(unsigned char *out, size_t wlo, size_t whi, const unsign
     memcpy(d, s, bytes);
 }
 
+/* Bytes per pipeline chunk for a stream of `bytes` per rank. Every chunk is one barrier, at
+ * which a rank waits for the slowest; on cores shared with other work each barrier can cost a
+ * time slice, so large buffers take few, large chunks: an eighth of the stream (eight chunks
+ * keep the pipeline full), at least SHM_PIPE_MIN, at most the staging slot. */
+static size_t pipe_chunk(const shm_ctx *c, size_t bytes) {
+    size_t e = (bytes / 8 + 4095) / 4096 * 4096;
+    if (e < SHM_PIPE_MIN) e = SHM_PIPE_MIN;
+    return e < c->chunk ? e : c->chunk;
+}
+
 /* Share [*lo, *hi) of rank j in a chunk of len elements, in 64-byte multiples. */
 static void share_of(size_t len, int n, int j, size_t es, size_t *lo, size_t *hi) {
     size_t a = 64 / es;
@@ -121,7 +131,7 @@ static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned 
         if (src != srcs) free(src);
         return s;
     }
-    size_t E = c->chunk / es, nch = (N + E - 1) / E;
+    size_t E = pipe_chunk(c, N * es) / es, nch = (N + E - 1) / E;
     int stream = (whi - wlo) * es >= c->stream_min;
     for (size_t p = 0; !s && p <= nch + 1; p++) {
         unsigned wp = (c->phase + 1) & 1, rp = wp ^ 1;
@@ -174,7 +184,7 @@ static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned 
 static td_status bcast_window(shm_ctx *c, const shm_call *call, const unsigned char *send,
                               unsigned char *out, size_t N, size_t wlo, size_t whi, size_t es,
                               int root, uint64_t tmo) {
-    size_t E = c->chunk / es, nch = (N + E - 1) / E;
+    size_t E = pipe_chunk(c, N * es) / es, nch = (N + E - 1) / E;
     int me = c->rank;
     if (me == root && whi > wlo && out != send + wlo * es)
         memmove(out, send + wlo * es, (whi - wlo) * es);
@@ -197,7 +207,7 @@ static td_status bcast_window(shm_ctx *c, const shm_call *call, const unsigned c
 /* Every rank's `count` elements into out[rank * count] on the ranks with out != NULL. */
 static td_status gather_all(shm_ctx *c, const shm_call *call, const unsigned char *send,
                             unsigned char *out, size_t count, size_t es, uint64_t tmo) {
-    size_t E = c->chunk / es, nch = (count + E - 1) / E;
+    size_t E = pipe_chunk(c, count * es) / es, nch = (count + E - 1) / E;
     int me = c->rank, n = c->size;
     if (out && count && out + (size_t)me * count * es != send)
         memmove(out + (size_t)me * count * es, send, count * es);
@@ -222,7 +232,7 @@ static td_status gather_all(shm_ctx *c, const shm_call *call, const unsigned cha
 static td_status alltoall(shm_ctx *c, const shm_call *call, const unsigned char *send,
                           unsigned char *out, size_t count, size_t es, uint64_t tmo) {
     int me = c->rank, n = c->size;
-    size_t E = c->chunk / (size_t)n / es, nch = (count + E - 1) / E;
+    size_t E = pipe_chunk(c, (size_t)n * count * es) / (size_t)n / es, nch = (count + E - 1) / E;
     if (count) memcpy(out + (size_t)me * count * es, send + (size_t)me * count * es, count * es);
     td_status s = TD_OK;
     for (size_t p = 0; !s && p <= nch; p++) {

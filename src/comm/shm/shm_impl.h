@@ -18,8 +18,10 @@
  * td_comm_alloc memory lives in a segment of its own (n regions, one per rank, see shm_reg).
  *
  * Tuning knobs, read when a group is created (the creator's chunk wins for the whole group):
- * TANDEM_SHM_CHUNK (staging bytes per rank, default 512 KiB) and TANDEM_SHM_NT (outputs of at
- * least this many bytes are written with streaming stores on AVX-512 builds, default 16 MiB). */
+ * TANDEM_SHM_CHUNK (staging bytes per rank per parity, the largest pipeline chunk; default
+ * 2 MiB) and TANDEM_SHM_NT (outputs of at least this many bytes are written with streaming
+ * stores on AVX-512 builds, default 16 MiB). Pages of the segment cost memory only once a
+ * collective has used them. */
 #ifndef TANDEM_SHM_IMPL_H
 #define TANDEM_SHM_IMPL_H
 
@@ -32,8 +34,10 @@
 #include "core/core_impl.h"
 
 #define SHM_MAGIC 0x31736474u
-/* Default staging bytes per rank per parity (TANDEM_SHM_CHUNK). */
-#define SHM_CHUNK (512u * 1024u)
+/* Default staging bytes per rank per parity (TANDEM_SHM_CHUNK): the largest pipeline chunk. */
+#define SHM_CHUNK (2u * 1024u * 1024u)
+/* The smallest pipeline chunk, unless the staging slot is smaller (see shm_coll.c). */
+#define SHM_PIPE_MIN (512u * 1024u)
 /* P2p mailbox bytes per ordered pair. */
 #define SHM_RING (256u * 1024u)
 /* Internal kind: the rendezvous inside td_comm_split. */
@@ -105,9 +109,9 @@ typedef struct shm_ctx {
     int fd;         /* this process created the segment and its peers may still open it, else -1 */
     uint32_t phase; /* phases this rank has posted */
     uint64_t next_seq; /* the sequence number a split uses */
-    uint64_t spin_ns; /* how long a wait spins before it sleeps */
-    int yield;        /* the ranks have fewer CPUs than ranks: spinning yields to them */
-    td_store *store; /* world group only */
+    uint64_t spin_ns;  /* how long a wait spins before it sleeps */
+    int yield;         /* the ranks have fewer CPUs than ranks: spinning yields to them */
+    td_store *store;   /* world group only */
     pthread_mutex_t p2p_lock;
     shm_p2p_req *sends, *recvs; /* pending, in posting order */
     struct shm_unexpected *unexpected;
@@ -125,9 +129,6 @@ static inline unsigned char *shm_staging(shm_ctx *c, int rank, unsigned parity) 
 /* Futex wrappers over shared (not process-private) words. */
 void td__shm_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t max_ns);
 void td__shm_futex_wake(_Atomic uint32_t *word);
-
-/* Non-zero when process `pid` has exited (or is a zombie). */
-int td__shm_pid_dead(int pid);
 
 /* Marks the group failed for every rank (first caller's message wins) and wakes everyone;
  * returns `status` with td__fail's message set. */

@@ -376,7 +376,7 @@ td_status td__shm_p2p_wait(void *ctx, void *req, double timeout_s) {
         } else if (now >= next_check) {
             next_check = now + 5000000ull;
             int pid = c->ranks[r->peer].pid;
-            if (td__shm_pid_dead(pid))
+            if (td__pid_dead(pid))
                 s = td__shm_poison(c, TD_EPEER, "%s: rank %d: peer rank %d (pid %d) died", what,
                                    c->rank, r->peer, pid);
             else if (now >= deadline)

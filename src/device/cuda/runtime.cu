@@ -4,15 +4,12 @@
  * naming the call and CUDA's own message. Kernels live beside the ops (src/ops/cuda/). */
 #include <cstdio>
 #include <cstring>
-
-#include <dlfcn.h>
-
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include "device/cuda/runtime.cuh"
 
 const td__cuda_host *td__host;
-
 
 td_status td__cu_device_count(int *count, char *why, size_t n) {
     *count = 0;
@@ -99,5 +96,51 @@ void td__cu_event_destroy(void *event) { cudaEventDestroy((cudaEvent_t)event); }
 td_status td__cu_memcpy_async(int device, void *dst, const void *src, size_t bytes, void *stream) {
     TD__CU(cudaSetDevice(device));
     TD__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream));
+    return TD_OK;
+}
+
+td_status td__cu_memset_async(int device, void *ptr, int value, size_t bytes, void *stream) {
+    TD__CU(cudaSetDevice(device));
+    TD__CU(cudaMemsetAsync(ptr, value, bytes, (cudaStream_t)stream));
+    return TD_OK;
+}
+
+td_status td__cu_host_alloc(size_t bytes, void **ptr) {
+    cudaError_t e = cudaHostAlloc(ptr, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        return td__host->fail(TD_ENOMEM, "cudaHostAlloc: no page-locked memory for %zu bytes",
+                              bytes);
+    }
+    TD__CU(e);
+    return TD_OK;
+}
+
+void td__cu_host_free(void *ptr) { cudaFreeHost(ptr); }
+
+td_status td__cu_event_wait(int device, void *stream, void *event) {
+    TD__CU(cudaSetDevice(device));
+    TD__CU(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0));
+    return TD_OK;
+}
+
+td_status td__cu_event_synchronize(void *event) {
+    TD__CU(cudaEventSynchronize((cudaEvent_t)event));
+    return TD_OK;
+}
+
+int td__cu_pointer_device(const void *ptr) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return a.type == cudaMemoryTypeDevice ? a.device : -1;
+}
+
+td_status td__cu_device_uuid(int device, unsigned char uuid[16]) {
+    cudaDeviceProp p;
+    TD__CU(cudaGetDeviceProperties(&p, device));
+    memcpy(uuid, p.uuid.bytes, 16);
     return TD_OK;
 }

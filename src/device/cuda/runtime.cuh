@@ -11,12 +11,12 @@
 extern const td__cuda_host *td__host;
 
 /* Returns the host's td_status naming the call and CUDA's message when a CUDA call fails. */
-#define TD__CU(call)                                                                            \
-    do {                                                                                        \
-        cudaError_t td_e_ = (call);                                                             \
-        if (td_e_ != cudaSuccess)                                                               \
-            return td__host->fail(TD_EBACKEND, "%s failed: %s (%s)", #call,                         \
-                              cudaGetErrorString(td_e_), cudaGetErrorName(td_e_));              \
+#define TD__CU(call)                                                                   \
+    do {                                                                               \
+        cudaError_t td_e_ = (call);                                                    \
+        if (td_e_ != cudaSuccess)                                                      \
+            return td__host->fail(TD_EBACKEND, "%s failed: %s (%s)", #call,            \
+                                  cudaGetErrorString(td_e_), cudaGetErrorName(td_e_)); \
     } while (0)
 
 td_status td__cu_device_count(int *count, char *why, size_t n);
@@ -30,5 +30,18 @@ td_status td__cu_event_record(int device, void *stream, void **event);
 int td__cu_event_done(void *event);
 void td__cu_event_destroy(void *event);
 td_status td__cu_memcpy_async(int device, void *dst, const void *src, size_t bytes, void *stream);
+td_status td__cu_memset_async(int device, void *ptr, int value, size_t bytes, void *stream);
+td_status td__cu_host_alloc(size_t bytes, void **ptr);
+void td__cu_host_free(void *ptr);
+td_status td__cu_event_wait(int device, void *stream, void *event);
+td_status td__cu_event_synchronize(void *event);
+int td__cu_pointer_device(const void *ptr);
+td_status td__cu_convert_async(int device, void *stream, void *dst, td_dtype dst_dtype,
+                               const void *src, td_dtype src_dtype, size_t n);
+td_status td__cu_fill_async(int device, void *stream, void *ptr, uint32_t bits, int size, size_t n);
+td_status td__cu_device_uuid(int device, unsigned char uuid[16]);
+td_status td__cu_multi_tensor(int device, void *stream, const td__mt_args *args,
+                              td__mt_tensor *list, size_t n, void **scratch, size_t *scratch_bytes,
+                              double *result);
 
 #endif

@@ -1,8 +1,8 @@
 /* The GPU backend (backend.h): the device's compute stream and caching allocator (lent by the
- * host), a cuBLASLt handle and workspace, plain row-major layouts only (no layout records),
- * storage in device memory, and the kernels of the ops that have them on a GPU. An op whose
- * kernels are missing here is refused when it is added to a graph, naming the op and the
- * device. */
+ * host), cuBLASLt and cuDNN handles on that stream sharing one workspace, plain row-major
+ * layouts only (no layout records), storage in device memory, and the kernels of the ops that
+ * have them on a GPU. An op whose kernels are missing here is refused when it is added to a
+ * graph, naming the op and the device. */
 #include <cstdlib>
 
 #include "ops/cuda/cuda_ops.cuh"
@@ -18,15 +18,21 @@ static td_status gpu_init(td__op_ctx *ctx, const char *what) {
     if (s != TD_OK) return s;
     g->stream = (cudaStream_t)stream;
     TD__CUBLAS(cublasLtCreate(&g->lt));
+    TD__CUDNN(cudnnCreate(&g->dnn));
+    TD__CUDNN(cudnnSetStream(g->dnn, g->stream));
     g->workspace_bytes = (size_t)32 << 20;
-    return td__host->alloc(g->device, g->workspace_bytes, &g->workspace);
+    s = td__host->alloc(g->device, g->workspace_bytes, &g->workspace);
+    if (s != TD_OK) return s;
+    return td__host->alloc(g->device, sizeof *g->rng_key, (void **)&g->rng_key);
 }
 
 static void gpu_destroy(td__op_ctx *ctx) {
     td__gpu *g = td__gpu_of(ctx);
     if (!g) return;
     if (g->workspace) td__host->free(g->device, g->workspace);
+    if (g->rng_key) td__host->free(g->device, g->rng_key);
     if (g->lt) cublasLtDestroy(g->lt);
+    if (g->dnn) cudnnDestroy(g->dnn);
     free(g);
     ctx->be = NULL;
 }
@@ -38,7 +44,9 @@ static td_status gpu_describe(td__op_ctx *ctx, td_tensor *t) {
     return TD_OK;
 }
 
-static size_t gpu_storage_bytes(const td_tensor *t) { return td__numel(t) * td__elem_size(t->dtype); }
+static size_t gpu_storage_bytes(const td_tensor *t) {
+    return td__numel(t) * td__elem_size(t->dtype);
+}
 
 static td_status gpu_alloc(td__op_ctx *ctx, size_t bytes, void **out) {
     td__gpu *g = td__gpu_of(ctx);
@@ -63,6 +71,17 @@ static td_status gpu_copy(td__op_ctx *ctx, void *dst, const void *src, size_t by
     return TD_OK;
 }
 
+static td_status gpu_copy_async(td__op_ctx *ctx, void *dst, const void *src, size_t bytes) {
+    if (bytes)
+        TD__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, td__gpu_of(ctx)->stream));
+    return TD_OK;
+}
+
+static td_status gpu_accumulate(td__op_ctx *ctx, void *dst, const void *src, td_dtype dt,
+                                size_t n) {
+    return td__cuda_add_into(ctx, dst, dt, src, dt, n, 1.f, 1.f, "accumulate");
+}
+
 static td_status gpu_convert(td__op_ctx *ctx, void *dst, td_dtype dst_dtype, const void *src,
                              td_dtype src_dtype, size_t n) {
     return td__cuda_add_into(ctx, dst, dst_dtype, src, src_dtype, n, 1.f, 0.f, "convert");
@@ -75,10 +94,64 @@ static td_status gpu_copy_plain(td__op_ctx *ctx, const td_tensor *t, const void 
                     : gpu_convert(ctx, dst, t->dtype, src, plain_dtype, td__numel(t));
 }
 
+/* The RNG key the forward's dropout kernels read; a pageable source is consumed before the
+ * call returns, so the host may change its copy at once. */
+static td_status gpu_forward_begin(td__op_ctx *ctx) {
+    td__gpu *g = td__gpu_of(ctx);
+    td__gpu_rng_key key = {ctx->rng->seed, ctx->rng->offset, ctx->rng_step, ctx->rng_first_sample};
+    g->forward_offset = key.offset;
+    TD__CU(cudaMemcpyAsync(g->rng_key, &key, sizeof key, cudaMemcpyHostToDevice, g->stream));
+    return TD_OK;
+}
+
+/* Pageable sources are staged by the driver before the call returns. */
+static td_status gpu_upload_async(td__op_ctx *ctx, void *dst, const void *host, size_t bytes) {
+    TD__CU(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, td__gpu_of(ctx)->stream));
+    return TD_OK;
+}
+
+/* Recordings are CUDA graphs of the compute stream, captured in this thread's mode, so that
+ * another thread's unrelated CUDA calls do not break them. */
+static td_status gpu_record_begin(td__op_ctx *ctx) {
+    TD__CU(cudaStreamBeginCapture(td__gpu_of(ctx)->stream, cudaStreamCaptureModeThreadLocal));
+    return TD_OK;
+}
+
+static td_status gpu_record_end(td__op_ctx *ctx, int keep, void **recording) {
+    *recording = NULL;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(td__gpu_of(ctx)->stream, &graph);
+    if (e != cudaSuccess || !keep) {
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError(); /* a broken capture leaves its error behind */
+        if (!keep) return TD_OK;
+        return td__host->fail(TD_EBACKEND, "recording the sweep as a CUDA graph failed: %s",
+                              cudaGetErrorString(e));
+    }
+    cudaGraphExec_t exec;
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess)
+        return td__host->fail(TD_EBACKEND, "cudaGraphInstantiate failed: %s",
+                              cudaGetErrorString(e));
+    *recording = exec;
+    return TD_OK;
+}
+
+static td_status gpu_replay(td__op_ctx *ctx, void *recording) {
+    TD__CU(cudaGraphLaunch((cudaGraphExec_t)recording, td__gpu_of(ctx)->stream));
+    return TD_OK;
+}
+
+static void gpu_release(void *recording) { cudaGraphExecDestroy((cudaGraphExec_t)recording); }
+
 static td__backend make_backend() {
     td__backend b = {};
     b.name = "cuda";
     b.kernels[TD__OP_LINEAR] = &td__cuda_linear;
+    b.kernels[TD__OP_CONV2D] = &td__cuda_conv2d;
+    b.kernels[TD__OP_POOL2D] = &td__cuda_pool2d;
+    b.kernels[TD__OP_BATCH_NORM] = &td__cuda_batch_norm;
     b.kernels[TD__OP_ELTWISE] = &td__cuda_eltwise;
     b.kernels[TD__OP_ADD] = &td__cuda_add;
     b.kernels[TD__OP_SCALE] = &td__cuda_scale;
@@ -86,6 +159,9 @@ static td__backend make_backend() {
     b.kernels[TD__OP_RESHAPE] = &td__cuda_reshape;
     b.kernels[TD__OP_SOFTMAX] = &td__cuda_softmax;
     b.kernels[TD__OP_NLL] = &td__cuda_nll;
+    b.kernels[TD__OP_DROPOUT] = &td__cuda_dropout;
+    b.kernels[TD__OP_CONCAT] = &td__cuda_concat;
+    b.kernels[TD__OP_NORMALIZE] = &td__cuda_normalize;
     b.init = gpu_init;
     b.destroy = gpu_destroy;
     b.describe = gpu_describe;
@@ -95,8 +171,16 @@ static td__backend make_backend() {
     b.zero = gpu_zero;
     b.upload = gpu_copy;
     b.download = gpu_copy;
+    b.copy = gpu_copy_async;
+    b.accumulate = gpu_accumulate;
     b.convert = gpu_convert;
     b.copy_plain = gpu_copy_plain;
+    b.forward_begin = gpu_forward_begin;
+    b.upload_async = gpu_upload_async;
+    b.record_begin = gpu_record_begin;
+    b.record_end = gpu_record_end;
+    b.replay = gpu_replay;
+    b.release = gpu_release;
     return b;
 }
 

@@ -10,37 +10,83 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cudnn.h>
 
+#include "device/cuda/dtype.cuh"
 #include "device/cuda/runtime.cuh"
 #include "ops/backend.h"
+
+/* The dropout RNG's position at the start of a forward, as the device reads it: the host's
+ * td_rng (seed, offset) and the sample key of td_graph_set_rng_key (step, first_sample). */
+typedef struct {
+    uint64_t seed, offset, step, first_sample;
+} td__gpu_rng_key;
 
 /* A GPU graph's handles (td__op_ctx.be). */
 typedef struct {
     td_device device;
     cudaStream_t stream; /* the device's compute stream */
     cublasLtHandle_t lt;
-    void *workspace; /* cuBLASLt's, from the device's caching allocator */
+    cudnnHandle_t dnn; /* on `stream` */
+    void *workspace;   /* cuBLASLt's and cuDNN's, from the device's caching allocator */
     size_t workspace_bytes;
+    td__gpu_rng_key *rng_key; /* on the device, written before each forward */
+    uint64_t forward_offset;  /* the host's rng offset when the forward began */
 } td__gpu;
 
 static inline td__gpu *td__gpu_of(const td__op_ctx *ctx) { return (td__gpu *)ctx->be; }
 
 /* Returns the host's td_status naming the call when a cuBLAS(Lt) call fails. */
-#define TD__CUBLAS(call)                                                                       \
-    do {                                                                                       \
-        cublasStatus_t td_b_ = (call);                                                         \
-        if (td_b_ != CUBLAS_STATUS_SUCCESS)                                                    \
-            return td__host->fail(TD_EBACKEND, "%s failed: %s", #call,                         \
-                                  cublasLtGetStatusString(td_b_));                             \
+#define TD__CUBLAS(call)                                               \
+    do {                                                               \
+        cublasStatus_t td_b_ = (call);                                 \
+        if (td_b_ != CUBLAS_STATUS_SUCCESS)                            \
+            return td__host->fail(TD_EBACKEND, "%s failed: %s", #call, \
+                                  cublasLtGetStatusString(td_b_));     \
     } while (0)
 
+/* Returns the host's td_status naming the call, cuDNN's status and its last message when a
+ * cuDNN call fails. */
+#define TD__CUDNN(call)                                                                    \
+    do {                                                                                   \
+        cudnnStatus_t td_d_ = (call);                                                      \
+        if (td_d_ != CUDNN_STATUS_SUCCESS) {                                               \
+            char td_m_[256] = "";                                                          \
+            cudnnGetLastErrorString(td_m_, sizeof td_m_);                                  \
+            return td__host->fail(TD_EBACKEND, "%s failed: %s%s%s%s", #call,               \
+                                  cudnnGetErrorString(td_d_), td_m_[0] ? " (" : "", td_m_, \
+                                  td_m_[0] ? ")" : "");                                    \
+        }                                                                                  \
+    } while (0)
+
+/* cuDNN's name for a float dtype (f32, bf16, f16); other dtypes fail naming `what`. */
+static inline td_status td__cudnn_dtype(td_dtype dt, cudnnDataType_t *out, const char *what) {
+    if (dt != TD_F32 && dt != TD_BF16 && dt != TD_F16)
+        return td__host->fail(TD_EDTYPE, "%s: dtype %d on a GPU (f32, bf16 or f16)", what, (int)dt);
+    *out = dt == TD_BF16 ? CUDNN_DATA_BFLOAT16 : dt == TD_F16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+    return TD_OK;
+}
+
+/* Creates *d describing t, (N, C, H, W) in t's dtype, as plain NCHW. */
+static inline td_status td__cudnn_nchw(cudnnTensorDescriptor_t *d, const td_tensor *t,
+                                       const char *what) {
+    cudnnDataType_t dt;
+    td_status s = td__cudnn_dtype(t->dtype, &dt, what);
+    if (s != TD_OK) return s;
+    const int64_t *n = t->shape.dim;
+    TD__CUDNN(cudnnCreateTensorDescriptor(d));
+    TD__CUDNN(cudnnSetTensor4dDescriptor(*d, CUDNN_TENSOR_NCHW, dt, (int)n[0], (int)n[1], (int)n[2],
+                                         (int)n[3]));
+    return TD_OK;
+}
+
 /* After a launch: a bad configuration fails here, naming the op. */
-#define TD__LAUNCHED(what)                                                                     \
-    do {                                                                                       \
-        cudaError_t td_l_ = cudaGetLastError();                                                \
-        if (td_l_ != cudaSuccess)                                                              \
-            return td__host->fail(TD_EBACKEND, "%s: kernel launch failed: %s", (what),         \
-                                  cudaGetErrorString(td_l_));                                  \
+#define TD__LAUNCHED(what)                                                             \
+    do {                                                                               \
+        cudaError_t td_l_ = cudaGetLastError();                                        \
+        if (td_l_ != cudaSuccess)                                                      \
+            return td__host->fail(TD_EBACKEND, "%s: kernel launch failed: %s", (what), \
+                                  cudaGetErrorString(td_l_));                          \
     } while (0)
 
 #define TD__THREADS 256
@@ -51,51 +97,53 @@ static inline unsigned td__blocks(size_t n) {
     return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
 }
 
-#define TD__GRID_STRIDE(i, n)                                                                  \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                    \
+#define TD__GRID_STRIDE(i, n)                                               \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (size_t)gridDim.x * blockDim.x)
 
-/* Elements as f32, whatever their dtype (bf16 and f16 round to nearest even on store). */
-template <typename T> __device__ __forceinline__ float td_ld(const T *p, size_t i);
-template <> __device__ __forceinline__ float td_ld(const float *p, size_t i) { return p[i]; }
-template <> __device__ __forceinline__ float td_ld(const __nv_bfloat16 *p, size_t i) {
-    return __bfloat162float(p[i]);
-}
-template <> __device__ __forceinline__ float td_ld(const __half *p, size_t i) {
-    return __half2float(p[i]);
-}
-template <typename T> __device__ __forceinline__ void td_st(T *p, size_t i, float v);
-template <> __device__ __forceinline__ void td_st(float *p, size_t i, float v) { p[i] = v; }
-template <> __device__ __forceinline__ void td_st(__nv_bfloat16 *p, size_t i, float v) {
-    p[i] = __float2bfloat16_rn(v);
-}
-template <> __device__ __forceinline__ void td_st(__half *p, size_t i, float v) {
-    p[i] = __float2half_rn(v);
+/* Sum (or maximum) of v over a block of TD__THREADS threads, in a fixed tree, so the result
+ * does not depend on timing; every thread gets it. */
+template <typename A> __device__ __forceinline__ A td__block_reduce(A v, int is_max) {
+    __shared__ A buf[TD__THREADS];
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = TD__THREADS / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) {
+            A o = buf[threadIdx.x + half];
+            buf[threadIdx.x] =
+                is_max ? (o > buf[threadIdx.x] ? o : buf[threadIdx.x]) : buf[threadIdx.x] + o;
+        }
+        __syncthreads();
+    }
+    A r = buf[0];
+    __syncthreads();
+    return r;
 }
 
-/* Runs the statements after `what` with T the C++ type of float dtype `dt`; other dtypes fail naming `what`. */
-#define TD__FLOAT_TYPES(dt, what, ...)                                                        \
-    do {                                                                                       \
-        switch (dt) {                                                                          \
-        case TD_F32: {                                                                         \
-            typedef float T;                                                                   \
-            __VA_ARGS__;                                                                       \
-            break;                                                                             \
-        }                                                                                      \
-        case TD_BF16: {                                                                        \
-            typedef __nv_bfloat16 T;                                                           \
-            __VA_ARGS__;                                                                       \
-            break;                                                                             \
-        }                                                                                      \
-        case TD_F16: {                                                                         \
-            typedef __half T;                                                                  \
-            __VA_ARGS__;                                                                       \
-            break;                                                                             \
-        }                                                                                      \
-        default:                                                                               \
-            return td__host->fail(TD_EDTYPE, "%s: dtype %d on a GPU (f32, bf16 or f16)",       \
-                                  (what), (int)(dt));                                          \
-        }                                                                                      \
+/* Runs the statements after `what` with T the C++ type of float dtype `dt`; other dtypes fail
+ * naming `what`. */
+#define TD__FLOAT_TYPES(dt, what, ...)                                                           \
+    do {                                                                                         \
+        switch (dt) {                                                                            \
+        case TD_F32: {                                                                           \
+            typedef float T;                                                                     \
+            __VA_ARGS__;                                                                         \
+            break;                                                                               \
+        }                                                                                        \
+        case TD_BF16: {                                                                          \
+            typedef __nv_bfloat16 T;                                                             \
+            __VA_ARGS__;                                                                         \
+            break;                                                                               \
+        }                                                                                        \
+        case TD_F16: {                                                                           \
+            typedef __half T;                                                                    \
+            __VA_ARGS__;                                                                         \
+            break;                                                                               \
+        }                                                                                        \
+        default:                                                                                 \
+            return td__host->fail(TD_EDTYPE, "%s: dtype %d on a GPU (f32, bf16 or f16)", (what), \
+                                  (int)(dt));                                                    \
+        }                                                                                        \
     } while (0)
 
 /* The gradient rule: 0 writes (nothing since zeroing), 1 adds. */
@@ -114,7 +162,10 @@ static inline size_t td__numel(const td_tensor *t) {
 }
 
 static inline size_t td__elem_size(td_dtype dt) {
-    return dt == TD_F64 || dt == TD_I64 ? 8 : dt == TD_F32 || dt == TD_I32 ? 4 : dt == TD_U8 ? 1 : 2;
+    return dt == TD_F64 || dt == TD_I64   ? 8
+           : dt == TD_F32 || dt == TD_I32 ? 4
+           : dt == TD_U8                  ? 1
+                                          : 2;
 }
 
 /* y[i] = beta * y[i] + x[i] (dtype conversions both ways), on ctx's stream. */
@@ -123,7 +174,9 @@ td_status td__cuda_add_into(td__op_ctx *ctx, void *y, td_dtype yt, const void *x
 
 /* The kernels of each op on a GPU (one file per op family). */
 extern const td__kernels td__cuda_linear, td__cuda_eltwise, td__cuda_add, td__cuda_scale,
-    td__cuda_cast, td__cuda_reshape, td__cuda_softmax, td__cuda_nll;
+    td__cuda_cast, td__cuda_reshape, td__cuda_softmax, td__cuda_nll, td__cuda_dropout,
+    td__cuda_concat, td__cuda_normalize;
+extern const td__kernels td__cuda_conv2d, td__cuda_pool2d, td__cuda_batch_norm;
 
 extern const td__backend td__backend_cuda;
 

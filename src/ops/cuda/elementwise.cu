@@ -1,5 +1,5 @@
-/* Element-wise ops on a GPU: ReLU and exact-erf GELU (own output or in place, as the fusion
- * pass decided), add, scale, cast, reshape (a copy: layouts are plain here), and the
+/* Element-wise ops on a GPU: ReLU, exact-erf GELU and tanh GELU (own output or in place, as the
+ * fusion pass decided), add, scale, cast, reshape (a copy: layouts are plain here), and the
  * converting y = beta y + alpha x every gradient accumulation and dtype change uses. Each
  * element is computed in f32, as the CPU kernels do. */
 #include "ops/cuda/cuda_ops.cuh"
@@ -27,28 +27,47 @@ td_status td__cuda_add_into(td__op_ctx *ctx, void *y, td_dtype yt, const void *x
     return TD_OK;
 }
 
-/* ---- ReLU and GELU ---- */
+/* ---- ReLU and GELU (exact erf form, and GPT-2's tanh form) ---- */
 
-__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678f)); }
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 
-__device__ __forceinline__ float gelu_grad(float x) {
-    float cdf = 0.5f * (1.f + erff(x * 0.70710678f));
-    return cdf + x * 0.39894228f * expf(-0.5f * x * x);
+__device__ __forceinline__ float act(float x, int variant) {
+    switch (variant) {
+    case TD__ELT_GELU:
+        return 0.5f * x * (1.f + erff(x * 0.70710678f));
+    case TD__ELT_GELU_TANH:
+        return 0.5f * x * (1.f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+    default:
+        return fmaxf(x, 0.f);
+    }
 }
 
-template <typename T> __global__ void act_forward(T *y, const T *x, size_t n, int is_gelu) {
-    TD__GRID_STRIDE(i, n) {
-        float v = td_ld(x, i);
-        td_st(y, i, is_gelu ? gelu(v) : fmaxf(v, 0.f));
+/* f'(x) dy */
+__device__ __forceinline__ float act_grad(float x, float dy, int variant) {
+    switch (variant) {
+    case TD__ELT_GELU: {
+        float cdf = 0.5f * (1.f + erff(x * 0.70710678f));
+        return (cdf + x * 0.39894228f * expf(-0.5f * x * x)) * dy;
     }
+    case TD__ELT_GELU_TANH: {
+        float t = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+        float du = GELU_K * (1.f + 3.f * 0.044715f * x * x);
+        return dy * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du);
+    }
+    default:
+        return x > 0.f ? dy : 0.f;
+    }
+}
+
+template <typename T> __global__ void act_forward(T *y, const T *x, size_t n, int variant) {
+    TD__GRID_STRIDE(i, n) td_st(y, i, act(td_ld(x, i), variant));
 }
 
 /* dx = beta dx + f'(x) dy; in place (x gone), ReLU's f' is read off y over dy's storage. */
 template <typename T>
-__global__ void act_backward(T *dx, const T *dy, const T *x, size_t n, int is_gelu, float beta) {
+__global__ void act_backward(T *dx, const T *dy, const T *x, size_t n, int variant, float beta) {
     TD__GRID_STRIDE(i, n) {
-        float v = td_ld(x, i), g = td_ld(dy, i);
-        float d = is_gelu ? gelu_grad(v) * g : (v > 0.f ? g : 0.f);
+        float d = act_grad(td_ld(x, i), td_ld(dy, i), variant);
         td_st(dx, i, beta != 0.f ? beta * td_ld(dx, i) + d : d);
     }
 }
@@ -59,8 +78,8 @@ static td_status elt_forward(td__op_ctx *ctx, td__node *n) {
     size_t cnt = td__numel(x);
     cudaStream_t s = td__gpu_of(ctx)->stream;
     TD__FLOAT_TYPES(x->dtype, n->what, {
-        act_forward<T><<<td__blocks(cnt), TD__THREADS, 0, s>>>(
-            (T *)y->data, (const T *)x->data, cnt, n->variant == TD__ELT_GELU);
+        act_forward<T><<<td__blocks(cnt), TD__THREADS, 0, s>>>((T *)y->data, (const T *)x->data,
+                                                               cnt, n->variant);
     });
     TD__LAUNCHED(n->what);
     return TD_OK;
@@ -80,14 +99,14 @@ static td_status elt_backward(td__op_ctx *ctx, td__node *n) {
     TD__FLOAT_TYPES(x->dtype, n->what, {
         act_backward<T><<<td__blocks(cnt), TD__THREADS, 0, s>>>(
             (T *)x->grad, (const T *)y->grad, (const T *)from, cnt,
-            !in_place && n->variant == TD__ELT_GELU, beta);
+            in_place ? TD__ELT_RELU : n->variant, beta);
     });
     TD__LAUNCHED(n->what);
     td__grad_written(x);
     return TD_OK;
 }
 
-const td__kernels td__cuda_eltwise = {NULL, elt_forward, elt_backward, NULL, NULL};
+const td__kernels td__cuda_eltwise = {.forward = elt_forward, .backward = elt_backward};
 
 /* ---- add, scale, cast, reshape ---- */
 
@@ -101,7 +120,7 @@ static td_status add_forward(td__op_ctx *ctx, td__node *n) {
     cudaStream_t s = td__gpu_of(ctx)->stream;
     TD__FLOAT_TYPES(y->dtype, n->what, {
         add_kernel<T><<<td__blocks(cnt), TD__THREADS, 0, s>>>((T *)y->data, (const T *)a->data,
-                                                               (const T *)b->data, cnt);
+                                                              (const T *)b->data, cnt);
     });
     TD__LAUNCHED(n->what);
     return TD_OK;
@@ -122,7 +141,7 @@ static td_status add_backward(td__op_ctx *ctx, td__node *n) {
     return pass_back(ctx, n, 1, 1.f);
 }
 
-const td__kernels td__cuda_add = {NULL, add_forward, add_backward, NULL, NULL};
+const td__kernels td__cuda_add = {.forward = add_forward, .backward = add_backward};
 
 static td_status scale_forward(td__op_ctx *ctx, td__node *n) {
     td_tensor *x = n->in[0], *y = n->out;
@@ -134,7 +153,7 @@ static td_status scale_backward(td__op_ctx *ctx, td__node *n) {
     return pass_back(ctx, n, 0, n->attr.alpha);
 }
 
-const td__kernels td__cuda_scale = {NULL, scale_forward, scale_backward, NULL, NULL};
+const td__kernels td__cuda_scale = {.forward = scale_forward, .backward = scale_backward};
 
 /* Cast and reshape both copy values (converting the dtype for a cast). */
 static td_status copy_forward(td__op_ctx *ctx, td__node *n) {
@@ -145,5 +164,5 @@ static td_status copy_forward(td__op_ctx *ctx, td__node *n) {
 
 static td_status copy_backward(td__op_ctx *ctx, td__node *n) { return pass_back(ctx, n, 0, 1.f); }
 
-const td__kernels td__cuda_cast = {NULL, copy_forward, copy_backward, NULL, NULL};
-const td__kernels td__cuda_reshape = {NULL, copy_forward, copy_backward, NULL, NULL};
+const td__kernels td__cuda_cast = {.forward = copy_forward, .backward = copy_backward};
+const td__kernels td__cuda_reshape = {.forward = copy_forward, .backward = copy_backward};

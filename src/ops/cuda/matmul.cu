@@ -5,7 +5,8 @@
  *   forward      Y^T (OUT, N)  = W (OUT, IN)      . X^T (IN, N)
  *   weights      dW^T (IN, OUT) = X^T (IN, N)     . dY (N, OUT)
  *   data         dX^T (IN, N)  = W^T (IN, OUT)    . dY^T (OUT, N)
- * Accumulation is f32 for every dtype (TF32 never, as PyTorch's default). */
+ * Accumulation is f32 for every dtype; f32 inputs are rounded to TF32 only where the graph
+ * allows it (td_graph_params.allow_tf32, off by default as in PyTorch). */
 #include <cstdlib>
 
 #include "ops/cuda/cuda_ops.cuh"
@@ -27,16 +28,18 @@ static cudaDataType_t cuda_type(td_dtype dt) {
 }
 
 /* C (m, n) = op(A) . op(B), column-major, A stored (ta ? k x m : m x k) with ld rows. */
-static td_status gemm_init(td__gpu *g, gemm *m, td_dtype dt, int ta, int tb, int64_t rows,
+static td_status gemm_init(td__gpu *g, gemm *m, td_dtype dt, int tf32, int ta, int tb, int64_t rows,
                            int64_t cols, int64_t inner, int64_t lda, int64_t ldb, int64_t ldc,
                            cublasLtEpilogue_t epilogue, const char *what) {
     cudaDataType_t t = cuda_type(dt);
-    TD__CUBLAS(cublasLtMatmulDescCreate(&m->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasComputeType_t compute =
+        dt == TD_F32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    TD__CUBLAS(cublasLtMatmulDescCreate(&m->desc, compute, CUDA_R_32F));
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    TD__CUBLAS(cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
-                                              sizeof opa));
-    TD__CUBLAS(cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
-                                              sizeof opb));
+    TD__CUBLAS(
+        cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    TD__CUBLAS(
+        cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     TD__CUBLAS(cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                               sizeof epilogue));
     TD__CUBLAS(cublasLtMatrixLayoutCreate(&m->a, t, ta ? inner : rows, ta ? rows : inner, lda));
@@ -44,9 +47,9 @@ static td_status gemm_init(td__gpu *g, gemm *m, td_dtype dt, int ta, int tb, int
     TD__CUBLAS(cublasLtMatrixLayoutCreate(&m->c, t, rows, cols, ldc));
     cublasLtMatmulPreference_t pref;
     TD__CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g->workspace_bytes,
-        sizeof g->workspace_bytes);
+    cublasStatus_t st =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &g->workspace_bytes, sizeof g->workspace_bytes);
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
@@ -55,8 +58,8 @@ static td_status gemm_init(td__gpu *g, gemm *m, td_dtype dt, int ta, int tb, int
     cublasLtMatmulPreferenceDestroy(pref);
     TD__CUBLAS(st);
     if (!found)
-        return td__host->fail(TD_EBACKEND, "%s: cuBLASLt has no algorithm for %lldx%lldx%lld",
-                              what, (long long)rows, (long long)cols, (long long)inner);
+        return td__host->fail(TD_EBACKEND, "%s: cuBLASLt has no algorithm for %lldx%lldx%lld", what,
+                              (long long)rows, (long long)cols, (long long)inner);
     m->algo = h.algo;
     return TD_OK;
 }
@@ -71,8 +74,8 @@ static void gemm_free(gemm *m) {
 static td_status gemm_run(td__gpu *g, gemm *m, const void *a, const void *b, void *c, float beta,
                           const void *bias) {
     if (bias)
-        TD__CUBLAS(cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                  &bias, sizeof bias));
+        TD__CUBLAS(cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                  sizeof bias));
     const float alpha = 1.f;
     TD__CUBLAS(cublasLtMatmul(g->lt, m->desc, &alpha, a, m->a, b, m->b, &beta, c, m->c, c, m->c,
                               &m->algo, g->workspace, g->workspace_bytes, g->stream));
@@ -86,15 +89,15 @@ static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
     td__gpu *g = td__gpu_of(ctx);
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     int64_t N = x->shape.dim[0], IN = x->shape.dim[1], OUT = w->shape.dim[0];
-    TD__TRY(gemm_init(g, &s->fwd, x->dtype, 1, 0, OUT, N, IN, IN, IN, OUT,
+    TD__TRY(gemm_init(g, &s->fwd, x->dtype, ctx->allow_tf32, 1, 0, OUT, N, IN, IN, IN, OUT,
                       b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, "linear forward"));
     if (w->requires_grad) {
-        TD__TRY(gemm_init(g, &s->dw, x->dtype, 0, 1, IN, OUT, N, IN, OUT, IN,
+        TD__TRY(gemm_init(g, &s->dw, x->dtype, ctx->allow_tf32, 0, 1, IN, OUT, N, IN, OUT, IN,
                           CUBLASLT_EPILOGUE_DEFAULT, "linear backward weights"));
         s->has_dw = 1;
     }
     if (x->requires_grad) {
-        TD__TRY(gemm_init(g, &s->dx, x->dtype, 0, 0, IN, N, OUT, IN, OUT, IN,
+        TD__TRY(gemm_init(g, &s->dx, x->dtype, ctx->allow_tf32, 0, 0, IN, N, OUT, IN, OUT, IN,
                           CUBLASLT_EPILOGUE_DEFAULT, "linear backward data"));
         s->has_dx = 1;
     }
@@ -155,5 +158,7 @@ static void linear_destroy(td__node *n) {
     free(s);
 }
 
-const td__kernels td__cuda_linear = {linear_compile, linear_forward, linear_backward,
-                                     linear_destroy, NULL};
+const td__kernels td__cuda_linear = {.compile = linear_compile,
+                                     .forward = linear_forward,
+                                     .backward = linear_backward,
+                                     .destroy = linear_destroy};

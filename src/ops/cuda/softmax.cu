@@ -8,32 +8,15 @@
 
 #include "ops/cuda/cuda_ops.cuh"
 
-/* Sum (or maximum) of v over the block, in a fixed tree; every thread gets the result. */
-__device__ float block_reduce(float v, int is_max) {
-    __shared__ float buf[TD__THREADS];
-    buf[threadIdx.x] = v;
-    __syncthreads();
-    for (int half = TD__THREADS / 2; half > 0; half /= 2) {
-        if ((int)threadIdx.x < half) {
-            float o = buf[threadIdx.x + half];
-            buf[threadIdx.x] = is_max ? fmaxf(buf[threadIdx.x], o) : buf[threadIdx.x] + o;
-        }
-        __syncthreads();
-    }
-    float r = buf[0];
-    __syncthreads();
-    return r;
-}
-
 __global__ void softmax_forward(float *y, const float *x, int64_t C, int log) {
     const float *xr = x + (size_t)blockIdx.x * C;
     float *yr = y + (size_t)blockIdx.x * C;
     float m = -FLT_MAX;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, xr[c]);
-    m = block_reduce(m, 1);
+    m = td__block_reduce(m, 1);
     float s = 0.f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += expf(xr[c] - m);
-    s = block_reduce(s, 0);
+    s = td__block_reduce(s, 0);
     float ls = logf(s);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
         yr[c] = log ? xr[c] - m - ls : expf(xr[c] - m) / s;
@@ -46,7 +29,7 @@ __global__ void softmax_backward(float *dx, const float *dy, const float *y, int
     float s = 0.f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
         s += log ? dy[row + c] : dy[row + c] * y[row + c];
-    s = block_reduce(s, 0);
+    s = td__block_reduce(s, 0);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         size_t i = row + c;
         float d = log ? dy[i] - expf(y[i]) * s : y[i] * (dy[i] - s);
@@ -88,12 +71,13 @@ static td_status sm_backward(td__op_ctx *ctx, td__node *n) {
     return TD_OK;
 }
 
-const td__kernels td__cuda_softmax = {NULL, sm_forward, sm_backward, NULL, NULL};
+const td__kernels td__cuda_softmax = {.forward = sm_forward, .backward = sm_backward};
 
 /* ---- negative log-likelihood ---- */
 
 typedef struct {
-    int64_t *bad; /* mapped host memory: first sample with a label outside [0, C), or -1 */
+    int64_t *bad;        /* mapped host memory: first sample with a label outside [0, C), or -1 */
+    int64_t *bad_device; /* the same memory as the kernel addresses it */
 } nll_state;
 
 __global__ void nll_forward_kernel(float *loss, const float *logp, const int64_t *lab, int64_t N,
@@ -107,13 +91,13 @@ __global__ void nll_forward_kernel(float *loss, const float *logp, const int64_t
         }
         s -= logp[(size_t)i * C + l];
     }
-    s = block_reduce(s, 0);
+    s = td__block_reduce(s, 0);
     if (threadIdx.x == 0) *loss = mean ? s / (float)N : s;
 }
 
 /* dlogp = beta dlogp, then -dloss (/ N) at each sample's label. */
-__global__ void nll_backward_kernel(float *dlogp, const float *dloss, const int64_t *lab,
-                                    int64_t N, int64_t C, int mean, float beta) {
+__global__ void nll_backward_kernel(float *dlogp, const float *dloss, const int64_t *lab, int64_t N,
+                                    int64_t C, int mean, float beta) {
     float scale = mean ? dloss[0] / (float)N : dloss[0];
     TD__GRID_STRIDE(i, (size_t)(N * C)) {
         int64_t r = (int64_t)i / C, c = (int64_t)i % C;
@@ -129,22 +113,29 @@ static td_status nll_compile(td__op_ctx *ctx, td__node *n) {
     n->state = s;
     TD__CU(cudaHostAlloc((void **)&s->bad, sizeof *s->bad, cudaHostAllocMapped));
     *s->bad = -1;
+    TD__CU(cudaHostGetDevicePointer((void **)&s->bad_device, s->bad, 0));
     return TD_OK;
+}
+
+/* A label a finished forward found out of range fails the next forward (replayed or not). */
+static td_status nll_check(td__op_ctx *ctx, td__node *n) {
+    (void)ctx;
+    nll_state *s = (nll_state *)n->state;
+    if (*(volatile int64_t *)s->bad < 0) return TD_OK;
+    long long i = (long long)*s->bad;
+    *s->bad = -1;
+    return td__host->fail(TD_EINVAL,
+                          "nll_loss: the label of sample %lld (of a previous step on the GPU) is "
+                          "outside [0, %lld)",
+                          i, (long long)n->in[0]->shape.dim[1]);
 }
 
 static td_status nll_forward(td__op_ctx *ctx, td__node *n) {
     nll_state *s = (nll_state *)n->state;
-    if (*s->bad >= 0) { /* the last forward saw it; the stream has finished that step since */
-        long long i = (long long)*s->bad;
-        *s->bad = -1;
-        return td__host->fail(TD_EINVAL, "nll_loss: the label of sample %lld (of a previous "
-                                         "step on the GPU) is outside [0, %lld)",
-                              i, (long long)n->in[0]->shape.dim[1]);
-    }
     const td_tensor *lp = n->in[0];
     nll_forward_kernel<<<1, TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
         (float *)n->out->data, (const float *)lp->data, (const int64_t *)n->in[1]->data,
-        lp->shape.dim[0], lp->shape.dim[1], n->attr.reduction == TD_REDUCTION_MEAN, s->bad);
+        lp->shape.dim[0], lp->shape.dim[1], n->attr.reduction == TD_REDUCTION_MEAN, s->bad_device);
     TD__LAUNCHED("nll_loss");
     return TD_OK;
 }
@@ -152,8 +143,7 @@ static td_status nll_forward(td__op_ctx *ctx, td__node *n) {
 static td_status nll_backward(td__op_ctx *ctx, td__node *n) {
     td_tensor *lp = n->in[0];
     int64_t N = lp->shape.dim[0], C = lp->shape.dim[1];
-    nll_backward_kernel<<<td__blocks((size_t)(N * C)), TD__THREADS, 0,
-                          td__gpu_of(ctx)->stream>>>(
+    nll_backward_kernel<<<td__blocks((size_t)(N * C)), TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
         (float *)lp->grad, (const float *)n->out->grad, (const int64_t *)n->in[1]->data, N, C,
         n->attr.reduction == TD_REDUCTION_MEAN, td__grad_beta(lp));
     TD__LAUNCHED("nll_loss backward");
@@ -168,4 +158,8 @@ static void nll_destroy(td__node *n) {
     free(s);
 }
 
-const td__kernels td__cuda_nll = {nll_compile, nll_forward, nll_backward, nll_destroy, NULL};
+const td__kernels td__cuda_nll = {.compile = nll_compile,
+                                  .forward = nll_forward,
+                                  .backward = nll_backward,
+                                  .destroy = nll_destroy,
+                                  .check = nll_check};

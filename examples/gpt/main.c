@@ -1,0 +1,478 @@
+/* Trains a GPT-2 on Jane Austen's novels, one byte per token, as nanoGPT's shakespeare_char does,
+ * in one process or data-parallel, then writes a sample from a prompt.
+ *
+ *   build/examples/gpt --steps 2000
+ *   build/bin/tandemrun --nproc-per-node 2 build/examples/gpt --steps 2000 --amp
+ *
+ * The text is Debian's r-cran-janeaustenr (--data FILE for another; docs/gpt.md): the first 90%
+ * trains, the last 10% validates. Training draws non-overlapping windows of --context + 1 bytes
+ * through the sampler (each global batch cut into one slice per rank), steps AdamW (betas 0.9,
+ * 0.95, weight decay 0.1) with a linear warm-up and a cosine decay to a tenth, and clips the
+ * gradient norm to 1. Every --eval-every steps it prints the validation loss over a fixed set of
+ * windows split across ranks, beside the unigram baseline (the byte frequencies of the training
+ * text). Under a launcher every rank builds the same model and DDP averages the gradients
+ * (--ddp says so explicitly); --amp computes the linears in bf16 (O1); --deterministic trains to
+ * the same bits at any world size (docs/reproducibility.md); --checkpoint / --resume continue a
+ * run at any world size (--stop-at N ends a run after step N as an interrupted one would). The
+ * last lines are a sample and the SHA-256 of the parameters. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tandem/tandem.h"
+
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        td_status check_s_ = (call);                                                       \
+        if (check_s_ != TD_OK) {                                                           \
+            fprintf(stderr, "gpt: %s failed: %s: %s\n", #call, td_status_string(check_s_), \
+                    td_last_error());                                                      \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+typedef struct {
+    td_gpt_params model;
+    int batch; /* global, in sequences */
+    long steps, warmup, eval_every, eval_batches, checkpoint_every, sample, stop_at;
+    double lr;
+    uint64_t seed;
+    const char *data, *checkpoint, *resume, *prompt;
+    int amp, deterministic, shards, resume_auto;
+} options;
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: gpt [--data FILE] [--layers N] [--heads N] [--width C] [--context T]\n"
+            "           [--batch GLOBAL] [--steps N] [--lr X] [--warmup N] [--seed N]\n"
+            "           [--eval-every N] [--eval-batches N] [--ddp] [--amp]\n"
+            "           [--deterministic [--shards S]] [--checkpoint PATH [--checkpoint-every N]]\n"
+            "           [--resume PATH|auto] [--stop-at STEP] [--sample N] [--prompt TEXT]\n");
+    exit(2);
+}
+
+static options parse(int argc, char **argv) {
+    options o = {.model = td_gpt_default_params(),
+                 .batch = 16,
+                 .steps = 1000,
+                 .warmup = 100,
+                 .eval_every = 250,
+                 .eval_batches = 8,
+                 .sample = 300,
+                 .lr = 1e-3,
+                 .seed = 1,
+                 .data = td_corpus_default_path(),
+                 .prompt = "It is a truth universally acknowledged",
+                 .shards = 4};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--ddp")) continue; /* what a launched run does anyway */
+        if (!strcmp(a, "--amp")) {
+            o.amp = 1;
+            continue;
+        }
+        if (!strcmp(a, "--deterministic")) {
+            o.deterministic = 1;
+            continue;
+        }
+        if (!strcmp(a, "--zero")) {
+            fprintf(stderr, "gpt: --zero is not available in this build of tandem yet\n");
+            exit(2);
+        }
+        if (i + 1 >= argc) usage();
+        const char *v = argv[++i];
+        if (!strcmp(a, "--data"))
+            o.data = v;
+        else if (!strcmp(a, "--layers"))
+            o.model.layers = atoi(v);
+        else if (!strcmp(a, "--heads"))
+            o.model.heads = atoi(v);
+        else if (!strcmp(a, "--width"))
+            o.model.width = atoll(v);
+        else if (!strcmp(a, "--context"))
+            o.model.context = atoll(v);
+        else if (!strcmp(a, "--batch"))
+            o.batch = atoi(v);
+        else if (!strcmp(a, "--steps"))
+            o.steps = atol(v);
+        else if (!strcmp(a, "--lr"))
+            o.lr = atof(v);
+        else if (!strcmp(a, "--warmup"))
+            o.warmup = atol(v);
+        else if (!strcmp(a, "--seed"))
+            o.seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--eval-every"))
+            o.eval_every = atol(v);
+        else if (!strcmp(a, "--eval-batches"))
+            o.eval_batches = atol(v);
+        else if (!strcmp(a, "--shards"))
+            o.shards = atoi(v);
+        else if (!strcmp(a, "--checkpoint"))
+            o.checkpoint = v;
+        else if (!strcmp(a, "--checkpoint-every"))
+            o.checkpoint_every = atol(v);
+        else if (!strcmp(a, "--resume") && !strcmp(v, "auto"))
+            o.resume_auto = 1;
+        else if (!strcmp(a, "--resume"))
+            o.resume = v;
+        else if (!strcmp(a, "--sample"))
+            o.sample = atol(v);
+        else if (!strcmp(a, "--stop-at"))
+            o.stop_at = atol(v);
+        else if (!strcmp(a, "--prompt"))
+            o.prompt = v;
+        else
+            usage();
+    }
+    if (o.batch < 1 || o.steps < 1 || o.eval_batches < 1 || o.shards < 1 || o.sample < 0) usage();
+    if (o.resume_auto && !o.checkpoint) {
+        fprintf(stderr, "gpt: --resume auto resumes from the --checkpoint file; give one\n");
+        exit(2);
+    }
+    if (o.deterministic && o.batch % o.shards) {
+        fprintf(stderr, "gpt: --batch %d is not a multiple of --shards %d\n", o.batch, o.shards);
+        exit(2);
+    }
+    return o;
+}
+
+typedef struct {
+    options opt;
+    int rank, world;
+    td_comm *comm;
+    td_ddp *ddp;
+    td_graph *train, *eval;
+    td_model model, eval_model;
+    td_param *params;
+    size_t n_params;
+    td_optim *optim;
+    td_corpus text;
+    size_t n_train;      /* the first n_train bytes train, the rest validate */
+    td_sampler *sampler; /* over the training windows, sharded by global batch */
+    int64_t graph_batch; /* sequences the training graph holds: the rank's, or one shard's */
+    float *x;            /* (global batch, T) this step's inputs */
+    int64_t *y;          /* (global batch, T) their next bytes */
+    long first_step;
+} trainer;
+
+/* ---- checkpoints ------------------------------------------------------------------------ */
+
+static td_param *checkpoint_tensors(trainer *t, size_t *n) {
+    td_param *state;
+    size_t n_state;
+    td_optim_state(t->optim, &state, &n_state);
+    *n = t->n_params + n_state;
+    td_param *all = malloc(*n * sizeof *all);
+    if (!all) CHECK(TD_ENOMEM);
+    memcpy(all, t->params, t->n_params * sizeof *all);
+    memcpy(all + t->n_params, state, n_state * sizeof *all);
+    return all;
+}
+
+/* The run's shape as checkpoint metadata: what a resumed run must share with it. */
+static void shape_meta(const trainer *t, char *out, size_t cap) {
+    const td_gpt_params *m = &t->opt.model;
+    snprintf(out, cap, "layers %d heads %d width %lld context %lld batch %d shards %d", m->layers,
+             m->heads, (long long)m->width, (long long)m->context, t->opt.batch,
+             t->opt.deterministic ? t->opt.shards : 0);
+}
+
+static void save(trainer *t, long step) {
+    if (t->rank != 0 || !t->opt.checkpoint) return;
+    size_t n;
+    td_param *all = checkpoint_tensors(t, &n);
+    char steps[32], shape[160];
+    snprintf(steps, sizeof steps, "%ld", step);
+    shape_meta(t, shape, sizeof shape);
+    td_checkpoint_meta meta[] = {{"model", "gpt"}, {"run", shape}, {"step", steps}};
+    CHECK(td_checkpoint_save(t->opt.checkpoint, all, n, meta, 3));
+    free(all);
+    printf("checkpoint at step %ld: %s\n", step, t->opt.checkpoint);
+    fflush(stdout);
+}
+
+static void resume(trainer *t) {
+    const char *path = t->opt.resume ? t->opt.resume : t->opt.checkpoint;
+    if (!t->opt.resume && access(path, F_OK) != 0) return; /* --resume auto, nothing yet */
+    td_checkpoint *ck;
+    CHECK(td_checkpoint_open(&ck, path));
+    char shape[160];
+    shape_meta(t, shape, sizeof shape);
+    const char *run = td_checkpoint_get_meta(ck, "run");
+    if (!run || strcmp(run, shape)) {
+        fprintf(stderr, "gpt: %s was written by a run of %s; this run has %s\n", path,
+                run ? run : "(unknown shape)", shape);
+        exit(1);
+    }
+    int64_t step;
+    CHECK(td_checkpoint_get_meta_i64(ck, "step", 0, t->opt.steps, &step));
+    size_t n;
+    td_param *all = checkpoint_tensors(t, &n);
+    CHECK(td_checkpoint_read(ck, all, n));
+    free(all);
+    td_checkpoint_close(ck);
+    t->first_step = (long)step;
+    if (t->rank == 0)
+        printf("resuming from %s at step %lld, world size %d\n", path, (long long)step, t->world);
+}
+
+/* ---- setup ------------------------------------------------------------------------------ */
+
+static void build(const options *o, td_graph *g, int64_t batch, td_model *m) {
+    td_sequential *s;
+    CHECK(td_gpt_sequential(&o->model, &s));
+    CHECK(td_model_build_sequential(g, s, batch, o->seed, m));
+    td_sequential_destroy(s);
+}
+
+static void setup(trainer *t) {
+    const options *o = &t->opt;
+    t->world = 1;
+    int launched = getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE") || getenv("SLURM_NTASKS");
+    if (launched || o->deterministic) {
+        td_comm_params cp = td_comm_default_params();
+        if (!launched) { /* deterministic alone: DDP's shard tree on one rank */
+            cp.rank = cp.local_rank = 0;
+            cp.world_size = cp.local_world_size = 1;
+        }
+        CHECK(td_comm_create(&t->comm, &cp));
+        t->rank = td_comm_rank(t->comm);
+        t->world = td_comm_size(t->comm);
+    }
+    if (o->batch < t->world) {
+        fprintf(stderr, "gpt: --batch %d gives some of the %d ranks no sequence\n", o->batch,
+                t->world);
+        exit(2);
+    }
+    CHECK(td_corpus_load(&t->text, o->data));
+    t->n_train = t->text.size / 10 * 9;
+    size_t windows = td_corpus_windows(t->n_train, o->model.context);
+    if (windows < (size_t)o->batch) {
+        fprintf(stderr, "gpt: %s holds %zu training windows of %lld, fewer than --batch %d\n",
+                o->data, windows, (long long)o->model.context, o->batch);
+        exit(2);
+    }
+    td_sampler_params sp = td_sampler_default_params();
+    sp.rank = t->rank;
+    sp.world_size = t->world;
+    sp.seed = o->seed;
+    sp.drop_last = 1;
+    sp.global_batch = (size_t)o->batch;
+    CHECK(td_sampler_create(&t->sampler, windows, &sp));
+    size_t first, count;
+    td_split_even((size_t)o->batch, t->world, t->rank, &first, &count);
+    t->graph_batch = o->deterministic ? o->batch / o->shards : (int64_t)count;
+    size_t BT = (size_t)o->batch * (size_t)o->model.context;
+    t->x = malloc(BT * sizeof *t->x);
+    t->y = malloc(BT * sizeof *t->y);
+    if (!t->x || !t->y) CHECK(TD_ENOMEM);
+
+    td_graph_params gp = td_graph_default_params();
+    gp.seed = o->seed;
+    if (o->amp) gp.amp.level = TD_AMP_O1;
+    CHECK(td_graph_create(&t->train, &gp));
+    build(o, t->train, t->graph_batch, &t->model);
+    gp.grad_enabled = 0;
+    CHECK(td_graph_create(&t->eval, &gp));
+    build(o, t->eval, 1, &t->eval_model);
+    CHECK(td_graph_share_params(t->eval, t->train));
+    td_graph_set_training(t->eval, 0);
+    CHECK(td_graph_parameters(t->train, &t->params, &t->n_params));
+    td_adamw_params ap = td_adamw_default_params();
+    ap.lr = o->lr;
+    ap.beta2 = 0.95;
+    ap.weight_decay = 0.1;
+    CHECK(td_optim_create_adamw(&t->optim, t->params, t->n_params, &ap));
+    if (o->resume || o->resume_auto) resume(t);
+    if (t->comm) {
+        td_ddp_params dp = td_ddp_default_params();
+        dp.deterministic = o->deterministic;
+        dp.shards = (size_t)o->shards;
+        CHECK(td_ddp_create(&t->ddp, t->comm, t->params, t->n_params, NULL, 0, &dp));
+        td_graph_set_grad_ready_hook(t->train, td_ddp_grad_ready_hook, t->ddp);
+    }
+}
+
+/* ---- training --------------------------------------------------------------------------- */
+
+/* Fills x, y with this rank's slice of global batch `k` (rows [0, count)). */
+static size_t fill_batch(trainer *t, size_t k) {
+    size_t first, count;
+    td_sampler_batch(t->sampler, k, &first, &count);
+    const size_t *idx = td_sampler_indices(t->sampler);
+    int64_t T = t->opt.model.context;
+    for (size_t i = 0; i < count; i++)
+        td_corpus_window(t->text.bytes, idx[first + i], T, t->x + i * T, t->y + i * T);
+    return count;
+}
+
+/* Forward and backward of `rows` sequences at x, y into the training graph. */
+static float run_graph(trainer *t, const float *x, const int64_t *y) {
+    CHECK(td_tensor_set_data(t->model.input, (void *)x));
+    CHECK(td_tensor_set_data(t->model.labels, (void *)y));
+    CHECK(td_graph_forward(t->train));
+    return *(float *)td_tensor_data(t->model.loss);
+}
+
+/* One step's gradients, the global batch's mean on every rank; returns the batch's loss. */
+static float forward_backward(trainer *t, size_t rows, uint64_t step) {
+    int64_t T = t->opt.model.context;
+    if (t->opt.deterministic) {
+        size_t first, count, b = (size_t)t->graph_batch;
+        td_ddp_shards(t->ddp, &first, &count);
+        for (size_t j = 0; j < count; j++) {
+            CHECK(td_ddp_prepare_forward(t->ddp));
+            CHECK(td_graph_set_rng_key(t->train, step, (first + j) * b));
+            td_ddp_set_loss(t->ddp, run_graph(t, t->x + j * b * T, t->y + j * b * T));
+            CHECK(td_graph_zero_grad(t->train));
+            CHECK(td_graph_backward(t->train, t->model.loss));
+            CHECK(td_ddp_finish_backward(t->ddp));
+        }
+        return td_ddp_loss(t->ddp);
+    }
+    /* a rank's mean weighs by its share of the global batch */
+    float share = (float)((double)t->world * (double)rows / (double)t->opt.batch);
+    if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
+    float loss = run_graph(t, t->x, t->y);
+    if (t->ddp) td_ddp_set_loss(t->ddp, loss * share);
+    CHECK(td_graph_zero_grad(t->train));
+    CHECK(td_graph_backward_from(t->train, t->model.loss, &share));
+    if (t->ddp) CHECK(td_ddp_finish_backward(t->ddp));
+    return t->ddp ? td_ddp_loss(t->ddp) : loss;
+}
+
+/* Mean loss over the first eval_batches x batch windows of the validation text, split across
+ * ranks; the same on every rank. */
+static double validate(trainer *t) {
+    const uint8_t *val = t->text.bytes + t->n_train;
+    int64_t T = t->opt.model.context;
+    size_t windows = td_corpus_windows(t->text.size - t->n_train, T);
+    size_t want = (size_t)(t->opt.eval_batches * t->opt.batch);
+    if (want > windows) want = windows;
+    size_t first, count;
+    td_split_even(want, t->world, t->rank, &first, &count);
+    double sums[2] = {0, (double)count * (double)T};
+    for (size_t i = 0; i < count; i++) {
+        td_corpus_window(val, first + i, T, td_tensor_data(t->eval_model.input),
+                         td_tensor_data(t->eval_model.labels));
+        CHECK(td_graph_forward(t->eval));
+        sums[0] += *(float *)td_tensor_data(t->eval_model.loss) * (double)T;
+    }
+    if (t->comm) CHECK(td_comm_allreduce(t->comm, sums, sums, 2, TD_F64, TD_OP_SUM));
+    return sums[0] / sums[1];
+}
+
+/* Cross-entropy of the validation text under the training text's byte frequencies (add-one). */
+static double unigram_baseline(const trainer *t) {
+    double count[256] = {0}, total = 256;
+    for (size_t i = 0; i < t->n_train; i++) count[t->text.bytes[i]]++;
+    for (int c = 0; c < 256; c++) total += count[c];
+    double nll = 0;
+    for (size_t i = t->n_train; i < t->text.size; i++)
+        nll -= log((count[t->text.bytes[i]] + 1) / total);
+    return nll / (double)(t->text.size - t->n_train);
+}
+
+static double lr_at(const options *o, long step) {
+    if (step < o->warmup) return o->lr * (double)(step + 1) / (double)o->warmup;
+    double p =
+        (double)(step - o->warmup) / (double)(o->steps > o->warmup ? o->steps - o->warmup : 1);
+    return o->lr / 10 + (o->lr - o->lr / 10) * 0.5 * (1 + cos(M_PI * p));
+}
+
+/* Continues the prompt by `n` bytes, each drawn from the model's distribution at temperature
+ * 0.8 given the last T bytes (the eval graph holds one sequence of T; positions past the text
+ * are padding the causal mask keeps out of the ones read). */
+static void sample(trainer *t) {
+    int64_t T = t->opt.model.context, V = t->opt.model.vocab;
+    size_t plen = strlen(t->opt.prompt), n = plen + (size_t)t->opt.sample;
+    unsigned char *text = malloc(n + 1);
+    float *prob = malloc((size_t)V * sizeof *prob);
+    if (!text || !prob) CHECK(TD_ENOMEM);
+    memcpy(text, t->opt.prompt, plen);
+    td_rng rng;
+    td_rng_init(&rng, t->opt.seed);
+    float *in = td_tensor_data(t->eval_model.input);
+    for (size_t len = plen; len < n; len++) {
+        size_t from = len > (size_t)T ? len - (size_t)T : 0, used = len - from;
+        for (int64_t i = 0; i < T; i++) in[i] = i < (int64_t)used ? text[from + i] : ' ';
+        if (used == 0) used = 1, in[0] = '\n';
+        CHECK(td_graph_forward(t->eval));
+        const float *logp = (const float *)td_tensor_data(t->eval_model.output) + (used - 1) * V;
+        double sum = 0;
+        for (int64_t v = 0; v < V; v++) sum += prob[v] = expf(logp[v] / 0.8f);
+        double r = td_rng_uniform(&rng) * sum;
+        int64_t pick = 0;
+        while (pick + 1 < V && (r -= prob[pick]) > 0) pick++;
+        text[len] = (unsigned char)pick;
+    }
+    text[n] = 0;
+    printf("sample:\n%s\n", (char *)text);
+    free(text);
+    free(prob);
+}
+
+int main(int argc, char **argv) {
+    trainer t;
+    memset(&t, 0, sizeof t);
+    t.opt = parse(argc, argv);
+    setup(&t);
+    const options *o = &t.opt;
+    if (t.rank == 0) {
+        printf("gpt: %d layers, %d heads, width %lld, context %lld: %lld parameters; world %d, "
+               "global batch %d%s%s\n",
+               o->model.layers, o->model.heads, (long long)o->model.width,
+               (long long)o->model.context, (long long)td_gpt_parameter_count(&o->model), t.world,
+               o->batch, o->amp ? ", amp bf16" : "", o->deterministic ? ", deterministic" : "");
+        printf("data: %s, %zu bytes (%zu train, %zu validation); unigram baseline %.4f\n", o->data,
+               t.text.size, t.n_train, t.text.size - t.n_train, unigram_baseline(&t));
+        fflush(stdout);
+    }
+    size_t per_epoch = td_sampler_batches(t.sampler);
+    uint64_t t0 = td_time_ns();
+    double tokens = 0;
+    float loss = NAN;
+    for (long step = t.first_step; step < o->steps; step++) {
+        uint64_t epoch = (uint64_t)step / per_epoch;
+        td_sampler_set_epoch(t.sampler, epoch);
+        size_t rows = fill_batch(&t, (size_t)step % per_epoch);
+        td_optim_set_lr(t.optim, lr_at(o, step));
+        loss = forward_backward(&t, rows, (uint64_t)step);
+        CHECK(td_clip_grad_norm(t.params, t.n_params, 1.0, NULL));
+        CHECK(td_optim_step(t.optim));
+        tokens += (double)o->batch * (double)o->model.context;
+        int last = step + 1 == o->steps || step + 1 == o->stop_at;
+        if (t.rank == 0 && ((step + 1) % 50 == 0 || last)) {
+            double s = (double)(td_time_ns() - t0) / 1e9;
+            printf("step %ld/%ld: train loss %.4f, lr %.2e, %.0f tokens/s\n", step + 1, o->steps,
+                   (double)loss, lr_at(o, step), tokens / s);
+            fflush(stdout);
+        }
+        if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) {
+            double v = validate(&t);
+            if (t.rank == 0) printf("step %ld: val loss %.4f\n", step + 1, v);
+        }
+        if (o->checkpoint &&
+            ((o->checkpoint_every > 0 && (step + 1) % o->checkpoint_every == 0) || last))
+            save(&t, step + 1);
+        if (step + 1 == o->stop_at) break; /* as a job stopped here would */
+    }
+    if (t.rank == 0) {
+        if (o->sample > 0) sample(&t);
+        char hex[65];
+        td_params_sha256(t.params, t.n_params, hex);
+        printf("final: train loss %.4f, params_sha256 %s\n", (double)loss, hex);
+    }
+    td_ddp_destroy(t.ddp);
+    td_optim_destroy(t.optim);
+    td_graph_destroy(t.eval);
+    td_graph_destroy(t.train);
+    td_sampler_destroy(t.sampler);
+    td_corpus_free(&t.text);
+    free(t.x);
+    free(t.y);
+    td_comm_destroy(t.comm);
+    return 0;
+}

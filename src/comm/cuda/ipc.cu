@@ -1,0 +1,289 @@
+/* Collectives between ranks that share one GPU, through CUDA IPC: NCCL refuses two ranks on
+ * one device, and a one-GPU machine is where this project's multi-rank GPU tests run.
+ *
+ * Each rank owns a staging buffer and an interprocess event, and opens every peer's. A call
+ * runs in steps: each rank writes what it contributes into its own staging buffer on its
+ * compute stream and records its event; a host barrier makes sure every rank has queued its
+ * record; each rank's stream then waits for every peer's event (a wait sees the latest record
+ * queued before it) and its kernels read the peers' buffers. Reductions are split by owner:
+ * rank r reduces part r of the data from every staging buffer in rank order into its own
+ * buffer, and every rank then copies each part from its owner, so all ranks get the same bits,
+ * the bits a fixed order gives. A last step keeps a rank from overwriting its staging buffer
+ * while a peer still reads it. Data larger than the staging buffer goes through in pieces. */
+#include <cstdlib>
+#include <cstring>
+
+#include "comm/cuda/gpu_comm.cuh"
+#include "device/cuda/dtype.cuh"
+
+struct td__ipc {
+    int device, rank, size;
+    cudaStream_t compute;
+    char *staging; /* this rank's, `bytes` */
+    size_t bytes;
+    cudaEvent_t event;             /* this rank's, interprocess */
+    char *peer[TD__IPC_MAX_RANKS]; /* every rank's staging buffer (peer[rank] = staging) */
+    cudaEvent_t peer_event[TD__IPC_MAX_RANKS];
+    int opened[TD__IPC_MAX_RANKS];
+};
+
+typedef struct {
+    const char *p[TD__IPC_MAX_RANKS];
+} peers;
+
+#define THREADS 256
+
+static unsigned blocks(size_t n) {
+    size_t b = (n + THREADS - 1) / THREADS;
+    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+template <typename A> __device__ __forceinline__ A combine(A a, A b, int op) {
+    switch (op) {
+    case TD_OP_PROD:
+        return a * b;
+    case TD_OP_MIN:
+        return b < a ? b : a;
+    case TD_OP_MAX:
+        return b > a ? b : a;
+    default:
+        return a + b; /* SUM, AVG */
+    }
+}
+
+/* dst[i] = op over the ranks of src.p[r][at + i] (element offset `at`), in rank order; 16-bit
+ * floats accumulate in f32; AVG divides by the ranks at the end (integers toward zero). */
+template <typename T, typename A>
+__global__ void reduce_kernel(T *dst, peers src, int ranks, size_t at, size_t n, int op) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        A acc = (A)((const T *)src.p[0])[at + i];
+        for (int r = 1; r < ranks; r++) acc = combine<A>(acc, (A)((const T *)src.p[r])[at + i], op);
+        if (op == TD_OP_AVG) acc = acc / (A)ranks;
+        dst[i] = (T)acc;
+    }
+}
+
+template <typename T>
+__global__ void reduce_half_kernel(T *dst, peers src, int ranks, size_t at, size_t n, int op) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float acc = td_ld((const T *)src.p[0], at + i);
+        for (int r = 1; r < ranks; r++)
+            acc = combine<float>(acc, td_ld((const T *)src.p[r], at + i), op);
+        if (op == TD_OP_AVG) acc = acc / (float)ranks;
+        td_st(dst, i, acc);
+    }
+}
+
+static td_status reduce(td__ipc *c, void *dst, size_t at, size_t n, const td__nccl_call *k,
+                        const char *what) {
+    peers src;
+    for (int r = 0; r < c->size; r++) src.p[r] = c->peer[r];
+    if (n == 0) return TD_OK;
+    unsigned b = blocks(n);
+    switch (k->dtype) {
+    case TD_F32:
+        reduce_kernel<float, float>
+            <<<b, THREADS, 0, c->compute>>>((float *)dst, src, c->size, at, n, k->op);
+        break;
+    case TD_F64:
+        reduce_kernel<double, double>
+            <<<b, THREADS, 0, c->compute>>>((double *)dst, src, c->size, at, n, k->op);
+        break;
+    case TD_I32:
+        reduce_kernel<int32_t, int32_t>
+            <<<b, THREADS, 0, c->compute>>>((int32_t *)dst, src, c->size, at, n, k->op);
+        break;
+    case TD_I64:
+        reduce_kernel<int64_t, int64_t>
+            <<<b, THREADS, 0, c->compute>>>((int64_t *)dst, src, c->size, at, n, k->op);
+        break;
+    case TD_U8:
+        reduce_kernel<uint8_t, uint32_t>
+            <<<b, THREADS, 0, c->compute>>>((uint8_t *)dst, src, c->size, at, n, k->op);
+        break;
+    case TD_BF16:
+        reduce_half_kernel<__nv_bfloat16>
+            <<<b, THREADS, 0, c->compute>>>((__nv_bfloat16 *)dst, src, c->size, at, n, k->op);
+        break;
+    case TD_F16:
+        reduce_half_kernel<__half>
+            <<<b, THREADS, 0, c->compute>>>((__half *)dst, src, c->size, at, n, k->op);
+        break;
+    default:
+        return td__host->fail(TD_EDTYPE, "%s: dtype %d", what, (int)k->dtype);
+    }
+    TD__CU(cudaGetLastError());
+    return TD_OK;
+}
+
+/* One step boundary: record this rank's event, meet the others on the host, wait for theirs. */
+static td_status step(td__ipc *c, td__host_barrier_fn barrier, void *arg) {
+    TD__CU(cudaEventRecord(c->event, c->compute));
+    td_status st = barrier(arg);
+    if (st != TD_OK) return st;
+    for (int r = 0; r < c->size; r++)
+        if (r != c->rank) TD__CU(cudaStreamWaitEvent(c->compute, c->peer_event[r], 0));
+    return TD_OK;
+}
+
+static td_status copy(td__ipc *c, void *dst, const void *src, size_t bytes) {
+    if (bytes) TD__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->compute));
+    return TD_OK;
+}
+
+td_status td__ipc_create(int device, void *compute, int rank, int size, size_t bytes, td__ipc **out,
+                         unsigned char *handle) {
+    *out = NULL;
+    if (size > TD__IPC_MAX_RANKS || rank < 0 || rank >= size)
+        return td__host->fail(TD_EINVAL, "cuda-ipc: rank %d of %d (at most %d ranks share a GPU)",
+                              rank, size, TD__IPC_MAX_RANKS);
+    td__ipc *c = (td__ipc *)calloc(1, sizeof *c);
+    if (!c) return td__host->fail(TD_ENOMEM, "cuda-ipc: out of memory");
+    c->device = device;
+    c->rank = rank;
+    c->size = size;
+    c->compute = (cudaStream_t)compute;
+    c->bytes = bytes;
+    *out = c;
+    /* cudaMalloc, not the caching allocator: an exported block must be its own allocation. */
+    TD__CU(cudaSetDevice(device));
+    TD__CU(cudaMalloc((void **)&c->staging, bytes));
+    TD__CU(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming | cudaEventInterprocess));
+    cudaIpcMemHandle_t mh;
+    cudaIpcEventHandle_t eh;
+    TD__CU(cudaIpcGetMemHandle(&mh, c->staging));
+    TD__CU(cudaIpcGetEventHandle(&eh, c->event));
+    static_assert(sizeof mh + sizeof eh <= TD__IPC_HANDLE_BYTES, "IPC handles fit");
+    memset(handle, 0, TD__IPC_HANDLE_BYTES);
+    memcpy(handle, &mh, sizeof mh);
+    memcpy(handle + sizeof mh, &eh, sizeof eh);
+    return TD_OK;
+}
+
+td_status td__ipc_connect(td__ipc *c, const unsigned char *handles) {
+    TD__CU(cudaSetDevice(c->device));
+    for (int r = 0; r < c->size; r++) {
+        if (r == c->rank) {
+            c->peer[r] = c->staging;
+            c->peer_event[r] = c->event;
+            continue;
+        }
+        cudaIpcMemHandle_t mh;
+        cudaIpcEventHandle_t eh;
+        memcpy(&mh, handles + (size_t)r * TD__IPC_HANDLE_BYTES, sizeof mh);
+        memcpy(&eh, handles + (size_t)r * TD__IPC_HANDLE_BYTES + sizeof mh, sizeof eh);
+        cudaError_t e =
+            cudaIpcOpenMemHandle((void **)&c->peer[r], mh, cudaIpcMemLazyEnablePeerAccess);
+        if (e != cudaSuccess)
+            return td__host->fail(TD_EBACKEND, "cuda-ipc: rank %d cannot open rank %d's buffer: %s",
+                                  c->rank, r, cudaGetErrorString(e));
+        c->opened[r] = 1;
+        e = cudaIpcOpenEventHandle(&c->peer_event[r], eh);
+        if (e != cudaSuccess)
+            return td__host->fail(TD_EBACKEND, "cuda-ipc: rank %d cannot open rank %d's event: %s",
+                                  c->rank, r, cudaGetErrorString(e));
+    }
+    return TD_OK;
+}
+
+void td__ipc_destroy(td__ipc *c) {
+    if (!c) return;
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->compute);
+    for (int r = 0; r < c->size; r++) {
+        if (r == c->rank) continue;
+        if (c->opened[r]) cudaIpcCloseMemHandle(c->peer[r]);
+        if (c->peer_event[r]) cudaEventDestroy(c->peer_event[r]);
+    }
+    if (c->event) cudaEventDestroy(c->event);
+    if (c->staging) cudaFree(c->staging);
+    free(c);
+}
+
+/* The part of n elements that rank r reduces: [lo, hi). */
+static void part(size_t n, int size, int r, size_t *lo, size_t *hi) {
+    *lo = n * (size_t)r / (size_t)size;
+    *hi = n * (size_t)(r + 1) / (size_t)size;
+}
+
+td_status td__ipc_run(td__ipc *c, const td__nccl_call *k, td__host_barrier_fn barrier, void *arg,
+                      const char *what) {
+    TD__CU(cudaSetDevice(c->device));
+    const char *send = (const char *)k->send;
+    char *recv = (char *)k->recv;
+    size_t es = k->elem_size, n = k->count, size = (size_t)c->size;
+    int me = c->rank;
+    /* Per-rank blocks (allgather, gather, scatter, reduce_scatter, alltoall) go through the
+     * staging buffer `size` blocks at a time; the others one piece of the whole at a time. */
+    int blocked = k->kind == TD__NCCL_ALLGATHER || k->kind == TD__NCCL_GATHER ||
+                  k->kind == TD__NCCL_SCATTER || k->kind == TD__NCCL_REDUCE_SCATTER ||
+                  k->kind == TD__NCCL_ALLTOALL;
+    size_t cap = c->bytes / es / (blocked ? size : 1); /* elements per piece (per block) */
+    if (cap == 0) return td__host->fail(TD_EINVAL, "%s: staging buffer too small", what);
+    td_status st = TD_OK;
+    for (size_t at = 0; st == TD_OK && at < n; at += cap) {
+        size_t m = n - at < cap ? n - at : cap, lo, hi;
+        switch (k->kind) {
+        case TD__NCCL_ALLREDUCE:
+        case TD__NCCL_REDUCE:
+            /* in: the piece; each rank reduces its part into its own buffer; out: copies */
+            if ((st = copy(c, c->staging, send + at * es, m * es)) != TD_OK) break;
+            if ((st = step(c, barrier, arg)) != TD_OK) break;
+            part(m, c->size, me, &lo, &hi);
+            if ((st = reduce(c, c->staging + lo * es, lo, hi - lo, k, what)) != TD_OK) break;
+            if ((st = step(c, barrier, arg)) != TD_OK) break;
+            if (k->kind == TD__NCCL_ALLREDUCE || me == k->root)
+                for (int r = 0; r < c->size && st == TD_OK; r++) {
+                    part(m, c->size, r, &lo, &hi);
+                    st = copy(c, recv + (at + lo) * es, c->peer[r] + lo * es, (hi - lo) * es);
+                }
+            break;
+        case TD__NCCL_BROADCAST:
+            if (me == k->root && (st = copy(c, c->staging, send + at * es, m * es)) != TD_OK) break;
+            if ((st = step(c, barrier, arg)) != TD_OK) break;
+            st = copy(c, recv + at * es, c->peer[k->root], m * es);
+            break;
+        case TD__NCCL_ALLGATHER:
+        case TD__NCCL_GATHER: {
+            const char *mine = send == recv ? recv + ((size_t)me * n + at) * es : send + at * es;
+            if ((st = copy(c, c->staging, mine, m * es)) != TD_OK) break;
+            if ((st = step(c, barrier, arg)) != TD_OK) break;
+            if (k->kind == TD__NCCL_ALLGATHER || me == k->root)
+                for (int r = 0; r < c->size && st == TD_OK; r++)
+                    st = copy(c, recv + ((size_t)r * n + at) * es, c->peer[r], m * es);
+            break;
+        }
+        case TD__NCCL_SCATTER:
+            if (me == k->root)
+                for (int r = 0; r < c->size && st == TD_OK; r++)
+                    st = copy(c, c->staging + (size_t)r * m * es, send + ((size_t)r * n + at) * es,
+                              m * es);
+            if (st != TD_OK || (st = step(c, barrier, arg)) != TD_OK) break;
+            st = copy(c, recv + at * es, c->peer[k->root] + (size_t)me * m * es, m * es);
+            break;
+        case TD__NCCL_REDUCE_SCATTER:
+        case TD__NCCL_ALLTOALL:
+            for (int r = 0; r < c->size && st == TD_OK; r++)
+                st = copy(c, c->staging + (size_t)r * m * es, send + ((size_t)r * n + at) * es,
+                          m * es);
+            if (st != TD_OK || (st = step(c, barrier, arg)) != TD_OK) break;
+            if (k->kind == TD__NCCL_REDUCE_SCATTER) {
+                /* In place too the result lands at the front (comm.h): the input is staged. */
+                st = reduce(c, recv + at * es, (size_t)me * m, m, k, what);
+            } else {
+                for (int r = 0; r < c->size && st == TD_OK; r++)
+                    st = copy(c, recv + ((size_t)r * n + at) * es, c->peer[r] + (size_t)me * m * es,
+                              m * es);
+            }
+            break;
+        default:
+            return td__host->fail(TD_EINVAL, "%s: point-to-point does not go through cuda-ipc",
+                                  what);
+        }
+        /* Nobody refills a staging buffer a peer still reads. */
+        if (st == TD_OK) st = step(c, barrier, arg);
+    }
+    return st;
+}

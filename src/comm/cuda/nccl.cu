@@ -1,0 +1,279 @@
+/* NCCL for collectives on device memory (cuda_api.h's nccl_* entries): one communicator per
+ * process group, created from a unique id the group passes through its own host path, with
+ * its own stream. A collective waits for what the device's compute stream has queued (an
+ * event), runs on the communicator's stream, and is waited for by polling, so that a peer that
+ * died or called something else ends in an error after the timeout (the communicator is then
+ * aborted) instead of a hang: the communicators are non-blocking (config.blocking = 0) for
+ * that reason. Errors name the call and NCCL's message. */
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <nccl.h>
+
+#include "comm/cuda/gpu_comm.cuh"
+#include "comm/gpu_comm_api.h"
+#include "device/cuda/runtime.cuh"
+
+struct td__nccl {
+    ncclComm_t comm;
+    int device;
+    cudaStream_t stream;     /* the communicator's */
+    cudaStream_t compute;    /* the device's compute stream, which collectives follow */
+    cudaEvent_t ready, done; /* compute stream passed the call; the collective finished */
+    int aborted;
+};
+
+#define TD__NCCL(call, what)                                                       \
+    do {                                                                           \
+        ncclResult_t td_n_ = (call);                                               \
+        if (td_n_ != ncclSuccess && td_n_ != ncclInProgress)                       \
+            return td__host->fail(TD_EBACKEND, "%s: %s failed: %s", (what), #call, \
+                                  ncclGetErrorString(td_n_));                      \
+    } while (0)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Polls until the communicator's pending call is set up (ncclInProgress clears) or, with
+ * `event`, until the stream has also passed c->done; a failure the communicator reports, or
+ * timeout_s passing, aborts it (so no rank hangs) and fails naming `what`. */
+static td_status watch(td__nccl *c, double timeout_s, const char *what, int event) {
+    double end = now_s() + timeout_s;
+    for (;;) {
+        ncclResult_t r;
+        ncclResult_t q = ncclCommGetAsyncError(c->comm, &r);
+        if (q != ncclSuccess) r = q;
+        td_status st = TD_OK;
+        char why[160] = "";
+        if (r != ncclSuccess && r != ncclInProgress) {
+            st = TD_EPEER;
+            snprintf(why, sizeof why, "NCCL failed: %s", ncclGetErrorString(r));
+        } else if (r == ncclSuccess) {
+            cudaError_t e = event ? cudaEventQuery(c->done) : cudaSuccess;
+            if (e == cudaSuccess) return TD_OK;
+            if (e != cudaErrorNotReady)
+                return td__host->fail(TD_EBACKEND, "%s: %s", what, cudaGetErrorString(e));
+        }
+        if (st == TD_OK && now_s() > end) {
+            st = TD_ETIMEOUT;
+            snprintf(why, sizeof why,
+                     "not finished after %.0f s (a peer died or called another collective)",
+                     timeout_s);
+        }
+        if (st != TD_OK) {
+            ncclCommAbort(c->comm);
+            c->aborted = 1;
+            return td__host->fail(st, "%s: %s; the NCCL communicator was aborted", what, why);
+        }
+    }
+}
+
+td_status td__nccl_unique_id(unsigned char id[128]) {
+    ncclUniqueId u;
+    TD__NCCL(ncclGetUniqueId(&u), "nccl");
+    static_assert(sizeof u == 128, "an NCCL unique id is 128 bytes");
+    memcpy(id, &u, sizeof u);
+    return TD_OK;
+}
+
+static td_status make(td__nccl **out, int device, void *compute) {
+    td__nccl *c = (td__nccl *)calloc(1, sizeof *c);
+    if (!c) return td__host->fail(TD_ENOMEM, "nccl: out of memory");
+    *out = c;
+    c->device = device;
+    c->compute = (cudaStream_t)compute;
+    TD__CU(cudaSetDevice(device));
+    TD__CU(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    TD__CU(cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming));
+    TD__CU(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming));
+    return TD_OK;
+}
+
+void td__nccl_destroy(td__nccl *c) {
+    if (!c) return;
+    cudaSetDevice(c->device);
+    if (c->comm) {
+        if (c->aborted) {
+            /* ncclCommAbort freed it */
+        } else if (ncclCommFinalize(c->comm) != ncclSuccess ||
+                   ncclCommDestroy(c->comm) != ncclSuccess) {
+            ncclCommAbort(c->comm);
+        }
+    }
+    if (c->ready) cudaEventDestroy(c->ready);
+    if (c->done) cudaEventDestroy(c->done);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+td_status td__nccl_create(int device, void *compute, int nranks, int rank,
+                          const unsigned char id[128], double timeout_s, td__nccl **out) {
+    *out = NULL;
+    td__nccl *c;
+    td_status st = make(&c, device, compute);
+    if (st == TD_OK) {
+        ncclUniqueId u;
+        memcpy(&u, id, sizeof u);
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        ncclResult_t r = ncclCommInitRankConfig(&c->comm, nranks, u, rank, &config);
+        if (r != ncclSuccess && r != ncclInProgress)
+            st = td__host->fail(TD_EBACKEND, "nccl: rank %d of %d: ncclCommInitRankConfig: %s",
+                                rank, nranks, ncclGetErrorString(r));
+        else
+            st = watch(c, timeout_s, "nccl: creating the communicator", 0);
+    }
+    if (st != TD_OK) {
+        td__nccl_destroy(c);
+        return st;
+    }
+    *out = c;
+    return TD_OK;
+}
+
+td_status td__nccl_split(td__nccl *parent, int color, int key, double timeout_s, td__nccl **out) {
+    *out = NULL;
+    td__nccl *c;
+    td_status st = make(&c, parent->device, parent->compute);
+    if (st == TD_OK) {
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        ncclResult_t r = ncclCommSplit(parent->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                                       &c->comm, &config);
+        if (r != ncclSuccess && r != ncclInProgress)
+            st = td__host->fail(TD_EBACKEND, "nccl: ncclCommSplit: %s", ncclGetErrorString(r));
+        else
+            st = watch(parent, timeout_s, "nccl: splitting the communicator", 0);
+        if (st == TD_OK && c->comm) st = watch(c, timeout_s, "nccl: splitting the communicator", 0);
+    }
+    if (st != TD_OK || !c->comm) {
+        td__nccl_destroy(c);
+        return st;
+    }
+    *out = c;
+    return TD_OK;
+}
+
+void td__nccl_abort(td__nccl *c) {
+    if (c && c->comm && !c->aborted) {
+        ncclCommAbort(c->comm);
+        c->aborted = 1;
+    }
+}
+
+static ncclDataType_t nccl_type(td_dtype dt) {
+    switch (dt) {
+    case TD_F32:
+        return ncclFloat32;
+    case TD_F64:
+        return ncclFloat64;
+    case TD_BF16:
+        return ncclBfloat16;
+    case TD_F16:
+        return ncclFloat16;
+    case TD_I32:
+        return ncclInt32;
+    case TD_I64:
+        return ncclInt64;
+    default:
+        return ncclUint8;
+    }
+}
+
+static ncclRedOp_t nccl_op(td_reduce_op op) {
+    switch (op) {
+    case TD_OP_PROD:
+        return ncclProd;
+    case TD_OP_MIN:
+        return ncclMin;
+    case TD_OP_MAX:
+        return ncclMax;
+    case TD_OP_AVG:
+        return ncclAvg;
+    default:
+        return ncclSum;
+    }
+}
+
+/* Queues the collective on the communicator's stream (grouped sends and receives for the
+ * collectives NCCL has no call for). */
+static td_status enqueue(td__nccl *c, const td__nccl_call *k, const char *what) {
+    ncclDataType_t t = nccl_type(k->dtype);
+    size_t es = k->elem_size, n = k->count;
+    const char *send = (const char *)k->send;
+    char *recv = (char *)k->recv;
+    int size = k->size, rank = k->rank;
+    switch (k->kind) {
+    case TD__NCCL_ALLREDUCE:
+        TD__NCCL(ncclAllReduce(send, recv, n, t, nccl_op(k->op), c->comm, c->stream), what);
+        return TD_OK;
+    case TD__NCCL_REDUCE:
+        TD__NCCL(ncclReduce(send, recv, n, t, nccl_op(k->op), k->root, c->comm, c->stream), what);
+        return TD_OK;
+    case TD__NCCL_BROADCAST:
+        TD__NCCL(ncclBroadcast(send, recv, n, t, k->root, c->comm, c->stream), what);
+        return TD_OK;
+    case TD__NCCL_ALLGATHER: /* in place: this rank's part already sits at recv + rank * n */
+        TD__NCCL(ncclAllGather(send == recv ? recv + (size_t)rank * n * es : send, recv, n, t,
+                               c->comm, c->stream),
+                 what);
+        return TD_OK;
+    case TD__NCCL_REDUCE_SCATTER: {
+        /* In place, tandem's result lands at the front (comm.h); NCCL's in place is this rank's
+         * block, so the result moves to the front after. */
+        char *at = send == recv ? recv + (size_t)rank * n * es : recv;
+        TD__NCCL(ncclReduceScatter(send, at, n, t, nccl_op(k->op), c->comm, c->stream), what);
+        if (at != recv)
+            TD__CU(cudaMemcpyAsync(recv, at, n * es, cudaMemcpyDeviceToDevice, c->stream));
+        return TD_OK;
+    }
+    case TD__NCCL_GATHER:
+    case TD__NCCL_SCATTER:
+    case TD__NCCL_ALLTOALL: {
+        TD__NCCL(ncclGroupStart(), what);
+        for (int r = 0; r < size; r++) {
+            size_t at = (size_t)r * n * es;
+            if (k->kind == TD__NCCL_ALLTOALL) {
+                TD__NCCL(ncclSend(send + at, n, t, r, c->comm, c->stream), what);
+                TD__NCCL(ncclRecv(recv + at, n, t, r, c->comm, c->stream), what);
+            } else if (k->kind == TD__NCCL_GATHER) {
+                if (r == 0) TD__NCCL(ncclSend(send, n, t, k->root, c->comm, c->stream), what);
+                if (rank == k->root)
+                    TD__NCCL(ncclRecv(recv + at, n, t, r, c->comm, c->stream), what);
+            } else {
+                if (rank == k->root)
+                    TD__NCCL(ncclSend(send + at, n, t, r, c->comm, c->stream), what);
+                if (r == 0) TD__NCCL(ncclRecv(recv, n, t, k->root, c->comm, c->stream), what);
+            }
+        }
+        TD__NCCL(ncclGroupEnd(), what);
+        return TD_OK;
+    }
+    case TD__NCCL_SEND:
+        TD__NCCL(ncclSend(send, n, t, k->root, c->comm, c->stream), what);
+        return TD_OK;
+    case TD__NCCL_RECV:
+        TD__NCCL(ncclRecv(recv, n, t, k->root, c->comm, c->stream), what);
+        return TD_OK;
+    }
+    return td__host->fail(TD_EINVAL, "%s: unknown collective %d", what, (int)k->kind);
+}
+
+td_status td__nccl_run(td__nccl *c, const td__nccl_call *k, double timeout_s, const char *what) {
+    if (c->aborted) return td__host->fail(TD_EPEER, "%s: the NCCL communicator was aborted", what);
+    TD__CU(cudaSetDevice(c->device));
+    TD__CU(cudaEventRecord(c->ready, c->compute));
+    TD__CU(cudaStreamWaitEvent(c->stream, c->ready, 0));
+    td_status st = enqueue(c, k, what);
+    if (st == TD_OK) st = watch(c, timeout_s, what, 0);
+    if (st != TD_OK) return st;
+    TD__CU(cudaEventRecord(c->done, c->stream));
+    if ((st = watch(c, timeout_s, what, 1)) != TD_OK) return st;
+    /* Later work on the compute stream sees the result. */
+    TD__CU(cudaStreamWaitEvent(c->compute, c->done, 0));
+    return TD_OK;
+}

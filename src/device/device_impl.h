@@ -1,0 +1,66 @@
+/* What the layers above use of a device beyond the public device.h: work queued on the
+ * device's compute stream without waiting for it (filling memory, the multi-tensor kernels of
+ * multi_tensor.h), and what a loader needs to upload batches ahead of use: page-locked host
+ * memory, a second stream per GPU for copies, and events to order the streams. Each names
+ * `what` in its errors; on the CPU they run at once. Not installed. */
+#ifndef TANDEM_DEVICE_IMPL_H
+#define TANDEM_DEVICE_IMPL_H
+
+#include "tandem/device.h"
+
+#include "device/multi_tensor.h"
+
+/* bytes of ptr set to value (a byte), ordered on d's compute stream. */
+td_status td__device_memset(td_device d, void *ptr, int value, size_t bytes, const char *what);
+
+/* One multi-tensor launch on GPU d's compute stream (cuda_api.h's multi_tensor says what list,
+ * scratch and result are). */
+td_status td__device_multi_tensor(td_device d, const td__mt_args *args, td__mt_tensor *list,
+                                  size_t n, void **scratch, size_t *scratch_bytes, double *result,
+                                  const char *what);
+
+/* GPU d's compute stream and its copy stream (made on first use). */
+td_status td__device_streams(td_device d, void **compute, void **copy, const char *what);
+
+/* Host memory that copies to and from GPU d are fastest from (page-locked); plain memory for
+ * the CPU. Freed with td__device_host_free on the same device. */
+td_status td__device_host_alloc(td_device d, size_t bytes, void **out, const char *what);
+void td__device_host_free(td_device d, void *ptr);
+
+/* Bytes between host and GPU d memory, queued on `stream` without waiting. */
+td_status td__device_copy_async(td_device d, void *dst, const void *src, size_t bytes, void *stream,
+                                const char *what);
+
+/* An event recorded on `stream` now; a later wait on another stream, or by the host, orders
+ * after it. Freed with td__device_event_free. */
+td_status td__device_event_record(td_device d, void *stream, void **event, const char *what);
+td_status td__device_event_wait(td_device d, void *stream, void *event, const char *what);
+td_status td__device_event_synchronize(void *event);
+void td__device_event_free(void *event);
+
+/* Bytes from host memory the caller may reuse at once (pageable: the driver stages them before
+ * returning) to GPU d, queued on its compute stream without waiting; at once on the CPU. */
+td_status td__device_upload(td_device d, void *dst, const void *host, size_t bytes,
+                            const char *what);
+
+/* n elements of src (src_dtype) into dst (dst_dtype), and n elements of `size` bytes set to
+ * `bits`, on device d (the compute stream for a GPU; at once on the CPU). */
+td_status td__device_convert(td_device d, void *dst, td_dtype dst_dtype, const void *src,
+                             td_dtype src_dtype, size_t n, const char *what);
+td_status td__device_fill(td_device d, void *ptr, uint32_t bits, int size, size_t n,
+                          const char *what);
+
+/* Where ptr points: a GPU this process has used through tandem (its memory, whoever allocated
+ * it), or the CPU. Asks CUDA only once a GPU is in use, so host-only programs never start it. */
+td_device td__device_of_pointer(const void *ptr);
+
+/* The UUID of GPU d, the same in every process (CUDA_VISIBLE_DEVICES numbers GPUs per
+ * process). */
+td_status td__device_uuid(td_device d, unsigned char uuid[16], const char *what);
+
+/* The CUDA library's second table (comm/gpu_comm_api.h), resolved by name; NULL where the
+ * library is missing or lacks it. Returned as an opaque pointer: the device layer knows
+ * nothing of process groups. */
+const void *td__device_library_table(const char *entry);
+
+#endif

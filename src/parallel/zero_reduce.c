@@ -1,0 +1,278 @@
+/* ZeRO's gradient reducer (stages 2 and 3), a td_ddp reducer (reducer.h): gradients are laid
+ * out by ZeRO's flat buffers (zero_impl.h, given as the front's reducer_ctx), one bucket per
+ * flat, last unit first; a bucket whose parameters are all ready is reduce-scattered on the
+ * progress thread while backward goes on, each rank receiving the average of its own chunk into
+ * its gradient shard, and once that is done the flat's whole gradient gives its pages back (it
+ * reads as zeros, ready for the next backward). Buckets go out in bucket order on every rank.
+ *
+ * Gradients of f32 flats travel in comm_dtype when it is narrower, through a half-width copy
+ * reduced in place and widened into the shard. The loss and the count of parameters no backward
+ * reached are all-reduced once at the end (the shards cannot carry them to every rank). Under
+ * no_sync the front never calls in, so the whole gradients stay and accumulate. It knows nothing
+ * of graphs and does not step the optimizer. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core_impl.h"
+#include "parallel/zero_impl.h"
+
+#define RS_TRACE_TID_BASE 0x7e000000 /* one trace track per bucket, apart from DDP's */
+
+typedef struct {
+    td__zero_layout *lay;
+    td__zero_region grads; /* every flat's whole gradient, at the flat's `at` */
+    td__zero_region wire;  /* half-width copies, at the same offsets, or none */
+    unsigned char *shards; /* every flat's gradient shard, back to back */
+    size_t next;           /* buckets [0, next) are launched */
+    unsigned char *live;   /* (n_flats) its whole gradient is counted as held */
+} rs_state;
+
+/* Bucket k holds flat n_flats - 1 - k: the last unit's gradients are ready first. */
+static td__zero_flat *flat_of_bucket(const td_ddp *d, size_t k) {
+    const rs_state *st = d->state;
+    return &st->lay->flats[st->lay->n_flats - 1 - k];
+}
+
+static td_dtype wire_dtype(const td_ddp *d, const td__zero_flat *f) {
+    return f->dtype == TD_F32 ? d->opt.comm_dtype : f->dtype;
+}
+
+static td_status rs_check(const td_ddp *d) {
+    if (d->opt.join)
+        return td__fail(TD_EINVAL,
+                        "zero rank %d: join (uneven inputs) is not supported with "
+                        "sharded gradients",
+                        d->rank);
+    for (size_t i = 0; i < d->n_params; i++)
+        if (d->params[i].device.type != TD_DEVICE_CPU)
+            return td__fail(TD_EUNSUPPORTED,
+                            "zero rank %d: parameter '%s' lives on a device; ZeRO shards host "
+                            "memory only",
+                            d->rank, d->params[i].name);
+    return TD_OK;
+}
+
+static td_status rs_create(td_ddp *d) {
+    td__zero_layout *lay = d->reducer_ctx;
+    rs_state *st = calloc(1, sizeof *st);
+    if (!st) return td__fail(TD_ENOMEM, "zero rank %d: out of memory", d->rank);
+    d->state = st;
+    st->lay = lay;
+    size_t nf = lay->n_flats, n = d->n_params ? d->n_params : 1, shard_bytes = 0;
+    int narrow = 0;
+    for (size_t f = 0; f < nf; f++) {
+        shard_bytes += (lay->flats[f].chunk * td_dtype_size(lay->flats[f].dtype) + 63) / 64 * 64;
+        narrow |= wire_dtype(d, &lay->flats[f]) != lay->flats[f].dtype;
+    }
+    st->live = calloc(nf ? nf : 1, 1);
+    st->shards = aligned_alloc(64, shard_bytes ? shard_bytes : 64);
+    d->buckets = calloc(nf ? nf : 1, sizeof *d->buckets);
+    d->bucket_of = calloc(n, sizeof *d->bucket_of);
+    d->offset_of = calloc(n, sizeof *d->offset_of);
+    if (!st->live || !st->shards || !d->buckets || !d->bucket_of || !d->offset_of)
+        return td__fail(TD_ENOMEM, "zero rank %d: out of memory", d->rank);
+    memset(st->shards, 0, shard_bytes);
+    TD__TRY(td__zero_region_reserve(&st->grads, lay->region_bytes, d->rank, "gradients"));
+    if (narrow)
+        TD__TRY(
+            td__zero_region_reserve(&st->wire, lay->region_bytes, d->rank, "half-width gradients"));
+    d->n_buckets = nf;
+    unsigned char *shard = st->shards;
+    for (size_t k = 0; k < nf; k++) {
+        td__zero_flat *f = flat_of_bucket(d, k);
+        ddp_bucket *b = &d->buckets[k];
+        b->buf = st->grads.base + f->at;
+        b->dtype = f->dtype;
+        b->count = f->count;
+        b->n_members = b->pending = f->n_members;
+        b->members = malloc(f->n_members * sizeof *b->members);
+        if (!b->members) return td__fail(TD_ENOMEM, "zero rank %d: out of memory", d->rank);
+        memcpy(b->members, f->members, f->n_members * sizeof *b->members);
+        size_t es = td_dtype_size(f->dtype);
+        for (size_t m = 0; m < f->n_members; m++) {
+            size_t i = f->members[m];
+            d->bucket_of[i] = k;
+            d->offset_of[i] = f->offset[m];
+            td__ddp_move_gradient(d, i, (unsigned char *)b->buf + f->offset[m] * es);
+        }
+        f->grad_shard = shard;
+        shard += (f->chunk * es + 63) / 64 * 64;
+        td__zero_account_add(&lay->acct, ZERO_GRADS, (long long)(f->chunk * es));
+    }
+    /* Gradients the trainer had are in the flats now; zeros need no pages. */
+    for (size_t f = 0; f < nf; f++) {
+        const unsigned char *g = st->grads.base + lay->flats[f].at;
+        size_t bytes = lay->flats[f].count * td_dtype_size(lay->flats[f].dtype), e = 0;
+        while (e < bytes && !g[e]) e++;
+        if (e == bytes) td__zero_release(st->grads.base + lay->flats[f].at, lay->flats[f].span);
+    }
+    return TD_OK;
+}
+
+/* The whole gradient of bucket k is counted as held from its first final gradient on. */
+static void rs_hold(td_ddp *d, size_t k) {
+    rs_state *st = d->state;
+    size_t f = st->lay->n_flats - 1 - k;
+    if (st->live[f]) return;
+    st->live[f] = 1;
+    td__zero_account_add(&st->lay->acct, ZERO_REDUCING, (long long)st->lay->flats[f].span);
+}
+
+/* Bucket k's reduce-scatter is over: the shard takes its chunk and the whole gradient goes. */
+static void rs_done(td_ddp *d, size_t k, td_status s) {
+    rs_state *st = d->state;
+    td__zero_flat *f = flat_of_bucket(d, k);
+    ddp_bucket *b = &d->buckets[k];
+    b->req = NULL;
+    td_dtype wire = wire_dtype(d, f);
+    if (wire != f->dtype) {
+        unsigned char *w = st->wire.base + f->at;
+        if (s == TD_OK)
+            td__convert(f->grad_shard, f->dtype, w + d->rank * f->chunk * td_dtype_size(wire), wire,
+                        f->chunk);
+        td__zero_release(w, f->span);
+        td__zero_account_add(
+            &st->lay->acct, ZERO_REDUCING,
+            -(long long)td__zero_pages(f->chunk * (size_t)d->size * td_dtype_size(wire)));
+    }
+    td__zero_release(b->buf, f->span);
+    size_t fi = st->lay->n_flats - 1 - k;
+    if (st->live[fi]) {
+        st->live[fi] = 0;
+        td__zero_account_add(&st->lay->acct, ZERO_REDUCING, -(long long)f->span);
+    }
+    if (d->opt.trace) {
+        char name[96];
+        snprintf(name, sizeof name, "reduce_scatter bucket %zu (%zu bytes %s)", k,
+                 f->chunk * (size_t)d->size * td_dtype_size(wire), td_dtype_name(wire));
+        (void)td_trace_span_on(d->opt.trace, name, "zero", RS_TRACE_TID_BASE + (int)k, b->t_launch,
+                               td_time_ns());
+    }
+    td__ddp_note_error(d, s);
+}
+
+static void rs_launch(td_ddp *d, size_t k) {
+    rs_state *st = d->state;
+    td__zero_flat *f = flat_of_bucket(d, k);
+    ddp_bucket *b = &d->buckets[k];
+    rs_hold(d, k);
+    b->t_launch = td_time_ns();
+    td_dtype wire = wire_dtype(d, f);
+    size_t padded = f->chunk * (size_t)d->size;
+    const void *send = b->buf;
+    void *recv = f->grad_shard;
+    if (wire != f->dtype) {
+        unsigned char *w = st->wire.base + f->at;
+        td__convert(w, wire, b->buf, f->dtype, padded);
+        td__zero_account_add(&st->lay->acct, ZERO_REDUCING,
+                             (long long)td__zero_pages(padded * td_dtype_size(wire)));
+        send = w;
+        recv = w + (size_t)d->rank * f->chunk * td_dtype_size(wire); /* in place */
+    }
+    td_reduce_op op = d->opt.average ? TD_OP_AVG : TD_OP_SUM;
+    td_status s = td_comm_ireduce_scatter(d->comm, send, recv, f->chunk, wire, op, &b->req);
+    if (s != TD_OK) {
+        b->req = NULL;
+        td__ddp_note_error(d, s);
+    }
+}
+
+/* Notices finished reduce-scatters, so their memory goes back as early as it can. */
+static void rs_poll(td_ddp *d) {
+    const rs_state *st = d->state;
+    for (size_t k = 0; k < st->next; k++) {
+        ddp_bucket *b = &d->buckets[k];
+        if (!b->req) continue;
+        int done = 0;
+        td_status s = td_request_test(b->req, &done);
+        if (!done && s == TD_OK) break; /* they complete in launch order */
+        rs_done(d, k, s);
+    }
+}
+
+static void rs_wait(td_ddp *d) {
+    for (size_t k = 0; d->state && k < d->n_buckets; k++)
+        if (d->buckets[k].req) rs_done(d, k, td_request_wait(d->buckets[k].req));
+}
+
+static void rs_grad_ready(td_ddp *d, size_t i) {
+    rs_state *st = d->state;
+    size_t k = d->bucket_of[i];
+    rs_hold(d, k);
+    d->buckets[k].pending--;
+    while (st->next < d->n_buckets && d->buckets[st->next].pending == 0) {
+        rs_launch(d, st->next++);
+        d->stats.buckets_early++;
+    }
+    rs_poll(d);
+}
+
+static void rs_reset(td_ddp *d) {
+    rs_state *st = d->state;
+    for (size_t k = 0; k < d->n_buckets; k++) d->buckets[k].pending = d->buckets[k].n_members;
+    st->next = 0;
+    td__ddp_end_iteration(d);
+}
+
+static td_status rs_finish(td_ddp *d) {
+    rs_state *st = d->state;
+    size_t n_unready = 0;
+    for (size_t i = 0; i < d->n_params; i++) {
+        if (d->ready[i]) continue;
+        n_unready++;
+        if (!d->touched[i])
+            memset(d->params[i].grad, 0, d->params[i].count * td_dtype_size(d->params[i].dtype));
+    }
+    while (st->next < d->n_buckets) rs_launch(d, st->next++);
+    rs_wait(d);
+    if (d->err == TD_OK) td__ddp_note_error(d, td__ddp_check_moved(d));
+    /* Every rank reaches this all-reduce, whatever went wrong before, so none waits for it. */
+    float slots[DDP_SLOTS] = {(float)n_unready, d->loss};
+    td_status s = td_comm_allreduce(d->comm, slots, slots, DDP_SLOTS, TD_F32,
+                                    d->opt.average ? TD_OP_AVG : TD_OP_SUM);
+    td__ddp_note_error(d, s);
+    if (d->err != TD_OK) {
+        s = td__ddp_take_error(d);
+        rs_reset(d);
+        return s;
+    }
+    double unready_all = slots[0];
+    if (d->opt.average) unready_all *= d->size;
+    d->loss_all = slots[1];
+    d->stats.sync_steps++;
+    s = TD_OK;
+    if (unready_all > 0.5 && !d->opt.find_unused_parameters)
+        s = td__ddp_unused_error(d, n_unready, unready_all);
+    rs_reset(d);
+    return s;
+}
+
+static void rs_zero_grad(td_ddp *d) {
+    rs_state *st = d->state;
+    if (st->grads.base) td__zero_release(st->grads.base, st->grads.bytes);
+}
+
+static void rs_destroy(td_ddp *d) {
+    rs_state *st = d->state;
+    if (!st) return;
+    for (size_t f = 0; st->lay && f < st->lay->n_flats; f++) st->lay->flats[f].grad_shard = NULL;
+    td__zero_region_free(&st->grads);
+    td__zero_region_free(&st->wire);
+    free(st->shards);
+    free(st->live);
+    free(st);
+    d->state = NULL;
+}
+
+const td__ddp_reducer td__ddp_reduce_scatter = {
+    .name = "reduce-scatter",
+    .check = rs_check,
+    .create = rs_create,
+    .prepare = td__ddp_sync_buffers,
+    .grad_ready = rs_grad_ready,
+    .finish = rs_finish,
+    .zero_grad = rs_zero_grad,
+    .wait = rs_wait,
+    .destroy = rs_destroy,
+};

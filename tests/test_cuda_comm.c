@@ -1,0 +1,386 @@
+/* Collectives on device memory through the public td_comm API, on real forked ranks that all
+ * use cuda:0: NCCL at world 1, CUDA IPC at worlds 2 and 4 (the ranks share the GPU, which
+ * NCCL refuses). Every collective x dtype x op x size (0, 1, 7, 1009, and 100003 for f32 and
+ * bf16 sums and averages) in and out of place against the serial reference of the host
+ * matrix (test_comm_util.h), the values going to the GPU and back through host copies; a
+ * collective large enough to take the IPC path in several pieces; and two ranks that call
+ * different collectives on device buffers, which both name; and DDP over ranks sharing the GPU
+ * equal to one process on the same global batch. Every case skips with one line
+ * where no GPU is visible. The parent never starts CUDA itself (a child counts the GPUs):
+ * CUDA does not survive a fork, and the ranks are forked. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tandem/tandem.h"
+
+#include "test_comm_util.h"
+
+static int gpus;
+
+/* A buffer on the host and its mirror on the GPU. */
+typedef struct {
+    void *host, *dev;
+    size_t bytes;
+} mirror;
+
+static mirror mirror_make(size_t n, td_dtype dt) {
+    mirror m = {calloc(n ? n : 1, td_dtype_size(dt)), NULL, n * td_dtype_size(dt)};
+    CHECK_OK(td_device_alloc(td_device_cuda(0), m.bytes ? m.bytes : 1, &m.dev));
+    return m;
+}
+
+static void push(mirror *m) {
+    if (m->bytes)
+        CHECK_OK(td_device_copy(td_device_cuda(0), m->dev, td_device_cpu(), m->host, m->bytes));
+}
+
+static void pull(mirror *m) {
+    if (m->bytes)
+        CHECK_OK(td_device_copy(td_device_cpu(), m->host, td_device_cuda(0), m->dev, m->bytes));
+}
+
+static void mirror_free(mirror *m) {
+    free(m->host);
+    td_device_free(td_device_cuda(0), m->dev);
+}
+
+static int rank, size, bad;
+
+/* Runs fn as n ranks, or skips the case where no GPU is visible. */
+static void ranks_on_gpu(int n, test_rank_fn fn, double deadline_s) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    CHECK_EQ(test_run_ranks(n, fn, NULL, deadline_s, 0), 0);
+}
+
+static void expect(const char *what, td_dtype dt, td_reduce_op op, size_t n, size_t i, double got,
+                   double want) {
+    if (got == want || bad > 5) return;
+    bad++;
+    TEST_FAIL_AT("rank %d of %d: %s %s %s n=%zu: [%zu] = %g, want %g", rank, size, what,
+                 td_dtype_name(dt), td_reduce_op_name(op), n, i, got, want);
+}
+
+static const size_t sizes[] = {0, 1, 7, 1009, 100003};
+
+/* allreduce, reduce (root size - 1), reduce_scatter: out of place and in place. */
+static void reductions(td_comm *w) {
+    for (int dt = 0; dt < TD_DTYPE_COUNT; dt++)
+        for (int op = 0; op < TD_OP_COUNT; op++)
+            for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+                size_t n = sizes[s];
+                if (n > 10000 &&
+                    !((dt == TD_F32 || dt == TD_BF16) && (op == TD_OP_SUM || op == TD_OP_AVG)))
+                    continue;
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    mirror a = mirror_make(n * (size_t)size, (td_dtype)dt);
+                    mirror b = mirror_make(n * (size_t)size, (td_dtype)dt);
+                    for (size_t i = 0; i < n * (size_t)size; i++)
+                        test_elem_put(
+                            (td_dtype)dt, a.host, i,
+                            test_coll_gen(rank, i % (n ? n : 1), (td_reduce_op)op, (td_dtype)dt));
+                    push(&a);
+                    void *out = in_place ? a.dev : b.dev;
+                    mirror *res = in_place ? &a : &b;
+                    CHECK_OK(td_comm_allreduce(w, a.dev, out, n, (td_dtype)dt, (td_reduce_op)op));
+                    pull(res);
+                    for (size_t i = 0; i < n; i++)
+                        expect(in_place ? "allreduce in place" : "allreduce", (td_dtype)dt,
+                               (td_reduce_op)op, n, i, test_elem_get((td_dtype)dt, res->host, i),
+                               test_coll_reference(size, i, (td_dtype)dt, (td_reduce_op)op));
+                    push(&a); /* the inputs again */
+                    CHECK_OK(
+                        td_comm_reduce(w, a.dev, out, n, (td_dtype)dt, (td_reduce_op)op, size - 1));
+                    pull(res);
+                    for (size_t i = 0; rank == size - 1 && i < n; i++)
+                        expect("reduce", (td_dtype)dt, (td_reduce_op)op, n, i,
+                               test_elem_get((td_dtype)dt, res->host, i),
+                               test_coll_reference(size, i, (td_dtype)dt, (td_reduce_op)op));
+                    /* reduce_scatter: block r of every rank's send is element r*n.. of gen */
+                    for (size_t i = 0; i < n * (size_t)size; i++)
+                        test_elem_put((td_dtype)dt, a.host, i,
+                                      test_coll_gen(rank, i, (td_reduce_op)op, (td_dtype)dt));
+                    push(&a);
+                    CHECK_OK(
+                        td_comm_reduce_scatter(w, a.dev, out, n, (td_dtype)dt, (td_reduce_op)op));
+                    pull(res);
+                    for (size_t i = 0; i < n; i++)
+                        expect("reduce_scatter", (td_dtype)dt, (td_reduce_op)op, n, i,
+                               test_elem_get((td_dtype)dt, res->host, i),
+                               test_coll_reference(size, (size_t)rank * n + i, (td_dtype)dt,
+                                                   (td_reduce_op)op));
+                    mirror_free(&a);
+                    mirror_free(&b);
+                }
+            }
+}
+
+/* broadcast, allgather, gather, scatter, alltoall: element values say where they came from. */
+static void movements(td_comm *w) {
+    for (int dt = 0; dt < TD_DTYPE_COUNT; dt++)
+        for (size_t s = 0; s < 4; s++) {
+            size_t n = sizes[s], all = n * (size_t)size;
+            td_dtype t = (td_dtype)dt;
+            mirror a = mirror_make(all, t), b = mirror_make(all, t);
+            /* value v(r, i) = (r * 31 + i) % 97: exact in every dtype */
+#define V(r, i) ((double)(((size_t)(r)*31 + (i)) % 97))
+            for (size_t i = 0; i < all; i++) test_elem_put(t, a.host, i, V(rank, i));
+            push(&a);
+            CHECK_OK(td_comm_broadcast(w, a.dev, n, t, 0));
+            pull(&a);
+            for (size_t i = 0; i < n; i++)
+                expect("broadcast", t, 0, n, i, test_elem_get(t, a.host, i), V(0, i));
+            for (size_t i = 0; i < all; i++) test_elem_put(t, a.host, i, V(rank, i));
+            push(&a);
+            CHECK_OK(td_comm_allgather(w, a.dev, b.dev, n, t));
+            pull(&b);
+            for (size_t i = 0; i < all; i++)
+                expect("allgather", t, 0, n, i, test_elem_get(t, b.host, i),
+                       V(i / (n ? n : 1), i % (n ? n : 1)));
+            CHECK_OK(td_comm_gather(w, a.dev, b.dev, n, t, 0));
+            pull(&b);
+            for (size_t i = 0; rank == 0 && i < all; i++)
+                expect("gather", t, 0, n, i, test_elem_get(t, b.host, i),
+                       V(i / (n ? n : 1), i % (n ? n : 1)));
+            CHECK_OK(td_comm_scatter(w, a.dev, b.dev, n, t, 0));
+            pull(&b);
+            for (size_t i = 0; i < n; i++)
+                expect("scatter", t, 0, n, i, test_elem_get(t, b.host, i),
+                       V(0, (size_t)rank * n + i));
+            CHECK_OK(td_comm_alltoall(w, a.dev, b.dev, n, t));
+            pull(&b);
+            for (size_t i = 0; i < all; i++)
+                expect("alltoall", t, 0, n, i, test_elem_get(t, b.host, i),
+                       V(i / (n ? n : 1), (size_t)rank * n + i % (n ? n : 1)));
+#undef V
+            mirror_free(&a);
+            mirror_free(&b);
+        }
+}
+
+static void matrix_rank(int r, int n, int port, void *arg) {
+    (void)arg;
+    rank = r;
+    size = n;
+    td_comm *w = NULL;
+    CHECK_OK(test_comm_create(&w, r, n, port, 60));
+    if (!w) return;
+    reductions(w);
+    movements(w);
+    CHECK(strcmp(td_comm_device_path(w), n == 1 ? "nccl" : "cuda-ipc") == 0);
+    td_comm_destroy(w);
+}
+
+static void matrix(int n) { ranks_on_gpu(n, matrix_rank, 300); }
+
+static void nccl_world_of_one(void) { matrix(1); }
+static void ipc_world_of_two(void) { matrix(2); }
+static void ipc_world_of_four(void) { matrix(4); }
+
+/* 80 MiB of f32 per rank: more than the 64 MiB staging buffer, so the IPC path goes in pieces. */
+static void large_rank(int r, int n, int port, void *arg) {
+    (void)arg;
+    rank = r;
+    size = n;
+    td_comm *w = NULL;
+    CHECK_OK(test_comm_create(&w, r, n, port, 60));
+    if (!w) return;
+    size_t count = (size_t)20 << 20;
+    mirror a = mirror_make(count, TD_F32);
+    for (size_t i = 0; i < count; i++) ((float *)a.host)[i] = (float)((i + (size_t)r) % 7);
+    push(&a);
+    CHECK_OK(td_comm_allreduce(w, a.dev, a.dev, count, TD_F32, TD_OP_SUM));
+    pull(&a);
+    for (size_t i = 0; i < count; i += 4099) {
+        double want = 0;
+        for (int k = 0; k < n; k++) want += (double)((i + (size_t)k) % 7);
+        expect("large allreduce", TD_F32, TD_OP_SUM, count, i, ((float *)a.host)[i], want);
+    }
+    mirror_free(&a);
+    td_comm_destroy(w);
+}
+
+static void ipc_in_pieces(void) { ranks_on_gpu(2, large_rank, 300); }
+
+/* Rank 0 all-reduces device buffers while rank 1 all-gathers them: both fail naming both. */
+static void mismatch_rank(int r, int n, int port, void *arg) {
+    (void)arg;
+    td_comm *w = NULL;
+    CHECK_OK(test_comm_create(&w, r, n, port, 20));
+    if (!w) return;
+    mirror a = mirror_make(8, TD_F32), b = mirror_make(16, TD_F32);
+    td_status s = r == 0 ? td_comm_allreduce(w, a.dev, a.dev, 8, TD_F32, TD_OP_SUM)
+                         : td_comm_allgather(w, a.dev, b.dev, 8, TD_F32);
+    CHECK_EQ(s, TD_EMISMATCH);
+    CHECK(strstr(td_last_error(), "allreduce") && strstr(td_last_error(), "allgather"));
+    mirror_free(&a);
+    mirror_free(&b);
+    td_comm_destroy(w);
+}
+
+static void different_calls_are_named(void) { ranks_on_gpu(2, mismatch_rank, 120); }
+
+/* DDP on GPUs: the MLP trained 3 SGD steps on a global batch of 16, by one rank (ranks = 1) or
+ * by 2 ranks on 8 samples each, all on cuda:0; each writes its parameters to a file. */
+static const char *ddp_dir;
+
+static void ddp_rank(int r, int n, int port, void *arg) {
+    (void)arg;
+    td_comm *w = NULL;
+    if (n > 1) CHECK_OK(test_comm_create(&w, r, n, port, 60));
+    int64_t local = 16 / n;
+    td_graph_params gp = td_graph_default_params();
+    gp.device = td_device_cuda(0);
+    td_graph *g = NULL;
+    td_model m;
+    CHECK_OK(td_graph_create(&g, &gp));
+    CHECK_OK(td_model_build(g, TD_MODEL_MLP, local, 3, &m));
+    td_param *p;
+    size_t np;
+    CHECK_OK(td_graph_parameters(g, &p, &np));
+    td_sgd_params hp = td_sgd_default_params();
+    hp.momentum = 0.9;
+    td_optim *opt = NULL;
+    CHECK_OK(td_optim_create_sgd(&opt, p, np, &hp));
+    td_ddp *ddp = NULL;
+    if (w) {
+        CHECK_OK(td_ddp_create(&ddp, w, p, np, NULL, 0, NULL));
+        td_graph_set_grad_ready_hook(g, td_ddp_grad_ready_hook, ddp);
+    }
+    float *x = malloc(16 * 784 * sizeof *x);
+    int64_t y[16];
+    td_rng rng;
+    td_rng_init(&rng, 9);
+    for (int step = 0; step < 3 && opt && g; step++) {
+        for (int i = 0; i < 16 * 784; i++) x[i] = td_rng_uniform(&rng);
+        for (int i = 0; i < 16; i++) y[i] = td_rng_below(&rng, 10);
+        CHECK_OK(td_tensor_write(m.input, x + (size_t)(r * local) * 784));
+        CHECK_OK(td_tensor_write(m.labels, y + r * local));
+        if (ddp) CHECK_OK(td_ddp_prepare_forward(ddp));
+        CHECK_OK(td_graph_forward(g));
+        CHECK_OK(td_graph_backward(g, m.loss));
+        if (ddp) CHECK_OK(td_ddp_finish_backward(ddp));
+        CHECK_OK(td_optim_step(opt));
+        CHECK_OK(td_graph_zero_grad(g));
+    }
+    if (w) CHECK(strcmp(td_comm_device_path(w), "cuda-ipc") == 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/params.%d.%d.safetensors", ddp_dir, n, r);
+    CHECK_OK(td_checkpoint_save(path, p, np, NULL, 0));
+    free(x);
+    td_ddp_destroy(ddp);
+    td_optim_destroy(opt);
+    td_graph_destroy(g);
+    td_comm_destroy(w);
+}
+
+static void ddp_equals_one_process(void) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    char dir[128];
+    test_temp_dir(dir, sizeof dir, "cuda_ddp");
+    ddp_dir = dir;
+    CHECK_EQ(test_run_ranks(1, ddp_rank, NULL, 120, 0), 0);
+    CHECK_EQ(test_run_ranks(2, ddp_rank, NULL, 120, 0), 0);
+    /* Read on the host: this process never starts CUDA. */
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/params.1.0.safetensors", dir);
+    for (int r = 0; r < 2; r++) {
+        snprintf(b, sizeof b, "%s/params.2.%d.safetensors", dir, r);
+        td_checkpoint *ca = NULL, *cb = NULL;
+        CHECK_OK(td_checkpoint_open(&ca, a));
+        CHECK_OK(td_checkpoint_open(&cb, b));
+        size_t n = ca ? td_checkpoint_count(ca) : 0;
+        for (size_t i = 0; ca && cb && i < n; i++) {
+            td_param ia, ib;
+            CHECK_OK(td_checkpoint_tensor(ca, i, &ia));
+            CHECK_OK(td_checkpoint_tensor(cb, i, &ib));
+            float *va = malloc(ia.count * sizeof *va), *vb = malloc(ia.count * sizeof *vb);
+            ia.data = va;
+            ib.data = vb;
+            CHECK_OK(td_checkpoint_read(ca, &ia, 1));
+            CHECK_OK(td_checkpoint_read(cb, &ib, 1));
+            for (size_t k = 0; k < ia.count; k++)
+                if (fabs(va[k] - vb[k]) > 1e-5 * (1 + fabs(va[k]))) {
+                    TEST_FAIL_AT("rank %d %s[%zu]: ddp %g, one process %g", r, ia.name, k,
+                                 (double)vb[k], (double)va[k]);
+                    break;
+                }
+            free(va);
+            free(vb);
+        }
+        td_checkpoint_close(ca);
+        td_checkpoint_close(cb);
+    }
+    test_remove_dir(dir);
+}
+
+/* The graph's all-gather on a GPU: each rank's (2, 3) rows stacked in rank order, and
+ * backward's reduce-scatter sums every rank's gradient of its own rows; such a graph never
+ * records its sweeps (the op waits for the group on the host) and says why. */
+static void graph_gather_rank(int r, int n, int port, void *arg) {
+    (void)arg;
+    td_comm *w = NULL;
+    CHECK_OK(test_comm_create(&w, r, n, port, 60));
+    td_graph_params gp = td_graph_default_params();
+    gp.device = td_device_cuda(0);
+    gp.comm = w;
+    td_graph *g = NULL;
+    td_tensor *x, *y;
+    CHECK_OK(td_graph_create(&g, &gp));
+    CHECK_OK(td_graph_input(g, "x", td_shape_2d(2, 3), TD_F32, 1, &x));
+    CHECK_OK(td_graph_all_gather(g, x, &y));
+    CHECK_OK(td_graph_compile(g));
+    float xs[6], ys[12], dy[12], dx[6];
+    for (int i = 0; i < 6; i++) xs[i] = (float)(r * 10 + i);
+    for (int i = 0; i < 12; i++) dy[i] = (float)(i + 1);
+    for (int step = 0; step < 3; step++) {
+        CHECK_OK(td_tensor_write(x, xs));
+        CHECK_OK(td_graph_forward(g));
+        CHECK_OK(td_graph_backward_from(g, y, dy));
+        CHECK_OK(td_graph_zero_grad(g));
+    }
+    CHECK_OK(td_tensor_read(y, ys));
+    CHECK_OK(td_tensor_read_grad(x, dx));
+    for (int i = 0; i < 12; i++) CHECK_EQ(ys[i], (i / 6) * 10 + i % 6);
+    for (int i = 0; i < 6; i++) CHECK_EQ(dx[i], n * (r * 6 + i + 1));
+    const char *why = NULL;
+    CHECK_EQ(td_graph_replays(g, &why), 0);
+    CHECK(why && strstr(why, "process group"));
+    td_graph_destroy(g);
+    td_comm_destroy(w);
+}
+
+static void graph_all_gather_on_gpu(void) { ranks_on_gpu(2, graph_gather_rank, 120); }
+
+/* The visible GPUs, counted in a child so that this process keeps CUDA unstarted. */
+static int count_gpus(void) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int n = 0;
+        td_cuda_device_count(&n);
+        _exit(n > 100 ? 100 : n);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
+    return WEXITSTATUS(status);
+}
+
+int main(void) {
+    gpus = count_gpus();
+    RUN(nccl_world_of_one);
+    RUN(ipc_world_of_two);
+    RUN(ipc_world_of_four);
+    RUN(ipc_in_pieces);
+    RUN(different_calls_are_named);
+    RUN(ddp_equals_one_process);
+    RUN(graph_all_gather_on_gpu);
+    TEST_END();
+}

@@ -1,0 +1,724 @@
+/* The graph on a GPU against the same graph on the CPU: each case builds twin graphs through
+ * the public API, one on the CPU (the oracle: oneDNN and the reference kernels, themselves
+ * checked in test_ops) and one on cuda:0, initialises every leaf with the same values, runs
+ * forward and backward twice (the second backward adds into the first's gradients, so both
+ * the write and the accumulate paths run), and compares the output, every parameter and
+ * input gradient and every buffer (batch norm's running statistics). Tolerance, as numpy's
+ * allclose: |gpu - cpu| <= tol (|cpu| + max|cpu|/10); f32 1e-5, bf16 and f16 (apex O1 on
+ * tensor cores) 2e-2 and 5e-3 (docs/gpu.md); f32 1e-4 where per-channel sums feed a
+ * difference of nearly equal terms (batch norm's backward) or rounding compounds through a
+ * whole model. The CPU convolves directly (no Winograd), as cuDNN does at f32. Every case
+ * skips with one line where no GPU is visible; the first case runs everywhere. */
+#include <string.h>
+
+#include "tandem/tandem.h"
+
+#include "test.h"
+
+static int gpus;
+
+/* Returns a failed status from a builder (its message is the thread's last error). */
+#define TRY(call)                           \
+    do {                                    \
+        td_status try_s_ = (call);          \
+        if (try_s_ != TD_OK) return try_s_; \
+    } while (0)
+
+/* ---- twins ------------------------------------------------------------------------------ */
+
+#define TWIN_MAX_LEAVES 16
+
+/* What a case's builder made: the tensor backward starts from (a scalar loss, or an output
+ * that gets a random upstream gradient), the leaves whose gradients are compared and which
+ * are initialised at random unless the builder wrote them itself (given), and the mode. */
+typedef struct {
+    td_tensor *y;
+    int is_loss;
+    int eval; /* run forward and backward in eval mode */
+    td_tensor *leaves[TWIN_MAX_LEAVES];
+    int given[TWIN_MAX_LEAVES];
+    int nleaves;
+    int keyed; /* dropout keyed by sample: td_graph_set_rng_key before each forward */
+} built;
+
+typedef td_status (*build_fn)(td_graph *g, built *b);
+
+static td_tensor *leaf(built *b, td_tensor *t) {
+    if (b->nleaves < TWIN_MAX_LEAVES) b->leaves[b->nleaves++] = t;
+    return t;
+}
+
+/* A tensor's values as f32, whatever its dtype (labels are compared as integers). */
+/* A leaf whose values the builder writes (data without ties, positive variances). */
+static td_tensor *given_leaf(built *b, td_tensor *t, const float *v) {
+    CHECK_OK(td_tensor_write(t, v));
+    if (b->nleaves < TWIN_MAX_LEAVES) b->given[b->nleaves] = 1;
+    return leaf(b, t);
+}
+
+static float *values(const td_tensor *t, int grad) {
+    size_t n = (size_t)td_tensor_numel(t);
+    td_dtype dt = td_tensor_dtype(t);
+    size_t es = td_dtype_size(dt);
+    unsigned char *raw = malloc(n * es + 1);
+    float *v = malloc((n ? n : 1) * sizeof *v);
+    td_status s = grad ? td_tensor_read_grad(t, raw) : td_tensor_read(t, raw);
+    if (s != TD_OK) TEST_FAIL_AT("reading '%s': %s", td_tensor_name(t), td_last_error());
+    for (size_t i = 0; i < n; i++) {
+        if (s != TD_OK)
+            v[i] = 0.f;
+        else if (dt == TD_F32)
+            memcpy(&v[i], raw + 4 * i, 4);
+        else if (dt == TD_BF16 || dt == TD_F16) {
+            uint16_t h;
+            memcpy(&h, raw + 2 * i, 2);
+            v[i] = dt == TD_BF16 ? td_bf16_to_f32(h) : td_f16_to_f32(h);
+        } else if (dt == TD_I64) {
+            int64_t x;
+            memcpy(&x, raw + 8 * i, 8);
+            v[i] = (float)x;
+        } else {
+            v[i] = 0.f;
+        }
+    }
+    free(raw);
+    return v;
+}
+
+static void compare_values(const char *what, const char *name, const char *kind, const float *want,
+                           const float *got, size_t n, double tol) {
+    double scale = 0.0, worst = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(want[i]) > scale) scale = fabs(want[i]);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (d > worst) worst = d;
+        if (!(d <= tol * (fabs(want[i]) + scale / 10)) && bad++ < 3)
+            TEST_FAIL_AT("%s '%s'%s[%zu]: gpu %.9g, cpu %.9g", what, name, kind, i, (double)got[i],
+                         (double)want[i]);
+    }
+    if (bad)
+        TEST_FAIL_AT("%s '%s'%s: %d of %zu differ (worst %.3g, max |cpu| %.3g, tol %g)", what, name,
+                     kind, bad, n, worst, scale, tol);
+}
+
+static void compare(const char *what, const td_tensor *cpu, const td_tensor *gpu, int grad,
+                    double tol) {
+    size_t n = (size_t)td_tensor_numel(cpu);
+    float *want = values(cpu, grad), *got = values(gpu, grad);
+    compare_values(what, td_tensor_name(cpu), grad ? " grad" : "", want, got, n, tol);
+    free(want);
+    free(got);
+}
+
+/* The graphs' buffers (f32; the GPU's in device memory), in registration order. */
+static void compare_buffers(const char *what, td_graph *cpu, td_graph *gpu, double tol) {
+    td_param *bp[2];
+    size_t nb[2];
+    CHECK_OK(td_graph_buffers(cpu, &bp[0], &nb[0]));
+    CHECK_OK(td_graph_buffers(gpu, &bp[1], &nb[1]));
+    CHECK_EQ(nb[0], nb[1]);
+    for (size_t i = 0; i < nb[0] && i < nb[1]; i++) {
+        const td_param *want = &bp[0][i], *got = &bp[1][i];
+        CHECK(got->device.type == TD_DEVICE_CUDA);
+        CHECK(want->dtype == TD_F32 && got->dtype == TD_F32 && want->count == got->count);
+        float *host = malloc((got->count ? got->count : 1) * sizeof *host);
+        td_status s = td_device_copy(td_device_cpu(), host, got->device, got->data,
+                                     got->count * sizeof *host);
+        if (s != TD_OK)
+            TEST_FAIL_AT("reading buffer '%s': %s", got->name, td_last_error());
+        else
+            compare_values(what, want->name, " buffer", want->data, host, want->count, tol);
+        free(host);
+    }
+}
+
+/* Fills a leaf from rng: labels in [0, classes), everything else normal. */
+static void init_leaf(td_tensor *t, td_rng *rng, int64_t classes) {
+    size_t n = (size_t)td_tensor_numel(t);
+    td_dtype dt = td_tensor_dtype(t);
+    void *v = malloc(n * td_dtype_size(dt) + 1);
+    for (size_t i = 0; i < n; i++) {
+        if (dt == TD_I64)
+            ((int64_t *)v)[i] = (int64_t)td_rng_below(rng, (uint32_t)classes);
+        else
+            ((float *)v)[i] = 0.5f * td_rng_normal(rng);
+    }
+    CHECK_OK(td_tensor_write(t, v));
+    free(v);
+}
+
+#define CLASSES 7
+
+/* Builds the case on both devices, runs two steps, compares. */
+static void twin(const char *what, build_fn build, td_amp_level level, td_dtype low, double tol) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    td_graph *g[2] = {NULL, NULL};
+    built b[2];
+    memset(b, 0, sizeof b);
+    for (int d = 0; d < 2; d++) {
+        td_graph_params p = td_graph_default_params();
+        p.seed = 7;
+        p.amp.level = level;
+        p.amp.dtype = low;
+        p.device = d ? td_device_cuda(0) : td_device_cpu();
+        p.conv_winograd = 0;
+        CHECK_OK(td_graph_create(&g[d], &p));
+        if (!g[d]) goto out;
+        td_status s = build(g[d], &b[d]);
+        if (s != TD_OK) {
+            TEST_FAIL_AT("%s on %s: %s", what, d ? "cuda:0" : "cpu", td_last_error());
+            goto out;
+        }
+        td_rng rng;
+        td_rng_init(&rng, 1234);
+        for (int i = 0; i < b[d].nleaves; i++)
+            if (!b[d].given[i]) init_leaf(b[d].leaves[i], &rng, CLASSES);
+        CHECK_OK(td_graph_compile(g[d]));
+        if (b[d].eval) td_graph_set_training(g[d], 0);
+    }
+    size_t ny = (size_t)td_tensor_numel(b[0].y);
+    float *dy = malloc((ny ? ny : 1) * sizeof *dy);
+    td_rng rng;
+    td_rng_init(&rng, 99);
+    for (size_t i = 0; i < ny; i++) dy[i] = td_rng_normal(&rng);
+    for (int step = 0; step < 2; step++) {
+        for (int d = 0; d < 2; d++) {
+            if (b[d].keyed) CHECK_OK(td_graph_set_rng_key(g[d], (uint64_t)step + 5, 1000));
+            CHECK_OK(td_graph_forward(g[d]));
+            CHECK_OK(b[d].is_loss ? td_graph_backward(g[d], b[d].y)
+                                  : td_graph_backward_from(g[d], b[d].y, dy));
+        }
+        compare(what, b[0].y, b[1].y, 0, tol);
+    }
+    free(dy);
+    td_param *pp[2];
+    size_t np[2];
+    CHECK_OK(td_graph_parameters(g[0], &pp[0], &np[0]));
+    CHECK_OK(td_graph_parameters(g[1], &pp[1], &np[1]));
+    CHECK_EQ(np[0], np[1]);
+    for (size_t i = 0; i < np[0] && i < np[1]; i++) {
+        CHECK(pp[1][i].device.type == TD_DEVICE_CUDA);
+        compare(what, td_graph_param_tensor(g[0], i), td_graph_param_tensor(g[1], i), 1, tol);
+    }
+    for (int i = 0; i < b[0].nleaves; i++)
+        if (td_tensor_grad(b[0].leaves[i]) && td_tensor_dtype(b[0].leaves[i]) != TD_I64)
+            compare(what, b[0].leaves[i], b[1].leaves[i], 1, tol);
+    compare_buffers(what, g[0], g[1], tol);
+out:
+    td_graph_destroy(g[0]);
+    td_graph_destroy(g[1]);
+}
+
+/* ---- cases ------------------------------------------------------------------------------ */
+
+static td_status input(td_graph *g, built *b, const char *name, td_shape s, int grad,
+                       td_tensor **out) {
+    TRY(td_graph_input(g, name, s, TD_F32, grad, out));
+    leaf(b, *out);
+    return TD_OK;
+}
+
+static td_status param(td_graph *g, built *b, const char *name, td_shape s, td_tensor **out) {
+    TRY(td_graph_param(g, name, s, out));
+    leaf(b, *out);
+    return TD_OK;
+}
+
+static td_status build_linear(td_graph *g, built *b) {
+    td_tensor *x, *w, *bias;
+    TRY(input(g, b, "x", td_shape_2d(33, 70), 1, &x));
+    TRY(param(g, b, "w", td_shape_2d(45, 70), &w));
+    TRY(param(g, b, "b", td_shape_1d(45), &bias));
+    return td_graph_linear(g, x, w, bias, &b->y);
+}
+
+static td_status build_relu_gelu_add_scale(td_graph *g, built *b) {
+    td_tensor *x, *z, *w, *h1, *h2, *h3, *s;
+    TRY(input(g, b, "x", td_shape_2d(17, 40), 1, &x));
+    TRY(input(g, b, "z", td_shape_2d(17, 24), 1, &z));
+    TRY(param(g, b, "w", td_shape_2d(24, 40), &w));
+    TRY(td_graph_linear(g, x, w, NULL, &h1));
+    TRY(td_graph_gelu(g, h1, &h2)); /* own output: linear's is read by backward */
+    TRY(td_graph_add(g, h2, z, &h3));
+    TRY(td_graph_relu(g, h3, &s)); /* in place over add's output */
+    return td_graph_scale(g, s, -0.75f, &b->y);
+}
+
+static td_status build_gelu_tanh(td_graph *g, built *b) {
+    td_tensor *x;
+    TRY(input(g, b, "x", td_shape_2d(13, 50), 1, &x));
+    return td_graph_gelu_tanh(g, x, &b->y);
+}
+
+static td_status build_softmax(td_graph *g, built *b) {
+    td_tensor *x;
+    TRY(input(g, b, "x", td_shape_2d(9, 1000), 1, &x));
+    return td_graph_softmax(g, x, &b->y);
+}
+
+static td_status build_cross_entropy(td_graph *g, built *b) {
+    td_tensor *x, *w, *labels, *logits, *flat;
+    TRY(input(g, b, "x", td_shape_4d(12, 2, 3, 5), 1, &x));
+    TRY(td_graph_input(g, "labels", td_shape_1d(12), TD_I64, 0, &labels));
+    leaf(b, labels);
+    TRY(param(g, b, "w", td_shape_2d(CLASSES, 30), &w));
+    TRY(td_graph_flatten(g, x, 1, &flat));
+    TRY(td_graph_linear(g, flat, w, NULL, &logits));
+    b->is_loss = 1;
+    return td_graph_cross_entropy(g, logits, labels, TD_REDUCTION_MEAN, &b->y, NULL);
+}
+
+static td_status build_log_softmax_nll_sum(td_graph *g, built *b) {
+    td_tensor *x, *labels, *logp;
+    TRY(input(g, b, "x", td_shape_2d(20, CLASSES), 1, &x));
+    TRY(td_graph_input(g, "labels", td_shape_1d(20), TD_I64, 0, &labels));
+    leaf(b, labels);
+    TRY(td_graph_log_softmax(g, x, &logp));
+    b->is_loss = 1;
+    return td_graph_nll_loss(g, logp, labels, TD_REDUCTION_SUM, &b->y);
+}
+
+static td_status build_dropout(td_graph *g, built *b) {
+    td_tensor *x, *w, *h;
+    TRY(input(g, b, "x", td_shape_2d(8, 30), 1, &x));
+    TRY(param(g, b, "w", td_shape_2d(301, 30), &w));
+    TRY(td_graph_linear(g, x, w, NULL, &h));
+    TRY(td_graph_dropout(g, h, 0.3f, &h));
+    return td_graph_dropout(g, h, 0.5f, &b->y); /* a second node draws after the first */
+}
+
+static td_status build_dropout_keyed(td_graph *g, built *b) {
+    b->keyed = 1;
+    return build_dropout(g, b);
+}
+
+static td_status build_dropout2d(td_graph *g, built *b) {
+    td_tensor *x;
+    TRY(input(g, b, "x", td_shape_4d(4, 6, 5, 5), 1, &x));
+    return td_graph_dropout2d(g, x, 0.5f, &b->y);
+}
+
+static td_status build_dropout2d_keyed(td_graph *g, built *b) {
+    b->keyed = 1;
+    return build_dropout2d(g, b);
+}
+
+static td_status build_concat(td_graph *g, built *b) {
+    td_tensor *x[3];
+    TRY(input(g, b, "x0", td_shape_4d(5, 3, 2, 2), 1, &x[0]));
+    TRY(input(g, b, "x1", td_shape_4d(5, 1, 2, 2), 0, &x[1]));
+    TRY(input(g, b, "x2", td_shape_4d(5, 2, 2, 2), 1, &x[2]));
+    return td_graph_concat(g, x, 3, &b->y);
+}
+
+static td_status build_normalize(td_graph *g, built *b) {
+    td_tensor *x;
+    TRY(input(g, b, "x", td_shape_2d(9, 300), 1, &x));
+    return td_graph_normalize(g, x, 1e-12f, &b->y);
+}
+
+/* x (5, 3, 11, 13) through a 3x3 convolution with stride (2, 1), padding (1, 2), dilation
+ * (1, 2) and a bias: y (5, 8, 6, 13). At O1 it computes in the low dtype. */
+static td_status build_conv(td_graph *g, built *b) {
+    td_tensor *x, *w, *bias;
+    td_conv2d_params p = td_conv2d_default_params();
+    p.stride[0] = 2;
+    p.padding[0] = 1;
+    p.padding[1] = 2;
+    p.dilation[1] = 2;
+    TRY(input(g, b, "x", td_shape_4d(5, 3, 11, 13), 1, &x));
+    TRY(param(g, b, "w", td_shape_4d(8, 3, 3, 3), &w));
+    TRY(param(g, b, "b", td_shape_1d(8), &bias));
+    return td_graph_conv2d(g, x, w, bias, &p, &b->y);
+}
+
+/* x (3, 4, 9, 9), each plane a permutation of (k - 40) / 16 for k < 81: no window holds its
+ * maximum twice (where the choice of which takes the gradient is the backend's), and every
+ * value is exact in bf16 and f16. */
+static td_status pool_input(td_graph *g, built *b, td_tensor **x) {
+    enum { N = 3, C = 4, HW = 81 };
+    float v[N * C * HW];
+    for (int p = 0; p < N * C; p++)
+        for (int i = 0; i < HW; i++) v[p * HW + i] = (float)((i * 37 + p * 11) % HW - 40) / 16.f;
+    TRY(td_graph_input(g, "x", td_shape_4d(N, C, 9, 9), TD_F32, 1, x));
+    given_leaf(b, *x, v);
+    return TD_OK;
+}
+
+/* Overlapping 3x3 windows, stride 2, padding 1, in `dt` (a cast first where it is not f32). */
+static td_status build_pool(td_graph *g, built *b, td_dtype dt, int max) {
+    td_tensor *x;
+    TRY(pool_input(g, b, &x));
+    if (dt != TD_F32) TRY(td_graph_cast(g, x, dt, &x));
+    td_pool2d_params p = td_pool2d_default_params();
+    p.kernel[0] = p.kernel[1] = 3;
+    p.padding[0] = p.padding[1] = 1;
+    return max ? td_graph_max_pool2d(g, x, &p, &b->y) : td_graph_avg_pool2d(g, x, &p, &b->y);
+}
+
+static td_status build_max_pool(td_graph *g, built *b) { return build_pool(g, b, TD_F32, 1); }
+static td_status build_max_pool_bf16(td_graph *g, built *b) { return build_pool(g, b, TD_BF16, 1); }
+static td_status build_avg_pool(td_graph *g, built *b) { return build_pool(g, b, TD_F32, 0); }
+static td_status build_avg_pool_f16(td_graph *g, built *b) { return build_pool(g, b, TD_F16, 0); }
+
+/* Batch norm of x (6, 5, 7, 9) in `dt` (a cast first where it is not f32), with running
+ * statistics away from their initial 0 and 1, then a ReLU (folded into the batch norm) when
+ * relu; eval runs it in eval mode. */
+static td_status build_bn(td_graph *g, built *b, td_dtype dt, int relu, int eval) {
+    enum { C = 5 };
+    td_tensor *x, *w, *bias, *mean, *var, *y;
+    TRY(input(g, b, "x", td_shape_4d(6, C, 7, 9), 1, &x));
+    TRY(param(g, b, "weight", td_shape_1d(C), &w));
+    TRY(param(g, b, "bias", td_shape_1d(C), &bias));
+    TRY(td_graph_buffer(g, "running_mean", td_shape_1d(C), &mean));
+    TRY(td_graph_buffer(g, "running_var", td_shape_1d(C), &var));
+    float m[C], v[C];
+    for (int c = 0; c < C; c++) {
+        m[c] = 0.1f * (float)c - 0.2f;
+        v[c] = 0.5f + 0.25f * (float)c;
+    }
+    CHECK_OK(td_tensor_write(mean, m));
+    CHECK_OK(td_tensor_write(var, v));
+    if (dt != TD_F32) TRY(td_graph_cast(g, x, dt, &x));
+    td_batch_norm_params p = td_batch_norm_default_params();
+    TRY(td_graph_batch_norm2d(g, x, w, bias, mean, var, &p, relu ? &y : &b->y));
+    b->eval = eval;
+    return relu ? td_graph_relu(g, y, &b->y) : TD_OK;
+}
+
+static td_status build_bn_relu(td_graph *g, built *b) { return build_bn(g, b, TD_F32, 1, 0); }
+static td_status build_bn_plain(td_graph *g, built *b) { return build_bn(g, b, TD_F32, 0, 0); }
+static td_status build_bn_relu_eval(td_graph *g, built *b) { return build_bn(g, b, TD_F32, 1, 1); }
+static td_status build_bn_plain_eval(td_graph *g, built *b) { return build_bn(g, b, TD_F32, 0, 1); }
+static td_status build_bn_relu_bf16(td_graph *g, built *b) { return build_bn(g, b, TD_BF16, 1, 0); }
+static td_status build_bn_relu_f16_eval(td_graph *g, built *b) {
+    return build_bn(g, b, TD_F16, 1, 1);
+}
+
+/* The reference CNN whole (4 conv + batch norm + ReLU, 2 max pools, linear, cross entropy);
+ * td_model_build initialises its parameters from the seed and compiles it. */
+static td_status build_cnn(td_graph *g, built *b) {
+    td_model m;
+    TRY(td_model_build(g, TD_MODEL_CNN, 4, 5, &m));
+    leaf(b, m.input);
+    leaf(b, m.labels);
+    b->y = m.loss;
+    b->is_loss = 1;
+    return TD_OK;
+}
+
+static void linear_f32(void) { twin("linear", build_linear, TD_AMP_O0, TD_BF16, 1e-5); }
+static void linear_bf16(void) { twin("linear bf16", build_linear, TD_AMP_O1, TD_BF16, 2e-2); }
+static void linear_f16(void) { twin("linear f16", build_linear, TD_AMP_O1, TD_F16, 5e-3); }
+static void activations_add_scale(void) {
+    twin("relu gelu add scale", build_relu_gelu_add_scale, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void activations_bf16(void) {
+    twin("relu gelu add scale bf16", build_relu_gelu_add_scale, TD_AMP_O1, TD_BF16, 2e-2);
+}
+static void gelu_tanh(void) { twin("gelu tanh", build_gelu_tanh, TD_AMP_O0, TD_BF16, 1e-5); }
+static void softmax_rows(void) { twin("softmax", build_softmax, TD_AMP_O0, TD_BF16, 1e-5); }
+static void cross_entropy_mean(void) {
+    twin("cross entropy", build_cross_entropy, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void cross_entropy_bf16(void) {
+    twin("cross entropy bf16", build_cross_entropy, TD_AMP_O1, TD_BF16, 2e-2);
+}
+static void nll_sum(void) {
+    twin("log_softmax nll sum", build_log_softmax_nll_sum, TD_AMP_O0, TD_BF16, 1e-5);
+}
+
+/* Masks are the CPU's bits: the outputs and gradients agree exactly (the linear before the
+ * dropout feeds both the same values only within 1e-5, hence that tolerance there). */
+static void dropout_masks(void) { twin("dropout", build_dropout, TD_AMP_O0, TD_BF16, 1e-5); }
+static void dropout_masks_by_sample(void) {
+    twin("dropout keyed", build_dropout_keyed, TD_AMP_O0, TD_BF16, 1e-5);
+}
+static void dropout2d_masks(void) { twin("dropout2d", build_dropout2d, TD_AMP_O0, TD_BF16, 0); }
+static void dropout2d_masks_by_sample(void) {
+    twin("dropout2d keyed", build_dropout2d_keyed, TD_AMP_O0, TD_BF16, 0);
+}
+static void dropout2d_bf16(void) { twin("dropout2d bf16", build_dropout2d, TD_AMP_O1, TD_BF16, 0); }
+static void concat_channels(void) { twin("concat", build_concat, TD_AMP_O0, TD_BF16, 0); }
+static void normalize_rows(void) { twin("normalize", build_normalize, TD_AMP_O0, TD_BF16, 1e-5); }
+
+/* ---- training steps ----------------------------------------------------------------------- */
+
+/* A model trained three steps on both devices from the same initialisation and batches
+ * (gradient clipping, then SGD with momentum or AdamW, on the GPU as multi-tensor launches):
+ * the losses and the parameters agree within tol. The GPU's parameters then go through a
+ * checkpoint into a CPU graph, where they arrive bit for bit (the same digest). */
+static void train_twin(const char *what, td_model_kind kind, int adamw, double tol) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    enum { B = 16, STEPS = 3 };
+    td_graph *g[2] = {NULL, NULL};
+    td_model m[2];
+    td_optim *opt[2] = {NULL, NULL};
+    td_param *pp[2];
+    size_t np[2];
+    for (int d = 0; d < 2; d++) {
+        td_graph_params p = td_graph_default_params();
+        p.device = d ? td_device_cuda(0) : td_device_cpu();
+        CHECK_OK(td_graph_create(&g[d], &p));
+        CHECK_OK(td_model_build(g[d], kind, B, 3, &m[d]));
+        CHECK_OK(td_graph_parameters(g[d], &pp[d], &np[d]));
+        if (adamw) {
+            td_adamw_params hp = td_adamw_default_params();
+            CHECK_OK(td_optim_create_adamw(&opt[d], pp[d], np[d], &hp));
+        } else {
+            td_sgd_params hp = td_sgd_default_params();
+            hp.momentum = 0.9;
+            hp.nesterov = 1;
+            hp.weight_decay = 1e-4;
+            CHECK_OK(td_optim_create_sgd(&opt[d], pp[d], np[d], &hp));
+        }
+        if (!opt[d]) goto out;
+    }
+    float *images = malloc(B * 28 * 28 * sizeof *images);
+    int64_t labels[B];
+    td_rng rng;
+    td_rng_init(&rng, 5);
+    for (int step = 0; step < STEPS; step++) {
+        for (int i = 0; i < B * 28 * 28; i++) images[i] = td_rng_uniform(&rng);
+        for (int i = 0; i < B; i++) labels[i] = td_rng_below(&rng, 10);
+        float loss[2] = {0, 0};
+        double norm[2] = {0, 0};
+        for (int d = 0; d < 2; d++) {
+            CHECK_OK(td_tensor_write(m[d].input, images));
+            CHECK_OK(td_tensor_write(m[d].labels, labels));
+            CHECK_OK(td_graph_forward(g[d]));
+            CHECK_OK(td_graph_backward(g[d], m[d].loss));
+            CHECK_OK(td_tensor_read(m[d].loss, &loss[d]));
+            CHECK_OK(td_clip_grad_norm(pp[d], np[d], 1.0, &norm[d]));
+            CHECK_OK(td_optim_step(opt[d]));
+            CHECK_OK(td_graph_zero_grad(g[d]));
+        }
+        CHECK_NEAR(loss[1], loss[0], tol * (1 + fabs(loss[0])));
+        CHECK_NEAR(norm[1], norm[0], tol * (1 + norm[0]));
+    }
+    free(images);
+    for (size_t i = 0; i < np[0] && i < np[1]; i++)
+        compare(what, td_graph_param_tensor(g[0], i), td_graph_param_tensor(g[1], i), 0, tol);
+
+    char dir[256], path[300];
+    test_temp_dir(dir, sizeof dir, "cuda_graph");
+    snprintf(path, sizeof path, "%s/gpu.safetensors", dir);
+    CHECK_OK(td_checkpoint_save(path, pp[1], np[1], NULL, 0));
+    td_graph *cpu = NULL;
+    td_model mc;
+    td_param *pc;
+    size_t nc;
+    CHECK_OK(td_graph_create(&cpu, NULL));
+    CHECK_OK(td_model_build(cpu, kind, B, 4, &mc));
+    CHECK_OK(td_graph_parameters(cpu, &pc, &nc));
+    CHECK_OK(td_checkpoint_load(path, pc, nc));
+    char a[65], b[65];
+    CHECK_OK(td_params_sha256(pp[1], np[1], a));
+    CHECK_OK(td_params_sha256(pc, nc, b));
+    CHECK(strcmp(a, b) == 0);
+    td_graph_destroy(cpu);
+    test_remove_dir(dir);
+out:
+    for (int d = 0; d < 2; d++) {
+        td_optim_destroy(opt[d]);
+        td_graph_destroy(g[d]);
+    }
+}
+
+static void mlp_sgd_steps(void) { train_twin("mlp sgd", TD_MODEL_MLP, 0, 1e-4); }
+static void mlp_adamw_steps(void) { train_twin("mlp adamw", TD_MODEL_MLP, 1, 1e-4); }
+static void net_sgd_steps(void) { train_twin("net sgd", TD_MODEL_NET, 0, 1e-4); }
+static void cnn_sgd_steps(void) { train_twin("cnn sgd", TD_MODEL_CNN, 0, 1e-4); }
+static void resnet_adamw_steps(void) { train_twin("resnet adamw", TD_MODEL_RESNET, 1, 1e-4); }
+
+/* ---- CUDA graphs --------------------------------------------------------------------------- */
+
+static td_status build_dropout_classifier(td_graph *g, built *b) {
+    td_tensor *x, *w1, *b1, *w2, *labels, *h;
+    TRY(input(g, b, "x", td_shape_2d(16, 30), 0, &x));
+    TRY(td_graph_input(g, "labels", td_shape_1d(16), TD_I64, 0, &labels));
+    leaf(b, labels);
+    TRY(param(g, b, "w1", td_shape_2d(64, 30), &w1));
+    TRY(param(g, b, "b1", td_shape_1d(64), &b1));
+    TRY(param(g, b, "w2", td_shape_2d(CLASSES, 64), &w2));
+    TRY(td_graph_linear(g, x, w1, b1, &h));
+    TRY(td_graph_relu(g, h, &h));
+    TRY(td_graph_dropout(g, h, 0.25f, &h));
+    TRY(td_graph_linear(g, h, w2, NULL, &h));
+    b->is_loss = 1;
+    return td_graph_cross_entropy(g, h, labels, TD_REDUCTION_MEAN, &b->y, NULL);
+}
+
+/* Six SGD steps on two GPU graphs, one launching every op and one recording its sweeps as
+ * CUDA graphs and replaying them: the losses and parameters are the same bits, the dropout
+ * masks fresh at every replay; the second graph did replay and the first did not. */
+static void replay_equals_op_by_op(void) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    td_graph *g[2] = {NULL, NULL};
+    built b[2];
+    td_optim *opt[2] = {NULL, NULL};
+    memset(b, 0, sizeof b);
+    for (int d = 0; d < 2; d++) {
+        td_graph_params p = td_graph_default_params();
+        p.seed = 11;
+        p.device = td_device_cuda(0);
+        p.cuda_graphs = d;
+        CHECK_OK(td_graph_create(&g[d], &p));
+        if (!g[d]) goto out;
+        CHECK_OK(build_dropout_classifier(g[d], &b[d]));
+        td_rng rng;
+        td_rng_init(&rng, 1234);
+        for (int i = 0; i < b[d].nleaves; i++) init_leaf(b[d].leaves[i], &rng, CLASSES);
+        CHECK_OK(td_graph_compile(g[d]));
+        td_param *pp;
+        size_t np;
+        CHECK_OK(td_graph_parameters(g[d], &pp, &np));
+        td_sgd_params hp = td_sgd_default_params();
+        hp.momentum = 0.9;
+        CHECK_OK(td_optim_create_sgd(&opt[d], pp, np, &hp));
+        if (!opt[d]) goto out;
+    }
+    float x[16 * 30];
+    int64_t labels[16];
+    td_rng rng;
+    td_rng_init(&rng, 8);
+    for (int step = 0; step < 6; step++) {
+        for (int i = 0; i < 16 * 30; i++) x[i] = td_rng_normal(&rng);
+        for (int i = 0; i < 16; i++) labels[i] = td_rng_below(&rng, CLASSES);
+        float loss[2];
+        for (int d = 0; d < 2; d++) {
+            CHECK_OK(td_tensor_write(b[d].leaves[0], x));
+            CHECK_OK(td_tensor_write(b[d].leaves[1], labels));
+            CHECK_OK(td_graph_forward(g[d]));
+            CHECK_OK(td_graph_backward(g[d], b[d].y));
+            CHECK_OK(td_tensor_read(b[d].y, &loss[d]));
+            CHECK_OK(td_optim_step(opt[d]));
+            CHECK_OK(td_graph_zero_grad(g[d]));
+        }
+        CHECK(memcmp(&loss[0], &loss[1], sizeof(float)) == 0);
+    }
+    td_param *pp[2];
+    size_t np[2];
+    char digest[2][65];
+    for (int d = 0; d < 2; d++) {
+        CHECK_OK(td_graph_parameters(g[d], &pp[d], &np[d]));
+        CHECK_OK(td_params_sha256(pp[d], np[d], digest[d]));
+    }
+    CHECK(strcmp(digest[0], digest[1]) == 0);
+    const char *why;
+    CHECK_EQ(td_graph_replays(g[0], &why), 0);
+    CHECK(td_graph_replays(g[1], &why) >= 6); /* forward and backward from the third step */
+    if (why) TEST_FAIL_AT("recording was given up: %s", why);
+out:
+    for (int d = 0; d < 2; d++) {
+        td_optim_destroy(opt[d]);
+        td_graph_destroy(g[d]);
+    }
+}
+
+static void conv_f32(void) { twin("conv2d", build_conv, TD_AMP_O0, TD_BF16, 1e-5); }
+static void conv_bf16(void) { twin("conv2d bf16", build_conv, TD_AMP_O1, TD_BF16, 2e-2); }
+static void conv_f16(void) { twin("conv2d f16", build_conv, TD_AMP_O1, TD_F16, 5e-3); }
+static void max_pool(void) { twin("max_pool2d", build_max_pool, TD_AMP_O0, TD_BF16, 1e-5); }
+static void max_pool_bf16(void) {
+    twin("max_pool2d bf16", build_max_pool_bf16, TD_AMP_O0, TD_BF16, 2e-2);
+}
+static void avg_pool(void) { twin("avg_pool2d", build_avg_pool, TD_AMP_O0, TD_BF16, 1e-5); }
+static void avg_pool_f16(void) {
+    twin("avg_pool2d f16", build_avg_pool_f16, TD_AMP_O0, TD_BF16, 5e-3);
+}
+static void batch_norm_relu(void) {
+    twin("batch_norm2d relu", build_bn_relu, TD_AMP_O0, TD_BF16, 1e-4);
+}
+static void batch_norm_plain(void) {
+    twin("batch_norm2d", build_bn_plain, TD_AMP_O0, TD_BF16, 1e-4);
+}
+static void batch_norm_relu_eval(void) {
+    twin("batch_norm2d relu eval", build_bn_relu_eval, TD_AMP_O0, TD_BF16, 1e-4);
+}
+static void batch_norm_plain_eval(void) {
+    twin("batch_norm2d eval", build_bn_plain_eval, TD_AMP_O0, TD_BF16, 1e-4);
+}
+static void batch_norm_relu_bf16(void) {
+    twin("batch_norm2d relu bf16", build_bn_relu_bf16, TD_AMP_O0, TD_BF16, 2e-2);
+}
+static void batch_norm_relu_f16_eval(void) {
+    twin("batch_norm2d relu f16 eval", build_bn_relu_f16_eval, TD_AMP_O0, TD_BF16, 5e-3);
+}
+static void cnn_model(void) { twin("cnn", build_cnn, TD_AMP_O0, TD_BF16, 1e-4); }
+
+/* ---- refusals --------------------------------------------------------------------------- */
+
+/* Without a GPU a graph on cuda:0 is refused naming the device and why; with one, a device
+ * past the visible ones is refused naming how many there are. */
+static void unusable_gpu_is_refused_by_name(void) {
+    td_graph_params p = td_graph_default_params();
+    p.device = td_device_cuda(gpus ? gpus : 0);
+    td_graph *g = NULL;
+    td_status s = td_graph_create(&g, &p);
+    CHECK(g == NULL);
+    char name[16];
+    td_device_format(p.device, name, sizeof name);
+    CHECK(strstr(td_last_error(), name) != NULL);
+    if (gpus) {
+        CHECK_EQ(s, TD_EINVAL);
+        CHECK(strstr(td_last_error(), "visible") != NULL);
+    } else {
+        CHECK_EQ(s, TD_EUNSUPPORTED);
+        CHECK(strstr(td_last_error(), td_cuda_unavailable()) != NULL);
+    }
+}
+
+int main(void) {
+    CHECK_OK(td_cuda_device_count(&gpus));
+    RUN(unusable_gpu_is_refused_by_name);
+    RUN(linear_f32);
+    RUN(linear_bf16);
+    RUN(linear_f16);
+    RUN(activations_add_scale);
+    RUN(activations_bf16);
+    RUN(gelu_tanh);
+    RUN(softmax_rows);
+    RUN(cross_entropy_mean);
+    RUN(cross_entropy_bf16);
+    RUN(nll_sum);
+    RUN(dropout_masks);
+    RUN(dropout_masks_by_sample);
+    RUN(dropout2d_masks);
+    RUN(dropout2d_masks_by_sample);
+    RUN(dropout2d_bf16);
+    RUN(concat_channels);
+    RUN(normalize_rows);
+    RUN(mlp_sgd_steps);
+    RUN(mlp_adamw_steps);
+    RUN(net_sgd_steps);
+    RUN(cnn_sgd_steps);
+    RUN(resnet_adamw_steps);
+    RUN(replay_equals_op_by_op);
+    RUN(conv_f32);
+    RUN(conv_bf16);
+    RUN(conv_f16);
+    RUN(max_pool);
+    RUN(max_pool_bf16);
+    RUN(avg_pool);
+    RUN(avg_pool_f16);
+    RUN(batch_norm_relu);
+    RUN(batch_norm_plain);
+    RUN(batch_norm_relu_eval);
+    RUN(batch_norm_plain_eval);
+    RUN(batch_norm_relu_bf16);
+    RUN(batch_norm_relu_f16_eval);
+    RUN(cnn_model);
+    TEST_END();
+}
