@@ -3,7 +3,9 @@
  * different groups (sub-groups included), the progress thread's row named; every rank's trace
  * gathered into one file where the late rank is the one the others waited for; the job trace
  * TANDEM_TRACE asks for, written at td_comm_destroy, or rank by rank when a rank died; a
- * graph's every op as a span; and tandemrun --trace around the training example. */
+ * graph's every op as a span; and tandemrun --trace around the training example's DDP and
+ * pipeline jobs, read back as Perfetto would: every rank's rows, spans nested and in order,
+ * collectives linked. */
 #include <libgen.h>
 #include <limits.h>
 #include <sys/syscall.h>
@@ -266,9 +268,166 @@ static void graph_records_every_op(void) {
     td_trace_destroy(trace);
 }
 
-/* tandemrun --trace DIR --trace-ops around the training example: one file, a row per rank
- * named with its host, compute and communication rows, the graph's ops and the collectives
- * linked across the ranks. */
+/* ---- what a job's merged trace must hold, read back from the file ---------------------- */
+
+/* Microseconds with nanosecond decimals, read as doubles: ends may differ by a rounding. */
+#define SAME_US 0.002
+
+/* The row of rank `pid` named `name` (its thread id), or -1. */
+static int row_named(const json_reader *r, int pid, const char *name) {
+    for (int i = 0; i < r->n_events; i++) {
+        const json_event *e = &r->events[i];
+        if (e->pid == pid && !strcmp(e->ph, "M") && !strcmp(e->name, "thread_name") &&
+            !strcmp(e->arg_name, name))
+            return e->tid;
+    }
+    return -1;
+}
+
+static int by_start_then_longest(const void *a, const void *b) {
+    const json_event *x = *(const json_event *const *)a, *y = *(const json_event *const *)b;
+    if (x->ts != y->ts) return x->ts < y->ts ? -1 : 1;
+    return (x->dur < y->dur) - (x->dur > y->dur);
+}
+
+/* Every span belongs to one of the job's `ranks` processes and to a named row, and the spans of
+ * each row nest: a span that starts inside another ends inside it too (Perfetto draws a row's
+ * spans as a stack and misdraws any that overlap otherwise). */
+static void check_rows_nest(const json_reader *r, int ranks) {
+    static const json_event *row[4096];
+    static char done[4096];
+    memset(done, 0, sizeof done);
+    for (int i = 0; i < r->n_events; i++) {
+        const json_event *e = &r->events[i];
+        if (strcmp(e->ph, "X") || done[i]) continue;
+        if (e->pid < 0 || e->pid >= ranks || !e->has_ts || !e->has_dur || e->dur < 0)
+            TEST_FAIL_AT("span \"%s\": pid %d of %d ranks, ts %d dur %d (%g)", e->name, e->pid,
+                         ranks, e->has_ts, e->has_dur, e->dur);
+        if (!find_meta(r, "thread_name", e->pid, e->tid))
+            TEST_FAIL_AT("span \"%s\": row %d of rank %d has no name", e->name, e->tid, e->pid);
+        int n = 0;
+        for (int j = i; j < r->n_events; j++) {
+            const json_event *o = &r->events[j];
+            if (!strcmp(o->ph, "X") && o->pid == e->pid && o->tid == e->tid) {
+                row[n++] = o;
+                done[j] = 1;
+            }
+        }
+        qsort(row, (size_t)n, sizeof row[0], by_start_then_longest);
+        const json_event *open[64];
+        int depth = 0;
+        for (int k = 0; k < n; k++) {
+            while (depth && row[k]->ts >= open[depth - 1]->ts + open[depth - 1]->dur - SAME_US)
+                depth--;
+            if (depth &&
+                row[k]->ts + row[k]->dur > open[depth - 1]->ts + open[depth - 1]->dur + SAME_US) {
+                TEST_FAIL_AT("rank %d row %d: \"%s\" at %.3f+%.3f us overlaps \"%s\" at "
+                             "%.3f+%.3f us without nesting in it",
+                             e->pid, e->tid, row[k]->name, row[k]->ts, row[k]->dur,
+                             open[depth - 1]->name, open[depth - 1]->ts, open[depth - 1]->dur);
+                return;
+            }
+            if (depth < 64) open[depth++] = row[k];
+        }
+    }
+}
+
+/* The collective span on rank `pid`'s row `tid` that starts at `ts`, or with `name` (not NULL)
+ * the one of that name that holds `ts`; or NULL. */
+static const json_event *comm_span_at(const json_reader *r, int pid, int tid, double ts,
+                                      const char *name) {
+    for (int i = 0; i < r->n_events; i++) {
+        const json_event *e = &r->events[i];
+        if (strcmp(e->ph, "X") || strcmp(e->cat, "comm") || e->pid != pid || e->tid != tid)
+            continue;
+        if (name ? !strcmp(e->name, name) && e->ts - SAME_US <= ts && ts <= e->ts + e->dur + SAME_US
+                 : e->ts == ts)
+            return e;
+    }
+    return NULL;
+}
+
+/* Collectives linked across ranks: each arrow starts where the last rank's span of a call
+ * starts and ends in another rank's span of the same call (the same name: group, sequence
+ * number, arguments); and at least `calls` calls are joined so. */
+static void check_links(const json_reader *r, int calls) {
+    int arrows = 0;
+    for (int i = 0; i < r->n_events; i++) {
+        const json_event *s = &r->events[i];
+        if (strcmp(s->ph, "s")) continue;
+        const json_event *f = NULL;
+        for (int j = 0; j < r->n_events; j++)
+            if (!strcmp(r->events[j].ph, "f") && r->events[j].id == s->id) {
+                CHECK(f == NULL); /* one end per arrow */
+                f = &r->events[j];
+            }
+        if (!f) TEST_FAIL_AT("arrow %g from rank %d has no end", s->id, s->pid);
+        if (!f) return;
+        const json_event *from = comm_span_at(r, s->pid, s->tid, s->ts, NULL);
+        const json_event *to = from ? comm_span_at(r, f->pid, f->tid, f->ts, from->name) : NULL;
+        if (!from || !to || from->pid == to->pid || !to->arg_last[0])
+            TEST_FAIL_AT("arrow %g from rank %d at %.3f us to rank %d at %.3f us: no span of "
+                         "\"%s\" at its end",
+                         s->id, s->pid, s->ts, f->pid, f->ts, from ? from->name : "(none)");
+        arrows++;
+    }
+    CHECK_EQ(count_ph(r, "f"), arrows);
+    if (arrows < calls)
+        TEST_FAIL_AT("%d collectives joined across ranks, wanted %d", arrows, calls);
+}
+
+/* The k-th span (from 0) named `name` on rank `pid`'s compute row, or NULL. */
+static const json_event *nth_span(const json_reader *r, int pid, const char *name, int k) {
+    int tid = row_named(r, pid, "compute");
+    for (int i = 0; i < r->n_events; i++) {
+        const json_event *e = &r->events[i];
+        if (!strcmp(e->ph, "X") && e->pid == pid && e->tid == tid && !strcmp(e->name, name) &&
+            k-- == 0)
+            return e;
+    }
+    return NULL;
+}
+
+/* On one host the ranks share a clock: the k-th span `a` of rank pa's compute row ends before
+ * the l-th span `b` of rank pb's starts. */
+static void check_before(const json_reader *r, int pa, const char *a, int k, int pb, const char *b,
+                         int l) {
+    const json_event *x = nth_span(r, pa, a, k), *y = nth_span(r, pb, b, l);
+    if (!x || !y)
+        TEST_FAIL_AT("no span \"%s\" #%d on rank %d's compute row", x ? b : a, x ? l : k,
+                     x ? pb : pa);
+    else if (x->ts + x->dur > y->ts + SAME_US)
+        TEST_FAIL_AT("rank %d's \"%s\" #%d ends at %.3f us, after rank %d's \"%s\" #%d starts "
+                     "at %.3f",
+                     pa, a, k, x->ts + x->dur, pb, b, l, y->ts);
+}
+
+/* The process row of each of `ranks` named with the host, and on each the rows in `rows`. */
+static void check_rows(const json_reader *r, int ranks, const char *const *rows, int nrows) {
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    for (int rank = 0; rank < ranks; rank++) {
+        char want[300];
+        snprintf(want, sizeof want, "rank %d (%s)", rank, host);
+        const json_event *p = find_meta(r, "process_name", rank, 0);
+        if (!p || strcmp(p->arg_name, want)) TEST_FAIL_AT("no process row \"%s\"", want);
+        for (int k = 0; k < nrows; k++) {
+            int n = 0;
+            for (int i = 0; i < r->n_events; i++) {
+                const json_event *e = &r->events[i];
+                n += e->pid == rank && !strcmp(e->ph, "M") && !strcmp(e->name, "thread_name") &&
+                     !strcmp(e->arg_name, rows[k]);
+            }
+            if (n != 1)
+                TEST_FAIL_AT("rank %d has %d rows named \"%s\", wanted 1", rank, n, rows[k]);
+        }
+    }
+}
+
+/* tandemrun --trace DIR --trace-ops around the training example (DDP on 2 ranks): one file, a
+ * row per rank named with its host, compute and communication rows, spans nested on each row,
+ * each step's forward, backward and optimizer in order with the graph's ops inside, and the
+ * collectives linked across the ranks. */
 static void tandemrun_traces_the_example(void) {
     char trace_dir[128], path[160];
     snprintf(trace_dir, sizeof trace_dir, "%s/job", dir);
@@ -280,31 +439,55 @@ static void tandemrun_traces_the_example(void) {
     CHECK(strstr(output, path) != NULL); /* tandemrun says where it is */
     static json_reader r;
     CHECK(json_parse_file(path, &r));
-    char host[256] = "";
-    gethostname(host, sizeof host - 1);
-    for (int rank = 0; rank < 2; rank++) {
-        char want[300];
-        snprintf(want, sizeof want, "rank %d (%s)", rank, host);
-        const json_event *p = find_meta(&r, "process_name", rank, 0);
-        CHECK(p && !strcmp(p->arg_name, want));
-        int compute = 0, communication = 0;
-        for (int i = 0; i < r.n_events; i++) {
-            const json_event *e = &r.events[i];
-            if (e->pid != rank || strcmp(e->ph, "M") || strcmp(e->name, "thread_name")) continue;
-            compute += !strcmp(e->arg_name, "compute");
-            communication += !strcmp(e->arg_name, "communication");
+    static const char *const rows[] = {"compute", "communication"};
+    check_rows(&r, 2, rows, 2);
+    check_rows_nest(&r, 2);
+    check_links(&r, 3); /* at least each step's gradient bucket */
+    for (int rank = 0; rank < 2; rank++)
+        for (int step = 0; step < 3; step++) {
+            check_before(&r, rank, "forward", step, rank, "backward", step);
+            check_before(&r, rank, "backward", step, rank, "optimizer", step);
+            if (step < 2) check_before(&r, rank, "optimizer", step, rank, "forward", step + 1);
+            /* the Net's first op, inside the step's forward */
+            const json_event *f = nth_span(&r, rank, "forward", step);
+            const json_event *op = f ? nth_span(&r, rank, "conv2d:0", 2 * step) : NULL;
+            CHECK(op && op->ts >= f->ts && op->ts + op->dur <= f->ts + f->dur + SAME_US);
         }
-        CHECK_EQ(compute, 1);
-        CHECK_EQ(communication, 1);
-    }
-    CHECK(find_event(&r, "conv2d:0") != NULL); /* an op of the Net's graph */
-    CHECK(find_event(&r, "forward") != NULL);  /* the example's own spans */
-    CHECK(count_ph(&r, "s") > 0 && count_ph(&r, "s") == count_ph(&r, "f"));
     snprintf(path, sizeof path, "%s/rank0.json", trace_dir);
     CHECK(access(path, F_OK) != 0);
     /* --trace-ops alone is refused */
     CHECK_EQ(run("%s --trace-ops %s --help", launcher, mnist), 2);
     CHECK(strstr(output, "--trace-ops needs --trace DIR") != NULL);
+}
+
+/* tandemrun --trace DIR around a 2-stage GPipe job: a row per rank with its compute and
+ * transfer rows, spans nested, micro-batch m's forward on stage 1 after stage 0's, its backward
+ * on stage 0 after stage 1's, and the group's collectives linked. */
+static void tandemrun_traces_a_pipeline(void) {
+    char trace_dir[128], path[160];
+    snprintf(trace_dir, sizeof trace_dir, "%s/pipeline", dir);
+    CHECK_EQ(run("%s --trace %s --trace-ops --nproc-per-node 2 %s --pipeline gpipe --model mlp "
+                 "--stages 2 --micro-batches 2 --epochs 1 --max-steps 2 --no-eval --data %s",
+                 launcher, trace_dir, mnist, short_set),
+             0);
+    snprintf(path, sizeof path, "%s/trace.json", trace_dir);
+    static json_reader r;
+    CHECK(json_parse_file(path, &r));
+    static const char *const first[] = {"compute", "send activations", "recv gradients"};
+    static const char *const last[] = {"compute", "recv activations", "send gradients"};
+    check_rows(&r, 1, first, 3);
+    for (int k = 0; k < 3; k++) CHECK(row_named(&r, 1, last[k]) >= 0);
+    check_rows_nest(&r, 2);
+    check_links(&r, 1);
+    for (int step = 0; step < 2; step++)
+        for (int m = 0; m < 2; m++) {
+            char fwd[32], bwd[32];
+            snprintf(fwd, sizeof fwd, "forward %d", m);
+            snprintf(bwd, sizeof bwd, "backward %d", m);
+            check_before(&r, 0, fwd, step, 1, fwd, step);
+            check_before(&r, 1, bwd, step, 0, bwd, step);
+        }
+    CHECK(find_event(&r, "linear:0") != NULL); /* --trace-ops: the stages' ops */
 }
 
 int main(int argc, char **argv) {
@@ -324,6 +507,7 @@ int main(int argc, char **argv) {
     RUN(job_trace_survives_a_dead_rank);
     RUN(graph_records_every_op);
     RUN(tandemrun_traces_the_example);
+    RUN(tandemrun_traces_a_pipeline);
     test_remove_dir(dir);
     TEST_END();
 }

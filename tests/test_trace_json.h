@@ -1,6 +1,6 @@
 /* A minimal JSON reader for the Chrome traces td_trace writes: validates the grammar and keeps,
- * for each object of the "traceEvents" array, the fields the trace tests check (name, ph, ts,
- * dur, pid, tid, id, and args.name and args["last to arrive"]). Header-only; include it after
+ * for each object of the "traceEvents" array, the fields the trace tests check (name, cat, ph,
+ * ts, dur, pid, tid, id, and args.name and args["last to arrive"]). Header-only; include it after
  * test.h. The reader is large: make it static. */
 #ifndef TANDEM_TEST_TRACE_JSON_H
 #define TANDEM_TEST_TRACE_JSON_H
@@ -9,7 +9,7 @@
 #include <string.h>
 
 typedef struct {
-    char name[64], ph[8];
+    char name[64], cat[16], ph[8];
     char arg_name[64], arg_last[32]; /* args.name (metadata), args["last to arrive"] */
     double ts, dur, id;
     int pid, tid, has_ts, has_dur;
@@ -142,8 +142,12 @@ static inline void json_object(json_reader *r, int depth, int is_event) {
         }
         r->p++;
         json_ws(r);
-        if (ev && (!strcmp(key, "name") || !strcmp(key, "ph")) && *r->p == '"') {
-            json_string(r, !strcmp(key, "name") ? ev->name : ev->ph, !strcmp(key, "name") ? 64 : 8);
+        if (ev && !strcmp(key, "name") && *r->p == '"') {
+            json_string(r, ev->name, sizeof ev->name);
+        } else if (ev && !strcmp(key, "cat") && *r->p == '"') {
+            json_string(r, ev->cat, sizeof ev->cat);
+        } else if (ev && !strcmp(key, "ph") && *r->p == '"') {
+            json_string(r, ev->ph, sizeof ev->ph);
         } else if (ev && !strcmp(key, "args") && *r->p == '{') {
             json_args(r, depth + 1, ev);
         } else if (ev && (!strcmp(key, "ts") || !strcmp(key, "dur") || !strcmp(key, "pid") ||
