@@ -8,7 +8,8 @@
 #   make check-long      the slower training tests
 #   make install PREFIX=/usr/local
 #   make CUDA=0          without libtandem_cuda.so even where nvcc is installed
-#   make check-torch     the torch.distributed backend's tests (needs sh scripts/deps.sh torch)
+#   make check-torch     all of the torch.distributed backend's tests, worlds 2-4 (make check runs
+#                        world 2 where the module is built: sh scripts/deps.sh torch)
 #
 # SAN=1 builds with AddressSanitizer and UndefinedBehaviorSanitizer into build-san/.
 
