@@ -8,6 +8,8 @@
 #   make check-long      the slower training tests
 #   make install PREFIX=/usr/local
 #   make CUDA=0          without libtandem_cuda.so even where nvcc is installed
+#   make check-torch     all of the torch.distributed backend's tests, worlds 2-4 (make check runs
+#                        world 2 where the module is built: sh scripts/deps.sh torch)
 #
 # SAN=1 builds with AddressSanitizer and UndefinedBehaviorSanitizer into build-san/.
 
@@ -60,6 +62,25 @@ CUDA_LINK := -L$(CUDA_HOME)/lib64 -lcublasLt -l:libcudnn.so.9 -l:libnccl.so.2 -l
 	-lrt -lpthread
 endif
 
+# The torch.distributed backend (bindings/torch/, the Python module tandem_torch) is built when
+# PyTorch's C++ headers (libtorch-dev), pybind11 and Debian's python3-torch are present; not
+# under the sanitizers, as an unsanitized python3 loads it.
+PYTHON ?= /usr/bin/python3
+ifeq ($(SAN),)
+TORCH := $(and $(wildcard /usr/include/torch/csrc/distributed/c10d/ProcessGroup.hpp), \
+	$(wildcard /usr/include/pybind11/pybind11.h), \
+	$(shell $(PYTHON) -c 'import torch.distributed' 2>/dev/null && echo yes))
+endif
+ifneq ($(TORCH),)
+TORCH_EXT := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+TORCH_CXXFLAGS := -std=c++17 -O2 -g -fPIC -fvisibility=hidden -Wall -Wextra -Werror -Iinclude \
+	-isystem /usr/include/torch/csrc/api/include \
+	-isystem $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])') \
+	-MMD -MP
+TORCH_OBJ := $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard bindings/torch/*.cpp))
+TORCH_MODULE := $(BUILD)/python/tandem_torch$(TORCH_EXT)
+endif
+
 # Backends may have folders of their own (src/comm/shm/); mpi's and ucx's need their flags.
 LIB_SRC := $(wildcard src/*/*.c) $(LIB_SRC_MPI) $(LIB_SRC_UCX) \
 	$(filter-out src/comm/mpi/% src/comm/ucx/%,$(wildcard src/*/*/*.c))
@@ -74,7 +95,8 @@ BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 EXAMPLES := $(patsubst examples/%/,$(BUILD)/examples/%,$(dir $(wildcard examples/*/main.c)))
 TOOLS := $(patsubst tools/%/,$(BUILD)/bin/%,$(dir $(wildcard tools/*/main.c)))
 
-all: $(STATIC) $(SHARED) $(CUDA_SO) $(TOOLS) $(EXAMPLES) $(BENCHES) $(BUILD)/tandem.pc
+all: $(STATIC) $(SHARED) $(CUDA_SO) $(TOOLS) $(EXAMPLES) $(BENCHES) $(TORCH_MODULE) \
+	$(BUILD)/tandem.pc
 
 $(BUILD)/obj/src/comm/mpi/%.o: src/comm/mpi/%.c
 	@mkdir -p $(dir $@)
@@ -96,6 +118,17 @@ $(BUILD)/obj/%.o: %.c
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/bindings/torch/%.o: bindings/torch/%.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(TORCH_CXXFLAGS) -c $< -o $@
+
+# The archive's symbols stay inside the module.
+$(TORCH_MODULE): $(TORCH_OBJ) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CXX) -shared -Wl,--exclude-libs,ALL -Wl,-z,defs -o $@ $(TORCH_OBJ) $(STATIC) $(ALL_LIBS) \
+		-ltorch_python -ltorch -ltorch_cpu -lc10 \
+		$(shell $(PYTHON) -c 'import sysconfig; print("-lpython" + sysconfig.get_config_var("LDVERSION"))')
 
 $(CUDA_SO): $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
@@ -152,6 +185,10 @@ test:
 check-long: all tests
 	TD_LONG=1 TD_LDFLAGS='$(LDFLAGS)' sh tests/run.sh $(BUILD)
 
+# The torch.distributed backend's tests alone (they skip where the module is not built).
+check-torch: all tests
+	TD_TORCH=1 OMP_NUM_THREADS=1 $(BUILD)/tests/test_torch
+
 install: $(STATIC) $(SHARED) $(CUDA_SO) $(TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/include/tandem $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/tandem/*.h $(DESTDIR)$(PREFIX)/include/tandem/
@@ -168,7 +205,7 @@ format:
 clean:
 	rm -rf build build-san
 
-.PHONY: all tests check test check-long install format clean
+.PHONY: all tests check test check-long check-torch install format clean
 .PRECIOUS: $(BUILD)/obj/%.o
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -361,6 +361,9 @@ int main(int argc, char **argv) {
         double ours[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], alone[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
             theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], det[MAX_WORLDS][MAX_REPEAT],
             ours_cpu[MAX_WORLDS][MAX_REPEAT], det_cpu[MAX_WORLDS][MAX_REPEAT];
+        /* only the f32 level runs deterministic mode: the others leave it as they find it */
+        for (int i = 0; i < nw; i++)
+            for (int r = 0; r < repeat; r++) det[i][r] = -1;
         for (int r = 0; r < repeat; r++)
             for (int l = 0; l < nl; l++)
                 for (int i = 0; i < nw; i++) {
@@ -382,8 +385,6 @@ int main(int argc, char **argv) {
                         det[i][r] =
                             run_tandem(kind, TD_AMP_O0, ws[i], 1, shards, &tm, &det_cpu[i][r]);
                         failed |= det[i][r] < 0;
-                    } else {
-                        det[i][r] = -1;
                     }
                 }
         for (int i = 0; i < nw && l0 >= 0; i++)

@@ -3,13 +3,28 @@
 # run as root, otherwise prints the exact command to run and fails.
 #   sh scripts/deps.sh          build, test and train
 #   sh scripts/deps.sh bench    also PyTorch and OpenBLAS, the benchmarks' peer
-# UCX carries the bytes between hosts under tandemrun --nnodes; iproute2 and iptables build
-# the emulated hosts the multi-host tests run on (scripts/hosts.sh). r-cran-janeaustenr ships
-# Jane Austen's six novels, the English text examples/gpt trains on (docs/gpt.md).
+#   sh scripts/deps.sh torch    also PyTorch's C++ headers and pybind11: make then builds the
+#                               torch.distributed backend (bindings/torch) and make check runs
+#                               its tests (make check-torch alone)
+#   sh scripts/deps.sh plots    also matplotlib, for scripts/plots.py
+# (several at once: sh scripts/deps.sh torch plots). UCX carries the bytes between hosts under
+# tandemrun --nnodes; iproute2 and iptables build the emulated hosts the multi-host tests run
+# on (scripts/hosts.sh). r-cran-janeaustenr ships Jane Austen's six novels, the English text
+# examples/gpt trains on (docs/gpt.md).
 set -e
 pkgs="gcc make libc6-dev pkg-config libdnnl-dev zlib1g-dev dataset-fashion-mnist libopenmpi-dev openmpi-bin"
 pkgs="$pkgs libucx-dev iproute2 iptables r-cran-janeaustenr"
-[ "${1:-}" = bench ] && pkgs="$pkgs python3-torch libopenblas0-pthread"
+for extra in "$@"; do
+    case $extra in
+    bench) pkgs="$pkgs python3-torch libopenblas0-pthread" ;;
+    torch) pkgs="$pkgs g++ python3-torch libtorch-dev pybind11-dev" ;;
+    plots) pkgs="$pkgs python3-matplotlib" ;;
+    *)
+        echo "scripts/deps.sh: unknown set '$extra' (bench, torch or plots)" >&2
+        exit 2
+        ;;
+    esac
+done
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

@@ -1,5 +1,7 @@
 /* td_trace: spans from several threads, the Chrome trace JSON they produce (checked with a
- * small JSON parser, not by string search) and the atomic write. */
+ * small JSON parser, not by string search) and the atomic write; named rows, the packed form
+ * between processes, and several ranks' traces merged into one file: collectives joined by
+ * their link from the last rank to arrive, another host's clock moved onto the first's. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,198 +11,7 @@
 #include "tandem/trace.h"
 
 #include "test.h"
-
-/* A minimal JSON reader: validates the grammar and collects, for each object inside the
- * "traceEvents" array, the fields the checks need. */
-typedef struct {
-    char name[64], ph[8];
-    double ts, dur;
-    int pid, tid, has_ts, has_dur;
-} json_event;
-
-typedef struct {
-    const char *p;
-    int ok;
-    json_event events[64];
-    int n_events;
-} json_reader;
-
-static void json_ws(json_reader *r) {
-    while (*r->p == ' ' || *r->p == '\n' || *r->p == '\t' || *r->p == '\r') r->p++;
-}
-
-static void json_string(json_reader *r, char *out, size_t cap) {
-    size_t n = 0;
-    if (*r->p != '"') {
-        r->ok = 0;
-        return;
-    }
-    r->p++;
-    while (*r->p && *r->p != '"') {
-        char c = *r->p++;
-        if ((unsigned char)c < 0x20) {
-            r->ok = 0;
-            return;
-        }
-        if (c == '\\') {
-            c = *r->p++;
-            if (c == 'u') {
-                for (int i = 0; i < 4; i++) {
-                    if (!strchr("0123456789abcdefABCDEF", *r->p) || !*r->p) {
-                        r->ok = 0;
-                        return;
-                    }
-                    r->p++;
-                }
-                c = '?';
-            } else if (!strchr("\"\\/bfnrt", c) || !c) {
-                r->ok = 0;
-                return;
-            }
-        }
-        if (out && n + 1 < cap) out[n++] = c;
-    }
-    if (*r->p != '"') {
-        r->ok = 0;
-        return;
-    }
-    r->p++;
-    if (out) out[n] = 0;
-}
-
-static double json_number(json_reader *r) {
-    char *end;
-    double v = strtod(r->p, &end);
-    if (end == r->p) r->ok = 0;
-    r->p = end;
-    return v;
-}
-
-static void json_value(json_reader *r, int depth, int in_events);
-
-/* An object; when it is an element of traceEvents, its fields land in events[]. */
-static void json_object(json_reader *r, int depth, int is_event) {
-    json_event *ev = NULL;
-    if (is_event) {
-        if (r->n_events >= 64) {
-            r->ok = 0;
-            return;
-        }
-        ev = &r->events[r->n_events++];
-        memset(ev, 0, sizeof *ev);
-    }
-    r->p++; /* { */
-    json_ws(r);
-    if (*r->p == '}') {
-        r->p++;
-        return;
-    }
-    while (r->ok) {
-        char key[64] = "";
-        json_ws(r);
-        json_string(r, key, sizeof key);
-        json_ws(r);
-        if (*r->p != ':') {
-            r->ok = 0;
-            return;
-        }
-        r->p++;
-        json_ws(r);
-        if (ev && (!strcmp(key, "name") || !strcmp(key, "ph")) && *r->p == '"') {
-            json_string(r, !strcmp(key, "name") ? ev->name : ev->ph, !strcmp(key, "name") ? 64 : 8);
-        } else if (ev && (!strcmp(key, "ts") || !strcmp(key, "dur") || !strcmp(key, "pid") ||
-                          !strcmp(key, "tid"))) {
-            double v = json_number(r);
-            if (!strcmp(key, "ts")) {
-                ev->ts = v;
-                ev->has_ts = 1;
-            }
-            if (!strcmp(key, "dur")) {
-                ev->dur = v;
-                ev->has_dur = 1;
-            }
-            if (!strcmp(key, "pid")) ev->pid = (int)v;
-            if (!strcmp(key, "tid")) ev->tid = (int)v;
-        } else {
-            json_value(r, depth + 1, depth == 0 && !strcmp(key, "traceEvents"));
-        }
-        json_ws(r);
-        if (*r->p == ',') {
-            r->p++;
-            continue;
-        }
-        if (*r->p == '}') {
-            r->p++;
-            return;
-        }
-        r->ok = 0;
-    }
-}
-
-static void json_value(json_reader *r, int depth, int in_events) {
-    json_ws(r);
-    if (depth > 16) {
-        r->ok = 0;
-        return;
-    }
-    if (*r->p == '{') {
-        json_object(r, depth, 0);
-    } else if (*r->p == '[') {
-        r->p++;
-        json_ws(r);
-        if (*r->p == ']') {
-            r->p++;
-            return;
-        }
-        while (r->ok) {
-            json_ws(r);
-            if (in_events && *r->p == '{')
-                json_object(r, depth, 1);
-            else
-                json_value(r, depth + 1, 0);
-            json_ws(r);
-            if (*r->p == ',') {
-                r->p++;
-                continue;
-            }
-            if (*r->p == ']') {
-                r->p++;
-                return;
-            }
-            r->ok = 0;
-        }
-    } else if (*r->p == '"') {
-        json_string(r, NULL, 0);
-    } else if (!strncmp(r->p, "true", 4) || !strncmp(r->p, "null", 4)) {
-        r->p += 4;
-    } else if (!strncmp(r->p, "false", 5)) {
-        r->p += 5;
-    } else {
-        json_number(r);
-    }
-}
-
-static int json_parse_file(const char *path, json_reader *r) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    static char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    memset(r, 0, sizeof *r);
-    r->p = buf;
-    r->ok = 1;
-    if (*r->p != '{') return 0;
-    json_object(r, 0, 0);
-    json_ws(r);
-    return r->ok && *r->p == 0;
-}
-
-static const json_event *find_event(const json_reader *r, const char *name) {
-    for (int i = 0; i < r->n_events; i++)
-        if (!strcmp(r->events[i].name, name)) return &r->events[i];
-    return NULL;
-}
+#include "test_trace_json.h" /* json_parse_file, find_event, find_meta, count_ph */
 
 static void spans_round_trip_through_json(void) {
     td_trace *trace = NULL;
@@ -221,10 +32,15 @@ static void spans_round_trip_through_json(void) {
     char path[64];
     snprintf(path, sizeof path, "/tmp/td_trace_%d.json", (int)getpid());
     CHECK_OK(td_trace_write(trace, path));
-    json_reader r;
+    static json_reader r;
     CHECK(json_parse_file(path, &r));
-    CHECK_EQ(r.n_events, 4); /* process name + 3 spans */
     const json_event *fwd = find_event(&r, "forward");
+    CHECK_EQ(count_ph(&r, "X"), 3);
+    /* the process row is named after the rank, the thread after its first span's category */
+    const json_event *process = find_meta(&r, "process_name", 3, 0);
+    CHECK(process && !strcmp(process->arg_name, "rank 3"));
+    const json_event *row = fwd ? find_meta(&r, "thread_name", 3, fwd->tid) : NULL;
+    CHECK(row && !strncmp(row->arg_name, "step thread ", 12));
     CHECK(fwd != NULL);
     if (fwd) {
         CHECK(strcmp(fwd->ph, "X") == 0);
@@ -292,8 +108,169 @@ static void threads_record_concurrently(void) {
     td_trace_destroy(trace);
 }
 
+/* Named rows: the calling thread and a track; renaming replaces; the names reach the file. */
+static void rows_are_named(void) {
+    td_trace *trace = NULL;
+    CHECK_OK(td_trace_create(&trace, 1));
+    if (!trace) return;
+    CHECK_OK(td_trace_name_thread(trace, "compute"));
+    CHECK_OK(td_trace_name_track(trace, 0x7f000002, "bucket 2"));
+    CHECK_OK(td_trace_name_track(trace, 0x7f000002, "ddp bucket 2"));
+    CHECK_OK(td_trace_span(trace, "forward", "compute", 1000, 2000));
+    CHECK_OK(td_trace_span_on(trace, "allreduce", "ddp", 0x7f000002, 1500, 2500));
+    CHECK_OK(td_trace_span_on(trace, "unnamed", "ddp", 0x7f000003, 1500, 2500));
+    CHECK_OK(td_trace_set_host(trace, "node-a"));
+    CHECK(td_trace_track_name(trace, 0x7f000002) &&
+          !strcmp(td_trace_track_name(trace, 0x7f000002), "ddp bucket 2"));
+    CHECK(td_trace_track_name(trace, 12345) == NULL);
+    CHECK_STATUS(td_trace_name_thread(trace, NULL), TD_EINVAL);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/td_trace_rows_%d.json", (int)getpid());
+    CHECK_OK(td_trace_write(trace, path));
+    static json_reader r;
+    CHECK(json_parse_file(path, &r));
+    const json_event *fwd = find_event(&r, "forward");
+    const json_event *compute = fwd ? find_meta(&r, "thread_name", 1, fwd->tid) : NULL;
+    const json_event *bucket = find_meta(&r, "thread_name", 1, 0x7f000002);
+    const json_event *unnamed = find_meta(&r, "thread_name", 1, 0x7f000003);
+    const json_event *process = find_meta(&r, "process_name", 1, 0);
+    CHECK(compute && !strcmp(compute->arg_name, "compute"));
+    CHECK(bucket && !strcmp(bucket->arg_name, "ddp bucket 2"));
+    CHECK(unnamed && !strcmp(unnamed->arg_name, "ddp track 3"));
+    CHECK(process && !strcmp(process->arg_name, "rank 1 (node-a)"));
+    remove(path);
+    td_trace_destroy(trace);
+}
+
+/* A trace packed and unpacked is the same trace: rank, host, names and every span; bytes that
+ * are not a whole packed trace are refused. */
+static void packs_and_unpacks(void) {
+    td_trace *trace = NULL, *back = NULL;
+    CHECK_OK(td_trace_create(&trace, 5));
+    if (!trace) return;
+    CHECK_OK(td_trace_set_host(trace, "node-b"));
+    CHECK_OK(td_trace_name_thread(trace, "communication"));
+    CHECK_OK(td_trace_span(trace, "forward", "compute", 10, 20));
+    CHECK_OK(td_trace_span_linked(trace, "allreduce #3", "comm", 0xabcdef, 30, 45));
+    CHECK_OK(td_trace_span_on(trace, "odd \"one\"", NULL, 77, 50, 50));
+    void *bytes = NULL;
+    size_t len = 0;
+    CHECK_OK(td_trace_pack(trace, &bytes, &len));
+    CHECK_OK(td_trace_unpack(&back, bytes, len));
+    if (back) {
+        CHECK_EQ(td_trace_rank(back), 5);
+        CHECK_EQ(td_trace_count(back), 3);
+        for (size_t i = 0; i < 3; i++) {
+            td_trace_event a, b;
+            CHECK_OK(td_trace_event_get(trace, i, &a));
+            CHECK_OK(td_trace_event_get(back, i, &b));
+            CHECK(!strcmp(a.name, b.name) && !strcmp(a.category, b.category));
+            CHECK(a.tid == b.tid && a.start_ns == b.start_ns && a.dur_ns == b.dur_ns &&
+                  a.link == b.link);
+        }
+        td_trace_event ev;
+        CHECK_OK(td_trace_event_get(back, 1, &ev));
+        CHECK_EQ(ev.link, 0xabcdef);
+        CHECK_OK(td_trace_event_get(back, 0, &ev));
+        CHECK(td_trace_track_name(back, ev.tid) &&
+              !strcmp(td_trace_track_name(back, ev.tid), "communication"));
+    }
+    td_trace_destroy(back);
+    back = NULL;
+    CHECK_STATUS(td_trace_unpack(&back, bytes, len - 1), TD_EFORMAT);
+    CHECK_STATUS(td_trace_unpack(&back, bytes, 12), TD_EFORMAT);
+    CHECK(strstr(td_last_error(), "not a packed trace") || strstr(td_last_error(), "cut short"));
+    ((char *)bytes)[0] ^= 1;
+    CHECK_STATUS(td_trace_unpack(&back, bytes, len), TD_EFORMAT);
+    CHECK(strstr(td_last_error(), "not a packed trace") != NULL);
+    CHECK(back == NULL);
+    free(bytes);
+    td_trace_destroy(trace);
+}
+
+/* Three ranks' traces of the same two collectives, merged: a process row per rank, every span
+ * of a call says who arrived last (rank 2 in the first call, rank 0 in the second), flows run
+ * from that rank to each other one, and rank 3's trace from another host whose clock is 5 s
+ * ahead lands on the first host's time. */
+static void merges_ranks_and_joins_collectives(void) {
+    td_trace *t[4] = {NULL};
+    for (int r = 0; r < 4; r++) {
+        CHECK_OK(td_trace_create(&t[r], r));
+        if (!t[r]) return;
+        CHECK_OK(td_trace_set_host(t[r], r < 3 ? "node-a" : "node-b"));
+    }
+    const uint64_t ms = 1000000, ahead = 5000 * ms; /* rank 3's clock */
+    /* call 1: ranks arrive at 1, 2, 5 (ms) and all leave at 6; rank 3 arrives at 3 */
+    uint64_t arrive1[4] = {1 * ms, 2 * ms, 5 * ms, 3 * ms + ahead};
+    /* call 2: rank 0 arrives last, at 9 */
+    uint64_t arrive2[4] = {9 * ms, 7 * ms, 8 * ms, 7 * ms + ahead};
+    for (int r = 0; r < 4; r++) {
+        uint64_t skew = r == 3 ? ahead : 0;
+        CHECK_OK(td_trace_span_linked(t[r], "allreduce #0", "comm", 11, arrive1[r], 6 * ms + skew));
+        CHECK_OK(
+            td_trace_span_linked(t[r], "allreduce #1", "comm", 12, arrive2[r], 10 * ms + skew));
+        CHECK_OK(td_trace_span(t[r], "step", "compute", 0 + skew, 11 * ms + skew));
+    }
+    CHECK_OK(td_trace_span_linked(t[0], "alone", "comm", 13, 1, 2)); /* on one rank only */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/td_trace_merged_%d.json", (int)getpid());
+    const td_trace *const all[4] = {t[2], t[0], t[1], t[3]}; /* any order; rank 2's clock first */
+    CHECK_OK(td_trace_write_merged(all, 4, path));
+    static json_reader r;
+    CHECK(json_parse_file(path, &r));
+    for (int rank = 0; rank < 4; rank++) {
+        const json_event *p = find_meta(&r, "process_name", rank, 0);
+        char want[32];
+        snprintf(want, sizeof want, "rank %d (node-%c)", rank, rank < 3 ? 'a' : 'b');
+        CHECK(p && !strcmp(p->arg_name, want));
+    }
+    int seen1 = 0, seen2 = 0;
+    for (int i = 0; i < r.n_events; i++) {
+        const json_event *e = &r.events[i];
+        if (strcmp(e->ph, "X") != 0) continue;
+        if (!strcmp(e->name, "allreduce #0")) {
+            seen1++;
+            CHECK(!strcmp(e->arg_last, "rank 2"));
+            CHECK_NEAR(e->ts, arrive1[e->pid] / 1000.0 - (e->pid == 3 ? ahead / 1000.0 : 0), 1e-3);
+        }
+        if (!strcmp(e->name, "allreduce #1")) {
+            seen2++;
+            CHECK(!strcmp(e->arg_last, "rank 0"));
+        }
+        if (!strcmp(e->name, "alone")) CHECK(e->arg_last[0] == 0);
+        if (!strcmp(e->name, "step") && e->pid == 3) CHECK_NEAR(e->ts, 0, 1e-3);
+    }
+    CHECK_EQ(seen1, 4);
+    CHECK_EQ(seen2, 4);
+    /* three arrows per call, each a start on the last rank's row and a finish on another's */
+    CHECK_EQ(count_ph(&r, "s"), 6);
+    CHECK_EQ(count_ph(&r, "f"), 6);
+    for (int i = 0; i < r.n_events; i++) {
+        const json_event *s = &r.events[i];
+        if (strcmp(s->ph, "s") != 0) continue;
+        int finishes = 0;
+        for (int k = 0; k < r.n_events; k++) {
+            const json_event *f = &r.events[k];
+            if (!strcmp(f->ph, "f") && f->id == s->id) {
+                finishes++;
+                CHECK(f->pid != s->pid);
+                CHECK(s->pid == (s->ts < 6000 ? 2 : 0));
+            }
+        }
+        CHECK_EQ(finishes, 1);
+    }
+    remove(path);
+    CHECK_STATUS(td_trace_write_merged(all, 0, path), TD_EINVAL);
+    const td_trace *twice[2] = {t[0], t[0]};
+    CHECK_STATUS(td_trace_write_merged(twice, 2, path), TD_EINVAL);
+    for (int k = 0; k < 4; k++) td_trace_destroy(t[k]);
+}
+
 int main(void) {
     RUN(spans_round_trip_through_json);
     RUN(threads_record_concurrently);
+    RUN(rows_are_named);
+    RUN(packs_and_unpacks);
+    RUN(merges_ranks_and_joins_collectives);
     TEST_END();
 }

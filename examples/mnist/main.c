@@ -70,6 +70,7 @@ typedef struct {
     int resume_auto;       /* --resume auto: from --checkpoint when that file exists */
     const char *device;    /* "cpu", "cuda" (this rank's GPU) or "cuda:N" */
     int zero;              /* 0: DDP; 1, 2, 3: the ZeRO stage */
+    int trace_ops;         /* every op of the graph in the trace, not only forward/backward */
 } options;
 
 static void usage(void) {
@@ -77,7 +78,8 @@ static void usage(void) {
         stderr,
         "usage: mnist [--model net|mlp|cnn|resnet] [--epochs N] [--batch GLOBAL] [--lr X]\n"
         "             [--momentum X] [--seed N] [--max-steps N] [--stop-at-step N] [--data DIR]\n"
-        "             [--checkpoint PATH] [--resume PATH] [--trace PREFIX] [--no-eval]\n"
+        "             [--checkpoint PATH] [--resume PATH] [--trace PREFIX] [--trace-ops]\n"
+        "             [--no-eval]\n"
         "             [--cosine | --constant-lr] [--bucket-kb N]\n"
         "             [--amp O0|O1|O2|O3] [--amp-dtype bf16|f16]\n"
         "             [--loss-scale dynamic|none|N] [--comm-dtype f32|bf16|f16]\n"
@@ -90,7 +92,10 @@ static void usage(void) {
         "                 the cosine schedule anneals over the steps the run will take\n"
         "  --stop-at-step N  stop at step N (counted like --max-steps), writing the\n"
         "                 checkpoint, without changing the schedule: resuming it with the same\n"
-        "                 --epochs and --max-steps continues the uncut run bit for bit\n");
+        "                 --epochs and --max-steps continues the uncut run bit for bit\n"
+        "  --trace PREFIX writes PREFIX.rank<R>.json per rank; under tandemrun --trace DIR\n"
+        "                 the spans go to the job's one trace instead (docs/tracing.md);\n"
+        "                 --trace-ops (or TANDEM_TRACE_OPS=1) adds every op of the graph\n");
     exit(2);
 }
 
@@ -112,9 +117,11 @@ static options parse(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-eval") || !strcmp(a, "--cosine") || !strcmp(a, "--constant-lr") ||
-            !strcmp(a, "--deterministic")) {
+            !strcmp(a, "--deterministic") || !strcmp(a, "--trace-ops")) {
             if (!strcmp(a, "--no-eval"))
                 o.eval = 0;
+            else if (!strcmp(a, "--trace-ops"))
+                o.trace_ops = 1;
             else if (!strcmp(a, "--deterministic"))
                 o.deterministic = 1;
             else
@@ -474,6 +481,12 @@ static void setup(trainer *t) {
     t->local_batch = (int64_t)count;
     t->grad_scale = (float)((double)t->world * (double)count / (double)t->opt.batch);
     t->shard_batch = t->opt.batch / t->opt.shards;
+    /* --trace PREFIX: this rank's own file; else under tandemrun --trace DIR the job's trace,
+     * which --trace-ops (or tandemrun --trace-ops) fills with every op of the graph too. */
+    if (t->opt.trace) CHECK(td_trace_create(&t->trace, t->rank));
+    if (!t->trace) t->trace = td_comm_trace(t->comm);
+    const char *ops = getenv("TANDEM_TRACE_OPS");
+    if (t->trace) CHECK(td_trace_name_thread(t->trace, "compute"));
     td_graph_params go = td_graph_default_params();
     go.device = t->device;
     go.seed = t->opt.seed;
@@ -486,19 +499,20 @@ static void setup(trainer *t) {
      * many shards a rank runs, so that every world size computes with the same kernels. */
     go.threads = t->opt.deterministic ? 1 : 0;
     go.blocked_linear = t->opt.deterministic && t->shard_batch <= 16;
+    if (t->opt.trace_ops || (ops && !strcmp(ops, "1"))) go.trace = t->trace;
     CHECK(td_graph_create(&t->train, &go));
     build_model(&t->opt, t->train, t->opt.deterministic ? t->shard_batch : t->local_batch,
                 &t->model);
     go.grad_enabled = 0;
     go.threads = 0;
     go.blocked_linear = 0;
+    go.trace = NULL;
     CHECK(td_graph_create(&t->eval, &go));
     build_model(&t->opt, t->eval, t->local_batch, &t->eval_model);
     td_graph_set_training(t->eval, 0);
 
     CHECK(td_graph_parameters(t->train, &t->params, &t->n_params));
     CHECK(td_graph_buffers(t->train, &t->buffers, &t->n_buffers));
-    if (t->opt.trace) CHECK(td_trace_create(&t->trace, t->rank));
     td_ddp_params dp = td_ddp_default_params();
     dp.trace = t->trace;
     dp.comm_dtype = t->opt.comm_dtype;
@@ -836,10 +850,11 @@ static int train(int rank, int world_size, void *arg) {
                "%s\n",
                td_model_name(t.opt.model), t.world, t.opt.epochs, (unsigned long long)done, rate,
                digest);
-    if (t.trace) {
+    if (t.opt.trace) {
         char path[4096];
         snprintf(path, sizeof path, "%s.rank%d.json", t.opt.trace, t.rank);
         CHECK(td_trace_write(t.trace, path));
+        td_trace_destroy(t.trace);
     }
     td_loader_destroy(loader);
     td_loader_destroy(test_loader);
@@ -851,7 +866,6 @@ static int train(int rank, int world_size, void *arg) {
     td_optim_destroy(t.optim);
     td_graph_destroy(t.eval);
     td_graph_destroy(t.train);
-    td_trace_destroy(t.trace);
     td_comm_destroy(t.comm);
     return 0;
 }

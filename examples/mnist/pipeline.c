@@ -9,7 +9,8 @@
  * parallel mode); stage 0 reads the images and the last stage the labels. The last stage of
  * replica 0 prints progress and the test accuracy, which every replica helps evaluate, through
  * the pipeline, batch by batch. With --trace PREFIX every rank writes PREFIX.rank<r>.json, a
- * Chrome trace of its forwards, backwards, transfers and optimizer steps. Checkpoints are not
+ * Chrome trace of its forwards, backwards, transfers and optimizer steps (under tandemrun
+ * --trace DIR they go to the job's one trace instead). Checkpoints are not
  * written in this mode. The last line gives the SHA-256 of the whole model's parameters (every
  * stage's, in layer order), to compare runs by. */
 #include <stdio.h>
@@ -196,8 +197,13 @@ int mnist_pipeline_main(int argc, char **argv) {
     }
     td_sequential *model;
     CHECK(td_model_sequential(o.model, &model));
+    /* --trace PREFIX: this rank's own file; else under tandemrun --trace DIR the job's trace,
+     * which tandemrun --trace-ops (TANDEM_TRACE_OPS=1) fills with every op of the graphs too. */
     td_trace *trace = NULL;
     if (o.trace) CHECK(td_trace_create(&trace, rank));
+    if (!trace) trace = td_comm_trace(comm);
+    if (trace) CHECK(td_trace_name_thread(trace, "compute"));
+    const char *ops = getenv("TANDEM_TRACE_OPS");
     td_pipeline_params pp = td_pipeline_default_params();
     pp.schedule = o.schedule;
     pp.stages = o.stages;
@@ -207,6 +213,7 @@ int mnist_pipeline_main(int argc, char **argv) {
     pp.seed = o.seed;
     pp.trace = trace;
     pp.graph.seed = o.seed;
+    if (ops && !strcmp(ops, "1")) pp.graph.trace = trace;
     td_pipeline *pipe;
     CHECK(td_pipeline_create(&pipe, comm, model, &pp));
     td_pipeline_info info = td_pipeline_get_info(pipe);
@@ -292,7 +299,7 @@ int mnist_pipeline_main(int argc, char **argv) {
                td_model_name(o.model), world, td_pipeline_schedule_name(o.schedule), o.stages,
                info.micro_batches, o.epochs, (unsigned long long)done, accuracy, test_loss, rate,
                digest);
-    if (trace) {
+    if (o.trace) {
         char path[4096];
         snprintf(path, sizeof path, "%s.rank%d.json", o.trace, rank);
         CHECK(td_trace_write(trace, path));
@@ -303,7 +310,7 @@ int mnist_pipeline_main(int argc, char **argv) {
     td_dataset_destroy(test_set);
     td_optim_destroy(optim);
     td_pipeline_destroy(pipe);
-    td_trace_destroy(trace);
+    if (o.trace) td_trace_destroy(trace);
     td_sequential_destroy(model);
     td_comm_destroy(comm);
     return 0;

@@ -38,6 +38,7 @@
 #define TANDEM_COMM_H
 
 #include "tandem/core.h"
+#include "tandem/trace.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -119,6 +120,27 @@ const char *td_comm_backend_name(const td_comm *comm);
  * "cuda-ipc" (the ranks share one GPU), "staged" (through host memory and the backend), or
  * "none" before the group's first collective on a GPU, which picks it. */
 const char *td_comm_device_path(const td_comm *comm);
+
+/* Records every collective the group runs, from now on, as a span in `trace` (NULL stops):
+ * named as in error messages ("allreduce #12 (f32, 1024 elements, sum)"), category "comm", on
+ * the thread that runs it (the caller's, or the group's progress thread, whose row is named
+ * "communication"), and linked by the group and the call's sequence number, which are the same
+ * on every rank, so that td_trace_write_merged joins the ranks' spans of each call. Groups split
+ * from this one afterwards record into the same trace. The trace must outlive every group that
+ * records into it. With TANDEM_TRACE=DIR in the environment (tandemrun --trace DIR) every group
+ * td_comm_create makes records into a trace of its own, and td_comm_destroy writes the job's
+ * trace to DIR/trace.json (docs/tracing.md). */
+td_status td_comm_set_trace(td_comm *comm, td_trace *trace);
+
+/* The trace the group records into (td_comm_set_trace, or TANDEM_TRACE's), or NULL: where a
+ * program records its own spans to have them in the job's trace. */
+td_trace *td_comm_trace(const td_comm *comm);
+
+/* Gathers every rank's `trace` to rank 0, which writes them as one Chrome trace at `path`
+ * (td_trace_write_merged: a process row per rank, collectives joined across ranks). Collective;
+ * a rank may pass NULL for no spans. Rank 0 returns the outcome of the write; TD_EIO names
+ * ranks whose trace did not arrive whole. */
+td_status td_comm_trace_write(td_comm *comm, const td_trace *trace, const char *path);
 
 /* Sets the bound on every wait of this group, in seconds (> 0). */
 td_status td_comm_set_timeout(td_comm *comm, double seconds);

@@ -27,6 +27,7 @@
 #include "tandem/ops.h"
 #include "tandem/param.h"
 #include "tandem/tensor.h"
+#include "tandem/trace.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -108,11 +109,16 @@ typedef struct {
                                  several times per optimizer step (deterministic mode's
                                  shards); f32 results differ from the plain layout's in the
                                  last bits */
+    td_trace *trace;          /* NULL, or where every node's forward and backward run is
+                                 recorded as a span on the calling thread (the node's output
+                                 name, "conv2d:3"; categories "forward" and "backward"), that
+                                 row named "compute" (not owned; it must outlive the graph);
+                                 the job's trace is td_comm_trace's (docs/tracing.md) */
 } td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no
  * process group, plain batch norm, the CPU, CUDA graphs on, TF32 off, the caller's thread
- * count, plain linear weights. */
+ * count, plain linear weights, no trace. */
 td_graph_params td_graph_default_params(void);
 
 /* Creates an empty graph in training mode; params may be NULL for the defaults. */

@@ -1,11 +1,20 @@
 /* td_trace: a thread-safe recorder of timed spans, written as Chrome trace JSON.
  *
  * A span is (name, category, thread, start, duration) on td_time_ns's monotonic clock, which
- * every process of one host shares, so the files of several ranks line up when loaded
- * together. td_trace_write produces {"traceEvents": [...]} with complete events ("ph":"X",
- * ts and dur in microseconds, pid = the rank given at creation, tid = the kernel thread id)
- * that Perfetto (ui.perfetto.dev) and chrome://tracing open. It does not sample, flush on
- * its own, or merge files of different ranks. */
+ * every process of one host shares, so the traces of several ranks line up when merged.
+ * td_trace_write produces {"traceEvents": [...]} with complete events ("ph":"X", ts and dur in
+ * microseconds, pid = the rank given at creation, tid = the kernel thread id) that Perfetto
+ * (ui.perfetto.dev) and chrome://tracing open; rows are named after the rank (and its host,
+ * td_trace_set_host) and after the threads (td_trace_name_thread). It does not sample or flush
+ * on its own.
+ *
+ * One trace of a whole job: every rank records into its own td_trace, td_trace_pack turns it
+ * into bytes that travel to one process (td_comm_trace_write in comm.h gathers them over the
+ * group), and td_trace_write_merged writes them as one file, a process row per rank. Spans of
+ * one collective call carry the same link on every rank (td_trace_span_linked): the merged
+ * file joins them with flow arrows from the rank that arrived last, the one the others waited
+ * for, to each of the others. tandemrun --trace DIR (TANDEM_TRACE=DIR, also under mpirun) has
+ * the job's process groups do all of this (docs/tracing.md). */
 #ifndef TANDEM_TRACE_H
 #define TANDEM_TRACE_H
 
@@ -25,6 +34,7 @@ typedef struct {
     int tid;              /* kernel thread id of the recording thread */
     uint64_t start_ns;    /* td_time_ns at the start */
     uint64_t dur_ns;      /* end - start */
+    uint64_t link;        /* 0, or the key of the collective call this span is on every rank */
 } td_trace_event;
 
 /* Creates an empty recorder whose events carry pid = `rank` (use 0 in one process). */
@@ -48,6 +58,29 @@ td_status td_trace_end(td_trace *trace, const char *name, const char *category, 
 td_status td_trace_span_on(td_trace *trace, const char *name, const char *category, int tid,
                            uint64_t t0_ns, uint64_t t1_ns);
 
+/* Records a span of one collective call on the calling thread. `link` (not 0) is the same on
+ * every rank for the same call, and different for different calls (the process group and the
+ * call's sequence number), so that a merged trace joins the ranks' spans of the call. */
+td_status td_trace_span_linked(td_trace *trace, const char *name, const char *category,
+                               uint64_t link, uint64_t t0_ns, uint64_t t1_ns);
+
+/* Names the calling thread's row ("compute", "communication"); the name is copied. */
+td_status td_trace_name_thread(td_trace *trace, const char *name);
+
+/* Names the row of `tid` (a thread, or a track of td_trace_span_on). A row without a name is
+ * called after its spans' category and id ("ddp 2130706432"). */
+td_status td_trace_name_track(td_trace *trace, int tid, const char *name);
+
+/* The name of `tid`'s row, or NULL; owned by the trace, valid until the next naming call. */
+const char *td_trace_track_name(const td_trace *trace, int tid);
+
+/* Says which host the trace's clock belongs to: the rank's row reads "rank R (host)", and a
+ * merged trace moves other hosts' spans onto the first trace's clock (below). */
+td_status td_trace_set_host(td_trace *trace, const char *host);
+
+/* The rank given at creation. */
+int td_trace_rank(const td_trace *trace);
+
 /* Number of spans recorded so far. */
 size_t td_trace_count(const td_trace *trace);
 
@@ -56,6 +89,23 @@ td_status td_trace_event_get(const td_trace *trace, size_t index, td_trace_event
 
 /* Writes the Chrome trace JSON to `path` atomically (a temporary file, then rename). */
 td_status td_trace_write(const td_trace *trace, const char *path);
+
+/* The trace as bytes (its rank, host, row names and spans) for td_trace_unpack in another
+ * process of the same architecture; *bytes is malloc'd, the caller frees it. */
+td_status td_trace_pack(const td_trace *trace, void **bytes, size_t *len);
+
+/* A new trace from td_trace_pack's bytes (the caller destroys it); TD_EFORMAT when they are
+ * not a packed trace, or are cut short. */
+td_status td_trace_unpack(td_trace **out, const void *bytes, size_t len);
+
+/* Writes n traces (of different ranks) as one Chrome trace at `path`, atomically: a process row
+ * per trace, ordered by rank, its threads and tracks as rows beneath. Spans with the same link
+ * in several traces are one collective call: each gets args saying who arrived last and how
+ * long this rank waited for it, and a flow arrow runs from the last arrival's span to every
+ * other rank's. Traces from another host than the first trace's (td_trace_set_host) are
+ * shifted by the median difference of their linked spans' ends from the first trace's (the
+ * ranks leave a collective together), as their clocks share no origin. */
+td_status td_trace_write_merged(const td_trace *const *traces, size_t n, const char *path);
 
 #ifdef __cplusplus
 }

@@ -6,7 +6,10 @@
  * A blocking collective runs inline on the caller's thread when nothing is queued or
  * running (the low-latency path) and otherwise queues behind the pending ones and waits, so
  * the order of calls is the order of execution on every rank. Integer reductions: SUM and
- * PROD wrap, AVG truncates toward zero (see reduce.c); every op is defined for every dtype. */
+ * PROD wrap, AVG truncates toward zero (see reduce.c); every op is defined for every dtype.
+ *
+ * A group with a trace records each collective it runs as a span linked by (group, sequence
+ * number); comm_trace.c gathers the ranks' traces and keeps the job's (TANDEM_TRACE). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +18,9 @@
 #include "comm/comm_impl.h"
 #include "core/core_impl.h"
 #include "device/device_impl.h"
+
+/* The trace key of a group made by td_comm_create; split groups derive theirs from it. */
+#define TRACE_WORLD_KEY 0x9e3779b97f4a7c15ull
 
 typedef enum { ITEM_COLL, ITEM_SPLIT, ITEM_SPLIT_HOST, ITEM_P2P, ITEM_SELF, ITEM_ALLOC } item_kind;
 
@@ -54,9 +60,15 @@ struct td_comm {
     pthread_t thread;
     td_status failed; /* the group is poisoned */
     char failed_msg[512];
-    comm_alloc *allocs; /* td_comm_alloc memory not yet freed */
-    td__self_box *self; /* messages to this rank itself */
-    td__gpu_path *gpu;  /* collectives on device memory, once there was one */
+    comm_alloc *allocs;  /* td_comm_alloc memory not yet freed */
+    td__self_box *self;  /* messages to this rank itself */
+    td__gpu_path *gpu;   /* collectives on device memory, once there was one */
+    td_trace *trace;     /* NULL, or where collectives are recorded (not owned) */
+    uint64_t trace_key;  /* the group, the same on each of its ranks: links its calls' spans */
+    uint64_t splits;     /* groups split from this one so far: part of their keys */
+    int progress_named;  /* the progress thread's row is named in `trace` */
+    td_trace *job_trace; /* owned: TANDEM_TRACE's trace of a td_comm_create'd group */
+    char *job_trace_dir;
 };
 
 /* ---------------------------------------------------------------- life cycle */
@@ -72,6 +84,7 @@ static td_status comm_wrap(td_comm **out, const td__backend_ops *ops, void *ctx,
     c->ops = ops;
     c->ctx = ctx;
     c->shape = shape;
+    c->trace_key = TRACE_WORLD_KEY;
     c->timeout_s = timeout;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cond, NULL);
@@ -104,13 +117,21 @@ td_status td_comm_create(td_comm **out, const td_comm_params *params) {
         }
         ctx = hier, shape = hier_shape, ops = hier_ops;
     }
-    return comm_wrap(out, ops, ctx, shape, p.timeout_s);
+    s = comm_wrap(out, ops, ctx, shape, p.timeout_s);
+    if (!s) (*out)->job_trace = td__comm_job_trace_open(*out, &(*out)->job_trace_dir);
+    return s;
 }
 
 void td_comm_destroy(td_comm *comm) {
     if (!comm) return;
     pthread_mutex_lock(&comm->lock);
     while (comm->head || comm->busy) pthread_cond_wait(&comm->cond, &comm->lock);
+    pthread_mutex_unlock(&comm->lock);
+    if (comm->job_trace) {
+        td_comm_set_trace(comm, NULL);
+        td__comm_job_trace_close(comm, comm->job_trace, comm->job_trace_dir);
+    }
+    pthread_mutex_lock(&comm->lock);
     comm->stop = 1;
     pthread_cond_broadcast(&comm->cond);
     pthread_mutex_unlock(&comm->lock);
@@ -133,6 +154,42 @@ int td_comm_num_nodes(const td_comm *comm) { return comm ? comm->shape.nodes : 0
 const char *td_comm_backend_name(const td_comm *comm) { return comm ? comm->ops->name : "none"; }
 const char *td_comm_device_path(const td_comm *comm) {
     return td__gpu_path_name(comm ? comm->gpu : NULL);
+}
+
+td_status td_comm_set_trace(td_comm *comm, td_trace *trace) {
+    if (!comm) return td__fail(TD_EINVAL, "td_comm_set_trace: the group is NULL");
+    pthread_mutex_lock(&comm->lock);
+    comm->trace = trace;
+    comm->progress_named = 0;
+    pthread_mutex_unlock(&comm->lock);
+    return TD_OK;
+}
+
+td_trace *td_comm_trace(const td_comm *comm) {
+    if (!comm) return NULL;
+    pthread_mutex_lock((pthread_mutex_t *)&comm->lock);
+    td_trace *trace = comm->trace;
+    pthread_mutex_unlock((pthread_mutex_t *)&comm->lock);
+    return trace;
+}
+
+/* splitmix64's finaliser: keys of different groups and calls spread over 64 bits. */
+static uint64_t trace_mix(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* A group split from `parent` records into its trace; its key follows from the parent's, the
+ * split's place among the parent's splits (collective, so the same count on every rank) and
+ * the colour, so that it is the same on its ranks and differs from its sibling groups'. */
+static void trace_inherit(td_comm *parent, td_comm *child, uint64_t split, uint64_t color) {
+    pthread_mutex_lock(&parent->lock);
+    child->trace = parent->trace;
+    pthread_mutex_unlock(&parent->lock);
+    child->trace_key = trace_mix(parent->trace_key + trace_mix(split * 0x100000001b3ull + color));
 }
 
 td_status td_comm_set_timeout(td_comm *comm, double seconds) {
@@ -168,6 +225,7 @@ static td_status run_item(td_comm *comm, td_request *r) {
     pthread_mutex_lock(&comm->lock);
     td_status failed = comm->failed;
     double timeout = comm->timeout_s;
+    td_trace *trace = comm->trace;
     char msg[sizeof comm->failed_msg];
     memcpy(msg, comm->failed_msg, sizeof msg);
     pthread_mutex_unlock(&comm->lock);
@@ -182,12 +240,26 @@ static td_status run_item(td_comm *comm, td_request *r) {
                 ? comm->ops->split(comm->ctx, r->color, r->key, timeout, &child, &shape)
                 : comm->ops->split_host(comm->ctx, timeout, &child, &shape, &ops);
         if (!s && child) s = comm_wrap(r->split_out, ops, child, shape, timeout);
+        uint64_t split = comm->splits++;
+        if (!s && child)
+            trace_inherit(comm, *r->split_out, split,
+                          (uint64_t)(r->kind == ITEM_SPLIT ? r->color : shape.node) + 1);
     } else if (r->kind == ITEM_ALLOC) {
         s = comm->ops->alloc(comm->ctx, r->bytes, timeout, r->alloc_out);
-    } else if (r->coll.device.type != TD_DEVICE_CPU && !r->coll.error) {
-        s = td__gpu_collective(comm->ops, comm->ctx, &comm->shape, &comm->gpu, &r->coll, timeout);
     } else {
-        s = comm->ops->collective(comm->ctx, &r->coll, timeout);
+        uint64_t t0 = trace ? td_time_ns() : 0;
+        if (r->coll.device.type != TD_DEVICE_CPU && !r->coll.error)
+            s = td__gpu_collective(comm->ops, comm->ctx, &comm->shape, &comm->gpu, &r->coll,
+                                   timeout);
+        else
+            s = comm->ops->collective(comm->ctx, &r->coll, timeout);
+        if (trace) {
+            char name[160];
+            td__coll_describe_call(name, sizeof name, &r->coll);
+            (void)td_trace_span_linked(trace, name, "comm",
+                                       trace_mix(comm->trace_key ^ trace_mix(r->coll.seq)) | 1, t0,
+                                       td_time_ns());
+        }
     }
     /* Rejected arguments (agreed by every rank) and a failed allocation leave the group
      * usable; anything else ends it for this rank (see comm.h). */
@@ -206,7 +278,13 @@ static void *progress_main(void *arg) {
         comm->head = r->next;
         if (!comm->head) comm->tail = NULL;
         comm->busy = 1;
+        td_trace *trace = comm->progress_named ? NULL : comm->trace;
+        comm->progress_named = comm->trace != NULL;
         pthread_mutex_unlock(&comm->lock);
+        if (trace)
+            (void)td_trace_name_thread(trace, comm->trace_key == TRACE_WORLD_KEY
+                                                  ? "communication"
+                                                  : "communication (sub-group)");
         td_status s = run_item(comm, r);
         if (s) snprintf(r->error, sizeof r->error, "%s", td_last_error());
         pthread_mutex_lock(&comm->lock);

@@ -188,4 +188,13 @@ void td__coll_describe(char *out, size_t cap, td__coll_kind kind, uint64_t seq, 
 /* td__coll_describe of the call `c` stands for (its sig). */
 void td__coll_describe_call(char *out, size_t cap, const td__coll *c);
 
+/* The job's trace for a group td_comm_create made, when TANDEM_TRACE names a directory (*dir
+ * gets a copy of it), already set on the group; else NULL. Never fails the group: a trace it
+ * cannot make is logged. */
+td_trace *td__comm_job_trace_open(td_comm *comm, char **dir);
+
+/* At td_comm_destroy: gathers the job's trace to rank 0, which writes DIR/trace.json (where
+ * that fails, each rank writes DIR/rank<R>.json), then frees the trace and dir. */
+void td__comm_job_trace_close(td_comm *comm, td_trace *trace, char *dir);
+
 #endif

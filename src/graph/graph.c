@@ -20,7 +20,8 @@ td_graph_params td_graph_default_params(void) {
                          .cuda_graphs = 1,
                          .allow_tf32 = 0,
                          .threads = 0,
-                         .blocked_linear = 0};
+                         .blocked_linear = 0,
+                         .trace = NULL};
     return p;
 }
 
@@ -379,6 +380,7 @@ td_status td_graph_forward(td_graph *g) {
     g->ctx.rng_sample_offset = 0;
     g->ctx.keep_weights = g->keep_weights;
     g->keep_weights = 0;
+    if (g->opt.trace) (void)td_trace_name_thread(g->opt.trace, "compute");
     if (g->ctx.backend->forward_begin) TD__TRY(g->ctx.backend->forward_begin(&g->ctx));
     int was;
     TD__TRY(td__graph_threads_enter(g, "td_graph_forward", &was));
@@ -391,10 +393,13 @@ td_status td_graph_forward(td_graph *g) {
 static td_status forward_nodes(td_graph *g, const void *arg) {
     (void)arg;
     td_param_use_fn hook = g->use_hook;
+    td_trace *trace = g->opt.trace;
     for (int k = 0; k < g->nnodes; k++) {
         td__node *n = g->nodes[k];
         if (hook) TD__TRY(use_params_at(g, n, g->param_last_node, TD_PARAM_BEFORE_FORWARD));
+        uint64_t t0 = trace ? td_time_ns() : 0;
         TD__TRY(td__kernels_of(&g->ctx, n->op)->forward(&g->ctx, n));
+        if (trace) (void)td_trace_span(trace, n->out->name, "forward", t0, td_time_ns());
         if (hook) TD__TRY(use_params_at(g, n, g->param_final_node, TD_PARAM_AFTER_FORWARD));
     }
     for (int i = 0; hook && i < g->nparams; i++)
@@ -511,11 +516,14 @@ static td_status backward_nodes(td_graph *g, const void *arg) {
     g->zero_failed = 0;
     memset(g->fired, 0, (size_t)g->nparams);
     memset(g->used, 0, (size_t)g->nparams);
+    td_trace *trace = g->opt.trace;
     for (int k = g->nnodes - 1; k >= 0; k--) {
         td__node *n = g->nodes[k];
         if (n->out->requires_grad && !n->out->grad_zero) {
             if (g->use_hook) TD__TRY(use_params_backward(g, n));
+            uint64_t t0 = trace ? td_time_ns() : 0;
             TD__TRY(td__kernels_of(&g->ctx, n->op)->backward(&g->ctx, n));
+            if (trace) (void)td_trace_span(trace, n->out->name, "backward", t0, td_time_ns());
         }
         params_ready(&g->ctx, n, 0);
         if (g->use_hook) TD__TRY(use_params_at(g, n, g->param_last_node, TD_PARAM_AFTER_BACKWARD));

@@ -12,7 +12,8 @@
  * (forward) and the gradient flags (backward). Values that change from step to step reach the
  * kernels through device memory written before the sweep (the RNG key, the upstream
  * gradient), never as launch arguments. A grad-ready hook (DDP) runs host code in the middle
- * of backward, so backward is not recorded while one is set. A recording that fails turns
+ * of backward, so backward is not recorded while one is set, and a traced graph (each op a
+ * span timed on the host) records neither. A recording that fails turns
  * recording off for the graph, says why (td_graph_replays), and the sweep runs again op by op. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +61,11 @@ void td__graph_records_free(td_graph *g) {
 static int recordable(td_graph *g, int backward) {
     const td__backend *be = g->ctx.backend;
     if (!be->record_begin || !g->opt.cuda_graphs || g->record_why[0]) return 0;
+    if (g->opt.trace) {
+        snprintf(g->record_why, sizeof g->record_why,
+                 "every op is a span of td_graph_params.trace, timed on the host");
+        return 0;
+    }
     for (int k = 0; k < g->nnodes && !g->record_checked; k++)
         if (g->nodes[k]->op->collective) {
             snprintf(g->record_why, sizeof g->record_why,

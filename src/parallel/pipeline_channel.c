@@ -15,6 +15,7 @@
 
 static void *channel_main(void *arg) {
     pp_channel *c = arg;
+    if (c->trace) (void)td_trace_name_thread(c->trace, c->what); /* its row: "send gradients" */
     /* A transfer thread sleeps almost always and must run the moment its peer has moved data:
      * at the compute thread's priority the scheduler lets it wait for milliseconds, and both
      * stages with it. Raising it needs the privilege to; without, it runs as it is. */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tandemrun.h"
@@ -45,6 +46,10 @@ static const char usage_text[] =
     "                       up to K times (the program resumes from its checkpoint; one node)\n"
     "  --restart-nproc-per-node N|left  ranks of a restart (default: as before; 'left':\n"
     "                       one fewer, without the rank that failed)\n"
+    "  --trace DIR          one Chrome/Perfetto trace of the job in DIR/trace.json: a row\n"
+    "                       per rank, collectives linked across ranks (TANDEM_TRACE=DIR;\n"
+    "                       docs/tracing.md)\n"
+    "  --trace-ops          with --trace: every op of the graph too (TANDEM_TRACE_OPS=1)\n"
     "\n"
     "Options also take torchrun's forms: --nproc_per_node=4, --master_port 29500.\n"
     "When a rank fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
@@ -217,6 +222,12 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
                 return usage_error("--restart-nproc-per-node must be 'left' or an integer from 1 "
                                    "to 1024, got '%s'",
                                    value);
+        } else if (strcmp(name, "trace") == 0) {
+            TAKES_VALUE();
+            if (!*value) return usage_error("--trace wants a directory%s", "");
+            o->trace_dir = value;
+        } else if (strcmp(name, "trace-ops") == 0) {
+            o->trace_ops = 1;
         } else if (strcmp(name, "log-dir") == 0) {
             TAKES_VALUE();
             o->log_dir = value;
@@ -298,11 +309,28 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
                                "hosts (--nnodes > 1) cannot restart yet%s",
                                "");
     }
+    if (o->trace_ops && !o->trace_dir) return usage_error("--trace-ops needs --trace DIR%s", "");
     if (i >= argc) return usage_error("no program to run%s", "");
     char *path = resolve_program(argv[i]);
     if (!path) return usage_error("program '%s' not found or not executable", argv[i]);
     o->program = path;
     o->argv = argv + i;
+    return 0;
+}
+
+/* --trace DIR: the directory made, and its absolute path in the ranks' environment. */
+static int trace_env(const tr_options *o, char dir[PATH_MAX]) {
+    if (mkdir(o->trace_dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "tandemrun: --trace %s: cannot make the directory: %s\n", o->trace_dir,
+                strerror(errno));
+        return -1;
+    }
+    if (!realpath(o->trace_dir, dir)) {
+        fprintf(stderr, "tandemrun: --trace %s: %s\n", o->trace_dir, strerror(errno));
+        return -1;
+    }
+    setenv("TANDEM_TRACE", dir, 1);
+    if (o->trace_ops) setenv("TANDEM_TRACE_OPS", "1", 1);
     return 0;
 }
 
@@ -316,6 +344,8 @@ int main(int argc, char **argv) {
                         "--devices (one device per rank)\n");
         return 2;
     }
+    char trace_dir[PATH_MAX];
+    if (opts.trace_dir && trace_env(&opts, trace_dir) != 0) return 2;
     tr_restart restart = {opts.max_restarts, 0, opts.restart_nproc};
     for (;;) {
         int failed, next;
@@ -331,6 +361,18 @@ int main(int argc, char **argv) {
                 restart.done, restart.max_restarts, failed, next, next == 1 ? "" : "s");
         opts.nproc = next;
         opts.attempt = restart.done;
+    }
+    if (opts.trace_dir) {
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof path, "%s/trace.json", trace_dir);
+        if (access(path, R_OK) == 0)
+            fprintf(stderr, "tandemrun: the job's trace is %s (open it in ui.perfetto.dev)\n",
+                    path);
+        else
+            fprintf(stderr,
+                    "tandemrun: no trace in %s: the ranks write it when they destroy "
+                    "their process group\n",
+                    trace_dir);
     }
     free((char *)opts.program);
     return rc;

@@ -36,6 +36,8 @@ typedef struct {
     int max_restarts;      /* starts after a rank failed (torchrun's --max-restarts) */
     int restart_nproc;     /* ranks of a restart: 0 as before, -1 the ones left, or a count */
     int attempt;           /* 0 for the first start, then the restart's number */
+    const char *trace_dir; /* --trace: the ranks get TANDEM_TRACE=<its absolute path> */
+    int trace_ops;         /* --trace-ops: and TANDEM_TRACE_OPS=1 */
 } tr_options;
 
 /* Restarts after a rank failed (restart.c, torchrun's --max-restarts). */
