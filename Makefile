@@ -10,6 +10,7 @@
 #   make CUDA=0          without libtandem_cuda.so even where nvcc is installed
 #   make check-torch     all of the torch.distributed backend's tests, worlds 2-4 (make check runs
 #                        world 2 where the module is built: sh scripts/deps.sh torch)
+#   make plots           the benchmarks run afresh and drawn as the docs' figures (scripts/plots.sh)
 #
 # SAN=1 builds with AddressSanitizer and UndefinedBehaviorSanitizer into build-san/.
 
@@ -189,6 +190,10 @@ check-long: all tests
 check-torch: all tests
 	TD_TORCH=1 OMP_NUM_THREADS=1 $(BUILD)/tests/test_torch
 
+# The docs' figures (docs/img) from fresh runs of the benchmarks (docs/data); about 40 minutes.
+plots:
+	sh scripts/plots.sh
+
 install: $(STATIC) $(SHARED) $(CUDA_SO) $(TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/include/tandem $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/tandem/*.h $(DESTDIR)$(PREFIX)/include/tandem/
@@ -205,7 +210,7 @@ format:
 clean:
 	rm -rf build build-san
 
-.PHONY: all tests check test check-long check-torch install format clean
+.PHONY: all tests check test check-long check-torch plots install format clean
 .PRECIOUS: $(BUILD)/obj/%.o
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
