@@ -1,7 +1,7 @@
-/* Helpers for the multi-process tests: a free TCP port, running a function as N real ranks
- * (td_spawn, the library's own rank runner), a world group for a rank, and elements of any
- * dtype as doubles. A child's failed CHECKs make it exit non-zero, which fails the case in the
- * parent; a child that hangs is killed at the deadline. */
+/* Helpers for the multi-process tests: the GPUs a forked rank may use, a free TCP port, running a
+ * function as N real ranks (td_spawn, the library's own rank runner), a world group for a rank,
+ * and elements of any dtype as doubles. A child's failed CHECKs make it exit non-zero, which
+ * fails the case in the parent; a child that hangs is killed at the deadline. */
 #ifndef TANDEM_TEST_COMM_UTIL_H
 #define TANDEM_TEST_COMM_UTIL_H
 
@@ -16,10 +16,25 @@
 #include <unistd.h>
 
 #include "tandem/comm.h"
+#include "tandem/device.h"
 #include "tandem/launch.h"
 #include "tandem/spawn.h"
 
 #include "test.h"
+
+/* The visible GPUs, counted in a child so that the calling process keeps CUDA unstarted: CUDA
+ * does not survive a fork, and the ranks are forked. */
+static inline int test_count_gpus(void) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int n = 0;
+        td_cuda_device_count(&n);
+        _exit(n > 100 ? 100 : n);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
+    return WEXITSTATUS(status);
+}
 
 /* A port nothing is bound to, outside the ephemeral range (td_free_port): a test may pick it
  * here and bind it in another network namespace (an emulated host). */

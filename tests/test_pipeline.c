@@ -3,7 +3,8 @@
  * the same parameters as one process on the same batch (relative difference <= 1e-5 after K
  * steps); with batch norm, the same as one process run micro-batch by micro-batch (parameters
  * and running statistics). Pipeline x DDP (2 stages x 2 replicas) equals one process on the
- * global batch; mixed precision (O1, bf16) inside stages stays close to one process at O1.
+ * global batch; mixed precision (O1, bf16) inside stages stays close to one process at O1;
+ * stages on a GPU (skipped where none is visible) equal one process on it.
  * Dropout masks are the same in every schedule and replay bit for bit; the stage evaluation
  * equals one process's; 1F1B keeps at most P - stage micro-batches alive. Faults: a stage that
  * dies (in the middle or at the end) gives every other rank an error naming it, stages built
@@ -23,6 +24,11 @@
 #define IMG 8        /* the conv model's images are 1 x IMG x IMG */
 #define TOL 1e-5     /* relative difference of a parameter tensor */
 #define AMP_TOL 1e-2 /* the same in bf16, where micro-batches round differently */
+/* bf16 with batch norm and a residual path across the cut: one process sums the gradient of the
+ * cut's activation in bf16 where a pipeline receives it in f32, and batch norm's backward
+ * carries that rounding on; how far depends on the CPU's bf16 kernels (2.6e-2 after 3 steps on
+ * a CPU without avx512_bf16, under 1e-2 on one with it, 5.8e-3 with no micro-batches at all). */
+#define AMP_BN_TOL 5e-2
 
 /* ---- models ------------------------------------------------------------------------- */
 
@@ -121,12 +127,13 @@ typedef struct {
 /* STEPS steps on the whole batch in micro-batches of B / micro (1: the batch at once),
  * accumulating the micro-batch gradients scaled by 1 / micro. */
 static void reference_train(reference *r, const td_sequential *s, int micro, const float *x,
-                            const int64_t *y, uint64_t seed, td_amp_level amp) {
+                            const int64_t *y, uint64_t seed, td_amp_level amp, td_device device) {
     int64_t b = B / micro;
     td_shape sh = td_sequential_sample_shape(s);
     size_t sample = (size_t)td_shape_numel(&sh);
     td_graph_params gp = td_graph_default_params();
     gp.amp.level = amp;
+    gp.device = device;
     CHECK_OK(td_graph_create(&r->g, &gp));
     CHECK_OK(td_model_build_sequential(r->g, s, b, seed, &r->m));
     td_param *p;
@@ -141,7 +148,9 @@ static void reference_train(reference *r, const td_sequential *s, int micro, con
             CHECK_OK(td_tensor_write(r->m.input, x + (size_t)m * (size_t)b * sample));
             CHECK_OK(td_tensor_write(r->m.labels, y + m * b));
             CHECK_OK(td_graph_forward(r->g));
-            r->loss += *(float *)td_tensor_data(r->m.loss) / (float)micro;
+            float l = NAN;
+            CHECK_OK(td_tensor_read(r->m.loss, &l));
+            r->loss += l / (float)micro;
             CHECK_OK(td_graph_backward_from(r->g, r->m.loss, &scale));
         }
         CHECK_OK(td_optim_step(r->opt));
@@ -163,6 +172,13 @@ static double rel_diff(const float *a, const float *b, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* An f32 tensor's values in host memory, wherever it lives. */
+static float *host_copy(const td_param *p) {
+    float *h = malloc(p->count * sizeof *h);
+    CHECK_OK(td_device_copy(td_device_cpu(), h, p->device, p->data, p->count * sizeof *h));
+    return h;
+}
+
 /* Largest relative difference of the stage's tensors from the reference's of the same name;
  * `found` counts the matches. */
 static double stage_vs_reference(const td_param *mine, size_t n, td_param *ref, size_t nref,
@@ -172,7 +188,10 @@ static double stage_vs_reference(const td_param *mine, size_t n, td_param *ref, 
         for (size_t j = 0; j < nref; j++) {
             if (strcmp(mine[i].name, ref[j].name)) continue;
             CHECK_EQ(mine[i].count, ref[j].count);
-            double d = rel_diff(mine[i].data, ref[j].data, mine[i].count);
+            float *a = host_copy(&mine[i]), *b = host_copy(&ref[j]);
+            double d = rel_diff(a, b, mine[i].count);
+            free(a);
+            free(b);
             if (d > worst) worst = d;
             (*found)++;
         }
@@ -187,6 +206,7 @@ typedef struct {
     const char *split; /* NULL: balanced */
     double *worst;     /* (world) shared with the parent */
     td_amp_level amp;  /* mixed precision of both the stages and the reference */
+    td_device device;  /* where the stages and the reference train */
 } equiv_job;
 
 static void equiv_rank(int rank, int size, int port, void *arg) {
@@ -208,6 +228,7 @@ static void equiv_rank(int rank, int size, int port, void *arg) {
     pp.seed = 5;
     pp.balance_reps = 1;
     pp.graph.amp.level = j->amp;
+    pp.graph.device = j->device;
     td_pipeline *pipe = NULL;
     CHECK_OK(td_pipeline_create(&pipe, comm, s, &pp));
     if (!pipe) return;
@@ -242,7 +263,7 @@ static void equiv_rank(int rank, int size, int port, void *arg) {
     CHECK(st.activation_bytes > 0 && st.busy_ns > 0 && st.end_ns > st.start_ns);
     /* One process on the same (global) batch; with batch norm, micro-batch by micro-batch. */
     reference r;
-    reference_train(&r, s, j->bn ? M : 1, x, y, pp.seed, j->amp);
+    reference_train(&r, s, j->bn ? M : 1, x, y, pp.seed, j->amp, j->device);
     td_param *rp, *rb;
     size_t rn, rbn, found = 0, found_buf = 0;
     CHECK_OK(td_graph_parameters(r.g, &rp, &rn));
@@ -252,7 +273,7 @@ static void equiv_rank(int rank, int size, int port, void *arg) {
     CHECK_EQ(found, n);
     CHECK_EQ(found_buf, nbuf);
     CHECK(n > 0);
-    double tol = j->amp ? AMP_TOL : TOL;
+    double tol = !j->amp ? TOL : j->bn ? AMP_BN_TOL : AMP_TOL;
     if (worst > tol || worst_buf > tol)
         TEST_FAIL_AT("rank %d (stage %d): parameters differ by %.3g, buffers by %.3g", rank,
                      info.stage, worst, worst_buf);
@@ -303,22 +324,23 @@ static double *shared_doubles(int n) {
     return d;
 }
 
-static void equiv_amp(td_pipeline_schedule schedule, int stages, int replicas, int micro, int bn,
-                      const char *split, td_amp_level amp) {
+static void equiv_on(td_pipeline_schedule schedule, int stages, int replicas, int micro, int bn,
+                     const char *split, td_amp_level amp, td_device device) {
     int world = stages * replicas;
-    equiv_job j = {schedule, stages, micro, bn, split, shared_doubles(world), amp};
+    equiv_job j = {schedule, stages, micro, bn, split, shared_doubles(world), amp, device};
     CHECK_EQ(test_run_ranks(world, equiv_rank, &j, 120, 0), 0);
     double worst = 0;
     for (int r = 0; r < world; r++) worst = j.worst[r] > worst ? j.worst[r] : worst;
-    printf("    %s P=%d D=%d M=%d%s%s: largest relative difference %.2e\n",
+    printf("    %s P=%d D=%d M=%d%s%s%s: largest relative difference %.2e\n",
            td_pipeline_schedule_name(schedule), stages, replicas, micro,
-           bn ? " (batch norm, per micro-batch)" : "", amp ? " (bf16, O1)" : "", worst);
+           bn ? " (batch norm, per micro-batch)" : "", amp ? " (bf16, O1)" : "",
+           device.type == TD_DEVICE_CPU ? "" : " (every rank on cuda:0)", worst);
     munmap(j.worst, (size_t)world * sizeof(double));
 }
 
 static void equiv(td_pipeline_schedule schedule, int stages, int replicas, int micro, int bn,
                   const char *split) {
-    equiv_amp(schedule, stages, replicas, micro, bn, split, TD_AMP_O0);
+    equiv_on(schedule, stages, replicas, micro, bn, split, TD_AMP_O0, td_device_cpu());
 }
 
 static void gpipe_equals_one_process(void) {
@@ -352,8 +374,23 @@ static void pipeline_times_ddp_equals_one_process(void) {
 /* Mixed precision inside the stages, f32 between them: O1 computes the convolutions and linears
  * in bf16; the pipeline stays close to one process at O1 (micro-batches round differently). */
 static void mixed_precision_stages(void) {
-    equiv_amp(TD_SCHEDULE_1F1B, 2, 1, 4, 0, "conv2", TD_AMP_O1);
-    equiv_amp(TD_SCHEDULE_GPIPE, 2, 1, 2, 1, "layer2", TD_AMP_O1);
+    equiv_on(TD_SCHEDULE_1F1B, 2, 1, 4, 0, "conv2", TD_AMP_O1, td_device_cpu());
+    equiv_on(TD_SCHEDULE_GPIPE, 2, 1, 2, 1, "layer2", TD_AMP_O1, td_device_cpu());
+}
+
+static int gpus; /* visible to the ranks (counted in a child: the ranks are forked) */
+
+/* Stages on a GPU, the ranks sharing cuda:0: activations and gradients cross between stages
+ * through host memory, the replicas' DDP takes the group's device path (CUDA IPC), and the
+ * result is one process's on the same GPU. */
+static void stages_on_a_gpu_equal_one_process(void) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    equiv_on(TD_SCHEDULE_1F1B, 2, 1, 4, 0, "fc1", TD_AMP_O0, td_device_cuda(0));
+    equiv_on(TD_SCHEDULE_GPIPE, 3, 1, 4, 0, "conv2,fc1", TD_AMP_O0, td_device_cuda(0));
+    equiv_on(TD_SCHEDULE_1F1B, 2, 2, 4, 0, "conv2", TD_AMP_O0, td_device_cuda(0));
 }
 
 /* ---- dropout, trace ------------------------------------------------------------------ */
@@ -621,6 +658,7 @@ static void bad_options_fail_on_every_rank(void) {
 }
 
 int main(void) {
+    gpus = test_count_gpus();
     RUN(balanced_split);
     RUN(gpipe_equals_one_process);
     RUN(one_f_one_b_equals_one_process);
@@ -628,6 +666,7 @@ int main(void) {
     RUN(batch_norm_per_micro_batch);
     RUN(pipeline_times_ddp_equals_one_process);
     RUN(mixed_precision_stages);
+    RUN(stages_on_a_gpu_equal_one_process);
     RUN(dropout_masks_replay_in_every_schedule);
     RUN(a_dead_stage_is_named_on_every_rank);
     RUN(stages_of_different_models_are_refused);

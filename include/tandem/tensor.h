@@ -56,7 +56,8 @@ td_status td_tensor_write(td_tensor *t, const void *src);
 td_status td_tensor_copy_from(td_tensor *t, td_device from, const void *src);
 
 /* Points a graph input at caller memory (numel elements, plain, kept alive by the caller)
- * so that feeding a batch copies nothing. NULL goes back to the graph's own storage. */
+ * so that feeding a batch copies nothing. NULL goes back to the graph's own storage. The
+ * memory must be on the graph's device (TD_EINVAL names both otherwise). */
 td_status td_tensor_set_data(td_tensor *t, void *data);
 
 #ifdef __cplusplus

@@ -4,6 +4,7 @@
  * values and gradient live now. */
 #include <string.h>
 
+#include "device/device_impl.h"
 #include "graph/graph_impl.h"
 
 /* Parameters and buffers may have been re-pointed through their td_param entries. */
@@ -94,6 +95,16 @@ td_status td_tensor_set_data(td_tensor *t, void *data) {
     if (!t) return td__fail(TD_EINVAL, "td_tensor_set_data: tensor is NULL");
     if (t->kind != TD__INPUT)
         return td__fail(TD_EINVAL, "td_tensor_set_data: '%s' is not a graph input", t->name);
+    td_device on = t->g->opt.device, at = td__device_of_pointer(data);
+    if (data && (at.type != on.type || at.index != on.index)) {
+        char a[32], b[32];
+        td_device_format(on, a, sizeof a);
+        td_device_format(at, b, sizeof b);
+        return td__fail(TD_EINVAL,
+                        "td_tensor_set_data: '%s' is read on %s and the memory given is on %s "
+                        "(td_tensor_write or td_tensor_copy_from copy it there)",
+                        t->name, a, b);
+    }
     void *to = data ? data : t->own;
     if (to != t->data) t->g->storage_gen++; /* recorded sweeps read the old memory */
     t->data = to;

@@ -12,42 +12,56 @@
 
 #include "core/core_impl.h"
 #include "device/device_impl.h"
+#include "optim/optim_impl.h"
 
-/* The same rule over gradients on a GPU (every parameter on params[0]'s device). */
-static td_status clip_on_device(td_param *params, size_t n, double max_norm, double *total_norm) {
+/* One multi-tensor launch over the gradients of params (every one on params[0]'s GPU). */
+static td_status grads_launch(td_param *params, size_t n, const td__mt_args *args, double *result,
+                              const char *what) {
     td_device d = params[0].device;
+    for (size_t i = 0; i < n; i++)
+        if (params[i].device.type != d.type || params[i].device.index != d.index)
+            return td__fail(TD_EINVAL, "%s: %s is on another device than %s", what,
+                            params[i].name ? params[i].name : "?",
+                            params[0].name ? params[0].name : "?");
     td__mt_tensor *list = calloc(n, sizeof *list);
-    if (!list) return td__fail(TD_ENOMEM, "td_clip_grad_norm: out of memory");
+    if (!list) return td__fail(TD_ENOMEM, "%s: out of memory", what);
+    for (size_t i = 0; i < n; i++)
+        list[i] = (td__mt_tensor){
+            .grad = params[i].grad, .count = params[i].count, .dtype = (int32_t)params[i].dtype};
     void *scratch = NULL;
     size_t scratch_bytes = 0;
-    td_status st = TD_OK;
-    double sum = 0.0;
-    for (int pass = 0; pass < 2 && st == TD_OK; pass++) {
-        for (size_t i = 0; i < n; i++) {
-            if (params[i].device.type != d.type || params[i].device.index != d.index)
-                st = td__fail(TD_EINVAL, "td_clip_grad_norm: %s is on another device than %s",
-                              params[i].name ? params[i].name : "?",
-                              params[0].name ? params[0].name : "?");
-            list[i] = (td__mt_tensor){.grad = params[i].grad,
-                                      .count = params[i].count,
-                                      .dtype = (int32_t)params[i].dtype};
-        }
-        if (st != TD_OK) break;
-        if (pass == 0) {
-            td__mt_args a = {.op = TD__MT_SQUARES};
-            st = td__device_multi_tensor(d, &a, list, n, &scratch, &scratch_bytes, &sum,
-                                         "td_clip_grad_norm");
-            if (st == TD_OK && total_norm) *total_norm = sqrt(sum);
-            if (st != TD_OK || !(max_norm / (sqrt(sum) + 1e-6) < 1.0)) break;
-        } else {
-            td__mt_args a = {.op = TD__MT_SCALE, .factor = (float)(max_norm / (sqrt(sum) + 1e-6))};
-            st = td__device_multi_tensor(d, &a, list, n, &scratch, &scratch_bytes, NULL,
-                                         "td_clip_grad_norm");
-        }
-    }
+    td_status st =
+        td__device_multi_tensor(d, args, list, n, &scratch, &scratch_bytes, result, what);
     if (scratch) td_device_free(d, scratch);
     free(list);
     return st;
+}
+
+td_status td__grads_scale(td_param *params, size_t n, float c, const char *what) {
+    if (n && params[0].device.type != TD_DEVICE_CPU) {
+        td__mt_args a = {.op = TD__MT_SCALE, .factor = c};
+        return grads_launch(params, n, &a, NULL, what);
+    }
+    for (size_t i = 0; i < n; i++) {
+        void *g = params[i].grad;
+        if (!g) continue;
+        if (params[i].dtype == TD_F32)
+            for (size_t j = 0; j < params[i].count; j++) ((float *)g)[j] *= c;
+        else
+            for (size_t j = 0; j < params[i].count; j++)
+                td__store(g, params[i].dtype, j, td__load(g, params[i].dtype, j) * c);
+    }
+    return TD_OK;
+}
+
+/* The same rule over gradients on a GPU. */
+static td_status clip_on_device(td_param *params, size_t n, double max_norm, double *total_norm) {
+    double sum = 0.0;
+    td__mt_args a = {.op = TD__MT_SQUARES};
+    TD__TRY(grads_launch(params, n, &a, &sum, "td_clip_grad_norm"));
+    if (total_norm) *total_norm = sqrt(sum);
+    double coef = max_norm / (sqrt(sum) + 1e-6);
+    return coef < 1.0 ? td__grads_scale(params, n, (float)coef, "td_clip_grad_norm") : TD_OK;
 }
 
 td_status td_clip_grad_norm(td_param *params, size_t n, double max_norm, double *total_norm) {
@@ -80,17 +94,5 @@ td_status td_clip_grad_norm(td_param *params, size_t n, double max_norm, double 
     double norm = sqrt(sum);
     if (total_norm) *total_norm = norm;
     double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-        const float c = (float)coef;
-        for (size_t i = 0; i < n; i++) {
-            void *g = params[i].grad;
-            if (!g) continue;
-            if (params[i].dtype == TD_F32)
-                for (size_t j = 0; j < params[i].count; j++) ((float *)g)[j] *= c;
-            else
-                for (size_t j = 0; j < params[i].count; j++)
-                    td__store(g, params[i].dtype, j, td__load(g, params[i].dtype, j) * c);
-        }
-    }
-    return TD_OK;
+    return coef < 1.0 ? td__grads_scale(params, n, (float)coef, "td_clip_grad_norm") : TD_OK;
 }

@@ -149,23 +149,30 @@ static td_status replicas_set_sync(td_pipeline *pp, int sync) {
                      : TD_OK;
 }
 
+/* A micro-batch's host memory as a graph input: the graph reads it where it is on the CPU and
+ * takes a copy on a GPU. */
+static td_status feed(td_pipeline *pp, td_tensor *t, const void *host) {
+    if (pp->opt.graph.device.type == TD_DEVICE_CPU) return td_tensor_set_data(t, (void *)host);
+    return td_tensor_write(t, host);
+}
+
 static td_status forward_one(td_pipeline *pp, int m, const float *xm, const int64_t *ym,
                              pp_kind kind, double *loss_sum) {
     pp_slot *sl = &pp->slots[m % pp->K];
     int last = pp->stage + 1 == pp->P;
     td_status s;
     if (pp->stage == 0) {
-        s = td_tensor_set_data(sl->input, (float *)xm);
+        s = feed(pp, sl->input, xm);
         if (s) return compute_failed(pp, s, "the input", m);
     } else {
         TD__TRY(
             wait_job(pp, &pp->act_in, &sl->j_act_in, "receiving activations", m, pp->stage - 1));
         TD__TRY(check_header(pp, sl->act_in, kind, m, pp->stage - 1, &pp->in_shape));
-        s = td_tensor_set_data(sl->input, sl->act_in + PP_HDR);
+        s = feed(pp, sl->input, sl->act_in + PP_HDR);
         if (s) return compute_failed(pp, s, "the input", m);
     }
     if (last) {
-        s = td_tensor_set_data(sl->labels, (int64_t *)ym);
+        s = feed(pp, sl->labels, ym);
         if (s) return compute_failed(pp, s, "the labels", m);
     }
     /* Each micro-batch's dropout masks depend on where it is, not on when it runs. */
@@ -176,7 +183,12 @@ static td_status forward_one(td_pipeline *pp, int m, const float *xm, const int6
     s = td_graph_forward(sl->g);
     uint64_t t1 = td_time_ns();
     if (s) return compute_failed(pp, s, "the forward", m);
-    if (last && loss_sum) *loss_sum += *(const float *)td_tensor_data(sl->loss);
+    if (last && loss_sum) {
+        float l;
+        s = td_tensor_read(sl->loss, &l);
+        if (s) return compute_failed(pp, s, "reading the loss", m);
+        *loss_sum += l;
+    }
     pp->stats.busy_ns += t1 - t0;
     span(pp, "forward", m, "forward", t0, t1);
     if (!last) {

@@ -14,6 +14,7 @@
 #include "tandem/optim.h"
 
 #include "core/core_impl.h"
+#include "optim/optim_impl.h"
 #include "parallel/pipeline_impl.h"
 #include "parallel/zero_impl.h"
 
@@ -224,17 +225,7 @@ td_status td_pipeline_clip_grad_norm(td_pipeline *pp, double max_norm, double *t
     /* The same coefficient on every stage, so the copies of a tied weight stay equal. */
     double coef = max_norm / (norm + 1e-6);
     if (coef >= 1.0) return TD_OK;
-    const float c = (float)coef;
-    for (size_t i = 0; i < s0->n_params; i++) {
-        const td_param *p = &s0->params[i];
-        if (!p->grad) continue;
-        if (p->dtype == TD_F32)
-            for (size_t j = 0; j < p->count; j++) ((float *)p->grad)[j] *= c;
-        else
-            for (size_t j = 0; j < p->count; j++)
-                td__store(p->grad, p->dtype, j, td__load(p->grad, p->dtype, j) * c);
-    }
-    return TD_OK;
+    return td__grads_scale(s0->params, s0->n_params, (float)coef, "td_pipeline_clip_grad_norm");
 }
 
 int td_pipeline_param_owner(const td_pipeline *pp, size_t i) {
