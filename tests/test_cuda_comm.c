@@ -4,13 +4,17 @@
  * bf16 sums and averages) in and out of place against the serial reference of the host
  * matrix (test_comm_util.h), the values going to the GPU and back through host copies; a
  * collective large enough to take the IPC path in several pieces; and two ranks that call
- * different collectives on device buffers, which both name; and DDP over ranks sharing the GPU
- * equal to one process on the same global batch. Every case skips with one line
- * where no GPU is visible. The parent never starts CUDA itself (a child counts the GPUs):
- * CUDA does not survive a fork, and the ranks are forked. */
+ * different collectives on device buffers, which both name; point-to-point on device buffers
+ * and sub-groups; a rank killed between collectives, named on every survivor within the
+ * timeout; DDP over 2 and 4 ranks sharing the GPU equal to one process on the same global
+ * batch; and deterministic DDP on the same bits at worlds 1, 2 and 4. Every case skips with one
+ * line where no GPU is visible. The parent never starts CUDA itself (a child counts the GPUs): CUDA
+ * does not survive a fork, and the ranks are forked. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -225,6 +229,126 @@ static void mismatch_rank(int r, int n, int port, void *arg) {
 
 static void different_calls_are_named(void) { ranks_on_gpu(2, mismatch_rank, 120); }
 
+/* Point-to-point on device buffers, which travel through host memory: a ring of sends (the
+ * send's buffer overwritten as soon as the call returns, which must not change what arrives),
+ * a message to oneself, and an all-reduce of device buffers in each half of a split group
+ * (NCCL for a sub-group of one rank, CUDA IPC for two). */
+static void p2p_rank(int r, int n, int port, void *arg) {
+    (void)arg;
+    rank = r;
+    size = n;
+    td_comm *w = NULL;
+    CHECK_OK(test_comm_create(&w, r, n, port, 60));
+    if (!w) return;
+    const size_t count = 100003;
+    mirror out = mirror_make(count, TD_F32), in = mirror_make(count, TD_F32),
+           self = mirror_make(count, TD_F32);
+    for (size_t i = 0; i < count; i++) ((float *)out.host)[i] = (float)(r * 1000 + (int)(i % 997));
+    push(&out);
+    int next = (r + 1) % n, prev = (r + n - 1) % n;
+    td_request *req[2] = {NULL, NULL};
+    CHECK_OK(td_comm_irecv(w, in.dev, count, TD_F32, prev, 7, &req[0]));
+    CHECK_OK(td_comm_isend(w, out.dev, count, TD_F32, next, 7, &req[1]));
+    memset(out.host, 0, out.bytes);
+    push(&out);
+    CHECK_OK(td_request_waitall(2, req));
+    pull(&in);
+    for (size_t i = 0; i < count; i++)
+        expect("ring send", TD_F32, TD_OP_SUM, count, i, ((float *)in.host)[i],
+               prev * 1000 + (int)(i % 997));
+    td_request *own = NULL;
+    CHECK_OK(td_comm_irecv(w, self.dev, count, TD_F32, r, 8, &own));
+    CHECK_OK(td_comm_send(w, in.dev, count, TD_F32, r, 8));
+    CHECK_OK(td_request_wait(own));
+    pull(&self);
+    CHECK_EQ(memcmp(self.host, in.host, self.bytes), 0);
+    td_comm *half = NULL;
+    CHECK_OK(td_comm_split(w, r % 2, r, &half));
+    if (half) {
+        for (size_t i = 0; i < count; i++) ((float *)out.host)[i] = (float)(r + 1);
+        push(&out);
+        CHECK_OK(td_comm_allreduce(half, out.dev, out.dev, count, TD_F32, TD_OP_SUM));
+        pull(&out);
+        double want = 0;
+        for (int k = r % 2; k < n; k += 2) want += k + 1;
+        for (size_t i = 0; i < count; i += 97)
+            expect("split allreduce", TD_F32, TD_OP_SUM, count, i, ((float *)out.host)[i], want);
+        CHECK(strcmp(td_comm_device_path(half), td_comm_size(half) == 1 ? "nccl" : "cuda-ipc") ==
+              0);
+        td_comm_destroy(half);
+    }
+    mirror_free(&out);
+    mirror_free(&in);
+    mirror_free(&self);
+    td_comm_destroy(w);
+}
+
+static void point_to_point_and_subgroups(void) {
+    ranks_on_gpu(2, p2p_rank, 120);
+    ranks_on_gpu(4, p2p_rank, 120);
+}
+
+/* kill -9 of a rank between all-reduces on device memory: every other rank's next call fails
+ * within the group's timeout naming it, the group fails fast afterwards, and each survivor
+ * gives back all of its device memory. */
+static void killed_gpu_rank(int r, int n, int port, void *arg) {
+    (void)arg;
+    td_comm *w = NULL;
+    CHECK_OK(test_comm_create(&w, r, n, port, 5));
+    if (!w) return;
+    size_t count = (size_t)1 << 20;
+    mirror a = mirror_make(count, TD_F32);
+    for (size_t i = 0; i < count; i++) ((float *)a.host)[i] = 1;
+    push(&a);
+    CHECK_OK(td_comm_allreduce(w, a.dev, a.dev, count, TD_F32, TD_OP_SUM));
+    if (r == n - 1) raise(SIGKILL);
+    uint64_t t0 = td_time_ns();
+    td_status s = td_comm_allreduce(w, a.dev, a.dev, count, TD_F32, TD_OP_SUM);
+    if (s == TD_OK) s = td_comm_allreduce(w, a.dev, a.dev, count, TD_F32, TD_OP_SUM);
+    double took = (double)(td_time_ns() - t0) / 1e9;
+    CHECK(s == TD_EPEER || s == TD_ETIMEOUT);
+    char want[32];
+    snprintf(want, sizeof want, "rank %d", n - 1);
+    if (!strstr(td_last_error(), want))
+        TEST_FAIL_AT("rank %d: the error does not name %s: %s", r, want, td_last_error());
+    CHECK(took < 8.0);
+    t0 = td_time_ns();
+    CHECK(td_comm_barrier(w) != TD_OK);
+    CHECK((double)(td_time_ns() - t0) / 1e9 < 1.0);
+    mirror_free(&a);
+    td_comm_destroy(w);
+    td_device_memory_stats m;
+    CHECK_OK(td_device_memory(td_device_cuda(0), &m));
+    CHECK_EQ(m.in_use, 0);
+}
+
+static void a_killed_rank_is_named(void) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    CHECK_EQ(test_run_ranks(2, killed_gpu_rank, NULL, 60, 1), 0);
+    CHECK_EQ(test_run_ranks(3, killed_gpu_rank, NULL, 60, 1), 0);
+}
+
+/* The MLP on cuda:0 for a batch, and its parameters. */
+static void mlp_on_gpu(int64_t batch, td_graph **g, td_model *m, td_param **p, size_t *np) {
+    td_graph_params gp = td_graph_default_params();
+    gp.device = td_device_cuda(0);
+    CHECK_OK(td_graph_create(g, &gp));
+    CHECK_OK(td_model_build(*g, TD_MODEL_MLP, batch, 3, m));
+    CHECK_OK(td_graph_parameters(*g, p, np));
+}
+
+/* SGD with momentum 0.9 over p. */
+static td_optim *sgd(td_param *p, size_t np) {
+    td_sgd_params hp = td_sgd_default_params();
+    hp.momentum = 0.9;
+    td_optim *opt = NULL;
+    CHECK_OK(td_optim_create_sgd(&opt, p, np, &hp));
+    return opt;
+}
+
 /* DDP on GPUs: the MLP trained 3 SGD steps on a global batch of 16, by one rank (ranks = 1) or
  * by 2 ranks on 8 samples each, all on cuda:0; each writes its parameters to a file. */
 static const char *ddp_dir;
@@ -234,19 +358,12 @@ static void ddp_rank(int r, int n, int port, void *arg) {
     td_comm *w = NULL;
     if (n > 1) CHECK_OK(test_comm_create(&w, r, n, port, 60));
     int64_t local = 16 / n;
-    td_graph_params gp = td_graph_default_params();
-    gp.device = td_device_cuda(0);
     td_graph *g = NULL;
     td_model m;
-    CHECK_OK(td_graph_create(&g, &gp));
-    CHECK_OK(td_model_build(g, TD_MODEL_MLP, local, 3, &m));
     td_param *p;
     size_t np;
-    CHECK_OK(td_graph_parameters(g, &p, &np));
-    td_sgd_params hp = td_sgd_default_params();
-    hp.momentum = 0.9;
-    td_optim *opt = NULL;
-    CHECK_OK(td_optim_create_sgd(&opt, p, np, &hp));
+    mlp_on_gpu(local, &g, &m, &p, &np);
+    td_optim *opt = sgd(p, np);
     td_ddp *ddp = NULL;
     if (w) {
         CHECK_OK(td_ddp_create(&ddp, w, p, np, NULL, 0, NULL));
@@ -289,11 +406,13 @@ static void ddp_equals_one_process(void) {
     ddp_dir = dir;
     CHECK_EQ(test_run_ranks(1, ddp_rank, NULL, 120, 0), 0);
     CHECK_EQ(test_run_ranks(2, ddp_rank, NULL, 120, 0), 0);
+    CHECK_EQ(test_run_ranks(4, ddp_rank, NULL, 120, 0), 0);
     /* Read on the host: this process never starts CUDA. */
     char a[512], b[512];
     snprintf(a, sizeof a, "%s/params.1.0.safetensors", dir);
-    for (int r = 0; r < 2; r++) {
-        snprintf(b, sizeof b, "%s/params.2.%d.safetensors", dir, r);
+    for (int k = 0; k < 6; k++) {
+        int world = k < 2 ? 2 : 4, r = k < 2 ? k : k - 2;
+        snprintf(b, sizeof b, "%s/params.%d.%d.safetensors", dir, world, r);
         td_checkpoint *ca = NULL, *cb = NULL;
         CHECK_OK(td_checkpoint_open(&ca, a));
         CHECK_OK(td_checkpoint_open(&cb, b));
@@ -307,10 +426,10 @@ static void ddp_equals_one_process(void) {
             ib.data = vb;
             CHECK_OK(td_checkpoint_read(ca, &ia, 1));
             CHECK_OK(td_checkpoint_read(cb, &ib, 1));
-            for (size_t k = 0; k < ia.count; k++)
-                if (fabs(va[k] - vb[k]) > 1e-5 * (1 + fabs(va[k]))) {
-                    TEST_FAIL_AT("rank %d %s[%zu]: ddp %g, one process %g", r, ia.name, k,
-                                 (double)vb[k], (double)va[k]);
+            for (size_t j = 0; j < ia.count; j++)
+                if (fabs(va[j] - vb[j]) > 1e-5 * (1 + fabs(va[j]))) {
+                    TEST_FAIL_AT("world %d rank %d %s[%zu]: ddp %g, one process %g", world, r,
+                                 ia.name, j, (double)vb[j], (double)va[j]);
                     break;
                 }
             free(va);
@@ -320,6 +439,81 @@ static void ddp_equals_one_process(void) {
         td_checkpoint_close(cb);
     }
     test_remove_dir(dir);
+}
+
+/* Deterministic DDP on the GPU: the MLP trained 3 SGD steps on a global batch of 16 in 8 shards
+ * of 2 samples, by 1, 2 or 4 ranks on cuda:0, ends on the same parameter bits at every world
+ * size. Rank 0 leaves its digest in digests[world / 2]. */
+static char (*digests)[65];
+
+static void deterministic_rank(int r, int n, int port, void *arg) {
+    (void)arg;
+    td_comm *w = NULL;
+    CHECK_OK(test_comm_create(&w, r, n, port, 60));
+    if (!w) return;
+    const int64_t shard = 2;
+    td_graph *g = NULL;
+    td_model m;
+    td_param *p;
+    size_t np;
+    mlp_on_gpu(shard, &g, &m, &p, &np);
+    td_ddp_params dp = td_ddp_default_params();
+    dp.deterministic = 1;
+    dp.shards = 8;
+    td_ddp *ddp = NULL;
+    CHECK_OK(td_ddp_create(&ddp, w, p, np, NULL, 0, &dp));
+    if (!ddp) return;
+    td_graph_set_grad_ready_hook(g, td_ddp_grad_ready_hook, ddp);
+    td_optim *opt = sgd(p, np);
+    size_t first = 0, count = 0;
+    td_ddp_shards(ddp, &first, &count);
+    CHECK_EQ(count, 8 / n);
+    float *x = malloc(16 * 784 * sizeof *x);
+    int64_t y[16];
+    td_rng rng;
+    td_rng_init(&rng, 9);
+    for (int step = 0; step < 3 && opt; step++) {
+        for (int i = 0; i < 16 * 784; i++) x[i] = td_rng_uniform(&rng);
+        for (int i = 0; i < 16; i++) y[i] = td_rng_below(&rng, 10);
+        for (size_t j = 0; j < count; j++) {
+            size_t at = (first + j) * (size_t)shard;
+            CHECK_OK(td_ddp_prepare_forward(ddp));
+            CHECK_OK(td_graph_set_rng_key(g, (uint64_t)step, at));
+            CHECK_OK(td_tensor_write(m.input, x + at * 784));
+            CHECK_OK(td_tensor_write(m.labels, y + at));
+            CHECK_OK(td_graph_forward(g));
+            CHECK_OK(td_graph_zero_grad(g));
+            CHECK_OK(td_graph_backward(g, m.loss));
+            CHECK_OK(td_ddp_finish_backward(ddp));
+        }
+        CHECK_OK(td_optim_step(opt));
+        CHECK_OK(td_graph_zero_grad(g));
+    }
+    CHECK_OK(td_graph_parameters(g, &p, &np));
+    char hex[65] = "";
+    CHECK_OK(td_params_sha256(p, np, hex));
+    if (r == 0) memcpy(digests[n / 2], hex, sizeof hex);
+    free(x);
+    td_optim_destroy(opt);
+    td_ddp_destroy(ddp);
+    td_graph_destroy(g);
+    td_comm_destroy(w);
+}
+
+static void deterministic_same_bits_at_worlds_1_2_4(void) {
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    digests = mmap(NULL, 3 * 65, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    memset(digests, 0, 3 * 65);
+    for (int n = 1; n <= 4; n *= 2)
+        CHECK_EQ(test_run_ranks(n, deterministic_rank, NULL, 120, 0), 0);
+    printf("    digests at worlds 1, 2, 4: %.16s %.16s %.16s\n", digests[0], digests[1],
+           digests[2]);
+    CHECK(digests[0][0] && strcmp(digests[0], digests[1]) == 0 &&
+          strcmp(digests[0], digests[2]) == 0);
+    munmap(digests, 3 * 65);
 }
 
 /* The graph's all-gather on a GPU: each rank's (2, 3) rows stacked in rank order, and
@@ -360,27 +554,17 @@ static void graph_gather_rank(int r, int n, int port, void *arg) {
 
 static void graph_all_gather_on_gpu(void) { ranks_on_gpu(2, graph_gather_rank, 120); }
 
-/* The visible GPUs, counted in a child so that this process keeps CUDA unstarted. */
-static int count_gpus(void) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        int n = 0;
-        td_cuda_device_count(&n);
-        _exit(n > 100 ? 100 : n);
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
-    return WEXITSTATUS(status);
-}
-
 int main(void) {
-    gpus = count_gpus();
+    gpus = test_count_gpus();
     RUN(nccl_world_of_one);
     RUN(ipc_world_of_two);
     RUN(ipc_world_of_four);
     RUN(ipc_in_pieces);
     RUN(different_calls_are_named);
+    RUN(point_to_point_and_subgroups);
+    RUN(a_killed_rank_is_named);
     RUN(ddp_equals_one_process);
+    RUN(deterministic_same_bits_at_worlds_1_2_4);
     RUN(graph_all_gather_on_gpu);
     TEST_END();
 }

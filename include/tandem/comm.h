@@ -164,7 +164,10 @@ td_status td_comm_new_group(td_comm *comm, const int *ranks, int n, td_comm **ou
  * copied, so the send completes at once). When a send returns: on shm once the message is in
  * the pair's 256 KiB mailbox or taken out of it, so at once for a message that fits in its free
  * space and otherwise as the receiver makes progress (inside any tandem call on the group);
- * on mpi when MPI's own send returns (eager for small messages, else on a matching receive). */
+ * on mpi when MPI's own send returns (eager for small messages, else on a matching receive).
+ * A buffer in GPU memory travels through host memory: a send copies it out when it is posted
+ * (after the work the GPU's compute stream queued before), a receive copies it in when it
+ * completes; so a GPU buffer of a send may be reused as soon as the call returns. */
 td_status td_comm_send(td_comm *comm, const void *buf, size_t count, td_dtype dtype, int dst,
                        int tag);
 

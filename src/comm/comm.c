@@ -40,6 +40,12 @@ struct td_request {
     size_t bytes;        /* alloc */
     void **alloc_out;    /* alloc */
     void *p2p;           /* backend handle */
+    /* A point-to-point buffer in device memory travels through host memory: `staged`
+     * (staged_bytes) holds it, copied from `user` before a send, into it after a receive. */
+    void *staged, *user;
+    size_t staged_bytes;
+    td_device device;
+    int is_recv;
     int done;
     td_status status;
     char error[1024];
@@ -610,6 +616,33 @@ td_status td_comm_new_group(td_comm *comm, const int *ranks, int n, td_comm **ou
 
 /* ---------------------------------------------------------------- point-to-point */
 
+/* Device memory goes through host memory, on every backend: a send copies its buffer out now
+ * (after what the device's compute stream queued before the call), a receive lands in host
+ * memory and is copied in when the request completes. *buf becomes the host copy. */
+static td_status stage(td_request *r, int is_send, void **buf, size_t bytes, const char *fn,
+                       int rank) {
+    td_device d = td__device_of_pointer(*buf);
+    if (d.type == TD_DEVICE_CPU || !bytes) return TD_OK;
+    r->staged = malloc(bytes);
+    if (!r->staged)
+        return td__fail(TD_ENOMEM, "%s: rank %d: out of memory staging %zu bytes of device memory",
+                        fn, rank, bytes);
+    r->user = *buf;
+    r->staged_bytes = bytes;
+    r->device = d;
+    r->is_recv = !is_send;
+    if (is_send) {
+        td_status s = td_device_copy(td_device_cpu(), r->staged, d, *buf, bytes);
+        if (s) {
+            free(r->staged);
+            r->staged = NULL;
+            return s;
+        }
+    }
+    *buf = r->staged;
+    return TD_OK;
+}
+
 static td_status p2p_post(td_comm *comm, int is_send, void *buf, size_t count, td_dtype dtype,
                           int peer, int tag, td_request **req) {
     const char *fn = is_send ? "send" : "recv";
@@ -639,7 +672,11 @@ static td_status p2p_post(td_comm *comm, int is_send, void *buf, size_t count, t
     if (!r) return td__fail(TD_ENOMEM, "%s: out of memory", fn);
     r->kind = peer == rank ? ITEM_SELF : ITEM_P2P;
     r->comm = comm;
-    td_status s;
+    td_status s = stage(r, is_send, &buf, count * es, fn, rank);
+    if (s) {
+        free(r);
+        return s;
+    }
     if (peer == rank)
         s = is_send ? td__self_send(comm->self, buf, count * es, tag, rank, &r->p2p)
                     : td__self_recv(comm->self, buf, count * es, tag, rank, &r->p2p);
@@ -647,6 +684,7 @@ static td_status p2p_post(td_comm *comm, int is_send, void *buf, size_t count, t
         s = is_send ? comm->ops->isend(comm->ctx, buf, count * es, peer, tag, &r->p2p)
                     : comm->ops->irecv(comm->ctx, buf, count * es, peer, tag, &r->p2p);
     if (s) {
+        free(r->staged);
         free(r);
         return s;
     }
@@ -679,11 +717,19 @@ td_status td_comm_recv(td_comm *comm, void *buf, size_t count, td_dtype dtype, i
 
 /* ---------------------------------------------------------------- requests */
 
+/* Ends a completed point-to-point request: a received message goes to its device. */
+static td_status p2p_done(td_request *req, td_status s) {
+    if (req->staged && req->is_recv && s == TD_OK)
+        s = td_device_copy(req->device, req->user, td_device_cpu(), req->staged, req->staged_bytes);
+    free(req->staged);
+    free(req);
+    return s;
+}
+
 static td_status p2p_result(td_request *req, td_status s) {
     td_comm *comm = req->comm;
     if (s == TD_EPEER || s == TD_ETIMEOUT) poison(comm, s);
-    free(req);
-    return s;
+    return p2p_done(req, s);
 }
 
 td_status td_request_wait(td_request *req) {
@@ -692,9 +738,8 @@ td_status td_request_wait(td_request *req) {
     if (req->kind == ITEM_P2P)
         return p2p_result(req, comm->ops->p2p_wait(comm->ctx, req->p2p, comm->timeout_s));
     if (req->kind == ITEM_SELF) {
-        td_status s = td__self_wait(comm->self, req->p2p, comm->timeout_s, comm->shape.rank);
-        free(req);
-        return s;
+        return p2p_done(req,
+                        td__self_wait(comm->self, req->p2p, comm->timeout_s, comm->shape.rank));
     }
     pthread_mutex_lock(&comm->lock);
     while (!req->done) pthread_cond_wait(&comm->cond, &comm->lock);
@@ -714,8 +759,7 @@ td_status td_request_test(td_request *req, int *done) {
     }
     if (req->kind == ITEM_SELF) {
         td_status s = td__self_test(comm->self, req->p2p, done);
-        if (*done) free(req);
-        return s;
+        return *done ? p2p_done(req, s) : s;
     }
     pthread_mutex_lock(&comm->lock);
     *done = req->done;

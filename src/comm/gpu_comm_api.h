@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define TD__GPU_COMM_ABI 1
+#define TD__GPU_COMM_ABI 2
 #define TD__GPU_COMM_ENTRY "td_cuda_comm_entry"
 
 typedef enum {
@@ -46,7 +46,7 @@ typedef struct {
 typedef struct td__nccl td__nccl;
 typedef struct td__ipc td__ipc;
 
-/* What an IPC rank publishes for its peers: its staging buffer's and its event's handles. */
+/* What an IPC rank publishes for its peers: its staging buffer's handle. */
 #define TD__IPC_HANDLE_BYTES 128
 /* Ranks an IPC group may have (kernels take the peers' buffers by value). */
 #define TD__IPC_MAX_RANKS 8
@@ -78,10 +78,11 @@ typedef struct {
                             td__ipc **out, unsigned char *handle);
     td_status (*ipc_connect)(td__ipc *c, const unsigned char *handles);
     /* Runs one call through the peers' staging buffers, in steps separated by barrier(arg)
-     * (every rank of the group must make the same call); reductions add in rank order, so every
-     * rank gets the same bits. */
+     * (every rank of the group must make the same call), each after this rank's GPU work of the
+     * step is done (waited for up to timeout_s); reductions add in rank order, so every rank
+     * gets the same bits. */
     td_status (*ipc_run)(td__ipc *c, const td__nccl_call *call, td__host_barrier_fn barrier,
-                         void *arg, const char *what);
+                         void *arg, double timeout_s, const char *what);
     void (*ipc_destroy)(td__ipc *c);
 } td__gpu_comm_api;
 

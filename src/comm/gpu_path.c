@@ -119,16 +119,24 @@ static td_status create(const group *g, td_device d, td__gpu_path **out) {
         if (st == TD_OK)
             st = p->api->create(d.index, compute, size, rank, id, g->timeout_s, &p->nccl);
     } else if (st == TD_OK && p->kind == PATH_IPC) {
-        unsigned char *handles = calloc((size_t)size, TD__IPC_HANDLE_BYTES);
-        if (!handles) st = td__fail(TD_ENOMEM, "collectives on a GPU: out of memory");
-        if (st == TD_OK)
-            st = p->api->ipc_create(d.index, compute, rank, size, IPC_STAGING_BYTES, &p->ipc,
-                                    handles + (size_t)rank * TD__IPC_HANDLE_BYTES);
-        if (st == TD_OK)
-            st = step(g, TD__COLL_ALLGATHER, handles + (size_t)rank * TD__IPC_HANDLE_BYTES, handles,
-                      TD__IPC_HANDLE_BYTES, TD_U8, 0, 0);
-        if (st == TD_OK) st = p->api->ipc_connect(p->ipc, handles);
-        free(handles);
+        /* A rank whose buffer or whose peers' failed still takes each step, carrying its
+         * error, so that every rank fails with it instead of waiting for this one. */
+        unsigned char handles[TD__IPC_MAX_RANKS * TD__IPC_HANDLE_BYTES] = {0};
+        unsigned char *mine = handles + (size_t)rank * TD__IPC_HANDLE_BYTES;
+        td__coll why = *g->call;
+        group gw = *g;
+        gw.call = &why;
+        for (int stage = 0; stage < 2 && st == TD_OK; stage++) {
+            td_status local = stage == 0 ? p->api->ipc_create(d.index, compute, rank, size,
+                                                              IPC_STAGING_BYTES, &p->ipc, mine)
+                                         : p->api->ipc_connect(p->ipc, handles);
+            why.error = local;
+            why.error_msg = local ? td_last_error() : NULL;
+            st = stage == 0 ? step(&gw, TD__COLL_ALLGATHER, mine, handles, TD__IPC_HANDLE_BYTES,
+                                   TD_U8, 0, 0)
+                            : step(&gw, TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, 0, 0);
+            if (local) st = local;
+        }
     }
     if (st != TD_OK) {
         td__gpu_path_destroy(p);
@@ -224,5 +232,5 @@ td_status td__gpu_collective(const td__backend_ops *ops, void *ctx, const td__gr
                        .rank = shape->rank,
                        .size = shape->size};
     if (p->kind == PATH_NCCL) return p->api->run(p->nccl, &c, timeout_s, what);
-    return p->api->ipc_run(p->ipc, &c, barrier_step, &g, what);
+    return p->api->ipc_run(p->ipc, &c, barrier_step, &g, timeout_s, what);
 }

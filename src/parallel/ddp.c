@@ -330,7 +330,7 @@ td_status td__ddp_create_with(td_ddp **out, td_comm *comm, td_param *params, siz
         return td__fail(TD_EINVAL, "td_ddp_create: comm_dtype %s, expected f32, bf16 or f16",
                         td_dtype_name(opt.comm_dtype));
     td_device on;
-    TD__TRY(td__ddp_device(params, n_params, buffers, n_buffers, opt.deterministic, &on));
+    TD__TRY(td__ddp_device(params, n_params, buffers, n_buffers, &on));
     td_ddp *d = calloc(1, sizeof *d);
     if (!d) return td__fail(TD_ENOMEM, "td_ddp_create: out of memory");
     d->comm = comm;

@@ -72,7 +72,7 @@ struct td_ddp {
 td_status td__ddp_mem_alloc(td_ddp *d, size_t bytes, void **out);
 /* The one device of every parameter and buffer, or TD_EINVAL naming one elsewhere. */
 td_status td__ddp_device(const td_param *params, size_t n_params, const td_param *buffers,
-                         size_t n_buffers, int deterministic, td_device *out);
+                         size_t n_buffers, td_device *out);
 /* Local working memory on d->device (not group memory). */
 td_status td__ddp_mem_scratch(td_ddp *d, size_t bytes, void **out);
 void td__ddp_mem_scratch_free(td_ddp *d, void *p);

@@ -12,7 +12,7 @@
 static int on_gpu(const td_ddp *d) { return d->device.type != TD_DEVICE_CPU; }
 
 td_status td__ddp_device(const td_param *params, size_t n_params, const td_param *buffers,
-                         size_t n_buffers, int deterministic, td_device *out) {
+                         size_t n_buffers, td_device *out) {
     td_device on = n_params ? params[0].device : n_buffers ? buffers[0].device : td_device_cpu();
     for (size_t i = 0; i < n_params + n_buffers; i++) {
         const td_param *t = i < n_params ? &params[i] : &buffers[i - n_params];
@@ -26,9 +26,6 @@ td_status td__ddp_device(const td_param *params, size_t n_params, const td_param
                             t->name ? t->name : "a tensor", a, b);
         }
     }
-    if (on.type != TD_DEVICE_CPU && deterministic)
-        return td__fail(TD_EUNSUPPORTED, "td_ddp_create: deterministic mode sums its shards on "
-                                         "the CPU only so far; the parameters are on a GPU");
     *out = on;
     return TD_OK;
 }

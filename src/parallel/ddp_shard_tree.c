@@ -26,10 +26,18 @@
  * gradients went: buffer 0, td_comm_alloc memory, where the in-place all-reduce needs no
  * staging. At the step's end a buffer the last fold freed receives the all-to-all. This file is
  * td_ddp's reducer for deterministic mode (reducer.h); it does not decide bucket membership
- * (ddp_layout.c plans it) and knows nothing of graphs. */
+ * (ddp_layout.c plans it) and knows nothing of graphs.
+ *
+ * On a GPU the shards' backwards write one device buffer in the same layout; each gradient is
+ * copied down into the shard's host leaf as it becomes ready, the tree runs on the host as
+ * above (a GPU's kernels give the same bits for the same shard, so the sums do too), and the
+ * step's result goes back up at the end: a copy per gradient per shard, correct before it is
+ * fast. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "tandem/device.h"
 
 #include "core/core_impl.h"
 #include "parallel/ddp_impl.h"
@@ -59,6 +67,10 @@ typedef struct {
     size_t n_buffer_floats;
     td_request **req;   /* (n_buckets + 1) */
     size_t next_launch; /* buckets [0, next_launch) have their all-to-all queued */
+    /* On a GPU: (flat) device memory where each shard's backward writes its gradients and where
+     * the step's result is put back; each gradient comes down into the shard's host leaf when
+     * it is ready, and the tree runs on the host as on the CPU. NULL on the CPU. */
+    float *dev;
 } ddp_tree;
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -69,8 +81,11 @@ static size_t param_at(const td_ddp *d, size_t i) {
     return t->base[d->bucket_of[i]] + d->offset_of[i];
 }
 
-/* Where the current shard's gradients go. */
+/* Where the current shard's gradients are summed. */
 static float *shard_target(const ddp_tree *t) { return t->buf[t->leaf]; }
+
+/* Where the graph writes them: the host leaf, or on a GPU the device copy. */
+static float *shard_grads(const ddp_tree *t) { return t->dev ? t->dev : shard_target(t); }
 
 static int power_of_two(size_t n) { return (n & (n - 1)) == 0; }
 
@@ -164,10 +179,12 @@ static td_status tree_create(td_ddp *d) {
     for (int b = 1; b < t->n_bufs; b++) t->buf[b] = t->mem + (size_t)(b - 1) * t->flat;
     t->root = 0;
     t->leaf = leaf_for(t, 0);
-    for (size_t k = 0; k < d->n_buckets; k++)
-        d->buckets[k].buf = t->buf[0] + t->base[k]; /* where the step's result lands */
+    if (d->device.type != TD_DEVICE_CPU)
+        TD__TRY(td__ddp_mem_alloc(d, t->flat * sizeof(float), (void **)&t->dev));
+    for (size_t k = 0; k < d->n_buckets; k++) /* where the step's result lands */
+        d->buckets[k].buf = (t->dev ? t->dev : t->buf[0]) + t->base[k];
     for (size_t i = 0; i < d->n_params; i++)
-        td__ddp_move_gradient(d, i, t->buf[t->leaf] + param_at(d, i));
+        td__ddp_move_gradient(d, i, shard_grads(t) + param_at(d, i));
     return TD_OK;
 }
 
@@ -189,6 +206,7 @@ static void tree_destroy(td_ddp *d) {
     free(t->req);
     free(t->buffers0);
     free(t->mem);
+    td__ddp_mem_free(d, t->dev);
     if (t->buf) td_comm_free(d->comm, t->buf[0]);
     free(t->buf);
     free(t->pending);
@@ -200,17 +218,18 @@ static td_status tree_prepare(td_ddp *d) {
     ddp_tree *t = d->state;
     /* Every shard starts from the buffers the step started with. */
     float *b0 = t->buffers0;
+    td_device cpu = td_device_cpu(), on = d->device;
     for (size_t i = 0; i < d->n_buffers; i++) {
         size_t bytes = d->buffers[i].count * sizeof(float);
         if (t->shard == 0)
-            memcpy(b0, d->buffers[i].data, bytes);
+            TD__TRY(td_device_copy(cpu, b0, on, d->buffers[i].data, bytes));
         else
-            memcpy(d->buffers[i].data, b0, bytes);
+            TD__TRY(td_device_copy(on, d->buffers[i].data, cpu, b0, bytes));
         b0 += d->buffers[i].count;
     }
     t->leaf = leaf_for(t, t->shard);
     if (t->shard + 1 == t->local) t->recv = t->local > 1 ? t->pending[0] : 1;
-    float *dst = shard_target(t);
+    float *dst = shard_grads(t);
     for (size_t i = 0; i < d->n_params; i++) d->params[i].grad = dst + param_at(d, i);
     return TD_OK;
 }
@@ -218,6 +237,7 @@ static td_status tree_prepare(td_ddp *d) {
 static void tree_zero_grad(td_ddp *d) {
     ddp_tree *t = d->state;
     memset(shard_target(t), 0, t->flat * sizeof(float));
+    if (t->dev) td__ddp_note_error(d, td__ddp_mem_zero(d, t->dev, t->flat * sizeof(float)));
 }
 
 /* The loops below run in blocks of TREE_VEC floats: a fixed trip count over restrict pointers
@@ -352,7 +372,13 @@ static float root_factor(const td_ddp *d) {
 
 static void tree_grad_ready(td_ddp *d, size_t i) {
     ddp_tree *t = d->state;
-    tree_fold(t, param_at(d, i), d->params[i].count, root_factor(d));
+    size_t at = param_at(d, i), n = d->params[i].count;
+    /* On a GPU the gradient is final once the compute stream has passed its kernels: the copy
+     * follows them. */
+    if (t->dev)
+        td__ddp_note_error(d, td_device_copy(td_device_cpu(), shard_target(t) + at, d->device,
+                                             t->dev + at, n * sizeof(float)));
+    tree_fold(t, at, n, root_factor(d));
     if (t->shard + 1 < t->local) return;
     /* The last shard: once a bucket's subtree sums are final it may go across ranks. All-to-alls
      * go out in bucket order on every rank, so every rank queues the same collectives. */
@@ -434,7 +460,8 @@ static td_status tree_finish(td_ddp *d) {
     /* The tail: this shard's buffers, its unready count and its loss, into the same tree. */
     float *tail = dst + t->base[d->n_buckets];
     for (size_t i = 0; i < d->n_buffers; i++) {
-        memcpy(tail, d->buffers[i].data, d->buffers[i].count * sizeof(float));
+        td__ddp_note_error(d, td_device_copy(td_device_cpu(), tail, d->device, d->buffers[i].data,
+                                             d->buffers[i].count * sizeof(float)));
         tail += d->buffers[i].count;
     }
     tail[0] = (float)n_unready;
@@ -461,13 +488,20 @@ static td_status tree_finish(td_ddp *d) {
     for (size_t k = 0; k < d->n_buckets; k++) d->buckets[k].pending = d->buckets[k].n_members;
     if (d->err != TD_OK) return td__ddp_take_error(d);
     float *top = t->buf[t->root], inv = 1.0f / (float)t->shards;
-    for (size_t i = 0; i < d->n_params; i++) d->params[i].grad = top + param_at(d, i);
+    td_device cpu = td_device_cpu();
+    td_status up = TD_OK;
+    if (t->dev) /* the result goes back to where the optimizer reads it */
+        up = td_device_copy(d->device, t->dev, cpu, top, t->base[d->n_buckets] * sizeof(float));
+    for (size_t i = 0; i < d->n_params; i++)
+        d->params[i].grad = (t->dev ? t->dev : top) + param_at(d, i);
     const float *sum = top + t->base[d->n_buckets];
-    for (size_t i = 0; i < d->n_buffers; i++) {
-        float *b = d->buffers[i].data;
-        for (size_t e = 0; e < d->buffers[i].count; e++) b[e] = sum[e] * inv;
-        sum += d->buffers[i].count;
+    for (size_t i = 0; i < d->n_buffers && up == TD_OK; i++) {
+        size_t n = d->buffers[i].count;
+        for (size_t e = 0; e < n; e++) t->buffers0[e] = sum[e] * inv;
+        up = td_device_copy(d->device, d->buffers[i].data, cpu, t->buffers0, n * sizeof(float));
+        sum += n;
     }
+    if (up != TD_OK) return up;
     double unready_all = sum[0];
     d->loss_all = d->opt.average ? sum[1] * inv : sum[1];
     d->stats.sync_steps++;

@@ -18,7 +18,7 @@ td_status td__ipc_create(int device, void *compute, int rank, int size, size_t b
                          unsigned char *handle);
 td_status td__ipc_connect(td__ipc *c, const unsigned char *handles);
 td_status td__ipc_run(td__ipc *c, const td__nccl_call *k, td__host_barrier_fn barrier, void *arg,
-                      const char *what);
+                      double timeout_s, const char *what);
 void td__ipc_destroy(td__ipc *c);
 
 #endif

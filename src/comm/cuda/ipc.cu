@@ -1,17 +1,21 @@
 /* Collectives between ranks that share one GPU, through CUDA IPC: NCCL refuses two ranks on
  * one device, and a one-GPU machine is where this project's multi-rank GPU tests run.
  *
- * Each rank owns a staging buffer and an interprocess event, and opens every peer's. A call
- * runs in steps: each rank writes what it contributes into its own staging buffer on its
- * compute stream and records its event; a host barrier makes sure every rank has queued its
- * record; each rank's stream then waits for every peer's event (a wait sees the latest record
- * queued before it) and its kernels read the peers' buffers. Reductions are split by owner:
+ * Each rank owns a staging buffer and opens every peer's. A call runs in steps: each rank
+ * writes what it contributes into its own staging buffer on its compute stream, waits (on the
+ * host, up to the group's timeout) until its GPU has done so, and meets the others at a host
+ * barrier; its kernels then read the peers' buffers. No stream ever waits for another
+ * process's event: a rank killed between its record and its work would leave such a wait
+ * pending for good, and the survivors' streams (and their teardown) with it, where a host
+ * barrier turns the death into an error naming the rank. Reductions are split by owner:
  * rank r reduces part r of the data from every staging buffer in rank order into its own
  * buffer, and every rank then copies each part from its owner, so all ranks get the same bits,
  * the bits a fixed order gives. A last step keeps a rank from overwriting its staging buffer
  * while a peer still reads it. Data larger than the staging buffer goes through in pieces. */
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <sched.h>
 
 #include "comm/cuda/gpu_comm.cuh"
 #include "device/cuda/dtype.cuh"
@@ -21,9 +25,8 @@ struct td__ipc {
     cudaStream_t compute;
     char *staging; /* this rank's, `bytes` */
     size_t bytes;
-    cudaEvent_t event;             /* this rank's, interprocess */
+    cudaEvent_t event;             /* this rank's work of the step, done */
     char *peer[TD__IPC_MAX_RANKS]; /* every rank's staging buffer (peer[rank] = staging) */
-    cudaEvent_t peer_event[TD__IPC_MAX_RANKS];
     int opened[TD__IPC_MAX_RANKS];
 };
 
@@ -92,7 +95,7 @@ static td_status reduce(td__ipc *c, void *dst, size_t at, size_t n, const td__nc
             <<<b, THREADS, 0, c->compute>>>((double *)dst, src, c->size, at, n, k->op);
         break;
     case TD_I32:
-        reduce_kernel<int32_t, int32_t>
+        reduce_kernel<int32_t, int64_t>
             <<<b, THREADS, 0, c->compute>>>((int32_t *)dst, src, c->size, at, n, k->op);
         break;
     case TD_I64:
@@ -118,14 +121,27 @@ static td_status reduce(td__ipc *c, void *dst, size_t at, size_t n, const td__nc
     return TD_OK;
 }
 
-/* One step boundary: record this rank's event, meet the others on the host, wait for theirs. */
-static td_status step(td__ipc *c, td__host_barrier_fn barrier, void *arg) {
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One step boundary: this rank's GPU work so far is done (polled, as a wait on the event
+ * could outlast the timeout), then the ranks meet on the host. */
+static td_status step(td__ipc *c, td__host_barrier_fn barrier, void *arg, double timeout_s,
+                      const char *what) {
     TD__CU(cudaEventRecord(c->event, c->compute));
-    td_status st = barrier(arg);
-    if (st != TD_OK) return st;
-    for (int r = 0; r < c->size; r++)
-        if (r != c->rank) TD__CU(cudaStreamWaitEvent(c->compute, c->peer_event[r], 0));
-    return TD_OK;
+    double end = now_s() + timeout_s;
+    cudaError_t e;
+    for (long spins = 0; (e = cudaEventQuery(c->event)) == cudaErrorNotReady; spins++) {
+        if (now_s() > end)
+            return td__host->fail(TD_ETIMEOUT, "%s: this rank's GPU work not done after %.0f s",
+                                  what, timeout_s);
+        if (spins > 1000) sched_yield();
+    }
+    if (e != cudaSuccess) return td__host->fail(TD_EBACKEND, "%s: %s", what, cudaGetErrorString(e));
+    return barrier(arg);
 }
 
 static td_status copy(td__ipc *c, void *dst, const void *src, size_t bytes) {
@@ -150,15 +166,12 @@ td_status td__ipc_create(int device, void *compute, int rank, int size, size_t b
     /* cudaMalloc, not the caching allocator: an exported block must be its own allocation. */
     TD__CU(cudaSetDevice(device));
     TD__CU(cudaMalloc((void **)&c->staging, bytes));
-    TD__CU(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming | cudaEventInterprocess));
+    TD__CU(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming));
     cudaIpcMemHandle_t mh;
-    cudaIpcEventHandle_t eh;
     TD__CU(cudaIpcGetMemHandle(&mh, c->staging));
-    TD__CU(cudaIpcGetEventHandle(&eh, c->event));
-    static_assert(sizeof mh + sizeof eh <= TD__IPC_HANDLE_BYTES, "IPC handles fit");
+    static_assert(sizeof mh <= TD__IPC_HANDLE_BYTES, "an IPC handle fits");
     memset(handle, 0, TD__IPC_HANDLE_BYTES);
     memcpy(handle, &mh, sizeof mh);
-    memcpy(handle + sizeof mh, &eh, sizeof eh);
     return TD_OK;
 }
 
@@ -167,23 +180,16 @@ td_status td__ipc_connect(td__ipc *c, const unsigned char *handles) {
     for (int r = 0; r < c->size; r++) {
         if (r == c->rank) {
             c->peer[r] = c->staging;
-            c->peer_event[r] = c->event;
             continue;
         }
         cudaIpcMemHandle_t mh;
-        cudaIpcEventHandle_t eh;
         memcpy(&mh, handles + (size_t)r * TD__IPC_HANDLE_BYTES, sizeof mh);
-        memcpy(&eh, handles + (size_t)r * TD__IPC_HANDLE_BYTES + sizeof mh, sizeof eh);
         cudaError_t e =
             cudaIpcOpenMemHandle((void **)&c->peer[r], mh, cudaIpcMemLazyEnablePeerAccess);
         if (e != cudaSuccess)
             return td__host->fail(TD_EBACKEND, "cuda-ipc: rank %d cannot open rank %d's buffer: %s",
                                   c->rank, r, cudaGetErrorString(e));
         c->opened[r] = 1;
-        e = cudaIpcOpenEventHandle(&c->peer_event[r], eh);
-        if (e != cudaSuccess)
-            return td__host->fail(TD_EBACKEND, "cuda-ipc: rank %d cannot open rank %d's event: %s",
-                                  c->rank, r, cudaGetErrorString(e));
     }
     return TD_OK;
 }
@@ -195,7 +201,6 @@ void td__ipc_destroy(td__ipc *c) {
     for (int r = 0; r < c->size; r++) {
         if (r == c->rank) continue;
         if (c->opened[r]) cudaIpcCloseMemHandle(c->peer[r]);
-        if (c->peer_event[r]) cudaEventDestroy(c->peer_event[r]);
     }
     if (c->event) cudaEventDestroy(c->event);
     if (c->staging) cudaFree(c->staging);
@@ -209,7 +214,7 @@ static void part(size_t n, int size, int r, size_t *lo, size_t *hi) {
 }
 
 td_status td__ipc_run(td__ipc *c, const td__nccl_call *k, td__host_barrier_fn barrier, void *arg,
-                      const char *what) {
+                      double timeout_s, const char *what) {
     TD__CU(cudaSetDevice(c->device));
     const char *send = (const char *)k->send;
     char *recv = (char *)k->recv;
@@ -230,10 +235,10 @@ td_status td__ipc_run(td__ipc *c, const td__nccl_call *k, td__host_barrier_fn ba
         case TD__NCCL_REDUCE:
             /* in: the piece; each rank reduces its part into its own buffer; out: copies */
             if ((st = copy(c, c->staging, send + at * es, m * es)) != TD_OK) break;
-            if ((st = step(c, barrier, arg)) != TD_OK) break;
+            if ((st = step(c, barrier, arg, timeout_s, what)) != TD_OK) break;
             part(m, c->size, me, &lo, &hi);
             if ((st = reduce(c, c->staging + lo * es, lo, hi - lo, k, what)) != TD_OK) break;
-            if ((st = step(c, barrier, arg)) != TD_OK) break;
+            if ((st = step(c, barrier, arg, timeout_s, what)) != TD_OK) break;
             if (k->kind == TD__NCCL_ALLREDUCE || me == k->root)
                 for (int r = 0; r < c->size && st == TD_OK; r++) {
                     part(m, c->size, r, &lo, &hi);
@@ -242,14 +247,14 @@ td_status td__ipc_run(td__ipc *c, const td__nccl_call *k, td__host_barrier_fn ba
             break;
         case TD__NCCL_BROADCAST:
             if (me == k->root && (st = copy(c, c->staging, send + at * es, m * es)) != TD_OK) break;
-            if ((st = step(c, barrier, arg)) != TD_OK) break;
+            if ((st = step(c, barrier, arg, timeout_s, what)) != TD_OK) break;
             st = copy(c, recv + at * es, c->peer[k->root], m * es);
             break;
         case TD__NCCL_ALLGATHER:
         case TD__NCCL_GATHER: {
             const char *mine = send == recv ? recv + ((size_t)me * n + at) * es : send + at * es;
             if ((st = copy(c, c->staging, mine, m * es)) != TD_OK) break;
-            if ((st = step(c, barrier, arg)) != TD_OK) break;
+            if ((st = step(c, barrier, arg, timeout_s, what)) != TD_OK) break;
             if (k->kind == TD__NCCL_ALLGATHER || me == k->root)
                 for (int r = 0; r < c->size && st == TD_OK; r++)
                     st = copy(c, recv + ((size_t)r * n + at) * es, c->peer[r], m * es);
@@ -260,7 +265,7 @@ td_status td__ipc_run(td__ipc *c, const td__nccl_call *k, td__host_barrier_fn ba
                 for (int r = 0; r < c->size && st == TD_OK; r++)
                     st = copy(c, c->staging + (size_t)r * m * es, send + ((size_t)r * n + at) * es,
                               m * es);
-            if (st != TD_OK || (st = step(c, barrier, arg)) != TD_OK) break;
+            if (st != TD_OK || (st = step(c, barrier, arg, timeout_s, what)) != TD_OK) break;
             st = copy(c, recv + at * es, c->peer[k->root] + (size_t)me * m * es, m * es);
             break;
         case TD__NCCL_REDUCE_SCATTER:
@@ -268,7 +273,7 @@ td_status td__ipc_run(td__ipc *c, const td__nccl_call *k, td__host_barrier_fn ba
             for (int r = 0; r < c->size && st == TD_OK; r++)
                 st = copy(c, c->staging + (size_t)r * m * es, send + ((size_t)r * n + at) * es,
                           m * es);
-            if (st != TD_OK || (st = step(c, barrier, arg)) != TD_OK) break;
+            if (st != TD_OK || (st = step(c, barrier, arg, timeout_s, what)) != TD_OK) break;
             if (k->kind == TD__NCCL_REDUCE_SCATTER) {
                 /* In place too the result lands at the front (comm.h): the input is staged. */
                 st = reduce(c, recv + at * es, (size_t)me * m, m, k, what);
@@ -283,7 +288,7 @@ td_status td__ipc_run(td__ipc *c, const td__nccl_call *k, td__host_barrier_fn ba
                                   what);
         }
         /* Nobody refills a staging buffer a peer still reads. */
-        if (st == TD_OK) st = step(c, barrier, arg);
+        if (st == TD_OK) st = step(c, barrier, arg, timeout_s, what);
     }
     return st;
 }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ctime>
 #include <nccl.h>
+#include <pthread.h>
 
 #include "comm/cuda/gpu_comm.cuh"
 #include "comm/gpu_comm_api.h"
@@ -21,6 +22,8 @@ struct td__nccl {
     cudaStream_t stream;     /* the communicator's */
     cudaStream_t compute;    /* the device's compute stream, which collectives follow */
     cudaEvent_t ready, done; /* compute stream passed the call; the collective finished */
+    /* td_comm_abort may end the communicator from another thread while a call polls it. */
+    pthread_mutex_t lock;
     int aborted;
 };
 
@@ -45,7 +48,13 @@ static td_status watch(td__nccl *c, double timeout_s, const char *what, int even
     double end = now_s() + timeout_s;
     for (;;) {
         ncclResult_t r;
+        pthread_mutex_lock(&c->lock);
+        if (c->aborted) {
+            pthread_mutex_unlock(&c->lock);
+            return td__host->fail(TD_EPEER, "%s: the NCCL communicator was aborted", what);
+        }
         ncclResult_t q = ncclCommGetAsyncError(c->comm, &r);
+        pthread_mutex_unlock(&c->lock);
         if (q != ncclSuccess) r = q;
         td_status st = TD_OK;
         char why[160] = "";
@@ -65,8 +74,10 @@ static td_status watch(td__nccl *c, double timeout_s, const char *what, int even
                      timeout_s);
         }
         if (st != TD_OK) {
-            ncclCommAbort(c->comm);
+            pthread_mutex_lock(&c->lock);
+            if (!c->aborted) ncclCommAbort(c->comm);
             c->aborted = 1;
+            pthread_mutex_unlock(&c->lock);
             return td__host->fail(st, "%s: %s; the NCCL communicator was aborted", what, why);
         }
     }
@@ -84,6 +95,7 @@ static td_status make(td__nccl **out, int device, void *compute) {
     td__nccl *c = (td__nccl *)calloc(1, sizeof *c);
     if (!c) return td__host->fail(TD_ENOMEM, "nccl: out of memory");
     *out = c;
+    pthread_mutex_init(&c->lock, NULL);
     c->device = device;
     c->compute = (cudaStream_t)compute;
     TD__CU(cudaSetDevice(device));
@@ -96,24 +108,28 @@ static td_status make(td__nccl **out, int device, void *compute) {
 void td__nccl_destroy(td__nccl *c) {
     if (!c) return;
     cudaSetDevice(c->device);
-    if (c->comm) {
-        if (c->aborted) {
-            /* ncclCommAbort freed it */
-        } else if (ncclCommFinalize(c->comm) != ncclSuccess ||
-                   ncclCommDestroy(c->comm) != ncclSuccess) {
-            ncclCommAbort(c->comm);
+    if (c->comm && !c->aborted) { /* ncclCommAbort freed an aborted one */
+        /* A non-blocking communicator finalizes in the background: poll, for a while. */
+        ncclResult_t r = ncclCommFinalize(c->comm), a = ncclInProgress;
+        double end = now_s() + 10.0;
+        while (r == ncclInProgress || (r == ncclSuccess && a == ncclInProgress)) {
+            if (now_s() > end) break;
+            r = ncclCommGetAsyncError(c->comm, &a);
+            if (r == ncclSuccess && a != ncclInProgress) r = a;
         }
+        if (r != ncclSuccess || ncclCommDestroy(c->comm) != ncclSuccess) ncclCommAbort(c->comm);
     }
     if (c->ready) cudaEventDestroy(c->ready);
     if (c->done) cudaEventDestroy(c->done);
     if (c->stream) cudaStreamDestroy(c->stream);
+    pthread_mutex_destroy(&c->lock);
     free(c);
 }
 
 td_status td__nccl_create(int device, void *compute, int nranks, int rank,
                           const unsigned char id[128], double timeout_s, td__nccl **out) {
     *out = NULL;
-    td__nccl *c;
+    td__nccl *c = NULL;
     td_status st = make(&c, device, compute);
     if (st == TD_OK) {
         ncclUniqueId u;
@@ -137,7 +153,7 @@ td_status td__nccl_create(int device, void *compute, int nranks, int rank,
 
 td_status td__nccl_split(td__nccl *parent, int color, int key, double timeout_s, td__nccl **out) {
     *out = NULL;
-    td__nccl *c;
+    td__nccl *c = NULL;
     td_status st = make(&c, parent->device, parent->compute);
     if (st == TD_OK) {
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -159,10 +175,13 @@ td_status td__nccl_split(td__nccl *parent, int color, int key, double timeout_s,
 }
 
 void td__nccl_abort(td__nccl *c) {
-    if (c && c->comm && !c->aborted) {
+    if (!c) return;
+    pthread_mutex_lock(&c->lock);
+    if (c->comm && !c->aborted) {
         ncclCommAbort(c->comm);
         c->aborted = 1;
     }
+    pthread_mutex_unlock(&c->lock);
 }
 
 static ncclDataType_t nccl_type(td_dtype dt) {
@@ -235,22 +254,29 @@ static td_status enqueue(td__nccl *c, const td__nccl_call *k, const char *what) 
     case TD__NCCL_SCATTER:
     case TD__NCCL_ALLTOALL: {
         TD__NCCL(ncclGroupStart(), what);
-        for (int r = 0; r < size; r++) {
-            size_t at = (size_t)r * n * es;
+        /* The group is ended whatever a call in it said, or it would take in later calls. */
+        ncclResult_t r = ncclSuccess;
+        for (int q = 0; q < size && (r == ncclSuccess || r == ncclInProgress); q++) {
+            size_t at = (size_t)q * n * es;
             if (k->kind == TD__NCCL_ALLTOALL) {
-                TD__NCCL(ncclSend(send + at, n, t, r, c->comm, c->stream), what);
-                TD__NCCL(ncclRecv(recv + at, n, t, r, c->comm, c->stream), what);
+                r = ncclSend(send + at, n, t, q, c->comm, c->stream);
+                if (r == ncclSuccess || r == ncclInProgress)
+                    r = ncclRecv(recv + at, n, t, q, c->comm, c->stream);
             } else if (k->kind == TD__NCCL_GATHER) {
-                if (r == 0) TD__NCCL(ncclSend(send, n, t, k->root, c->comm, c->stream), what);
-                if (rank == k->root)
-                    TD__NCCL(ncclRecv(recv + at, n, t, r, c->comm, c->stream), what);
+                if (q == 0) r = ncclSend(send, n, t, k->root, c->comm, c->stream);
+                if (rank == k->root && (r == ncclSuccess || r == ncclInProgress))
+                    r = ncclRecv(recv + at, n, t, q, c->comm, c->stream);
             } else {
-                if (rank == k->root)
-                    TD__NCCL(ncclSend(send + at, n, t, r, c->comm, c->stream), what);
-                if (r == 0) TD__NCCL(ncclRecv(recv, n, t, k->root, c->comm, c->stream), what);
+                if (rank == k->root) r = ncclSend(send + at, n, t, q, c->comm, c->stream);
+                if (q == 0 && (r == ncclSuccess || r == ncclInProgress))
+                    r = ncclRecv(recv, n, t, k->root, c->comm, c->stream);
             }
         }
-        TD__NCCL(ncclGroupEnd(), what);
+        ncclResult_t e = ncclGroupEnd();
+        if (r != ncclSuccess && r != ncclInProgress)
+            return td__host->fail(TD_EBACKEND, "%s: a send or receive of the group failed: %s",
+                                  what, ncclGetErrorString(r));
+        TD__NCCL(e, what);
         return TD_OK;
     }
     case TD__NCCL_SEND:
@@ -268,7 +294,11 @@ td_status td__nccl_run(td__nccl *c, const td__nccl_call *k, double timeout_s, co
     TD__CU(cudaSetDevice(c->device));
     TD__CU(cudaEventRecord(c->ready, c->compute));
     TD__CU(cudaStreamWaitEvent(c->stream, c->ready, 0));
-    td_status st = enqueue(c, k, what);
+    pthread_mutex_lock(&c->lock);
+    td_status st = c->aborted
+                       ? td__host->fail(TD_EPEER, "%s: the NCCL communicator was aborted", what)
+                       : enqueue(c, k, what);
+    pthread_mutex_unlock(&c->lock);
     if (st == TD_OK) st = watch(c, timeout_s, what, 0);
     if (st != TD_OK) return st;
     TD__CU(cudaEventRecord(c->done, c->stream));
