@@ -698,7 +698,9 @@ static td_status build_dropout_classifier(td_graph *g, built *b) {
 
 /* Six SGD steps on two GPU graphs, one launching every op and one recording its sweeps as
  * CUDA graphs and replaying them: the losses and parameters are the same bits, the dropout
- * masks fresh at every replay; the second graph did replay and the first did not. */
+ * masks fresh at every replay; the second graph did replay and the first did not. Then two
+ * steps in evaluation mode, whose backward must not replay the training one (dropout's masks
+ * would come back). */
 static void replay_equals_op_by_op(void) {
     if (!gpus) {
         SKIP("no CUDA device");
@@ -732,7 +734,9 @@ static void replay_equals_op_by_op(void) {
     int64_t labels[16];
     td_rng rng;
     td_rng_init(&rng, 8);
-    for (int step = 0; step < 6; step++) {
+    for (int step = 0; step < 8; step++) {
+        if (step == 6)
+            for (int d = 0; d < 2; d++) td_graph_set_training(g[d], 0);
         for (int i = 0; i < 16 * 30; i++) x[i] = td_rng_normal(&rng);
         for (int i = 0; i < 16; i++) labels[i] = td_rng_below(&rng, CLASSES);
         float loss[2];

@@ -78,10 +78,13 @@ static int recordable(td_graph *g, int backward) {
 }
 
 /* The key of the sweep about to run, as it would be stored. */
+/* A backward's kernels depend on the training mode too (batch norm's training or evaluation
+ * backward, dropout's masks), so both sweeps key on it. */
 static int key_matches(const td_graph *g, const td__recorded_sweep *s, const td_tensor *from) {
-    if (s->storage_gen != g->storage_gen) return 0;
-    if (!from) return s->training == g->ctx.training && s->by_sample == g->ctx.rng_by_sample;
-    return s->from == from && flags_equal(g, s->flags_before);
+    if (s->storage_gen != g->storage_gen || s->training != g->ctx.training ||
+        s->by_sample != g->ctx.rng_by_sample)
+        return 0;
+    return !from || (s->from == from && flags_equal(g, s->flags_before));
 }
 
 static void key_store(td_graph *g, td__recorded_sweep *s, const td_tensor *from) {

@@ -16,7 +16,7 @@ td_status td__cu_device_count(int *count, char *why, size_t n) {
     cudaError_t e = cudaGetDeviceCount(count);
     void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
     if (!driver) {
-        snprintf(why, n, "no NVIDIA driver on this machine (libcuda.so.1: %s)", dlerror());
+        snprintf(why, n, "no NVIDIA driver on this machine (%s)", dlerror());
         *count = 0;
         cudaGetLastError();
     } else if (e != cudaSuccess) {

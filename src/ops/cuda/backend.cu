@@ -98,6 +98,8 @@ static td_status gpu_copy_plain(td__op_ctx *ctx, const td_tensor *t, const void 
  * call returns, so the host may change its copy at once. */
 static td_status gpu_forward_begin(td__op_ctx *ctx) {
     td__gpu *g = td__gpu_of(ctx);
+    /* Each sweep makes its GPU current: a thread may drive graphs on several. */
+    TD__CU(cudaSetDevice(g->device.index));
     td__gpu_rng_key key = {ctx->rng->seed, ctx->rng->offset, ctx->rng_step, ctx->rng_first_sample};
     g->forward_offset = key.offset;
     TD__CU(cudaMemcpyAsync(g->rng_key, &key, sizeof key, cudaMemcpyHostToDevice, g->stream));
@@ -106,6 +108,7 @@ static td_status gpu_forward_begin(td__op_ctx *ctx) {
 
 /* Pageable sources are staged by the driver before the call returns. */
 static td_status gpu_upload_async(td__op_ctx *ctx, void *dst, const void *host, size_t bytes) {
+    TD__CU(cudaSetDevice(td__gpu_of(ctx)->device.index));
     TD__CU(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, td__gpu_of(ctx)->stream));
     return TD_OK;
 }
@@ -113,6 +116,7 @@ static td_status gpu_upload_async(td__op_ctx *ctx, void *dst, const void *host, 
 /* Recordings are CUDA graphs of the compute stream, captured in this thread's mode, so that
  * another thread's unrelated CUDA calls do not break them. */
 static td_status gpu_record_begin(td__op_ctx *ctx) {
+    TD__CU(cudaSetDevice(td__gpu_of(ctx)->device.index));
     TD__CU(cudaStreamBeginCapture(td__gpu_of(ctx)->stream, cudaStreamCaptureModeThreadLocal));
     return TD_OK;
 }
@@ -139,6 +143,7 @@ static td_status gpu_record_end(td__op_ctx *ctx, int keep, void **recording) {
 }
 
 static td_status gpu_replay(td__op_ctx *ctx, void *recording) {
+    TD__CU(cudaSetDevice(td__gpu_of(ctx)->device.index));
     TD__CU(cudaGraphLaunch((cudaGraphExec_t)recording, td__gpu_of(ctx)->stream));
     return TD_OK;
 }

@@ -50,6 +50,14 @@ static td_status gemm_init(td__gpu *g, gemm *m, td_dtype dt, int tf32, int ta, i
     cublasStatus_t st =
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                              &g->workspace_bytes, sizeof g->workspace_bytes);
+    /* The heuristic otherwise assumes 256-byte alignment; a graph's storage plan and DDP's
+     * buckets promise 64 (a pointer may change after this choice: td_tensor_set_data). */
+    const uint32_t align = 64;
+    const cublasLtMatmulPreferenceAttributes_t aligned[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, aligned[i], &align, sizeof align);
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
