@@ -50,16 +50,6 @@ typedef struct {
     const char *launcher; /* how the ranks were started, for the heading */
 } bench;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static void barrier(bench *b, int impl) {
 #ifdef BENCH_MPI
     if (impl != IMPL_SHM && impl != IMPL_SHM_REG) {
@@ -143,7 +133,7 @@ static void time_size(bench *b, const int have[IMPL_COUNT], size_t count, int wa
             }
     CHECK(td_comm_allreduce(b->shm, t, tmax, n, TD_F64, TD_OP_MAX));
     for (int k = 0; k < IMPL_COUNT; k++) {
-        med[k] = have[k] ? median(tmax + (size_t)k * iters, iters) : 0;
+        med[k] = have[k] ? bench_median(tmax + (size_t)k * iters, iters) : 0;
         if (have[k]) check_one(b, k, count);
     }
     free(t);
@@ -212,7 +202,7 @@ static void run(bench *b, int json, size_t max_bytes, int repeat) {
     for (int z = 0; z <= MAX_SIZES; z++)
         for (int k = 0; k < IMPL_COUNT; k++) {
             for (int r = 0; r < repeat; r++) v[r] = t[r][z][k];
-            med[z][k] = median(v, repeat);
+            med[z][k] = bench_median(v, repeat);
         }
     free(v);
     free(t);

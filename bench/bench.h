@@ -1,5 +1,6 @@
 /* What every benchmark shares: CHECK (print the failed call and leave), running a function as
- * N ranks forked and pinned by td_spawn with each rank's result in shared memory, re-running
+ * N ranks forked and pinned by td_spawn with each rank's result in shared memory, counting
+ * the GPUs those ranks may use, medians, re-running
  * the program with one OpenMP thread (or another count), and the CPU's name and the load
  * average for the table's heading.
  * Header-only; each bench/<name>.c includes it once. */
@@ -10,9 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tandem/comm.h"
+#include "tandem/device.h"
 #include "tandem/spawn.h"
 
 /* A tandem call that must succeed; otherwise prints it and the error, and leaves. */
@@ -59,6 +62,38 @@ static inline int bench_ranks(int world, int pin, bench_rank_fn fn, void *arg, v
     if (results) memcpy(results, shared, total);
     munmap(shared, total ? total : 1);
     return s != TD_OK;
+}
+
+/* qsort's comparison of doubles, ascending. */
+static inline int bench_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of v's n values (sorted in place; the mean of the middle two when n is even). */
+static inline double bench_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The GPUs a forked rank may use, counted in a child so that the calling process keeps CUDA
+ * unstarted (CUDA does not survive a fork); where there are none, the child prints
+ * "<who>: no GPU can be used here (why); nothing measured". */
+static inline int bench_gpus(const char *who) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int n = 0;
+        td_cuda_device_count(&n);
+        if (n == 0)
+            printf("%s: no GPU can be used here (%s); nothing measured\n", who,
+                   td_cuda_unavailable() ? td_cuda_unavailable() : "no device");
+        fflush(stdout);
+        _exit(n > 100 ? 100 : n);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
+    return WEXITSTATUS(status);
 }
 
 /* The shm world group of a rank started by bench_ranks. */

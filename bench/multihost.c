@@ -45,16 +45,6 @@
 
 static char self[PATH_MAX], scripts[PATH_MAX], bin[PATH_MAX];
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* ---------------------------------------------------------------- ranks (under mpirun) */
 
 enum { IMPL_MPI, IMPL_FLAT, IMPL_HIER, IMPL_RANKS = 3, IMPL_UCX_FLAT = 3, IMPL_UCX_HIER, IMPL_COUNT };
@@ -107,7 +97,7 @@ static int allreduce_rank(const char *out, size_t max_bytes) {
             }
         MPI_Reduce(t, tmax, IMPL_RANKS * 16, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
         for (int k = 0; f && k < IMPL_RANKS; k++)
-            fprintf(f, "ar %zu %d %.9f\n", bytes, k, median(tmax[k], iters));
+            fprintf(f, "ar %zu %d %.9f\n", bytes, k, bench_median(tmax[k], iters));
     }
     if (f) fclose(f);
     free(buf);
@@ -269,7 +259,7 @@ static int ucx_allreduce_rank(const char *out, size_t max_bytes) {
             }
         CHECK(td_comm_allreduce(c[0], t, t, 2 * 16, TD_F64, TD_OP_MAX));
         for (int h = 0; f && h < 2; h++)
-            fprintf(f, "ar %zu %d %.9f\n", bytes, IMPL_UCX_FLAT + h, median(t[h], iters));
+            fprintf(f, "ar %zu %d %.9f\n", bytes, IMPL_UCX_FLAT + h, bench_median(t[h], iters));
     }
     if (f) fclose(f);
     free(buf);
@@ -368,8 +358,8 @@ static void read_results(const char *path, link_result *L) {
 static void link_medians(link_result *L, double t[][IMPL_COUNT], double r[CNN_COUNT]) {
     for (int z = 0; z < L->n_sizes; z++)
         for (int k = 0; k < IMPL_COUNT; k++)
-            t[z][k] = L->n_ar[z][k] ? median(L->ar[z][k], L->n_ar[z][k]) : 0;
-    for (int v = 0; v < CNN_COUNT; v++) r[v] = L->n_cnn[v] ? median(L->cnn[v], L->n_cnn[v]) : 0;
+            t[z][k] = L->n_ar[z][k] ? bench_median(L->ar[z][k], L->n_ar[z][k]) : 0;
+    for (int v = 0; v < CNN_COUNT; v++) r[v] = L->n_cnn[v] ? bench_median(L->cnn[v], L->n_cnn[v]) : 0;
 }
 
 static double ratio(double a, double b) { return a > 0 && b > 0 ? a / b : 0; }

@@ -187,15 +187,10 @@ static int profile_rank(int rank, int world, void *result, void *arg) {
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double median(double *v, int n) {
     double c[MAX_REPEAT];
     memcpy(c, v, (size_t)n * sizeof *c);
-    qsort(c, (size_t)n, sizeof *c, cmp_double);
+    qsort(c, (size_t)n, sizeof *c, bench_cmp_double);
     return c[n / 2];
 }
 

@@ -28,9 +28,16 @@
  * thread of the process: compute, communication progress), which other jobs on a shared machine
  * disturb far less than the wall clock, and the ratio of the two modes' CPU times.
  *
+ * --device cuda:0 trains every rank on that GPU (cuda: each rank on cuda:LOCAL_RANK), DDP's
+ * all-reduces taking the group's device path (CUDA IPC for ranks that share a GPU), each window
+ * ended by a device synchronisation; the "no comm" row is then DDP's ceiling on that GPU, and a
+ * line gives DDP's efficiency (its samples/s over the ceiling's). The PyTorch peer and the
+ * deterministic table are CPU-only and left out there (bench/train_gpu compares one GPU with
+ * PyTorch).
+ *
  *   build/bench/train [--models net,mlp,cnn] [--worlds 1,2] [--amp O0,O2] [--amp-dtype bf16]
  *                     [--iters 20] [--windows 5] [--repeat K] [--shards 8] [--threads 1]
- *                     [--no-torch] [--json]
+ *                     [--device cpu|cuda|cuda:N] [--no-torch] [--json]
  *
  * Every measurement runs in fresh child processes, so no oneDNN or OpenMP state crosses a
  * fork. */
@@ -52,13 +59,9 @@
 typedef struct {
     int iters, windows, warmup;
     td_dtype amp_dtype;
-    int threads; /* OpenMP threads per rank */
+    int threads;        /* OpenMP threads per rank */
+    const char *device; /* --device as td_device_choose reads it: "cpu", "cuda", "cuda:0" */
 } timing;
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* What a rank measured: the median over windows of samples/s (global) and of its process's CPU
  * milliseconds per step. */
@@ -81,6 +84,7 @@ static measure rank_main(td_model_kind kind, td_amp_level amp, int rank, int wor
     td_graph *g;
     td_model m;
     td_graph_params gp = td_graph_default_params();
+    CHECK(td_device_choose(tm->device, &gp.device));
     gp.amp.level = amp;
     gp.amp.dtype = tm->amp_dtype;
     gp.threads = shards ? 1 : 0; /* deterministic: no sum depends on OMP_NUM_THREADS */
@@ -145,13 +149,14 @@ static measure rank_main(td_model_kind kind, td_amp_level amp, int rank, int wor
             }
             CHECK(td_graph_zero_grad(g));
         }
+        if (gp.device.type != TD_DEVICE_CPU) CHECK(td_device_synchronize(gp.device));
         if (w >= 0) {
             rates[w] = (double)GLOBAL_BATCH * iters / ((double)(td_time_ns() - t0) * 1e-9);
             cpu[w] = (cpu_s() - c0) * 1e3 / iters;
         }
     }
-    qsort(rates, (size_t)tm->windows, sizeof *rates, cmp_double);
-    qsort(cpu, (size_t)tm->windows, sizeof *cpu, cmp_double);
+    qsort(rates, (size_t)tm->windows, sizeof *rates, bench_cmp_double);
+    qsort(cpu, (size_t)tm->windows, sizeof *cpu, bench_cmp_double);
     measure median = {rates[tm->windows / 2], cpu[tm->windows / 2]};
     free(rates);
     free(cpu);
@@ -218,7 +223,7 @@ static double median_of(const double *v, int n) {
     for (int i = 0; i < n; i++)
         if (v[i] >= 0) ok[m++] = v[i];
     if (!m) return -1;
-    qsort(ok, (size_t)m, sizeof *ok, cmp_double);
+    qsort(ok, (size_t)m, sizeof *ok, bench_cmp_double);
     return ok[m / 2];
 }
 
@@ -268,7 +273,7 @@ static int parse_levels(const char *list, td_amp_level *out) {
 
 int main(int argc, char **argv) {
     const char *models = "net,mlp,cnn", *worlds = "1,2", *amps = "O0";
-    timing tm = {20, 5, 5, TD_BF16, 1};
+    timing tm = {20, 5, 5, TD_BF16, 1, "cpu"};
     int torch = 1, json = 0, repeat = 1, shards = 8;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--models") && i + 1 < argc)
@@ -293,6 +298,8 @@ int main(int argc, char **argv) {
             shards = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             tm.threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            tm.device = argv[++i];
         else if (!strcmp(argv[i], "--no-torch"))
             torch = 0;
         else if (!strcmp(argv[i], "--json"))
@@ -300,7 +307,8 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr, "usage: train [--models net,mlp,cnn] [--worlds 1,2] [--amp O0,O2] "
                             "[--amp-dtype bf16|f16] [--iters N] [--windows N] [--repeat K] "
-                            "[--shards S] [--threads N] [--no-torch] [--json]\n");
+                            "[--shards S] [--threads N] [--device cpu|cuda|cuda:N] [--no-torch] "
+                            "[--json]\n");
             return 2;
         }
     }
@@ -311,6 +319,18 @@ int main(int argc, char **argv) {
                 "a divisor of %d, --threads 1..64\n",
                 MAX_REPEAT, GLOBAL_BATCH);
         return 2;
+    }
+    td_device device;
+    if (td_device_parse(tm.device, &device)) {
+        fprintf(stderr, "bench/train: %s\n", td_last_error());
+        return 2;
+    }
+    int gpu = device.type != TD_DEVICE_CPU;
+    if (gpu && bench_gpus("bench/train") == 0) return 0;
+    if (gpu) {
+        /* The peer trains on the CPU, and deterministic mode's shard tree sums there. */
+        torch = 0;
+        shards = 0;
     }
     td_amp_level levels[MAX_LEVELS];
     int nl = parse_levels(amps, levels), l0 = -1;
@@ -338,6 +358,9 @@ int main(int argc, char **argv) {
     printf("%s\nsamples/s at global batch %d, %d thread(s) per rank, median of %d windows of %d "
            "steps",
            bench_cpu_name(cpu, sizeof cpu), GLOBAL_BATCH, tm.threads, tm.windows, tm.iters);
+    if (gpu)
+        printf("; every rank on %s (DDP's efficiency: its samples/s over the no-comm row's)",
+               tm.device);
     if (repeat > 1) printf("; medians of %d interleaved repeats", repeat);
     printf("\n%-6s %-8s %-11s %10s %10s %8s %8s %14s\n", "model", "amp", "world", "tandem",
            "pytorch", "ratio", "vs f32", "scaling vs w1");
@@ -427,6 +450,12 @@ int main(int argc, char **argv) {
                               base ? median_ratio(alone[l][i], base, repeat) : -1,
                               -1};
                     print_row(&na, json);
+                    double eff = median_ratio(ours[l][i], alone[l][i], repeat);
+                    if (gpu) printf("%-6s %-8s %-11d DDP efficiency %.2f\n", name, amp, ws[i], eff);
+                    if (gpu && json)
+                        printf("{\"model\": \"%s\", \"amp\": \"%s\", \"world\": %d, "
+                               "\"device\": \"%s\", \"ddp_efficiency\": %.3f}\n",
+                               name, amp, ws[i], tm.device, eff);
                 }
             }
     }

@@ -40,11 +40,6 @@ typedef struct {
 typedef enum { P_F32, P_TF32, P_BF16, P_COUNT } precision;
 static const char *const precision_names[P_COUNT] = {"f32", "tf32", "bf16"};
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* One step of a measured graph: forward, backward (from the loss, or from dy), and the
  * optimizer's step when there is one. */
 typedef struct {
@@ -73,7 +68,7 @@ static double median_rate(const stepper *s, double work, const timing *tm) {
         CHECK(td_device_synchronize(td_device_cuda(0)));
         if (w >= 0) rates[w] = work * iters / ((double)(td_time_ns() - t0) * 1e-9);
     }
-    qsort(rates, (size_t)tm->windows, sizeof *rates, cmp_double);
+    qsort(rates, (size_t)tm->windows, sizeof *rates, bench_cmp_double);
     double median = rates[tm->windows / 2];
     free(rates);
     return median;

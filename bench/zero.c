@@ -70,16 +70,6 @@ typedef struct {
     double ms, cpu_ms, phase[N_PHASES];
 } step_time;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median_of(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 static double cpu_ms_now(void) {
     struct rusage u;
     getrusage(RUSAGE_SELF, &u);
@@ -152,8 +142,8 @@ static step_time time_rank(int way, int rank, int world, const timing *tm) {
         for (int k = 0; k < N_PHASES; k++) phase[k][w] = (double)ph[k] * 1e-6 / iters;
     }
     step_time out = {.cpu_ms = (cpu_ms_now() - cpu0) / ((double)tm->iters * tm->windows)};
-    out.ms = median_of(ms, tm->windows);
-    for (int k = 0; k < N_PHASES; k++) out.phase[k] = median_of(phase[k], tm->windows);
+    out.ms = bench_median(ms, tm->windows);
+    for (int k = 0; k < N_PHASES; k++) out.phase[k] = bench_median(phase[k], tm->windows);
     td_graph_set_grad_ready_hook(g, NULL, NULL);
     td_graph_set_param_use_hook(g, NULL, NULL);
     td_optim_destroy(opt);
@@ -212,7 +202,7 @@ static double median_ran(const double *v, int n) {
     int m = 0;
     for (int i = 0; i < n; i++)
         if (v[i] >= 0) ok[m++] = v[i];
-    return m ? median_of(ok, m) : -1;
+    return m ? bench_median(ok, m) : -1;
 }
 
 static void print_ms(double v, int width) {
