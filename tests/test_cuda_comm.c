@@ -7,7 +7,8 @@
  * different collectives on device buffers, which both name; point-to-point on device buffers
  * and sub-groups; a rank killed between collectives, named on every survivor within the
  * timeout; DDP over 2 and 4 ranks sharing the GPU equal to one process on the same global
- * batch; and deterministic DDP on the same bits at worlds 1, 2 and 4. Every case skips with one
+ * batch; deterministic DDP on the same bits at worlds 1, 2 and 4; and SyncBatchNorm on the GPU
+ * equal to the CPU's over the same group. Every case skips with one
  * line where no GPU is visible. The parent never starts CUDA itself (a child counts the GPUs): CUDA
  * does not survive a fork, and the ranks are forked. */
 #include <signal.h>
@@ -516,6 +517,97 @@ static void deterministic_same_bits_at_worlds_1_2_4(void) {
     munmap(digests, 3 * 65);
 }
 
+/* SyncBatchNorm on a GPU: each rank runs the same (N, C, H, W) = (3 + rank, 4, 5, 5) batch
+ * through SyncBatchNorm twice, on the CPU and on cuda:0, over the same group; two training
+ * steps and one in evaluation mode give the same output, input, weight and bias gradients and
+ * running statistics on both devices (1e-5). */
+static void sbn_twin(td_comm *w, td_device d, int64_t batch, td_graph **g, td_tensor **x,
+                     td_tensor **y, td_tensor *t[4]) {
+    td_graph_params gp = td_graph_default_params();
+    gp.device = d;
+    gp.comm = w;
+    CHECK_OK(td_graph_create(g, &gp));
+    CHECK_OK(td_graph_input(*g, "x", td_shape_4d(batch, 4, 5, 5), TD_F32, 1, x));
+    CHECK_OK(td_graph_param(*g, "w", td_shape_1d(4), &t[0]));
+    CHECK_OK(td_graph_param(*g, "b", td_shape_1d(4), &t[1]));
+    CHECK_OK(td_graph_buffer(*g, "rm", td_shape_1d(4), &t[2]));
+    CHECK_OK(td_graph_buffer(*g, "rv", td_shape_1d(4), &t[3]));
+    const float wv[4] = {1.0f, 0.5f, 2.0f, -1.0f}, bv[4] = {0.1f, 0.0f, -0.2f, 0.3f},
+                zeros[4] = {0}, ones[4] = {1, 1, 1, 1};
+    CHECK_OK(td_tensor_write(t[0], wv));
+    CHECK_OK(td_tensor_write(t[1], bv));
+    CHECK_OK(td_tensor_write(t[2], zeros));
+    CHECK_OK(td_tensor_write(t[3], ones));
+    CHECK_OK(td_graph_sync_batch_norm2d(*g, *x, t[0], t[1], t[2], t[3], NULL, y));
+    CHECK_OK(td_graph_compile(*g));
+}
+
+static void expect_close(const char *what, int step, const float *gpu, const float *cpu, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (fabs(gpu[i] - cpu[i]) > 1e-5 * (1 + fabs(cpu[i]))) {
+            TEST_FAIL_AT("rank %d step %d %s[%zu]: cuda %g, cpu %g", rank, step, what, i,
+                         (double)gpu[i], (double)cpu[i]);
+            return;
+        }
+}
+
+static void sbn_rank(int r, int n, int port, void *arg) {
+    (void)arg;
+    rank = r;
+    size = n;
+    td_comm *w = NULL;
+    CHECK_OK(test_comm_create(&w, r, n, port, 60));
+    if (!w) return;
+    int64_t batch = 3 + r;
+    size_t numel = (size_t)batch * 100;
+    td_graph *g[2] = {NULL, NULL};
+    td_tensor *x[2], *y[2], *t[2][4];
+    sbn_twin(w, td_device_cpu(), batch, &g[0], &x[0], &y[0], t[0]);
+    sbn_twin(w, td_device_cuda(0), batch, &g[1], &x[1], &y[1], t[1]);
+    float *xs = malloc(numel * sizeof *xs), *dy = malloc(numel * sizeof *dy);
+    float *out[2] = {malloc(numel * sizeof(float)), malloc(numel * sizeof(float))};
+    float *dx[2] = {malloc(numel * sizeof(float)), malloc(numel * sizeof(float))};
+    td_rng rng;
+    td_rng_init(&rng, 100 + (uint64_t)r);
+    for (int step = 0; step < 3 && g[0] && g[1]; step++) {
+        for (size_t i = 0; i < numel; i++) xs[i] = 2.0f * td_rng_normal(&rng) + (float)(i % 4);
+        for (size_t i = 0; i < numel; i++) dy[i] = td_rng_normal(&rng);
+        float vals[2][4][4];
+        for (int d = 0; d < 2; d++) {
+            td_graph_set_training(g[d], step < 2);
+            CHECK_OK(td_tensor_write(x[d], xs));
+            CHECK_OK(td_graph_forward(g[d]));
+            CHECK_OK(td_graph_zero_grad(g[d]));
+            CHECK_OK(td_graph_backward_from(g[d], y[d], dy));
+            CHECK_OK(td_tensor_read(y[d], out[d]));
+            CHECK_OK(td_tensor_read_grad(x[d], dx[d]));
+            for (int k = 0; k < 4; k++) {
+                if (k < 2)
+                    CHECK_OK(td_tensor_read_grad(t[d][k], vals[d][k]));
+                else
+                    CHECK_OK(td_tensor_read(t[d][k], vals[d][k]));
+            }
+        }
+        expect_close("y", step, out[1], out[0], numel);
+        expect_close("dx", step, dx[1], dx[0], numel);
+        const char *names[4] = {"dweight", "dbias", "running mean", "running var"};
+        for (int k = 0; k < 4; k++) expect_close(names[k], step, vals[1][k], vals[0][k], 4);
+    }
+    for (int d = 0; d < 2; d++) {
+        free(out[d]);
+        free(dx[d]);
+        td_graph_destroy(g[d]);
+    }
+    free(xs);
+    free(dy);
+    td_comm_destroy(w);
+}
+
+static void sync_batch_norm_on_gpu_equals_cpu(void) {
+    ranks_on_gpu(2, sbn_rank, 120);
+    ranks_on_gpu(4, sbn_rank, 120);
+}
+
 /* The graph's all-gather on a GPU: each rank's (2, 3) rows stacked in rank order, and
  * backward's reduce-scatter sums every rank's gradient of its own rows; such a graph never
  * records its sweeps (the op waits for the group on the host) and says why. */
@@ -566,5 +658,6 @@ int main(void) {
     RUN(ddp_equals_one_process);
     RUN(deterministic_same_bits_at_worlds_1_2_4);
     RUN(graph_all_gather_on_gpu);
+    RUN(sync_batch_norm_on_gpu_equals_cpu);
     TEST_END();
 }

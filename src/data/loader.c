@@ -254,12 +254,17 @@ td_status td_loader_seek(td_loader *l, uint64_t epoch, size_t batch) {
     while (l->busy) pthread_cond_wait(&l->cv, &l->mu);
     td_sampler_set_epoch(l->sampler, epoch);
     l->epoch = epoch;
+    /* The batch the caller holds may still be read by queued work: its next upload waits. */
+    td_status st = TD_OK;
+    if (on_gpu(l) && l->held >= 0 && !l->slots[l->held].released)
+        st = td__device_event_record(l->p.device, l->compute, &l->slots[l->held].released,
+                                     "td_loader_seek");
     for (int i = 0; i < 2; i++) l->slots[i].state = SLOT_FREE;
     l->held = -1;
     l->next_fill = l->next_take = batch;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
-    return TD_OK;
+    return st;
 }
 
 td_status td_loader_set_epoch(td_loader *l, uint64_t epoch) { return td_loader_seek(l, epoch, 0); }

@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever either table changes: a library of another version is refused by name. */
-#define TD__CUDA_ABI 5
+#define TD__CUDA_ABI 6
 #define TD__CUDA_ENTRY "td_cuda_entry"
 
 /* What the host lends the library. */
@@ -72,6 +72,15 @@ typedef struct {
     td_status (*multi_tensor)(int device, void *stream, const td__mt_args *args,
                               td__mt_tensor *list, size_t n, void **scratch, size_t *scratch_bytes,
                               double *result);
+    /* Per channel of an f32 (N, C, S) tensor on stream: s (2C doubles, device memory) gets
+     * each channel's sum of x and of x * x, or with dy (and mean, C floats) of dy and of
+     * dy * (x - mean); and out = (in - mean) a + b (+ k extra) with coef = (mean, a, b, k), C
+     * floats each (channels.cu). */
+    td_status (*channel_sums)(int device, void *stream, const float *x, const float *dy,
+                              const float *mean, int64_t N, int64_t C, int64_t S, double *s);
+    td_status (*channel_affine)(int device, void *stream, float *out, const float *in,
+                                const float *coef, const float *extra, int64_t N, int64_t C,
+                                int64_t S);
     /* The graph engine's backend on a GPU (its kernels are in src/ops/cuda/), and the sizes of
      * the engine's private structs it was compiled with (td_tensor, td__node, td__op_ctx), so
      * that a library built from other sources is refused, not trusted. */

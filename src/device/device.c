@@ -140,6 +140,9 @@ static td_status gpu_of(td_device d, const char *what, gpu **out) {
     if (d.index < 0 || d.index >= n)
         return td__fail(TD_EINVAL, "%s: %s does not exist (%d CUDA device%s visible)", what, name,
                         n, n == 1 ? " is" : "s are");
+    if (d.index >= MAX_GPUS)
+        return td__fail(TD_EUNSUPPORTED, "%s: %s: tandem drives at most %d GPUs a process", what,
+                        name, MAX_GPUS);
     gpu *g = &gpus[d.index];
     td_status s = TD_OK;
     pthread_mutex_lock(&lock);
@@ -347,6 +350,21 @@ td_status td__device_convert(td_device d, void *dst, td_dtype dst_dtype, const v
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
     return td__cuda()->convert_async(g->index, g->stream, dst, dst_dtype, src, src_dtype, n);
+}
+
+td_status td__device_channel_sums(td_device d, const float *x, const float *dy, const float *mean,
+                                  int64_t N, int64_t C, int64_t S, double *s, const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->channel_sums(g->index, g->stream, x, dy, mean, N, C, S, s);
+}
+
+td_status td__device_channel_affine(td_device d, float *out, const float *in, const float *coef,
+                                    const float *extra, int64_t N, int64_t C, int64_t S,
+                                    const char *what) {
+    gpu *g;
+    TD__TRY(gpu_of(d, what, &g));
+    return td__cuda()->channel_affine(g->index, g->stream, out, in, coef, extra, N, C, S);
 }
 
 td_status td__device_fill(td_device d, void *ptr, uint32_t bits, int size, size_t n,

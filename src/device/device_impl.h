@@ -50,6 +50,16 @@ td_status td__device_convert(td_device d, void *dst, td_dtype dst_dtype, const v
 td_status td__device_fill(td_device d, void *ptr, uint32_t bits, int size, size_t n,
                           const char *what);
 
+/* Per channel of an f32 (N, C, S) tensor on GPU d, queued on its compute stream: s (2C doubles
+ * of device memory) gets each channel's sum of x and of x * x, or with dy (and mean, C floats)
+ * of dy and of dy * (x - mean), in a fixed order; and out = (in - mean) a + b (+ k extra) with
+ * coef = (mean, a, b, k), C floats each. The CPU's ops walk their own layouts instead. */
+td_status td__device_channel_sums(td_device d, const float *x, const float *dy, const float *mean,
+                                  int64_t N, int64_t C, int64_t S, double *s, const char *what);
+td_status td__device_channel_affine(td_device d, float *out, const float *in, const float *coef,
+                                    const float *extra, int64_t N, int64_t C, int64_t S,
+                                    const char *what);
+
 /* Where ptr points: a GPU this process has used through tandem (its memory, whoever allocated
  * it), or the CPU. Asks CUDA only once a GPU is in use, so host-only programs never start it. */
 td_device td__device_of_pointer(const void *ptr);

@@ -8,7 +8,10 @@
  * normalises with the running stats and communicates nothing. Computes in f32 whatever the
  * activations' dtype (apex's rule), in plain C over the input's own layout (plain or
  * channel-blocked), which the output keeps. The graph adds plain batch norm instead when the
- * group has one rank, as PyTorch does. */
+ * group has one rank, as PyTorch does. The per-channel arithmetic on the host is shared with the
+ * kernels for other devices (sync_batch_norm_device.c). */
+#include "ops/sync_batch_norm.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,18 +146,54 @@ static td_status sbn_compile(td__op_ctx *ctx, td__node *n) {
     return td__coll_agree(ctx, n, &channels, x->dtype, x->requires_grad);
 }
 
+void td__sbn_eval_stats(const td__node *n, int64_t C, const float *w, const float *b,
+                        const float *rm, const float *rv, td__sbn_stats *st) {
+    for (int64_t ch = 0; ch < C; ch++) {
+        double inv = 1.0 / sqrt((double)rv[ch] + n->attr.bn.eps);
+        st->mean[ch] = rm[ch];
+        st->inv[ch] = inv;
+        st->mean_f[ch] = rm[ch];
+        st->a[ch] = (float)(w[ch] * inv);
+        st->c[ch] = b[ch];
+    }
+}
+
+void td__sbn_train_stats(const td__node *n, int64_t C, int64_t Cp, const double *sums,
+                         const float *w, const float *b, float *rm, float *rv, td__sbn_stats *st) {
+    const double *sum = sums, *sq = sums + Cp;
+    double count = sq[Cp];
+    double m = n->attr.bn.momentum, unbias = count > 1 ? count / (count - 1) : 1;
+    for (int64_t ch = 0; ch < C; ch++) {
+        double mean = sum[ch] / count, var = sq[ch] / count - mean * mean;
+        if (var < 0) var = 0;
+        double inv = 1.0 / sqrt(var + n->attr.bn.eps);
+        st->mean[ch] = mean;
+        st->inv[ch] = inv;
+        st->mean_f[ch] = (float)mean;
+        st->a[ch] = (float)(w[ch] * inv);
+        st->c[ch] = b[ch];
+        rm[ch] = (float)((1 - m) * rm[ch] + m * mean);
+        rv[ch] = (float)((1 - m) * rv[ch] + m * var * unbias);
+    }
+}
+
+void td__sbn_backward_coefficients(int64_t C, int64_t Cp, const double *sums, const float *w,
+                                   double count, int trained, const td__sbn_stats *st, float *k,
+                                   float *da, float *dc) {
+    const double *sdy = sums, *sdyx = sums + Cp;
+    for (int64_t ch = 0; ch < C; ch++) {
+        double inv = st->inv[ch], g = w[ch] * inv;
+        k[ch] = (float)g;
+        da[ch] = trained ? (float)(-g * inv * inv * sdyx[ch] / count) : 0.f;
+        dc[ch] = trained ? (float)(-g * sdy[ch] / count) : 0.f;
+    }
+}
+
 /* Eval: the running statistics, no communication. */
 static void eval_coefficients(sbn_state *s, const td__node *n) {
-    const float *w = n->in[1]->data, *b = n->in[2]->data, *rm = n->in[3]->data,
-                *rv = n->in[4]->data;
-    for (int64_t ch = 0; ch < s->w.C; ch++) {
-        double inv = 1.0 / sqrt((double)rv[ch] + n->attr.bn.eps);
-        s->mean[ch] = rm[ch];
-        s->inv[ch] = inv;
-        s->mean_f[ch] = rm[ch];
-        s->a[ch] = (float)(w[ch] * inv);
-        s->c[ch] = b[ch];
-    }
+    td__sbn_stats st = {s->mean, s->inv, s->mean_f, s->a, s->c};
+    td__sbn_eval_stats(n, s->w.C, n->in[1]->data, n->in[2]->data, n->in[3]->data, n->in[4]->data,
+                       &st);
 }
 
 static td_status sbn_forward(td__op_ctx *ctx, td__node *n) {
@@ -175,23 +214,10 @@ static td_status sbn_forward(td__op_ctx *ctx, td__node *n) {
             td_comm_allreduce(ctx->comm, s->sums, s->sums, (size_t)(2 * Cp + 1), TD_F64, TD_OP_SUM);
         if (st != TD_OK) return td__coll_fail(n, "forward", st);
     }
-    double count = sq[Cp];
-    s->count = count;
-    const float *w = n->in[1]->data, *b = n->in[2]->data;
-    float *rm = n->in[3]->data, *rv = n->in[4]->data;
-    double m = n->attr.bn.momentum, unbias = count > 1 ? count / (count - 1) : 1;
-    for (int64_t ch = 0; ch < C; ch++) {
-        double mean = sum[ch] / count, var = sq[ch] / count - mean * mean;
-        if (var < 0) var = 0;
-        double inv = 1.0 / sqrt(var + n->attr.bn.eps);
-        s->mean[ch] = mean;
-        s->inv[ch] = inv;
-        s->mean_f[ch] = (float)mean;
-        s->a[ch] = (float)(w[ch] * inv);
-        s->c[ch] = b[ch];
-        rm[ch] = (float)((1 - m) * rm[ch] + m * mean);
-        rv[ch] = (float)((1 - m) * rv[ch] + m * var * unbias);
-    }
+    s->count = sq[Cp];
+    td__sbn_stats st = {s->mean, s->inv, s->mean_f, s->a, s->c};
+    td__sbn_train_stats(n, C, Cp, s->sums, n->in[1]->data, n->in[2]->data, n->in[3]->data,
+                        n->in[4]->data, &st);
     channel_affine(&s->w, n->out->data, x->data, s->mean_f, s->a, s->c, NULL, NULL);
     return TD_OK;
 }
@@ -223,14 +249,9 @@ static td_status sbn_backward(td__op_ctx *ctx, td__node *n) {
             td_comm_allreduce(ctx->comm, s->sums, s->sums, (size_t)(2 * Cp), TD_F64, TD_OP_SUM);
         if (st != TD_OK) return td__coll_fail(n, "backward", st);
     }
-    /* Training: dx = w inv (dy - sum dy / count - (x - mean) inv^2 sum dy (x - mean) / count)
-     * with the group's sums; eval: dx = w inv dy. */
-    for (int64_t ch = 0; ch < C; ch++) {
-        double inv = s->inv[ch], g = wd[ch] * inv;
-        s->k[ch] = (float)g;
-        s->da[ch] = s->trained ? (float)(-g * inv * inv * sdyx[ch] / s->count) : 0.f;
-        s->dc[ch] = s->trained ? (float)(-g * sdy[ch] / s->count) : 0.f;
-    }
+    td__sbn_stats st = {s->mean, s->inv, s->mean_f, s->a, s->c};
+    td__sbn_backward_coefficients(C, Cp, s->sums, wd, s->count, s->trained, &st, s->k, s->da,
+                                  s->dc);
     channel_affine(&s->w, td__grad_begin(ctx, x, 0), x->data, s->mean_f, s->da, s->dc, y->grad,
                    s->k);
     td__grad_end(ctx, x);
@@ -252,6 +273,7 @@ static td_dtype sbn_input_dtype(const td__node *n, int i, td_dtype dtype) {
 const td__op td__op_sync_batch_norm = {
     .name = "sync_batch_norm2d",
     .id = TD__OP_SYNC_BATCH_NORM,
+    .generic = &td__sync_batch_norm_device,
     .propagates_layout = 1,
     .infer = sbn_infer,
     .precision = TD__PREC_F32,

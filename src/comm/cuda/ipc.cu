@@ -135,6 +135,8 @@ static td_status step(td__ipc *c, td__host_barrier_fn barrier, void *arg, double
     double end = now_s() + timeout_s;
     cudaError_t e;
     for (long spins = 0; (e = cudaEventQuery(c->event)) == cudaErrorNotReady; spins++) {
+        cudaGetLastError(); /* "not ready" is kept as the last error: the next launch check
+                             * would report it */
         if (now_s() > end)
             return td__host->fail(TD_ETIMEOUT, "%s: this rank's GPU work not done after %.0f s",
                                   what, timeout_s);

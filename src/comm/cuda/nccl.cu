@@ -64,6 +64,7 @@ static td_status watch(td__nccl *c, double timeout_s, const char *what, int even
         } else if (r == ncclSuccess) {
             cudaError_t e = event ? cudaEventQuery(c->done) : cudaSuccess;
             if (e == cudaSuccess) return TD_OK;
+            if (e == cudaErrorNotReady) cudaGetLastError(); /* kept as the last error else */
             if (e != cudaErrorNotReady)
                 return td__host->fail(TD_EBACKEND, "%s: %s", what, cudaGetErrorString(e));
         }

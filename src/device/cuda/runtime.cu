@@ -73,9 +73,14 @@ td_status td__cu_device_malloc(int device, size_t bytes, void **ptr) {
     return TD_OK;
 }
 
+/* A call whose failure nobody can act on leaves no error behind for the next launch check. */
+static void forget(cudaError_t e) {
+    if (e != cudaSuccess) cudaGetLastError();
+}
+
 void td__cu_device_free(int device, void *ptr) {
-    cudaSetDevice(device);
-    cudaFree(ptr);
+    forget(cudaSetDevice(device));
+    forget(cudaFree(ptr));
 }
 
 td_status td__cu_event_record(int device, void *stream, void **event) {
@@ -89,9 +94,15 @@ td_status td__cu_event_record(int device, void *stream, void **event) {
     return TD_OK;
 }
 
-int td__cu_event_done(void *event) { return cudaEventQuery((cudaEvent_t)event) == cudaSuccess; }
+/* cudaEventQuery's "not ready" is kept as the last error, which the next launch check would
+ * report: it is cleared here. */
+int td__cu_event_done(void *event) {
+    cudaError_t e = cudaEventQuery((cudaEvent_t)event);
+    forget(e);
+    return e == cudaSuccess;
+}
 
-void td__cu_event_destroy(void *event) { cudaEventDestroy((cudaEvent_t)event); }
+void td__cu_event_destroy(void *event) { forget(cudaEventDestroy((cudaEvent_t)event)); }
 
 td_status td__cu_memcpy_async(int device, void *dst, const void *src, size_t bytes, void *stream) {
     TD__CU(cudaSetDevice(device));
@@ -116,7 +127,7 @@ td_status td__cu_host_alloc(size_t bytes, void **ptr) {
     return TD_OK;
 }
 
-void td__cu_host_free(void *ptr) { cudaFreeHost(ptr); }
+void td__cu_host_free(void *ptr) { forget(cudaFreeHost(ptr)); }
 
 td_status td__cu_event_wait(int device, void *stream, void *event) {
     TD__CU(cudaSetDevice(device));

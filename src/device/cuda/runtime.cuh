@@ -40,6 +40,11 @@ td_status td__cu_convert_async(int device, void *stream, void *dst, td_dtype dst
                                const void *src, td_dtype src_dtype, size_t n);
 td_status td__cu_fill_async(int device, void *stream, void *ptr, uint32_t bits, int size, size_t n);
 td_status td__cu_device_uuid(int device, unsigned char uuid[16]);
+td_status td__cu_channel_sums(int device, void *stream, const float *x, const float *dy,
+                              const float *mean, int64_t N, int64_t C, int64_t S, double *s);
+td_status td__cu_channel_affine(int device, void *stream, float *out, const float *in,
+                                const float *coef, const float *extra, int64_t N, int64_t C,
+                                int64_t S);
 td_status td__cu_multi_tensor(int device, void *stream, const td__mt_args *args,
                               td__mt_tensor *list, size_t n, void **scratch, size_t *scratch_bytes,
                               double *result);

@@ -1,6 +1,7 @@
 /* libtandem_cuda.so's one exported symbol: takes the host's services and returns the table of
  * cuda_api.h: its runtime calls (src/device/cuda/runtime.cu), the multi-tensor kernels
- * (src/optim/cuda/multi_tensor.cu) and the GPU graph backend. */
+ * (src/optim/cuda/multi_tensor.cu), the per-channel kernels (src/device/cuda/channels.cu) and
+ * the GPU graph backend. */
 #include "ops/cuda/cuda_ops.cuh"
 
 static const td__cuda_api api = {
@@ -26,6 +27,8 @@ static const td__cuda_api api = {
     .pointer_device = td__cu_pointer_device,
     .device_uuid = td__cu_device_uuid,
     .multi_tensor = td__cu_multi_tensor,
+    .channel_sums = td__cu_channel_sums,
+    .channel_affine = td__cu_channel_affine,
     .backend = &td__backend_cuda,
     .tensor_size = sizeof(td_tensor),
     .node_size = sizeof(td__node),
