@@ -144,7 +144,8 @@ done
 echo "tests took $(($(date +%s) - t0)) s"
 [ "$status" -eq 0 ] && echo "== all GPU tests passed" || echo "== GPU tests FAILED"
 
-# The examples on the GPU, a short run each: the CNN on Fashion-MNIST, the GPT on Jane Austen.
+# The examples on the GPU, a short run each: the CNN on Fashion-MNIST, the GPT on Jane Austen,
+# SimCLR on Fashion-MNIST.
 echo "== examples on cuda"
 austen=/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb
 [ -e "$austen" ] || austen="$root$austen"
@@ -162,6 +163,8 @@ example() { # name, lines of its output to show, command...
 example mnist 3 build/examples/mnist --model cnn --device cuda --max-steps 200
 example gpt 12 build/examples/gpt --device cuda --data "$austen" --steps 300 --eval-every 100 \
     --sample 200
+example contrastive 3 build/examples/contrastive --device cuda --epochs 1 --max-steps 100 \
+    --probe-train 5000 --probe-test 1000 --probe-epochs 2
 
 bench=${TD_GPU_BENCH:---iters 10 --windows 3}
 if [ "$bench" != none ]; then

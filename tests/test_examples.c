@@ -116,7 +116,7 @@ static void banner_names_the_precision(void) {
 
 /* --device cuda trains on a GPU where one can be used (the digest then equals nothing on the
  * CPU's, the GPU summing in its own order, but the run must finish); where none can, the run
- * stops at once saying why. */
+ * stops at once saying why. The MNIST example and the contrastive one. */
 static void device_cuda_runs_or_says_why_not(void) {
     int gpus = 0;
     CHECK_OK(td_cuda_device_count(&gpus));
@@ -128,6 +128,17 @@ static void device_cuda_runs_or_says_why_not(void) {
         CHECK_EQ(rc, 1);
         CHECK(strstr(output, "device 'cuda': no GPU can be used here: ") != NULL);
         CHECK(strstr(output, td_cuda_unavailable()) != NULL);
+    }
+    /* SimCLR too: SyncBatchNorm, the all-gather and NT-Xent on the GPU, and the probe there */
+    rc = run("%s --epochs 1 --max-steps 3 --batch 64 --probe-train 200 --probe-test 100 "
+             "--probe-epochs 1 --data %s --device cuda",
+             contrastive, short_set);
+    if (gpus) {
+        CHECK_EQ(rc, 0);
+        CHECK(strstr(output, "rank(s) on cuda:0") && strstr(output, "final:"));
+    } else {
+        CHECK_EQ(rc, 1);
+        CHECK(strstr(output, "device 'cuda': no GPU can be used here: ") != NULL);
     }
 }
 

@@ -14,7 +14,8 @@
  * with global negatives N ranks train the same weights as one process on the global batch.
  * DDP averages the gradients. After training a linear probe (probe.c) measures the frozen
  * encoder's features, beside the same probe on the encoder as it was initialised. Only rank 0
- * prints and writes the checkpoint. */
+ * prints and writes the checkpoint. --device cuda trains (and probes) on this rank's GPU
+ * (cuda:LOCAL_RANK; cuda:N names one), the views augmented on the host and copied in. */
 #include <string.h>
 
 #include "contrastive.h"
@@ -31,6 +32,7 @@ typedef struct {
     const char *data_dir, *checkpoint;
     long probe_train, probe_test; /* images the probe trains and tests on; 0 train: no probe */
     int probe_epochs;
+    const char *device; /* "cpu", "cuda" (this rank's GPU) or "cuda:N" */
 } options;
 
 static void usage(void) {
@@ -40,6 +42,7 @@ static void usage(void) {
             "                   [--temperature T] [--seed N]\n"
             "                   [--max-steps N] [--no-sync-bn] [--data DIR] [--checkpoint PATH]\n"
             "                   [--probe-train N] [--probe-test N] [--probe-epochs N]\n"
+            "                   [--device cpu|cuda|cuda:N]\n"
             "  --max-steps N  stop after N optimizer steps in all, counted across epochs, or at\n"
             "                 the end of --epochs if that comes first\n");
     exit(2);
@@ -56,7 +59,8 @@ static options parse(int argc, char **argv) {
                  .seed = 1,
                  .probe_train = 60000,
                  .probe_test = 10000,
-                 .probe_epochs = 10};
+                 .probe_epochs = 10,
+                 .device = "cpu"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-sync-bn")) {
@@ -92,7 +96,11 @@ static options parse(int argc, char **argv) {
             o.probe_test = atol(v);
         else if (!strcmp(a, "--probe-epochs"))
             o.probe_epochs = atoi(v);
-        else
+        else if (!strcmp(a, "--device")) {
+            td_device d;
+            if (td_device_parse(v, &d) != TD_OK) usage();
+            o.device = v;
+        } else
             usage();
         i++;
     }
@@ -110,6 +118,8 @@ typedef struct {
     td_comm *comm; /* NULL in a single process */
     int rank, world;
     int64_t images; /* this rank's images per step */
+    td_device device;
+    float *views; /* (2 images, 1, 28, 28) a step's augmented views, on the host */
     td_graph *train;
     simclr_net net;
     td_tensor *loss;
@@ -136,7 +146,11 @@ static void setup(trainer *t) {
         exit(2);
     }
     t->images = t->opt.batch / t->world;
+    CHECK(td_device_choose(t->opt.device, &t->device));
+    t->views = malloc((size_t)(2 * t->images) * IMAGE_PIXELS * sizeof *t->views);
+    if (!t->views) CHECK(TD_ENOMEM);
     td_graph_params gp = td_graph_default_params();
+    gp.device = t->device;
     gp.comm = t->comm;
     gp.sync_batch_norm = t->opt.sync_bn;
     CHECK(td_graph_create(&t->train, &gp));
@@ -180,7 +194,7 @@ static double train_epoch(trainer *t, td_sampler *sampler, td_dataset *data, int
     if (t->run_steps - t->done < steps) steps = (size_t)(t->run_steps - t->done);
     const size_t *indices = td_sampler_indices(sampler);
     const float *images = td_dataset_x(data);
-    float *x = td_tensor_data(t->net.input);
+    float *x = t->views;
     double loss_sum = 0;
     uint64_t start = td_time_ns();
     for (size_t step = 0; step < steps; step++) {
@@ -195,13 +209,16 @@ static double train_epoch(trainer *t, td_sampler *sampler, td_dataset *data, int
                              images + index * IMAGE_PIXELS, t->opt.seed, (uint64_t)epoch, index,
                              view);
         }
+        CHECK(td_tensor_write(t->net.input, x));
         if (t->ddp) CHECK(td_ddp_prepare_forward(t->ddp));
         CHECK(td_graph_forward(t->train));
         CHECK(td_graph_backward(t->train, t->loss));
         if (t->ddp) CHECK(td_ddp_finish_backward(t->ddp));
         CHECK(td_optim_step(t->optim));
         CHECK(td_graph_zero_grad(t->train));
-        loss_sum += *(const float *)td_tensor_data(t->loss);
+        float loss;
+        CHECK(td_tensor_read(t->loss, &loss));
+        loss_sum += loss;
     }
     t->done += steps;
     *images_per_s =
@@ -227,6 +244,7 @@ static void save(trainer *t) {
 static td_graph *probe_encoder(trainer *t, int64_t batch, td_graph *from, simclr_net *net) {
     td_graph_params gp = td_graph_default_params();
     gp.grad_enabled = 0;
+    gp.device = t->device; /* where `from`'s weights are */
     td_graph *g;
     CHECK(td_graph_create(&g, &gp));
     simclr_build(g, batch, t->opt.seed, 0, net);
@@ -262,10 +280,12 @@ int main(int argc, char **argv) {
     t.run_steps = (uint64_t)t.opt.epochs * td_sampler_batches(sampler);
     if (t.opt.max_steps > 0 && (uint64_t)t.opt.max_steps < t.run_steps)
         t.run_steps = (uint64_t)t.opt.max_steps;
+    char on[32];
+    td_device_format(t.device, on, sizeof on);
     if (t.rank == 0)
-        printf("SimCLR on Fashion-MNIST: %d rank(s), global batch %d (%lld per rank), %s "
+        printf("SimCLR on Fashion-MNIST: %d rank(s) on %s, global batch %d (%lld per rank), %s "
                "negatives (%lld per anchor), %s, temperature %g, %d epoch(s)\n",
-               t.world, t.opt.batch, (long long)t.images,
+               t.world, on, t.opt.batch, (long long)t.images,
                t.opt.global_negatives ? "global" : "local",
                (long long)(2 * (t.opt.global_negatives ? t.opt.batch : t.images) - 2),
                t.opt.sync_bn ? "SyncBatchNorm" : "per-rank batch norm", (double)t.opt.temperature,
@@ -313,5 +333,6 @@ int main(int argc, char **argv) {
     td_optim_destroy(t.optim);
     td_graph_destroy(t.train);
     td_comm_destroy(t.comm);
+    free(t.views);
     return 0;
 }
