@@ -9,7 +9,9 @@
  * runs. Every run happens in a child process so that the parent never starts an OpenMP
  * runtime before forking. It does not load Fashion-MNIST: data loading is not what is being
  * compared. Seed 001's table also has DDP with apex AMP: --amp O1,O2,O3 (the default) adds
- * those rows, DDP with the graph at each level in bf16. */
+ * those rows, DDP with the graph at each level in bf16. --device cuda:N puts every DP replica
+ * and every DDP rank on that GPU (one GPU shared, as this project's GPU machine has; DP's
+ * gradients are then summed through the host, DDP's all-reduced over CUDA IPC). */
 #include "tandem/dp.h"
 
 #include <getopt.h>
@@ -39,9 +41,10 @@ typedef struct {
     int repeat; /* runs per method, alternating DP and DDP; the fastest of each is shown */
     int64_t batch;
     double lr, momentum;
-    td_amp_level amp;            /* the level DDP's graphs run at */
-    int n_amp;                   /* extra DDP rows, one per level in amps */
+    td_amp_level amp; /* the level DDP's graphs run at */
+    int n_amp;        /* extra DDP rows, one per level in amps */
     td_amp_level amps[3];
+    td_device device; /* --device: where every DP replica and DDP rank trains */
 } options;
 
 /* What one process sends back through its pipe. */
@@ -104,6 +107,7 @@ static int run_dp(int rank, int world, void *out, void *arg) {
     p.pin_threads = o->pin;
     p.sgd.lr = o->lr;
     p.sgd.momentum = o->momentum;
+    p.graph.device = o->device;
     td_dp *dp = NULL;
     CHECK(td_dp_create(&dp, &p));
     uint64_t t0 = td_time_ns();
@@ -113,6 +117,7 @@ static int run_dp(int rank, int world, void *out, void *arg) {
                          &r.last_loss));
         record(&r, it, t0);
     }
+    if (o->device.type != TD_DEVICE_CPU) CHECK(td_device_synchronize(o->device));
     r.total_s = (double)(td_time_ns() - t0) * 1e-9;
     for (int d = 0; d < o->devices; d++) {
         td_dp_memory m;
@@ -153,6 +158,7 @@ static int run_ddp_rank(int rank, int world, void *out, void *arg) {
     td_model m;
     td_graph_params gp = td_graph_default_params();
     gp.amp.level = o->amp;
+    gp.device = o->device;
     CHECK(td_graph_create(&g, &gp));
     CHECK(td_model_build(g, o->model, b, 0, &m));
     td_param *params, *buffers;
@@ -382,8 +388,19 @@ int main(int argc, char **argv) {
     /* One oneDNN thread per device for both methods: two spinning OpenMP threads per pinned
      * core otherwise make everything ~30x slower. */
     bench_one_thread(argv);
-    options o = {TD_MODEL_CNN, 100, 2, 0, 1, 1, 128, 0.01, 0.9, TD_AMP_O0, 3,
-                 {TD_AMP_O1, TD_AMP_O2, TD_AMP_O3}};
+    options o = {TD_MODEL_CNN,
+                 100,
+                 2,
+                 0,
+                 1,
+                 1,
+                 128,
+                 0.01,
+                 0.9,
+                 TD_AMP_O0,
+                 3,
+                 {TD_AMP_O1, TD_AMP_O2, TD_AMP_O3},
+                 td_device_cpu()};
     int both = 1;
     static const struct option longopts[] = {{"iters", required_argument, 0, 'i'},
                                              {"model", required_argument, 0, 'm'},
@@ -393,18 +410,18 @@ int main(int argc, char **argv) {
                                              {"no-pin", no_argument, 0, 'n'},
                                              {"repeat", required_argument, 0, 'r'},
                                              {"amp", required_argument, 0, 'a'},
+                                             {"device", required_argument, 0, 'g'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int c;
-    while ((c = getopt_long(argc, argv, "i:m:d:b:r:a:jnh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "i:m:d:b:r:a:g:jnh", longopts, NULL)) != -1) {
         switch (c) {
         case 'a': /* "O1,O3", or "none" */
             o.n_amp = 0;
             for (const char *l = optarg; strcmp(optarg, "none") && *l; l += l[2] == ',' ? 3 : 2) {
                 if (l[0] != 'O' || l[1] < '1' || l[1] > '3' || (l[2] && l[2] != ',') ||
                     o.n_amp == 3) {
-                    fprintf(stderr, "dp_vs_ddp: bad --amp '%s' (levels O1..O3, or none)\n",
-                            optarg);
+                    fprintf(stderr, "dp_vs_ddp: bad --amp '%s' (levels O1..O3, or none)\n", optarg);
                     return 2;
                 }
                 o.amps[o.n_amp++] = (td_amp_level)(l[1] - '0');
@@ -435,11 +452,17 @@ int main(int argc, char **argv) {
         case 'r':
             o.repeat = atoi(optarg);
             break;
+        case 'g':
+            if (td_device_parse(optarg, &o.device) != TD_OK) {
+                fprintf(stderr, "dp_vs_ddp: %s\n", td_last_error());
+                return 2;
+            }
+            break;
         default:
             fprintf(stderr,
                     "usage: %s [--iters N (100)] [--model cnn|mlp|net (cnn and mlp)] "
                     "[--devices D (2)] [--batch B (128)] [--repeat R (1)] [--amp O1,O2,O3|none] "
-                    "[--json] [--no-pin]\n",
+                    "[--json] [--no-pin] [--device cpu|cuda:N]\n",
                     argv[0]);
             return c == 'h' ? 0 : 2;
         }
@@ -452,6 +475,7 @@ int main(int argc, char **argv) {
                 MAX_DEV);
         return 2;
     }
+    if (o.device.type != TD_DEVICE_CPU && bench_gpus("dp_vs_ddp") == 0) return 0;
     make_data(&o);
     int ok = run_model(&o);
     if (both) {

@@ -175,6 +175,9 @@ if [ "$bench" != none ]; then
     timeout "$(left 120)" build/bench/train --device cuda:0 --models mlp,cnn --worlds 1,2 \
         --amp O0,O2 --iters 10 --windows 3 ||
         { echo "gpu.sh: bench/train on cuda:0 failed" >&2; status=1; }
+    echo "== DataParallel vs DDP vs DDP + AMP on one GPU: build/bench/dp_vs_ddp --device cuda:0"
+    timeout "$(left 90)" build/bench/dp_vs_ddp --device cuda:0 --model cnn --iters 60 --amp O2 ||
+        { echo "gpu.sh: dp_vs_ddp on cuda:0 failed" >&2; status=1; }
     echo "== GPU training benchmark: build/bench/train_gpu $bench"
     # shellcheck disable=SC2086 # the options are words
     timeout "$(left 420)" build/bench/train_gpu $bench ||

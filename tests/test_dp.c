@@ -7,10 +7,11 @@
  * accumulates their gradients: the computation DataParallel is meant to spread over
  * devices. Also: DDP2 (td_dp in each of two processes, their gradients averaged by td_ddp)
  * matches one graph on both processes' batches together; replica 0 holds more memory than the
- * others; bad input is refused. */
+ * others; bad input is refused; replicas on GPUs match one graph there (skipped without one). */
 #include <stdlib.h>
 #include <string.h>
 
+#include "tandem/device.h"
 #include "tandem/dp.h"
 #include "tandem/graph.h"
 #include "tandem/nn.h"
@@ -445,6 +446,86 @@ static void test_bad_input_refused(void) {
     td_dp_destroy(dp);
 }
 
+/* One f32 array of every parameter's values, wherever they live. */
+static float *host_values(const td_param *p, size_t n) {
+    size_t total = 0, off = 0;
+    for (size_t i = 0; i < n; i++) total += p[i].count;
+    float *h = malloc((total ? total : 1) * sizeof *h);
+    for (size_t i = 0; i < n; i++) {
+        CHECK_OK(td_device_copy(td_device_cpu(), h + off, p[i].device, p[i].data,
+                                p[i].count * sizeof *h));
+        off += p[i].count;
+    }
+    return h;
+}
+
+/* Replicas on GPUs (two on cuda:0, as DataParallel with one device id twice; on cuda:0 and
+ * cuda:1 where two are visible) train the MLP to what one process on cuda:0 reaches on the
+ * whole batch. Run last: this process starts CUDA, and the other cases fork. */
+static void test_replicas_on_gpus_equal_single(void) {
+    int gpus = 0;
+    CHECK_OK(td_cuda_device_count(&gpus));
+    if (!gpus) {
+        SKIP("no CUDA device");
+        return;
+    }
+    const int64_t B = 12;
+    td_device devs[2] = {td_device_cuda(0), td_device_cuda(gpus > 1 ? 1 : 0)};
+    td_dp_params p = td_dp_default_params();
+    p.global_batch = B;
+    p.sgd = sgd();
+    p.devices = devs;
+    td_dp *dp = NULL;
+    CHECK_OK(td_dp_create(&dp, &p));
+    td_graph_params gp = td_graph_default_params();
+    gp.device = devs[0];
+    td_graph *g = NULL;
+    td_model m;
+    td_param *rp = NULL, *dparams = NULL;
+    size_t rn = 0, dn = 0;
+    td_optim *opt = NULL;
+    td_sgd_params hp = sgd();
+    CHECK_OK(td_graph_create(&g, &gp));
+    if (g) CHECK_OK(td_model_build(g, TD_MODEL_MLP, B, 0, &m));
+    if (g) CHECK_OK(td_graph_parameters(g, &rp, &rn));
+    if (rp) CHECK_OK(td_optim_create_sgd(&opt, rp, rn, &hp));
+    if (dp) CHECK_OK(td_graph_parameters(td_dp_graph(dp, 0), &dparams, &dn));
+    float *x = malloc((size_t)(B * SAMPLE) * sizeof(float));
+    int64_t y[12];
+    for (int step = 0; step < STEPS && dp && opt && dn == rn; step++) {
+        make_batch(B, 100 + (uint64_t)step, x, y);
+        float l_dp = 0, l_ref = 0;
+        CHECK_OK(td_dp_step(dp, x, y, &l_dp));
+        CHECK_OK(td_tensor_write(m.input, x));
+        CHECK_OK(td_tensor_write(m.labels, y));
+        CHECK_OK(td_graph_zero_grad(g));
+        CHECK_OK(td_graph_forward(g));
+        CHECK_OK(td_tensor_read(m.loss, &l_ref));
+        CHECK_OK(td_graph_backward(g, m.loss));
+        CHECK_OK(td_optim_step(opt));
+        CHECK_NEAR(l_dp, l_ref, 1e-5 * fabs(l_ref));
+    }
+    if (dp && opt && dn == rn) {
+        float *a = host_values(dparams, dn), *b = host_values(rp, rn);
+        double num = 0, den = 0;
+        for (size_t i = 0, off = 0; i < rn; off += rp[i].count, i++)
+            for (size_t k = 0; k < rp[i].count; k++) {
+                double d = (double)a[off + k] - b[off + k];
+                num += d * d;
+                den += (double)b[off + k] * b[off + k];
+            }
+        if (!(sqrt(num / den) <= 1e-5))
+            TEST_FAIL_AT("replicas on cuda:0 and %s: parameters differ by %.3g (relative)",
+                         gpus > 1 ? "cuda:1" : "cuda:0", sqrt(num / den));
+        free(a);
+        free(b);
+    }
+    free(x);
+    td_optim_destroy(opt);
+    td_graph_destroy(g);
+    td_dp_destroy(dp);
+}
+
 int main(void) {
     RUN(test_mlp_2_replicas_equal_single);
     RUN(test_mlp_3_replicas_equal_single);
@@ -457,5 +538,6 @@ int main(void) {
     RUN(test_replicas_run_at_the_amp_level);
     RUN(test_memory_replica0_holds_more);
     RUN(test_bad_input_refused);
+    RUN(test_replicas_on_gpus_equal_single);
     TEST_END();
 }

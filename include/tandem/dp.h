@@ -62,6 +62,9 @@ typedef struct {
     td_graph_params graph; /* every replica's graph: td_graph_default_params(); its amp level
                               (mixed precision) holds for every replica, its seed is replaced
                               as above and gradients are always enabled */
+    const td_device *devices; /* (n_devices) where replica d trains, as DataParallel's
+                                 device_ids (cuda:0, cuda:1, ...; one GPU may hold several);
+                                 NULL: every replica on graph.device. Copied at creation */
     td_sgd_params sgd;     /* step (8): td_sgd_default_params() */
     int pin_threads;       /* 1: pin worker d to a core; 0: leave placement to the OS */
     td_comm *comm;         /* DDP2: NULL, or one process per host whose gradients DDP averages;

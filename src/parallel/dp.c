@@ -7,7 +7,12 @@
  * DataParallel costs on real devices, minus the bus. Only forward and backward run on the
  * worker threads; everything else is serial, as in torch.nn.DataParallel. With a comm (DDP2)
  * replica 0's gradients go through a td_ddp as step (7) finishes each one, so the buckets'
- * all-reduces across hosts overlap the rest of the summing. */
+ * all-reduces across hosts overlap the rest of the summing.
+ *
+ * Replicas may train on GPUs (td_dp_params.devices, as DataParallel's device_ids): then the
+ * copies are real ones between devices and the host, and the gradients are summed on the host
+ * in the same order and sent back to replica 0's GPU, the bus's cost that DataParallel pays.
+ * Replicas that share a GPU share its compute stream and record no CUDA graphs. */
 #include "tandem/dp.h"
 
 #include <pthread.h>
@@ -36,17 +41,20 @@ typedef struct {
 
 struct td_dp {
     td_dp_params p;
+    td_device *device; /* (n) where each replica trains */
+    int on_gpu;        /* some replica trains on a GPU: gradients are summed through the host */
     int n;
     int64_t b;      /* per-replica batch */
     int64_t sample; /* floats per input sample */
     int64_t classes;
     dp_replica *r;
     /* replica 0's extra memory */
-    float *batch_x;         /* (B, sample): the whole batch before scatter */
-    int64_t *batch_y;       /* (B) */
-    float *gathered;        /* (B, classes) log-probabilities */
-    float *gathered_dy;     /* (B, classes) */
-    unsigned char *staging; /* (grad_bytes): another replica's gradients, copied in */
+    float *batch_x;          /* (B, sample): the whole batch before scatter */
+    int64_t *batch_y;        /* (B) */
+    float *gathered;         /* (B, classes) log-probabilities */
+    float *gathered_dy;      /* (B, classes) */
+    unsigned char *staging;  /* (grad_bytes): another replica's gradients, copied in */
+    unsigned char *host_sum; /* (grad_bytes) on_gpu: replica 0's gradients summed on the host */
     size_t grad_bytes;
     td_optim *optim;
     td_ddp *ddp;    /* DDP2: replica 0's parameters across hosts, or NULL */
@@ -175,6 +183,13 @@ static td_status build_replica(td_dp *dp, int d) {
     td_graph_params o = dp->p.graph;   /* the same mixed precision on every device */
     o.seed = dp->p.seed + (uint64_t)d; /* each device has its own dropout stream */
     o.grad_enabled = 1;
+    o.device = dp->device[d];
+    /* Replicas sharing a GPU queue on its one compute stream from their own threads: one's
+     * recording would take in the other's kernels. */
+    for (int e = 0; e < dp->n; e++)
+        if (e != d && dp->device[e].type == o.device.type &&
+            dp->device[e].index == o.device.index && o.device.type != TD_DEVICE_CPU)
+            o.cuda_graphs = 0;
     td_status s = td_graph_create(&r->g, &o);
     if (s != TD_OK) return s;
     memset(&r->m, 0, sizeof r->m);
@@ -261,10 +276,18 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
     dp->n = params->n_devices;
     dp->b = params->global_batch / params->n_devices;
     dp->r = calloc((size_t)dp->n, sizeof *dp->r);
-    if (!dp->r) {
+    dp->device = calloc((size_t)dp->n, sizeof *dp->device);
+    if (!dp->r || !dp->device) {
+        free(dp->r);
+        free(dp->device);
         free(dp);
         return td__fail(TD_ENOMEM, "td_dp_create: out of memory");
     }
+    for (int d = 0; d < dp->n; d++) {
+        dp->device[d] = params->devices ? params->devices[d] : params->graph.device;
+        dp->on_gpu |= dp->device[d].type != TD_DEVICE_CPU;
+    }
+    dp->p.devices = dp->device;
     pthread_mutex_init(&dp->mu, NULL);
     pthread_cond_init(&dp->go, NULL);
     pthread_cond_init(&dp->done, NULL);
@@ -299,8 +322,9 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
         dp->gathered = malloc(B * (size_t)dp->classes * sizeof(float));
         dp->gathered_dy = malloc(B * (size_t)dp->classes * sizeof(float));
         dp->staging = dp->n > 1 ? malloc(dp->grad_bytes ? dp->grad_bytes : 1) : NULL;
+        dp->host_sum = dp->n > 1 && dp->on_gpu ? malloc(dp->grad_bytes ? dp->grad_bytes : 1) : NULL;
         if (!dp->batch_x || !dp->batch_y || !dp->gathered || !dp->gathered_dy ||
-            (dp->n > 1 && !dp->staging))
+            (dp->n > 1 && !dp->staging) || (dp->n > 1 && dp->on_gpu && !dp->host_sum))
             s = td__fail(TD_ENOMEM, "td_dp_create: out of memory for replica 0's gather buffers");
     }
     /* DDP2: every host starts from rank 0's replica 0 (collective over comm). */
@@ -339,23 +363,29 @@ void td_dp_destroy(td_dp *dp) {
     free(dp->gathered);
     free(dp->gathered_dy);
     free(dp->staging);
+    free(dp->host_sum);
     free(dp->offset);
     free(dp->r);
+    free(dp->device);
     free(dp);
 }
 
-/* (1) Broadcast replica 0's parameters and buffers to the others. */
-static void replicate(td_dp *dp) {
+/* (1) Broadcast replica 0's parameters and buffers to the others (device to device where
+ * they are on GPUs, after replica 0's optimizer step has run). */
+static td_status replicate(td_dp *dp) {
     const dp_replica *r0 = &dp->r[0];
+    td_device from = dp->device[0];
+    if (dp->n > 1 && from.type != TD_DEVICE_CPU) TD__TRY(td_device_synchronize(from));
     for (int d = 1; d < dp->n; d++) {
         dp_replica *r = &dp->r[d];
-        for (size_t i = 0; i < r0->n_params; i++)
-            memcpy(r->params[i].data, r0->params[i].data,
-                   r0->params[i].count * td_dtype_size(r0->params[i].dtype));
-        for (size_t i = 0; i < r0->n_buffers; i++)
-            memcpy(r->buffers[i].data, r0->buffers[i].data,
-                   r0->buffers[i].count * td_dtype_size(r0->buffers[i].dtype));
+        for (size_t i = 0; i < r0->n_params + r0->n_buffers; i++) {
+            const td_param *a = i < r0->n_params ? &r0->params[i] : &r0->buffers[i - r0->n_params];
+            const td_param *b = i < r0->n_params ? &r->params[i] : &r->buffers[i - r0->n_params];
+            TD__TRY(td_device_copy(dp->device[d], b->data, from, a->data,
+                                   a->count * td_dtype_size(a->dtype)));
+        }
     }
+    return TD_OK;
 }
 
 /* (2) The batch lands on replica 0, then each replica receives its slice. */
@@ -403,13 +433,19 @@ static void loss_on_replica0(td_dp *dp, float *loss) {
  * DDP as soon as it is summed and full buckets cross hosts while the rest are summed. */
 static td_status reduce_grads(td_dp *dp) {
     dp_replica *r0 = &dp->r[0];
+    td_device cpu = td_device_cpu();
     for (size_t i = r0->n_params; i-- > 0;) {
         const td_param *p = &r0->params[i];
+        size_t bytes = p->count * td_dtype_size(p->dtype);
         unsigned char *in = dp->staging + dp->offset[i];
+        /* On GPUs the sum is made on the host, in the same order, and goes back up. */
+        void *sum = dp->host_sum ? dp->host_sum + dp->offset[i] : p->grad;
+        if (dp->host_sum) TD__TRY(td_device_copy(cpu, sum, dp->device[0], p->grad, bytes));
         for (int d = 1; d < dp->n; d++) {
-            memcpy(in, dp->r[d].params[i].grad, p->count * td_dtype_size(p->dtype));
-            td__accumulate(p->grad, in, p->dtype, p->count);
+            TD__TRY(td_device_copy(cpu, in, dp->device[d], dp->r[d].params[i].grad, bytes));
+            td__accumulate(sum, in, p->dtype, p->count);
         }
+        if (dp->host_sum) TD__TRY(td_device_copy(dp->device[0], p->grad, cpu, sum, bytes));
         if (dp->ddp) TD__TRY(td_ddp_grad_ready(dp->ddp, i));
     }
     return dp->ddp ? td_ddp_finish_backward(dp->ddp) : TD_OK;
@@ -425,7 +461,7 @@ td_status td_dp_step(td_dp *dp, const float *images, const int64_t *labels, floa
     if (!dp || !images || !labels) return td__fail(TD_EINVAL, "td_dp_step: NULL argument");
     uint64_t t = td_time_ns();
     if (dp->ddp) TD__TRY(td_ddp_prepare_forward(dp->ddp)); /* buffers from rank 0 */
-    replicate(dp);
+    TD__TRY(replicate(dp));
     lap(dp, TD_DP_REPLICATE, &t);
     TD__TRY(scatter(dp, images, labels));
     lap(dp, TD_DP_SCATTER, &t);
@@ -475,7 +511,8 @@ td_status td_dp_memory_stats(const td_dp *dp, int replica, td_dp_memory *out) {
     if (replica == 0) {
         out->input_bytes += B * ((size_t)dp->sample * sizeof(float) + sizeof(int64_t));
         out->output_bytes += 2 * B * (size_t)dp->classes * sizeof(float);
-        out->reduce_bytes = dp->staging ? dp->grad_bytes : 0;
+        out->reduce_bytes =
+            (dp->staging ? dp->grad_bytes : 0) + (dp->host_sum ? dp->grad_bytes : 0);
         td_param *state = NULL;
         size_t n_state = 0;
         td_optim_state(dp->optim, &state, &n_state);
