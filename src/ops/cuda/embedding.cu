@@ -117,14 +117,16 @@ __global__ void position_forward(T *y, const T *x, const T *table, size_t rows, 
     }
 }
 
-/* dtable[t, c] = beta dtable[t, c] + the sum over sequences s of dy[s, t, c], in order of s. */
+/* dtable[t, c] = beta dtable[t, c] + the sum over sequences s of dy[s, t, c], in order of s,
+ * over every row of the table: the rows past T take no gradient (0 when written, as the CPU's). */
 template <typename T>
 __global__ void position_backward(T *dtable, const T *dy, size_t sequences, int64_t T_, int64_t C,
-                                  float beta) {
-    TD__GRID_STRIDE(e, (size_t)(T_ * C)) {
+                                  int64_t V, float beta) {
+    TD__GRID_STRIDE(e, (size_t)(V * C)) {
         float sum = beta != 0.f ? beta * td_ld(dtable, e) : 0.f;
-        for (size_t s = 0; s < sequences; s++)
-            sum = rounded<T>(sum + td_ld(dy, s * (size_t)(T_ * C) + e));
+        if (e < (size_t)(T_ * C))
+            for (size_t s = 0; s < sequences; s++)
+                sum = rounded<T>(sum + td_ld(dy, s * (size_t)(T_ * C) + e));
         td_st(dtable, e, sum);
     }
 }
@@ -203,8 +205,9 @@ static td_status emb_backward(td__op_ctx *ctx, td__node *n) {
     size_t cnt = td__numel(y);
     if (table->requires_grad) {
         TD__FLOAT_TYPES(y->dtype, n->what, {
-            position_backward<T><<<td__blocks((size_t)(T_ * C)), TD__THREADS, 0, st>>>(
-                (T *)table->grad, (const T *)y->grad, cnt / (size_t)(T_ * C), T_, C, beta);
+            int64_t rows = table->shape.dim[0];
+            position_backward<T><<<td__blocks((size_t)(rows * C)), TD__THREADS, 0, st>>>(
+                (T *)table->grad, (const T *)y->grad, cnt / (size_t)(T_ * C), T_, C, rows, beta);
         });
         TD__LAUNCHED(n->what);
         td__grad_written(table);
