@@ -5,9 +5,12 @@
  * algbw * 2(n-1)/n; a call's time is the slowest rank's, the median over its calls.
  *
  * Beside each size, the GPU's own device-to-device copy of the same bytes (cudaMemcpyAsync and
- * a wait, as td_device_copy does), measured in the same run by rank 0 alone: ranks that share
- * one GPU can move bytes no faster than that, so busbw / copy is how close the path comes to
- * its ceiling. At world 1 busbw is 0 by definition and algbw is the column to read (NCCL's
+ * a wait, as td_device_copy does), measured in the same run by rank 0 alone, and the roofline
+ * it sets for ranks that share that GPU's memory: an all-reduce of S bytes over n buffers in
+ * one memory must read every buffer and write every buffer at least once, 2nS bytes of
+ * traffic where the copy moves 2S, so it takes at least n copies' time: algbw <= copy / n,
+ * busbw <= copy * 2(n-1)/n^2 (0.5 copy at n = 2, 0.375 at n = 4). "of roofline" is busbw over
+ * that bound. At world 1 busbw is 0 by definition and algbw is the column to read (NCCL's
  * in-place all-reduce of one rank is no copy at all).
  *
  *   build/bench/allreduce_gpu [--worlds 1,2,4] [--max-bytes N] [--iters K] [--json]
@@ -108,22 +111,27 @@ static void print_world(int world, const result *r, const options *o) {
     double factor = world > 1 ? 2.0 * (world - 1) / world : 0.0;
     if (!o->json) {
         printf("\nworld %d on cuda:0 (%s), path %s\n", world, r->gpu, r->path);
-        printf("%10s %11s %11s %11s %11s %10s\n", "bytes", "time us", "algbw GB/s", "busbw GB/s",
-               "copy GB/s", "busbw/copy");
+        printf("%10s %11s %11s %11s %11s %10s %11s\n", "bytes", "time us", "algbw GB/s",
+               "busbw GB/s", "copy GB/s", "busbw/copy", "of roofline");
     }
     for (int i = 0; i < r->n; i++) {
         double alg = (double)r->bytes[i] / r->coll_s[i] / 1e9;
         double copy = (double)r->bytes[i] / r->copy_s[i] / 1e9;
         double bus = alg * factor;
+        /* the bound above; world 1 copies nothing at all, so it has none */
+        double roof = world > 1 ? copy * 2.0 * (world - 1) / ((double)world * world) : 0.0;
         if (o->json)
             printf("{\"bench\":\"allreduce_gpu\",\"gpu\":\"%s\",\"world\":%d,\"path\":\"%s\","
                    "\"bytes\":%zu,\"time_us\":%.3f,\"algbw_gbs\":%.3f,\"busbw_gbs\":%.3f,"
-                   "\"copy_gbs\":%.3f,\"busbw_over_copy\":%.4f}\n",
+                   "\"copy_gbs\":%.3f,\"busbw_over_copy\":%.4f,\"of_roofline\":%.4f}\n",
                    r->gpu, world, r->path, r->bytes[i], r->coll_s[i] * 1e6, alg, bus, copy,
-                   bus / copy);
+                   bus / copy, roof > 0 ? bus / roof : 0.0);
+        else if (roof > 0)
+            printf("%10zu %11.1f %11.2f %11.2f %11.2f %9.2fx %10.2fx\n", r->bytes[i],
+                   r->coll_s[i] * 1e6, alg, bus, copy, bus / copy, bus / roof);
         else
-            printf("%10zu %11.1f %11.2f %11.2f %11.2f %9.2fx\n", r->bytes[i], r->coll_s[i] * 1e6,
-                   alg, bus, copy, world > 1 ? bus / copy : alg / copy);
+            printf("%10zu %11.1f %11.2f %11.2f %11.2f %9.2fx %11s\n", r->bytes[i],
+                   r->coll_s[i] * 1e6, alg, bus, copy, alg / copy, "-");
     }
 }
 
