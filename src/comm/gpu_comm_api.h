@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define TD__GPU_COMM_ABI 2
+#define TD__GPU_COMM_ABI 3
 #define TD__GPU_COMM_ENTRY "td_cuda_comm_entry"
 
 typedef enum {
@@ -51,8 +51,9 @@ typedef struct td__ipc td__ipc;
 /* Ranks an IPC group may have (kernels take the peers' buffers by value). */
 #define TD__IPC_MAX_RANKS 8
 
-/* A host barrier of the group, which orders the ranks' steps (ipc_run calls it). */
-typedef td_status (*td__host_barrier_fn)(void *arg);
+/* A host barrier of the group, which orders the ranks' steps (ipc_run calls it); a rank that
+ * failed passes its error, which every rank's barrier then returns. */
+typedef td_status (*td__host_barrier_fn)(void *arg, td_status error);
 
 typedef struct {
     int abi;

@@ -60,8 +60,16 @@ static td_status step(const group *g, td__coll_kind kind, const void *send, void
                          g->timeout_s);
 }
 
-static td_status barrier_step(void *arg) {
-    return step(arg, TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, TD_OP_SUM, 0);
+static td_status barrier_step(void *arg, td_status error) {
+    const group *g = arg;
+    if (error == TD_OK) return step(g, TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, TD_OP_SUM, 0);
+    /* this rank failed: the step stands for the user's call, carrying why */
+    td__coll why = *g->call;
+    why.error = error;
+    why.error_msg = td_last_error();
+    group gw = *g;
+    gw.call = &why;
+    return step(&gw, TD__COLL_BARRIER, NULL, NULL, 0, TD_U8, TD_OP_SUM, 0);
 }
 
 void td__gpu_path_destroy(td__gpu_path *p) {
@@ -208,7 +216,7 @@ td_status td__gpu_collective(const td__backend_ops *ops, void *ctx, const td__gr
                              td__gpu_path **path, const td__coll *k, double timeout_s) {
     group g = {ops, ctx, shape, k, timeout_s};
     /* The agreement, and any rank's rejected arguments, before device work is queued. */
-    TD__TRY(barrier_step(&g));
+    TD__TRY(barrier_step(&g, TD_OK));
     if (!*path) TD__TRY(create(&g, k->device, path));
     td__gpu_path *p = *path;
     if (p->device.type != k->device.type || p->device.index != k->device.index) {

@@ -454,7 +454,10 @@ static td_status tree_finish(td_ddp *d) {
     for (size_t i = 0; i < d->n_params; i++) {
         if (d->ready[i]) continue;
         n_unready++;
-        memset(dst + param_at(d, i), 0, d->params[i].count * sizeof(float));
+        size_t bytes = d->params[i].count * sizeof(float);
+        memset(dst + param_at(d, i), 0, bytes);
+        /* on a GPU the fold copies the device's slot down over the host's */
+        if (t->dev) td__ddp_note_error(d, td__ddp_mem_zero(d, t->dev + param_at(d, i), bytes));
         tree_grad_ready(d, i);
     }
     /* The tail: this shard's buffers, its unready count and its loss, into the same tree. */

@@ -7,10 +7,11 @@
  * barrier; its kernels then read the peers' buffers. No stream ever waits for another
  * process's event: a rank killed between its record and its work would leave such a wait
  * pending for good, and the survivors' streams (and their teardown) with it, where a host
- * barrier turns the death into an error naming the rank. Reductions are split by owner:
- * rank r reduces part r of the data from every staging buffer in rank order into its own
- * buffer, and every rank then copies each part from its owner, so all ranks get the same bits,
- * the bits a fixed order gives. A last step keeps a rank from overwriting its staging buffer
+ * barrier turns the death into an error naming the rank. A rank whose own work fails still
+ * takes the next step, carrying the error, so that every rank stops there with it. Reductions are
+ * split by owner: rank r reduces part r of the data from every staging buffer in rank order into
+ * its own buffer, and every rank then copies each part from its owner, so all ranks get the same
+ * bits, the bits a fixed order gives. A last step keeps a rank from overwriting its staging buffer
  * while a peer still reads it. Data larger than the staging buffer goes through in pieces. */
 #include <cstdlib>
 #include <cstring>
@@ -127,10 +128,20 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* One step boundary: this rank's GPU work so far is done (polled, as a wait on the event
- * could outlast the timeout), then the ranks meet on the host. */
-static td_status step(td__ipc *c, td__host_barrier_fn barrier, void *arg, double timeout_s,
-                      const char *what) {
+/* A call's steps: st holds this rank's first failure, told says every rank has seen one. */
+typedef struct {
+    td__ipc *c;
+    td__host_barrier_fn barrier;
+    void *arg;
+    double timeout_s;
+    const char *what;
+    td_status st;
+    int told;
+} steps;
+
+/* This rank's GPU work so far, done: polled, as a wait on the event could outlast the
+ * timeout. */
+static td_status local_done(td__ipc *c, double timeout_s, const char *what) {
     TD__CU(cudaEventRecord(c->event, c->compute));
     double end = now_s() + timeout_s;
     cudaError_t e;
@@ -143,8 +154,25 @@ static td_status step(td__ipc *c, td__host_barrier_fn barrier, void *arg, double
         if (spins > 1000) sched_yield();
     }
     if (e != cudaSuccess) return td__host->fail(TD_EBACKEND, "%s: %s", what, cudaGetErrorString(e));
-    return barrier(arg);
+    return TD_OK;
 }
+
+/* One step boundary: this rank's work done (unless it failed already), then the ranks meet on
+ * the host, this rank's failure going to every rank with the barrier. Nonzero when the call
+ * stops, which every rank then does at this same step. */
+static int step(steps *s) {
+    if (s->st == TD_OK) s->st = local_done(s->c, s->timeout_s, s->what);
+    td_status b = s->barrier(s->arg, s->st);
+    if (s->st == TD_OK) s->st = b;
+    s->told = s->st != TD_OK;
+    return s->told;
+}
+
+/* A local operation of the call, skipped once this rank has failed. */
+#define LOCAL(s, call)                        \
+    do {                                      \
+        if ((s).st == TD_OK) (s).st = (call); \
+    } while (0)
 
 static td_status copy(td__ipc *c, void *dst, const void *src, size_t bytes) {
     if (bytes) TD__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->compute));
@@ -229,68 +257,66 @@ td_status td__ipc_run(td__ipc *c, const td__nccl_call *k, td__host_barrier_fn ba
                   k->kind == TD__NCCL_ALLTOALL;
     size_t cap = c->bytes / es / (blocked ? size : 1); /* elements per piece (per block) */
     if (cap == 0) return td__host->fail(TD_EINVAL, "%s: staging buffer too small", what);
-    td_status st = TD_OK;
-    for (size_t at = 0; st == TD_OK && at < n; at += cap) {
+    if (k->kind == TD__NCCL_SEND || k->kind == TD__NCCL_RECV)
+        return td__host->fail(TD_EINVAL, "%s: point-to-point does not go through cuda-ipc", what);
+    steps s = {c, barrier, arg, timeout_s, what, TD_OK, 0};
+    for (size_t at = 0; !s.told && at < n; at += cap) {
         size_t m = n - at < cap ? n - at : cap, lo, hi;
         switch (k->kind) {
         case TD__NCCL_ALLREDUCE:
         case TD__NCCL_REDUCE:
             /* in: the piece; each rank reduces its part into its own buffer; out: copies */
-            if ((st = copy(c, c->staging, send + at * es, m * es)) != TD_OK) break;
-            if ((st = step(c, barrier, arg, timeout_s, what)) != TD_OK) break;
+            LOCAL(s, copy(c, c->staging, send + at * es, m * es));
+            if (step(&s)) break;
             part(m, c->size, me, &lo, &hi);
-            if ((st = reduce(c, c->staging + lo * es, lo, hi - lo, k, what)) != TD_OK) break;
-            if ((st = step(c, barrier, arg, timeout_s, what)) != TD_OK) break;
+            LOCAL(s, reduce(c, c->staging + lo * es, lo, hi - lo, k, what));
+            if (step(&s)) break;
             if (k->kind == TD__NCCL_ALLREDUCE || me == k->root)
-                for (int r = 0; r < c->size && st == TD_OK; r++) {
+                for (int r = 0; r < c->size; r++) {
                     part(m, c->size, r, &lo, &hi);
-                    st = copy(c, recv + (at + lo) * es, c->peer[r] + lo * es, (hi - lo) * es);
+                    LOCAL(s, copy(c, recv + (at + lo) * es, c->peer[r] + lo * es, (hi - lo) * es));
                 }
             break;
         case TD__NCCL_BROADCAST:
-            if (me == k->root && (st = copy(c, c->staging, send + at * es, m * es)) != TD_OK) break;
-            if ((st = step(c, barrier, arg, timeout_s, what)) != TD_OK) break;
-            st = copy(c, recv + at * es, c->peer[k->root], m * es);
+            if (me == k->root) LOCAL(s, copy(c, c->staging, send + at * es, m * es));
+            if (step(&s)) break;
+            LOCAL(s, copy(c, recv + at * es, c->peer[k->root], m * es));
             break;
         case TD__NCCL_ALLGATHER:
         case TD__NCCL_GATHER: {
             const char *mine = send == recv ? recv + ((size_t)me * n + at) * es : send + at * es;
-            if ((st = copy(c, c->staging, mine, m * es)) != TD_OK) break;
-            if ((st = step(c, barrier, arg, timeout_s, what)) != TD_OK) break;
+            LOCAL(s, copy(c, c->staging, mine, m * es));
+            if (step(&s)) break;
             if (k->kind == TD__NCCL_ALLGATHER || me == k->root)
-                for (int r = 0; r < c->size && st == TD_OK; r++)
-                    st = copy(c, recv + ((size_t)r * n + at) * es, c->peer[r], m * es);
+                for (int r = 0; r < c->size; r++)
+                    LOCAL(s, copy(c, recv + ((size_t)r * n + at) * es, c->peer[r], m * es));
             break;
         }
         case TD__NCCL_SCATTER:
             if (me == k->root)
-                for (int r = 0; r < c->size && st == TD_OK; r++)
-                    st = copy(c, c->staging + (size_t)r * m * es, send + ((size_t)r * n + at) * es,
-                              m * es);
-            if (st != TD_OK || (st = step(c, barrier, arg, timeout_s, what)) != TD_OK) break;
-            st = copy(c, recv + at * es, c->peer[k->root] + (size_t)me * m * es, m * es);
+                for (int r = 0; r < c->size; r++)
+                    LOCAL(s, copy(c, c->staging + (size_t)r * m * es,
+                                  send + ((size_t)r * n + at) * es, m * es));
+            if (step(&s)) break;
+            LOCAL(s, copy(c, recv + at * es, c->peer[k->root] + (size_t)me * m * es, m * es));
             break;
-        case TD__NCCL_REDUCE_SCATTER:
-        case TD__NCCL_ALLTOALL:
-            for (int r = 0; r < c->size && st == TD_OK; r++)
-                st = copy(c, c->staging + (size_t)r * m * es, send + ((size_t)r * n + at) * es,
-                          m * es);
-            if (st != TD_OK || (st = step(c, barrier, arg, timeout_s, what)) != TD_OK) break;
+        default: /* REDUCE_SCATTER, ALLTOALL */
+            for (int r = 0; r < c->size; r++)
+                LOCAL(s, copy(c, c->staging + (size_t)r * m * es, send + ((size_t)r * n + at) * es,
+                              m * es));
+            if (step(&s)) break;
             if (k->kind == TD__NCCL_REDUCE_SCATTER) {
                 /* In place too the result lands at the front (comm.h): the input is staged. */
-                st = reduce(c, recv + at * es, (size_t)me * m, m, k, what);
+                LOCAL(s, reduce(c, recv + at * es, (size_t)me * m, m, k, what));
             } else {
-                for (int r = 0; r < c->size && st == TD_OK; r++)
-                    st = copy(c, recv + ((size_t)r * n + at) * es, c->peer[r] + (size_t)me * m * es,
-                              m * es);
+                for (int r = 0; r < c->size; r++)
+                    LOCAL(s, copy(c, recv + ((size_t)r * n + at) * es,
+                                  c->peer[r] + (size_t)me * m * es, m * es));
             }
             break;
-        default:
-            return td__host->fail(TD_EINVAL, "%s: point-to-point does not go through cuda-ipc",
-                                  what);
         }
         /* Nobody refills a staging buffer a peer still reads. */
-        if (st == TD_OK) st = step(c, barrier, arg, timeout_s, what);
+        if (!s.told) step(&s);
     }
-    return st;
+    return s.st;
 }

@@ -118,7 +118,8 @@ void td__nccl_destroy(td__nccl *c) {
             r = ncclCommGetAsyncError(c->comm, &a);
             if (r == ncclSuccess && a != ncclInProgress) r = a;
         }
-        if (r != ncclSuccess || ncclCommDestroy(c->comm) != ncclSuccess) ncclCommAbort(c->comm);
+        if (r != ncclSuccess || a != ncclSuccess || ncclCommDestroy(c->comm) != ncclSuccess)
+            ncclCommAbort(c->comm);
     }
     if (c->ready) cudaEventDestroy(c->ready);
     if (c->done) cudaEventDestroy(c->done);
