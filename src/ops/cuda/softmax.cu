@@ -76,17 +76,18 @@ const td__kernels td__cuda_softmax = {.forward = sm_forward, .backward = sm_back
 /* ---- negative log-likelihood ---- */
 
 typedef struct {
-    int64_t *bad;        /* mapped host memory: first sample with a label outside [0, C), or -1 */
-    int64_t *bad_device; /* the same memory as the kernel addresses it */
+    unsigned long long *bad;        /* mapped host memory: the first sample with a label outside
+                                       [0, C), or ~0 */
+    unsigned long long *bad_device; /* the same memory as the kernel addresses it */
 } nll_state;
 
 __global__ void nll_forward_kernel(float *loss, const float *logp, const int64_t *lab, int64_t N,
-                                   int64_t C, int mean, int64_t *bad) {
+                                   int64_t C, int mean, unsigned long long *bad) {
     float s = 0.f;
     for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
         int64_t l = lab[i];
         if (l < 0 || l >= C) {
-            atomicCAS((unsigned long long *)bad, (unsigned long long)-1, (unsigned long long)i);
+            atomicMin(bad, (unsigned long long)i); /* the first, whichever thread finds it */
             continue;
         }
         s -= logp[(size_t)i * C + l];
@@ -112,7 +113,7 @@ static td_status nll_compile(td__op_ctx *ctx, td__node *n) {
     if (!s) return td__host->fail(TD_ENOMEM, "nll_loss: out of memory");
     n->state = s;
     TD__CU(cudaHostAlloc((void **)&s->bad, sizeof *s->bad, cudaHostAllocMapped));
-    *s->bad = -1;
+    *s->bad = ~0ull;
     TD__CU(cudaHostGetDevicePointer((void **)&s->bad_device, s->bad, 0));
     return TD_OK;
 }
@@ -121,9 +122,9 @@ static td_status nll_compile(td__op_ctx *ctx, td__node *n) {
 static td_status nll_check(td__op_ctx *ctx, td__node *n) {
     (void)ctx;
     nll_state *s = (nll_state *)n->state;
-    if (*(volatile int64_t *)s->bad < 0) return TD_OK;
+    if (*(volatile unsigned long long *)s->bad == ~0ull) return TD_OK;
     long long i = (long long)*s->bad;
-    *s->bad = -1;
+    *s->bad = ~0ull;
     return td__host->fail(TD_EINVAL,
                           "nll_loss: the label of sample %lld (of a previous step on the GPU) is "
                           "outside [0, %lld)",
