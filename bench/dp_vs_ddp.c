@@ -381,7 +381,7 @@ static int run_model(const options *o) {
             printf(")\n");
         }
     }
-    return dp_ok && ddp_ok;
+    return dp_ok && ddp_ok && amp_ok[0] && amp_ok[1] && amp_ok[2];
 }
 
 int main(int argc, char **argv) {

@@ -49,23 +49,31 @@ typedef struct {
     td_optim *opt;
 } stepper;
 
-static void step(const stepper *s) {
-    CHECK(td_graph_forward(s->g));
-    CHECK(s->dy ? td_graph_backward_from(s->g, s->from, s->dy) : td_graph_backward(s->g, s->from));
-    if (s->opt) CHECK(td_optim_step(s->opt));
-    CHECK(td_graph_zero_grad(s->g));
+static td_status step(const stepper *s) {
+    td_status st = td_graph_forward(s->g);
+    if (st == TD_OK)
+        st = s->dy ? td_graph_backward_from(s->g, s->from, s->dy) : td_graph_backward(s->g, s->from);
+    if (st == TD_OK && s->opt) st = td_optim_step(s->opt);
+    if (st == TD_OK) st = td_graph_zero_grad(s->g);
+    return st;
 }
 
 /* The median over the timed windows of `work` units per step (samples, or TFLOP) per second,
- * after a warm-up window; each window is ended by a synchronisation of the GPU. */
-static double median_rate(const stepper *s, double work, const timing *tm) {
+ * after a warm-up window; each window is ended by a synchronisation of the GPU. A failure
+ * (the GPU side's first runs may have them) ends this row only: -1, with what failed. */
+static double median_rate(const stepper *s, double work, const timing *tm, const char *row) {
     double *rates = malloc((size_t)tm->windows * sizeof *rates);
     for (int w = -1; w < tm->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? tm->warmup : tm->iters;
-        CHECK(td_device_synchronize(td_device_cuda(0)));
+        td_status st = td_device_synchronize(td_device_cuda(0));
         uint64_t t0 = td_time_ns();
-        for (int i = 0; i < iters; i++) step(s);
-        CHECK(td_device_synchronize(td_device_cuda(0)));
+        for (int i = 0; i < iters && st == TD_OK; i++) st = step(s);
+        if (st == TD_OK) st = td_device_synchronize(td_device_cuda(0));
+        if (st != TD_OK) {
+            fprintf(stderr, "train_gpu: %s: %s\n", row, td_last_error());
+            free(rates);
+            return -1;
+        }
         if (w >= 0) rates[w] = work * iters / ((double)(td_time_ns() - t0) * 1e-9);
     }
     qsort(rates, (size_t)tm->windows, sizeof *rates, bench_cmp_double);
@@ -143,7 +151,9 @@ static double run_tandem(const char *name, precision prec, int graphs, const tim
     td_optim *opt;
     CHECK(td_optim_create_sgd(&opt, params, n, &sp));
     stepper train = {g, m.loss, NULL, opt};
-    double median = median_rate(&train, (double)tm->batch, tm);
+    char row[64];
+    snprintf(row, sizeof row, "%s %s", name, precision_names[prec]);
+    double median = median_rate(&train, (double)tm->batch, tm, row);
     const char *why = NULL;
     if (graphs && td_graph_replays(g, &why) == 0)
         fprintf(stderr, "train_gpu: %s %s: no sweep was replayed%s%s\n", name,
@@ -210,9 +220,9 @@ static double peer_value(const peer_row *rows, int n, const char *model, const c
     return -1;
 }
 
-/* TFLOP/s of a graph that is one linear node y = x W^T, x (M, K), W (N, K), run forward and
- * backward from a random dy: the same three products the peer times alone. bf16 is apex O2
- * (the weight kept in bf16), so no cast runs beside the products. */
+/* TFLOP/s of a graph that is one linear node y = x W^T, x (M, K), W (N, K), random, run forward
+ * and backward from a random dy that stays on the GPU: the same three products the peer times
+ * alone. bf16 is apex O2 (the weight kept in bf16), so no cast runs beside the products. */
 static double run_matmul(int64_t M, int64_t K, int64_t N, precision prec, const timing *tm) {
     td_graph_params gp = td_graph_default_params();
     gp.device = td_device_cuda(0);
@@ -228,10 +238,23 @@ static double run_matmul(int64_t M, int64_t K, int64_t N, precision prec, const 
     CHECK(td_graph_param(g, "w", td_shape_2d(N, K), &w));
     CHECK(td_graph_linear(g, x, w, NULL, &y));
     CHECK(td_graph_compile(g));
-    float *dy = calloc((size_t)(M * N), sizeof *dy);
+    size_t big = (size_t)(M > N ? M : N) * (size_t)(K > N ? K : N);
+    float *host = malloc(big * sizeof *host);
+    td_rng rng;
+    td_rng_init(&rng, 5);
+    for (size_t i = 0; i < big; i++) host[i] = td_rng_normal(&rng);
+    CHECK(td_tensor_write(x, host));
+    CHECK(td_tensor_write(w, host));
+    void *dy = NULL;
+    CHECK(td_device_alloc(gp.device, (size_t)(M * N) * sizeof *host, &dy));
+    CHECK(td_device_copy(gp.device, dy, td_device_cpu(), host, (size_t)(M * N) * sizeof *host));
+    free(host);
     stepper sweeps = {g, y, dy, NULL};
-    double median = median_rate(&sweeps, 6.0 * (double)M * (double)K * (double)N / 1e12, tm);
-    free(dy);
+    char row[64];
+    snprintf(row, sizeof row, "matmul %lldx%lldx%lld %s", (long long)M, (long long)K, (long long)N,
+             precision_names[prec]);
+    double median = median_rate(&sweeps, 6.0 * (double)M * (double)K * (double)N / 1e12, tm, row);
+    CHECK(td_device_free(gp.device, dy));
     td_graph_destroy(g);
     td_device_empty_cache(gp.device);
     return median;

@@ -85,6 +85,8 @@ def set_precision(precision):
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
+    # as a PyTorch user training fixed shapes sets it: cuDNN times its algorithms once a shape
+    torch.backends.cudnn.benchmark = True
 
 
 def time_windows(step, args):

@@ -291,7 +291,8 @@ td_status td_graph_backward(td_graph *g, td_tensor *loss);
 
 /* Backward from any tensor with a given output gradient (numel floats, plain order, whatever
  * y's dtype), for op tests, custom losses, scaled losses and pipeline stages; gradients
- * accumulate. */
+ * accumulate. dy is host memory, or memory on the graph's own GPU (copied there, never through
+ * the host). */
 td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy);
 
 /* Zeroes every parameter gradient (and those of inputs that take one) the way PyTorch's

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device/device_impl.h"
 #include "graph/graph_impl.h"
 
 td_graph_params td_graph_default_params(void) {
@@ -474,21 +475,27 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
     size_t numel = (size_t)td_shape_numel(&y->shape);
     if (g->opt.device.type != TD_DEVICE_CPU) {
         /* dy goes to the device ahead of the sweep (which may be a replay that reads it there),
-         * from a pageable copy so that the caller may reuse its buffer at once. */
+         * from a pageable copy so that the caller may reuse its buffer at once; a dy already on
+         * the graph's GPU is copied there. */
         if (numel * sizeof(float) > g->ctx.scratch_bytes)
             return td__fail(TD_EUNSUPPORTED,
                             "td_graph_backward: '%s' (%zu elements) is larger than the graph's "
                             "scratch for an f32 gradient",
                             y->name, numel);
-        if (g->dy_host_count < numel) {
-            float *h = realloc(g->dy_host, numel * sizeof *h);
-            if (!h) return td__fail(TD_ENOMEM, "td_graph_backward: out of memory");
-            g->dy_host = h;
-            g->dy_host_count = numel;
+        td_device at = td__device_of_pointer(dy);
+        if (at.type == g->opt.device.type && at.index == g->opt.device.index) {
+            TD__TRY(g->ctx.backend->copy(&g->ctx, g->ctx.scratch[1], dy, numel * sizeof *dy));
+        } else {
+            if (g->dy_host_count < numel) {
+                float *h = realloc(g->dy_host, numel * sizeof *h);
+                if (!h) return td__fail(TD_ENOMEM, "td_graph_backward: out of memory");
+                g->dy_host = h;
+                g->dy_host_count = numel;
+            }
+            memcpy(g->dy_host, dy, numel * sizeof *dy);
+            TD__TRY(g->ctx.backend->upload_async(&g->ctx, g->ctx.scratch[1], g->dy_host,
+                                                 numel * sizeof *dy));
         }
-        memcpy(g->dy_host, dy, numel * sizeof *dy);
-        TD__TRY(g->ctx.backend->upload_async(&g->ctx, g->ctx.scratch[1], g->dy_host,
-                                             numel * sizeof *dy));
         dy = g->ctx.scratch[1];
     }
     backward_args a = {y, dy};
