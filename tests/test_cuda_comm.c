@@ -295,13 +295,16 @@ static void point_to_point_and_subgroups(void) {
 static void killed_gpu_rank(int r, int n, int port, void *arg) {
     (void)arg;
     td_comm *w = NULL;
-    CHECK_OK(test_comm_create(&w, r, n, port, 5));
+    CHECK_OK(test_comm_create(&w, r, n, port, 60));
     if (!w) return;
     size_t count = (size_t)1 << 20;
     mirror a = mirror_make(count, TD_F32);
     for (size_t i = 0; i < count; i++) ((float *)a.host)[i] = 1;
     push(&a);
+    /* the first call sets the IPC path up (every rank's first CUDA start before it) */
     CHECK_OK(td_comm_allreduce(w, a.dev, a.dev, count, TD_F32, TD_OP_SUM));
+    CHECK_OK(td_comm_set_timeout(w, 5));
+    CHECK_OK(td_comm_barrier(w));
     if (r == n - 1) raise(SIGKILL);
     uint64_t t0 = td_time_ns();
     td_status s = td_comm_allreduce(w, a.dev, a.dev, count, TD_F32, TD_OP_SUM);
@@ -615,6 +618,7 @@ static void graph_gather_rank(int r, int n, int port, void *arg) {
     (void)arg;
     td_comm *w = NULL;
     CHECK_OK(test_comm_create(&w, r, n, port, 60));
+    if (!w) return;
     td_graph_params gp = td_graph_default_params();
     gp.device = td_device_cuda(0);
     gp.comm = w;
