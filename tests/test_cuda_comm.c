@@ -284,10 +284,13 @@ static void p2p_rank(int r, int n, int port, void *arg) {
     td_comm_destroy(w);
 }
 
-static void point_to_point_and_subgroups(void) {
-    ranks_on_gpu(2, p2p_rank, 120);
-    ranks_on_gpu(4, p2p_rank, 120);
+/* fn at world 2 and at world 4, every rank on cuda:0. */
+static void worlds_2_and_4(test_rank_fn fn) {
+    ranks_on_gpu(2, fn, 120);
+    ranks_on_gpu(4, fn, 120);
 }
+
+static void point_to_point_and_subgroups(void) { worlds_2_and_4(p2p_rank); }
 
 /* kill -9 of a rank between all-reduces on device memory: every other rank's next call fails
  * within the group's timeout naming it, the group fails fast afterwards, and each survivor
@@ -606,10 +609,7 @@ static void sbn_rank(int r, int n, int port, void *arg) {
     td_comm_destroy(w);
 }
 
-static void sync_batch_norm_on_gpu_equals_cpu(void) {
-    ranks_on_gpu(2, sbn_rank, 120);
-    ranks_on_gpu(4, sbn_rank, 120);
-}
+static void sync_batch_norm_on_gpu_equals_cpu(void) { worlds_2_and_4(sbn_rank); }
 
 /* The graph's all-gather on a GPU: each rank's (2, 3) rows stacked in rank order, and
  * backward's reduce-scatter sums every rank's gradient of its own rows; such a graph never
