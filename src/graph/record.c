@@ -77,9 +77,9 @@ static int recordable(td_graph *g, int backward) {
     return !g->use_hook && !(backward && g->hook);
 }
 
-/* The key of the sweep about to run, as it would be stored. */
-/* A backward's kernels depend on the training mode too (batch norm's training or evaluation
- * backward, dropout's masks), so both sweeps key on it. */
+/* The key of the sweep about to run, as it would be stored. A backward's kernels depend on the
+ * training mode too (batch norm's training or evaluation backward, dropout's masks), so both
+ * sweeps key on it. */
 static int key_matches(const td_graph *g, const td__recorded_sweep *s, const td_tensor *from) {
     if (s->storage_gen != g->storage_gen || s->training != g->ctx.training ||
         s->by_sample != g->ctx.rng_by_sample)

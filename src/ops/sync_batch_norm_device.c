@@ -3,9 +3,10 @@
  * kernels, plain NCHW f32: the op computes in f32), and between them the host does what the
  * CPU kernels do (sync_batch_norm.h): brings the sums down, all-reduces them over the group in
  * host memory, and computes the statistics, the running statistics and the coefficients,
- * which go back up. Each training forward and backward therefore waits for the device once or
- * twice, as the op's all-reduce waits for the group anyway (and a graph holding it is never
- * recorded). The weight and bias gradients stay this rank's own, as on the CPU. */
+ * which go back up. Each copy waits for the device (weight, bias and running statistics come
+ * down every call, as other code may have changed them), a handful of short waits per call
+ * beside the group's all-reduce, which waits anyway (a graph holding the op is never recorded).
+ * The weight and bias gradients stay this rank's own, as on the CPU. */
 #include "device/device_impl.h"
 #include "ops/backend.h"
 #include "ops/collective.h"

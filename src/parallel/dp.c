@@ -42,7 +42,6 @@ typedef struct {
 struct td_dp {
     td_dp_params p;
     td_device *device; /* (n) where each replica trains */
-    int on_gpu;        /* some replica trains on a GPU: gradients are summed through the host */
     int n;
     int64_t b;      /* per-replica batch */
     int64_t sample; /* floats per input sample */
@@ -54,7 +53,8 @@ struct td_dp {
     float *gathered;         /* (B, classes) log-probabilities */
     float *gathered_dy;      /* (B, classes) */
     unsigned char *staging;  /* (grad_bytes): another replica's gradients, copied in */
-    unsigned char *host_sum; /* (grad_bytes) on_gpu: replica 0's gradients summed on the host */
+    unsigned char *host_sum; /* (grad_bytes) with a replica on a GPU: replica 0's gradients
+                                summed on the host; NULL otherwise */
     size_t grad_bytes;
     td_optim *optim;
     td_ddp *ddp;    /* DDP2: replica 0's parameters across hosts, or NULL */
@@ -283,9 +283,10 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
         free(dp);
         return td__fail(TD_ENOMEM, "td_dp_create: out of memory");
     }
+    int on_gpu = 0; /* some replica trains on a GPU: its gradients are summed through the host */
     for (int d = 0; d < dp->n; d++) {
         dp->device[d] = params->devices ? params->devices[d] : params->graph.device;
-        dp->on_gpu |= dp->device[d].type != TD_DEVICE_CPU;
+        on_gpu |= dp->device[d].type != TD_DEVICE_CPU;
     }
     dp->p.devices = dp->device;
     pthread_mutex_init(&dp->mu, NULL);
@@ -322,9 +323,9 @@ td_status td_dp_create(td_dp **out, const td_dp_params *params) {
         dp->gathered = malloc(B * (size_t)dp->classes * sizeof(float));
         dp->gathered_dy = malloc(B * (size_t)dp->classes * sizeof(float));
         dp->staging = dp->n > 1 ? malloc(dp->grad_bytes ? dp->grad_bytes : 1) : NULL;
-        dp->host_sum = dp->n > 1 && dp->on_gpu ? malloc(dp->grad_bytes ? dp->grad_bytes : 1) : NULL;
+        dp->host_sum = dp->n > 1 && on_gpu ? malloc(dp->grad_bytes ? dp->grad_bytes : 1) : NULL;
         if (!dp->batch_x || !dp->batch_y || !dp->gathered || !dp->gathered_dy ||
-            (dp->n > 1 && !dp->staging) || (dp->n > 1 && dp->on_gpu && !dp->host_sum))
+            (dp->n > 1 && !dp->staging) || (dp->n > 1 && on_gpu && !dp->host_sum))
             s = td__fail(TD_ENOMEM, "td_dp_create: out of memory for replica 0's gather buffers");
     }
     /* DDP2: every host starts from rank 0's replica 0 (collective over comm). */
