@@ -2,7 +2,7 @@
  * oneDNN; backward uses the saved output, as PyTorch does. */
 #include <stdlib.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd, bwd;

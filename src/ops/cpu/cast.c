@@ -4,7 +4,7 @@
  * td_amp_params); plain C, round to nearest even. */
 #include <stdlib.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 static td_status cast_compile(td__op_ctx *ctx, td__node *n) {
     (void)ctx;

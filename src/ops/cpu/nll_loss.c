@@ -3,7 +3,7 @@
  * labels out of range are an error naming the sample, not a crash. */
 #include <string.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 static td_status nll_forward(td__op_ctx *ctx, td__node *n) {
     (void)ctx;

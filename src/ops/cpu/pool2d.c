@@ -3,7 +3,7 @@
  * backward needs no search. */
 #include <stdlib.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd, bwd;

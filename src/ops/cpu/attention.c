@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 #define ATT_BLOCK 64
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 static td_status cpu_init(td__op_ctx *ctx, const char *what) {
     td__cpu *c = calloc(1, sizeof *c);

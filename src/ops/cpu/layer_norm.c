@@ -5,7 +5,7 @@
  * precision level, as autocast runs layer_norm. */
 #include <stdlib.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd, bwd;

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "ops/collective.h"
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 /* How a 4-d activation lies in memory: sample n, channel block cb, position s of an H * W
  * plane, then blk consecutive channels (blk 1: one channel per block, plain NCHW or NHWC). */

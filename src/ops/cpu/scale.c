@@ -3,7 +3,7 @@
  * losses divide cosine similarities by a temperature with it. Plain C. */
 #include <math.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 /* out = alpha * in over n elements of dtype dt. */
 static void scaled(void *out, const void *in, td_dtype dt, size_t count, float alpha) {

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 typedef struct {
     double *norm;           /* (N) max(||x_i||, eps) of the last forward */

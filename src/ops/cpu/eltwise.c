@@ -2,7 +2,7 @@
  * through oneDNN's eltwise primitive, in whatever layout the input has. */
 #include <stdlib.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd, bwd;

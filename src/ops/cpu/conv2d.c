@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 /* Input channels below which Winograd loses to a direct convolution (measured, see above). */
 #define TD__WINOGRAD_MIN_CHANNELS 16

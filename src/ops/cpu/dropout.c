@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "core/philox.h"
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 typedef struct {
     float *mask;  /* (physical floats of x): 0 or 1/(1-p), element-wise dropout */

@@ -2,7 +2,7 @@
  * plain layouts; backward slices dy back out to each input. */
 #include <string.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 /* Bytes per sample of input i (C_i times the trailing dims). */
 static size_t chunk(const td_tensor *t) {

@@ -13,7 +13,7 @@
  * copy per step costs what it saves.) */
 #include <stdlib.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd, bwd_data, bwd_w;

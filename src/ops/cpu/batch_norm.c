@@ -4,7 +4,7 @@
  * the input's layout. */
 #include <stdlib.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd_train, fwd_eval, bwd_train, bwd_eval;
