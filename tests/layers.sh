@@ -7,7 +7,7 @@
 # closing "P passed, F failed" line like the test programs. Collective ops (all-gather,
 # SyncBatchNorm) are graph ops that call comm/ (ARCHITECTURE.md), so ops and graph may use
 # process groups, through the public tandem/comm.h only, never comm's internals. oneDNN stays
-# inside the CPU backend's files. Programs (tools, examples, benchmarks) use the public headers
+# inside the CPU backend's files (src/ops/cpu/). Programs (tools, examples, benchmarks) use the public headers
 # only.
 cd "$(dirname "$0")/.."
 # Which layer a public header belongs to.
@@ -78,16 +78,15 @@ for f in src/graph/*.c; do
         bad=$((bad + 1))
     fi
 done
-# oneDNN is the CPU backend's business (src/ops/backend.h): the tensor, the op contract and
-# everything above the ops name no oneDNN header or type.
+# oneDNN is the CPU backend's business (src/ops/cpu/): the tensor, the op contract, the ops'
+# definitions, the other backends and everything above the ops name no oneDNN header or type.
 for f in $(find src -name '*.[ch]' | sort); do
     case "$f" in
-    src/ops/op.h | src/ops/op.c | src/ops/backend.h) ;;
-    src/ops/*) continue ;;
+    src/ops/cpu/*) continue ;;
     esac
-    if grep -n '<dnnl\|dnnl_\|ops/onednn.h' "$f" >/dev/null; then
-        echo "layers: $f names oneDNN (only the CPU backend's files in src/ops may):"
-        grep -n '<dnnl\|dnnl_\|ops/onednn.h' "$f" | sed 's/^/    /'
+    if grep -n '<dnnl\|dnnl_\|ops/cpu/onednn.h' "$f" >/dev/null; then
+        echo "layers: $f names oneDNN (only the CPU backend's files, src/ops/cpu/, may):"
+        grep -n '<dnnl\|dnnl_\|ops/cpu/onednn.h' "$f" | sed 's/^/    /'
         bad=$((bad + 1))
     fi
 done

@@ -63,25 +63,6 @@ static td_status norm_backward(td__op_ctx *ctx, td__node *n) {
 
 static void norm_destroy(td__node *n) { free(n->state); }
 
-static td_status norm_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
-    const td_tensor *x = n->in[0];
-    if (x->dtype != TD_F32 || x->shape.ndim != 2)
-        return td__fail(TD_ESHAPE, "normalize: input '%s' must be f32 (N, D), got %d dims", x->name,
-                        x->shape.ndim);
-    if (!(n->attr.eps > 0))
-        return td__fail(TD_EINVAL, "normalize: eps %g must be > 0", (double)n->attr.eps);
-    *shape = x->shape;
-    *dtype = TD_F32;
-    return TD_OK;
-}
-
-const td__op td__op_normalize = {
-    .name = "normalize",
-    .id = TD__OP_NORMALIZE,
-    .infer = norm_infer,
-    .precision = TD__PREC_F32,
-};
-
 /* The CPU backend's kernels. */
 const td__kernels td__cpu_normalize = {
     .compile = norm_compile,

@@ -1,8 +1,6 @@
 /* The scaling node: y = alpha * x, element by element over storage, so any shape, layout
  * (blocked stays blocked; padding stays zero) and float dtype; backward dy * alpha. Contrastive
  * losses divide cosine similarities by a temperature with it. Plain C. */
-#include <math.h>
-
 #include "ops/cpu/onednn.h"
 
 /* out = alpha * in over n elements of dtype dt. */
@@ -36,25 +34,6 @@ static td_status scale_backward(td__op_ctx *ctx, td__node *n) {
     td__grad_end(ctx, x);
     return TD_OK;
 }
-
-static td_status scale_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
-    const td_tensor *x = n->in[0];
-    if (!td__is_float(x->dtype))
-        return td__fail(TD_EDTYPE, "scale: input '%s' must be f32, bf16 or f16, not %s", x->name,
-                        td_dtype_name(x->dtype));
-    if (!isfinite(n->attr.alpha))
-        return td__fail(TD_EINVAL, "scale: factor %g is not finite", (double)n->attr.alpha);
-    *shape = x->shape;
-    *dtype = x->dtype;
-    return TD_OK;
-}
-
-const td__op td__op_scale = {
-    .name = "scale",
-    .id = TD__OP_SCALE,
-    .propagates_layout = 1,
-    .infer = scale_infer,
-};
 
 /* The CPU backend's kernels. */
 const td__kernels td__cpu_scale = {

@@ -9,7 +9,7 @@
  * activations' dtype (apex's rule), in plain C over the input's own layout (plain or
  * channel-blocked), which the output keeps. The graph adds plain batch norm instead when the
  * group has one rank, as PyTorch does. The per-channel arithmetic on the host is shared with the
- * kernels for other devices (sync_batch_norm_device.c). */
+ * kernels for other devices (../sync_batch_norm_device.c). */
 #include "ops/sync_batch_norm.h"
 
 #include <math.h>
@@ -259,27 +259,6 @@ static td_status sbn_backward(td__op_ctx *ctx, td__node *n) {
 }
 
 static void sbn_destroy(td__node *n) { free(n->state); }
-
-static td_status sbn_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
-    return td__op_batch_norm.infer(n, shape, dtype);
-}
-
-/* Statistics, weight and bias are f32 at every AMP level below O3, as batch norm's. */
-static td_dtype sbn_input_dtype(const td__node *n, int i, td_dtype dtype) {
-    (void)n;
-    return i == 0 ? dtype : TD_F32;
-}
-
-const td__op td__op_sync_batch_norm = {
-    .name = "sync_batch_norm2d",
-    .id = TD__OP_SYNC_BATCH_NORM,
-    .generic = &td__sync_batch_norm_device,
-    .propagates_layout = 1,
-    .infer = sbn_infer,
-    .precision = TD__PREC_F32,
-    .input_dtype = sbn_input_dtype,
-    .collective = 1,
-};
 
 /* The CPU backend's kernels. */
 const td__kernels td__cpu_sync_batch_norm = {
