@@ -2,7 +2,7 @@
  * move values without arithmetic beyond one add, so their gradients are copies. */
 #include <string.h>
 
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 
 void td__ref_add_forward(float *y, const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];

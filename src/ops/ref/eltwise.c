@@ -3,7 +3,7 @@
  * graph (it owns the RNG stream); here it is an input so results are reproducible. */
 #include <math.h>
 
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 
 void td__ref_relu_forward(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
