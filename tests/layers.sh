@@ -1,7 +1,8 @@
 #!/bin/sh
 # The library's arrows point one way: each folder of src/ may include only the headers of the
 # layers below it (its own included), public (tandem/X.h) or internal (X/...). The engine goes
-# core -> device -> tensor -> ops -> graph -> nn (comm, optim and checkpoint may use devices);
+# core -> device -> tensor -> ops -> graph -> nn (comm, optim and checkpoint may use devices; the
+# rendezvous store stands on core alone, and comm uses it);
 # the graph's passes walk op tables and never name an op
 # (only src/graph/build.c, the public op builders, does). Prints one line per violation and a
 # closing "P passed, F failed" line like the test programs. Collective ops (all-gather,
@@ -19,7 +20,8 @@ layer_of_public() {
     ops) echo ops ;;
     graph) echo graph ;;
     nn) echo nn ;;
-    comm | store) echo comm ;;
+    comm) echo comm ;;
+    store) echo store ;;
     spawn | launch) echo launch ;;
     data) echo data ;;
     optim) echo optim ;;
@@ -37,7 +39,9 @@ allowed() {
     ops) echo "core device tensor ops comm" ;;
     graph) echo "core device tensor ops graph comm" ;;
     nn) echo "core device tensor ops graph nn" ;;
-    comm | optim | checkpoint) echo "core device $1" ;;
+    store) echo "core store" ;;
+    comm) echo "core device store comm" ;;
+    optim | checkpoint) echo "core device $1" ;;
     launch) echo "core $1" ;;
     data) echo "core device data" ;;
     parallel) echo "core device tensor ops graph nn comm optim checkpoint parallel" ;;
