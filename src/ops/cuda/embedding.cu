@@ -1,4 +1,4 @@
-/* The embedding nodes on a GPU, as the CPU op (src/ops/embedding.c) computes them: the token
+/* The embedding nodes on a GPU, as the CPU op (src/ops/cpu/embedding.c) computes them: the token
  * lookup y = table[idx] and the position embedding y = x + table[t], in the table's dtype (f32,
  * bf16 or f16: from apex O2 on the tables are stored low), each sum rounded to that dtype as the
  * CPU rounds it.
