@@ -16,6 +16,7 @@
 
 #include "tandem/comm.h"
 #include "tandem/device.h"
+#include "tandem/graph.h"
 #include "tandem/spawn.h"
 
 /* A tandem call that must succeed; otherwise prints it and the error, and leaves. */
@@ -121,7 +122,9 @@ static inline void bench_one_thread(char **argv) { bench_threads(argv, 1); }
 
 /* The CPU as /proc/cpuinfo names it, with what tells machines of one name apart: family and
  * model, and the vector features the kernels choose by (avx512f, avx512_bf16, amx_bf16,
- * avx512_fp16). "unknown CPU" when there is no /proc/cpuinfo. */
+ * avx512_fp16); then the CPU kernels' library, its version and the instruction set it
+ * dispatches ("oneDNN 2.6.3, ISA avx512_core_bf16"). "unknown CPU" when there is no
+ * /proc/cpuinfo. */
 static inline const char *bench_cpu_name(char *buf, size_t cap) {
     static const char *const features[] = {"avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16"};
     char name[256] = "unknown CPU", family[16] = "?", model[16] = "?", found[128] = "";
@@ -156,8 +159,10 @@ static inline const char *bench_cpu_name(char *buf, size_t cap) {
         }
         fclose(f);
     }
-    int n = snprintf(buf, cap, "%s (family %s model %s;%s)", name, family, model,
-                     *found ? found : " no avx512");
+    char kernels[128] = "";
+    td_graph_backend_info(td_device_cpu(), kernels, sizeof kernels);
+    int n = snprintf(buf, cap, "%s (family %s model %s;%s); %s", name, family, model,
+                     *found ? found : " no avx512", kernels);
     if (n >= (int)cap && cap > 4) memcpy(buf + cap - 4, "...", 4); /* say it was cut */
     return buf;
 }
