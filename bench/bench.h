@@ -167,6 +167,25 @@ static inline const char *bench_cpu_name(char *buf, size_t cap) {
     return buf;
 }
 
+/* The interpreter of the second PyTorch peer, a current 2.x from PyPI (scripts/deps.sh torch2). */
+#define BENCH_TORCH2 ".venv/torch2/bin/python"
+
+/* The version of the second PyTorch peer under `python` into v ("2.5.1"); where torch does not
+ * import there, prints the one line that says its column is left out, and returns 0. */
+static inline int bench_torch2(const char *python, char *v, size_t cap) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s -c 'import torch; print(torch.__version__)' 2>/dev/null", python);
+    FILE *p = popen(cmd, "r");
+    v[0] = 0;
+    if (p && !fgets(v, (int)cap, p)) v[0] = 0;
+    v[strcspn(v, "\n")] = 0;
+    if (p && pclose(p) == 0 && v[0]) return 1;
+    printf("PyTorch 2.x: not run (no torch imports under %s; sh scripts/deps.sh torch2 installs it "
+           "in %s)\n",
+           python, BENCH_TORCH2);
+    return 0;
+}
+
 /* The 1, 5 and 15-minute load averages from /proc/loadavg ("" when unreadable): on a machine
  * shared with other work, what a table's reader needs to judge its timings by. */
 static inline const char *bench_load_average(char *buf, size_t cap) {

@@ -201,21 +201,9 @@ static void row_setup(setup *su, int row, int *world) {
     *world = row < 4 ? 1 + row % 2 : 2;
 }
 
-/* The version of PyTorch under `python` into v, or 0 when it does not import. */
-static int torch_version(const char *python, char *v, size_t cap) {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s -c 'import torch; print(torch.__version__)' 2>/dev/null", python);
-    FILE *p = popen(cmd, "r");
-    v[0] = 0;
-    if (!p) return 0;
-    if (!fgets(v, (int)cap, p)) v[0] = 0;
-    v[strcspn(v, "\n")] = 0;
-    return pclose(p) == 0 && v[0];
-}
-
 int main(int argc, char **argv) {
     bench_one_thread(argv);
-    const char *torch2 = ".venv/torch2/bin/python"; /* where scripts/deps.sh torch2 puts it */
+    const char *torch2 = BENCH_TORCH2;
     setup su = {.model = td_gpt_default_params(),
                 .batch = 16,
                 .iters = 5,
@@ -261,12 +249,7 @@ int main(int argc, char **argv) {
         repeat > MAX_REPEAT || su.batch < 4 || su.batch % 4)
         return usage();
     char cpu[256], load[64], v2[64] = "";
-    int have2 = torch && torch_version(torch2, v2, sizeof v2);
-    if (torch && !have2)
-        printf(
-            "PyTorch 2.x: not run (no torch imports under %s; sh scripts/deps.sh torch2 installs "
-            "it there)\n",
-            torch2);
+    int have2 = torch && bench_torch2(torch2, v2, sizeof v2);
     load_average(load, sizeof load);
     printf("GPT %d layers, %d heads, width %lld, context %lld, global batch %d; one thread per "
            "rank%s; %s\n",

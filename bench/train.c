@@ -299,21 +299,9 @@ static int amp_note_rank(int rank, int world, void *result, void *arg) {
     return 0;
 }
 
-/* The version of PyTorch under `python` into v ("2.5.1"), or 0 when it does not import. */
-static int torch_version(const char *python, char *v, size_t cap) {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s -c 'import torch; print(torch.__version__)' 2>/dev/null", python);
-    FILE *p = popen(cmd, "r");
-    v[0] = 0;
-    if (!p) return 0;
-    if (!fgets(v, (int)cap, p)) v[0] = 0;
-    v[strcspn(v, "\n")] = 0;
-    return pclose(p) == 0 && v[0];
-}
-
 int main(int argc, char **argv) {
     const char *models = "net,mlp,cnn", *worlds = "1,2", *amps = "O0";
-    const char *torch2 = ".venv/torch2/bin/python"; /* where scripts/deps.sh torch2 puts it */
+    const char *torch2 = BENCH_TORCH2;
     timing tm = {20, 5, 5, TD_BF16, 1, "cpu"};
     int torch = 1, json = 0, repeat = 1, shards = 8;
     for (int i = 1; i < argc; i++) {
@@ -398,12 +386,7 @@ int main(int argc, char **argv) {
     }
     bench_threads(argv, tm.threads);
     char v2[64] = "";
-    int have2 = torch && torch_version(torch2, v2, sizeof v2);
-    if (torch && !have2)
-        printf(
-            "PyTorch 2.x: not run (no torch imports under %s; sh scripts/deps.sh torch2 installs "
-            "it there)\n",
-            torch2);
+    int have2 = torch && bench_torch2(torch2, v2, sizeof v2);
     for (int l = 0; l < nl && !gpu; l++) {
         amp_probe a = {levels[l], tm.amp_dtype};
         char why[512] = "";
