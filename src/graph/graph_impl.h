@@ -67,7 +67,7 @@ struct td_graph {
     uint64_t storage_gen;   /* bumped whenever a tensor is pointed at other memory */
     char record_why[256];   /* why recording was given up; empty while it is on */
     int record_checked;     /* the nodes were found recordable */
-    char amp_fallback[320]; /* why the AMP level computes in f32 here (td_graph_amp_fallback) */
+    char amp_fallback[512]; /* why the AMP level computes in f32 here (td_graph_amp_fallback) */
     float *dy_host;         /* backward's upstream gradient, staged in pageable memory */
     size_t dy_host_count;
 };
