@@ -104,7 +104,7 @@ static td_status matmul_compile(td__op_ctx *ctx, td__node *n, linear_state *s) {
     TD__TRY(td__mem_init(ctx, &s->dx, &xmd));
     TD__TRY(td__mem_init(ctx, &s->dw, &wmd));
     TD__TRY(td__mem_init(ctx, &s->db, &bmd));
-    TD__TRY(td__mem_init(ctx, &s->wbd, &kbd));
+    if (s->bwd_data) TD__TRY(td__mem_init(ctx, &s->wbd, &kbd)); /* kbd is chosen by then */
     return td__mem_init(ctx, &s->one, &ones);
 }
 
