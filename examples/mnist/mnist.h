@@ -3,7 +3,6 @@
 #ifndef MNIST_MNIST_H
 #define MNIST_MNIST_H
 
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,51 +21,12 @@
         }                                                                              \
     } while (0)
 
-/* A bad value of a command-line option: names the option, the value and what it takes, and
- * exits 2 (a usage dump would leave the user to find which option was wrong). */
-static inline void mnist_bad_value(const char *option, const char *value, const char *takes) {
-    fprintf(stderr, "mnist: %s %s: expected %s\n", option, value, takes);
-    exit(2);
-}
-
-/* The value of an integer option, which must lie in [min, max]. */
-static inline long mnist_int(const char *option, const char *value, long min, long max) {
-    char *end, takes[96];
-    errno = 0;
-    long v = strtol(value, &end, 10);
-    if (errno || end == value || *end || v < min || v > max) {
-        if (max == LONG_MAX || max == INT_MAX)
-            snprintf(takes, sizeof takes, "an integer >= %ld", min);
-        else
-            snprintf(takes, sizeof takes, "an integer from %ld to %ld", min, max);
-        mnist_bad_value(option, value, takes);
-    }
-    return v;
-}
-
-/* The value of a real-valued option, which must lie in [min, max). */
-static inline double mnist_real(const char *option, const char *value, double min, double max) {
-    char *end, takes[96];
-    errno = 0;
-    double v = strtod(value, &end);
-    if (errno || end == value || *end || !(v >= min && v < max)) {
-        if (isinf(max))
-            snprintf(takes, sizeof takes, "a number >= %g", min);
-        else
-            snprintf(takes, sizeof takes, "a number in [%g, %g)", min, max);
-        mnist_bad_value(option, value, takes);
-    }
-    return v;
-}
-
-/* The value of --seed: any 64-bit unsigned integer. */
-static inline uint64_t mnist_seed(const char *value) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(value, &end, 10);
-    if (errno || end == value || *end || value[0] == '-')
-        mnist_bad_value("--seed", value, "an unsigned 64-bit integer");
-    return (uint64_t)v;
+/* --model net|mlp|cnn|resnet, for both modes' parsers: 1 when the argument was it. */
+static inline int mnist_model_option(td_args *a, td_model_kind *model) {
+    int k = -1;
+    if (!td_args_choice(a, "--model", "net|mlp|cnn|resnet", &k)) return 0;
+    if (k >= 0) *model = (td_model_kind)k; /* the names in td_model_kind's order */
+    return 1;
 }
 
 /* The training set's loader. A set smaller than one global batch (each step trains on a whole
