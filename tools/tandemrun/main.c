@@ -52,6 +52,8 @@ static const char usage_text[] =
     "                       per rank, collectives linked across ranks (TANDEM_TRACE=DIR;\n"
     "                       docs/tracing.md)\n"
     "  --trace-ops          with --trace: every op of the graph too (TANDEM_TRACE_OPS=1)\n"
+    "  --trace-merge DIR    merge the spans a traced job's ranks kept in DIR (under mpirun,\n"
+    "                       when they could not gather them) into DIR/trace.json, and exit\n"
     "\n"
     "Options also take torchrun's forms: --nproc_per_node=4, --master_port 29500.\n"
     "When a rank fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
@@ -147,6 +149,7 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
         td_args_string(&a, "--restart-nproc-per-node", &restart_arg);
         td_args_string(&a, "--trace", &o->trace_dir);
         td_args_flag(&a, "--trace-ops", &o->trace_ops);
+        td_args_string(&a, "--trace-merge", &o->merge_dir);
         td_args_string(&a, "--log-dir", &o->log_dir);
         if (td_args_is(&a, "--tee")) o->tee = 1; /* torchrun's --tee=3 picks streams: both */
         td_args_set(&a, "--prefix", &o->prefix, 1);
@@ -212,7 +215,7 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
                               "hosts (--nnodes > 1) cannot restart yet");
     }
     if (o->trace_ops && !o->trace_dir) td_args_error(&a, "--trace-ops needs --trace DIR");
-    if (!program) td_args_error(&a, "no program to run");
+    if (!program && !o->merge_dir) td_args_error(&a, "no program to run");
     char *path = program ? resolve_program(program) : NULL;
     if (program && !path) td_args_error(&a, "program '%s' not found or not executable", program);
     int rc = td_args_finish(&a, usage_text);
@@ -225,38 +228,25 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
     return 0;
 }
 
-/* --trace DIR: the directory made, and its absolute path in the ranks' environment. */
-static int trace_env(const tr_options *o, char dir[PATH_MAX]) {
-    if (mkdir(o->trace_dir, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "tandemrun: --trace %s: cannot make the directory: %s\n", o->trace_dir,
-                strerror(errno));
-        return -1;
-    }
-    if (!realpath(o->trace_dir, dir)) {
-        fprintf(stderr, "tandemrun: --trace %s: %s\n", o->trace_dir, strerror(errno));
-        return -1;
-    }
-    setenv("TANDEM_TRACE", dir, 1);
-    if (o->trace_ops) setenv("TANDEM_TRACE_OPS", "1", 1);
-    return 0;
-}
-
 int main(int argc, char **argv) {
     tr_options opts;
     int rc = tr_parse_args(argc, argv, &opts);
     if (rc == 1) return 0;
     if (rc != 0) return rc;
+    if (opts.merge_dir) return tr_trace_report(opts.merge_dir, -1);
     if (opts.have_devices && opts.restart_nproc) {
         fprintf(stderr, "tandemrun: --restart-nproc-per-node cannot change the world size with "
                         "--devices (one device per rank)\n");
         return 2;
     }
     char trace_dir[PATH_MAX];
-    if (opts.trace_dir && trace_env(&opts, trace_dir) != 0) return 2;
+    if (opts.trace_dir && tr_trace_prepare(&opts, trace_dir) != 0) return 2;
     tr_restart restart = {opts.max_restarts, 0, opts.restart_nproc};
+    int failed = -1;
     for (;;) {
-        int failed, next;
+        int next;
         char why[256];
+        if (opts.trace_dir && tr_trace_clear(trace_dir) != 0) return 2;
         rc = tr_run_job(&opts, &failed);
         if (tr_interrupted()) break;
         if (!tr_restart_next(&restart, failed, opts.nproc, &next, why, sizeof why)) {
@@ -269,18 +259,7 @@ int main(int argc, char **argv) {
         opts.nproc = next;
         opts.attempt = restart.done;
     }
-    if (opts.trace_dir) {
-        char path[PATH_MAX + 16];
-        snprintf(path, sizeof path, "%s/trace.json", trace_dir);
-        if (access(path, R_OK) == 0)
-            fprintf(stderr, "tandemrun: the job's trace is %s (open it in ui.perfetto.dev)\n",
-                    path);
-        else
-            fprintf(stderr,
-                    "tandemrun: no trace in %s: the ranks write it when they destroy "
-                    "their process group\n",
-                    trace_dir);
-    }
+    if (opts.trace_dir) tr_trace_report(trace_dir, failed);
     free((char *)opts.program);
     return rc;
 }
