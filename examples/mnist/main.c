@@ -114,30 +114,21 @@ static options parse(int argc, char **argv) {
     int no_eval = 0, cosine = 0, constant = 0, amp = -1, amp_dtype = -1, comm_dtype = -1;
     const char *resume = NULL, *loss_scale = NULL;
     td_args a;
+    mnist_shared shared = {&o.model,     &o.epochs,   &o.batch, &o.lr,    &o.momentum, &o.seed,
+                           &o.max_steps, &o.data_dir, &o.trace, &no_eval, &cosine,     &constant};
     td_args_init(&a, "mnist", argc, argv);
     while (td_args_next(&a)) {
-        td_args_flag(&a, "--no-eval", &no_eval);
-        td_args_flag(&a, "--cosine", &cosine);
-        td_args_flag(&a, "--constant-lr", &constant);
+        mnist_shared_options(&a, &shared);
         td_args_flag(&a, "--deterministic", &o.deterministic);
         td_args_flag(&a, "--trace-ops", &o.trace_ops);
-        mnist_model_option(&a, &o.model);
-        td_args_int(&a, "--epochs", 1, INT_MAX, &o.epochs);
-        td_args_int(&a, "--batch", 1, INT_MAX, &o.batch);
-        td_args_real(&a, "--lr", 0, INFINITY, &o.lr);
-        td_args_real(&a, "--momentum", 0, 1, &o.momentum);
-        td_args_u64(&a, "--seed", &o.seed);
-        td_args_long(&a, "--max-steps", 1, LONG_MAX, &o.max_steps);
         td_args_long(&a, "--stop-at-step", 1, LONG_MAX, &o.stop_at);
         td_args_long(&a, "--bucket-kb", 1, LONG_MAX >> 10, &o.bucket_kb);
-        td_args_string(&a, "--data", &o.data_dir);
         td_args_string(&a, "--checkpoint", &o.checkpoint);
         td_args_string(&a, "--resume", &resume);
         td_args_int(&a, "--zero", 1, 3, &o.zero);
         td_args_int(&a, "--shards", 1, INT_MAX, &o.shards);
         td_args_real(&a, "--dropout", 0, 1, &o.dropout);
         td_args_long(&a, "--checkpoint-every", 0, LONG_MAX, &o.checkpoint_every);
-        td_args_string(&a, "--trace", &o.trace);
         td_args_int(&a, "--spawn", 1, INT_MAX, &o.spawn);
         td_args_choice(&a, "--amp", "O0|O1|O2|O3", &amp);
         td_args_choice(&a, "--amp-dtype", "bf16|f16", &amp_dtype);

@@ -21,12 +21,33 @@
         }                                                                              \
     } while (0)
 
-/* --model net|mlp|cnn|resnet, for both modes' parsers: 1 when the argument was it. */
-static inline int mnist_model_option(td_args *a, td_model_kind *model) {
+/* Where both modes keep the options they share (each its own struct's fields). */
+typedef struct {
+    td_model_kind *model;
+    int *epochs, *batch;   /* batch: global */
+    double *lr, *momentum; /* < 0 until given: the model's defaults */
+    uint64_t *seed;
+    long *max_steps; /* 0: --epochs decides */
+    const char **data_dir, **trace;
+    int *no_eval, *cosine, *constant_lr; /* flags; the schedule is the model's unless given */
+} mnist_shared;
+
+/* Offers the shared options to the current argument (td_args). */
+static inline void mnist_shared_options(td_args *a, const mnist_shared *o) {
     int k = -1;
-    if (!td_args_choice(a, "--model", "net|mlp|cnn|resnet", &k)) return 0;
-    if (k >= 0) *model = (td_model_kind)k; /* the names in td_model_kind's order */
-    return 1;
+    if (td_args_choice(a, "--model", "net|mlp|cnn|resnet", &k) && k >= 0)
+        *o->model = (td_model_kind)k; /* the names in td_model_kind's order */
+    td_args_int(a, "--epochs", 1, INT_MAX, o->epochs);
+    td_args_int(a, "--batch", 1, INT_MAX, o->batch);
+    td_args_real(a, "--lr", 0, INFINITY, o->lr);
+    td_args_real(a, "--momentum", 0, 1, o->momentum);
+    td_args_u64(a, "--seed", o->seed);
+    td_args_long(a, "--max-steps", 1, LONG_MAX, o->max_steps);
+    td_args_string(a, "--data", o->data_dir);
+    td_args_string(a, "--trace", o->trace);
+    td_args_flag(a, "--no-eval", o->no_eval);
+    td_args_flag(a, "--cosine", o->cosine);
+    td_args_flag(a, "--constant-lr", o->constant_lr);
 }
 
 /* The training set's loader. A set smaller than one global batch (each step trains on a whole

@@ -52,11 +52,11 @@ static pp_options parse(int argc, char **argv) {
         TD_MODEL_RESNET, TD_SCHEDULE_1F1B, 2, 4, 2, 128, 1, 1, -1, -1, 1, 0, NULL, NULL, NULL};
     int no_eval = 0, cosine = 0, constant = 0;
     td_args a;
+    mnist_shared shared = {&o.model,     &o.epochs,   &o.batch, &o.lr,    &o.momentum, &o.seed,
+                           &o.max_steps, &o.data_dir, &o.trace, &no_eval, &cosine,     &constant};
     td_args_init(&a, "mnist", argc, argv);
     while (td_args_next(&a)) {
-        td_args_flag(&a, "--no-eval", &no_eval);
-        td_args_flag(&a, "--cosine", &cosine);
-        td_args_flag(&a, "--constant-lr", &constant);
+        mnist_shared_options(&a, &shared);
         if (td_args_is(&a, "--pipeline")) {
             const char *v = td_args_value(&a);
             if (v && td_pipeline_schedule_parse(v, &o.schedule) != TD_OK)
@@ -65,15 +65,6 @@ static pp_options parse(int argc, char **argv) {
         td_args_int(&a, "--stages", 1, TD_PIPELINE_MAX_STAGES, &o.stages);
         td_args_int(&a, "--micro-batches", 1, INT_MAX, &o.micro);
         td_args_string(&a, "--split", &o.split);
-        mnist_model_option(&a, &o.model);
-        td_args_int(&a, "--epochs", 1, INT_MAX, &o.epochs);
-        td_args_int(&a, "--batch", 1, INT_MAX, &o.batch);
-        td_args_real(&a, "--lr", 0, INFINITY, &o.lr);
-        td_args_real(&a, "--momentum", 0, 1, &o.momentum);
-        td_args_u64(&a, "--seed", &o.seed);
-        td_args_long(&a, "--max-steps", 1, LONG_MAX, &o.max_steps);
-        td_args_string(&a, "--data", &o.data_dir);
-        td_args_string(&a, "--trace", &o.trace);
     }
     int rc = td_args_finish(&a, usage);
     if (rc >= 0) exit(rc);
