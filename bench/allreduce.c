@@ -317,9 +317,9 @@ int main(int argc, char **argv) {
         td_args_int(&a, "--repeat", 1, 99, &repeat);
     }
     bench_args_finish(&a, "usage: allreduce [--json] [--np N] [--max-bytes N] [--repeat K]\n");
-    bench b = {0};
 #ifdef BENCH_MPI
     if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK")) {
+        bench b = {0};
         int provided;
         MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
         MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
