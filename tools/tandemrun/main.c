@@ -233,20 +233,30 @@ int main(int argc, char **argv) {
     int rc = tr_parse_args(argc, argv, &opts);
     if (rc == 1) return 0;
     if (rc != 0) return rc;
-    if (opts.merge_dir) return tr_trace_report(opts.merge_dir, -1);
+    if (opts.merge_dir) {
+        free((char *)opts.program);
+        return tr_trace_report(opts.merge_dir, -1);
+    }
     if (opts.have_devices && opts.restart_nproc) {
         fprintf(stderr, "tandemrun: --restart-nproc-per-node cannot change the world size with "
                         "--devices (one device per rank)\n");
+        free((char *)opts.program);
         return 2;
     }
     char trace_dir[PATH_MAX];
-    if (opts.trace_dir && tr_trace_prepare(&opts, trace_dir) != 0) return 2;
+    if (opts.trace_dir && tr_trace_prepare(&opts, trace_dir) != 0) {
+        free((char *)opts.program);
+        return 2;
+    }
     tr_restart restart = {opts.max_restarts, 0, opts.restart_nproc};
     int failed = -1;
     for (;;) {
         int next;
         char why[256];
-        if (opts.trace_dir && tr_trace_clear(trace_dir) != 0) return 2;
+        if (opts.trace_dir && tr_trace_clear(trace_dir) != 0) {
+            free((char *)opts.program);
+            return 2;
+        }
         rc = tr_run_job(&opts, &failed);
         if (tr_interrupted()) break;
         if (!tr_restart_next(&restart, failed, opts.nproc, &next, why, sizeof why)) {
