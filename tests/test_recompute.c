@@ -19,7 +19,7 @@
 
 #include "test.h"
 #include "test_comm_util.h" /* test_run_ranks, test_comm_create */
-#include "test_program.h"   /* run */
+#include "test_program.h"   /* run, field, printed_sha256 */
 
 /* A call of a layer function that must succeed, or its status returned. */
 #define TRY(call)                           \
@@ -520,13 +520,6 @@ static char example[PATH_MAX], launcher[PATH_MAX], text[128];
     "--layers 2 --heads 2 --width 32 --context 32 --batch 8 --steps 3 --warmup 2 " \
     "--eval-every 0 --eval-batches 1 --sample 0"
 
-/* The digest examples/gpt printed last, into hex (empty when missing). */
-static void digest(char hex[65]) {
-    const char *at = strstr(output, "params_sha256 ");
-    hex[0] = 0;
-    if (at) snprintf(hex, 65, "%.64s", at + 14);
-}
-
 /* examples/gpt at `world` ranks with `args`, then again with --recompute full and selective:
  * the same parameter digest, in less memory. */
 static void same_digest(int world, const char *args) {
@@ -540,7 +533,7 @@ static void same_digest(int world, const char *args) {
                  0);
         CHECK(!i || strstr(output, modes[i] + 3) != NULL); /* the banner's "recompute full" */
         mib[i] = field(memory);
-        digest(i ? got : want);
+        printed_sha256(i ? got : want);
         if (i && strcmp(want, got))
             TEST_FAIL_AT("world %d, %s%s: %s, without recompute %s", world, args, modes[i], got,
                          want);

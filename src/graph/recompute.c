@@ -206,11 +206,6 @@ static int always_kept(const td_graph *g, const td__node *n) {
     return listed(g->rc.keep_spec, n->what);
 }
 
-static const td_tensor *root_of(const td_tensor *t) {
-    while (t->alias_of) t = t->alias_of;
-    return t;
-}
-
 td_status td__recompute_plan(td_graph *g) {
     td__recompute *rc = &g->rc;
     if (rc->open >= 0)
@@ -253,14 +248,16 @@ td_status td__recompute_plan(td_graph *g) {
                 rc->drop[t->id] = 0;
         }
     }
-    /* Tensors that share storage are dropped together or kept together. */
-    for (int i = 0; i < g->ntensors; i++) {
+    /* Tensors that share storage are dropped together or kept together: a kept one keeps what
+     * it aliases (down a chain, as tensors come after what they alias), then every alias
+     * follows the tensor whose storage it takes. */
+    for (int i = g->ntensors - 1; i >= 0; i--) {
         const td_tensor *t = g->tensors[i];
-        if (t->alias_of && !rc->drop[t->id]) rc->drop[root_of(t)->id] = 0;
+        if (t->alias_of && !rc->drop[t->id]) rc->drop[t->alias_of->id] = 0;
     }
     for (int i = 0; i < g->ntensors; i++) {
         const td_tensor *t = g->tensors[i];
-        if (t->alias_of) rc->drop[t->id] = rc->drop[root_of(t)->id];
+        if (t->alias_of) rc->drop[t->id] = rc->drop[t->alias_of->id];
     }
     for (int k = 0; k < g->nnodes; k++) rc->rerun[k] = rc->drop[g->nodes[k]->out->id];
     return TD_OK;
