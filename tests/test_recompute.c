@@ -71,7 +71,7 @@ static td_sequential *blocks_model(block_arg a) {
     td_sequential *s = NULL;
     CHECK_OK(td_sequential_create(&s, td_shape_1d(D)));
     for (int i = 0; i < BLOCKS && s; i++) {
-        char name[16];
+        char name[24];
         snprintf(name, sizeof name, "block.%d", i);
         CHECK_OK(td_sequential_add(s, name, block, &a, sizeof a));
     }
