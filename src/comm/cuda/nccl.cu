@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <nccl.h>
 #include <pthread.h>
 
@@ -35,17 +34,11 @@ struct td__nccl {
                                   ncclGetErrorString(td_n_));                      \
     } while (0)
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Polls until the communicator's pending call is set up (ncclInProgress clears) or, with
  * `event`, until the stream has also passed c->done; a failure the communicator reports, or
  * timeout_s passing, aborts it (so no rank hangs) and fails naming `what`. */
 static td_status watch(td__nccl *c, double timeout_s, const char *what, int event) {
-    double end = now_s() + timeout_s;
+    double end = td__now_s() + timeout_s;
     for (;;) {
         ncclResult_t r;
         pthread_mutex_lock(&c->lock);
@@ -68,7 +61,7 @@ static td_status watch(td__nccl *c, double timeout_s, const char *what, int even
             if (e != cudaErrorNotReady)
                 return td__host->fail(TD_EBACKEND, "%s: %s", what, cudaGetErrorString(e));
         }
-        if (st == TD_OK && now_s() > end) {
+        if (st == TD_OK && td__now_s() > end) {
             st = TD_ETIMEOUT;
             snprintf(why, sizeof why,
                      "not finished after %.0f s (a peer died or called another collective)",
@@ -112,9 +105,9 @@ void td__nccl_destroy(td__nccl *c) {
     if (c->comm && !c->aborted) { /* ncclCommAbort freed an aborted one */
         /* A non-blocking communicator finalizes in the background: poll, for a while. */
         ncclResult_t r = ncclCommFinalize(c->comm), a = ncclInProgress;
-        double end = now_s() + 10.0;
+        double end = td__now_s() + 10.0;
         while (r == ncclInProgress || (r == ncclSuccess && a == ncclInProgress)) {
-            if (now_s() > end) break;
+            if (td__now_s() > end) break;
             r = ncclCommGetAsyncError(c->comm, &a);
             if (r == ncclSuccess && a != ncclInProgress) r = a;
         }
