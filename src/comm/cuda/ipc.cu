@@ -195,15 +195,15 @@ td_status td__ipc_run(td__ipc *c, const td__nccl_call *k, td__host_barrier_fn ba
             LOCAL(s, copy(c, recv + at * es, c->peer[k->root], m * es));
             break;
         case TD__NCCL_ALLGATHER:
-        case TD__NCCL_GATHER: {
-            const char *mine = send == recv ? recv + ((size_t)me * n + at) * es : send + at * es;
-            LOCAL(s, copy(c, c->staging, mine, m * es));
+        case TD__NCCL_GATHER:
+            /* The input is where send points, inside recv or not (comm.h): each piece is
+             * staged before any rank writes recv. */
+            LOCAL(s, copy(c, c->staging, send + at * es, m * es));
             if (step(&s)) break;
             if (k->kind == TD__NCCL_ALLGATHER || me == k->root)
                 for (int r = 0; r < c->size; r++)
                     LOCAL(s, copy(c, recv + ((size_t)r * n + at) * es, c->peer[r], m * es));
             break;
-        }
         case TD__NCCL_SCATTER:
             if (me == k->root)
                 for (int r = 0; r < c->size; r++)
