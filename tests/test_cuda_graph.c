@@ -799,6 +799,47 @@ out:
     }
 }
 
+/* One thread drives graphs on two GPUs, interleaved, op by op, each backward from a dy already
+ * on its own GPU: every sweep makes its graph's GPU current (a backward that did not launched
+ * on the GPU the other graph's forward had made current). The two compute the same gradients. */
+static void two_gpus_one_thread(void) {
+    if (gpus < 2) {
+        SKIP(gpus ? "one CUDA device (this needs two)" : "no CUDA device");
+        return;
+    }
+    td_graph *g[2] = {NULL, NULL};
+    built b[2];
+    float *dy[2] = {NULL, NULL}, one = 1.f;
+    memset(b, 0, sizeof b);
+    for (int d = 0; d < 2; d++) {
+        td_graph_params p = td_graph_default_params();
+        p.seed = 11;
+        p.device = td_device_cuda(d);
+        p.cuda_graphs = 0;
+        CHECK_OK(td_graph_create(&g[d], &p));
+        if (!g[d]) goto out;
+        CHECK_OK(build_dropout_classifier(g[d], &b[d]));
+        td_rng rng;
+        td_rng_init(&rng, 1234);
+        for (int i = 0; i < b[d].nleaves; i++) init_leaf(b[d].leaves[i], &rng, CLASSES);
+        CHECK_OK(td_graph_compile(g[d]));
+        CHECK_OK(td_device_alloc(td_device_cuda(d), sizeof one, (void **)&dy[d]));
+        CHECK_OK(td_device_copy(td_device_cuda(d), dy[d], td_device_cpu(), &one, sizeof one));
+    }
+    for (int step = 0; step < 2; step++) {
+        for (int d = 0; d < 2; d++) CHECK_OK(td_graph_forward(g[d]));
+        for (int d = 0; d < 2; d++) CHECK_OK(td_graph_backward_from(g[d], b[d].y, dy[d]));
+    }
+    for (int i = 0; i < b[0].nleaves; i++)
+        if (td_tensor_grad(b[0].leaves[i]) && td_tensor_dtype(b[0].leaves[i]) != TD_I64)
+            compare("two GPUs", b[0].leaves[i], b[1].leaves[i], 1, 1e-5);
+out:
+    for (int d = 0; d < 2; d++) {
+        if (dy[d]) td_device_free(td_device_cuda(d), dy[d]);
+        td_graph_destroy(g[d]);
+    }
+}
+
 static void conv_f32(void) { twin("conv2d", build_conv, TD_AMP_O0, TD_BF16, 1e-5); }
 static void conv_bf16(void) { twin("conv2d bf16", build_conv, TD_AMP_O1, TD_BF16, 2e-2); }
 static void conv_f16(void) { twin("conv2d f16", build_conv, TD_AMP_O1, TD_F16, 5e-3); }
@@ -1025,6 +1066,7 @@ int main(void) {
     RUN(cnn_sgd_steps);
     RUN(resnet_adamw_steps);
     RUN(replay_equals_op_by_op);
+    RUN(two_gpus_one_thread);
     RUN(conv_f32);
     RUN(conv_bf16);
     RUN(conv_f16);

@@ -149,6 +149,5 @@ extern const td__kernels td__cuda_linear, td__cuda_eltwise, td__cuda_add, td__cu
 extern const td__kernels td__cuda_conv2d, td__cuda_pool2d, td__cuda_batch_norm;
 extern const td__kernels td__cuda_embedding, td__cuda_layer_norm, td__cuda_attention;
 
-extern const td__backend td__backend_cuda;
 
 #endif

@@ -1,11 +1,11 @@
 /* The multi-tensor kernels of src/device/multi_tensor.h on a GPU: the list and the launch's
  * scratch go to the device, the kernels (multi_tensor.cuh) run on the stream given, and the
  * operations with a result wait for it. */
+#include "device/cuda/multi_tensor.cuh"
 #include "device/cuda/runtime.cuh"
-#include "optim/cuda/multi_tensor.cuh"
 
 /* Scratch layout: the list, then the flag (8 bytes), then one double per chunk. */
-td_status td__cu_multi_tensor(int device, void *stream, const td__mt_args *args,
+td_status td__cu_multi_tensor(td_device d, void *stream, const td__mt_args *args,
                               td__mt_tensor *list, size_t n, void **scratch, size_t *scratch_bytes,
                               double *result) {
     uint64_t chunks;
@@ -20,7 +20,6 @@ td_status td__cu_multi_tensor(int device, void *stream, const td__mt_args *args,
     size_t list_bytes = (kept * sizeof *list + 7) & ~(size_t)7;
     size_t need = list_bytes + 8 + chunks * sizeof(double);
     cudaStream_t s = (cudaStream_t)stream;
-    td_device d = {TD_DEVICE_CUDA, device};
     if (*scratch_bytes < need) {
         if (*scratch) td__host->free(d, *scratch);
         *scratch = NULL;
@@ -32,7 +31,7 @@ td_status td__cu_multi_tensor(int device, void *stream, const td__mt_args *args,
     char *base = (char *)*scratch;
     int *flag = (int *)(base + list_bytes);
     double *partials = (double *)(base + list_bytes + 8);
-    TD__CU(cudaSetDevice(device));
+    TD__CU(cudaSetDevice(d.index));
     TD__CU(cudaMemcpyAsync(base, list, kept * sizeof *list, cudaMemcpyHostToDevice, s));
     if (args->op == TD__MT_UNSCALE) TD__CU(cudaMemsetAsync(flag, 0, sizeof(int), s));
     td__launch_multi_tensor(s, args, (const td__mt_tensor *)base, kept, chunks, partials, flag);
