@@ -65,13 +65,17 @@ ifneq ($(NVCC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 # -Xptxas -v writes each object's resource report (OBJ.ptxas) and --no-compress keeps the PTX
-# readable in it, for scripts/cuda_resources.sh.
+# readable in it, for the gate below.
 NVCCFLAGS := -std=c++20 -O2 -g $(CUDA_ARCH) -Iinclude -Isrc $(if $(WERROR),-Werror all-warnings) \
 	-Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra$(if $(WERROR),$(comma)-Werror),-Wno-missing-field-initializers \
 	-Xptxas -v --no-compress
 CUDA_SRC := $(wildcard src/*/cuda/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 CUDA_SO := $(BUILD)/lib/libtandem_cuda.so
+# The compiler's resource report as a gate: no register spills, static shared memory within
+# 48 KiB, every kernel bounded to the block size every launch has; the table of registers and
+# shared memory per kernel (docs/gpu.md's) lands here.
+CUDA_REPORT := $(BUILD)/cuda-resources.md
 CUDA_LINK := -L$(CUDA_HOME)/lib64 -lcublasLt -l:libcudnn.so.9 -l:libnccl.so.2 -lcudart_static -ldl \
 	-lrt -lpthread
 endif
@@ -155,7 +159,10 @@ $(TORCH_MODULE): $(TORCH_OBJ) $(STATIC)
 		-ltorch_python -ltorch -ltorch_cpu -lc10 \
 		$(shell $(PYTHON) -c 'import sysconfig; print("-lpython" + sysconfig.get_config_var("LDVERSION"))')
 
-$(CUDA_SO): $(CUDA_OBJ)
+$(CUDA_REPORT): $(CUDA_OBJ) scripts/cuda_resources.sh src/device/cuda/kernel.cuh
+	sh scripts/cuda_resources.sh $(CUDA_OBJ) > $@.tmp && mv $@.tmp $@
+
+$(CUDA_SO): $(CUDA_OBJ) $(CUDA_REPORT)
 	@mkdir -p $(dir $@)
 	$(NVCC) -shared $(CUDA_ARCH) -Xlinker -z,defs -o $@ $(CUDA_OBJ) $(CUDA_LINK)
 

@@ -1019,8 +1019,8 @@ static void transformer_launch_shapes(void) {
     }
     const int64_t rows[] = {1, 2, 63, 64, 65, 150, 65535, 65536, 65537, 1 << 20, 3000001};
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
-        int64_t R = rows[i], r = td__ln_chunk_rows(R), c = td__ln_chunks(R);
-        CHECK(r >= TD__LN_CHUNK_ROWS && c >= 1 && c <= TD__LN_CHUNKS);
+        int64_t R = rows[i], r = td__partial_rows(R), c = td__partials(R);
+        CHECK(r >= TD__PARTIAL_ROWS && c >= 1 && c <= TD__PARTIALS);
         CHECK(c * r >= R && (c - 1) * r < R);
     }
     for (int64_t hs = 1; hs <= 300; hs++) {

@@ -4,325 +4,34 @@
  * multiples of the block, more blocks than a grid takes (grid-stride loops), zero rows. The
  * kernels are the library's own headers, compiled here by the C++ compiler; the CUDA libraries'
  * calls (cuBLASLt, cuDNN, NCCL) are not emulated and are tested on a GPU only
- * (test_cuda_graph, test_cuda_comm). First, cases that show the emulation itself holds to
- * CUDA's rules and stops at what a GPU would refuse. Each case runs in a child process, so a
- * kernel the emulation stops fails its case only. */
-#include <sys/wait.h>
-#include <vector>
+ * (test_cuda_graph, test_cuda_comm). The emulation's own rules are test_cuda_emulation's. Each
+ * case runs in a child process, so a kernel the emulation stops fails its case only. */
+#include "test_emulated.h"
 
 extern "C" {
 #include "tandem/optim.h"
 
 #include "comm/comm_impl.h"
-#include "core/core_impl.h"
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 }
+#include "tandem/graph.h"
+
 #include "comm/cuda/ipc.cuh"
 #include "device/cuda/channels.cuh"
 #include "device/cuda/elements.cuh"
-#include "optim/cuda/multi_tensor.cuh"
-#include "test.h"
-
-/* ---- running cases ---- */
-
-/* Runs fn in a child; the child's exit says whether the case passed. */
-static void run_isolated(const char *name, void (*fn)(void)) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        test_case_failed = test_case_skipped = 0;
-        fn();
-        fflush(stdout);
-        _exit(test_case_failed ? 1 : test_case_skipped ? 2 : 0);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 2) {
-        test_skipped++;
-        printf("skip %s\n", name);
-        return;
-    }
-    int ok = pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok && WIFEXITED(status) && WEXITSTATUS(status) == 3)
-        fprintf(stderr, "%s: stopped by the emulation (above)\n", name);
-    else if (!ok && WIFSIGNALED(status))
-        fprintf(stderr, "%s: killed by signal %d\n", name, WTERMSIG(status));
-    if (ok)
-        test_passed++;
-    else
-        test_failed++;
-    printf("%s %s\n", ok ? "ok  " : "FAIL", name);
-    fflush(stdout);
-}
-
-#define RUN_ISOLATED(fn) run_isolated(#fn, fn)
-
-/* Runs fn in a child that must be stopped by the emulation (or, in the sanitizers' build, by
- * AddressSanitizer where `asan` says so) with `expected` in what it prints. */
-static void expect_stopped(void (*fn)(void), const char *expected, const char *asan) {
-    int fds[2];
-    CHECK(pipe(fds) == 0);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(fds[1], 2);
-        close(fds[0]);
-        fn();
-        _exit(0);
-    }
-    close(fds[1]);
-    std::string out;
-    char buf[4096];
-    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, (size_t)n);
-    close(fds[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    const char *want = TD__EMU_ASAN && asan ? asan : expected;
-    int stopped = WIFEXITED(status) && WEXITSTATUS(status) != 0;
-    if (!stopped || out.find(want) == std::string::npos)
-        TEST_FAIL_AT("expected the emulation to stop with '%s'; exit status %d, it printed:\n%s",
-                     want, status, out.c_str());
-}
-
-/* ---- data ---- */
-
-static td_rng rng;
-
-/* n floats uniform in [lo, hi) in a guarded buffer. */
-static float *uniform(size_t n, const char *name, float lo = -1.f, float hi = 1.f) {
-    float *p = td__emu::alloc<float>(n, name);
-    td_rng_fill_uniform(&rng, p, n, lo, hi);
-    return p;
-}
-
-/* The largest |a - b| / (1 + |b|) over n elements; NaN anywhere counts as infinite. */
-[[maybe_unused]] static double max_rel(const float *a, const float *b, size_t n) {
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]) / (1 + fabs((double)b[i]));
-        if (!(d <= worst)) worst = std::isnan(d) ? INFINITY : d;
-    }
-    return worst;
-}
-
-#define CHECK_CLOSE(a, b, n, tol)                                                                 \
-    do {                                                                                          \
-        double test_d_ = max_rel(a, b, n);                                                        \
-        if (!(test_d_ <= (tol)))                                                                  \
-            TEST_FAIL_AT("%s vs %s over %zu elements: off by %.3g (tol %g)", #a, #b, (size_t)(n), \
-                         test_d_, (double)(tol));                                                 \
-    } while (0)
-
-/* ---- the emulation's own rules ---- */
-
-/* A barrier orders shared memory: each thread reads its neighbour's value. */
-static __global__ void rotate_kernel(int *out) {
-    __shared__ int s[1024];
-    unsigned t = threadIdx.x + threadIdx.y * blockDim.x, n = blockDim.x * blockDim.y;
-    s[t] = (int)(t * 7 + blockIdx.x);
-    __syncthreads();
-    out[blockIdx.x * n + t] = s[(t + 1) % n];
-}
-
-static void emulation_barrier(void) {
-    for (dim3 block : {dim3(1), dim3(33), dim3(32, 32)}) {
-        unsigned n = block.x * block.y;
-        int *out = td__emu::alloc<int>(3 * n, "out");
-        td__emu::launch("rotate_kernel", rotate_kernel, dim3(3), block, 0, out);
-        for (unsigned b = 0; b < 3; b++)
-            for (unsigned t = 0; t < n; t++) CHECK_EQ(out[b * n + t], ((t + 1) % n) * 7 + b);
-        td__emu::release(out);
-    }
-}
-
-/* Warp primitives: a sum by __shfl_down_sync, a butterfly by __shfl_xor_sync, an inclusive scan
- * by __shfl_up_sync in segments of 16, __shfl_sync from lane 3, and votes. */
-static __global__ void warp_kernel(int *out) {
-    int lane = (int)threadIdx.x % 32, v = (int)threadIdx.x + 1;
-    int sum = v;
-    for (int d = 16; d > 0; d /= 2) sum += __shfl_down_sync(0xffffffffu, sum, d);
-    int all = v;
-    for (int m = 1; m < 32; m *= 2) all += __shfl_xor_sync(0xffffffffu, all, m);
-    int scan = v;
-    for (int d = 1; d < 16; d *= 2) {
-        int o = __shfl_up_sync(0xffffffffu, scan, d, 16);
-        if (lane % 16 >= d) scan += o;
-    }
-    unsigned odd = __ballot_sync(0xffffffffu, v & 1);
-    int any = __any_sync(0xffffffffu, v == 40), every = __all_sync(0xffffffffu, v > 0);
-    double from3 = __shfl_sync(0xffffffffu, (double)v / 2, 3);
-    __syncwarp();
-    int *o = out + threadIdx.x * 7;
-    o[0] = lane == 0 ? sum : 0;
-    o[1] = all;
-    o[2] = scan;
-    o[3] = (int)odd;
-    o[4] = any;
-    o[5] = every;
-    o[6] = (int)(from3 * 2);
-}
-
-static void emulation_warps(void) {
-    int *out = td__emu::alloc<int>(64 * 7, "out");
-    td__emu::launch("warp_kernel", warp_kernel, dim3(1), dim3(64), 0, out);
-    for (int t = 0; t < 64; t++) {
-        int w = t / 32 * 32, lane = t % 32, seg = t / 16 * 16;
-        int total = 0, scan = 0;
-        for (int l = 0; l < 32; l++) total += w + l + 1;
-        for (int l = seg; l <= t; l++) scan += l + 1;
-        const int *o = out + t * 7;
-        if (lane == 0) CHECK_EQ(o[0], total);
-        CHECK_EQ(o[1], total);
-        CHECK_EQ(o[2], scan);
-        CHECK_EQ((unsigned)o[3], 0x55555555u); /* v = t + 1 is odd on even lanes */
-        CHECK_EQ(o[4], t / 32 == 1);
-        CHECK_EQ(o[5], 1);
-        CHECK_EQ(o[6], w + 4);
-    }
-    td__emu::release(out);
-}
-
-/* Threads of a block run in another order from a seed: a kernel that reads a neighbour's
- * shared value without a barrier (a race) then reads what index order never shows it. */
-static __global__ void racy_kernel(int *out) {
-    __shared__ int s[256];
-    s[threadIdx.x] = 1;
-    out[threadIdx.x] = s[(threadIdx.x + 1) % 256]; /* no __syncthreads(): a race */
-    __syncthreads();
-    s[threadIdx.x] = 0;
-}
-
-static void emulation_random_order(void) {
-    int *out = td__emu::alloc<int>(256, "out");
-    td__emu::state().shuffle = 0;
-    td__emu::launch("racy_kernel", racy_kernel, dim3(2), dim3(256), 0, out);
-    int ones = 0;
-    for (int t = 0; t < 256; t++) ones += out[t];
-    CHECK_EQ(ones, 1); /* in index order only the last thread sees its neighbour's write */
-    td__emu::state().shuffle = 1;
-    td__emu::state().rng.seed(7);
-    td__emu::launch("racy_kernel", racy_kernel, dim3(2), dim3(256), 0, out);
-    ones = 0;
-    for (int t = 0; t < 256; t++) ones += out[t];
-    CHECK(ones > 1 && ones < 256);
-    td__emu::release(out);
-}
-
-static __global__ void copy_kernel(float *dst, const float *src, int n) {
-    int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    if (i <= n) dst[i] = src[i]; /* one too far */
-}
-
-static void read_past_end(void) {
-    float *src = uniform(100, "src"), *dst = td__emu::alloc<float>(101, "dst");
-    td__emu::launch("copy_kernel", copy_kernel, dim3(1), dim3(128), 0, dst, src, 100);
-}
-
-static void write_past_end(void) {
-    float *src = uniform(101, "src"), *dst = td__emu::alloc<float>(100, "dst");
-    td__emu::launch("copy_kernel", copy_kernel, dim3(1), dim3(128), 0, dst, src, 100);
-}
-
-static __global__ void before_kernel(float *dst) { dst[(int)threadIdx.x - 1] = 0.f; }
-
-static void write_before_start(void) {
-    float *dst = td__emu::alloc<float>(10, "dst");
-    td__emu::launch("before_kernel", before_kernel, dim3(1), dim3(10), 0, dst);
-}
-
-static __global__ void early_exit_kernel(float *x) {
-    __shared__ float s[64];
-    if (threadIdx.x == 5) return;
-    s[threadIdx.x] = x[threadIdx.x];
-    __syncthreads();
-    x[threadIdx.x] = s[63 - threadIdx.x];
-}
-
-static void barrier_not_reached(void) {
-    float *x = uniform(64, "x");
-    td__emu::launch("early_exit_kernel", early_exit_kernel, dim3(1), dim3(64), 0, x);
-}
-
-static __global__ void two_barriers_kernel(float *x) {
-    if (threadIdx.x < 32)
-        __syncthreads();
-    else
-        __syncthreads();
-    x[threadIdx.x] = 0.f;
-}
-
-static void different_barriers(void) {
-    float *x = uniform(64, "x");
-    td__emu::launch("two_barriers_kernel", two_barriers_kernel, dim3(1), dim3(64), 0, x);
-}
-
-static __global__ void half_warp_kernel(int *x) {
-    if (threadIdx.x < 16) x[threadIdx.x] = __shfl_sync(0xffffffffu, x[threadIdx.x], 0);
-}
-
-static void warp_lane_missing(void) {
-    int *x = td__emu::alloc<int>(32, "x");
-    td__emu::launch("half_warp_kernel", half_warp_kernel, dim3(1), dim3(32), 0, x);
-}
-
-static __global__ void nothing_kernel(float *x) {
-    TD__DYNAMIC_SHARED(float, sm);
-    sm[threadIdx.x] = 1.f;
-    x[0] = sm[0];
-}
-
-static void too_many_threads(void) {
-    float *x = td__emu::alloc<float>(1, "x");
-    td__emu::launch("nothing_kernel", nothing_kernel, dim3(1), dim3(1025), 4100, x);
-}
-
-static void empty_grid(void) {
-    float *x = td__emu::alloc<float>(1, "x");
-    td__emu::launch("nothing_kernel", nothing_kernel, dim3(0), dim3(32), 128, x);
-}
-
-static void too_much_shared(void) {
-    float *x = td__emu::alloc<float>(1, "x");
-    td__emu::launch("nothing_kernel", nothing_kernel, dim3(1), dim3(32), (48 << 10) + 4, x);
-}
-
-/* What a GPU refuses or leaves undefined stops the emulation, naming it. */
-static void emulation_stops(void) {
-    expect_stopped(read_past_end, "reads byte 400 of buffer 'src', 0 past its end",
-                   "heap-buffer-overflow");
-    expect_stopped(write_past_end, "writes byte 400 of buffer 'dst', 0 past its end",
-                   "heap-buffer-overflow");
-    expect_stopped(write_before_start, "before_kernel wrote byte -4 of buffer 'dst'",
-                   "heap-buffer-overflow");
-    expect_stopped(barrier_not_reached, "thread (5, 0, 0): __syncthreads() at", nullptr);
-    expect_stopped(different_barriers, "waits at __syncthreads() at", nullptr);
-    expect_stopped(warp_lane_missing, "waits for lane 16 (mask 0xffffffff), which has exited",
-                   nullptr);
-    expect_stopped(too_many_threads, "a block of (1025, 1, 1) threads", nullptr);
-    expect_stopped(empty_grid, "a grid of (0, 1, 1) blocks", nullptr);
-    expect_stopped(too_much_shared, "49156 bytes of dynamic shared memory", nullptr);
-}
-
-/* A kernel opted in to more dynamic shared memory gets it, and each block finds it filled
- * with 0xff bytes. */
-static __global__ void big_shared_kernel(unsigned *out, int words) {
-    TD__DYNAMIC_SHARED(unsigned, sm);
-    if (threadIdx.x == 0) out[blockIdx.x] = sm[words - 1];
-    __syncthreads();
-    for (int i = (int)threadIdx.x; i < words; i += (int)blockDim.x) sm[i] = 0;
-}
-
-static void emulation_opt_in(void) {
-    int words = 50000;
-    unsigned *out = td__emu::alloc<unsigned>(2, "out");
-    cudaFuncSetAttribute(big_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, words * 4);
-    td__emu::launch("big_shared_kernel", big_shared_kernel, dim3(2), dim3(256), (size_t)words * 4,
-                    out, words);
-    CHECK_EQ(out[0], 0xffffffffu);
-    CHECK_EQ(out[1], 0xffffffffu);
-}
+#include "device/cuda/multi_tensor.cuh"
+#include "ops/cuda/attention.cuh"
+#include "ops/cuda/batch_norm.cuh"
+#include "ops/cuda/concat.cuh"
+#include "ops/cuda/conv2d.cuh"
+#include "ops/cuda/dropout.cuh"
+#include "ops/cuda/eltwise.cuh"
+#include "ops/cuda/embedding.cuh"
+#include "ops/cuda/layer_norm.cuh"
+#include "ops/cuda/linear.cuh"
+#include "ops/cuda/nll_loss.cuh"
+#include "ops/cuda/normalize.cuh"
+#include "ops/cuda/softmax.cuh"
 
 /* ---- the device layer's kernels (src/device/cuda) ---- */
 
@@ -417,7 +126,7 @@ static void device_channels(void) {
     }
 }
 
-/* ---- the optimizers' multi-tensor kernels (src/optim/cuda) ---- */
+/* ---- the optimizers' multi-tensor kernels (src/device/cuda/multi_tensor.cuh) ---- */
 
 /* One parameter of a multi-tensor case: its values on the host for the CPU optimizer, and in
  * guarded buffers for the kernels. */
@@ -671,13 +380,547 @@ static void ipc_reduce(void) {
                 }
 }
 
+/* ---- the graph's kernels (src/ops/cuda) ---- */
+
+typedef void (*ref_act)(float *, const float *, size_t);
+typedef void (*ref_act_grad)(float *, const float *, const float *, size_t);
+
+/* ReLU, GELU and tanh GELU forward and backward (written and added), add, and the converting
+ * y = beta y + alpha x, in every float dtype, against the reference ops. */
+template <typename T> static void eltwise_case(void) {
+    const int variants[] = {TD__ELT_RELU, TD__ELT_GELU, TD__ELT_GELU_TANH};
+    const ref_act fwd[] = {td__ref_relu_forward, td__ref_gelu_forward, td__ref_gelu_tanh_forward};
+    const ref_act_grad bwd[] = {td__ref_relu_backward, td__ref_gelu_backward,
+                                td__ref_gelu_tanh_backward};
+    double tol = tol_of<T>();
+    for (size_t n : {(size_t)1, (size_t)257, (size_t)1000}) {
+        std::vector<float> x = values(n, -3, 3), dy = values(n), old = values(n), a = values(n);
+        T *dx_ = to_device<T>(x, "x"), *ddy = to_device<T>(dy, "dy"), *da = to_device<T>(a, "a");
+        T *y = td__emu::alloc<T>(n, "y"), *g = td__emu::alloc<T>(n, "dx");
+        std::vector<float> want(n), want_g(n);
+        for (int v = 0; v < 3; v++) {
+            td__launch_act_forward<T>(nullptr, y, dx_, n, variants[v]);
+            fwd[v](want.data(), x.data(), n);
+            CHECK_CLOSE(to_host(y, n).data(), want.data(), n, tol);
+            for (float beta : {0.f, 1.f}) {
+                std::vector<float> o = old;
+                T *dg = to_device<T>(o, "dx");
+                td__launch_act_backward<T>(nullptr, dg, ddy, dx_, n, variants[v], beta);
+                bwd[v](want_g.data(), dy.data(), x.data(), n);
+                for (size_t i = 0; i < n; i++) want_g[i] += beta * o[i];
+                CHECK_CLOSE(to_host(dg, n).data(), want_g.data(), n, 2 * tol);
+                td__emu::release(dg);
+            }
+        }
+        td__launch_add<T>(nullptr, y, dx_, da, n);
+        for (size_t i = 0; i < n; i++) want[i] = x[i] + a[i];
+        CHECK_CLOSE(to_host(y, n).data(), want.data(), n, tol);
+        /* from f32 into T and back, rounded as a store rounds */
+        std::vector<float> o = old;
+        T *acc = to_device<T>(o, "acc");
+        float *src = td__emu::alloc<float>(n, "src");
+        memcpy(src, a.data(), n * sizeof(float));
+        td__launch_add_into<T, float>(nullptr, acc, src, n, 0.5f, 2.f);
+        for (size_t i = 0; i < n; i++) {
+            T r;
+            td_st(&r, 0, 2.f * o[i] + 0.5f * a[i]);
+            CHECK_EQ(td__f32_bits(td_ld(acc, i)), td__f32_bits(td_ld(&r, 0)));
+        }
+        td__launch_add_into<float, T>(nullptr, src, acc, n, 1.f, 0.f);
+        for (size_t i = 0; i < n; i++) CHECK_EQ(td__f32_bits(src[i]), td__f32_bits(td_ld(acc, i)));
+        for (void *p :
+             {(void *)dx_, (void *)ddy, (void *)da, (void *)y, (void *)g, (void *)acc, (void *)src})
+            td__emu::release(p);
+    }
+}
+
+/* ReLU of a NaN on the GPU is what the CPU op (a graph on the CPU, oneDNN) gives: 0, where
+ * PyTorch keeps the NaN; its gradient there is 0; the folded ReLU of batch norm alike. */
+static void relu_nan_as_the_cpu_op(void) {
+    td_graph *gr;
+    td_graph_params gp = td_graph_default_params();
+    CHECK_OK(td_graph_create(&gr, &gp));
+    td_tensor *x, *y;
+    int64_t dims[2] = {1, 4};
+    CHECK_OK(td_graph_input(gr, "x", td_shape_make(2, dims), TD_F32, 0, &x));
+    CHECK_OK(td_graph_relu(gr, x, &y));
+    CHECK_OK(td_graph_compile(gr));
+    float in[4] = {NAN, -1.f, 2.f, -NAN}, cpu[4];
+    CHECK_OK(td_tensor_write(x, in));
+    CHECK_OK(td_graph_forward(gr));
+    CHECK_OK(td_tensor_read(y, cpu));
+    td_graph_destroy(gr);
+    float *dx = td__emu::alloc<float>(4, "x"), *dy = td__emu::alloc<float>(4, "y");
+    memcpy(dx, in, sizeof in);
+    td__launch_act_forward<float>(nullptr, dy, dx, 4, TD__ELT_RELU);
+    for (int i = 0; i < 4; i++) CHECK_EQ(td__f32_bits(dy[i]), td__f32_bits(cpu[i]));
+    td__launch_bn_relu<float>(nullptr, dx, 4);
+    for (int i = 0; i < 4; i++) CHECK_EQ(td__f32_bits(dx[i]), td__f32_bits(cpu[i]));
+    float *g = td__emu::alloc<float>(4, "dy"), *out = td__emu::alloc<float>(4, "dx");
+    for (int i = 0; i < 4; i++) g[i] = 1.f;
+    memcpy(dx, in, sizeof in);
+    td__launch_act_backward<float>(nullptr, out, g, dx, 4, TD__ELT_RELU, 0.f);
+    CHECK(out[0] == 0.f && out[1] == 0.f && out[2] == 1.f && out[3] == 0.f);
+}
+
+static void eltwise_f32(void) { eltwise_case<float>(); }
+static void eltwise_bf16(void) { eltwise_case<__nv_bfloat16>(); }
+static void eltwise_f16(void) { eltwise_case<__half>(); }
+
+/* Softmax and log-softmax over rows wider and narrower than a block, none at all. */
+static void softmax_rows(void) {
+    for (unsigned rows : {0u, 1u, 3u})
+        for (int64_t C : {1, 255, 257, 1000})
+            for (int log = 0; log < 2; log++) {
+                size_t n = rows * (size_t)C;
+                std::vector<float> x = values(n, -5, 5), dy = values(n), want(n), old = values(n);
+                float *dx_ = to_device<float>(x, "x"), *ddy = to_device<float>(dy, "dy");
+                float *y = td__emu::alloc<float>(n, "y"), *dg = to_device<float>(old, "dx");
+                td__launch_softmax_forward(nullptr, y, dx_, rows, C, log);
+                (log ? td__ref_log_softmax_forward : td__ref_softmax_forward)(want.data(), x.data(),
+                                                                              rows, (int)C);
+                CHECK_CLOSE(y, want.data(), n, 1e-5);
+                td__launch_softmax_backward(nullptr, dg, ddy, y, rows, C, log, 1.f);
+                (log ? td__ref_log_softmax_backward
+                     : td__ref_softmax_backward)(want.data(), dy.data(), y, rows, (int)C);
+                for (size_t i = 0; i < n; i++) want[i] += old[i];
+                CHECK_CLOSE(dg, want.data(), n, 1e-5);
+                for (void *p : {(void *)dx_, (void *)ddy, (void *)y, (void *)dg})
+                    td__emu::release(p);
+            }
+}
+
+/* The loss and its gradient, mean and sum; a label outside [0, C) is skipped and the first
+ * such sample named; no samples give a NaN mean, as PyTorch's. */
+static void nll_loss_labels(void) {
+    for (int64_t N : {1, 300})
+        for (int64_t C : {1, 7, 1000})
+            for (int mean = 0; mean < 2; mean++) {
+                size_t n = (size_t)(N * C);
+                std::vector<float> lp = values(n, -4, 0), old = values(n);
+                int64_t *lab = td__emu::alloc<int64_t>((size_t)N, "labels");
+                for (int64_t i = 0; i < N; i++) lab[i] = td_rng_below(&rng, (uint32_t)C);
+                float *dlp = to_device<float>(lp, "logp"), *loss = td__emu::alloc<float>(1, "loss");
+                float *dloss = td__emu::alloc<float>(1, "dloss"), *g = to_device<float>(old, "g");
+                unsigned long long *bad = td__emu::alloc<unsigned long long>(1, "bad");
+                *bad = ~0ull;
+                *dloss = 0.75f;
+                td__launch_nll_forward(nullptr, loss, dlp, lab, N, C, mean, bad);
+                float want;
+                td__ref_reduction red = mean ? TD__REF_MEAN : TD__REF_SUM;
+                CHECK_OK(
+                    td__ref_nll_loss_forward(&want, lp.data(), lab, (int)N, (int)C, red, -100));
+                CHECK_NEAR(*loss, want, 1e-5 * (1 + fabs(want)));
+                CHECK_EQ(*bad, ~0ull);
+                td__launch_nll_backward(nullptr, g, dloss, lab, N, C, mean, 1.f);
+                std::vector<float> wg(n);
+                CHECK_OK(
+                    td__ref_nll_loss_backward(wg.data(), 0.75f, lab, (int)N, (int)C, red, -100));
+                for (size_t i = 0; i < n; i++) wg[i] += old[i];
+                CHECK_CLOSE(g, wg.data(), n, 1e-6);
+                if (N > 10) {
+                    lab[9] = -1;
+                    lab[5] = C;
+                    td__launch_nll_forward(nullptr, loss, dlp, lab, N, C, mean, bad);
+                    CHECK_EQ(*bad, 5);
+                }
+            }
+    float *loss = td__emu::alloc<float>(1, "loss");
+    unsigned long long *bad = td__emu::alloc<unsigned long long>(1, "bad");
+    td__launch_nll_forward(nullptr, loss, td__emu::alloc<float>(0, "logp"),
+                           td__emu::alloc<int64_t>(0, "labels"), 0, 5, 1, bad);
+    CHECK(std::isnan(*loss));
+}
+
+/* Three inputs side by side along dim 1 and back, written and added. */
+template <typename T> static void concat_case(void) {
+    for (int N : {1, 3})
+        for (size_t inner : {(size_t)1, (size_t)7}) {
+            const int C[3] = {1, 5, 2};
+            size_t row = 8 * inner, at = 0;
+            std::vector<float> xs[3], want(N * row), out_old = values(N * row);
+            T *dev[3];
+            const float *xp[3];
+            T *y = td__emu::alloc<T>(N * row, "y");
+            for (int k = 0; k < 3; k++) {
+                xs[k] = values((size_t)N * C[k] * inner);
+                dev[k] = to_device<T>(xs[k], "x");
+                xp[k] = xs[k].data();
+                size_t w = C[k] * inner;
+                td__launch_concat_rows<T>(nullptr, y, row, at, dev[k], w, 0, (size_t)N, w, 0.f);
+                at += w;
+            }
+            td__ref_concat_forward(want.data(), xp, C, 3, N, inner);
+            CHECK_CLOSE(to_host(y, N * row).data(), want.data(), N * row, 0);
+            at = 0;
+            for (int k = 0; k < 3; k++) { /* backward into the inputs' old values: added */
+                size_t w = C[k] * inner;
+                std::vector<float> wk(xs[k].size());
+                float *dk = wk.data();
+                td__launch_concat_rows<T>(nullptr, dev[k], w, 0, y, row, at, (size_t)N, w, 1.f);
+                float *outs[3] = {NULL, NULL, NULL};
+                outs[k] = dk;
+                td__ref_concat_backward(outs, want.data(), C, 3, N, inner);
+                for (size_t i = 0; i < wk.size(); i++) wk[i] += xs[k][i];
+                CHECK_CLOSE(to_host(dev[k], wk.size()).data(), wk.data(), wk.size(), tol_of<T>());
+                at += w;
+            }
+        }
+}
+
+static void concat_f32(void) { concat_case<float>(); }
+static void concat_bf16(void) { concat_case<__nv_bfloat16>(); }
+
+/* L2 normalisation of rows, some shorter than eps (clamped), and none, against the formula in
+ * double. */
+static void normalize_rows(void) {
+    float eps = 1e-3f;
+    for (unsigned N : {0u, 1u, 4u})
+        for (int64_t D : {1, 3, 300}) {
+            size_t n = N * (size_t)D;
+            std::vector<float> x = values(n), dy = values(n), old = values(n);
+            if (N > 1)
+                for (int64_t j = 0; j < D; j++) x[D + j] *= 1e-6f; /* row 1 is clamped */
+            float *dx_ = to_device<float>(x, "x"), *ddy = to_device<float>(dy, "dy");
+            float *y = td__emu::alloc<float>(n, "y"), *g = to_device<float>(old, "dx");
+            double *norms = td__emu::alloc<double>(N, "norms");
+            td__launch_norm_forward(nullptr, y, norms, dx_, N, D, eps);
+            td__launch_norm_backward(nullptr, g, ddy, dx_, norms, N, D, 1.f);
+            std::vector<float> wy(n), wg(n);
+            for (unsigned r = 0; r < N; r++) {
+                double sq = 0, dot = 0;
+                for (int64_t j = 0; j < D; j++) {
+                    sq += (double)x[r * D + j] * x[r * D + j];
+                    dot += (double)x[r * D + j] * dy[r * D + j];
+                }
+                double norm = sqrt(sq);
+                int clamped = norm < eps;
+                if (clamped) norm = eps;
+                for (int64_t j = 0; j < D; j++) {
+                    size_t i = r * D + j;
+                    wy[i] = (float)(x[i] / norm);
+                    wg[i] = old[i] + (float)(dy[i] / norm -
+                                             (clamped ? 0 : x[i] * dot / (norm * norm * norm)));
+                }
+            }
+            CHECK_CLOSE(y, wy.data(), n, 1e-6);
+            CHECK_CLOSE(g, wg.data(), n, 1e-5);
+        }
+}
+
+/* Masks: element masks from the forward's RNG offset and from each sample's own stream, and
+ * channel masks, the same bits as the CPU's Philox words (td_philox4x32, as the CPU op draws
+ * them); applied forward and backward as the reference op applies them. */
+template <typename T> static void dropout_case(void) {
+    float p = 0.3f, scale = 1.f / (1.f - p);
+    uint64_t seed = 0x1234abcd;
+    td__gpu_rng_key *key = td__emu::alloc<td__gpu_rng_key>(1, "key");
+    *key = td__gpu_rng_key{seed, 3, 7, 40};
+    for (int by_sample = 0; by_sample < 2; by_sample++)
+        for (int channel = 0; channel < 2; channel++) {
+            int64_t N = 3, C = 4, HW = 5;
+            size_t n = (size_t)(N * C * HW), count = channel ? (size_t)(N * C) : n;
+            unsigned char *keep = td__emu::alloc<unsigned char>(count, "keep");
+            td__launch_dropout_draw(nullptr, keep, count, N, key, 5, 6, by_sample, p);
+            uint64_t per = count / (size_t)N;
+            std::vector<uint8_t> want(count);
+            for (size_t e = 0; e < count; e++) {
+                uint32_t b[4];
+                uint64_t w = by_sample ? 6 + e % per : 3 + 5 + e;
+                if (by_sample)
+                    td_philox4x32_stream(seed, (uint64_t)7 << 32 | (40 + e / per), w >> 2, b);
+                else
+                    td_philox4x32(seed, w >> 2, b);
+                want[e] = td__philox_uniform(b[w & 3]) >= p;
+                CHECK_EQ(keep[e], want[e]);
+            }
+            std::vector<float> x = values(n), dy = values(n), wy(n), wg(n);
+            T *dx_ = to_device<T>(x, "x"), *ddy = to_device<T>(dy, "dy");
+            T *y = td__emu::alloc<T>(n, "y"), *g = td__emu::alloc<T>(n, "dx");
+            td__launch_dropout_apply<T>(nullptr, y, dx_, keep, n, count, scale, 0.f);
+            td__launch_dropout_apply<T>(nullptr, g, ddy, keep, n, count, scale, 0.f);
+            if (channel) {
+                td__ref_dropout2d_forward(wy.data(), x.data(), want.data(), scale, (int)N, (int)C,
+                                          (size_t)HW);
+                td__ref_dropout2d_backward(wg.data(), dy.data(), want.data(), scale, (int)N, (int)C,
+                                           (size_t)HW);
+            } else {
+                td__ref_dropout_forward(wy.data(), x.data(), want.data(), scale, n);
+                td__ref_dropout_backward(wg.data(), dy.data(), want.data(), scale, n);
+            }
+            CHECK_CLOSE(to_host(y, n).data(), wy.data(), n, tol_of<T>());
+            CHECK_CLOSE(to_host(g, n).data(), wg.data(), n, tol_of<T>());
+            td__launch_dropout_apply<T>(nullptr, y, dx_, nullptr, n, count, scale, 0.f);
+            CHECK_CLOSE(to_host(y, n).data(), x.data(), n, 0); /* no mask: a copy */
+        }
+    td__launch_dropout_draw(nullptr, nullptr, 0, 0, key, 0, 0, 1, p); /* no samples */
+    td__launch_dropout_apply<T>(nullptr, nullptr, nullptr, nullptr, 0, 0, scale, 0.f);
+}
+
+static void dropout_f32(void) { dropout_case<float>(); }
+static void dropout_bf16(void) { dropout_case<__nv_bfloat16>(); }
+
+/* Forward (its mean and rstd), dx, and the weight and bias gradients in two stages, with and
+ * without weight and bias, over rows fewer than a chunk, more than 1024 chunks of 64 (chunks
+ * grow), and none. */
+static void layer_norm_rows(void) {
+    float eps = 1e-5f;
+    for (int64_t rows : {0, 1, 3, 130})
+        for (int64_t C : {1, 33, 300})
+            for (int affine = 0; affine < 2; affine++) {
+                size_t n = (size_t)(rows * C);
+                std::vector<float> x = values(n, -2, 2), dy = values(n), w = values(C),
+                                   b = values(C);
+                std::vector<float> old = values(n), ow = values(C), ob = values(C);
+                float *dx_ = to_device<float>(x, "x"), *ddy = to_device<float>(dy, "dy");
+                float *dw_ = affine ? to_device<float>(w, "w") : nullptr;
+                float *db_ = affine ? to_device<float>(b, "b") : nullptr;
+                float *y = td__emu::alloc<float>(n, "y"),
+                      *st = td__emu::alloc<float>(2 * rows, "st");
+                float *g = to_device<float>(old, "dx"), *gw = to_device<float>(ow, "dw");
+                float *gb = to_device<float>(ob, "db");
+                float *partial = td__emu::alloc<float>(2 * td__partials(rows) * C, "partial");
+                td__launch_ln_forward(nullptr, y, st, st + rows, dx_, dw_, db_, rows, C, eps);
+                std::vector<float> wy(n), wm(rows), wr(rows), wg(n), wgw(C), wgb(C);
+                td__ref_layer_norm_forward(wy.data(), wm.data(), wr.data(), x.data(),
+                                           affine ? w.data() : NULL, affine ? b.data() : NULL, rows,
+                                           (int)C, eps);
+                CHECK_CLOSE(y, wy.data(), n, 1e-5);
+                CHECK_CLOSE(st, wm.data(), rows, 1e-5);
+                CHECK_CLOSE(st + rows, wr.data(), rows, 1e-4);
+                td__launch_ln_dx(nullptr, g, ddy, dx_, dw_, st, st + rows, rows, C, 1.f);
+                td__launch_ln_params(nullptr, gw, gb, partial, ddy, dx_, st, st + rows, rows, C,
+                                     1.f, 0.f);
+                td__ref_layer_norm_backward(wg.data(), wgw.data(), wgb.data(), dy.data(), x.data(),
+                                            affine ? w.data() : NULL, rows, (int)C, eps);
+                for (size_t i = 0; i < n; i++) wg[i] += old[i];
+                for (int64_t c = 0; c < C; c++) wgw[c] += ow[c];
+                CHECK_CLOSE(g, wg.data(), n, 1e-4);
+                CHECK_CLOSE(gw, wgw.data(), C, 1e-4);
+                CHECK_CLOSE(gb, wgb.data(), C, 1e-4);
+            }
+    /* 66000 rows: chunks of 65 rows, 1016 of them (the parameters' stages only) */
+    int64_t rows = 66000, C = 3;
+    size_t n = (size_t)(rows * C);
+    std::vector<float> x = values(n), dy = values(n), m(rows), r(rows), wgw(C), wgb(C);
+    td__ref_layer_norm_forward(values(n).data(), m.data(), r.data(), x.data(), NULL, NULL, rows,
+                               (int)C, 1e-5f);
+    float *dx_ = to_device<float>(x, "x"), *ddy = to_device<float>(dy, "dy");
+    float *dm = to_device<float>(m, "mean"), *dr = to_device<float>(r, "rstd");
+    float *gw = td__emu::alloc<float>(C, "dw"), *gb = td__emu::alloc<float>(C, "db");
+    float *partial = td__emu::alloc<float>(2 * td__partials(rows) * C, "partial");
+    CHECK(td__partial_rows(rows) > 64);
+    td__launch_ln_params(nullptr, gw, gb, partial, ddy, dx_, dm, dr, rows, C, 0.f, 0.f);
+    for (int64_t c = 0; c < C; c++) {
+        double sw = 0, sb = 0;
+        for (int64_t i = 0; i < rows; i++) {
+            sw += (double)dy[i * C + c] * (x[i * C + c] - m[i]) * r[i];
+            sb += dy[i * C + c];
+        }
+        CHECK_NEAR(gw[c], sw, 1e-3);
+        CHECK_NEAR(gb[c], sb, 1e-3);
+    }
+}
+
+/* The CPU's sum for a table element in a low dtype: each step rounded, in order. */
+template <typename T> static float rounded_sum(float acc, float add) {
+    T t;
+    td_st(&t, 0, acc + add);
+    return td_ld(&t, 0);
+}
+
+/* Token lookups from i64, i32 and f32 ids, a bad id giving a zero row and its position, and the
+ * table's gradient in token order (each step rounded to T); tables of 1, 5 and 3000 rows (3 a
+ * block). Position embeddings forward and backward, the rows past T taking none. */
+template <typename T> static void embedding_case(void) {
+    for (int64_t V : {1, 5, 3000})
+        for (int64_t C : {1, 64})
+            for (td_dtype idt : {TD_I64, TD_I32, TD_F32}) {
+                size_t n = 300;
+                std::vector<float> table = values((size_t)(V * C)), dy = values(n * (size_t)C);
+                T *dt_ = to_device<T>(table, "table"), *ddy = to_device<T>(dy, "dy");
+                char *ids = td__emu::alloc<char>(n * td_dtype_size(idt), "ids");
+                std::vector<int64_t> idx(n);
+                for (size_t i = 0; i < n; i++) {
+                    idx[i] = td_rng_below(&rng, (uint32_t)V);
+                    td_st_dt(ids, idt, i, (double)idx[i]);
+                }
+                td_st_dt(ids, idt, 7, (double)V); /* out of the table */
+                if (idt == TD_F32) td_st_dt(ids, idt, 3, 0.5);
+                size_t first_bad = idt == TD_F32 ? 3 : 7;
+                T *y = td__emu::alloc<T>(n * (size_t)C, "y");
+                unsigned long long *bad = td__emu::alloc<unsigned long long>(1, "bad");
+                *bad = ~0ull;
+                td__launch_token_forward<T>(nullptr, y, dt_, ids, idt, n, V, C, bad);
+                CHECK_EQ(*bad, first_bad);
+                for (size_t i = 0; i < n; i++)
+                    for (int64_t c = 0; c < C; c++) {
+                        float got = td_ld(y, i * C + c);
+                        int ok = i == 7 || (idt == TD_F32 && i == 3)
+                                     ? got == 0.f
+                                     : got == table[(size_t)(idx[i] * C + c)];
+                        if (!ok) {
+                            TEST_FAIL_AT("token %zu column %lld: %g", i, (long long)c, got);
+                            i = n;
+                            break;
+                        }
+                    }
+                std::vector<float> old = values((size_t)(V * C)), want = old;
+                T *g = to_device<T>(old, "dtable");
+                want = old;
+                td__launch_token_backward<T>(nullptr, g, ddy, ids, idt, n, V, C, 1.f);
+                for (size_t i = 0; i < n; i++) {
+                    if (i == 7 || (idt == TD_F32 && i == 3)) continue;
+                    for (int64_t c = 0; c < C; c++) {
+                        float &a = want[(size_t)(idx[i] * C + c)];
+                        a = rounded_sum<T>(a, dy[i * C + c]);
+                    }
+                }
+                CHECK_CLOSE(to_host(g, want.size()).data(), want.data(), want.size(), 0);
+            }
+    int S = 3, Tn = 5, C = 7, V = 8;
+    size_t n = (size_t)(S * Tn * C);
+    std::vector<float> x = values(n), table = values((size_t)(V * C)), dy = values(n), wy(n);
+    T *dx_ = to_device<T>(x, "x"), *dtab = to_device<T>(table, "table"),
+      *ddy = to_device<T>(dy, "dy");
+    T *y = td__emu::alloc<T>(n, "y");
+    td__launch_position_forward<T>(nullptr, y, dx_, dtab, n, Tn, C);
+    for (size_t i = 0; i < n; i++) wy[i] = rounded_sum<T>(x[i], table[i % (size_t)(Tn * C)]);
+    CHECK_CLOSE(to_host(y, n).data(), wy.data(), n, 0);
+    std::vector<float> old = values((size_t)(V * C)), want((size_t)(V * C), 0.f);
+    T *g = to_device<T>(old, "dtable");
+    td__launch_position_backward<T>(nullptr, g, ddy, n, Tn, C, V, 1.f);
+    for (int64_t e = 0; e < V * C; e++) {
+        float acc = old[e];
+        for (int s = 0; e < Tn * C && s < S; s++) acc = rounded_sum<T>(acc, dy[s * Tn * C + e]);
+        want[e] = acc;
+    }
+    CHECK_CLOSE(to_host(g, want.size()).data(), want.data(), want.size(), 0);
+}
+
+static void embedding_f32(void) { embedding_case<float>(); }
+static void embedding_bf16(void) { embedding_case<__nv_bfloat16>(); }
+
+/* Causal attention forward and backward against the reference, heads whose tiles are 32, 16
+ * and 8 positions, sequences shorter and longer than a tile and not a multiple of it, none. */
+template <typename T>
+static void attention_case(int64_t B, int64_t Tn, int64_t H, int64_t hs, double tol) {
+    td__att_shape a = {B, Tn, H * hs, H, hs, td__att_tile(hs)};
+    size_t nq = (size_t)(B * Tn * 3 * a.C), ny = (size_t)(B * Tn * a.C),
+           rows = (size_t)(B * H * Tn);
+    std::vector<float> qkv = values(nq, -1, 1), dy = values(ny), old = values(nq);
+    T *dq = to_device<T>(qkv, "qkv"), *ddy = to_device<T>(dy, "dy"), *g = to_device<T>(old, "dqkv");
+    T *y = td__emu::alloc<T>(ny, "y");
+    float *lse = td__emu::alloc<float>(rows, "lse"), *D = td__emu::alloc<float>(rows, "D");
+    td__launch_att_forward<T>(nullptr, &a, y, lse, dq);
+    td__launch_att_backward<T>(nullptr, &a, g, D, ddy, y, dq, lse, 1.f);
+    std::vector<float> wy(ny), wg(nq);
+    td__ref_attention_forward(wy.data(), qkv.data(), (int)B, (int)Tn, (int)a.C, (int)H);
+    td__ref_attention_backward(wg.data(), dy.data(), qkv.data(), (int)B, (int)Tn, (int)a.C, (int)H);
+    for (size_t i = 0; i < nq; i++) wg[i] += old[i];
+    CHECK_CLOSE(to_host(y, ny).data(), wy.data(), ny, tol);
+    CHECK_CLOSE(to_host(g, nq).data(), wg.data(), nq, 3 * tol);
+}
+
+static void attention_tiles(void) {
+    attention_case<float>(1, 1, 1, 8, 1e-5);
+    attention_case<float>(2, 33, 2, 8, 1e-5);   /* tile 32: two tiles, the second of 1 */
+    attention_case<float>(1, 40, 1, 64, 1e-5);  /* tile 16 */
+    attention_case<float>(1, 17, 2, 128, 1e-5); /* tile 8, 3 tiles */
+    attention_case<float>(0, 5, 2, 8, 0);
+    attention_case<__nv_bfloat16>(1, 20, 2, 16, 3e-2);
+}
+
+/* Batch norm's own kernels: eval backward (dx; weight and bias gradients per channel) against
+ * the reference, the folded ReLU's mask, and no channels. */
+static void batch_norm_eval(void) {
+    for (int64_t C : {0, 3, 300}) {
+        int64_t N = 2, HW = 5;
+        size_t n = (size_t)(N * C * HW);
+        float eps = 1e-5f;
+        std::vector<float> x = values(n), dy = values(n), w = values(C), rm = values(C);
+        std::vector<float> rv = values(C, 0.5f, 2.f), old = values(n), ow = values(C),
+                           ob = values(C);
+        float *dx_ = to_device<float>(x, "x"), *ddy = to_device<float>(dy, "dy");
+        float *dw_ = to_device<float>(w, "w"), *drm = to_device<float>(rm, "rm");
+        float *drv = to_device<float>(rv, "rv"), *g = to_device<float>(old, "dx");
+        float *gw = to_device<float>(ow, "dw"), *gb = to_device<float>(ob, "db");
+        td__launch_bn_eval_dx<float>(nullptr, g, ddy, dw_, drv, eps, N, C, HW, 1.f);
+        td__launch_bn_eval_params<float>(nullptr, gw, gb, 1.f, 0.f, ddy, dx_, drm, drv, eps, N, C,
+                                         HW);
+        std::vector<float> wg(n), wgw(C), wgb(C);
+        td__ref_batchnorm2d_backward_eval(wg.data(), wgw.data(), wgb.data(), dy.data(), x.data(),
+                                          rm.data(), rv.data(), w.data(), (int)N, (int)C, (int)HW,
+                                          eps);
+        for (size_t i = 0; i < n; i++) wg[i] += old[i];
+        for (int64_t c = 0; c < C; c++) wgw[c] += ow[c];
+        CHECK_CLOSE(g, wg.data(), n, 1e-5);
+        CHECK_CLOSE(gw, wgw.data(), C, 1e-5);
+        CHECK_CLOSE(gb, wgb.data(), C, 1e-5);
+        float *mask = td__emu::alloc<float>(n, "mask");
+        td__launch_bn_relu_mask<float>(nullptr, mask, ddy, dx_, n);
+        for (size_t i = 0; i < n; i++)
+            CHECK_EQ(td__f32_bits(mask[i]), td__f32_bits(x[i] > 0 ? dy[i] : 0.f));
+    }
+}
+
+/* A convolution's bias added per channel and its gradient, and no channels. */
+template <typename T> static void conv_bias_case(void) {
+    for (int64_t C : {0, 5, 300}) {
+        int64_t N = 2, HW = 7;
+        size_t n = (size_t)(N * C * HW);
+        std::vector<float> y = values(n), b = values(C), dy = values(n), old = values(C);
+        T *dy_ = to_device<T>(y, "y"), *db_ = to_device<T>(b, "b"), *ddy = to_device<T>(dy, "dy");
+        T *g = to_device<T>(old, "db");
+        td__launch_conv_bias_add<T>(nullptr, dy_, db_, N, C, HW);
+        td__launch_conv_bias_grad<T>(nullptr, g, ddy, N, C, HW, 1.f);
+        std::vector<float> wy(n), wg(C);
+        for (size_t i = 0; i < n; i++) wy[i] = y[i] + b[(i / HW) % C];
+        for (int64_t c = 0; c < C; c++) {
+            double s = old[c];
+            for (int64_t k = 0; k < N * HW; k++) s += dy[(k / HW * C + c) * HW + k % HW];
+            wg[c] = (float)s;
+        }
+        CHECK_CLOSE(to_host(dy_, n).data(), wy.data(), n, tol_of<T>());
+        CHECK_CLOSE(to_host(g, C).data(), wg.data(), C, 2 * tol_of<T>());
+    }
+}
+
+static void conv2d_bias(void) {
+    conv_bias_case<float>();
+    conv_bias_case<__half>();
+}
+
+/* A linear's bias gradient, the column sums of dy in two stages, over batches of one row, of
+ * fewer rows than a chunk, of more than 1024 chunks of 64 (chunks grow), every float dtype. */
+template <typename T> static void column_sum_case(void) {
+    for (int64_t rows : {1, 100, 70000})
+        for (int64_t cols : {1, 33, 300}) {
+            if (rows * cols > 2000000) continue;
+            size_t n = (size_t)(rows * cols);
+            std::vector<float> dy = values(n), old = values(cols);
+            T *ddy = to_device<T>(dy, "dy"), *g = to_device<T>(old, "db");
+            float *partial = td__emu::alloc<float>(td__partials(rows) * cols, "partial");
+            td__launch_column_sum<T>(nullptr, g, partial, ddy, rows, cols, 1.f);
+            std::vector<float> want(cols);
+            for (int64_t c = 0; c < cols; c++) {
+                double s = old[c];
+                for (int64_t r = 0; r < rows; r++) s += dy[r * cols + c];
+                want[c] = (float)s;
+            }
+            CHECK_CLOSE(to_host(g, cols).data(), want.data(), cols,
+                        (std::is_same<T, float>::value ? 1e-5 : 2 * tol_of<T>()) * sqrt(rows));
+        }
+}
+
+static void linear_bias_grad(void) {
+    column_sum_case<float>();
+    column_sum_case<__nv_bfloat16>();
+    column_sum_case<__half>();
+}
+
 int main(void) {
     td_rng_init(&rng, 1234);
-    RUN_ISOLATED(emulation_barrier);
-    RUN_ISOLATED(emulation_warps);
-    RUN_ISOLATED(emulation_random_order);
-    RUN_ISOLATED(emulation_stops);
-    RUN_ISOLATED(emulation_opt_in);
     RUN_ISOLATED(device_convert);
     RUN_ISOLATED(device_fill);
     RUN_ISOLATED(device_channels);
@@ -686,5 +929,23 @@ int main(void) {
     RUN_ISOLATED(optim_adamw);
     RUN_ISOLATED(optim_norm_scale);
     RUN_ISOLATED(ipc_reduce);
+    RUN_ISOLATED(eltwise_f32);
+    RUN_ISOLATED(eltwise_bf16);
+    RUN_ISOLATED(eltwise_f16);
+    RUN_ISOLATED(relu_nan_as_the_cpu_op);
+    RUN_ISOLATED(softmax_rows);
+    RUN_ISOLATED(nll_loss_labels);
+    RUN_ISOLATED(concat_f32);
+    RUN_ISOLATED(concat_bf16);
+    RUN_ISOLATED(normalize_rows);
+    RUN_ISOLATED(dropout_f32);
+    RUN_ISOLATED(dropout_bf16);
+    RUN_ISOLATED(layer_norm_rows);
+    RUN_ISOLATED(embedding_f32);
+    RUN_ISOLATED(embedding_bf16);
+    RUN_ISOLATED(attention_tiles);
+    RUN_ISOLATED(batch_norm_eval);
+    RUN_ISOLATED(conv2d_bias);
+    RUN_ISOLATED(linear_bias_grad);
     TEST_END();
 }

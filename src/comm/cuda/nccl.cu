@@ -1,4 +1,4 @@
-/* NCCL for collectives on device memory (cuda_api.h's nccl_* entries): one communicator per
+/* NCCL for collectives on device memory (gpu_comm_api.h's entries): one communicator per
  * process group, created from a unique id the group passes through its own host path, with
  * its own stream. A collective waits for what the device's compute stream has queued (an
  * event), runs on the communicator's stream, and is waited for by polling, so that a peer that

@@ -6,8 +6,9 @@
 #ifndef TANDEM_CUDA_DTYPE_CUH
 #define TANDEM_CUDA_DTYPE_CUH
 
-#include "device/cuda/kernel.cuh"
 #include "tandem/core.h"
+
+#include "device/cuda/kernel.cuh"
 
 /* Elements as f32, whatever their float dtype. */
 template <typename T> __device__ __forceinline__ float td_ld(const T *p, size_t i);

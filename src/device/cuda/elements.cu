@@ -1,4 +1,4 @@
-/* The device layer's own element kernels (cuda_api.h): converting between dtypes and filling
+/* The device layer's own element kernels (device_api.h): converting between dtypes and filling
  * with a bit pattern, for callers that hold device memory but no graph (DDP's buckets, a
  * half-width wire copy, the canary in memory a gradient left). Queued on the stream given; the
  * kernels are in elements.cuh. */

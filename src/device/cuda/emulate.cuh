@@ -66,8 +66,12 @@ extern "C" {
 #define TD__EMU_ASAN 0
 #endif
 
-#if !defined(__x86_64__)
-#error "the CUDA emulation switches fibers with x86-64 code"
+/* Fibers switch with a few lines of x86-64 code (no system call: a launch switches twice a
+ * thread at least), elsewhere (or with -DTD_EMU_UCONTEXT) with ucontext's swapcontext. */
+#if defined(__x86_64__) && !defined(TD_EMU_UCONTEXT)
+#define TD__EMU_ASM_SWITCH 1
+#else
+#define TD__EMU_ASM_SWITCH 0
 #endif
 
 /* ---- CUDA C++'s words ---- */
@@ -128,8 +132,17 @@ namespace td__emu {
 enum { READY, AT_BARRIER, AT_WARP, DONE };
 enum { WARP_SYNC, SHFL, SHFL_UP, SHFL_DOWN, SHFL_XOR, BALLOT, ANY, ALL };
 
+/* Where a switched-out stack resumes. */
+struct context {
+#if TD__EMU_ASM_SWITCH
+    void *sp;
+#else
+    ucontext_t uc;
+#endif
+};
+
 struct fiber {
-    void *sp; /* saved stack pointer while switched out */
+    context ctx; /* while switched out */
     char *stack;
     size_t stack_bytes;
     uint3 tid;
@@ -163,7 +176,7 @@ struct state_t {
     std::vector<fiber *> fibers;
     std::vector<unsigned> order;
     fiber *current;
-    void *scheduler_sp;
+    context scheduler;
     void *scheduler_fake;
     const void *scheduler_bottom;
     size_t scheduler_size;
@@ -185,6 +198,7 @@ inline state_t &state() {
     return s;
 }
 
+#if TD__EMU_ASM_SWITCH
 extern "C" void td__emu_swap(void **save_sp, void *load_sp);
 
 /* Saves the callee-saved registers and the SSE and x87 control words on the current stack,
@@ -217,6 +231,30 @@ __asm__(".pushsection .text\n"
         "    ret\n"
         ".size td__emu_swap, .-td__emu_swap\n"
         ".popsection\n");
+
+inline void switch_to(context *from, context *to) { td__emu_swap(&from->sp, to->sp); }
+
+/* A context whose first switch "returns" into entry, as if called (rsp = 8 mod 16). */
+inline void make_context(context *c, char *stack, size_t bytes, void (*entry)()) {
+    uint64_t *top = (uint64_t *)(stack + bytes);
+    top[-1] = 0;
+    top[-2] = (uint64_t)(uintptr_t)entry;
+    for (int r = 3; r <= 8; r++) top[-r] = 0; /* rbp rbx r12 r13 r14 r15 */
+    uint32_t control[2] = {0x1f80, 0x037f};   /* MXCSR and the x87 control word at reset */
+    memcpy(&top[-9], control, 8);
+    c->sp = &top[-9];
+}
+#else
+inline void switch_to(context *from, context *to) { swapcontext(&from->uc, &to->uc); }
+
+inline void make_context(context *c, char *stack, size_t bytes, void (*entry)()) {
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = bytes;
+    c->uc.uc_link = nullptr;
+    makecontext(&c->uc, entry, 0);
+}
+#endif
 
 /* Ends the program with the launch's kernel, block and thread before the message. */
 [[noreturn]] inline void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -267,7 +305,7 @@ inline void yield() {
     state_t &s = state();
     fiber *f = s.current;
     start_switch(&f->fake_stack, s.scheduler_bottom, s.scheduler_size);
-    td__emu_swap(&f->sp, s.scheduler_sp);
+    switch_to(&f->ctx, &s.scheduler);
     finish_switch(f->fake_stack, nullptr, nullptr);
 }
 
@@ -291,14 +329,7 @@ inline fiber *make_fiber() {
     if (m == MAP_FAILED) fail("no memory for a fiber's stack");
     mprotect(m, page, PROT_NONE); /* a stack overflow faults */
     f->stack = (char *)m + page;
-    /* The first switch to it "returns" into fiber_main, as if called (rsp = 8 mod 16). */
-    uint64_t *top = (uint64_t *)(f->stack + f->stack_bytes);
-    top[-1] = 0;
-    top[-2] = (uint64_t)(uintptr_t)&fiber_main;
-    for (int r = 3; r <= 8; r++) top[-r] = 0; /* rbp rbx r12 r13 r14 r15 */
-    uint32_t control[2] = {0x1f80, 0x037f};   /* MXCSR and the x87 control word at reset */
-    memcpy(&top[-9], control, 8);
-    f->sp = &top[-9];
+    make_context(&f->ctx, f->stack, f->stack_bytes, fiber_main);
     return f;
 }
 
@@ -307,7 +338,7 @@ inline void resume(fiber *f) {
     state_t &s = state();
     s.current = f;
     start_switch(&s.scheduler_fake, f->stack, f->stack_bytes);
-    td__emu_swap(&s.scheduler_sp, f->sp);
+    switch_to(&s.scheduler, &f->ctx);
     finish_switch(s.scheduler_fake, nullptr, nullptr);
     s.current = nullptr;
 }
@@ -555,13 +586,18 @@ inline void launch(const char *name, void (*kernel)(P...), dim3 grid, dim3 block
     run_grid(name, (const void *)kernel, grid, block, shared, &call<P...>::run, &c);
 }
 
-/* The name of kernel K, from the compiler's own spelling of this function. */
+/* What follows "K = " in the compiler's spelling of a function instantiated for kernel K. */
+inline std::string kernel_name(const char *pretty) {
+    std::string p = pretty;
+    size_t at = p.find("K = ");
+    if (at == std::string::npos) return p;
+    size_t end = p.find_first_of(";]", at);
+    return p.substr(at + 4, end - at - 4);
+}
+
+/* The name of kernel K, as the compiler spells it. */
 template <auto K> inline const char *name_of() {
-    static std::string name = [] {
-        std::string p = __PRETTY_FUNCTION__;
-        size_t at = p.find("K = "), end = p.find_first_of(";]", at);
-        return at == std::string::npos ? p : p.substr(at + 4, end - at - 4);
-    }();
+    static const std::string name = kernel_name(__PRETTY_FUNCTION__);
     return name.c_str();
 }
 
@@ -576,12 +612,8 @@ inline void on_fault(int sig, siginfo_t *info, void *context) {
     for (const buffer &b : s.buffers) {
         if (a < b.map || a >= b.map + b.map_bytes) continue;
         long long off = (long long)(a - b.data);
-        if (off >= 0)
-            fail("%s byte %lld of buffer '%s', %lld past its end (%zu bytes)",
-                 write ? "writes" : "reads", off, b.name.c_str(), off - (long long)b.bytes,
-                 b.bytes);
-        fail("%s byte %lld of buffer '%s', before its start (%zu bytes)",
-             write ? "writes" : "reads", off, b.name.c_str(), b.bytes);
+        fail("%s byte %lld of buffer '%s', which has %zu: %s", write ? "writes" : "reads", off,
+             b.name.c_str(), b.bytes, off >= 0 ? "past its end" : "before its start");
     }
     if (s.launch) {
         char head[512];

@@ -23,7 +23,7 @@ static td_status gpu_init(td__op_ctx *ctx, const char *what) {
     g->workspace_bytes = (size_t)32 << 20;
     s = td__host->alloc(g->device, g->workspace_bytes, &g->workspace);
     if (s != TD_OK) return s;
-    return td__host->alloc(g->device, sizeof *g->rng_key, (void **)&g->rng_key);
+    return td__cuda_rng_key_create(g);
 }
 
 static void gpu_destroy(td__op_ctx *ctx) {
@@ -106,15 +106,8 @@ static td_status gpu_copy_plain(td__op_ctx *ctx, const td_tensor *t, const void 
                     : gpu_convert(ctx, dst, t->dtype, src, plain_dtype, td__numel(t));
 }
 
-/* The RNG key the forward's dropout kernels read; a pageable source is consumed before the
- * call returns, so the host may change its copy at once. */
-static td_status gpu_forward_begin(td__op_ctx *ctx) {
-    td__gpu *g = td__gpu_of(ctx);
-    td__gpu_rng_key key = {ctx->rng->seed, ctx->rng->offset, ctx->rng_step, ctx->rng_first_sample};
-    g->forward_offset = key.offset;
-    TD__CU(cudaMemcpyAsync(g->rng_key, &key, sizeof key, cudaMemcpyHostToDevice, g->stream));
-    return TD_OK;
-}
+/* The RNG key the forward's dropout kernels read. */
+static td_status gpu_forward_begin(td__op_ctx *ctx) { return td__cuda_rng_key_write(ctx); }
 
 /* Pageable sources are staged by the driver before the call returns. */
 static td_status gpu_upload_async(td__op_ctx *ctx, void *dst, const void *host, size_t bytes) {

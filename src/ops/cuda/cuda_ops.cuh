@@ -17,11 +17,8 @@
 #include "device/cuda/runtime.cuh"
 #include "ops/backend.h"
 
-/* The dropout RNG's position at the start of a forward, as the device reads it: the host's
- * td_rng (seed, offset) and the sample key of td_graph_set_rng_key (step, first_sample). */
-typedef struct {
-    uint64_t seed, offset, step, first_sample;
-} td__gpu_rng_key;
+/* The dropout RNG's position at the start of a forward, as the device reads it (dropout.cuh). */
+typedef struct td__gpu_rng_key td__gpu_rng_key;
 
 /* A GPU graph's handles (td__op_ctx.be). */
 typedef struct {
@@ -138,6 +135,11 @@ static inline size_t td__elem_size(td_dtype dt) {
                                           : 2;
 }
 
+/* The device copy of the RNG key dropout's kernels read, and its write before each forward
+ * (dropout.cu). */
+td_status td__cuda_rng_key_create(td__gpu *g);
+td_status td__cuda_rng_key_write(td__op_ctx *ctx);
+
 /* y[i] = beta * y[i] + x[i] (dtype conversions both ways), on ctx's stream. */
 td_status td__cuda_add_into(td__op_ctx *ctx, void *y, td_dtype yt, const void *x, td_dtype xt,
                             size_t n, float alpha, float beta, const char *what);
@@ -148,6 +150,5 @@ extern const td__kernels td__cuda_linear, td__cuda_eltwise, td__cuda_add, td__cu
     td__cuda_concat, td__cuda_normalize;
 extern const td__kernels td__cuda_conv2d, td__cuda_pool2d, td__cuda_batch_norm;
 extern const td__kernels td__cuda_embedding, td__cuda_layer_norm, td__cuda_attention;
-
 
 #endif
