@@ -725,6 +725,27 @@ static td_status build_dropout_classifier(td_graph *g, built *b) {
     return td_graph_cross_entropy(g, h, labels, TD_REDUCTION_MEAN, &b->y, NULL);
 }
 
+/* The dropout classifier on device d, recording its sweeps or not, its leaves initialised
+ * from one seed and compiled; NULL after a failed check. */
+static td_graph *classifier_on(td_device d, int cuda_graphs, built *b) {
+    td_graph_params p = td_graph_default_params();
+    p.seed = 11;
+    p.device = d;
+    p.cuda_graphs = cuda_graphs;
+    td_graph *g = NULL;
+    CHECK_OK(td_graph_create(&g, &p));
+    if (!g) return NULL;
+    td_rng rng;
+    td_rng_init(&rng, 1234);
+    if (build_dropout_classifier(g, b) == TD_OK) {
+        for (int i = 0; i < b->nleaves; i++) init_leaf(b->leaves[i], &rng, CLASSES);
+        if (td_graph_compile(g) == TD_OK) return g;
+    }
+    TEST_FAIL_AT("the classifier on a GPU: %s", td_last_error());
+    td_graph_destroy(g);
+    return NULL;
+}
+
 /* Six SGD steps on two GPU graphs, one launching every op and one recording its sweeps as
  * CUDA graphs and replaying them: the losses and parameters are the same bits, the dropout
  * masks fresh at every replay; the second graph did replay and the first did not. Then two
@@ -740,17 +761,7 @@ static void replay_equals_op_by_op(void) {
     td_optim *opt[2] = {NULL, NULL};
     memset(b, 0, sizeof b);
     for (int d = 0; d < 2; d++) {
-        td_graph_params p = td_graph_default_params();
-        p.seed = 11;
-        p.device = td_device_cuda(0);
-        p.cuda_graphs = d;
-        CHECK_OK(td_graph_create(&g[d], &p));
-        if (!g[d]) goto out;
-        CHECK_OK(build_dropout_classifier(g[d], &b[d]));
-        td_rng rng;
-        td_rng_init(&rng, 1234);
-        for (int i = 0; i < b[d].nleaves; i++) init_leaf(b[d].leaves[i], &rng, CLASSES);
-        CHECK_OK(td_graph_compile(g[d]));
+        if (!(g[d] = classifier_on(td_device_cuda(0), d, &b[d]))) goto out;
         td_param *pp;
         size_t np;
         CHECK_OK(td_graph_parameters(g[d], &pp, &np));
@@ -812,17 +823,7 @@ static void two_gpus_one_thread(void) {
     float *dy[2] = {NULL, NULL}, one = 1.f;
     memset(b, 0, sizeof b);
     for (int d = 0; d < 2; d++) {
-        td_graph_params p = td_graph_default_params();
-        p.seed = 11;
-        p.device = td_device_cuda(d);
-        p.cuda_graphs = 0;
-        CHECK_OK(td_graph_create(&g[d], &p));
-        if (!g[d]) goto out;
-        CHECK_OK(build_dropout_classifier(g[d], &b[d]));
-        td_rng rng;
-        td_rng_init(&rng, 1234);
-        for (int i = 0; i < b[d].nleaves; i++) init_leaf(b[d].leaves[i], &rng, CLASSES);
-        CHECK_OK(td_graph_compile(g[d]));
+        if (!(g[d] = classifier_on(td_device_cuda(d), 0, &b[d]))) goto out;
         CHECK_OK(td_device_alloc(td_device_cuda(d), sizeof one, (void **)&dy[d]));
         CHECK_OK(td_device_copy(td_device_cuda(d), dy[d], td_device_cpu(), &one, sizeof one));
     }

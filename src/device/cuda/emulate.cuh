@@ -141,6 +141,14 @@ struct context {
 #endif
 };
 
+/* A warp primitive as one lane calls it. */
+struct warp_call {
+    int op;
+    unsigned mask;
+    uint64_t value;
+    int arg, width;
+};
+
 struct fiber {
     context ctx; /* while switched out */
     char *stack;
@@ -150,10 +158,8 @@ struct fiber {
     int state;
     const char *file; /* where it waits: __syncthreads() or a warp primitive */
     int line;
-    int op; /* the warp primitive */
-    unsigned mask;
-    uint64_t value, result;
-    int arg, width;
+    warp_call call;   /* the warp primitive it waits at */
+    uint64_t result;  /* what the primitive gave it */
     void *fake_stack; /* AddressSanitizer's, while switched out */
 };
 
@@ -365,52 +371,52 @@ inline void try_complete(fiber *f) {
     state_t &s = state();
     unsigned base = f->linear & ~31u;
     for (int l = 0; l < 32; l++) {
-        if (!(f->mask >> l & 1)) continue;
+        if (!(f->call.mask >> l & 1)) continue;
         fiber *o = s.fibers[base + (unsigned)l];
         if (o->state != AT_WARP || !same_site(o, f)) return;
-        if (o->mask != f->mask || o->op != f->op)
+        if (o->call.mask != f->call.mask || o->call.op != f->call.op)
             fail("lanes %u and %d of a warp call the primitive at %s:%d with different masks "
                  "(0x%08x, 0x%08x) or kinds",
-                 f->linear & 31u, l, f->file, f->line, f->mask, o->mask);
+                 f->linear & 31u, l, f->file, f->line, f->call.mask, o->call.mask);
     }
     uint64_t ballot = 0;
     int any = 0, all = 1;
     for (int l = 0; l < 32; l++)
-        if (f->mask >> l & 1) {
-            int p = s.fibers[base + (unsigned)l]->value != 0;
+        if (f->call.mask >> l & 1) {
+            int p = s.fibers[base + (unsigned)l]->call.value != 0;
             ballot |= (uint64_t)p << l;
             any |= p;
             all &= p;
         }
     for (int l = 0; l < 32; l++) {
-        if (!(f->mask >> l & 1)) continue;
+        if (!(f->call.mask >> l & 1)) continue;
         fiber *o = s.fibers[base + (unsigned)l];
-        int w = o->width, seg = l & ~(w - 1), src = l;
-        switch (o->op) {
+        int w = o->call.width, seg = l & ~(w - 1), src = l;
+        switch (o->call.op) {
         case SHFL:
-            src = seg + (o->arg & (w - 1));
+            src = seg + (o->call.arg & (w - 1));
             break;
         case SHFL_UP:
-            src = (l - seg) >= o->arg ? l - o->arg : l;
+            src = (l - seg) >= o->call.arg ? l - o->call.arg : l;
             break;
         case SHFL_DOWN:
-            src = (l - seg) + o->arg < w ? l + o->arg : l;
+            src = (l - seg) + o->call.arg < w ? l + o->call.arg : l;
             break;
         case SHFL_XOR:
-            src = ((l ^ o->arg) & ~(w - 1)) == seg ? l ^ o->arg : l;
+            src = ((l ^ o->call.arg) & ~(w - 1)) == seg ? l ^ o->call.arg : l;
             break;
         }
-        if (o->op >= SHFL && o->op <= SHFL_XOR && !(f->mask >> src & 1))
+        if (o->call.op >= SHFL && o->call.op <= SHFL_XOR && !(f->call.mask >> src & 1))
             fail("lane %d reads lane %d through a shuffle at %s:%d, which its mask 0x%08x leaves "
                  "out",
-                 l, src, o->file, o->line, o->mask);
-        o->result = o->op == BALLOT ? ballot
-                    : o->op == ANY  ? (uint64_t)any
-                    : o->op == ALL  ? (uint64_t)all
-                                    : s.fibers[base + (unsigned)src]->value;
+                 l, src, o->file, o->line, o->call.mask);
+        o->result = o->call.op == BALLOT ? ballot
+                    : o->call.op == ANY  ? (uint64_t)any
+                    : o->call.op == ALL  ? (uint64_t)all
+                                         : s.fibers[base + (unsigned)src]->call.value;
     }
     for (int l = 0; l < 32; l++)
-        if (f->mask >> l & 1) s.fibers[base + (unsigned)l]->state = READY;
+        if (f->call.mask >> l & 1) s.fibers[base + (unsigned)l]->state = READY;
 }
 
 inline uint64_t warp_op(int op, unsigned mask, uint64_t value, int arg, int width, const char *file,
@@ -433,11 +439,7 @@ inline uint64_t warp_op(int op, unsigned mask, uint64_t value, int arg, int widt
     f->state = AT_WARP;
     f->file = file;
     f->line = line;
-    f->op = op;
-    f->mask = mask;
-    f->value = value;
-    f->arg = arg;
-    f->width = width;
+    f->call = warp_call{op, mask, value, arg, width};
     try_complete(f);
     yield();
     return f->result;
@@ -485,12 +487,12 @@ inline void run_block() {
         char why[256];
         if (warp) {
             for (int l = 0; l < 32; l++) {
-                if (!(warp->mask >> l & 1)) continue;
+                if (!(warp->call.mask >> l & 1)) continue;
                 fiber *o = s.fibers[(warp->linear & ~31u) + (unsigned)l];
                 if (o->state != AT_WARP || !same_site(o, warp)) {
                     s.current = warp;
                     fail("the warp primitive at %s:%d waits for lane %d (mask 0x%08x), which %s",
-                         warp->file, warp->line, l, warp->mask, waits_at(o, why, sizeof why));
+                         warp->file, warp->line, l, warp->call.mask, waits_at(o, why, sizeof why));
                 }
             }
         }
@@ -783,35 +785,29 @@ struct site {
 
 } /* namespace td__emu */
 
-template <typename T> inline T atomicAdd(T *p, T v) {
+/* Atomics: plain read-modify-writes, as fibers switch only at barriers and warp primitives. */
+template <typename T, typename F> inline T td__emu_atomic(T *p, F update) {
     T old = *p;
-    *p = old + v;
+    *p = update(old);
     return old;
+}
+template <typename T> inline T atomicAdd(T *p, T v) {
+    return td__emu_atomic(p, [v](T o) { return o + v; });
 }
 template <typename T> inline T atomicMin(T *p, T v) {
-    T old = *p;
-    *p = v < old ? v : old;
-    return old;
+    return td__emu_atomic(p, [v](T o) { return v < o ? v : o; });
 }
 template <typename T> inline T atomicMax(T *p, T v) {
-    T old = *p;
-    *p = v > old ? v : old;
-    return old;
+    return td__emu_atomic(p, [v](T o) { return v > o ? v : o; });
 }
 template <typename T> inline T atomicOr(T *p, T v) {
-    T old = *p;
-    *p = old | v;
-    return old;
+    return td__emu_atomic(p, [v](T o) { return o | v; });
 }
 template <typename T> inline T atomicExch(T *p, T v) {
-    T old = *p;
-    *p = v;
-    return old;
+    return td__emu_atomic(p, [v](T) { return v; });
 }
 template <typename T> inline T atomicCAS(T *p, T expected, T v) {
-    T old = *p;
-    if (old == expected) *p = v;
-    return old;
+    return td__emu_atomic(p, [expected, v](T o) { return o == expected ? v : o; });
 }
 
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };

@@ -46,6 +46,17 @@ __device__ __forceinline__ void td__store_tile(T *dst, const float *src, int64_t
     }
 }
 
+/* The key and value tile of keys [k0, k0 + nk) into k and v, once every thread is done with
+ * the last ones; ready for every thread on return. */
+template <typename T>
+__device__ __forceinline__ void td__load_keys(float *k, float *v, const T *q, int64_t C, int64_t k0,
+                                              int64_t nk, int64_t hs) {
+    __syncthreads();
+    td__load_tile(k, q + C, k0, nk, hs, (size_t)(3 * C));
+    td__load_tile(v, q + 2 * C, k0, nk, hs, (size_t)(3 * C));
+    __syncthreads();
+}
+
 __device__ __forceinline__ float td__dot(const float *a, const float *b, int64_t n) {
     float s = 0.f;
     for (int64_t d = 0; d < n; d++) s += a[d] * b[d];
@@ -72,10 +83,7 @@ __global__ void __launch_bounds__(TD__THREADS)
      * see, and each holds key k0, which every row sees: no row is ever wholly masked. */
     for (int64_t k0 = 0; k0 <= q0; k0 += tile) {
         int64_t nk = T_ - k0 < tile ? T_ - k0 : tile;
-        __syncthreads();
-        td__load_tile(k, qkv + a.q_at + C, k0, nk, hs, ld);
-        td__load_tile(v, qkv + a.q_at + 2 * C, k0, nk, hs, ld);
-        __syncthreads();
+        td__load_keys(k, v, qkv + a.q_at, C, k0, nk, hs);
         for (int64_t e = threadIdx.x; e < nq * nk; e += blockDim.x) {
             int64_t i = e / nk, j = e % nk;
             s[i * tile + j] =
@@ -114,6 +122,24 @@ __device__ __forceinline__ void td__probability_grad(float *p, float *ds, const 
     *ds = *p * (td__dot(doi, vj, hs) - D) * scale;
 }
 
+/* p (when wanted) and ds of the tile's queries [q0, q0 + nq) and keys [k0, k0 + nk), 0 where
+ * the causal mask hides the key; rows of `tile` in p and ds. */
+__device__ __forceinline__ void td__tile_grads(float *p, float *ds, const float *q,
+                                               const float *dout, const float *k, const float *v,
+                                               const float *lr, const float *D, int64_t q0,
+                                               int64_t nq, int64_t k0, int64_t nk, int64_t tile,
+                                               int64_t hs, float scale) {
+    for (int64_t e = threadIdx.x; e < nq * nk; e += blockDim.x) {
+        int64_t i = e / nk, j = e % nk;
+        float pr = 0.f, g = 0.f;
+        if (k0 + j <= q0 + i)
+            td__probability_grad(&pr, &g, q + i * hs, dout + i * hs, k + j * hs, v + j * hs, lr[i],
+                                 D[i], hs, scale);
+        if (p) p[i * tile + j] = pr;
+        ds[i * tile + j] = g;
+    }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(TD__THREADS)
     td__att_dq_kernel(T *dqkv, float *Dg, const T *dy, const T *y, const T *qkv, const float *lse,
@@ -138,18 +164,8 @@ __global__ void __launch_bounds__(TD__THREADS)
     }
     for (int64_t k0 = 0; k0 <= q0; k0 += tile) {
         int64_t nk = T_ - k0 < tile ? T_ - k0 : tile;
-        __syncthreads();
-        td__load_tile(k, qkv + a.q_at + C, k0, nk, hs, ld);
-        td__load_tile(v, qkv + a.q_at + 2 * C, k0, nk, hs, ld);
-        __syncthreads();
-        for (int64_t e = threadIdx.x; e < nq * nk; e += blockDim.x) {
-            int64_t i = e / nk, j = e % nk;
-            float p = 0.f, g = 0.f;
-            if (k0 + j <= q0 + i)
-                td__probability_grad(&p, &g, q + i * hs, dout + i * hs, k + j * hs, v + j * hs,
-                                     lr[i], D[i], hs, scale);
-            ds[i * tile + j] = g;
-        }
+        td__load_keys(k, v, qkv + a.q_at, C, k0, nk, hs);
+        td__tile_grads(NULL, ds, q, dout, k, v, lr, D, q0, nq, k0, nk, tile, hs, scale);
         __syncthreads();
         for (int64_t e = threadIdx.x; e < nq * hs; e += blockDim.x) {
             int64_t i = e / hs, d = e % hs;
@@ -188,15 +204,7 @@ __global__ void __launch_bounds__(TD__THREADS)
             D[i] = Dg[at];
         }
         __syncthreads();
-        for (int64_t e = threadIdx.x; e < nq * nk; e += blockDim.x) {
-            int64_t i = e / nk, j = e % nk;
-            float pr = 0.f, g = 0.f;
-            if (k0 + j <= q0 + i)
-                td__probability_grad(&pr, &g, q + i * hs, dout + i * hs, k + j * hs, v + j * hs,
-                                     lr[i], D[i], hs, scale);
-            p[i * tile + j] = pr;
-            ds[i * tile + j] = g;
-        }
+        td__tile_grads(p, ds, q, dout, k, v, lr, D, q0, nq, k0, nk, tile, hs, scale);
         __syncthreads();
         for (int64_t e = threadIdx.x; e < nk * hs; e += blockDim.x) {
             int64_t j = e / hs, d = e % hs;
