@@ -570,6 +570,7 @@ template <typename T> static void concat_case(void) {
 
 static void concat_f32(void) { concat_case<float>(); }
 static void concat_bf16(void) { concat_case<__nv_bfloat16>(); }
+static void concat_f16(void) { concat_case<__half>(); }
 
 /* L2 normalisation of rows, some shorter than eps (clamped), and none, against the formula in
  * double. */
@@ -659,6 +660,7 @@ template <typename T> static void dropout_case(void) {
 
 static void dropout_f32(void) { dropout_case<float>(); }
 static void dropout_bf16(void) { dropout_case<__nv_bfloat16>(); }
+static void dropout_f16(void) { dropout_case<__half>(); }
 
 /* Forward (its mean and rstd), dx, and the weight and bias gradients in two stages, with and
  * without weight and bias, over rows fewer than a chunk, more than 1024 chunks of 64 (chunks
@@ -800,6 +802,7 @@ template <typename T> static void embedding_case(void) {
 
 static void embedding_f32(void) { embedding_case<float>(); }
 static void embedding_bf16(void) { embedding_case<__nv_bfloat16>(); }
+static void embedding_f16(void) { embedding_case<__half>(); }
 
 /* Causal attention forward and backward against the reference, heads whose tiles are 32, 16
  * and 8 positions, sequences shorter and longer than a tile and not a multiple of it, none. */
@@ -829,11 +832,13 @@ static void attention_tiles(void) {
     attention_case<float>(1, 17, 2, 128, 1e-5); /* tile 8, 3 tiles */
     attention_case<float>(0, 5, 2, 8, 0);
     attention_case<__nv_bfloat16>(1, 20, 2, 16, 3e-2);
+    attention_case<__half>(1, 20, 2, 16, 5e-3);
 }
 
 /* Batch norm's own kernels: eval backward (dx; weight and bias gradients per channel) against
  * the reference, the folded ReLU's mask, and no channels. */
-static void batch_norm_eval(void) {
+template <typename T> static void batch_norm_case(void) {
+    double tol = std::is_same<T, float>::value ? 1e-5 : 2 * tol_of<T>();
     for (int64_t C : {0, 3, 300}) {
         int64_t N = 2, HW = 5;
         size_t n = (size_t)(N * C * HW);
@@ -841,27 +846,32 @@ static void batch_norm_eval(void) {
         std::vector<float> x = values(n), dy = values(n), w = values(C), rm = values(C);
         std::vector<float> rv = values(C, 0.5f, 2.f), old = values(n), ow = values(C),
                            ob = values(C);
-        float *dx_ = to_device<float>(x, "x"), *ddy = to_device<float>(dy, "dy");
+        T *dx_ = to_device<T>(x, "x"), *ddy = to_device<T>(dy, "dy"), *g = to_device<T>(old, "dx");
         float *dw_ = to_device<float>(w, "w"), *drm = to_device<float>(rm, "rm");
-        float *drv = to_device<float>(rv, "rv"), *g = to_device<float>(old, "dx");
+        float *drv = to_device<float>(rv, "rv");
         float *gw = to_device<float>(ow, "dw"), *gb = to_device<float>(ob, "db");
-        td__launch_bn_eval_dx<float>(nullptr, g, ddy, dw_, drv, eps, N, C, HW, 1.f);
-        td__launch_bn_eval_params<float>(nullptr, gw, gb, 1.f, 0.f, ddy, dx_, drm, drv, eps, N, C,
-                                         HW);
+        td__launch_bn_eval_dx<T>(nullptr, g, ddy, dw_, drv, eps, N, C, HW, 1.f);
+        td__launch_bn_eval_params<T>(nullptr, gw, gb, 1.f, 0.f, ddy, dx_, drm, drv, eps, N, C, HW);
         std::vector<float> wg(n), wgw(C), wgb(C);
         td__ref_batchnorm2d_backward_eval(wg.data(), wgw.data(), wgb.data(), dy.data(), x.data(),
                                           rm.data(), rv.data(), w.data(), (int)N, (int)C, (int)HW,
                                           eps);
         for (size_t i = 0; i < n; i++) wg[i] += old[i];
         for (int64_t c = 0; c < C; c++) wgw[c] += ow[c];
-        CHECK_CLOSE(g, wg.data(), n, 1e-5);
+        CHECK_CLOSE(to_host(g, n).data(), wg.data(), n, tol);
         CHECK_CLOSE(gw, wgw.data(), C, 1e-5);
         CHECK_CLOSE(gb, wgb.data(), C, 1e-5);
-        float *mask = td__emu::alloc<float>(n, "mask");
-        td__launch_bn_relu_mask<float>(nullptr, mask, ddy, dx_, n);
+        T *mask = td__emu::alloc<T>(n, "mask");
+        td__launch_bn_relu_mask<T>(nullptr, mask, ddy, dx_, n);
         for (size_t i = 0; i < n; i++)
-            CHECK_EQ(td__f32_bits(mask[i]), td__f32_bits(x[i] > 0 ? dy[i] : 0.f));
+            CHECK_EQ(td__f32_bits(td_ld(mask, i)), td__f32_bits(x[i] > 0 ? dy[i] : 0.f));
     }
+}
+
+static void batch_norm_eval(void) {
+    batch_norm_case<float>();
+    batch_norm_case<__nv_bfloat16>();
+    batch_norm_case<__half>();
 }
 
 /* A convolution's bias added per channel and its gradient, and no channels. */
@@ -888,6 +898,7 @@ template <typename T> static void conv_bias_case(void) {
 
 static void conv2d_bias(void) {
     conv_bias_case<float>();
+    conv_bias_case<__nv_bfloat16>();
     conv_bias_case<__half>();
 }
 
@@ -937,12 +948,15 @@ int main(void) {
     RUN_ISOLATED(nll_loss_labels);
     RUN_ISOLATED(concat_f32);
     RUN_ISOLATED(concat_bf16);
+    RUN_ISOLATED(concat_f16);
     RUN_ISOLATED(normalize_rows);
     RUN_ISOLATED(dropout_f32);
     RUN_ISOLATED(dropout_bf16);
+    RUN_ISOLATED(dropout_f16);
     RUN_ISOLATED(layer_norm_rows);
     RUN_ISOLATED(embedding_f32);
     RUN_ISOLATED(embedding_bf16);
+    RUN_ISOLATED(embedding_f16);
     RUN_ISOLATED(attention_tiles);
     RUN_ISOLATED(batch_norm_eval);
     RUN_ISOLATED(conv2d_bias);
