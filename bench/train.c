@@ -143,6 +143,7 @@ static measure rank_main(td_model_kind kind, td_amp_level amp, int rank, int wor
                 CHECK(td_graph_forward(g));
                 float seed = scaler ? td_grad_scaler_scale(scaler) : 1.0f;
                 if (shards) CHECK(td_graph_zero_grad(g));
+                if (shards) CHECK(td_graph_set_shard(g, j, count)); /* linear layers sum them */
                 CHECK(td_graph_backward_from(g, m.loss, &seed));
                 if (ddp) CHECK(td_ddp_finish_backward(ddp));
             }

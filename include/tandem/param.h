@@ -29,6 +29,10 @@ typedef struct {
                               the parameter's own dtype, in place with no copy and its
                               optimizer state in that dtype too (apex's O3). f32 parameters:
                               TD_F32 */
+    int shard_sum; /* 1: its producer sums a step's shards itself (td_graph_set_shard): grad is
+                      written and reported ready once, at the step's last shard, as the sum
+                      of every shard's gradient in deterministic mode's pairwise tree; 0: once
+                      per backward */
 } td_param;
 
 /* The points of a sweep at which a parameter's values are about to be read, or were read for

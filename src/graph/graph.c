@@ -163,6 +163,7 @@ void td_graph_destroy(td_graph *g) {
     free(g->param_final_node);
     free(g->casts);
     free(g->fired);
+    free(g->shard_summed);
     free(g->used);
     td_arena_destroy(g->ctx.arena);
     td_arena_destroy(g->ctx.records);
@@ -253,15 +254,15 @@ static td_status leaf(td_graph *g, const char *name, td_shape shape, td_dtype dt
 }
 
 static void fill_param(td_param *p, td_tensor *t) {
-    p->name = t->name;
-    p->data = t->data;
-    p->grad = t->grad;
-    p->count = (size_t)td_shape_numel(&t->shape);
-    p->dtype = t->dtype;
-    p->ndim = t->shape.ndim;
-    p->device = t->g->opt.device;
-    p->master_dtype = TD_F32;
-    for (int i = 0; i < TD_MAX_DIMS; i++) p->shape[i] = i < t->shape.ndim ? t->shape.dim[i] : 0;
+    *p = (td_param){.name = t->name,
+                    .data = t->data,
+                    .grad = t->grad,
+                    .count = (size_t)td_shape_numel(&t->shape),
+                    .dtype = t->dtype,
+                    .ndim = t->shape.ndim,
+                    .device = t->g->opt.device,
+                    .master_dtype = TD_F32};
+    for (int i = 0; i < t->shape.ndim; i++) p->shape[i] = t->shape.dim[i];
 }
 
 td_status td_graph_input(td_graph *g, const char *name, td_shape shape, td_dtype dtype,
@@ -479,6 +480,11 @@ static void fire(td_graph *g, int i) {
     if (g->hook) g->hook((size_t)i, g->hook_ctx);
 }
 
+/* Parameter i's gradient comes at a later shard of the step (td_graph_set_shard). */
+static int held_back(const td_graph *g, int i) {
+    return g->shard_summed[i] && g->ctx.shard_index + 1 < g->ctx.shard_count;
+}
+
 /* The ctx callback through which an op reports its weight gradients final (op.h). */
 static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only) {
     td_graph *g = (td_graph *)ctx;
@@ -486,13 +492,25 @@ static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only) {
         td_tensor *t = n->in[i];
         if (weights_only && t == n->in[0]) continue; /* its data gradient is still to come */
         if (t && t->kind == TD__PARAM && g->param_last_node[t->index] == n->index &&
-            !g->fired[t->index])
+            !g->fired[t->index] && !held_back(g, t->index))
             fire(g, t->index);
     }
 }
 
 void td_graph_keep_weights(td_graph *g) {
     if (g) g->keep_weights = 1;
+}
+
+td_status td_graph_set_shard(td_graph *g, size_t index, size_t count) {
+    if (!g) return td__fail(TD_EINVAL, "td_graph_set_shard: graph is NULL");
+    if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_set_shard: call td_graph_compile first");
+    if (count && index >= count)
+        return td__fail(TD_EINVAL, "td_graph_set_shard: shard %zu of %zu; expected below %zu",
+                        index, count, count);
+    g->ctx.shard_index = index;
+    g->ctx.shard_count = count;
+    for (int i = 0; i < g->nparams; i++) g->params[i].shard_sum = count && g->shard_summed[i];
+    return TD_OK;
 }
 
 /* What a backward sweep starts from: y and its upstream gradient, f32, where the device reads
@@ -591,7 +609,7 @@ static td_status backward_nodes(td_graph *g, const void *arg) {
         if (g->use_hook) TD__TRY(use_params_at(g, n, g->param_last_node, TD_PARAM_AFTER_BACKWARD));
     }
     for (int i = 0; i < g->nparams; i++)
-        if (!g->fired[i]) fire(g, i);
+        if (!g->fired[i] && !held_back(g, i)) fire(g, i);
     for (int i = 0; g->use_hook && i < g->nparams; i++)
         if (g->param_last_node[i] < 0) TD__TRY(use_param(g, i, TD_PARAM_AFTER_BACKWARD));
     if (g->zero_failed)
