@@ -50,6 +50,9 @@ static const char usage_text[] =
     "                       per rank, collectives linked across ranks (TANDEM_TRACE=DIR;\n"
     "                       docs/tracing.md)\n"
     "  --trace-ops          with --trace: every op of the graph too (TANDEM_TRACE_OPS=1)\n"
+    "  --tp N, --pp N       the device mesh: N-way tensor and pipeline parallel, the rest\n"
+    "                       of the ranks data parallel (TANDEM_TP, TANDEM_PP; td_mesh,\n"
+    "                       docs/parallelism.md)\n"
     "\n"
     "Options also take torchrun's forms: --nproc_per_node=4, --master_port 29500.\n"
     "When a rank fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
@@ -226,6 +229,14 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
             TAKES_VALUE();
             if (!*value) return usage_error("--trace wants a directory%s", "");
             o->trace_dir = value;
+        } else if (strcmp(name, "tp") == 0 || strcmp(name, "pp") == 0) {
+            TAKES_VALUE();
+            long v;
+            if (!parse_int(value, 1, TR_MAX_RANKS, &v))
+                return usage_error(name[0] == 't' ? "--tp wants a number of ranks from 1, got '%s'"
+                                                  : "--pp wants a number of ranks from 1, got '%s'",
+                                   value);
+            *(name[0] == 't' ? &o->tp : &o->pp) = (int)v;
         } else if (strcmp(name, "trace-ops") == 0) {
             o->trace_ops = 1;
         } else if (strcmp(name, "log-dir") == 0) {
@@ -310,6 +321,14 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
                                "");
     }
     if (o->trace_ops && !o->trace_dir) return usage_error("--trace-ops needs --trace DIR%s", "");
+    long mesh = (long)(o->tp ? o->tp : 1) * (o->pp ? o->pp : 1), world = (long)o->nnodes * o->nproc;
+    if (world % mesh) {
+        fprintf(stderr,
+                "tandemrun: --tp %d x --pp %d = %ld ranks does not divide the job's %ld ranks "
+                "(the rest are data parallel)\n",
+                o->tp ? o->tp : 1, o->pp ? o->pp : 1, mesh, world);
+        return 2;
+    }
     if (i >= argc) return usage_error("no program to run%s", "");
     char *path = resolve_program(argv[i]);
     if (!path) return usage_error("program '%s' not found or not executable", argv[i]);
@@ -346,6 +365,9 @@ int main(int argc, char **argv) {
     }
     char trace_dir[PATH_MAX];
     if (opts.trace_dir && trace_env(&opts, trace_dir) != 0) return 2;
+    char size[16];
+    if (opts.tp) snprintf(size, sizeof size, "%d", opts.tp), setenv("TANDEM_TP", size, 1);
+    if (opts.pp) snprintf(size, sizeof size, "%d", opts.pp), setenv("TANDEM_PP", size, 1);
     tr_restart restart = {opts.max_restarts, 0, opts.restart_nproc};
     for (;;) {
         int failed, next;

@@ -38,6 +38,7 @@ typedef struct {
     int attempt;           /* 0 for the first start, then the restart's number */
     const char *trace_dir; /* --trace: the ranks get TANDEM_TRACE=<its absolute path> */
     int trace_ops;         /* --trace-ops: and TANDEM_TRACE_OPS=1 */
+    int tp, pp;            /* --tp, --pp: the mesh's sizes (TANDEM_TP, TANDEM_PP); 0: unset */
 } tr_options;
 
 /* Restarts after a rank failed (restart.c, torchrun's --max-restarts). */

@@ -1,0 +1,81 @@
+/* A device mesh (torch.distributed's DeviceMesh, Megatron's parallel state): the ranks of one
+ * group arranged as an array of named dimensions, "dp", "tp" and "pp" as a 3D-parallel job
+ * names them, in the order the caller gives, the last varying fastest:
+ *
+ *     rank = (c[0] * size[1] + c[1]) * size[2] + c[2]     (c: the rank's coordinates)
+ *
+ * Each dimension's group holds the ranks that share every other coordinate, ordered along it:
+ * with ("dp", "tp") = (2, 2) the tp groups are {0, 1} and {2, 3}, the dp groups {0, 2} and
+ * {1, 3}. A mesh is built once, collectively, and handed to the strategies, which take the
+ * groups they work on from it: DDP and ZeRO the dp group (ZeRO shards over dp only), a
+ * tensor-parallel graph the tp group (td_graph_params.comm), the pipeline its stages along pp
+ * and its replicas along dp (td_pipeline_params.mesh). docs/parallelism.md draws it.
+ *
+ * The mesh owns its groups, not the group it was made from (which must outlive it). */
+#ifndef TANDEM_MESH_H
+#define TANDEM_MESH_H
+
+#include "tandem/comm.h"
+#include "tandem/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Most dimensions of one mesh. */
+#define TD_MESH_MAX_DIMS 4
+
+/* An opaque mesh over one process group. */
+typedef struct td_mesh td_mesh;
+
+/* The dimensions, outermost first; fill with td_mesh_default_params or by hand. */
+typedef struct {
+    int ndims;                           /* 1 .. TD_MESH_MAX_DIMS */
+    const char *names[TD_MESH_MAX_DIMS]; /* distinct, 1 to 15 characters ("dp", "tp", "pp") */
+    int sizes[TD_MESH_MAX_DIMS];         /* >= 1, or -1 for at most one dimension: what the
+                                            group's size leaves (world / the others' product) */
+} td_mesh_params;
+
+/* The 3D layout tandemrun gives (--tp N --pp N set TANDEM_TP and TANDEM_PP; 1 when unset):
+ * ("pp", "dp", "tp") of sizes (TANDEM_PP, -1, TANDEM_TP), torchtitan's order: the
+ * tensor-parallel ranks, which talk in every layer, are neighbours (one host); data parallel
+ * takes the rest. An unparsable value leaves the size 0, which td_mesh_create refuses, naming
+ * the variable. */
+td_mesh_params td_mesh_default_params(void);
+
+/* Collective over `comm`: checks that every rank gives the same dimensions (TD_EINVAL naming
+ * both) and that their sizes multiply to the group's size (TD_EINVAL naming the sizes), then
+ * splits one group per dimension. p may be NULL for td_mesh_default_params(). */
+td_status td_mesh_create(td_mesh **out, td_comm *comm, const td_mesh_params *p);
+
+/* Frees the mesh's groups (after their work); NULL-safe. Every rank should call it. */
+void td_mesh_destroy(td_mesh *mesh);
+
+/* The group along dimension `dim` (ranks ordered by their coordinate there), owned by the
+ * mesh; NULL for a name the mesh does not have. */
+td_comm *td_mesh_group(const td_mesh *mesh, const char *dim);
+
+/* The size of dimension `dim`; 1 for a name the mesh does not have (a job with no "pp" runs
+ * one stage). */
+int td_mesh_size(const td_mesh *mesh, const char *dim);
+
+/* This rank's coordinate along `dim`; 0 for a name the mesh does not have. */
+int td_mesh_coord(const td_mesh *mesh, const char *dim);
+
+/* The group the mesh was made from. */
+td_comm *td_mesh_comm(const td_mesh *mesh);
+
+/* The rank (in td_mesh_comm) at coordinates coords[0 .. ndims), in the mesh's order; -1 when a
+ * coordinate is out of range. */
+int td_mesh_rank_at(const td_mesh *mesh, const int *coords);
+
+/* The dimensions as created (sizes resolved: no -1 left). */
+td_mesh_params td_mesh_get_params(const td_mesh *mesh);
+
+/* "pp 2 x dp 1 x tp 2" into out (cap bytes); returns out. */
+const char *td_mesh_format(const td_mesh *mesh, char *out, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
