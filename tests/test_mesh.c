@@ -61,7 +61,9 @@ static void groups_rank(int rank, int size, int port, void *arg) {
     td_comm_destroy(c);
 }
 
-static void groups_at_eight_ranks(void) { CHECK_EQ(test_run_ranks(8, groups_rank, NULL, 60, 0), 0); }
+static void groups_at_eight_ranks(void) {
+    CHECK_EQ(test_run_ranks(8, groups_rank, NULL, 60, 0), 0);
+}
 
 static void env_rank(int rank, int size, int port, void *arg) {
     (void)arg;

@@ -17,6 +17,7 @@
 
 #include "tandem/comm.h"
 #include "tandem/core.h"
+#include "tandem/param.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,6 +75,31 @@ td_mesh_params td_mesh_get_params(const td_mesh *mesh);
 
 /* "pp 2 x dp 1 x tp 2" into out (cap bytes); returns out. */
 const char *td_mesh_format(const td_mesh *mesh, char *out, size_t cap);
+
+/* ---- a model split over the mesh (td_param.split) ---------------------------------------- */
+
+/* torch.nn.utils.clip_grad_norm_ over the whole model of which this rank holds params[0..n):
+ * its tensor-parallel slices, counted on every tp rank, and whole tensors, counted on tp rank 0
+ * only (every tp rank holds the same), their squares summed over the mesh's tp group, and over
+ * its dp group too when dp_shards says params are this rank's shards of the gradients
+ * (td_zero_parameters); every rank scales by the same factor max_norm / (norm + 1e-6) when
+ * that is below 1. Whole gradients are DDP's (after td_ddp_finish_backward). Collective over
+ * those groups; total_norm may be NULL. CPU gradients. */
+td_status td_mesh_clip_grad_norm(const td_mesh *mesh, td_param *params, size_t n, int dp_shards,
+                                 double max_norm, double *total_norm);
+
+/* The whole model by name on mesh rank 0, from what each rank holds (params[0..n): its stage's
+ * parameters, optimizer state or buffers, slices put back in place by td_param.split): *whole
+ * gets the tensors of stage 0's tp rank 0, in its order, then each later stage's that are new
+ * (a weight tied across stages is taken once), as td_param entries of the whole shapes in host
+ * memory the caller frees with td_mesh_model_free; elsewhere *whole is NULL and *n_whole 0.
+ * Collective over the ranks of dp coordinate 0 (the others return at once); every tp rank of a
+ * stage must hold the slices of the same tensors in the same order (TD_EINVAL otherwise). */
+td_status td_mesh_gather_model(const td_mesh *mesh, const td_param *params, size_t n,
+                               td_param **whole, size_t *n_whole);
+
+/* Frees what td_mesh_gather_model gave; NULL-safe. */
+void td_mesh_model_free(td_param *whole, size_t n);
 
 #ifdef __cplusplus
 }

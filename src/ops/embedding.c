@@ -5,7 +5,10 @@
  * so a table read by another node too (GPT-2's tied output projection) gets the sum; the scatter
  * runs in index order, so its sums do not depend on threads. Token ids may be i64, i32 or an
  * f32 holding whole numbers (a model whose input is an f32 tensor, as a pipeline stage's is); an
- * id outside [0, V) or not whole is an error naming its position. */
+ * id outside [0, V) or not whole is an error naming its position. The vocabulary-parallel
+ * lookup (Megatron's VocabParallelEmbedding) holds rows [first, first + rows) of the whole
+ * (V, C) table: an id in them is looked up, any other id of [0, V) gives a row of zeros and no
+ * gradient, so that the sum of the ranks' outputs is the whole lookup. */
 #include <math.h>
 #include <string.h>
 
@@ -60,17 +63,32 @@ static void *table_grad(td_tensor *table) {
     return table->grad;
 }
 
+/* Token i's row of the table (ids checked against the whole vocabulary), or -1 when the
+ * table is a slice that does not hold it. */
+static td_status token_row(const td__node *n, size_t i, int64_t *row) {
+    int64_t rows = n->in[1]->shape.dim[0];
+    if (n->variant == TD__EMB_TOKEN) return token_id(n, i, rows, row);
+    TD__TRY(token_id(n, i, n->attr.vocab.world_size * rows, row));
+    *row -= n->attr.vocab.first;
+    if (*row < 0 || *row >= rows) *row = -1;
+    return TD_OK;
+}
+
 static td_status emb_forward(td__op_ctx *ctx, td__node *n) {
     (void)ctx;
     const td_tensor *table = n->in[1];
     int64_t C = table->shape.dim[1];
     td_dtype dt = n->out->dtype;
-    if (n->variant == TD__EMB_TOKEN) {
+    if (n->variant != TD__EMB_POSITION) {
         size_t count = (size_t)td_shape_numel(&n->in[0]->shape);
         for (size_t i = 0; i < count; i++) {
             int64_t id;
-            TD__TRY(token_id(n, i, table->shape.dim[0], &id));
-            row_copy(n->out->data, i * (size_t)C, table->data, (size_t)id * (size_t)C, dt, C);
+            TD__TRY(token_row(n, i, &id));
+            if (id >= 0)
+                row_copy(n->out->data, i * (size_t)C, table->data, (size_t)id * (size_t)C, dt, C);
+            else
+                memset((char *)n->out->data + i * (size_t)C * td_dtype_size(dt), 0,
+                       (size_t)C * td_dtype_size(dt));
         }
         return TD_OK;
     }
@@ -90,14 +108,14 @@ static td_status emb_backward(td__op_ctx *ctx, td__node *n) {
     int64_t C = table->shape.dim[1];
     const void *dy = n->out->grad;
     td_dtype dt = n->out->dtype;
-    if (n->variant == TD__EMB_TOKEN) {
+    if (n->variant != TD__EMB_POSITION) {
         if (!table->requires_grad) return TD_OK;
         void *dtab = table_grad(table);
         size_t count = (size_t)td_shape_numel(&in0->shape);
         for (size_t i = 0; i < count; i++) {
             int64_t id;
-            TD__TRY(token_id(n, i, table->shape.dim[0], &id));
-            row_add(dtab, (size_t)id * (size_t)C, dy, i * (size_t)C, dt, C);
+            TD__TRY(token_row(n, i, &id));
+            if (id >= 0) row_add(dtab, (size_t)id * (size_t)C, dy, i * (size_t)C, dt, C);
         }
         return TD_OK;
     }
@@ -122,7 +140,7 @@ static td_status emb_infer(const td__node *n, td_shape *shape, td_dtype *dtype) 
         return td__fail(TD_ESHAPE, "%s: table '%s' must be (rows, C) of a float dtype", n->what,
                         table->name);
     int64_t C = table->shape.dim[1];
-    if (n->variant == TD__EMB_TOKEN) {
+    if (n->variant != TD__EMB_POSITION) {
         if (x->dtype != TD_I64 && x->dtype != TD_I32 && x->dtype != TD_F32)
             return td__fail(TD_EDTYPE, "%s: token ids '%s' are %s (i64, i32 or f32)", n->what,
                             x->name, td_dtype_name(x->dtype));
@@ -151,7 +169,7 @@ static td_status emb_infer(const td__node *n, td_shape *shape, td_dtype *dtype) 
 
 /* Token ids keep their own dtype under mixed precision; everything else follows the table. */
 static td_dtype emb_input_dtype(const td__node *n, int i, td_dtype dtype) {
-    return i == 0 && n->variant == TD__EMB_TOKEN ? n->in[0]->dtype : dtype;
+    return i == 0 && n->variant != TD__EMB_POSITION ? n->in[0]->dtype : dtype;
 }
 
 const td__op td__op_embedding = {

@@ -2,11 +2,11 @@
  * split once at creation (MPI_Cart_sub's groups, DeviceMesh's get_group). It checks that every
  * rank describes the same mesh before splitting, so a rank launched with other sizes is named
  * instead of hanging in a split the others never make. It moves no data. */
+#include "tandem/mesh.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "tandem/mesh.h"
 
 #include "core/core_impl.h"
 
@@ -83,7 +83,7 @@ static td_status check(td_mesh *m, const td_mesh_params *p, int world) {
             continue;
         }
         if (p->sizes[i] < 1) {
-            const char *env = !strcmp(n, "tp") ? " (TANDEM_TP, tandemrun --tp)"
+            const char *env = !strcmp(n, "tp")   ? " (TANDEM_TP, tandemrun --tp)"
                               : !strcmp(n, "pp") ? " (TANDEM_PP, tandemrun --pp)"
                                                  : "";
             return td__fail(TD_EINVAL,
