@@ -68,7 +68,11 @@ static int ref_model_load(td_checkpoint *ck, ref_model *r) {
     memset(r, 0, sizeof *r);
     int64_t *cfg = ref_read(ck, "config", TD_I64, 6);
     if (!cfg) return 0;
-    r->p = (td_gpt_params){(int)cfg[0], (int)cfg[1], cfg[2], cfg[3], cfg[4]};
+    r->p = (td_gpt_params){.layers = (int)cfg[0],
+                           .heads = (int)cfg[1],
+                           .width = cfg[2],
+                           .context = cfg[3],
+                           .vocab = cfg[4]};
     r->B = cfg[5];
     free(cfg);
     CHECK_OK(td_gpt_sequential(&r->p, &r->s));
@@ -221,7 +225,7 @@ static void default_gpt_layers_and_initial_loss(void) {
 /* A stage from "h.1" on holds the parameters the whole model has from there; its head holds
  * its own copy of the token embedding. */
 static void cut_between_blocks_builds_the_same_parameters(void) {
-    td_gpt_params p = {3, 2, 16, 8, 32};
+    td_gpt_params p = {.layers = 3, .heads = 2, .width = 16, .context = 8, .vocab = 32};
     td_sequential *s;
     CHECK_OK(td_gpt_sequential(&p, &s));
     td_graph *whole, *part;

@@ -32,6 +32,21 @@ typedef struct {
     int n, rank, sp;
 } tp_split;
 
+/* What must divide among the ranks: heads, the vocabulary and (sequence parallel) the context. */
+static td_status check_split(const tp_split *tp, const td_gpt_params *p) {
+    if (p->heads % tp->n || p->vocab % tp->n)
+        return td__fail(TD_EINVAL,
+                        "gpt: %d heads and a vocabulary of %lld do not both split among %d "
+                        "tensor-parallel ranks",
+                        p->heads, (long long)p->vocab, tp->n);
+    if (tp->sp && p->context % tp->n)
+        return td__fail(TD_EINVAL,
+                        "gpt: a context of %lld tokens does not split among %d sequence-parallel "
+                        "ranks",
+                        (long long)p->context, tp->n);
+    return TD_OK;
+}
+
 static tp_split split_of(const td_graph *g, const td_gpt_params *p) {
     tp_split t = {1, 0, 0};
     if (p->tensor_parallel && td_graph_world_size(g) > 1) {
@@ -188,12 +203,13 @@ static td_status layer_norm(td_graph *g, const tp_split *tp, const char *prefix,
 
 /* Token ids (B, T) -> wte[ids] + wpe[t], (B, T, C); split, each rank looks up its rows of the
  * vocabulary, rank 0 adds the positions, and the sum over ranks is the whole embedding (under
- * sequence parallelism each rank keeps its B T / n rows of it, (B T / n, C)). */
+ * sequence parallelism each rank keeps its B T / n rows of it, (B, T / n, C)). */
 static td_status embed(td_graph *g, const char *name, td_tensor *x, td_rng *rng, const void *arg,
                        td_tensor **y) {
     (void)name;
     const td_gpt_params *p = arg;
     tp_split tp = split_of(g, p);
+    TD__TRY(check_split(&tp, p));
     td_shape xs = td_tensor_shape(x);
     if (xs.ndim != 2 || xs.dim[1] != p->context)
         return td__fail(TD_ESHAPE, "gpt: the tokens must be (B, %lld), got %d dims",
@@ -212,8 +228,11 @@ static td_status embed(td_graph *g, const char *name, td_tensor *x, td_rng *rng,
     if (wpe) TD__TRY(td_graph_position_embedding(g, t, wpe, &t));
     TD__TRY(td_graph_reshape(g, t, td_shape_2d(xs.dim[0] * xs.dim[1], p->width), &t));
     TD__TRY(region_out(g, &tp, t, &t));
-    return tp.sp ? (*y = t, TD_OK)
-                 : td_graph_reshape(g, t, td_shape_3d(xs.dim[0], xs.dim[1], p->width), y);
+    /* Under sequence parallelism the rank's B T / n consecutive tokens, shaped (B, T / n, C) so
+     * that dimension 0 stays the batch, as a td_sequential's layers (and a pipeline's
+     * micro-batches) take it. */
+    int64_t T = tp.sp ? xs.dim[1] / tp.n : xs.dim[1];
+    return td_graph_reshape(g, t, td_shape_3d(xs.dim[0], T, p->width), y);
 }
 
 /* What a block layer is given: the model's shape and its own index. */
@@ -231,11 +250,7 @@ static td_status block(td_graph *g, const char *name, td_tensor *x, td_rng *rng,
     const block_arg *a = arg;
     const td_gpt_params *p = &a->p;
     tp_split tp = split_of(g, p);
-    if (p->heads % tp.n || p->vocab % tp.n)
-        return td__fail(TD_EINVAL,
-                        "gpt: %d heads and a vocabulary of %lld do not both split among %d "
-                        "tensor-parallel ranks",
-                        p->heads, (long long)p->vocab, tp.n);
+    TD__TRY(check_split(&tp, p));
     int64_t C = p->width;
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)p->layers);
     char prefix[48];

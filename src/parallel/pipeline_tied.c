@@ -197,7 +197,14 @@ td_status td_pipeline_clip_grad_norm(td_pipeline *pp, double max_norm, double *t
         return td__fail(TD_EINVAL, "td_pipeline_clip_grad_norm: max_norm %g, expected > 0",
                         max_norm);
     if (pp->failed) return td__fail(pp->failed, "%s", pp->failed_msg);
+    int tp_rank = pp->tp ? td_comm_rank(pp->tp) : 0, tp_size = pp->tp ? td_comm_size(pp->tp) : 1;
     if (pp->zero && td__zero_grads_sharded(pp->zero)) {
+        if (tp_size > 1)
+            return td__fail(TD_EUNSUPPORTED,
+                            "td_pipeline_clip_grad_norm: ZeRO stage %d's shards "
+                            "under tensor parallelism are not counted yet; use "
+                            "zero_stage 1 or DDP",
+                            pp->opt.zero_stage);
         /* No tied parameters here (creation refused them): each stage's sum is ZeRO's. */
         double sum;
         td_status s = td__zero_grad_sumsq(pp->zero, &sum);
@@ -212,13 +219,17 @@ td_status td_pipeline_clip_grad_norm(td_pipeline *pp, double max_norm, double *t
     if (pp->zero) TD__TRY(td__zero_whole_grads(pp->zero));
     pp_slot *s0 = &pp->slots[0];
     size_t n = 0;
+    /* Each weight counted once: a tied one on its owner, a whole one of a tensor-parallel stage
+     * (every tp rank holds the same) on tp rank 0, a tensor-parallel slice on its rank. */
     for (size_t i = 0; i < s0->n_params; i++)
-        if (pp->owner[i] == pp->stage) pp->counted[n++] = s0->params[i];
+        if (pp->owner[i] == pp->stage && (s0->params[i].split.ranks > 0 || tp_rank == 0))
+            pp->counted[n++] = s0->params[i];
     /* An infinite bound measures and scales nothing, as torch's clip_grad_norm_(p, inf). */
     double norm;
     TD__TRY(td_clip_grad_norm(pp->counted, n, INFINITY, &norm));
     double sum = norm * norm;
     td_status s = td_comm_allreduce(pp->pipe, &sum, &sum, 1, TD_F64, TD_OP_SUM);
+    if (s == TD_OK && tp_size > 1) s = td_comm_allreduce(pp->tp, &sum, &sum, 1, TD_F64, TD_OP_SUM);
     if (s) return pp_norm_failed(pp, s);
     norm = sqrt(sum);
     if (total_norm) *total_norm = norm;
