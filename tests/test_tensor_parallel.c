@@ -436,7 +436,53 @@ static void vocab_parallel_cross_entropy_and_reduce_scatter(void) {
     CHECK_EQ(test_run_ranks(4, ops_rank, NULL, 60, 0), 0);
 }
 
+/* td_checkpoint_read of a slice: a (6, 4) tensor whose dimension 0 holds 3 blocks (q, k, v) cut
+ * among 2 ranks, and one cut along dimension 1, each rank's values where the whole has them; a
+ * file whose tensor has another whole shape is refused, naming both. */
+static void slices_read_from_a_whole_checkpoint(void) {
+    float whole[24], cols[24];
+    for (int i = 0; i < 24; i++) whole[i] = (float)i, cols[i] = (float)(100 + i);
+    char path[64] = "/tmp/tandem-slices-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    td_param w[2] = {{.name = "qkv", .data = whole, .count = 24, .ndim = 2, .shape = {6, 4}},
+                     {.name = "proj", .data = cols, .count = 24, .ndim = 2, .shape = {4, 6}}};
+    CHECK_OK(td_checkpoint_save(path, w, 2, NULL, 0));
+    for (int r = 0; r < 2; r++) {
+        float a[12], b[12];
+        td_param mine[2] = {{.name = "qkv",
+                             .data = a,
+                             .count = 12,
+                             .ndim = 2,
+                             .shape = {3, 4},
+                             .split = {.ranks = 2, .rank = r, .dim = 0, .parts = 3}},
+                            {.name = "proj",
+                             .data = b,
+                             .count = 12,
+                             .ndim = 2,
+                             .shape = {4, 3},
+                             .split = {.ranks = 2, .rank = r, .dim = 1}}};
+        CHECK_OK(td_checkpoint_load(path, mine, 2));
+        for (int blk = 0; blk < 3; blk++) /* row r of each block of 2 rows */
+            for (int c = 0; c < 4; c++) CHECK_EQ(a[blk * 4 + c], whole[(blk * 2 + r) * 4 + c]);
+        for (int row = 0; row < 4; row++)
+            for (int c = 0; c < 3; c++) CHECK_EQ(b[row * 3 + c], cols[row * 6 + r * 3 + c]);
+    }
+    float c[8];
+    td_param bad = {.name = "qkv",
+                    .data = c,
+                    .count = 8,
+                    .ndim = 2,
+                    .shape = {2, 4},
+                    .split = {.ranks = 2, .rank = 0, .dim = 0}};
+    CHECK_STATUS(td_checkpoint_load(path, &bad, 1), TD_ESHAPE);
+    CHECK(strstr(td_last_error(), "expected shape (4, 4), file has (6, 4)") != NULL);
+    unlink(path);
+}
+
 int main(void) {
+    RUN(slices_read_from_a_whole_checkpoint);
     RUN(vocab_parallel_cross_entropy_and_reduce_scatter);
     RUN(tp2_equals_one_process);
     RUN(tp4_equals_one_process);

@@ -18,7 +18,10 @@
  * --checkpoint / --resume continue a run at any world size, with or without --zero (--stop-at N
  * ends a run after step N as an interrupted one would); --device cuda trains on this rank's GPU
  * (cuda:LOCAL_RANK, or cuda:N); --pipeline cuts the model into stages instead (pipeline.c, on
- * the CPU). The last lines are a sample and the SHA-256 of the parameters. */
+ * the CPU); --tp N (or tandemrun --tp N) splits every layer over N ranks, Megatron-LM's tensor
+ * parallelism, the rest of the ranks data parallel over it (--sequence-parallel splits the
+ * tokens between its regions too; docs/parallelism.md). The last lines are a sample and the
+ * SHA-256 of the parameters (of the whole model, gathered, under --tp). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +39,7 @@ static void usage(void) {
             "           [--deterministic [--shards S]] [--checkpoint PATH [--checkpoint-every N]]\n"
             "           [--resume PATH|auto] [--stop-at STEP] [--sample N] [--prompt TEXT]\n"
             "           [--pipeline naive|gpipe|1f1b [--stages P] [--micro-batches M]\n"
-            "            [--split LAYERS|balanced]]\n");
+            "            [--split LAYERS|balanced]] [--tp N [--sequence-parallel]]\n");
     exit(2);
 }
 
@@ -65,6 +68,10 @@ static options parse(int argc, char **argv) {
         }
         if (!strcmp(a, "--deterministic")) {
             o.deterministic = 1;
+            continue;
+        }
+        if (!strcmp(a, "--sequence-parallel")) {
+            o.sp = 1;
             continue;
         }
         if (i + 1 >= argc) usage();
@@ -126,6 +133,8 @@ static options parse(int argc, char **argv) {
             o.micro = atoi(v);
         else if (!strcmp(a, "--split"))
             o.split = strcmp(v, "balanced") ? v : NULL;
+        else if (!strcmp(a, "--tp"))
+            o.tp = atoi(v);
         else
             usage();
     }
@@ -137,6 +146,22 @@ static options parse(int argc, char **argv) {
         exit(2);
     }
     if (o.batch < 1 || o.steps < 1 || o.eval_batches < 1 || o.shards < 1 || o.sample < 0) usage();
+    if (!o.tp && getenv("TANDEM_TP")) o.tp = atoi(getenv("TANDEM_TP"));
+    if (o.tp < 0 || (o.tp > 1 && (o.deterministic || strcmp(o.device, "cpu")))) {
+        fprintf(stderr,
+                "gpt: --tp %d: tensor parallelism trains on the CPU, without "
+                "--deterministic\n",
+                o.tp);
+        exit(2);
+    }
+    if (o.sp && o.tp < 2) {
+        fprintf(stderr, "gpt: --sequence-parallel splits the tokens among --tp ranks; give --tp\n");
+        exit(2);
+    }
+    if (o.tp > 1 && o.zero && o.checkpoint) {
+        fprintf(stderr, "gpt: --zero with --tp writes no checkpoint yet; leave out --checkpoint\n");
+        exit(2);
+    }
     if (o.resume_auto && !o.checkpoint) {
         fprintf(stderr, "gpt: --resume auto resumes from the --checkpoint file; give one\n");
         exit(2);
@@ -152,6 +177,11 @@ typedef struct {
     options opt;
     int rank, world;
     td_comm *comm;
+    td_mesh *mesh;        /* --tp: pp 1 x dp x tp; else NULL */
+    td_comm *dp;          /* the data-parallel group: the mesh's dp, or comm */
+    int dp_rank, dp_size; /* this rank's replica and the replicas */
+    td_param *stepped;    /* what the optimizer steps: the parameters, or ZeRO's shards */
+    size_t n_stepped;
     td_device device; /* where the graphs compute */
     td_ddp *ddp;
     td_zero *zero; /* --zero: instead of ddp */
@@ -195,12 +225,14 @@ static void shape_meta(const trainer *t, char *out, size_t cap) {
 
 /* Rank 0 writes the whole run, or with --zero every rank its part; called on every rank. */
 static void save(trainer *t, long step) {
-    if (!t->opt.checkpoint || (!t->zero && t->rank != 0)) return;
+    if (!t->opt.checkpoint || (!t->zero && !t->mesh && t->rank != 0)) return;
     char steps[32], shape[160];
     snprintf(steps, sizeof steps, "%ld", step);
     shape_meta(t, shape, sizeof shape);
     td_checkpoint_meta meta[] = {{"model", "gpt"}, {"run", shape}, {"step", steps}};
-    if (t->zero) {
+    if (t->mesh) { /* the whole model's checkpoint, gathered on rank 0 */
+        CHECK(td_mesh_save(t->mesh, t->params, t->n_params, t->optim, t->opt.checkpoint, meta, 3));
+    } else if (t->zero) {
         CHECK(td_zero_save(t->zero, t->optim, t->opt.checkpoint, NULL, 0, meta, 3));
     } else {
         size_t n;
@@ -229,7 +261,9 @@ static void resume(trainer *t) {
     int64_t step;
     CHECK(td_checkpoint_get_meta_i64(ck, "step", 0, t->opt.steps, &step));
     td_checkpoint_close(ck);
-    if (t->zero) { /* every rank its own parts, resharded to this world size */
+    if (t->mesh) { /* every rank its slices of the whole tensors */
+        CHECK(td_mesh_load(t->mesh, t->params, t->n_params, t->optim, path));
+    } else if (t->zero) { /* every rank its own parts, resharded to this world size */
         CHECK(td_zero_load(t->zero, t->optim, path, NULL, 0));
     } else {
         size_t n;
@@ -275,21 +309,32 @@ static void setup(trainer *t) {
         t->rank = td_comm_rank(t->comm);
         t->world = td_comm_size(t->comm);
     }
-    if (o->batch < t->world) {
-        fprintf(stderr, "gpt: --batch %d gives some of the %d ranks no sequence\n", o->batch,
-                t->world);
+    t->dp = t->comm;
+    t->dp_rank = t->rank;
+    t->dp_size = t->world;
+    if (o->tp > 1) {
+        t->mesh = gpt_mesh(o, t->comm);
+        t->dp = td_mesh_group(t->mesh, "dp");
+        t->dp_rank = td_mesh_coord(t->mesh, "dp");
+        t->dp_size = td_mesh_size(t->mesh, "dp");
+        t->opt.model.tensor_parallel = 1;
+        t->opt.model.sequence_parallel = o->sp;
+    }
+    if (o->batch < t->dp_size) {
+        fprintf(stderr, "gpt: --batch %d gives some of the %d replicas no sequence\n", o->batch,
+                t->dp_size);
         exit(2);
     }
     size_t windows = gpt_load_text(o, &t->text, &t->n_train);
     td_sampler_params sp = td_sampler_default_params();
-    sp.rank = t->rank;
-    sp.world_size = t->world;
+    sp.rank = t->dp_rank;
+    sp.world_size = t->dp_size;
     sp.seed = o->seed;
     sp.drop_last = 1;
     sp.global_batch = (size_t)o->batch;
     CHECK(td_sampler_create(&t->sampler, windows, &sp));
     size_t first, count;
-    td_split_even((size_t)o->batch, t->world, t->rank, &first, &count);
+    td_split_even((size_t)o->batch, t->dp_size, t->dp_rank, &first, &count);
     t->graph_batch = o->deterministic ? o->batch / o->shards : (int64_t)count;
     size_t BT = (size_t)o->batch * (size_t)o->model.context;
     t->x = malloc(BT * sizeof *t->x);
@@ -300,6 +345,7 @@ static void setup(trainer *t) {
     gp.seed = o->seed;
     CHECK(td_device_choose(o->device, &t->device));
     gp.device = t->device;
+    gp.comm = t->mesh ? td_mesh_group(t->mesh, "tp") : NULL;
     if (o->amp) gp.amp.level = TD_AMP_O1;
     gp.threads = o->deterministic ? 1 : 0; /* no sum of the kernels depends on OMP_NUM_THREADS */
     CHECK(td_graph_create(&t->train, &gp));
@@ -319,7 +365,7 @@ static void setup(trainer *t) {
         td_zero_params zp = td_zero_default_params();
         zp.stage = o->zero;
         zp.ddp = dp;
-        CHECK(td_zero_create(&t->zero, t->comm, t->params, t->n_params, NULL, 0, &zp));
+        CHECK(td_zero_create(&t->zero, t->dp, t->params, t->n_params, NULL, 0, &zp));
         CHECK(td_zero_parameters(t->zero, &stepped, &n_stepped));
         td_graph_set_grad_ready_hook(t->train, td_zero_grad_ready_hook, t->zero);
         td_graph_set_param_use_hook(t->train, td_zero_param_use_hook, t->zero);
@@ -328,9 +374,11 @@ static void setup(trainer *t) {
     CHECK(td_graph_share_params(t->eval, t->train));
     td_adamw_params ap = gpt_adamw(o);
     CHECK(td_optim_create_adamw(&t->optim, stepped, n_stepped, &ap));
+    t->stepped = stepped;
+    t->n_stepped = n_stepped;
     if (o->resume || o->resume_auto) resume(t);
     if (t->comm && !t->zero) {
-        CHECK(td_ddp_create(&t->ddp, t->comm, t->params, t->n_params, NULL, 0, &dp));
+        CHECK(td_ddp_create(&t->ddp, t->dp, t->params, t->n_params, NULL, 0, &dp));
         td_graph_set_grad_ready_hook(t->train, td_ddp_grad_ready_hook, t->ddp);
     }
 }
@@ -406,7 +454,7 @@ static float forward_backward(trainer *t, size_t rows, uint64_t step) {
         return sync_loss(t, 0.0f);
     }
     /* a rank's mean weighs by its share of the global batch */
-    float share = (float)((double)t->world * (double)rows / (double)t->opt.batch);
+    float share = (float)((double)t->dp_size * (double)rows / (double)t->opt.batch);
     sync_prepare(t);
     float loss = run_graph(t, t->x, t->y);
     CHECK(td_graph_zero_grad(t->train));
@@ -424,7 +472,7 @@ static double validate(trainer *t) {
     size_t want = (size_t)(t->opt.eval_batches * t->opt.batch);
     if (want > windows) want = windows;
     size_t first, count;
-    td_split_even(want, t->world, t->rank, &first, &count);
+    td_split_even(want, t->dp_size, t->dp_rank, &first, &count);
     double sums[2] = {0, (double)count * (double)T};
     /* ranks may run different numbers of windows: ZeRO holds every parameter whole meanwhile */
     if (t->zero) CHECK(td_zero_full_params(t->zero, 1));
@@ -438,7 +486,7 @@ static double validate(trainer *t) {
         sums[0] += loss * (double)T;
     }
     if (t->zero) CHECK(td_zero_full_params(t->zero, 0));
-    if (t->comm) CHECK(td_comm_allreduce(t->comm, sums, sums, 2, TD_F64, TD_OP_SUM));
+    if (t->dp) CHECK(td_comm_allreduce(t->dp, sums, sums, 2, TD_F64, TD_OP_SUM));
     return sums[0] / sums[1];
 }
 
@@ -514,6 +562,51 @@ void gpt_sample(const options *o, td_graph *eval, const td_model *m) {
     free(logp);
 }
 
+td_mesh *gpt_mesh(const options *o, td_comm *comm) {
+    td_mesh_params mp = td_mesh_default_params(); /* pp, dp, tp */
+    mp.sizes[0] = o->pipeline ? o->stages : 1;
+    mp.sizes[2] = o->tp > 1 ? o->tp : 1;
+    td_mesh *mesh;
+    td_status s = td_mesh_create(&mesh, comm, &mp);
+    if (s != TD_OK) {
+        fprintf(stderr, "gpt: %d ranks as %d stage(s) x --tp %d: %s\n", td_comm_size(comm),
+                mp.sizes[0], mp.sizes[2], td_last_error());
+        exit(2);
+    }
+    return mesh;
+}
+
+void gpt_whole_model(const options *o, td_mesh *mesh, const td_param *params, size_t n,
+                     td_graph **g, td_model *m) {
+    td_param *whole;
+    size_t n_whole;
+    *g = NULL;
+    CHECK(td_mesh_gather_model(mesh, params, n, &whole, &n_whole));
+    if (!whole) return;
+    options plain = *o; /* one process's model, the whole of every layer */
+    plain.model.tensor_parallel = plain.model.sequence_parallel = 0;
+    td_graph_params gp = td_graph_default_params();
+    gp.seed = o->seed;
+    gp.grad_enabled = 0;
+    if (o->amp) gp.amp.level = TD_AMP_O1;
+    CHECK(td_graph_create(g, &gp));
+    gpt_build(&plain, *g, 1, m);
+    td_graph_set_training(*g, 0);
+    td_param *all;
+    size_t n_all;
+    CHECK(td_graph_parameters(*g, &all, &n_all));
+    for (size_t i = 0; i < n_all; i++) {
+        size_t k = 0;
+        while (k < n_whole && strcmp(whole[k].name, all[i].name)) k++;
+        if (k == n_whole || whole[k].count != all[i].count || whole[k].dtype != all[i].dtype) {
+            fprintf(stderr, "gpt: the ranks hold no %s of the model's shape\n", all[i].name);
+            exit(1);
+        }
+        memcpy(all[i].data, whole[k].data, all[i].count * td_dtype_size(all[i].dtype));
+    }
+    td_mesh_model_free(whole, n_whole);
+}
+
 int main(int argc, char **argv) {
     trainer t;
     memset(&t, 0, sizeof t);
@@ -545,7 +638,10 @@ int main(int argc, char **argv) {
         size_t rows = fill_batch(&t, (size_t)step % per_epoch);
         td_optim_set_lr(t.optim, gpt_lr_at(o, step));
         loss = forward_backward(&t, rows, (uint64_t)step);
-        if (t.zero)
+        if (t.mesh)
+            CHECK(
+                td_mesh_clip_grad_norm(t.mesh, t.stepped, t.n_stepped, t.zero != NULL, 1.0, NULL));
+        else if (t.zero)
             CHECK(td_zero_clip_grad_norm(t.zero, 1.0, NULL));
         else
             CHECK(td_clip_grad_norm(t.params, t.n_params, 1.0, NULL));
@@ -568,12 +664,19 @@ int main(int argc, char **argv) {
         if (step + 1 == o->stop_at) break; /* as a job stopped here would */
     }
     if (t.zero) CHECK(td_zero_full_params(t.zero, 1)); /* the whole model on every rank */
+    td_graph *whole = NULL; /* under --tp, the whole model gathered on rank 0 */
+    td_model wm = t.eval_model;
+    if (t.mesh) gpt_whole_model(&t.opt, t.mesh, t.params, t.n_params, &whole, &wm);
     if (t.rank == 0) {
-        if (o->sample > 0) gpt_sample(o, t.eval, &t.eval_model);
+        if (o->sample > 0) gpt_sample(o, whole ? whole : t.eval, &wm);
+        td_param *ps = t.params;
+        size_t nps = t.n_params;
+        if (whole) CHECK(td_graph_parameters(whole, &ps, &nps));
         char hex[65];
-        td_params_sha256(t.params, t.n_params, hex);
+        td_params_sha256(ps, nps, hex);
         printf("final: train loss %.6f, val loss %.6f, params_sha256 %s\n", (double)loss, val, hex);
     }
+    td_graph_destroy(whole);
     td_ddp_destroy(t.ddp);
     td_zero_destroy(t.zero);
     td_optim_destroy(t.optim);
@@ -583,6 +686,7 @@ int main(int argc, char **argv) {
     td_corpus_free(&t.text);
     free(t.x);
     free(t.y);
+    td_mesh_destroy(t.mesh);
     td_comm_destroy(t.comm);
     return 0;
 }

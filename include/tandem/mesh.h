@@ -15,8 +15,10 @@
 #ifndef TANDEM_MESH_H
 #define TANDEM_MESH_H
 
+#include "tandem/checkpoint.h"
 #include "tandem/comm.h"
 #include "tandem/core.h"
+#include "tandem/optim.h"
 #include "tandem/param.h"
 
 #ifdef __cplusplus
@@ -100,6 +102,22 @@ td_status td_mesh_gather_model(const td_mesh *mesh, const td_param *params, size
 
 /* Frees what td_mesh_gather_model gave; NULL-safe. */
 void td_mesh_model_free(td_param *whole, size_t n);
+
+/* Writes the checkpoint one process training the whole model writes (td_checkpoint_save, by
+ * rank 0, atomically) from what each rank holds: params[0..n) and, with optim (an optimizer
+ * made over exactly these), its state, gathered by name into whole tensors
+ * (td_mesh_gather_model), "optim.step" holding the whole model's counts in its parameters'
+ * order. So any layout's checkpoint loads at any other, or in one process. Collective over the
+ * mesh; every rank returns rank 0's outcome. */
+td_status td_mesh_save(const td_mesh *mesh, const td_param *params, size_t n, td_optim *optim,
+                       const char *path, const td_checkpoint_meta *meta, size_t n_meta);
+
+/* Reads this rank's part of a checkpoint of whole tensors (td_mesh_save's, or one process's)
+ * into params[0..n) and optim's state: slices by td_param.split, by name. The step counts must
+ * be the same for every parameter (as AdamW and SGD keep them), since a rank holding part of
+ * the model cannot place a whole model's list of them by name. Local. */
+td_status td_mesh_load(const td_mesh *mesh, td_param *params, size_t n, td_optim *optim,
+                       const char *path);
 
 #ifdef __cplusplus
 }

@@ -704,6 +704,29 @@ static td_status read_tensor(td_checkpoint *c, const entry *e, td_param *t) {
     return st;
 }
 
+/* A tensor-parallel slice (td_param.split) of entry e into t's buffer: for each run of the
+ * dimensions before the cut and each block of it, the rank's piece, with everything after. */
+static td_status read_slice(td_checkpoint *c, const entry *e, td_param *t) {
+    const td_param_split *sp = &t->split;
+    if (t->device.type != TD_DEVICE_CPU)
+        return td__fail(TD_EUNSUPPORTED, "%s: tensor %s: a tensor-parallel slice on a GPU", c->path,
+                        t->name);
+    size_t inner = 1, outer = 1, es = td_dtype_size(e->dtype);
+    for (int d = 0; d < t->ndim; d++) {
+        if (d < sp->dim) outer *= (size_t)t->shape[d];
+        if (d > sp->dim) inner *= (size_t)t->shape[d];
+    }
+    size_t parts = sp->parts > 1 ? (size_t)sp->parts : 1, mine = (size_t)t->shape[sp->dim];
+    size_t piece = mine / parts, whole = mine * (size_t)sp->ranks;
+    for (size_t o = 0; o < outer; o++)
+        for (size_t b = 0; b < parts; b++) {
+            size_t from = (o * whole + b * (whole / parts) + (size_t)sp->rank * piece) * inner;
+            TD__TRY(read_span(c, e, from, piece * inner,
+                              (char *)t->data + (o * mine + b * piece) * inner * es));
+        }
+    return TD_OK;
+}
+
 td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
     if (!c || (!t && n))
         return td__fail(TD_EINVAL, "td_checkpoint_read: checkpoint and tensors must not be NULL");
@@ -711,22 +734,32 @@ td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
         if (!t[i].name) return td__fail(TD_EINVAL, "%s: tensors[%zu] has no name", c->path, i);
         const entry *e;
         TD__TRY(find_typed(c, t[i].name, t[i].dtype, &e));
+        int64_t shape[TD_MAX_DIMS]; /* of the whole tensor, of which t[i] may be a slice */
+        size_t count = 1;
+        for (int d = 0; d < t[i].ndim && d < TD_MAX_DIMS; d++) {
+            shape[d] = t[i].shape[d] * (t[i].split.ranks > 0 && d == t[i].split.dim
+                                            ? t[i].split.ranks
+                                            : 1);
+            count *= (size_t)shape[d];
+        }
         int same = e->ndim == t[i].ndim;
-        for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == t[i].shape[d];
+        for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == shape[d];
         if (!same) {
             char want[160], got[160];
-            td__dims_str(want, sizeof want, t[i].ndim, t[i].shape);
+            td__dims_str(want, sizeof want, t[i].ndim, shape);
             td__dims_str(got, sizeof got, e->ndim, e->shape);
             return td__fail(TD_ESHAPE, "%s: tensor %s: expected shape %s, file has %s", c->path,
                             t[i].name, want, got);
         }
-        if (e->count != t[i].count)
+        if (e->count != (t[i].split.ranks > 0 ? count : t[i].count))
             return td__fail(TD_ESHAPE, "%s: tensor %s: count %zu does not match its shape (%zu)",
                             c->path, t[i].name, t[i].count, e->count);
         if (!t[i].data && e->count)
             return td__fail(TD_EINVAL, "%s: tensor %s has no data buffer", c->path, t[i].name);
     }
-    for (size_t i = 0; i < n; i++) TD__TRY(read_tensor(c, find(c, t[i].name), &t[i]));
+    for (size_t i = 0; i < n; i++)
+        TD__TRY(t[i].split.ranks > 0 ? read_slice(c, find(c, t[i].name), &t[i])
+                                     : read_tensor(c, find(c, t[i].name), &t[i]));
     return TD_OK;
 }
 

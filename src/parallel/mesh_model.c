@@ -242,3 +242,160 @@ td_status td_mesh_gather_model(const td_mesh *mesh, const td_param *params, size
     *n_whole = count;
     return TD_OK;
 }
+
+/* ---- checkpoints -------------------------------------------------------------------------- */
+
+#define STEP_NAME "optim.step"
+
+/* The optimizer's state but its step counts, and those counts (one per parameter, in the order
+ * of the parameters it was made over: n of them, or TD_EINVAL). */
+static td_status split_state(td_optim *optim, size_t n, td_param **state, size_t *n_state,
+                             const int64_t **steps) {
+    td_param *all;
+    size_t n_all;
+    td_optim_state(optim, &all, &n_all);
+    *state = calloc(n_all + 1, sizeof **state);
+    if (!*state) return td__fail(TD_ENOMEM, "mesh: out of memory");
+    *n_state = 0;
+    *steps = NULL;
+    for (size_t i = 0; i < n_all; i++) {
+        if (strcmp(all[i].name, STEP_NAME)) {
+            (*state)[(*n_state)++] = all[i];
+            continue;
+        }
+        if (all[i].count != n) {
+            free(*state);
+            return td__fail(TD_EINVAL,
+                            "mesh: the optimizer steps %zu parameters, %zu were given (it must "
+                            "be made over exactly these)",
+                            all[i].count, n);
+        }
+        *steps = all[i].data;
+    }
+    return TD_OK;
+}
+
+/* Every rank learns rank 0's status (and message) of a step only it took. */
+static td_status share_outcome(const td_mesh *mesh, td_status s) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", s ? td_last_error() : "");
+    int32_t st = (int32_t)s;
+    td_comm *c = td_mesh_comm(mesh);
+    TD__TRY(td_comm_broadcast(c, &st, 1, TD_I32, 0));
+    TD__TRY(td_comm_broadcast(c, msg, sizeof msg, TD_U8, 0));
+    return st ? td__fail((td_status)st, "%s", msg) : TD_OK;
+}
+
+td_status td_mesh_save(const td_mesh *mesh, const td_param *params, size_t n, td_optim *optim,
+                       const char *path, const td_checkpoint_meta *meta, size_t n_meta) {
+    if (!mesh || (!params && n) || !path)
+        return td__fail(TD_EINVAL, "td_mesh_save: mesh, params or path is NULL");
+    td_param *state = NULL, *steps_t = NULL;
+    size_t n_state = 0;
+    const int64_t *steps = NULL;
+    td_status s = optim ? split_state(optim, n, &state, &n_state, &steps) : TD_OK;
+    /* Each parameter's count as a tensor of its own ("optim.<name>.step"), gathered by name
+     * like the rest, so that the whole model's counts follow its parameters' order. */
+    char(*names)[200] = NULL;
+    int64_t *one = NULL;
+    if (s == TD_OK && steps) {
+        steps_t = calloc(n + 1, sizeof *steps_t);
+        names = calloc(n + 1, sizeof *names);
+        one = calloc(n + 1, sizeof *one);
+        if (!steps_t || !names || !one) s = td__fail(TD_ENOMEM, "mesh: out of memory");
+        for (size_t i = 0; s == TD_OK && i < n; i++) {
+            snprintf(names[i], sizeof names[i], "optim.%s.step", params[i].name);
+            one[i] = steps[i];
+            steps_t[i] = (td_param){.name = names[i],
+                                    .data = &one[i],
+                                    .count = 1,
+                                    .dtype = TD_I64,
+                                    .split = params[i].split};
+            steps_t[i].split.ranks = 0; /* a count, whole on every rank that holds a slice */
+        }
+    }
+    td_param *wp = NULL, *ws = NULL, *wc = NULL;
+    size_t nwp = 0, nws = 0, nwc = 0;
+    if (s == TD_OK) s = td_mesh_gather_model(mesh, params, n, &wp, &nwp);
+    if (s == TD_OK) s = td_mesh_gather_model(mesh, state, n_state, &ws, &nws);
+    if (s == TD_OK && steps) s = td_mesh_gather_model(mesh, steps_t, n, &wc, &nwc);
+    if (td_mesh_comm(mesh) && td_comm_rank(td_mesh_comm(mesh)) == 0 && s == TD_OK) {
+        /* rank 0: the whole model, its state, and its step counts in its parameters' order */
+        td_param *all = calloc(nwp + nws + 1, sizeof *all);
+        int64_t *counts = calloc(nwp + 1, sizeof *counts);
+        if (!all || !counts) s = td__fail(TD_ENOMEM, "mesh: out of memory");
+        size_t k = 0;
+        for (size_t i = 0; s == TD_OK && i < nwp; i++) all[k++] = wp[i];
+        for (size_t i = 0; s == TD_OK && i < nws; i++) all[k++] = ws[i];
+        for (size_t i = 0; s == TD_OK && steps && i < nwp; i++) {
+            char want[200];
+            snprintf(want, sizeof want, "optim.%s.step", wp[i].name);
+            size_t j = 0;
+            while (j < nwc && strcmp(wc[j].name, want)) j++;
+            if (j == nwc)
+                s = td__fail(TD_EINVAL, "mesh: no step count for %s", wp[i].name);
+            else
+                counts[i] = *(const int64_t *)wc[j].data;
+        }
+        if (s == TD_OK && steps)
+            all[k++] = (td_param){.name = STEP_NAME,
+                                  .data = counts,
+                                  .count = nwp,
+                                  .dtype = TD_I64,
+                                  .ndim = 1,
+                                  .shape = {(int64_t)nwp}};
+        if (s == TD_OK) s = td_checkpoint_save(path, all, k, meta, n_meta);
+        free(all);
+        free(counts);
+    }
+    td_mesh_model_free(wp, nwp);
+    td_mesh_model_free(ws, nws);
+    td_mesh_model_free(wc, nwc);
+    free(state);
+    free(steps_t);
+    free(names);
+    free(one);
+    return share_outcome(mesh, s);
+}
+
+td_status td_mesh_load(const td_mesh *mesh, td_param *params, size_t n, td_optim *optim,
+                       const char *path) {
+    if (!mesh || (!params && n) || !path)
+        return td__fail(TD_EINVAL, "td_mesh_load: mesh, params or path is NULL");
+    td_param *state = NULL;
+    size_t n_state = 0;
+    const int64_t *steps = NULL;
+    td_checkpoint *ck = NULL;
+    td_status s = optim ? split_state(optim, n, &state, &n_state, &steps) : TD_OK;
+    if (s == TD_OK) s = td_checkpoint_open(&ck, path);
+    if (s == TD_OK) s = td_checkpoint_read(ck, params, n);
+    if (s == TD_OK) s = td_checkpoint_read(ck, state, n_state);
+    if (s == TD_OK && steps) {
+        /* The file's counts follow the whole model's parameters, which a rank holding part of
+         * them cannot place by name; AdamW's and SGD's counts are the number of steps taken,
+         * the same for every parameter, which is what a rank takes. */
+        td_param info;
+        size_t i = 0, count = td_checkpoint_count(ck);
+        while (i < count && td_checkpoint_tensor(ck, i, &info) == TD_OK &&
+               strcmp(info.name, STEP_NAME))
+            i++;
+        int64_t *file = NULL;
+        if (i == count)
+            s = td__fail(TD_ENOTFOUND, "%s: no %s", path, STEP_NAME);
+        else if (info.dtype != TD_I64 || !(file = calloc(info.count + 1, sizeof *file)))
+            s = td__fail(info.dtype != TD_I64 ? TD_EDTYPE : TD_ENOMEM, "%s: %s", path, STEP_NAME);
+        if (s == TD_OK) s = td_checkpoint_read_range(ck, STEP_NAME, TD_I64, 0, info.count, file);
+        for (size_t j = 1; s == TD_OK && j < info.count; j++)
+            if (file[j] != file[0])
+                s = td__fail(TD_EINVAL,
+                             "%s: the parameters' step counts differ (%lld, %lld), which a "
+                             "rank holding part of the model cannot place",
+                             path, (long long)file[0], (long long)file[j]);
+        for (size_t j = 0; s == TD_OK && j < n; j++)
+            ((int64_t *)steps)[j] = info.count ? file[0] : 0;
+        free(file);
+    }
+    td_checkpoint_close(ck);
+    free(state);
+    return s;
+}
