@@ -13,7 +13,8 @@
  *
  *   build/bench/gpt [--layers N --heads N --width C --context T --batch GLOBAL]
  *                   [--iters N --windows N --warmup N --repeat K] [--no-torch] [--no-pin]
- */
+ *
+ * With --tp it compares the layouts of a device mesh instead (bench/gpt_layouts.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 #include "tandem/tandem.h"
 
 #include "bench.h"
+#include "gpt_layouts.h"
 
 #define MAX_REPEAT 15
 #define MAX_WINDOWS 32
@@ -54,12 +56,6 @@ static double median_of(const double *v, int n) {
 typedef struct {
     double rate, cpu_s;
 } measured;
-
-static double cpu_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Tokens of the timed windows, over all ranks. */
 static double tokens_run(const setup *su) {
@@ -109,7 +105,7 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
     for (int w = -1; w < su->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? su->warmup : su->iters;
         if (comm) CHECK(td_comm_barrier(comm));
-        if (w == 0) cpu0 = cpu_seconds();
+        if (w == 0) cpu0 = bench_cpu_seconds();
         uint64_t t0 = td_time_ns();
         for (int it = 0; it < iters; it++) {
             for (size_t j = 0; j < shards; j++) {
@@ -125,7 +121,7 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
         if (w >= 0) rates[w] = (double)su->batch * (double)T * iters / sec;
     }
     measured *out = result;
-    out->cpu_s = cpu_seconds() - cpu0;
+    out->cpu_s = bench_cpu_seconds() - cpu0;
     if (rank == 0) out->rate = median_of(rates, su->windows);
     td_optim_destroy(opt);
     td_ddp_destroy(ddp);
@@ -199,6 +195,8 @@ static void row_setup(setup *su, int row, int *world) {
 
 int main(int argc, char **argv) {
     bench_one_thread(argv);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--tp")) return lt_main(argc, argv);
     setup su = {.model = td_gpt_default_params(),
                 .batch = 16,
                 .iters = 5,
