@@ -325,9 +325,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "allreduce: --repeat 1..99, --max-bytes >= 4096\n");
         return 2;
     }
-    bench b = {0};
 #ifdef BENCH_MPI
     if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK")) {
+        bench b = {0};
         int provided;
         MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
         MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);

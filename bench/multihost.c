@@ -52,9 +52,6 @@ static const char *const impl_names[IMPL_COUNT] = {"MPI_Allreduce", "tandem flat
                                                    "ucx flat", "ucx hier"};
 
 enum { CNN_FLAT, CNN_HIER, CNN_NOCOMM, CNN_DDP2, CNN_COUNT };
-static const char *const cnn_names[CNN_COUNT] = {"DDP, flat", "DDP, hierarchical",
-                                                 "no communication (ceiling)",
-                                                 "DDP2 (td_dp x2 per host, DDP across)"};
 
 #ifdef BENCH_MPI
 static td_comm *world_of(int hierarchical) {
@@ -321,6 +318,11 @@ static int inside(const char *out, int repeat, size_t max_bytes, int steps) {
 
 /* ---------------------------------------------------------------- the tables */
 
+#ifdef BENCH_MPI
+static const char *const cnn_names[CNN_COUNT] = {"DDP, flat", "DDP, hierarchical",
+                                                 "no communication (ceiling)",
+                                                 "DDP2 (td_dp x2 per host, DDP across)"};
+
 typedef struct {
     const char *rate, *delay, *label;
     double ar[MAX_SIZES][IMPL_COUNT][16]; /* size, impl, repeat */
@@ -428,6 +430,7 @@ static void print_targets(link_result *fast, link_result *slow) {
     printf("- %s: hierarchical / MPI_Allreduce at worst %.2fx, at %zu KiB (want >= 1.0x)\n",
            fast->label, worst, at >> 10);
 }
+#endif
 
 int main(int argc, char **argv) {
 #ifdef BENCH_MPI
@@ -468,6 +471,7 @@ int main(int argc, char **argv) {
         return 2;
     }
 #ifndef BENCH_MPI
+    (void)json;
     fprintf(stderr, "multihost: needs Open MPI (built without mpi.h)\n");
     return 1;
 #else

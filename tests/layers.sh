@@ -1,13 +1,14 @@
 #!/bin/sh
 # The library's arrows point one way: each folder of src/ may include only the headers of the
 # layers below it (its own included), public (tandem/X.h) or internal (X/...). The engine goes
-# core -> device -> tensor -> ops -> graph -> nn (comm, optim and checkpoint may use devices);
+# core -> device -> tensor -> ops -> graph -> nn (comm, optim and checkpoint may use devices; the
+# rendezvous store stands on core alone, and comm uses it);
 # the graph's passes walk op tables and never name an op
 # (only src/graph/build.c, the public op builders, does). Prints one line per violation and a
 # closing "P passed, F failed" line like the test programs. Collective ops (all-gather,
 # SyncBatchNorm) are graph ops that call comm/ (ARCHITECTURE.md), so ops and graph may use
 # process groups, through the public tandem/comm.h only, never comm's internals. oneDNN stays
-# inside the CPU backend's files. Programs (tools, examples, benchmarks) use the public headers
+# inside the CPU backend's files (src/ops/cpu/). Programs (tools, examples, benchmarks) use the public headers
 # only.
 cd "$(dirname "$0")/.."
 # Which layer a public header belongs to.
@@ -19,7 +20,8 @@ layer_of_public() {
     ops) echo ops ;;
     graph) echo graph ;;
     nn) echo nn ;;
-    comm | store) echo comm ;;
+    comm) echo comm ;;
+    store) echo store ;;
     spawn | launch) echo launch ;;
     data) echo data ;;
     optim) echo optim ;;
@@ -37,7 +39,9 @@ allowed() {
     ops) echo "core device tensor ops comm" ;;
     graph) echo "core device tensor ops graph comm" ;;
     nn) echo "core device tensor ops graph nn" ;;
-    comm | optim | checkpoint) echo "core device $1" ;;
+    store) echo "core store" ;;
+    comm) echo "core device store comm" ;;
+    optim | checkpoint) echo "core device $1" ;;
     launch) echo "core $1" ;;
     data) echo "core device data" ;;
     parallel) echo "core device tensor ops graph nn comm optim checkpoint parallel" ;;
@@ -78,16 +82,15 @@ for f in src/graph/*.c; do
         bad=$((bad + 1))
     fi
 done
-# oneDNN is the CPU backend's business (src/ops/backend.h): the tensor, the op contract and
-# everything above the ops name no oneDNN header or type.
+# oneDNN is the CPU backend's business (src/ops/cpu/): the tensor, the op contract, the ops'
+# definitions, the other backends and everything above the ops name no oneDNN header or type.
 for f in $(find src -name '*.[ch]' | sort); do
     case "$f" in
-    src/ops/op.h | src/ops/op.c | src/ops/backend.h) ;;
-    src/ops/*) continue ;;
+    src/ops/cpu/*) continue ;;
     esac
-    if grep -n '<dnnl\|dnnl_\|ops/onednn.h' "$f" >/dev/null; then
-        echo "layers: $f names oneDNN (only the CPU backend's files in src/ops may):"
-        grep -n '<dnnl\|dnnl_\|ops/onednn.h' "$f" | sed 's/^/    /'
+    if grep -n '<dnnl\|dnnl_\|ops/cpu/onednn.h' "$f" >/dev/null; then
+        echo "layers: $f names oneDNN (only the CPU backend's files, src/ops/cpu/, may):"
+        grep -n '<dnnl\|dnnl_\|ops/cpu/onednn.h' "$f" | sed 's/^/    /'
         bad=$((bad + 1))
     fi
 done

@@ -1,12 +1,8 @@
-/* Reference structural ops: element-wise add, concatenation along dim 1 and flatten. They
- * move values without arithmetic beyond one add, so their gradients are copies. */
+/* Reference concatenation along dim 1: values moved without arithmetic, so the gradient is a
+ * copy back into each input's. */
 #include <string.h>
 
-#include "ops/ref.h"
-
-void td__ref_add_forward(float *y, const float *a, const float *b, size_t n) {
-    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
-}
+#include "ops/ref/ref.h"
 
 void td__ref_concat_forward(float *y, const float *const *xs, const int *C, int k, int N,
                             size_t inner) {
@@ -37,12 +33,4 @@ void td__ref_concat_backward(float *const *dxs, const float *dy, const int *C, i
             off += len;
         }
     }
-}
-
-void td__ref_flatten_forward(float *y, const float *x, size_t n) {
-    memmove(y, x, n * sizeof(float));
-}
-
-void td__ref_flatten_backward(float *dx, const float *dy, size_t n) {
-    memmove(dx, dy, n * sizeof(float));
 }

@@ -2,7 +2,7 @@
  * row, statistics two-pass in double. Backward recomputes the statistics from x. */
 #include <math.h>
 
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 
 /* Mean and 1/sqrt(biased variance + eps) of one row. */
 static void row_stats(const float *row, int C, float eps, double *mean, double *rstd) {

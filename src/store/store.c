@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm/store_impl.h"
+#include "store/store_impl.h"
 #include "core/core_impl.h"
 
 struct td_store {

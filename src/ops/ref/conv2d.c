@@ -1,7 +1,7 @@
 /* Reference 2-d convolution (cross-correlation, groups = 1) with stride, zero padding and
  * dilation, forward and backward, written as direct loops over the output so that each
  * gradient is the transpose of the same index map. Not fast and not meant to be. */
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 
 void td__ref_conv2d_out(const td__ref_conv2d_dims *d, int *OH, int *OW) {
     int eff_kh = d->dil_h * (d->KH - 1) + 1, eff_kw = d->dil_w * (d->KW - 1) + 1;

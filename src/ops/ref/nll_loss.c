@@ -4,7 +4,7 @@
 #include <math.h>
 
 #include "core/core_impl.h"
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 
 /* Validates the labels and counts the ones that are not ignored. */
 static td_status check_labels(const char *op, const int64_t *labels, int N, int C,

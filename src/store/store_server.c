@@ -25,7 +25,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "comm/store_impl.h"
+#include "store/store_impl.h"
 #include "core/core_impl.h"
 
 #define STORE_IO_TIMEOUT_S 10.0  /* an authenticated client's unfinished request is dropped then */

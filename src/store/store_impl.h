@@ -15,8 +15,8 @@
  *     3 wrong token: the answer to AUTH, after which the server closes the connection.
  * A connection closed without any answer was dropped for a protocol error or a deadline, or
  * shed to make room (see store_server.c); it says nothing about the token. */
-#ifndef TANDEM_COMM_STORE_IMPL_H
-#define TANDEM_COMM_STORE_IMPL_H
+#ifndef TANDEM_STORE_IMPL_H
+#define TANDEM_STORE_IMPL_H
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

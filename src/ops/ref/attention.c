@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 
 /* Probabilities p[0..t] of query t of (b, head h). */
 static void row_probs(double *p, const float *qkv, int b, int t, int h, int T, int C, int NH) {

@@ -2,7 +2,7 @@
  * learned position embedding added to each sequence. */
 #include <string.h>
 
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 
 void td__ref_embedding_forward(float *y, const int64_t *idx, const float *table, size_t n, int C) {
     for (size_t i = 0; i < n; i++) memcpy(y + i * C, table + idx[i] * C, (size_t)C * sizeof *y);

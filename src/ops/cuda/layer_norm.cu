@@ -4,13 +4,13 @@
  * w + b; the rows' mean and rstd = 1 / sqrt(var + eps) are kept for backward (2 floats a row, as
  * the CPU keeps mean and variance). Backward: dx one block per row, dx = rstd (gw - mean(gw) -
  * xhat mean(gw xhat)) with gw = dy w; the weight and bias gradients, sums over every row, in two
- * stages with no atomics: blocks of 32 columns by a chunk of rows (launch.h) each write a partial
+ * stages with no atomics: blocks of 32 columns by a chunk of rows (tiling.h) each write a partial
  * sum, then one thread per column adds the partial sums in chunk order. Every sum has a fixed
  * order, so the results are the same bits every run. */
 #include <cstdlib>
 
 #include "ops/cuda/cuda_ops.cuh"
-#include "ops/cuda/launch.h"
+#include "ops/cuda/tiling.h"
 
 #define LN_COLS 32                       /* columns of one stage-one block */
 #define LN_LANES (TD__THREADS / LN_COLS) /* rows a stage-one block reads at once */

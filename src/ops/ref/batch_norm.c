@@ -3,7 +3,7 @@
  * double. Not SyncBatchNorm (that reduces the sums across ranks) and not layer norm. */
 #include <math.h>
 
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 
 void td__ref_batchnorm2d_forward_train(float *y, float *save_mean, float *save_invstd,
                                        float *running_mean, float *running_var, const float *x,

@@ -1,11 +1,11 @@
-/* Launch shapes of the transformer's GPU kernels (embedding.cu, layernorm.cu, attention.cu):
- * how many rows of a table one block owns, how many rows one partial sum of a layer norm's
- * weight gradient covers, and the attention's tile and shared memory. Plain C that compiles
- * for the host and under nvcc alike, so that the CPU tests check the arithmetic (every row
- * covered once, shared memory within a block's default 48 KiB) where no GPU runs the kernels.
- * Not installed. */
-#ifndef TANDEM_CUDA_LAUNCH_H
-#define TANDEM_CUDA_LAUNCH_H
+/* How the transformer's GPU kernels (embedding.cu, layer_norm.cu, attention.cu) divide their
+ * work among blocks: how many rows of a table one block owns, how many rows one partial sum of
+ * a layer norm's weight gradient covers, and the attention's tile and shared memory. Plain C
+ * that compiles for the host and under nvcc alike, so that the CPU tests check the arithmetic
+ * (every row covered once, shared memory within a block's default 48 KiB) where no GPU runs
+ * the kernels. Not installed. */
+#ifndef TANDEM_CUDA_TILING_H
+#define TANDEM_CUDA_TILING_H
 
 #include <stdint.h>
 

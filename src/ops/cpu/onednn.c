@@ -1,7 +1,7 @@
 /* oneDNN plumbing for the CPU backend's kernels (see onednn.h): memory descriptors of plain
  * and blocked layouts, memory objects bound lazily, primitive creation and execution with
  * errors that name the op, and reorders between layouts. */
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 #include <string.h>
 

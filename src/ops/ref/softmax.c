@@ -2,7 +2,7 @@
  * backwards written in terms of the forward output (as PyTorch saves it). */
 #include <math.h>
 
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 
 /* Row maximum and log of the sum of exp(x - max), in double. */
 static void row_stats(const float *x, int D, double *max, double *log_sum) {

@@ -4,7 +4,7 @@
  * (count_include_pad = true). Not ceil mode, not divisor_override. */
 #include <math.h>
 
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 
 void td__ref_pool2d_out(const td__ref_pool2d_dims *d, int *OH, int *OW) {
     int sh = d->stride_h > 0 ? d->stride_h : 1, sw = d->stride_w > 0 ? d->stride_w : 1;

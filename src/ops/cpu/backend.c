@@ -1,11 +1,12 @@
 /* The CPU backend (backend.h): oneDNN's engine and stream as its handles, a oneDNN memory
  * descriptor as each tensor's layout record, reorders for copies between layouts, and the
- * kernels of every op (each op's file defines its td__cpu_* table beside the op). */
+ * kernels of every op (src/ops/cpu/<op>.c defines its td__cpu_* table; the op itself is
+ * src/ops/<op>.c). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/onednn.h"
+#include "ops/cpu/onednn.h"
 
 static td_status cpu_init(td__op_ctx *ctx, const char *what) {
     td__cpu *c = calloc(1, sizeof *c);

@@ -6,7 +6,8 @@
  * the shape given by the explicit dims. Sums are accumulated in double. Backward functions
  * OVERWRITE their gradient outputs (they do not accumulate); any gradient output may be
  * NULL to skip it. These kernels are for tests and for checking: they are slow, never
- * allocate, and do not validate dims beyond what a status return says. Not installed. */
+ * allocate, and do not validate dims beyond what a status return says. Each op's are in the
+ * file of this folder named as its definition in src/ops/. Not installed. */
 #ifndef TANDEM_OPS_REF_H
 #define TANDEM_OPS_REF_H
 

@@ -1,6 +1,6 @@
 /* Reference fully connected layer, y = x W^T + b, forward and backward. Plain loops with
  * double accumulation; no blocking, no threads (that is oneDNN's job). */
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 
 void td__ref_linear_forward(float *y, const float *x, const float *w, const float *b, int N, int IN,
                             int OUT) {
