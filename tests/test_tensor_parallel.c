@@ -54,7 +54,7 @@ static td_adamw_params adamw(void) {
 typedef struct {
     int steps, amp;
     td_param *params; /* copies, f32 */
-    size_t n;
+    size_t n, n_state; /* parameters, and tensors of the optimizer's state */
     float loss[LONG];
 } reference;
 
@@ -102,6 +102,8 @@ static const reference *reference_of(int steps, int amp) {
     r->steps = steps;
     r->amp = amp;
     r->n = n;
+    td_param *state;
+    td_optim_state(opt, &state, &r->n_state);
     r->params = calloc(n, sizeof *r->params);
     for (size_t i = 0; i < n; i++) {
         r->params[i] = p[i];
@@ -272,6 +274,31 @@ static void layout_rank(int rank, int size, int port, void *arg) {
         L->result[2] = loss_diff;
         if (dist > L->tol || (L->amp == 0 && loss_diff > TOL))
             TEST_FAIL_AT("distance %.3g (worst %s %.3g), loss %.3g", dist, name, worst, loss_diff);
+    }
+    /* The checkpoint is one process's: the same tensors by name, whole, the gathered values,
+     * AdamW's state of each and one step count per parameter of the whole model. */
+    char path[96];
+    snprintf(path, sizeof path, "/tmp/tandem-tp-%d.st", (int)getppid());
+    CHECK_OK(td_mesh_save(mesh, p, n, zero ? NULL : opt, path, NULL, 0));
+    if (rank == 0) {
+        td_checkpoint *ck = NULL;
+        CHECK_OK(td_checkpoint_open(&ck, path));
+        CHECK_EQ(td_checkpoint_count(ck), ref->n + (zero ? 0 : ref->n_state));
+        for (size_t i = 0; ck && i < n_whole; i++) {
+            float *got = malloc(whole[i].count * td_dtype_size(whole[i].dtype));
+            td_param one = whole[i];
+            one.data = got;
+            CHECK_OK(td_checkpoint_read(ck, &one, 1));
+            CHECK(!memcmp(got, whole[i].data, whole[i].count * td_dtype_size(whole[i].dtype)));
+            free(got);
+        }
+        int64_t steps[64];
+        if (ck && !zero && ref->n <= 64) {
+            CHECK_OK(td_checkpoint_read_range(ck, "optim.step", TD_I64, 0, ref->n, steps));
+            for (size_t i = 0; i < ref->n; i++) CHECK_EQ(steps[i], L->steps);
+        }
+        td_checkpoint_close(ck);
+        unlink(path);
     }
     td_mesh_model_free(whole, n_whole);
     td_optim_destroy(opt);

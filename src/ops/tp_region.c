@@ -73,6 +73,14 @@ static td_status region_infer(const td__node *n, td_shape *shape, td_dtype *dtyp
     return TD_OK;
 }
 
+/* An edge moves a tensor in the dtype it has: mixed precision neither casts its input nor, at
+ * O2, stores a parameter it takes (a layer norm's weight under sequence parallelism) in the low
+ * dtype on its account. */
+static td_dtype region_input_dtype(const td__node *n, int i, td_dtype dtype) {
+    (void)dtype;
+    return n->in[i]->dtype;
+}
+
 /* Its kernels on every backend: the group moves host and device memory alike. */
 static const td__kernels kernels = {
     .compile = region_compile,
@@ -86,4 +94,5 @@ const td__op td__op_tp_region = {
     .generic = &kernels,
     .collective = 1,
     .infer = region_infer,
+    .input_dtype = region_input_dtype,
 };
