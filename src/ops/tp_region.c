@@ -13,7 +13,12 @@
  *    rows' gradients. Its partner where a region begins is the all-gather (all_gather.c), whose
  *    backward is this forward.
  * Any float dtype, moved as it is (bf16 and f16 are summed in f32 by the group); plain layouts
- * only. In a group of one each is a copy. */
+ * only. In a group of one each is a copy.
+ *
+ * The sums are the group's all-reduce or reduce-scatter, whose order of addition depends on the
+ * group's size. Each rank's partial covers a fixed range of the contraction dimension (its
+ * slice of a row-parallel layer's inputs), so a layout-independent mode can sum fixed ranges in
+ * one fixed tree, as the deterministic mode's shard tree sums fixed shards of the batch. */
 #include "ops/backend.h"
 #include "ops/collective.h"
 
