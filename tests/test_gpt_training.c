@@ -207,9 +207,9 @@ static void val_line(char *line, size_t cap) {
 
 /* Tensor parallelism: --tp 2 at 2 ranks and --tp 2 with a 1F1B pipeline of 2 stages at 4 print
  * one process's validation loss after 20 steps to 4 decimals; --tp 2's checkpoint is one
- * process's (the same tensors by name, within 1e-5); a run of --tp 2 --sequence-parallel over 2
- * replicas stopped at step 10 resumes in one process, and one process's resumes at --tp 2, each
- * ending where the uninterrupted run does. */
+ * process's (the same tensors by name, within 1e-5); runs stopped at step 10 resume under
+ * another layout (TP 2 x DP 2 in one process, one process at TP 2, TP 2 x ZeRO-3 at TP 2 x
+ * ZeRO-2), each ending where the uninterrupted run does. */
 static void tensor_parallel_equals_one_process(void) {
     char want[64], got[64], a[128], b[128];
     snprintf(a, sizeof a, "%s/tp1.st", dir);
@@ -234,24 +234,33 @@ static void tensor_parallel_equals_one_process(void) {
     double d = checkpoint_distance(a, b, &worst, name, sizeof name);
     printf("    --tp 2's checkpoint vs one process's: %.2e (worst tensor %s)\n", d, name);
     CHECK(d <= 1e-5);
-    /* stopped under one layout, resumed under another */
-    const char *halves[][2] = {{"--nproc-per-node 4 %s --tp 2 --sequence-parallel", "%s"},
-                               {"--nproc-per-node 1 %s", "--nproc-per-node 2 %s --tp 2"}};
-    for (int i = 0; i < 2; i++) {
-        char first[256], second[256];
+    /* stopped under one layout, resumed under another ("L" runs under the launcher) */
+    const char *halves[][2] = {
+        {"L--nproc-per-node 4 %s --tp 2 --sequence-parallel", "%s"},
+        {"L--nproc-per-node 1 %s", "L--nproc-per-node 2 %s --tp 2"},
+        {"L--nproc-per-node 4 %s --tp 2 --zero 3", "L--nproc-per-node 4 %s --tp 2 --zero 2"}};
+    for (int i = 0; i < 3; i++) {
+        char part[2][2 * PATH_MAX + 8];
+        for (int h = 0; h < 2; h++) {
+            const char *f = halves[i][h];
+            int launched = f[0] == 'L';
+            char rest[PATH_MAX];
+            snprintf(rest, sizeof rest, f + launched, example);
+            snprintf(part[h], sizeof part[h], "%s %s", launched ? launcher : "", rest);
+        }
         snprintf(b, sizeof b, "%s/tpr%d.st", dir, i);
-        snprintf(first, sizeof first, halves[i][0], example);
-        snprintf(second, sizeof second, halves[i][1], example);
-        CHECK_EQ(run("OMP_NUM_THREADS=1 %s %s --data %s " TP20 " --checkpoint %s --stop-at 10",
-                     launcher, first, text, b),
+        CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TP20 " --checkpoint %s --stop-at 10",
+                     part[0], text, b),
                  0);
-        CHECK_EQ(run("OMP_NUM_THREADS=1 %s %s --data %s " TP20 " --checkpoint %s --resume auto",
-                     i ? launcher : "", second, text, b),
+        CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TP20 " --checkpoint %s --resume auto",
+                     part[1], text, b),
                  0);
         CHECK(strstr(output, "resuming from") != NULL);
         d = checkpoint_distance(a, b, &worst, name, sizeof name);
-        printf("    stopped %s, resumed %s: %.2e from straight through\n",
-               i ? "in one process" : "at --tp 2 x 2 replicas", i ? "at --tp 2" : "in one process",
+        char was[2][96];
+        for (int h = 0; h < 2; h++) /* as a user would type them */
+            snprintf(was[h], sizeof was[h], halves[i][h] + (halves[i][h][0] == 'L'), "gpt");
+        printf("    stopped as '%s', resumed as '%s': %.2e from straight through\n", was[0], was[1],
                d);
         CHECK(d <= 1e-5);
     }

@@ -158,10 +158,6 @@ static options parse(int argc, char **argv) {
         fprintf(stderr, "gpt: --sequence-parallel splits the tokens among --tp ranks; give --tp\n");
         exit(2);
     }
-    if (o.tp > 1 && o.zero && o.checkpoint) {
-        fprintf(stderr, "gpt: --zero with --tp writes no checkpoint yet; leave out --checkpoint\n");
-        exit(2);
-    }
     if (o.resume_auto && !o.checkpoint) {
         fprintf(stderr, "gpt: --resume auto resumes from the --checkpoint file; give one\n");
         exit(2);
@@ -230,7 +226,9 @@ static void save(trainer *t, long step) {
     snprintf(steps, sizeof steps, "%ld", step);
     shape_meta(t, shape, sizeof shape);
     td_checkpoint_meta meta[] = {{"model", "gpt"}, {"run", shape}, {"step", steps}};
-    if (t->mesh) { /* the whole model's checkpoint, gathered on rank 0 */
+    if (t->mesh && t->zero) { /* the whole model's checkpoint, gathered on rank 0 */
+        CHECK(td_mesh_save_zero(t->mesh, t->zero, t->optim, t->opt.checkpoint, meta, 3));
+    } else if (t->mesh) {
         CHECK(td_mesh_save(t->mesh, t->params, t->n_params, t->optim, t->opt.checkpoint, meta, 3));
     } else if (t->zero) {
         CHECK(td_zero_save(t->zero, t->optim, t->opt.checkpoint, NULL, 0, meta, 3));
@@ -261,7 +259,9 @@ static void resume(trainer *t) {
     int64_t step;
     CHECK(td_checkpoint_get_meta_i64(ck, "step", 0, t->opt.steps, &step));
     td_checkpoint_close(ck);
-    if (t->mesh) { /* every rank its slices of the whole tensors */
+    if (t->mesh && t->zero) { /* every rank its slices of the whole tensors, sharded */
+        CHECK(td_mesh_load_zero(t->mesh, t->zero, t->optim, path));
+    } else if (t->mesh) { /* every rank its slices of the whole tensors */
         CHECK(td_mesh_load(t->mesh, t->params, t->n_params, t->optim, path));
     } else if (t->zero) { /* every rank its own parts, resharded to this world size */
         CHECK(td_zero_load(t->zero, t->optim, path, NULL, 0));

@@ -20,6 +20,7 @@
 #include "tandem/core.h"
 #include "tandem/optim.h"
 #include "tandem/param.h"
+#include "tandem/zero.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -118,6 +119,18 @@ td_status td_mesh_save(const td_mesh *mesh, const td_param *params, size_t n, td
  * the model cannot place a whole model's list of them by name. Local. */
 td_status td_mesh_load(const td_mesh *mesh, td_param *params, size_t n, td_optim *optim,
                        const char *path);
+
+/* td_mesh_save for a rank whose slices ZeRO shards over the mesh's dp group (`zero` made on
+ * td_mesh_group(mesh, "dp"), `optim` over its shards): ZeRO writes each slice beside path
+ * (td_zero_save, collective over dp), which is read back, gathered as td_mesh_save gathers and
+ * removed. Collective over the mesh. */
+td_status td_mesh_save_zero(const td_mesh *mesh, td_zero *zero, td_optim *optim, const char *path,
+                            const td_checkpoint_meta *meta, size_t n_meta);
+
+/* td_mesh_load under ZeRO: dp rank 0 of each slice writes the slice's whole tensors beside path,
+ * which ZeRO loads into its shards (td_zero_load, resharded) and which is then removed.
+ * Collective over the dp group. */
+td_status td_mesh_load_zero(const td_mesh *mesh, td_zero *zero, td_optim *optim, const char *path);
 
 #ifdef __cplusplus
 }
