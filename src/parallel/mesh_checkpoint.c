@@ -215,7 +215,7 @@ static void remove_sharded(const char *path) {
         for (const char *at = parts; at && (at = strchr(at, '"'));) { /* ["a", "b"] */
             const char *end = strchr(++at, '"');
             if (!end) break;
-            char file[PATH_MAX];
+            char file[2 * PATH_MAX + 1];
             snprintf(file, sizeof file, "%s%.*s", dir, (int)(end - at), at);
             unlink(file);
             at = end + 1;
