@@ -53,7 +53,7 @@ static td_adamw_params adamw(void) {
  * step's loss. Made in the test process before the ranks are forked, which inherit it. */
 typedef struct {
     int steps, amp;
-    td_param *params; /* copies, f32 */
+    td_param *params;  /* copies, f32 */
     size_t n, n_state; /* parameters, and tensors of the optimizer's state */
     float loss[LONG];
 } reference;
@@ -294,7 +294,12 @@ static void layout_rank(int rank, int size, int port, void *arg) {
         }
         int64_t steps[64];
         if (ck && !zero && ref->n <= 64) {
-            CHECK_OK(td_checkpoint_read_range(ck, "optim.step", TD_I64, 0, ref->n, steps));
+            td_param st = {.name = "optim.step",
+                           .count = ref->n,
+                           .dtype = TD_I64,
+                           .ndim = 1,
+                           .shape = {(int64_t)ref->n}};
+            CHECK_OK(td_checkpoint_read_range(ck, &st, 0, ref->n, steps));
             for (size_t i = 0; i < ref->n; i++) CHECK_EQ(steps[i], L->steps);
         }
         td_checkpoint_close(ck);

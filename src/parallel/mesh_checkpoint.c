@@ -14,7 +14,6 @@
 
 #include "tandem/mesh.h"
 
-#include "checkpoint/checkpoint_impl.h"
 #include "core/core_impl.h"
 #include "parallel/zero_impl.h"
 
@@ -147,7 +146,7 @@ static td_status file_steps(td_checkpoint *ck, const char *path, int64_t *out) {
         return td__fail(TD_EDTYPE, "%s: %s is not i64 counts", path, STEP_NAME);
     int64_t *file = calloc(info.count, sizeof *file);
     if (!file) return td__fail(TD_ENOMEM, "%s: out of memory", path);
-    td_status s = td_checkpoint_read_range(ck, STEP_NAME, TD_I64, 0, info.count, file);
+    td_status s = td_checkpoint_read_range(ck, &info, 0, info.count, file);
     for (size_t j = 1; s == TD_OK && j < info.count; j++)
         if (file[j] != file[0])
             s = td__fail(TD_EINVAL,
@@ -200,11 +199,12 @@ static const td_param *owner_of(const char *state, const td_param *params, size_
     return NULL;
 }
 
-/* Removes a sharded checkpoint's index and parts (ZeRO's, at path). */
+/* Removes a sharded checkpoint's index and the parts its metadata "tandem.parts" lists (ZeRO's,
+ * at path; checkpoint.h). */
 static void remove_sharded(const char *path) {
     td_checkpoint *ck;
     if (td_checkpoint_open(&ck, path) == TD_OK) {
-        const char *parts = td_checkpoint_get_meta(ck, TD__CHECKPOINT_PARTS_KEY);
+        const char *parts = td_checkpoint_get_meta(ck, "tandem.parts");
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s", path);
         char *slash = strrchr(dir, '/');
@@ -256,7 +256,12 @@ td_status td_mesh_save_zero(const td_mesh *mesh, td_zero *zero, td_optim *optim,
         n++;
         if (s == TD_OK) s = td_checkpoint_read(ck, &all[n - 1], 1);
     }
-    if (s == TD_OK) s = td_checkpoint_read_range(ck, STEP_NAME, TD_I64, 0, zp.n_params, steps);
+    td_param step_t = {.name = STEP_NAME,
+                       .count = zp.n_params,
+                       .dtype = TD_I64,
+                       .ndim = 1,
+                       .shape = {(int64_t)zp.n_params}};
+    if (s == TD_OK) s = td_checkpoint_read_range(ck, &step_t, 0, zp.n_params, steps);
     /* the parameters in ZeRO's order (the model's), each with its slice; the state after */
     if (s == TD_OK && (!(params = calloc(zp.n_params + 1, sizeof *params)) ||
                        !(state = calloc(n + 1, sizeof *state))))
