@@ -36,6 +36,7 @@ typedef struct {
     const char *split; /* NULL: balanced from measured time */
     int tp;            /* --tp: tensor-parallel ranks (0: TANDEM_TP, tandemrun --tp; else 1) */
     int sp;            /* --sequence-parallel */
+    td_recompute_mode recompute; /* --recompute none|full|selective */
 } options;
 
 /* Loads --data and keeps its first 90% for training (*n_train bytes); returns the number of
