@@ -13,8 +13,9 @@
  *
  * --cap MiB: the largest GPT of --cap-width (context 1024, global batch 4 sequences) each layout
  * trains within the cap per rank, by doubling and bisecting the number of layers (two steps
- * each); as bench/zero --cap measures it, not a cgroup's limit. Activation recompute would shrink
- * every layout's activations; the graph has no switch for it yet, so no row uses it.
+ * each); as bench/zero --cap measures it, not a cgroup's limit. Every layout runs without and
+ * with activation recompute (td_graph_params.recompute full: each block keeps its input, sliced
+ * under sequence parallelism, and runs its forward again in backward).
  *
  *   build/bench/gpt --tp [--layers N --heads N --width C --context T --batch GLOBAL]
  *                        [--iters N --windows N --warmup N --repeat K]
@@ -48,12 +49,15 @@ static const lt_layout LT_LAYOUTS[] = {
     {"tp 4", 1, 4, 1, 0, 0},    {"tp 2 x dp 2", 2, 2, 1, 0, 0}, {"tp 2 x pp 2", 1, 2, 2, 0, 0},
 };
 #define N_LAYOUTS (int)(sizeof LT_LAYOUTS / sizeof *LT_LAYOUTS)
+/* A table row's recompute: the first N_LAYOUTS rows without, the next ones full. */
+#define LT_MODE(row) ((row) < N_LAYOUTS ? TD_RECOMPUTE_NONE : TD_RECOMPUTE_FULL)
 
 typedef struct {
     td_gpt_params model;
     int batch, iters, windows, warmup;
     int memory; /* 1: sample memory instead of timing */
     const lt_layout *l;
+    td_recompute_mode recompute; /* every block's forward again in backward (docs/recompute.md) */
 } lt_setup;
 
 typedef struct {
@@ -101,6 +105,7 @@ static int lt_rank(int rank, int world, void *result, void *arg) {
     CHECK(td_gpt_sequential(&gp, &s));
     td_graph_params grp = td_graph_default_params();
     grp.comm = mesh ? td_mesh_group(mesh, "tp") : NULL;
+    grp.recompute = su->recompute;
     td_graph *g = NULL;
     td_pipeline *pipe = NULL;
     td_model m;
@@ -200,10 +205,12 @@ static int lt_rank(int rank, int world, void *result, void *arg) {
 
 /* Runs one layout; rank 0's step time, the largest peak and the CPU time of all ranks per step
  * in *r. Returns 0 on success. */
-static int lt_run(lt_setup *su, const lt_layout *l, int memory, lt_result *r) {
+static int lt_run(lt_setup *su, const lt_layout *l, td_recompute_mode rc, int memory,
+                  lt_result *r) {
     lt_result each[LAYOUT_WORLD];
     memset(each, 0, sizeof each);
     su->l = l;
+    su->recompute = rc;
     su->memory = memory;
     if (bench_ranks(LAYOUT_WORLD, 1, lt_rank, su, each, sizeof *each)) return 1;
     *r = each[0];
@@ -216,14 +223,15 @@ static int lt_run(lt_setup *su, const lt_layout *l, int memory, lt_result *r) {
 }
 
 /* The most layers of --cap-width whose two training steps stay within cap_mib per rank. */
-static int lt_cap_layers(lt_setup *su, const lt_layout *l, int cap_mib, size_t *peak) {
+static int lt_cap_layers(lt_setup *su, const lt_layout *l, td_recompute_mode rc, int cap_mib,
+                         size_t *peak) {
     size_t cap = (size_t)cap_mib << 20;
     int fit = 0, over = 0;
     *peak = 0;
     for (int layers = 1; !over && layers <= CAP_MAX_LAYERS;) {
         su->model.layers = layers;
         lt_result r;
-        if (!lt_run(su, l, 1, &r) && r.peak <= cap)
+        if (!lt_run(su, l, rc, 1, &r) && r.peak <= cap)
             fit = layers, *peak = r.peak, layers *= 2;
         else
             over = layers;
@@ -232,7 +240,7 @@ static int lt_cap_layers(lt_setup *su, const lt_layout *l, int cap_mib, size_t *
         int mid = fit + (over - fit) / 2;
         su->model.layers = mid;
         lt_result r;
-        if (!lt_run(su, l, 1, &r) && r.peak <= cap)
+        if (!lt_run(su, l, rc, 1, &r) && r.peak <= cap)
             fit = mid, *peak = r.peak;
         else
             over = mid;
@@ -302,30 +310,37 @@ static int lt_main(int argc, char **argv) {
                su.model.layers, su.model.heads, (long long)su.model.width,
                (long long)su.model.context, su.batch, td_gpt_parameter_count(&su.model) / 1e6,
                su.windows, su.iters, su.warmup, repeat, bench_load_average(load, sizeof load));
-        double ms[N_LAYOUTS][LAYOUT_WINDOWS], cpu_ms[N_LAYOUTS][LAYOUT_WINDOWS];
-        lt_result mem[N_LAYOUTS];
+        /* rows: each layout without recompute, then with it (full) */
+        enum { ROWS = 2 * N_LAYOUTS };
+        double ms[ROWS][LAYOUT_WINDOWS], cpu_ms[ROWS][LAYOUT_WINDOWS];
+        lt_result mem[ROWS];
         for (int k = 0; k < repeat; k++)
-            for (int l = 0; l < N_LAYOUTS; l++) {
+            for (int row = 0; row < ROWS; row++) {
                 lt_result r;
-                int bad = lt_run(&su, &LT_LAYOUTS[l], 0, &r);
-                ms[l][k] = bad ? NAN : r.ms;
-                cpu_ms[l][k] = bad ? NAN : r.cpu_ms;
+                int bad = lt_run(&su, &LT_LAYOUTS[row % N_LAYOUTS], LT_MODE(row), 0, &r);
+                ms[row][k] = bad ? NAN : r.ms;
+                cpu_ms[row][k] = bad ? NAN : r.cpu_ms;
             }
-        for (int l = 0; l < N_LAYOUTS; l++)
-            if (lt_run(&su, &LT_LAYOUTS[l], 1, &mem[l])) mem[l].peak = 0;
+        for (int row = 0; row < ROWS; row++)
+            if (lt_run(&su, &LT_LAYOUTS[row % N_LAYOUTS], LT_MODE(row), 1, &mem[row]))
+                mem[row].peak = 0;
         double alone = bench_median(ms[0], repeat);
-        printf("%-12s %10s %9s %14s %14s %16s\n", "layout", "ms/step", "vs alone", "CPU ms/step",
-               "peak MiB/rank", "params/rank (M)");
-        for (int l = 0; l < N_LAYOUTS; l++) {
-            double t = bench_median(ms[l], repeat), c = bench_median(cpu_ms[l], repeat);
-            printf("%-12s %10.1f %8.2fx %14.1f %14.1f %16.2f\n", LT_LAYOUTS[l].name, t, alone / t,
-                   c, mem[l].peak / 1048576.0, mem[l].params / 1e6);
+        printf("%-12s %-9s %10s %9s %14s %14s %16s\n", "layout", "recompute", "ms/step", "vs alone",
+               "CPU ms/step", "peak MiB/rank", "params/rank (M)");
+        for (int row = 0; row < ROWS; row++) {
+            const char *rc = LT_MODE(row) ? "full" : "none";
+            double t = bench_median(ms[row], repeat), c = bench_median(cpu_ms[row], repeat);
+            printf("%-12s %-9s %10.1f %8.2fx %14.1f %14.1f %16.2f\n",
+                   LT_LAYOUTS[row % N_LAYOUTS].name, rc, t, alone / t, c, mem[row].peak / 1048576.0,
+                   mem[row].params / 1e6);
             if (json)
-                printf("{\"table\": \"layouts\", \"layout\": \"%s\", \"ms\": %.3f, \"cpu_ms\": "
-                       "%.3f, \"peak\": %zu, \"params\": %lld}\n",
-                       LT_LAYOUTS[l].name, t, c, mem[l].peak, (long long)mem[l].params);
+                printf("{\"table\": \"layouts\", \"layout\": \"%s\", \"recompute\": \"%s\", "
+                       "\"ms\": %.3f, \"cpu_ms\": %.3f, \"peak\": %zu, \"params\": %lld}\n",
+                       LT_LAYOUTS[row % N_LAYOUTS].name, rc, t, c, mem[row].peak,
+                       (long long)mem[row].params);
         }
-        printf("(vs alone: the no-communication run's step time over the layout's; load average "
+        printf("(vs alone: the no-communication run's step time without recompute over the row's; "
+               "load average "
                "after: %s)\n",
                bench_load_average(load, sizeof load));
     }
@@ -338,23 +353,30 @@ static int lt_main(int argc, char **argv) {
                "steps stay within %d MiB per rank at world %d (load average %s)\n",
                cap_width, CAP_CONTEXT, CAP_BATCH, cap_mib, LAYOUT_WORLD,
                bench_load_average(load, sizeof load));
-        printf("%-12s %7s %12s %14s %10s\n", "layout", "layers", "parameters", "peak MiB/rank",
-               "vs ddp");
-        double ddp = 0;
-        for (int l = 1; l < N_LAYOUTS; l++) {
+        printf("%-12s %-9s %7s %12s %14s %10s\n", "layout", "recompute", "layers", "parameters",
+               "peak MiB/rank", "vs ddp");
+        double ddp = 0, best = 0;
+        const char *best_name = "", *best_rc = "";
+        for (int row = 0; row < 2 * N_LAYOUTS; row++) {
+            const lt_layout *l = &LT_LAYOUTS[row % N_LAYOUTS];
+            if (l->alone) continue;
             size_t peak;
-            int layers = lt_cap_layers(&su, &LT_LAYOUTS[l], cap_mib, &peak);
+            int layers = lt_cap_layers(&su, l, LT_MODE(row), cap_mib, &peak);
             su.model.layers = layers;
             double params = layers ? (double)td_gpt_parameter_count(&su.model) : 0;
-            if (l == 1) ddp = params;
-            printf("%-12s %7d %10.1f M %14.1f %9.2fx\n", LT_LAYOUTS[l].name, layers, params / 1e6,
+            const char *rc = LT_MODE(row) ? "full" : "none";
+            if (row == 1) ddp = params; /* DDP without recompute: the baseline */
+            if (params > best) best = params, best_name = l->name, best_rc = rc;
+            printf("%-12s %-9s %7d %10.1f M %14.1f %9.2fx\n", l->name, rc, layers, params / 1e6,
                    peak / 1048576.0, ddp > 0 ? params / ddp : 0);
             if (json)
-                printf("{\"table\": \"cap\", \"layout\": \"%s\", \"cap_mib\": %d, \"layers\": %d, "
-                       "\"parameters\": %.0f, \"peak\": %zu}\n",
-                       LT_LAYOUTS[l].name, cap_mib, layers, params, peak);
+                printf("{\"table\": \"cap\", \"layout\": \"%s\", \"recompute\": \"%s\", "
+                       "\"cap_mib\": %d, \"layers\": %d, \"parameters\": %.0f, \"peak\": %zu}\n",
+                       l->name, rc, cap_mib, layers, params, peak);
             fflush(stdout);
         }
+        printf("the best: %s, recompute %s, %.2fx the parameters DDP fits without recompute\n",
+               best_name, best_rc, ddp > 0 ? best / ddp : 0);
     }
     return 0;
 }

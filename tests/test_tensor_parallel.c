@@ -158,6 +158,7 @@ static double model_distance(const td_param *whole, size_t n, const reference *r
 
 typedef struct {
     int tp, dp, pp, sp, zero, amp, steps;
+    td_recompute_mode recompute;
     double *out;    /* NULL, or where the parent wants the result */
     double tol;     /* the bound on the whole model's distance */
     double *result; /* shared with the ranks: distance, worst, loss difference */
@@ -187,6 +188,7 @@ static void layout_rank(int rank, int size, int port, void *arg) {
     td_graph_params grp = td_graph_default_params();
     grp.comm = td_mesh_group(mesh, "tp");
     grp.amp.level = (td_amp_level)L->amp;
+    grp.recompute = L->recompute;
     td_graph *g = NULL;
     td_pipeline *pipe = NULL;
     td_model m;
@@ -348,6 +350,22 @@ static void tp4_sequence_parallel_equals_one_process(void) {
     run_layout((layout){.tp = 4, .dp = 1, .pp = 1, .sp = 1, .steps = LONG},
                "tp 4, sequence parallel", TOL);
 }
+/* Recompute runs each block's forward again in backward, its collectives too, on every rank of
+ * the group alike. */
+static void tp_recompute_equals_one_process(void) {
+    run_layout(
+        (layout){.tp = 2, .dp = 1, .pp = 1, .sp = 1, .steps = LONG, .recompute = TD_RECOMPUTE_FULL},
+        "tp 2, sequence parallel, recompute full", TOL);
+    run_layout(
+        (layout){
+            .tp = 4, .dp = 1, .pp = 1, .sp = 1, .steps = LONG, .recompute = TD_RECOMPUTE_SELECTIVE},
+        "tp 4, sequence parallel, recompute selective", TOL);
+    run_layout(
+        (layout){
+            .tp = 2, .dp = 1, .pp = 2, .sp = 1, .steps = SHORT, .recompute = TD_RECOMPUTE_FULL},
+        "tp 2 x 1f1b pp 2, sequence parallel, recompute full", TOL);
+}
+
 static void tp2_ddp2_equals_one_process(void) {
     run_layout((layout){.tp = 2, .dp = 2, .pp = 1, .sp = 1, .steps = SHORT},
                "tp 2 x ddp 2, sequence parallel", TOL);
@@ -520,6 +538,7 @@ int main(void) {
     RUN(tp4_equals_one_process);
     RUN(tp2_sequence_parallel_equals_one_process);
     RUN(tp4_sequence_parallel_equals_one_process);
+    RUN(tp_recompute_equals_one_process);
     RUN(tp2_ddp2_equals_one_process);
     RUN(tp2_zero_equals_one_process);
     RUN(tp2_pipeline2_equals_one_process);
