@@ -8,7 +8,10 @@
  * PyTorch GPT's weights load by name; the tied lm_head is transformer.wte.weight itself.
  * Initialisation is GPT-2's: weights and embeddings N(0, 0.02), the residual projections
  * (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 layers)), biases 0, layer norms 1 and 0; no
- * dropout. It does not train and knows nothing of data or stages. */
+ * dropout. With tensor_parallel it is Megatron-LM's GPT over the graph's group: each block's
+ * heads and MLP features and the vocabulary cut among the ranks between the region edges of
+ * src/ops/tp_region.c, every slice drawn from the whole model's values (docs/parallelism.md).
+ * It does not train and knows nothing of data or stages. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
