@@ -215,25 +215,8 @@ int main(int argc, char **argv) {
         }
         if (i + 1 >= argc) return usage();
         const char *a = argv[i], *v = argv[++i];
-        if (!strcmp(a, "--layers"))
-            su.model.layers = atoi(v);
-        else if (!strcmp(a, "--heads"))
-            su.model.heads = atoi(v);
-        else if (!strcmp(a, "--width"))
-            su.model.width = atoll(v);
-        else if (!strcmp(a, "--context"))
-            su.model.context = atoll(v);
-        else if (!strcmp(a, "--batch"))
-            su.batch = atoi(v);
-        else if (!strcmp(a, "--iters"))
-            su.iters = atoi(v);
-        else if (!strcmp(a, "--windows"))
-            su.windows = atoi(v);
-        else if (!strcmp(a, "--warmup"))
-            su.warmup = atoi(v);
-        else if (!strcmp(a, "--repeat"))
-            repeat = atoi(v);
-        else
+        if (!gpt_bench_option(a, v, &su.model, &su.batch, &su.iters, &su.windows, &su.warmup,
+                              &repeat))
             return usage();
     }
     if (su.iters < 1 || su.windows < 1 || su.windows > MAX_WINDOWS || su.warmup < 0 || repeat < 1 ||

@@ -52,6 +52,23 @@ static const lt_layout LT_LAYOUTS[] = {
 /* A table row's recompute: the first N_LAYOUTS rows without, the next ones full. */
 #define LT_MODE(row) ((row) < N_LAYOUTS ? TD_RECOMPUTE_NONE : TD_RECOMPUTE_FULL)
 
+/* The options every GPT table of bench/gpt takes: the model, the global batch and the timing
+ * windows. 1 when `a` (with value v) is one of them, stored. */
+static int gpt_bench_option(const char *a, const char *v, td_gpt_params *model, int *batch,
+                            int *iters, int *windows, int *warmup, int *repeat) {
+    struct {
+        const char *name;
+        int *to;
+    } ints[] = {{"--layers", &model->layers}, {"--heads", &model->heads}, {"--batch", batch},
+                {"--iters", iters},           {"--windows", windows},     {"--warmup", warmup},
+                {"--repeat", repeat}};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
+        if (!strcmp(a, ints[i].name)) return *ints[i].to = atoi(v), 1;
+    if (!strcmp(a, "--width")) return model->width = atoll(v), 1;
+    if (!strcmp(a, "--context")) return model->context = atoll(v), 1;
+    return 0;
+}
+
 typedef struct {
     td_gpt_params model;
     int batch, iters, windows, warmup;
@@ -267,25 +284,10 @@ static int lt_main(int argc, char **argv) {
         }
         if (i + 1 >= argc) return 2;
         const char *v = argv[++i];
-        if (!strcmp(a, "--layers"))
-            su.model.layers = atoi(v);
-        else if (!strcmp(a, "--heads"))
-            su.model.heads = atoi(v);
-        else if (!strcmp(a, "--width"))
-            su.model.width = atoll(v);
-        else if (!strcmp(a, "--context"))
-            su.model.context = atoll(v);
-        else if (!strcmp(a, "--batch"))
-            su.batch = atoi(v);
-        else if (!strcmp(a, "--iters"))
-            su.iters = atoi(v);
-        else if (!strcmp(a, "--windows"))
-            su.windows = atoi(v);
-        else if (!strcmp(a, "--warmup"))
-            su.warmup = atoi(v);
-        else if (!strcmp(a, "--repeat"))
-            repeat = atoi(v);
-        else if (!strcmp(a, "--cap"))
+        if (gpt_bench_option(a, v, &su.model, &su.batch, &su.iters, &su.windows, &su.warmup,
+                             &repeat))
+            continue;
+        if (!strcmp(a, "--cap"))
             cap_mib = atoi(v);
         else if (!strcmp(a, "--cap-width"))
             cap_width = atoi(v);
