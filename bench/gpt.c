@@ -102,6 +102,7 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
         td_ddp_shards(ddp, &first, &shards);
     }
     double rates[MAX_WINDOWS], cpu0 = 0;
+    int64_t step = 0;
     for (int w = -1; w < su->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? su->warmup : su->iters;
         if (comm) CHECK(td_comm_barrier(comm));
@@ -116,6 +117,9 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
                 if (ddp) CHECK(td_ddp_finish_backward(ddp));
             }
             CHECK(td_optim_step(opt));
+            float loss;
+            CHECK(td_tensor_read(m.loss, &loss));
+            CHECK(td_loss_check(loss, ++step));
         }
         double sec = (double)(td_time_ns() - t0) / 1e9;
         if (w >= 0) rates[w] = (double)su->batch * (double)T * iters / sec;
@@ -175,15 +179,6 @@ static void load_average(char *out, size_t cap) {
     fclose(f);
 }
 
-static int usage(void) {
-    fprintf(stderr,
-            "usage: gpt [--layers N] [--heads N] [--width C] [--context T] [--batch GLOBAL]\n"
-            "           [--iters N] [--windows 1..%d] [--warmup N] [--repeat 1..%d] [--no-torch]\n"
-            "           [--no-pin]\n",
-            MAX_WINDOWS, MAX_REPEAT);
-    return 2;
-}
-
 /* The rows: f32 and bf16 at worlds 1 and 2, then the deterministic mode and its default DDP. */
 enum { ROWS = 6 };
 
@@ -196,32 +191,33 @@ static void row_setup(setup *su, int row, int *world) {
 int main(int argc, char **argv) {
     bench_one_thread(argv);
     for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--tp")) return lt_main(argc, argv);
+        if (!strcmp(argv[i], "--tp")) return lt_main(argc, argv); /* the layouts' tables */
     setup su = {.model = td_gpt_default_params(),
                 .batch = 16,
                 .iters = 5,
                 .windows = 3,
                 .warmup = 2,
                 .pin = 1};
-    int repeat = 1, torch = 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--no-torch")) {
-            torch = 0;
-            continue;
-        }
-        if (!strcmp(argv[i], "--no-pin")) {
-            su.pin = 0;
-            continue;
-        }
-        if (i + 1 >= argc) return usage();
-        const char *a = argv[i], *v = argv[++i];
-        if (!gpt_bench_option(a, v, &su.model, &su.batch, &su.iters, &su.windows, &su.warmup,
-                              &repeat))
-            return usage();
+    int repeat = 1, no_torch = 0, no_pin = 0;
+    long width = su.model.width, context = su.model.context;
+    td_args a;
+    td_args_init(&a, "gpt", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_flag(&a, "--no-torch", &no_torch);
+        td_args_flag(&a, "--no-pin", &no_pin);
+        gpt_bench_options(&a, &su.model, &width, &context, &su.batch, &su.iters, &su.windows,
+                          &su.warmup, &repeat, MAX_WINDOWS, MAX_REPEAT);
     }
-    if (su.iters < 1 || su.windows < 1 || su.windows > MAX_WINDOWS || su.warmup < 0 || repeat < 1 ||
-        repeat > MAX_REPEAT || su.batch < 4 || su.batch % 4)
-        return usage();
+    if (su.batch % 4) td_args_error(&a, "--batch %d is not a multiple of 4", su.batch);
+    bench_args_finish(&a, "usage: gpt [--layers N] [--heads N] [--width C] [--context T] "
+                          "[--batch GLOBAL]\n"
+                          "           [--iters N] [--windows N] [--warmup N] [--repeat N] "
+                          "[--no-torch]\n"
+                          "           [--no-pin] | --tp [bench/gpt_layouts.h's options]\n");
+    int torch = !no_torch;
+    if (no_pin) su.pin = 0;
+    su.model.width = width;
+    su.model.context = context;
     char cpu[256], load[64];
     load_average(load, sizeof load);
     printf("GPT %d layers, %d heads, width %lld, context %lld, global batch %d; one thread per "

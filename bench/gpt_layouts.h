@@ -24,6 +24,7 @@
 #ifndef TANDEM_BENCH_GPT_LAYOUTS_H
 #define TANDEM_BENCH_GPT_LAYOUTS_H
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,21 +53,21 @@ static const lt_layout LT_LAYOUTS[] = {
 /* A table row's recompute: the first N_LAYOUTS rows without, the next ones full. */
 #define LT_MODE(row) ((row) < N_LAYOUTS ? TD_RECOMPUTE_NONE : TD_RECOMPUTE_FULL)
 
-/* The options every GPT table of bench/gpt takes: the model, the global batch and the timing
- * windows. 1 when `a` (with value v) is one of them, stored. */
-static int gpt_bench_option(const char *a, const char *v, td_gpt_params *model, int *batch,
-                            int *iters, int *windows, int *warmup, int *repeat) {
-    struct {
-        const char *name;
-        int *to;
-    } ints[] = {{"--layers", &model->layers}, {"--heads", &model->heads}, {"--batch", batch},
-                {"--iters", iters},           {"--windows", windows},     {"--warmup", warmup},
-                {"--repeat", repeat}};
-    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
-        if (!strcmp(a, ints[i].name)) return *ints[i].to = atoi(v), 1;
-    if (!strcmp(a, "--width")) return model->width = atoll(v), 1;
-    if (!strcmp(a, "--context")) return model->context = atoll(v), 1;
-    return 0;
+/* Offers the current argument to the options every GPT table of bench/gpt takes: the model,
+ * the global batch and the timing windows (width and context as longs, set into the model by
+ * the caller after the parse). */
+static void gpt_bench_options(td_args *a, td_gpt_params *model, long *width, long *context,
+                              int *batch, int *iters, int *windows, int *warmup, int *repeat,
+                              int max_windows, int max_repeat) {
+    td_args_int(a, "--layers", 1, 1024, &model->layers);
+    td_args_int(a, "--heads", 1, 1024, &model->heads);
+    td_args_long(a, "--width", 1, 1L << 20, width);
+    td_args_long(a, "--context", 1, 1L << 20, context);
+    td_args_int(a, "--batch", 4, INT_MAX, batch);
+    td_args_int(a, "--iters", 1, INT_MAX, iters);
+    td_args_int(a, "--windows", 1, max_windows, windows);
+    td_args_int(a, "--warmup", 0, INT_MAX, warmup);
+    td_args_int(a, "--repeat", 1, max_repeat, repeat);
 }
 
 typedef struct {
@@ -270,38 +271,28 @@ static int lt_main(int argc, char **argv) {
         .model = td_gpt_default_params(), .batch = 16, .iters = 3, .windows = 3, .warmup = 1};
     su.model.heads = 8;
     su.model.width = 256;
-    int repeat = 1, cap_mib = 0, cap_width = 256, time = 1, json = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--tp")) continue;
-        if (!strcmp(a, "--no-time")) {
-            time = 0;
-            continue;
-        }
-        if (!strcmp(a, "--json")) {
-            json = 1;
-            continue;
-        }
-        if (i + 1 >= argc) return 2;
-        const char *v = argv[++i];
-        if (gpt_bench_option(a, v, &su.model, &su.batch, &su.iters, &su.windows, &su.warmup,
-                             &repeat))
-            continue;
-        if (!strcmp(a, "--cap"))
-            cap_mib = atoi(v);
-        else if (!strcmp(a, "--cap-width"))
-            cap_width = atoi(v);
-        else {
-            fprintf(stderr, "gpt --tp: unknown option %s\n", a);
-            return 2;
-        }
+    int repeat = 1, cap_mib = 0, cap_width = 256, no_time = 0, json = 0, tp = 0;
+    long width = su.model.width, context = su.model.context;
+    td_args a;
+    td_args_init(&a, "gpt --tp", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_flag(&a, "--tp", &tp);
+        td_args_flag(&a, "--no-time", &no_time);
+        td_args_flag(&a, "--json", &json);
+        td_args_int(&a, "--cap", 1, 1 << 20, &cap_mib);
+        td_args_int(&a, "--cap-width", 64, 1 << 16, &cap_width);
+        gpt_bench_options(&a, &su.model, &width, &context, &su.batch, &su.iters, &su.windows,
+                          &su.warmup, &repeat, LAYOUT_WINDOWS, LAYOUT_WINDOWS);
     }
-    if (su.batch % LAYOUT_WORLD || su.iters < 1 || su.windows < 1 || su.windows > LAYOUT_WINDOWS ||
-        repeat < 1 || repeat > LAYOUT_WINDOWS) {
-        fprintf(stderr, "gpt --tp: --batch a multiple of %d, --windows and --repeat 1..%d\n",
-                LAYOUT_WORLD, LAYOUT_WINDOWS);
-        return 2;
-    }
+    if (su.batch % LAYOUT_WORLD)
+        td_args_error(&a, "--batch %d is not a multiple of %d", su.batch, LAYOUT_WORLD);
+    bench_args_finish(&a, "usage: gpt --tp [--layers N --heads N --width C --context T "
+                          "--batch GLOBAL]\n"
+                          "                [--iters N --windows N --warmup N --repeat K]\n"
+                          "                [--cap MiB [--cap-width C]] [--no-time] [--json]\n");
+    su.model.width = width;
+    su.model.context = context;
+    int time = !no_time;
     char cpu[256], load[64];
     printf("GPT layouts at world %d; %s; one thread per rank, each pinned to its own core\n",
            LAYOUT_WORLD, bench_cpu_name(cpu, sizeof cpu));
