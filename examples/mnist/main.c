@@ -453,6 +453,8 @@ static void setup(trainer *t) {
     go.blocked_linear = t->opt.deterministic && t->shard_batch <= 16;
     if (t->opt.trace_ops || (ops && !strcmp(ops, "1"))) go.trace = t->trace;
     CHECK(td_graph_create(&t->train, &go));
+    const char *amp_note = td_graph_amp_fallback(t->train); /* no fast low-precision kernels */
+    if (amp_note && t->rank == 0) fprintf(stderr, "mnist: %s\n", amp_note);
     build_model(&t->opt, t->train, t->opt.deterministic ? t->shard_batch : t->local_batch,
                 &t->model);
     go.grad_enabled = 0;

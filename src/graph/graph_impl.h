@@ -93,11 +93,12 @@ struct td_graph {
     int zero_failed;  /* a deferred gradient zeroing failed during this backward */
     int keep_weights; /* td_graph_keep_weights: the next forward keeps its kernels' weights */
     td__recorded_sweep rec_forward, rec_backward;
-    size_t replays;       /* sweeps run as replays */
-    uint64_t storage_gen; /* bumped whenever a tensor is pointed at other memory */
-    char record_why[256]; /* why recording was given up; empty while it is on */
-    int record_checked;   /* the nodes were found recordable */
-    float *dy_host;       /* backward's upstream gradient, staged in pageable memory */
+    size_t replays;         /* sweeps run as replays */
+    uint64_t storage_gen;   /* bumped whenever a tensor is pointed at other memory */
+    char record_why[256];   /* why recording was given up; empty while it is on */
+    int record_checked;     /* the nodes were found recordable */
+    char amp_fallback[512]; /* why the AMP level computes in f32 here (td_graph_amp_fallback) */
+    float *dy_host;         /* backward's upstream gradient, staged in pageable memory */
     size_t dy_host_count;
     td__recompute rc;     /* activation recompute (recompute.c) */
 };

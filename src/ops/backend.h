@@ -62,6 +62,12 @@ struct td__backend {
      * count before in *was, so that a graph runs on its own count (td_graph_params.threads) and
      * sets the caller's back after; an error names `what` when the backend cannot. */
     td_status (*set_threads)(td__op_ctx *ctx, int n, int *was, const char *what);
+    /* Optional (NULL: every float dtype): 1 when the backend's matmuls and convolutions have
+     * kernels of their own in `dtype`, at least as fast as its f32 ones, on this machine as
+     * its libraries dispatch them; mixed precision computes in f32 where they have not. */
+    int (*fast_dtype)(const td__op_ctx *ctx, td_dtype dtype);
+    /* Optional: what computes here, for messages and benchmark headings (NUL-terminated). */
+    void (*info)(char *buf, size_t cap);
 };
 
 /* The CPU backend: oneDNN primitives and plain-C kernels (cpu/backend.c). */
