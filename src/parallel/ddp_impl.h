@@ -133,6 +133,21 @@ void td__ddp_move_gradient(td_ddp *d, size_t i, void *dst);
  * DDP moved them (their old memory holds a canary), and frees moved_mem. */
 td_status td__ddp_check_moved(td_ddp *d);
 
+/* Running a reducer's bucket collectives (ddp_buckets.c). Launches, from bucket *next on, the
+ * buckets whose gradients are all ready (pending 0), in bucket order, each counted as launched
+ * early; *next moves past them. */
+void td__ddp_launch_ready(td_ddp *d, size_t *next, void (*launch)(td_ddp *d, size_t k));
+
+/* Bucket k's collective was started with status s: on failure it has no request and the error
+ * is the backward's. */
+void td__ddp_bucket_started(td_ddp *d, size_t k, td_status s);
+
+/* Ends the collectives of buckets [0, upto) still in flight, in launch order: those finished
+ * (wait 0, stopping at the first still running) or all of them (wait 1); done(d, k, status) is
+ * what the reducer does when one ends. */
+void td__ddp_complete_buckets(td_ddp *d, size_t upto, int wait,
+                              void (*done)(td_ddp *d, size_t k, td_status s));
+
 /* Uneven inputs (ddp_join.c). create allocates the state; prepare exchanges every rank's
  * samples for the step. */
 td_status td__ddp_join_create(td_ddp *d);

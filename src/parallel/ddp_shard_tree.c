@@ -383,10 +383,7 @@ static void tree_grad_ready(td_ddp *d, size_t i) {
     /* The last shard: once a bucket's subtree sums are final it may go across ranks. All-to-alls
      * go out in bucket order on every rank, so every rank queues the same collectives. */
     d->buckets[d->bucket_of[i]].pending--;
-    while (t->next_launch < d->n_buckets && d->buckets[t->next_launch].pending == 0) {
-        tree_launch(d, t->next_launch++);
-        d->stats.buckets_early++;
-    }
+    td__ddp_launch_ready(d, &t->next_launch, tree_launch);
 }
 
 /* The levels above the ranks: for each bucket, the w segments this rank received are added in

@@ -199,7 +199,6 @@ static void rs_done(td_ddp *d, size_t k, td_status s) {
     rs_state *st = d->state;
     td__zero_flat *f = flat_of_bucket(d, k);
     ddp_bucket *b = &d->buckets[k];
-    b->req = NULL;
     td_dtype wire = wire_dtype(d, f);
     if (wire != f->dtype) {
         unsigned char *w = st->wire.base + f->at;
@@ -249,35 +248,12 @@ static void rs_launch(td_ddp *d, size_t k) {
         recv = w + (size_t)d->rank * f->chunk * td_dtype_size(wire); /* in place */
     }
     td_reduce_op op = d->opt.average ? TD_OP_AVG : TD_OP_SUM;
-    td_status s = td_comm_ireduce_scatter(d->comm, send, recv, f->chunk, wire, op, &b->req);
-    if (s != TD_OK) {
-        b->req = NULL;
-        td__ddp_note_error(d, s);
-    }
-}
-
-/* Notices finished reduce-scatters, so their memory goes back as early as it can. */
-static void rs_poll(td_ddp *d) {
-    const rs_state *st = d->state;
-    for (size_t k = 0; k < st->next; k++) {
-        ddp_bucket *b = &d->buckets[k];
-        if (!b->req) continue;
-        int done = 0;
-        td_status s = td_request_test(b->req, &done);
-        if (!done && s == TD_OK) break; /* they complete in launch order */
-        rs_done(d, k, s);
-    }
+    td__ddp_bucket_started(
+        d, k, td_comm_ireduce_scatter(d->comm, send, recv, f->chunk, wire, op, &b->req));
 }
 
 static void rs_wait(td_ddp *d) {
-    for (size_t k = 0; d->state && k < d->n_buckets; k++)
-        if (d->buckets[k].req) rs_done(d, k, td_request_wait(d->buckets[k].req));
-}
-
-/* Waits for buckets [0, upto): their reduce-scatters are over and their memory free. */
-static void rs_wait_upto(td_ddp *d, size_t upto) {
-    for (size_t k = 0; d->state && k < upto && k < d->n_buckets; k++)
-        if (d->buckets[k].req) rs_done(d, k, td_request_wait(d->buckets[k].req));
+    if (d->state) td__ddp_complete_buckets(d, d->n_buckets, 1, rs_done);
 }
 
 static void rs_before_backward(td_ddp *d, size_t i) {
@@ -291,7 +267,7 @@ static void rs_before_backward(td_ddp *d, size_t i) {
     /* The slot's earlier tenant must be launched to be waited for; a backward that reaches
      * this flat first (another order than the buckets') writes it at home. */
     if (home || st->after[k] > st->next) return;
-    rs_wait_upto(d, st->after[k]);
+    td__ddp_complete_buckets(d, st->after[k], 1, rs_done);
     unsigned char *slot = st->ring.base + st->slot_at[k];
     size_t es = td_dtype_size(f->dtype), bytes = f->chunk * (size_t)d->size * es;
     /* A trainer that adds into its gradients asked for zeros; padding is zero either way. */
@@ -316,11 +292,8 @@ static void rs_grad_ready(td_ddp *d, size_t i) {
     size_t k = d->bucket_of[i];
     rs_hold(d, k);
     d->buckets[k].pending--;
-    while (st->next < d->n_buckets && d->buckets[st->next].pending == 0) {
-        rs_launch(d, st->next++);
-        d->stats.buckets_early++;
-    }
-    rs_poll(d);
+    td__ddp_launch_ready(d, &st->next, rs_launch);
+    td__ddp_complete_buckets(d, st->next, 0, rs_done);
 }
 
 /* Ready for the next backward: gradients point home again (what the slots hold is no one's). */
