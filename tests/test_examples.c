@@ -4,7 +4,8 @@
  * across epochs and a resume, in every mode; the banner names the precision; progress in a log
  * is whole lines, also under mpirun, which hands ranks a terminal; a training set smaller than
  * one global batch is refused; the pipeline mode prints the whole model's parameter digest;
- * --zero trains what DDP trains and its checkpoints resume at another world size. */
+ * --zero trains what DDP trains and its checkpoints resume at another world size; the loss printed
+ * at step 1 under DDP and each ZeRO stage is one process's. */
 #include <libgen.h>
 #include <limits.h>
 
@@ -246,6 +247,35 @@ static void zero_stages_train_as_ddp_and_resume_at_another_world_size(void) {
     if (d > 1e-5) TEST_FAIL_AT("--zero 3 under mpirun: %g from DDP's checkpoint", d);
 }
 
+/* The loss of step `step` the last run printed ("... step N/M loss X"), or -1. */
+static double step_loss(int step) {
+    char at[32];
+    snprintf(at, sizeof at, " step %d/", step);
+    const char *line = strstr(output, at), *loss = line ? strstr(line, " loss ") : NULL;
+    return loss ? atof(loss + 6) : -1;
+}
+
+/* The loss printed at step 1 is the step's loss over the global batch: under DDP and each ZeRO
+ * stage at world 2 the same, to the 4 digits printed, as one process's on the whole batch (it
+ * used to be the step before's, 0 at step 1, under DDP and stage 1). */
+static void step_one_loss_under_ddp_and_zero_is_one_processs(void) {
+    char args[PATH_MAX + 256];
+    snprintf(args, sizeof args, "%s --model mlp --epochs 1 --max-steps 1 --no-eval --data %s",
+             mnist, short_set);
+    CHECK_EQ(run("%s", args), 0);
+    double one = step_loss(1);
+    CHECK(one > 0.1);
+    const char *ways[4] = {"", "--zero 1", "--zero 2", "--zero 3"};
+    for (int k = 0; k < 4; k++) {
+        CHECK_EQ(run("%s --nproc-per-node 2 %s %s", launcher, args, ways[k]), 0);
+        double two = step_loss(1);
+        printf("    %s: step 1 loss %.4f, one process %.4f\n", k ? ways[k] : "ddp", two, one);
+        if (!(fabs(two - one) <= 1.01e-4))
+            TEST_FAIL_AT("%s at world 2: step 1 loss %.4f, one process %.4f", k ? ways[k] : "ddp",
+                         two, one);
+    }
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     char self[PATH_MAX];
@@ -268,6 +298,7 @@ int main(int argc, char **argv) {
     RUN(training_set_smaller_than_a_batch_is_refused);
     RUN(pipeline_prints_the_whole_models_digest);
     RUN(zero_stages_train_as_ddp_and_resume_at_another_world_size);
+    RUN(step_one_loss_under_ddp_and_zero_is_one_processs);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) return 1;

@@ -5,7 +5,8 @@
  * on the same bits as one that was not, a 2-stage 1F1B pipeline (with and without replicas) ends on
  * one process's losses, mixed precision trains, and --zero 1, 2 and 3 end where DDP does (stage 3's
  * sharded checkpoint resumed at world 4 continuing as the uninterrupted run; deterministic, DDP's
- * bits). The few-minute run on Jane Austen is docs/gpt.md's. */
+ * bits); DDP and every stage print one process's train loss. The few-minute run on Jane Austen
+ * is docs/gpt.md's. */
 #include <libgen.h>
 #include <limits.h>
 
@@ -13,6 +14,16 @@
 #include "test_program.h" /* run, field, checkpoint_distance */
 
 static char example[PATH_MAX], launcher[PATH_MAX], dir[64], text[128];
+static double one_loss; /* one process's train loss of the last step, as it printed it */
+
+/* The last run printed, as its final train loss, one process's (to the 4 digits of a step's
+ * line: it used to be the step before's under DDP and ZeRO stage 1). */
+static void train_loss_is_one_processs(const char *way) {
+    double loss = field("final: train loss ");
+    printf("    %s: final train loss %.6f, one process %.6f\n", way, loss, one_loss);
+    if (!(fabs(loss - one_loss) <= 1e-4))
+        TEST_FAIL_AT("%s: final train loss %.6f, one process's %.6f", way, loss, one_loss);
+}
 
 #define TINY                                                                       \
     "--layers 2 --heads 2 --width 32 --context 32 --batch 8 --steps 4 --warmup 2 " \
@@ -30,12 +41,15 @@ static void ddp_at_worlds_2_and_4_equals_one_process(void) {
         run("OMP_NUM_THREADS=1 %s --data %s " TINY " --checkpoint %s/w1.st", example, text, dir),
         0);
     CHECK(strstr(output, "sample:") != NULL);
+    one_loss = field("final: train loss ");
+    CHECK(one_loss > 0);
     int worlds[] = {2, 4};
     for (int i = 0; i < 2; i++) {
         CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node %d %s --ddp --data %s " TINY
                      " --checkpoint %s/w%d.st",
                      launcher, worlds[i], example, text, dir, worlds[i]),
                  0);
+        train_loss_is_one_processs(worlds[i] == 2 ? "--ddp at world 2" : "--ddp at world 4");
         char pa[128], pb[128];
         snprintf(pa, sizeof pa, "%s/w1.st", dir);
         snprintf(pb, sizeof pb, "%s/w%d.st", dir, worlds[i]);
@@ -153,6 +167,9 @@ static void zero_stages_equal_ddp(void) {
                      launcher, example, stage, text, b),
                  0);
         CHECK(strstr(output, "sample:") != NULL);
+        char way[32];
+        snprintf(way, sizeof way, "--zero %d", stage);
+        train_loss_is_one_processs(way);
         double worst;
         char name[96] = "none";
         double d = checkpoint_distance(ddp, b, &worst, name, sizeof name);

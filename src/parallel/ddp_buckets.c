@@ -6,10 +6,11 @@
 #include "core/core_impl.h"
 #include "parallel/ddp_impl.h"
 
-void td__ddp_launch_ready(td_ddp *d, size_t *next, void (*launch)(td_ddp *d, size_t k)) {
+void td__ddp_launch_ready(td_ddp *d, size_t *next, size_t upto,
+                          void (*launch)(td_ddp *d, size_t k)) {
     /* A complete bucket waits for the ones before it, so every rank queues the same
      * collectives in the same order whatever order its gradients arrive in. */
-    while (*next < d->n_buckets && d->buckets[*next].pending == 0) {
+    while (*next < upto && *next < d->n_buckets && d->buckets[*next].pending == 0) {
         launch(d, (*next)++);
         d->stats.buckets_early++;
     }

@@ -133,10 +133,11 @@ void td__ddp_move_gradient(td_ddp *d, size_t i, void *dst);
  * DDP moved them (their old memory holds a canary), and frees moved_mem. */
 td_status td__ddp_check_moved(td_ddp *d);
 
-/* Running a reducer's bucket collectives (ddp_buckets.c). Launches, from bucket *next on, the
- * buckets whose gradients are all ready (pending 0), in bucket order, each counted as launched
- * early; *next moves past them. */
-void td__ddp_launch_ready(td_ddp *d, size_t *next, void (*launch)(td_ddp *d, size_t k));
+/* Running a reducer's bucket collectives (ddp_buckets.c). Launches, from bucket *next up to
+ * (not including) bucket upto, the buckets whose gradients are all ready (pending 0), in bucket
+ * order, each counted as launched early; *next moves past them. */
+void td__ddp_launch_ready(td_ddp *d, size_t *next, size_t upto,
+                          void (*launch)(td_ddp *d, size_t k));
 
 /* Bucket k's collective was started with status s: on failure it has no request and the error
  * is the backward's. */

@@ -383,7 +383,7 @@ static void tree_grad_ready(td_ddp *d, size_t i) {
     /* The last shard: once a bucket's subtree sums are final it may go across ranks. All-to-alls
      * go out in bucket order on every rank, so every rank queues the same collectives. */
     d->buckets[d->bucket_of[i]].pending--;
-    td__ddp_launch_ready(d, &t->next_launch, tree_launch);
+    td__ddp_launch_ready(d, &t->next_launch, d->n_buckets, tree_launch);
 }
 
 /* The levels above the ranks: for each bucket, the w segments this rank received are added in
@@ -466,6 +466,7 @@ static td_status tree_finish(td_ddp *d) {
     }
     tail[0] = (float)n_unready;
     tail[1] = d->loss;
+    d->loss = 0; /* the next shard sets its own */
     tree_fold(t, t->base[d->n_buckets], t->n_buffer_floats + DDP_SLOTS, 1.0f);
     tree_advance(t);
     memset(d->ready, 0, d->n_params ? d->n_params : 1);

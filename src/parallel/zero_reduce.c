@@ -292,7 +292,7 @@ static void rs_grad_ready(td_ddp *d, size_t i) {
     size_t k = d->bucket_of[i];
     rs_hold(d, k);
     d->buckets[k].pending--;
-    td__ddp_launch_ready(d, &st->next, rs_launch);
+    td__ddp_launch_ready(d, &st->next, d->n_buckets, rs_launch);
     td__ddp_complete_buckets(d, st->next, 0, rs_done);
 }
 
