@@ -153,9 +153,11 @@ $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(SHARED): $(LIB_OBJ)
+# The shared library exports the public API alone (src/libtandem.map).
+$(SHARED): $(LIB_OBJ) src/libtandem.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(LDFLAGS) -Wl,-soname,libtandem.so.0 -o $@ $^ $(ALL_LIBS)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libtandem.so.0 -Wl,--version-script=src/libtandem.map \
+		-o $@ $(LIB_OBJ) $(ALL_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(STATIC)
 	@mkdir -p $(dir $@)

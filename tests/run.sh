@@ -48,6 +48,15 @@ else
     printf '%-28s %4d passed, 1 FAILED\n' layers 0
     sed 's/^/    /' "$logdir/layers.log" | tail -n 40
 fi
+# The shared library exports the public API alone.
+if sh tests/exports.sh "$build" > "$logdir/exports.log" 2>&1; then
+    passed=$((passed + 1))
+    printf '%-28s %4d passed\n' exports 1
+else
+    failed=$((failed + 1))
+    printf '%-28s %4d passed, 1 FAILED\n' exports 0
+    sed 's/^/    /' "$logdir/exports.log" | tail -n 40
+fi
 # Every ```c block of the README, and every whole program (a block with main) in docs/, must
 # compile and link against the library, so the docs cannot drift from the headers.
 libs=$(sed -n 's/^Libs.private: //p' "$build/tandem.pc")
