@@ -83,6 +83,8 @@ typedef struct {
     int hierarchical;        /* -1: TANDEM_HIERARCHICAL, else 1; 0: flat collectives across hosts */
     int store_hosted;        /* ucx: -1: TANDEM_STORE_HOSTED, else 0; 1: a launcher hosts the
                                 store (tandemrun --nnodes), rank 0 only connects to it */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[68];
 } td_comm_params;
 
 /* The defaults described above: everything from the environment. */

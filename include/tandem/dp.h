@@ -71,6 +71,8 @@ typedef struct {
                               global_batch is then each host's share */
     td_ddp_params ddp;     /* DDP2's options (bucket sizes, comm_dtype, ...):
                               td_ddp_default_params() */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_dp_params;
 
 /* n_devices 2, global_batch 128, the MLP, seed 0, default graph and DDP options, SGD defaults,

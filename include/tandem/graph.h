@@ -62,6 +62,8 @@ typedef struct {
     td_dtype dtype;     /* the low dtype: TD_BF16 (default) or TD_F16 */
     int emulate;        /* 1: compute oneDNN ops in f32 between casts even where the CPU runs
                            bf16 natively (the path other CPUs take) */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_amp_params;
 
 /* Options of td_graph_create; fill with td_graph_default_params. */
@@ -114,6 +116,8 @@ typedef struct {
                                  name, "conv2d:3"; categories "forward" and "backward"), that
                                  row named "compute" (not owned; it must outlive the graph);
                                  the job's trace is td_comm_trace's (docs/tracing.md) */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no

@@ -104,6 +104,8 @@ typedef struct {
                               shards td_pipeline_parameters gives; at stage 3 an evaluation
                               gathers parameters too, so every replica evaluates alike */
     td_trace *trace;       /* NULL, or where forward, backward and transfer spans are recorded */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_pipeline_params;
 
 /* 1F1B, 2 stages, 4 micro-batches, batch 128, balanced split, seed 0, 5 reps, transfer
