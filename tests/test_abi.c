@@ -18,14 +18,14 @@
     X(td_comm_params, 136, td_comm_default_params())               \
     X(td_conv2d_params, 88, td_conv2d_default_params())            \
     X(td_ddp_params, 128, td_ddp_default_params())                 \
-    X(td_dp_params, 584, td_dp_default_params())                   \
+    X(td_dp_params, 608, td_dp_default_params())                   \
     X(td_gpt_params, 96, td_gpt_default_params())                  \
     X(td_grad_scaler_params, 112, td_grad_scaler_default_params()) \
-    X(td_graph_params, 216, td_graph_default_params())             \
+    X(td_graph_params, 240, td_graph_default_params())             \
     X(td_job_params, 80, td_job_default_params())                  \
     X(td_loader_params, 192, td_loader_default_params())           \
     X(td_lr_schedule_params, 128, td_lr_schedule_default_params()) \
-    X(td_pipeline_params, 472, td_pipeline_default_params())       \
+    X(td_pipeline_params, 496, td_pipeline_default_params())       \
     X(td_pool2d_params, 88, td_pool2d_default_params())            \
     X(td_resnet_params, 136, td_resnet_default_params())           \
     X(td_sampler_params, 104, td_sampler_default_params())         \

@@ -11,7 +11,7 @@
 #include <limits.h>
 
 #include "test.h"
-#include "test_program.h" /* run, field, checkpoint_distance */
+#include "test_program.h" /* run, field, printed_sha256, checkpoint_distance */
 
 static char example[PATH_MAX], launcher[PATH_MAX], dir[64], text[128];
 static double one_loss; /* one process's train loss of the last step, as it printed it */
@@ -28,13 +28,6 @@ static void train_loss_is_one_processs(const char *way) {
 #define TINY                                                                       \
     "--layers 2 --heads 2 --width 32 --context 32 --batch 8 --steps 4 --warmup 2 " \
     "--eval-every 0 --eval-batches 1 --sample 20"
-
-/* The hash the run printed last, into hex (empty when missing). */
-static void sha(char hex[65]) {
-    const char *at = strstr(output, "params_sha256 ");
-    hex[0] = 0;
-    if (at) snprintf(hex, 65, "%.64s", at + 14);
-}
 
 static void ddp_at_worlds_2_and_4_equals_one_process(void) {
     CHECK_EQ(
@@ -70,20 +63,20 @@ static void deterministic_same_bits_at_world_1_2_4(void) {
     CHECK_EQ(
         run("OMP_NUM_THREADS=1 %s --data %s " TINY " --deterministic --shards 4", example, text),
         0);
-    sha(want);
+    printed_sha256(want);
     CHECK(strlen(want) == 64);
     /* one rank of 2 OpenMP threads: no thread count enters a sum */
     CHECK_EQ(
         run("OMP_NUM_THREADS=2 %s --data %s " TINY " --deterministic --shards 4", example, text),
         0);
-    sha(got);
+    printed_sha256(got);
     if (strcmp(want, got)) TEST_FAIL_AT("2 threads: %s, 1 thread: %s", got, want);
     for (int w = 2; w <= 4; w += 2) {
         CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node %d %s --data %s " TINY
                      " --deterministic --shards 4",
                      launcher, w, example, text),
                  0);
-        sha(got);
+        printed_sha256(got);
         if (strcmp(want, got)) TEST_FAIL_AT("world %d: %s, world 1: %s", w, got, want);
     }
     printf("    params_sha256 %.16s... at worlds 1, 2 and 4, and on 2 threads\n", want);
@@ -92,7 +85,7 @@ static void deterministic_same_bits_at_world_1_2_4(void) {
 static void resume_continues_bit_for_bit(void) {
     char want[65], got[65];
     CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TINY, example, text), 0);
-    sha(want);
+    printed_sha256(want);
     CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TINY " --checkpoint %s/r.st --stop-at 2",
                  example, text, dir),
              0);
@@ -100,7 +93,7 @@ static void resume_continues_bit_for_bit(void) {
                  example, text, dir),
              0);
     CHECK(strstr(output, "resuming from") != NULL);
-    sha(got);
+    printed_sha256(got);
     if (strcmp(want, got)) TEST_FAIL_AT("resumed %s, straight through %s", got, want);
     /* a checkpoint of another model shape is refused, naming both */
     CHECK_EQ(run("%s --data %s " TINY " --width 64 --resume %s/r.st", example, text, dir), 1);
@@ -198,12 +191,12 @@ static void zero_stages_equal_ddp(void) {
     CHECK_EQ(
         run("OMP_NUM_THREADS=1 %s --data %s " TINY " --deterministic --shards 4", example, text),
         0);
-    sha(want);
+    printed_sha256(want);
     CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 2 %s --zero 2 --data %s " TINY
                  " --deterministic --shards 4",
                  launcher, example, text),
              0);
-    sha(got);
+    printed_sha256(got);
     CHECK(strlen(want) == 64);
     if (strcmp(want, got)) TEST_FAIL_AT("--zero 2 deterministic %s, DDP %s", got, want);
     CHECK_EQ(run("%s --data %s --zero 4", example, text), 2);

@@ -18,7 +18,9 @@
  * --checkpoint / --resume continue a run at any world size, with or without --zero (--stop-at N
  * ends a run after step N as an interrupted one would); --device cuda trains on this rank's GPU
  * (cuda:LOCAL_RANK, or cuda:N); --pipeline cuts the model into stages instead (pipeline.c, on
- * the CPU). The last lines are a sample and the SHA-256 of the parameters. */
+ * the CPU); --recompute full|selective runs the blocks' forward again in backward instead of
+ * keeping their activations (docs/recompute.md). The last lines are a sample and the SHA-256 of
+ * the parameters. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +34,7 @@ static void usage(void) {
             "usage: gpt [--data FILE] [--layers N] [--heads N] [--width C] [--context T]\n"
             "           [--batch GLOBAL] [--steps N] [--lr X] [--warmup N] [--seed N]\n"
             "           [--eval-every N] [--eval-batches N] [--ddp | --zero 1|2|3] [--amp]\n"
+            "           [--recompute none|full|selective]\n"
             "           [--device cpu|cuda|cuda:N]\n"
             "           [--deterministic [--shards S]] [--checkpoint PATH [--checkpoint-every N]]\n"
             "           [--resume PATH|auto] [--stop-at STEP] [--sample N] [--prompt TEXT]\n"
@@ -126,6 +129,12 @@ static options parse(int argc, char **argv) {
             o.micro = atoi(v);
         else if (!strcmp(a, "--split"))
             o.split = strcmp(v, "balanced") ? v : NULL;
+        else if (!strcmp(a, "--recompute") && !strcmp(v, "none"))
+            o.recompute = TD_RECOMPUTE_NONE;
+        else if (!strcmp(a, "--recompute") && !strcmp(v, "full"))
+            o.recompute = TD_RECOMPUTE_FULL;
+        else if (!strcmp(a, "--recompute") && !strcmp(v, "selective"))
+            o.recompute = TD_RECOMPUTE_SELECTIVE;
         else
             usage();
     }
@@ -248,10 +257,14 @@ static void resume(trainer *t) {
 
 void gpt_banner(const options *o, int world, const char *more) {
     printf("gpt: %d layers, %d heads, width %lld, context %lld: %lld parameters; world %d, global "
-           "batch %d%s%s%s\n",
+           "batch %d%s%s%s%s\n",
            o->model.layers, o->model.heads, (long long)o->model.width, (long long)o->model.context,
            (long long)td_gpt_parameter_count(&o->model), world, o->batch,
-           o->amp ? ", amp bf16" : "", o->deterministic ? ", deterministic" : "", more);
+           o->amp ? ", amp bf16" : "", o->deterministic ? ", deterministic" : "",
+           o->recompute == TD_RECOMPUTE_FULL        ? ", recompute full"
+           : o->recompute == TD_RECOMPUTE_SELECTIVE ? ", recompute selective"
+                                                    : "",
+           more);
 }
 
 void gpt_build(const options *o, td_graph *g, int64_t batch, td_model *m) {
@@ -302,6 +315,7 @@ static void setup(trainer *t) {
     gp.device = t->device;
     if (o->amp) gp.amp.level = TD_AMP_O1;
     gp.threads = o->deterministic ? 1 : 0; /* no sum of the kernels depends on OMP_NUM_THREADS */
+    gp.recompute = o->recompute;
     CHECK(td_graph_create(&t->train, &gp));
     gpt_build(o, t->train, t->graph_batch, &t->model);
     gp.grad_enabled = 0;
@@ -532,6 +546,8 @@ int main(int argc, char **argv) {
         printf("data: %s, %zu bytes (%zu train, %zu validation); unigram baseline %.4f\n", o->data,
                t.text.size, t.n_train, t.text.size - t.n_train,
                gpt_unigram_baseline(&t.text, t.n_train));
+        printf("graph memory: %.2f MiB of activations and gradients per rank\n",
+               (double)td_graph_memory_bytes(t.train) / (1 << 20));
         fflush(stdout);
     }
     size_t per_epoch = td_sampler_batches(t.sampler);
