@@ -157,18 +157,33 @@ static int run_child(const char *cap, char *out, size_t cap_out) {
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 && n > 0 ? 0 : -1;
 }
 
-/* What this CPU offers, as cpu.c decides it without a cap. */
+/* What this CPU offers, read from the kernel's /proc/cpuinfo flags (cpu.c asks the CPU itself):
+ * AVX2 with FMA and F16C, and AVX-512 F, BW, VL and DQ beyond that. */
 static int cpu_level(void) {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
-    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    return avx512 ? TD__ISA_AVX512 : avx2 ? TD__ISA_AVX2 : TD__ISA_SSE2;
-#else
-    return TD__ISA_SSE2;
-#endif
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[8192];
+    int level = TD__ISA_SSE2;
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5) != 0) continue;
+        static const char *const avx2[] = {" avx2", " fma", " f16c"};
+        static const char *const avx512[] = {" avx512f", " avx512bw", " avx512vl", " avx512dq"};
+        int has2 = 1, has512 = 1;
+        line[strcspn(line, "\n")] = ' ';
+        for (int i = 0; i < 3; i++) {
+            char word[32];
+            snprintf(word, sizeof word, "%s ", avx2[i]);
+            has2 &= strstr(line, word) != NULL;
+        }
+        for (int i = 0; i < 4; i++) {
+            char word[32];
+            snprintf(word, sizeof word, "%s ", avx512[i]);
+            has512 &= strstr(line, word) != NULL;
+        }
+        level = has2 && has512 ? TD__ISA_AVX512 : has2 ? TD__ISA_AVX2 : TD__ISA_SSE2;
+        break;
+    }
+    if (f) fclose(f);
+    return level;
 }
 
 #define OUT_BYTES (1 << 16)

@@ -26,15 +26,9 @@ static td_status ddp_set_sync(void *impl, int sync) { return td_ddp_set_sync(imp
 static td_status ddp_prepare_forward(void *impl) { return td_ddp_prepare_forward(impl); }
 static td_status ddp_finish_backward(void *impl) { return td_ddp_finish_backward(impl); }
 
-/* DDP steps the graph's own parameters: the caller keeps them. */
-static td_status ddp_parameters(void *impl, td_param **params, size_t *n) {
-    (void)impl;
-    *params = NULL;
-    *n = 0;
-    return TD_OK;
-}
-
-static td_status ddp_norm_grads(void *impl, td_param **shards, size_t *n) {
+/* DDP steps the graph's own parameters and keeps their gradients whole: no shards for the
+ * optimizer or the norm. */
+static td_status ddp_no_shards(void *impl, td_param **shards, size_t *n) {
     (void)impl;
     *shards = NULL;
     *n = 0;
@@ -48,8 +42,8 @@ const td__replicas_ops td__replicas_ddp = {
     .set_sync = ddp_set_sync,
     .prepare_forward = ddp_prepare_forward,
     .finish_backward = ddp_finish_backward,
-    .parameters = ddp_parameters,
-    .norm_grads = ddp_norm_grads,
+    .parameters = ddp_no_shards,
+    .norm_grads = ddp_no_shards,
 };
 
 /* ---- ZeRO --------------------------------------------------------------------------------- */
