@@ -7,6 +7,8 @@
 #                               torch.distributed backend (bindings/torch) and make check runs
 #                               its tests (make check-torch alone)
 #   sh scripts/deps.sh plots    also matplotlib, for scripts/plots.py
+#   sh scripts/deps.sh slurm    also Slurm's daemons and commands and munge: make check then runs
+#                               tests/test_slurm.c on a cluster of one node it starts itself
 # (several at once: sh scripts/deps.sh torch plots). UCX carries the bytes between hosts under
 # tandemrun --nnodes; iproute2 and iptables build the emulated hosts the multi-host tests run
 # on (scripts/hosts.sh). r-cran-janeaustenr ships Jane Austen's six novels, the English text
@@ -19,8 +21,9 @@ for extra in "$@"; do
     bench) pkgs="$pkgs python3-torch libopenblas0-pthread" ;;
     torch) pkgs="$pkgs g++ python3-torch libtorch-dev pybind11-dev" ;;
     plots) pkgs="$pkgs python3-matplotlib" ;;
+    slurm) pkgs="$pkgs slurmctld slurmd slurm-client munge" ;;
     *)
-        echo "scripts/deps.sh: unknown set '$extra' (bench, torch or plots)" >&2
+        echo "scripts/deps.sh: unknown set '$extra' (bench, torch, plots or slurm)" >&2
         exit 2
         ;;
     esac
