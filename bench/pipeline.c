@@ -1,6 +1,6 @@
 /* Pipeline parallelism on the ResNet, measured: samples/s of one process, of the naive split
- * (the seeds' model parallelism: the batch goes through stage 0, then stage 1) and of GPipe and
- * 1F1B at M = 1, 2, 4, 8 micro-batches, each stage a rank pinned to its own core; beside them
+ * (PyTorch's model-parallel tutorial: the batch goes through stage 0, then stage 1) and of GPipe
+ * and 1F1B at M = 1, 2, 4, 8 micro-batches, each stage a rank pinned to its own core; beside them
  * each stage's measured idle ("bubble") fraction and the theory (P-1)/(M+P-1), and each stage's
  * peak activation memory. With --trace PREFIX every rank of the GPipe and 1F1B runs at M = 4
  * writes PREFIX.<schedule>.rank<r>.json, a Chrome trace of the schedule (open them together in
@@ -236,7 +236,7 @@ int main(int argc, char **argv) {
     if (su.stages < 2 || su.stages > MAX_STAGES || su.steps < 1 || su.warmup < 0 || repeat < 1 ||
         repeat > MAX_REPEAT)
         goto usage;
-    if (su.stages != 2 && !split_given) su.split = NULL; /* the seeds' cut is for two stages */
+    if (su.stages != 2 && !split_given) su.split = NULL; /* the tutorial's cut is for two stages */
     int micro[MAX_MICRO], nm = 0;
     char ml[64];
     snprintf(ml, sizeof ml, "%s", micro_list);

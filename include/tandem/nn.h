@@ -39,7 +39,7 @@ td_status td_nn_nt_xent(td_graph *g, const char *name, td_tensor *z, td_tensor *
 /* The reference models. The image models take (B, 1, 28, 28) f32 images and (B) i64 labels;
  * the GPT takes (B, T) token ids (as f32) and one i64 label per position, (B * T). */
 typedef enum {
-    TD_MODEL_NET = 0,    /* the seeds' Net: 2 convs, dropout2d, 2 linears, dropout */
+    TD_MODEL_NET = 0,    /* PyTorch's MNIST example Net: 2 convs, dropout2d, 2 linears, dropout */
     TD_MODEL_MLP = 1,    /* 784 -> 1024 -> 1024 -> 10 */
     TD_MODEL_CNN = 2,    /* 4 conv3x3 + BN + ReLU, 2 max-pools, linear 3136 -> 10 */
     TD_MODEL_RESNET = 3, /* td_resnet_default_params(): BasicBlocks [1, 1, 1, 1], width 16 */

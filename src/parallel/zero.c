@@ -1,18 +1,9 @@
 /* td_zero: creation (the layout, the ranks' agreement, DDP's front over the chosen gradient
  * reducer, parameters moved into the group's region), the calls of an iteration, stage 3's
  * gathering and freeing of units around their use, whole parameters on demand, clipping across
- * shards and the memory count. Checkpoints are in zero_checkpoint.c, the layout in
- * zero_layout.c, the sharded gradient reducer in zero_reduce.c.
- *
- * The gradient side is td_ddp's front with one of its reducers: DDP's bucket all-reduce at
- * stage 1, the reduce-scatter into shards at stages 2 and 3, and in deterministic mode DDP's
- * shard tree at every stage (its gradients are whole on every rank, so the steps are deterministic
- * DDP's bits). Whatever the reducer, this rank's optimizer steps only its chunk of each flat,
- * and the chunks are all-gathered in place, each rank copying the others' chunks straight out of
- * their regions of the group's memory: before the next forward at stages 1 and 2, unit by unit
- * around their use at stage 3 (on a process group of their own, so that gathers and the
- * gradients' reduce-scatters run side by side), where a freed unit's pages are parked for the
- * next gather (zero_region.c) rather than given back. It knows nothing of graphs. */
+ * shards and the memory count; how the stages work is docs/zero.md's. Checkpoints are in
+ * zero_checkpoint.c, the layout in zero_layout.c, the sharded gradient reducer in zero_reduce.c,
+ * the pages parked between gathers in zero_region.c. It knows nothing of graphs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,28 +1,12 @@
-/* ZeRO's gradient reducer (stages 2 and 3), a td_ddp reducer (reducer.h): gradients are laid
- * out by ZeRO's flat buffers (zero_impl.h, given as the front's reducer_ctx), one bucket per
- * flat, last unit first; a bucket whose parameters are all ready is reduce-scattered on the
- * progress thread while backward goes on, each rank receiving the average of its own chunk into
- * its gradient shard. Buckets go out in bucket order on every rank.
- *
- * Where a flat's whole gradient is written. Giving its pages back after each reduce-scatter and
- * faulting them in again in the next backward costs more than the reduction itself (the kernel
- * frees, zeroes and maps every page twice a step), so the whole gradients of a synchronised
- * backward go to the ring: one buffer of the group's memory, resident, of max(bucket_bytes, two
- * of the largest flats) bytes, where bucket k has a slot at the same offset on every rank (so
- * the reduce-scatter reads the other ranks' slots in place). A flat takes its slot when the
- * trainer announces that it is about to write it (the table's before_backward, from stage 2
- * and 3's BEFORE_BACKWARD call), after waiting for the earlier bucket whose slot overlaps
- * it: the ring is reused as backward moves through the model, and memory stays at about two
- * units whatever the depth. A flat that nobody announced, or whose home already holds
- * gradients (no_sync micro-batches, the trainer's own at creation), is written at its home in
- * the gradient region instead, whose pages go back once reduced (they read as zeros after).
- * params[i].grad points at the slot from the announcement to the end of the backward.
- *
- * Gradients of f32 flats travel in comm_dtype when it is narrower, through a half-width copy
- * reduced in place and widened into the shard. The loss and the count of parameters no backward
- * reached are all-reduced once at the end (the shards cannot carry them to every rank). Under
- * no_sync the front never calls in, so the whole gradients stay at home and accumulate. It knows
- * nothing of graphs and does not step the optimizer. */
+/* ZeRO's gradient reducer (stages 2 and 3), a td_ddp reducer (reducer.h): one bucket per flat of
+ * ZeRO's layout (zero_impl.h, the front's reducer_ctx), last unit first, each reduce-scattered on
+ * the progress thread into the rank's gradient shard as soon as its gradients are final. Where a
+ * synchronised backward writes the whole gradients (the ring of slots reused as backward moves
+ * through the model, or a flat's home in the gradient region) is in docs/zero.md ("How it is laid
+ * out", Gradients); here are the slots' bookkeeping, the half-width copies of f32 flats when
+ * comm_dtype is narrower, and the loss and unused-parameter count all-reduced once at the end (the
+ * shards cannot carry them to every rank). It knows nothing of graphs and does not step the
+ * optimizer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
