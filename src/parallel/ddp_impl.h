@@ -1,7 +1,8 @@
 /* What the files of td_ddp share: the td_ddp struct (the front's state, the bucket layout and
  * the reducer's table and state), and the front's pieces a reducer may use: the bucket layout
- * and moving gradients into it (ddp_layout.c), the buffer broadcast, the error of the backward
- * and the unused-parameter rule (ddp.c), and uneven inputs (ddp_join.c). Not installed. */
+ * and moving gradients into it (ddp_layout.c), running the buckets' collectives in order
+ * (ddp_buckets.c), the buffer broadcast, the error of the backward and the unused-parameter rule
+ * (ddp.c), and uneven inputs (ddp_join.c). Not installed. */
 #ifndef TANDEM_DDP_IMPL_H
 #define TANDEM_DDP_IMPL_H
 
