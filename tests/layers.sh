@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 # Which layer a public header belongs to.
 layer_of_public() {
     case "$1" in
-    core | param | trace) echo core ;;
+    core | param | trace | args) echo core ;;
     device) echo device ;;
     tensor) echo tensor ;;
     ops) echo ops ;;

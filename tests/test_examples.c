@@ -56,6 +56,24 @@ static void bad_option_values_are_named(void) {
     /* an option nobody knows is named, then the usage shows what there is */
     CHECK_EQ(run("%s --epoch 2", mnist), 2);
     CHECK(strstr(output, "unknown option --epoch") && strstr(output, "usage:"));
+    expect_named(mnist, "--lr inf", "--lr inf: expected a number >= 0");
+    expect_named(mnist, "--momentum 1", "--momentum 1: expected a number in [0, 1)");
+    /* --help is the usage, and no error */
+    CHECK_EQ(run("%s --help", mnist), 0);
+    CHECK(!strncmp(output, "usage: mnist", 12));
+}
+
+/* A learning rate that sends the loss to NaN ends the run with status 1 naming the step, in
+ * the data-parallel mode and in the pipeline's (it trained on, printing NaN losses). */
+static void a_diverged_run_stops_naming_the_step(void) {
+    CHECK_EQ(run("%s --model mlp --lr 1e30 --max-steps 4 --no-eval --data %s", mnist, short_set),
+             1);
+    CHECK(strstr(output, "step 2: the loss is NaN, not finite") && !strstr(output, "final:"));
+    CHECK_EQ(run("%s --nproc-per-node 2 %s --model mlp --pipeline gpipe --stages 2 "
+                 "--micro-batches 2 --lr 1e30 --max-steps 4 --no-eval --data %s",
+                 launcher, mnist, short_set),
+             1);
+    CHECK(strstr(output, "the loss is NaN, not finite") && !strstr(output, "final:"));
 }
 
 /* --max-steps is the run's length in optimizer steps, counted across epochs (the training set
@@ -290,6 +308,7 @@ int main(int argc, char **argv) {
     snprintf(tiny_set, sizeof tiny_set, "%s/tiny", dir);
     if (fashion_mnist_subset(short_set, 640) || fashion_mnist_subset(tiny_set, 100)) return 1;
     RUN(bad_option_values_are_named);
+    RUN(a_diverged_run_stops_naming_the_step);
     RUN(max_steps_counts_across_epochs_and_resumes);
     RUN(max_steps_counts_across_epochs_in_the_pipeline_and_contrastive);
     RUN(banner_names_the_precision);

@@ -9,6 +9,7 @@
  * is docs/gpt.md's. */
 #include <libgen.h>
 #include <limits.h>
+#include <sys/stat.h>
 
 #include "test.h"
 #include "test_program.h" /* run, field, printed_sha256, checkpoint_distance */
@@ -86,7 +87,7 @@ static void resume_continues_bit_for_bit(void) {
     char want[65], got[65];
     CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TINY, example, text), 0);
     printed_sha256(want);
-    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TINY " --checkpoint %s/r.st --stop-at 2",
+    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TINY " --checkpoint %s/r.st --stop-at-step 2",
                  example, text, dir),
              0);
     CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TINY " --checkpoint %s/r.st --resume auto",
@@ -171,7 +172,7 @@ static void zero_stages_equal_ddp(void) {
     }
     snprintf(b, sizeof b, "%s/zr.st", dir);
     CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 2 %s --zero 3 --data %s " TINY
-                 " --checkpoint %s --stop-at 2",
+                 " --checkpoint %s --stop-at-step 2",
                  launcher, example, text, b),
              0);
     CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 4 %s --zero 3 --data %s " TINY
@@ -199,8 +200,74 @@ static void zero_stages_equal_ddp(void) {
     printed_sha256(got);
     CHECK(strlen(want) == 64);
     if (strcmp(want, got)) TEST_FAIL_AT("--zero 2 deterministic %s, DDP %s", got, want);
-    CHECK_EQ(run("%s --data %s --zero 4", example, text), 2);
-    CHECK(strstr(output, "--zero 4, expected the stage") != NULL);
+}
+
+/* `gpt args` exits `status` saying `says`. */
+static void expect_exit(int status, const char *args, const char *says) {
+    int rc = run("timeout 60 %s %s", example, args);
+    if (rc != status || !strstr(output, says))
+        TEST_FAIL_AT("gpt %s: exit %d (wanted %d), wanted \"%s\" in:\n%s", args, rc, status, says,
+                     output);
+}
+
+/* Each bad value names its option and what it wanted (the command lines new users and probes
+ * tried), with exit status 2; --help exits 0; a directory, a FIFO or /dev/zero as --data is
+ * refused saying what it is (a FIFO blocked, /dev/zero grew without bound). */
+static void options_and_data_are_checked_by_name(void) {
+    static const char *const bad[][2] = {
+        {"--steps 10x", "--steps 10x: expected an integer >= 1"},
+        {"--batch 3.5", "--batch 3.5: expected an integer >= 1"},
+        {"--warmup -1", "--warmup -1: expected an integer >= 0"},
+        {"--eval-every -5", "--eval-every -5: expected an integer >= 0"},
+        {"--stop-at-step -1", "--stop-at-step -1: expected an integer >= 1"},
+        {"--checkpoint-every -2", "--checkpoint-every -2: expected an integer >= 0"},
+        {"--context 0", "--context 0: expected an integer from 1"},
+        {"--layers x", "--layers x: expected an integer from 1"},
+        {"--lr fast", "--lr fast: expected a number >= 0"},
+        {"--lr inf", "--lr inf: expected a number >= 0"},
+        {"--seed -3", "--seed -3: expected an unsigned 64-bit integer"},
+        {"--zero 4", "--zero 4: expected an integer from 1 to 3"},
+        {"--pipeline 2f2b", "--pipeline 2f2b: expected naive, gpipe or 1f1b"},
+        {"--device gpu", "--device gpu: expected cpu, cuda or cuda:N"},
+        {"--steps", "--steps needs a value"},
+        {"--epochs 2", "unknown option --epochs"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        char args[256];
+        snprintf(args, sizeof args, "--data %s %s", text, bad[k][0]);
+        expect_exit(2, args, bad[k][1]);
+    }
+    expect_exit(0, "--help", "usage: gpt");
+    CHECK(strstr(output, "--stop-at-step") != NULL);
+    expect_exit(1, "--data /dev/zero", "/dev/zero is a character device");
+    char args[256], fifo[128];
+    snprintf(args, sizeof args, "--data %s", dir);
+    expect_exit(1, args, "is a directory");
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    snprintf(args, sizeof args, "--data %s", fifo);
+    expect_exit(1, args, "is a FIFO");
+}
+
+/* A learning rate that sends the loss to NaN or infinity ends the run with status 1 naming
+ * the step, in one process and under DDP; a run resumed at its last step says there is
+ * nothing left to train (it printed "train loss nan") and exits 0. */
+static void a_diverged_or_finished_run_says_so(void) {
+    char args[512];
+    snprintf(args, sizeof args, "--data %s " TINY " --lr 1e300", text);
+    expect_exit(1, args, "step 2: the loss is NaN, not finite");
+    CHECK(strstr(output, "final:") == NULL);
+    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 2 %s --data %s " TINY " --lr 1e300",
+                 launcher, example, text),
+             1);
+    CHECK(strstr(output, "the loss is NaN, not finite") && !strstr(output, "final:"));
+    snprintf(args, sizeof args, "--data %s " TINY " --checkpoint %s/done.st", text, dir);
+    expect_exit(0, args, "final:");
+    strcat(args, " --resume auto");
+    expect_exit(0, args,
+                "nothing left to train: the checkpoint is at step 4, the last of "
+                "--steps 4");
+    CHECK(strstr(output, "nan") == NULL && strstr(output, "final:") == NULL);
 }
 
 int main(int argc, char **argv) {
@@ -228,6 +295,8 @@ int main(int argc, char **argv) {
     RUN(pipeline_equals_one_process);
     RUN(amp_and_device);
     RUN(zero_stages_equal_ddp);
+    RUN(options_and_data_are_checked_by_name);
+    RUN(a_diverged_or_finished_run_says_so);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) return 1;

@@ -130,9 +130,9 @@ void unflatten(const at::Tensor &flat, std::vector<at::Tensor> &list) {
 
 } // namespace
 
-ProcessGroupTandem::ProcessGroupTandem(td_comm *comm)
+ProcessGroupTandem::ProcessGroupTandem(td_comm *comm, td_store *host_store)
     : c10d::ProcessGroup(td_comm_rank(comm), td_comm_size(comm)), comm_(comm),
-      completion_(std::make_shared<Completion>()) {
+      host_store_(host_store), completion_(std::make_shared<Completion>()) {
     init();
 }
 
@@ -149,6 +149,7 @@ ProcessGroupTandem::~ProcessGroupTandem() {
             thread_.join();
     }
     td_comm_destroy(comm_);
+    td_store_destroy(host_store_);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTandem::launch(c10d::OpType type, td_status status,

@@ -247,6 +247,7 @@ int gpt_pipeline_main(const options *o) {
         td_optim_set_lr(t.optim, gpt_lr_at(o, step));
         float mine;
         CHECK(td_pipeline_step(t.pipe, t.x, t.y, &mine));
+        if (t.last) CHECK(td_loss_check(mine, step + 1)); /* the loss is the last stage's */
         CHECK(td_pipeline_clip_grad_norm(t.pipe, 1.0, NULL));
         CHECK(td_optim_step(t.optim));
         tokens += (double)o->batch * (double)o->model.context;

@@ -81,8 +81,9 @@ typedef struct {
     double timeout_s;        /* 0: TANDEM_TIMEOUT, else 300 */
     int node_rank;           /* ucx: this host's index, -1: NODE_RANK (or GROUP_RANK), else 0 */
     int hierarchical;        /* -1: TANDEM_HIERARCHICAL, else 1; 0: flat collectives across hosts */
-    int store_hosted;        /* ucx: -1: TANDEM_STORE_HOSTED, else 0; 1: a launcher hosts the
-                                store (tandemrun --nnodes), rank 0 only connects to it */
+    int store_hosted;        /* shm, ucx: -1: TANDEM_STORE_HOSTED, else 0; 1: the store is
+                                hosted already (tandemrun --nnodes, the torch backend's rank 0),
+                                rank 0 only connects to it */
     /* zeros: room for later options (core.h) */
     unsigned char reserved[68];
 } td_comm_params;

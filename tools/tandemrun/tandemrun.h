@@ -6,6 +6,7 @@
 #ifndef TANDEMRUN_H
 #define TANDEMRUN_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -37,6 +38,7 @@ typedef struct {
     int restart_nproc;     /* ranks of a restart: 0 as before, -1 the ones left, or a count */
     int attempt;           /* 0 for the first start, then the restart's number */
     const char *trace_dir; /* --trace: the ranks get TANDEM_TRACE=<its absolute path> */
+    const char *merge_dir; /* --trace-merge DIR: merge what its ranks kept there, then exit */
     int trace_ops;         /* --trace-ops: and TANDEM_TRACE_OPS=1 */
 } tr_options;
 
@@ -104,6 +106,19 @@ int tr_rdzv_ended(tr_rdzv *z, int *code, char *what, size_t cap);
 /* Leaves the rendezvous; with ok, says this node finished, and node 0 first waits for every
  * node to have finished (or failed, or fallen silent). */
 void tr_rdzv_leave(tr_rdzv *z, int ok);
+
+/* --trace DIR (trace.c): makes the directory and checks that the ranks can write there, then
+ * sets TANDEM_TRACE (and TANDEM_TRACE_OPS) to its absolute path `dir`; 0, or -1 after printing
+ * why not. */
+int tr_trace_prepare(const tr_options *opts, char dir[PATH_MAX]);
+
+/* Removes an earlier job's trace files from dir before an attempt; 0, or -1 after printing why
+ * not. */
+int tr_trace_clear(const char *dir);
+
+/* After the job: says where its trace is (merging what the ranks kept when they could not
+ * gather it; rank failed_rank, if >= 0, failed), or why there is none; 0 when there is one. */
+int tr_trace_report(const char *dir, int failed_rank);
 
 /* Parses argv into opts; on a usage error prints why and returns 2, on --help returns 1. */
 int tr_parse_args(int argc, char **argv, tr_options *opts);
