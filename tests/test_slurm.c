@@ -97,20 +97,6 @@ static const char *daemon_tail(const daemon_proc *d) {
     return tail;
 }
 
-/* Runs a shell command with its output thrown away; returns its exit status (polls). */
-static int quiet(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int quiet(const char *fmt, ...) {
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    char all[2100];
-    snprintf(all, sizeof all, "( %s ) > /dev/null 2>&1", cmd);
-    int status = system(all);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
 /* The cluster's configuration: this host's name for the controller (slurmctld checks it is
  * its own), the node as localhost, both on 127.0.0.1, no cgroups, no accounting. */
 static void write_conf(int ctld_port, int slurmd_port) {
@@ -153,7 +139,7 @@ static int cluster_try(void) {
     if (td_free_port(&ctld_port) || td_free_port(&slurmd_port) || ctld_port == slurmd_port)
         return -1;
     write_conf(ctld_port, slurmd_port);
-    quiet("rm -rf %s/state %s/spool && mkdir -p %s/state %s/spool", dir, dir, dir, dir);
+    run_quiet("{ rm -rf %s/state %s/spool && mkdir -p %s/state %s/spool; }", dir, dir, dir, dir);
     daemon_start(&slurmctld, (char *const[]){"slurmctld", "-D", "-f", conf, NULL});
     daemon_start(&slurmd, (char *const[]){"slurmd", "-D", "-f", conf, "-N", "localhost", NULL});
     if (wait_node_idle(60) == 0) return 0;
@@ -173,8 +159,8 @@ static int cluster_up(void) {
                  (int)geteuid());
         return cluster_state;
     }
-    if (quiet("command -v slurmctld && command -v slurmd && command -v munged && command -v "
-              "mungekey && command -v sbatch && command -v srun && command -v sinfo") != 0) {
+    if (run_quiet("{ command -v slurmctld && command -v slurmd && command -v munged && command -v "
+                  "mungekey && command -v sbatch && command -v srun && command -v sinfo; }") != 0) {
         snprintf(cluster_why, sizeof cluster_why,
                  "Slurm is not installed (sh scripts/deps.sh slurm: slurmctld slurmd "
                  "slurm-client munge)");
@@ -198,7 +184,8 @@ static int cluster_up(void) {
                  (char *const[]){"munged", "-F", "-f", sock, keyarg, pid, log, seed, NULL});
     int ready = 0;
     for (double t0 = seconds(); !ready && seconds() - t0 < 20 && daemon_alive(&munged);) {
-        ready = quiet("munge -S %s/munge.socket -n | unmunge -S %s/munge.socket", dir, dir) == 0;
+        ready = run_quiet("{ munge -S %s/munge.socket -n | unmunge -S %s/munge.socket; }", dir,
+                          dir) == 0;
         if (!ready) sleep_ms(100);
     }
     if (!ready) {
@@ -330,7 +317,7 @@ static void cluster_stops_cleanly(void) {
     CHECK(daemon_stop(&munged));
     int steps = 1;
     for (double t0 = seconds(); steps && seconds() - t0 < 15;) {
-        steps = quiet("ls %s/spool | grep -q '^localhost_[0-9]'", dir) == 0;
+        steps = run_quiet("{ ls %s/spool | grep -q '^localhost_[0-9]'; }", dir) == 0;
         if (steps) sleep_ms(200);
     }
     if (steps) TEST_FAIL_AT("job steps are still running: %s/spool holds their sockets", dir);
