@@ -31,6 +31,18 @@ if [ "${1:-}" = --fetch ]; then
     ls -l
     exit 0
 fi
+# The driver first, in one line: without one, or with one older than CUDA 13's runtime needs
+# (580.65), every GPU test would only skip.
+need=580.65
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+if [ -z "$driver" ]; then
+    echo "gpu.sh: no NVIDIA driver or GPU here (nvidia-smi answers none): nothing to check" >&2
+    exit 1
+fi
+if [ "$(printf '%s\n%s\n' "$need" "$driver" | sort -V | head -n 1)" != "$need" ]; then
+    echo "gpu.sh: NVIDIA driver $driver is older than $need, which CUDA 13's runtime needs" >&2
+    exit 1
+fi
 start=$(date +%s)
 budget=${TD_GPU_SECONDS:-540}
 # Seconds a phase may take: its own limit, or what is left of the budget when that is less.

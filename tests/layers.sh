@@ -119,6 +119,15 @@ for f in $(grep -l '^const td__ddp_reducer ' src/parallel/*.c); do
         bad=$((bad + 1))
     fi
 done
+# Device types are the device layer's table (src/device/library.c, docs/devices.md): the layers
+# above name only the CPU and ask a device for its tables, so another type (HIP, Metal) slots in
+# beside CUDA without touching them. Only the device layer and CUDA's graph backend name CUDA.
+typed=$(grep -rn 'TD_DEVICE_CUDA' src | grep -v '^src/device/\|^src/ops/cuda/')
+if [ -n "$typed" ]; then
+    echo "layers: TD_DEVICE_CUDA outside src/device and src/ops/cuda (ask the device's tables):"
+    echo "$typed" | sed 's/^/    /'
+    bad=$((bad + 1))
+fi
 # Programs (tools/, examples/, bench/) use the library as a user would: its public headers
 # (tandem/X.h) and headers beside them, never src/'s internals, nor a td__ name declared by hand.
 for f in $(find tools examples bench -name '*.[ch]' | sort); do

@@ -196,11 +196,13 @@ td_status td_comm_reduce(td_comm *comm, const void *send, void *recv, size_t cou
 /* Copies root's buf to every rank's buf. */
 td_status td_comm_broadcast(td_comm *comm, void *buf, size_t count, td_dtype dtype, int root);
 
-/* recv (size * count) = every rank's send (count), in rank order. */
+/* recv (size * count) = every rank's send (count), in rank order. send is read where it points,
+ * inside recv or not, on every backend and device path: at recv + rank * count the call is in
+ * place (NCCL's form, no copy); send == recv takes recv's first block as this rank's input. */
 td_status td_comm_allgather(td_comm *comm, const void *send, void *recv, size_t count,
                             td_dtype dtype);
 
-/* Like allgather, with the result only on `root`. */
+/* Like allgather (in place alike), with the result only on `root`. */
 td_status td_comm_gather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
                          int root);
 
@@ -212,7 +214,7 @@ td_status td_comm_scatter(td_comm *comm, const void *send, void *recv, size_t co
 td_status td_comm_reduce_scatter(td_comm *comm, const void *send, void *recv, size_t count,
                                  td_dtype dtype, td_reduce_op op);
 
-/* Rank i's recv[j * count ..] = rank j's send[i * count ..]. */
+/* Rank i's recv[j * count ..] = rank j's send[i * count ..]; send == recv in place. */
 td_status td_comm_alltoall(td_comm *comm, const void *send, void *recv, size_t count,
                            td_dtype dtype);
 

@@ -388,6 +388,7 @@ td_status td_graph_forward(td_graph *g) {
     g->ctx.keep_weights = g->keep_weights;
     g->keep_weights = 0;
     if (g->opt.trace) (void)td_trace_name_thread(g->opt.trace, "compute");
+    if (g->ctx.backend->begin) TD__TRY(g->ctx.backend->begin(&g->ctx));
     if (g->ctx.backend->forward_begin) TD__TRY(g->ctx.backend->forward_begin(&g->ctx));
     int was;
     TD__TRY(td__graph_threads_enter(g, "td_graph_forward", &was));
@@ -481,6 +482,7 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
                             y->name);
     td__graph_sync_storage(g);
     size_t numel = (size_t)td_shape_numel(&y->shape);
+    if (g->ctx.backend->begin) TD__TRY(g->ctx.backend->begin(&g->ctx));
     if (g->opt.device.type != TD_DEVICE_CPU) {
         /* dy goes to the device ahead of the sweep (which may be a replay that reads it there),
          * from a pageable copy so that the caller may reuse its buffer at once; a dy already on
