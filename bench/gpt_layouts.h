@@ -113,7 +113,8 @@ static int lt_rank(int rank, int world, void *result, void *arg) {
     td_comm *comm = l->alone ? NULL : bench_comm();
     td_mesh *mesh = NULL;
     if (comm) {
-        td_mesh_params mp = {3, {"pp", "dp", "tp"}, {l->pp, l->dp, l->tp}};
+        td_mesh_params mp = {
+            .ndims = 3, .names = {"pp", "dp", "tp"}, .sizes = {l->pp, l->dp, l->tp}};
         CHECK(td_mesh_create(&mesh, comm, &mp));
     }
     int64_t T = su->model.context, rows = su->batch / (l->alone ? world : l->dp);

@@ -165,7 +165,8 @@ static void ten_adamw_steps_match_pytorch(void) {
         td_checkpoint_close(ck);
         return;
     }
-    td_adamw_params ap = {hp[0], hp[1], hp[2], hp[3], hp[4]};
+    td_adamw_params ap = {
+        .lr = hp[0], .beta1 = hp[1], .beta2 = hp[2], .eps = hp[3], .weight_decay = hp[4]};
     ap.lr = 1e-2, ap.beta1 = 0.9, ap.beta2 = 0.95, ap.eps = 1e-8, ap.weight_decay = 0.1;
     CHECK_NEAR(hp[0], ap.lr, 1e-9); /* the doubles PyTorch used, not their f32 copies */
     td_optim *opt;

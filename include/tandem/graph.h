@@ -67,6 +67,8 @@ typedef struct {
     int emulate;        /* 1: compute oneDNN ops in f32 between casts, the low dtype's
                            rounding without its kernels, where the CPU runs bf16 natively and
                            where it has no low-precision kernels at all (then instead of f32) */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_amp_params;
 
 /* Activation recompute (torch.utils.checkpoint; torchtitan's full and selective modes;
@@ -144,6 +146,8 @@ typedef struct {
                                        (no collective runs twice); a word no node of the graph
                                        has fails td_graph_compile. Copied at create, as
                                        recompute_segments */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no

@@ -38,6 +38,7 @@ typedef struct {
     const char *names[TD_MESH_MAX_DIMS]; /* distinct, 1 to 15 characters ("dp", "tp", "pp") */
     int sizes[TD_MESH_MAX_DIMS];         /* >= 1, or -1 for at most one dimension: what the
                                             group's size leaves (world / the others' product) */
+    unsigned char reserved[64];          /* zeros: room for later options (core.h) */
 } td_mesh_params;
 
 /* The 3D layout tandemrun gives (--tp N --pp N set TANDEM_TP and TANDEM_PP; 1 when unset):

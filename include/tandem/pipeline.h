@@ -12,8 +12,9 @@
  * td_comm p2p, so they move while the stage computes.
  *
  * Schedules (PyTorch's names):
- *  - naive: the whole batch as one micro-batch, stage after stage (model parallelism as the
- *    seeds' split: at any moment one stage works and the others wait);
+ *  - naive: the whole batch as one micro-batch, stage after stage (model parallelism as
+ *    PyTorch's model-parallel tutorial splits a ResNet-50: at any moment one stage works and
+ *    the others wait);
  *  - GPipe: forwards of micro-batches 0..M-1, then their backwards; bubble (P-1)/(M+P-1);
  *  - 1F1B (PipeDream-flush): P - stage - 1 warm-up forwards, then one forward and one backward
  *    in turn, then the remaining backwards; the same bubble with at most P - stage
@@ -112,6 +113,8 @@ typedef struct {
                               tensor-parallel model (td_gpt_params.tensor_parallel) are split
                               over tp; the mesh must outlive the pipeline, and an error ends
                               its pp and dp groups as it ends the pipeline's own */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64 - sizeof(const td_mesh *)];
 } td_pipeline_params;
 
 /* 1F1B, 2 stages, 4 micro-batches, batch 128, balanced split, seed 0, 5 reps, transfer

@@ -344,8 +344,8 @@ static td_status check_input(td_graph *g, const td_tensor *t, const char *what) 
     return TD_OK;
 }
 
-td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tensor *const *ins,
-                        int nin, const td__op_attr *attr, int variant, td_tensor **out) {
+td_status td__graph_check_add(td_graph *g, const td__op *op, const char *what,
+                              td_tensor *const *ins, int nin, td_tensor **out) {
     if (!g) return td__fail(TD_EINVAL, "%s: graph is NULL", what);
     if (!out) return td__fail(TD_EINVAL, "%s: the output pointer is NULL", what);
     if (g->compiled) return td__fail(TD_ESTATE, "%s: the graph is already compiled", what);
@@ -360,11 +360,11 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
     TD__TRY(check_input(g, ins[0], what));
     for (int i = 1; i < nin; i++)
         if (ins[i]) TD__TRY(check_input(g, ins[i], what));
-    td_tensor *cast_ins[TD__MAX_IN];
-    memcpy(cast_ins, ins, (size_t)nin * sizeof *ins);
-    td_dtype back;
-    TD__TRY(td__autocast(g, op, what, cast_ins, nin, attr, variant, &back));
-    ins = cast_ins;
+    return TD_OK;
+}
+
+td_status td__graph_insert(td_graph *g, const td__op *op, const char *what, td_tensor *const *ins,
+                           int nin, const td__op_attr *attr, int variant, td_tensor **out) {
     td__node probe = {.op = op, .what = what, .nin = nin, .variant = variant};
     if (attr) probe.attr = *attr;
     for (int i = 0; i < nin; i++) probe.in[i] = ins[i];
@@ -390,7 +390,7 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
     n->out = y;
     g->nodes[g->nnodes++] = n;
     *out = y;
-    return back == TD_DTYPE_COUNT ? TD_OK : td__graph_cast_memo(g, y, back, out);
+    return TD_OK;
 }
 
 void td__graph_sync_storage(td_graph *g) {
