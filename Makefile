@@ -7,6 +7,7 @@
 #   make check           the suite once (BUILD=build)
 #   make check-long      the slower training tests
 #   make install PREFIX=/usr/local
+#   make NATIVE=1        everything compiled for this machine's CPU (-march=native)
 #   make CUDA=0          without libtandem_cuda.so even where nvcc is installed
 #   make check-torch     all of the torch.distributed backend's tests, worlds 2-4 (make check runs
 #                        world 2 where the module is built: sh scripts/deps.sh torch)
@@ -24,8 +25,11 @@ CC ?= cc
 WERROR ?= -Werror
 comma := ,
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -fno-math-errno -Wall -Wextra $(WERROR) -fPIC -g -Iinclude -Isrc -MMD -MP
+# The default build runs on any x86-64: the vector paths (AVX-512 reductions and conversions)
+# are compiled for their ISA alone and chosen at run time (src/core/cpu.c); NATIVE=1 builds all
+# of the library for the CPU that builds it.
 ifeq ($(SAN),)
-OPT ?= -O2 -march=native
+OPT ?= -O2 $(if $(NATIVE),-march=native)
 else
 OPT ?= -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=address,undefined
@@ -170,9 +174,11 @@ $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(SHARED): $(LIB_OBJ)
+# The shared library exports the public API alone (src/libtandem.map).
+$(SHARED): $(LIB_OBJ) src/libtandem.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(LDFLAGS) -Wl,-soname,libtandem.so.0 -o $@ $^ $(ALL_LIBS)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libtandem.so.0 -Wl,--version-script=src/libtandem.map \
+		-o $@ $(LIB_OBJ) $(ALL_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(STATIC)
 	@mkdir -p $(dir $@)

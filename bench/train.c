@@ -1,12 +1,12 @@
 /* Training throughput, tandem vs PyTorch, side by side in one run.
  *
- * For each model (the seeds' Net, the MLP, the CNN) at global batch 128 and one thread per
- * rank (--threads N: N OpenMP threads, the ranks then not pinned): samples/s of forward + backward
- * + SGD step, at world size 1 (one process) and 2 (two processes, DDP over the shm backend, each
- * rank pinned to its own core), as the median of several timed windows after warm-up. The PyTorch
- * peer (bench/train_torch.py under Debian's python3-torch, torch.set_num_threads(1), DDP over gloo
- * for world 2) runs in the same invocation and the table prints the ratios; so does a current
- * PyTorch 2.x from PyPI, a second peer column, where scripts/deps.sh torch2 installed it
+ * For each model (PyTorch's MNIST example Net, the MLP, the CNN) at global batch 128 and one thread
+ * per rank (--threads N: N OpenMP threads, the ranks then not pinned): samples/s of forward +
+ * backward + SGD step, at world size 1 (one process) and 2 (two processes, DDP over the shm
+ * backend, each rank pinned to its own core), as the median of several timed windows after warm-up.
+ * The PyTorch peer (bench/train_torch.py under Debian's python3-torch, torch.set_num_threads(1),
+ * DDP over gloo for world 2) runs in the same invocation and the table prints the ratios; so does a
+ * current PyTorch 2.x from PyPI, a second peer column, where scripts/deps.sh torch2 installed it
  * (.venv/torch2, or the interpreter --torch2 names; one line says so where it is missing).
  *
  * Each world size above 1 also gets a "no comm" row: the same ranks, each on its own core with

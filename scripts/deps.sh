@@ -11,6 +11,8 @@
 #                               about 5 GB) in the virtual environment .venv/torch2: the second
 #                               PyTorch column of bench/train and bench/gpt; Debian's PyTorch
 #                               stays the one the tests and the torch binding use
+#   sh scripts/deps.sh slurm    also Slurm's daemons and commands and munge: make check then runs
+#                               tests/test_slurm.c on a cluster of one node it starts itself
 # (several at once: sh scripts/deps.sh torch plots). UCX carries the bytes between hosts under
 # tandemrun --nnodes; iproute2 and iptables build the emulated hosts the multi-host tests run
 # on (scripts/hosts.sh). r-cran-janeaustenr ships Jane Austen's six novels, the English text
@@ -24,8 +26,9 @@ for extra in "$@"; do
     torch) pkgs="$pkgs g++ python3-torch libtorch-dev pybind11-dev" ;;
     plots) pkgs="$pkgs python3-matplotlib" ;;
     torch2) pkgs="$pkgs python3-venv" torch2=1 ;;
+    slurm) pkgs="$pkgs slurmctld slurmd slurm-client munge" ;;
     *)
-        echo "scripts/deps.sh: unknown set '$extra' (bench, torch, plots or torch2)" >&2
+        echo "scripts/deps.sh: unknown set '$extra' (bench, torch, plots, torch2 or slurm)" >&2
         exit 2
         ;;
     esac

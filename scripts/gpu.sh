@@ -185,9 +185,9 @@ run() {
     fi
 }
 
-# The benchmarks first (the issue's numbers), the training benchmark's models narrowed to the
-# ones its targets name: the seeds' Net, the MLP and the CNN (3x PyTorch eager) and ResNet-50
-# with AMP (1x), beside the matmul ceiling.
+# The benchmarks first (the issue's numbers), the training benchmark's models narrowed to the ones
+# its targets name: PyTorch's MNIST example Net, the MLP and the CNN (3x PyTorch eager) and
+# ResNet-50 with AMP (1x), beside the matmul ceiling.
 bench=${TD_GPU_BENCH:---models net,mlp,cnn,resnet50 --precisions f32,bf16 --iters 10 --windows 3}
 if [ "$bench" != none ]; then
     echo "== GPU training benchmark: build/bench/train_gpu $bench"

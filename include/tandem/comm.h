@@ -84,6 +84,8 @@ typedef struct {
     int store_hosted;        /* shm, ucx: -1: TANDEM_STORE_HOSTED, else 0; 1: the store is
                                 hosted already (tandemrun --nnodes, the torch backend's rank 0),
                                 rank 0 only connects to it */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[68];
 } td_comm_params;
 
 /* The defaults described above: everything from the environment. */

@@ -254,15 +254,16 @@ static td_status leaf(td_graph *g, const char *name, td_shape shape, td_dtype dt
 }
 
 static void fill_param(td_param *p, td_tensor *t) {
-    *p = (td_param){.name = t->name,
-                    .data = t->data,
-                    .grad = t->grad,
-                    .count = (size_t)td_shape_numel(&t->shape),
-                    .dtype = t->dtype,
-                    .ndim = t->shape.ndim,
-                    .device = t->g->opt.device,
-                    .master_dtype = TD_F32};
-    for (int i = 0; i < t->shape.ndim; i++) p->shape[i] = t->shape.dim[i];
+    memset(p, 0, sizeof *p);
+    p->name = t->name;
+    p->data = t->data;
+    p->grad = t->grad;
+    p->count = (size_t)td_shape_numel(&t->shape);
+    p->dtype = t->dtype;
+    p->ndim = t->shape.ndim;
+    p->device = t->g->opt.device;
+    p->master_dtype = TD_F32;
+    for (int i = 0; i < TD_MAX_DIMS; i++) p->shape[i] = i < t->shape.ndim ? t->shape.dim[i] : 0;
 }
 
 td_status td_graph_input(td_graph *g, const char *name, td_shape shape, td_dtype dtype,
@@ -296,6 +297,26 @@ td_status td_graph_param(td_graph *g, const char *name, td_shape shape, td_tenso
     return TD_OK;
 }
 
+td_status td_graph_set_param_split(td_graph *g, td_tensor *param, const td_param_split *split) {
+    if (!g || !param || !split)
+        return td__fail(TD_EINVAL, "td_graph_set_param_split: NULL argument");
+    int i = param->index;
+    if (param->g != g || i < 0 || i >= g->nparams || g->param_t[i] != param)
+        return td__fail(TD_EINVAL, "td_graph_set_param_split: '%s' is not a parameter of the graph",
+                        param->name);
+    const td_param_split *s = split;
+    int parts = s->parts > 1 ? s->parts : 1;
+    if (s->ranks < 0 ||
+        (s->ranks > 0 && (s->rank < 0 || s->rank >= s->ranks || s->dim < 0 ||
+                          s->dim >= param->shape.ndim || param->shape.dim[s->dim] % parts)))
+        return td__fail(TD_EINVAL,
+                        "td_graph_set_param_split: '%s' %d dims: slice %d of %d along dim %d in "
+                        "%d blocks does not fit",
+                        param->name, param->shape.ndim, s->rank, s->ranks, s->dim, parts);
+    g->params[i].split = *s;
+    return TD_OK;
+}
+
 td_status td_graph_buffer(td_graph *g, const char *name, td_shape shape, td_tensor **out) {
     if (g) {
         int cap = g->cap_buffers;
@@ -324,8 +345,8 @@ static td_status check_input(td_graph *g, const td_tensor *t, const char *what) 
     return TD_OK;
 }
 
-td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tensor *const *ins,
-                        int nin, const td__op_attr *attr, int variant, td_tensor **out) {
+td_status td__graph_check_add(td_graph *g, const td__op *op, const char *what,
+                              td_tensor *const *ins, int nin, td_tensor **out) {
     if (!g) return td__fail(TD_EINVAL, "%s: graph is NULL", what);
     if (!out) return td__fail(TD_EINVAL, "%s: the output pointer is NULL", what);
     if (g->compiled) return td__fail(TD_ESTATE, "%s: the graph is already compiled", what);
@@ -340,11 +361,11 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
     TD__TRY(check_input(g, ins[0], what));
     for (int i = 1; i < nin; i++)
         if (ins[i]) TD__TRY(check_input(g, ins[i], what));
-    td_tensor *cast_ins[TD__MAX_IN];
-    memcpy(cast_ins, ins, (size_t)nin * sizeof *ins);
-    td_dtype back;
-    TD__TRY(td__autocast(g, op, what, cast_ins, nin, attr, variant, &back));
-    ins = cast_ins;
+    return TD_OK;
+}
+
+td_status td__graph_insert(td_graph *g, const td__op *op, const char *what, td_tensor *const *ins,
+                           int nin, const td__op_attr *attr, int variant, td_tensor **out) {
     td__node probe = {.op = op, .what = what, .nin = nin, .variant = variant};
     if (attr) probe.attr = *attr;
     for (int i = 0; i < nin; i++) probe.in[i] = ins[i];
@@ -370,7 +391,7 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
     n->out = y;
     g->nodes[g->nnodes++] = n;
     *out = y;
-    return back == TD_DTYPE_COUNT ? TD_OK : td__graph_cast_memo(g, y, back, out);
+    return TD_OK;
 }
 
 void td__graph_sync_storage(td_graph *g) {
@@ -650,6 +671,14 @@ void td_graph_set_training(td_graph *g, int training) {
 }
 
 int td_graph_training(const td_graph *g) { return g ? g->ctx.training : 0; }
+
+td_comm *td_graph_comm(const td_graph *g) { return g ? g->opt.comm : NULL; }
+
+int td_graph_rank(const td_graph *g) { return g && g->opt.comm ? td_comm_rank(g->opt.comm) : 0; }
+
+int td_graph_world_size(const td_graph *g) {
+    return g && g->opt.comm ? td_comm_size(g->opt.comm) : 1;
+}
 
 td_rng *td_graph_rng(td_graph *g) { return g ? &g->rng : NULL; }
 

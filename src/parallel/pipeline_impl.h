@@ -8,6 +8,8 @@
 
 #include "tandem/pipeline.h"
 
+#include "parallel/replicas.h"
+
 #define PP_HDR 128           /* header bytes before every payload; keeps payloads 64-aligned */
 #define PP_MAGIC 0x74645050u /* "PPdt" */
 #define PP_TAG_ACT 101       /* activations, downstream */
@@ -95,8 +97,11 @@ typedef struct {
 
 struct td_pipeline {
     td_pipeline_params opt; /* split is not kept */
-    td_comm *pipe;          /* this replica's stages, rank = stage (owned) */
-    td_comm *dp;            /* this stage's replicas, rank = replica (owned), or NULL */
+    td_comm *pipe;          /* this replica's stages, rank = stage (owned, or the mesh's) */
+    td_comm *dp;            /* this stage's replicas, rank = replica (owned, or the mesh's), or
+                               NULL */
+    td_comm *tp;            /* the stage graphs' group: the mesh's tp group, or NULL */
+    int mesh_groups;        /* pipe and dp are the mesh's (opt.mesh), not owned */
     int rank, stage, P, replica, D, M;
     int64_t b;          /* micro-batch */
     int64_t label_rows; /* rows of the last stage's logits (and labels) per sample */
@@ -106,8 +111,8 @@ struct td_pipeline {
     int K; /* slots */
     pp_slot *slots;
     pp_channel act_in, act_out, grad_in, grad_out;
-    td_ddp *ddp;
-    td_zero *zero;        /* instead of ddp, with zero_stage */
+    const td__replicas_ops *replicas; /* DDP's or ZeRO's, over dp; NULL without replicas */
+    void *replicas_impl;              /* its td_ddp or td_zero (owned) */
     int *owner;    /* (slot 0's n_params) the lowest stage holding each parameter */
     pp_tied *tied; /* (n_tied) this stage's parameters that other stages hold too */
     int n_tied;

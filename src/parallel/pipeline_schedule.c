@@ -142,12 +142,6 @@ static void post_receives(td_pipeline *pp, int m, int training) {
 
 /* The forward of micro-batch m: its input (xm, its samples on stage 0; ym, its labels on the
  * last stage), the graph, and the output on its way downstream. */
-/* no_sync on the replicas' group, DDP's or ZeRO's (none: nothing to do). */
-static td_status replicas_set_sync(td_pipeline *pp, int sync) {
-    return pp->zero  ? td_zero_set_sync(pp->zero, sync)
-           : pp->ddp ? td_ddp_set_sync(pp->ddp, sync)
-                     : TD_OK;
-}
 
 /* A micro-batch's host memory as a graph input: the graph reads it where it is on the CPU and
  * takes a copy on a GPU. */
@@ -223,7 +217,8 @@ static td_status backward_one(td_pipeline *pp, int m, int first) {
         if (!s) s = td_graph_zero_input_grads(sl->g);
     }
     /* The replicas reduce once, as the step's last backward makes each gradient final. */
-    if (!s && m == pp->M - 1 && pp->M > 1) s = replicas_set_sync(pp, 1);
+    if (!s && m == pp->M - 1 && pp->M > 1 && pp->replicas_impl)
+        s = pp->replicas->set_sync(pp->replicas_impl, 1);
     if (s) return compute_failed(pp, s, "preparing the backward", m);
     uint64_t t0 = td_time_ns();
     if (last) {
@@ -276,10 +271,11 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
     for (int k = 1; k < pp->K; k++)
         for (size_t i = 0; i < s0->n_params; i++) pp->slots[k].params[i].grad = s0->params[i].grad;
     td_status s = TD_OK;
-    if (pp->ddp || pp->zero) {
-        s = replicas_set_sync(pp, 1);
-        if (!s) s = pp->zero ? td_zero_prepare_forward(pp->zero) : td_ddp_prepare_forward(pp->ddp);
-        if (!s && pp->M > 1) s = replicas_set_sync(pp, 0);
+    void *rep = pp->replicas_impl;
+    if (rep) {
+        s = pp->replicas->set_sync(rep, 1);
+        if (!s) s = pp->replicas->prepare_forward(rep);
+        if (!s && pp->M > 1) s = pp->replicas->set_sync(rep, 0);
         if (s) return compute_failed(pp, s, "starting the replicas' group before the forward", 0);
     }
     pp_op *ops = pp->ops;
@@ -302,9 +298,9 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
         }
     }
     TD__TRY(drain_sends(pp));
-    if (pp->ddp || pp->zero) {
+    if (rep) {
         uint64_t t0 = td_time_ns();
-        s = pp->zero ? td_zero_finish_backward(pp->zero) : td_ddp_finish_backward(pp->ddp);
+        s = pp->replicas->finish_backward(rep);
         st->sync_ns = td_time_ns() - t0;
         if (s)
             return compute_failed(pp, s, "the replicas' all-reduce after the backward", pp->M - 1);
@@ -316,6 +312,35 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
     st->end_ns = td_time_ns();
     st->peak_in_flight = peak;
     st->peak_activation_bytes = (size_t)peak * st->activation_bytes;
+    return TD_OK;
+}
+
+/* A micro-batch's loss and hits from this tensor-parallel rank's columns of the logits (z, its
+ * `classes` of each of `rows` rows): the loss is the graph's, the same on every rank, whose mean
+ * over the micro-batch counts only whole micro-batches (the padded rows of a short one have no
+ * loss of their own to leave out); a row is a hit where the rank holding its label's column
+ * finds the row's largest logit over every rank (max, rows floats) there. */
+static td_status split_rows(td_pipeline *pp, const pp_slot *sl, const float *z, const int64_t *y,
+                            int64_t real, int64_t rows, int64_t classes, float *max, double *lsum,
+                            int64_t *hits) {
+    if (real < rows)
+        return td__fail(TD_EINVAL,
+                        "evaluate: %lld of a micro-batch's %lld rows; a "
+                        "tensor-parallel model evaluates whole micro-batches",
+                        (long long)real, (long long)rows);
+    for (int64_t r = 0; r < rows; r++) {
+        max[r] = z[r * classes];
+        for (int64_t c = 1; c < classes; c++) max[r] = fmaxf(max[r], z[r * classes + c]);
+    }
+    TD__TRY(td_comm_allreduce(pp->tp, max, max, (size_t)rows, TD_F32, TD_OP_MAX));
+    int64_t mine = 0, first = td_comm_rank(pp->tp) * classes;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t c = y[r] - first;
+        mine += c >= 0 && c < classes && z[r * classes + c] == max[r];
+    }
+    TD__TRY(td_comm_allreduce(pp->tp, &mine, &mine, 1, TD_I64, TD_OP_SUM));
+    *hits += mine;
+    *lsum += (double)*(const float *)td_tensor_data(sl->loss) * (double)rows;
     return TD_OK;
 }
 
@@ -338,7 +363,13 @@ td_status td__pp_run_eval(td_pipeline *pp, const float *x, const int64_t *labels
         if ((pp->stage == 0 && !pad_x) || (last && !pad_y))
             s = td__pp_fail(pp, TD_ENOMEM, "evaluate: out of memory");
     }
+    /* A tensor-parallel last stage's logits are this rank's columns (td_sequential_loss). */
+    int split =
+        last && pp->tp && td_comm_size(pp->tp) > 1 && pp->slots[0].logp == pp->slots[0].output;
+    float *max = NULL;
     if (!s && last && !(logp = malloc((size_t)(mb_rows * classes) * sizeof *logp)))
+        s = td__pp_fail(pp, TD_ENOMEM, "evaluate: out of memory");
+    if (!s && split && !(max = malloc((size_t)mb_rows * sizeof *max)))
         s = td__pp_fail(pp, TD_ENOMEM, "evaluate: out of memory");
     for (int k = 0; k < pp->K; k++) td_graph_set_training(pp->slots[k].g, 0);
     for (int m = 0; !s && m < pp->K && m < nm; m++) post_receives(pp, m, 0);
@@ -363,7 +394,9 @@ td_status td__pp_run_eval(td_pipeline *pp, const float *x, const int64_t *labels
             pp_slot *sl = &pp->slots[m % pp->K];
             s = td_tensor_read(sl->logp, logp);
             const int64_t *y = labels + (size_t)m * (size_t)mb_rows;
-            for (int64_t r = 0; !s && r < samples * R; r++) {
+            if (!s && split)
+                s = split_rows(pp, sl, logp, y, samples * R, mb_rows, classes, max, &lsum, &hits);
+            for (int64_t r = 0; !s && !split && r < samples * R; r++) {
                 const float *row = logp + r * classes;
                 int64_t best = 0;
                 for (int64_t c = 1; c < classes; c++)
@@ -380,6 +413,7 @@ td_status td__pp_run_eval(td_pipeline *pp, const float *x, const int64_t *labels
     free(pad_x);
     free(pad_y);
     free(logp);
+    free(max);
     if (s) return s;
     pp->evals++;
     if (loss_sum && last) *loss_sum = lsum;
