@@ -15,14 +15,16 @@
  * per-shard gradient there), and the shards are added as ddp_shard_tree.c adds them: node
  * (l, i) = node (l-1, 2i) + node (l-1, 2i+1), a binary counter's carries in shard order, and for
  * a count that is not a power of two the nodes its one bits leave, added from the lowest up.
+ * The kernel is AVX-512's, AVX2's or plain C's, chosen at run time; all three give the same bits.
  * Single-threaded, as deterministic mode's kernels are. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
-#include <math.h>
 
+#include "core/core_impl.h"
 #include "ops/cpu/linear_shards.h"
 
 #define ROWS 4             /* output rows (j) per tile */
@@ -73,18 +75,70 @@ void td__linear_shard_pack(float *packed, const float *x, const float *dy, int64
             for (int a = 0; a < ROWS; a++) p[a] = j0 + a < out ? dy[i * out + j0 + a] : 0.0f;
 }
 
-/* One shard's tile of dy^T x from its packed blocks xb (n, COLS) and db (n, ROWS), plus the
- * tiles `node` [0, nadd) one after another (each node + the sum so far), stored at dst (rows ld
+/* A tile's finish, shared by the instruction sets' kernels below: the tiles `node` [0, nadd)
+ * added one after another to t (each node + the sum so far), then t stored at dst (rows ld
  * apart): the whole tile when dst is a waiting node's, else its first r rows and w columns. */
-static void tile_of(const float *xb, const float *dyb, int64_t n, const float *const *node,
-                    int nadd, float *dst, int64_t ld, int whole, int r, int w) {
-#ifdef __AVX512F__
-    __mmask16 m[4];
-    for (int c = 0; c < 4; c++) {
-        int v = w - 16 * c;
-        m[c] = v >= 16 ? (__mmask16)0xffff : v <= 0 ? (__mmask16)0 : (__mmask16)((1u << v) - 1);
+static void tile_finish(float *restrict t, const float *const *node, int nadd, float *dst,
+                        int64_t ld, int whole, int r, int w) {
+    for (int k = 0; k < nadd; k++)
+        for (int e = 0; e < TILE; e++) t[e] = node[k][e] + t[e];
+    for (int a = 0; a < (whole ? ROWS : r); a++)
+        memcpy(dst + a * ld, t + a * COLS, (size_t)(whole ? COLS : w) * sizeof *t);
+}
+
+/* A tile's kernel: one shard's tile of dy^T x from its packed blocks xb (n, COLS) and dyb (n,
+ * ROWS), finished as tile_finish says. Each instruction set's gives the same bits: every
+ * product is one fused multiply-add, in sample order. */
+typedef void (*tile_fn)(const float *xb, const float *dyb, int64_t n, const float *const *node,
+                        int nadd, float *dst, int64_t ld, int whole, int r, int w);
+
+static void tile_plain(const float *xb, const float *dyb, int64_t n, const float *const *node,
+                       int nadd, float *dst, int64_t ld, int whole, int r, int w) {
+    _Alignas(64) float t[TILE];
+    for (int a = 0; a < ROWS; a++)
+        for (int c = 0; c < COLS; c++) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < n; i++) acc = fmaf(dyb[i * ROWS + a], xb[i * COLS + c], acc);
+            t[a * COLS + c] = acc;
+        }
+    tile_finish(t, node, nadd, dst, ld, whole, r, w);
+}
+
+#if defined(__x86_64__)
+/* AVX2: the tile a quarter at a time, four rows by two vectors of 8 in registers. */
+__attribute__((target("avx2,fma"))) static void tile_avx2(const float *xb, const float *dyb,
+                                                          int64_t n, const float *const *node,
+                                                          int nadd, float *dst, int64_t ld,
+                                                          int whole, int r, int w) {
+    _Alignas(64) float t[TILE];
+    for (int q = 0; q < COLS; q += 16) {
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+               a30 = a00, a31 = a00;
+        for (int64_t i = 0; i < n; i++) {
+            const float *xr = xb + i * COLS + q, *d = dyb + i * ROWS;
+            __m256 v0 = _mm256_load_ps(xr), v1 = _mm256_load_ps(xr + 8);
+            __m256 b = _mm256_broadcast_ss(d);
+            a00 = _mm256_fmadd_ps(b, v0, a00), a01 = _mm256_fmadd_ps(b, v1, a01);
+            b = _mm256_broadcast_ss(d + 1);
+            a10 = _mm256_fmadd_ps(b, v0, a10), a11 = _mm256_fmadd_ps(b, v1, a11);
+            b = _mm256_broadcast_ss(d + 2);
+            a20 = _mm256_fmadd_ps(b, v0, a20), a21 = _mm256_fmadd_ps(b, v1, a21);
+            b = _mm256_broadcast_ss(d + 3);
+            a30 = _mm256_fmadd_ps(b, v0, a30), a31 = _mm256_fmadd_ps(b, v1, a31);
+        }
+        _mm256_store_ps(t + q, a00), _mm256_store_ps(t + q + 8, a01);
+        _mm256_store_ps(t + COLS + q, a10), _mm256_store_ps(t + COLS + q + 8, a11);
+        _mm256_store_ps(t + 2 * COLS + q, a20), _mm256_store_ps(t + 2 * COLS + q + 8, a21);
+        _mm256_store_ps(t + 3 * COLS + q, a30), _mm256_store_ps(t + 3 * COLS + q + 8, a31);
     }
-    /* sixteen accumulators by name, so that they stay in registers */
+    tile_finish(t, node, nadd, dst, ld, whole, r, w);
+}
+
+/* AVX-512: the whole tile in sixteen registers, named so that they stay there. */
+__attribute__((target("avx512f"))) static void tile_avx512(const float *xb, const float *dyb,
+                                                           int64_t n, const float *const *node,
+                                                           int nadd, float *dst, int64_t ld,
+                                                           int whole, int r, int w) {
     __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
            a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00,
            a32 = a00, a33 = a00;
@@ -124,21 +178,28 @@ static void tile_of(const float *xb, const float *dyb, int64_t n, const float *c
 #undef PUT
         return;
     }
+    __mmask16 m[4];
+    for (int c = 0; c < 4; c++) {
+        int v = w - 16 * c;
+        m[c] = v >= 16 ? (__mmask16)0xffff : v <= 0 ? (__mmask16)0 : (__mmask16)((1u << v) - 1);
+    }
 #define PUT(acc, a, c) _mm512_mask_storeu_ps(dst + (a)*ld + 16 * (c), m[c], acc)
     PUT(a00, 0, 0), PUT(a01, 0, 1), PUT(a02, 0, 2), PUT(a03, 0, 3);
     if (r > 1) PUT(a10, 1, 0), PUT(a11, 1, 1), PUT(a12, 1, 2), PUT(a13, 1, 3);
     if (r > 2) PUT(a20, 2, 0), PUT(a21, 2, 1), PUT(a22, 2, 2), PUT(a23, 2, 3);
     if (r > 3) PUT(a30, 3, 0), PUT(a31, 3, 1), PUT(a32, 3, 2), PUT(a33, 3, 3);
 #undef PUT
-#else
-    for (int a = 0; a < ROWS; a++)
-        for (int c = 0; c < COLS; c++) {
-            float acc = 0.0f;
-            for (int64_t i = 0; i < n; i++) acc = fmaf(dyb[i * ROWS + a], xb[i * COLS + c], acc);
-            for (int k = 0; k < nadd; k++) acc = node[k][a * COLS + c] + acc;
-            if (whole || (a < r && c < w)) dst[a * ld + c] = acc;
-        }
+}
 #endif
+
+/* The widest kernel this CPU runs (TANDEM_MAX_CPU_ISA caps it: core/cpu.c). */
+static tile_fn tile_kernel(void) {
+#if defined(__x86_64__)
+    td__isa isa = td__cpu_isa();
+    if (isa >= TD__ISA_AVX512) return tile_avx512;
+    if (isa >= TD__ISA_AVX2) return tile_avx2;
+#endif
+    return tile_plain;
 }
 
 int td__linear_shard_grads(float *dw, float *db, const float *const *packed, size_t count,
@@ -151,6 +212,7 @@ int td__linear_shard_grads(float *dw, float *db, const float *const *packed, siz
     float *cur = pend + ((size_t)levels + 1) * TILE;
     int add[MAX_ADDS], wait;
     const float *node[MAX_ADDS];
+    tile_fn tile_of = tile_kernel();
     const int64_t nkb = col_blocks(in), dy_at = n * nkb * COLS;
     /* Rows in chunks of a few, column blocks inside a chunk: dw is written along its rows, a
      * few at a time (column blocks outside, writing dw down its columns, ran at half the speed
