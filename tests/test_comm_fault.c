@@ -77,6 +77,39 @@ static void rank_killed_mid_recv(void) {
     CHECK_EQ(test_run_ranks(2, killed_sender, NULL, 30, 1), 0);
 }
 
+/* The survivors of a rank killed in the middle of a large all-reduce name that all-reduce,
+ * whichever of its pipelined phases they were waiting in when the peer died. */
+#define HUGE_COUNT (8u * 1000u * 1000u)
+
+static void killed_mid_phases(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 5.0));
+    if (!c) return;
+    float *buf = calloc(HUGE_COUNT, sizeof(float));
+    CHECK_OK(td_comm_barrier(c));
+    if (rank == size - 1) {
+        /* The others wait in the all-reduce's first phase; this rank's arrival lets them into
+         * the later ones, where it dies. */
+        test_sleep_ms(100);
+        td_request *r;
+        CHECK_OK(td_comm_iallreduce(c, buf, buf, HUGE_COUNT, TD_F32, TD_OP_SUM, &r));
+        test_sleep_ms(3);
+        raise(SIGKILL);
+    }
+    CHECK_STATUS(td_comm_allreduce(c, buf, buf, HUGE_COUNT, TD_F32, TD_OP_SUM), TD_EPEER);
+    if (!strstr(td_last_error(), "allreduce #1 (f32, 8000000 elements, sum)"))
+        TEST_FAIL_AT("rank %d does not name the all-reduce it was in: %s", rank, td_last_error());
+    td_comm_destroy(c);
+    free(buf);
+}
+
+static void dead_peer_named_in_every_phase(void) {
+    for (int trial = 0; trial < 4; trial++)
+        CHECK_EQ(test_run_ranks(3, killed_mid_phases, NULL, 30, 1), 0);
+    CHECK_EQ(test_shm_leftovers(), 0);
+}
+
 typedef struct {
     int variant;
 } mismatch_arg;
@@ -171,6 +204,7 @@ int main(void) {
     signal(SIGPIPE, SIG_IGN);
     RUN(rank_killed_mid_allreduce);
     RUN(rank_killed_mid_recv);
+    RUN(dead_peer_named_in_every_phase);
     RUN(mismatched_collectives);
     RUN(missing_rank_times_out);
     RUN(creation_times_out);

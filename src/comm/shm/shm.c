@@ -191,9 +191,9 @@ static int call_equal(const shm_call *a, const shm_call *b) {
 
 td_status td__shm_step(shm_ctx *c, const shm_call *call, const char *error_msg,
                        uint64_t timeout_ns) {
-    static const shm_call none = {0};
     unsigned parity = (c->phase + 1) & 1;
     if (call) {
+        c->current = *call; /* what the later phases of this call name in messages */
         shm_rank *me = &c->ranks[c->rank];
         me->call[parity] = *call;
         if (call->error)
@@ -202,7 +202,7 @@ td_status td__shm_step(shm_ctx *c, const shm_call *call, const char *error_msg,
     }
     if (c->size > 1) {
         post(c);
-        td_status s = wait_peers(c, c->phase, call ? call : &none, timeout_ns);
+        td_status s = wait_peers(c, c->phase, &c->current, timeout_ns);
         if (s) return s;
     } else {
         c->phase++;
