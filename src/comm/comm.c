@@ -75,18 +75,24 @@ struct td_comm {
     int progress_named;  /* the progress thread's row is named in `trace` */
     td_trace *job_trace; /* owned: TANDEM_TRACE's trace of a td_comm_create'd group */
     char *job_trace_dir;
+    td__names names; /* how messages name the members (the backend holds a pointer) */
 };
 
 /* ---------------------------------------------------------------- life cycle */
 
+/* A td_comm around a backend's group; `world` (owned, NULL for the world group) holds the
+ * members' world ranks. */
 static td_status comm_wrap(td_comm **out, const td__backend_ops *ops, void *ctx,
-                           td__group_shape shape, double timeout) {
+                           td__group_shape shape, double timeout, int *world) {
     td_comm *c = calloc(1, sizeof *c);
     if (!c || td__self_box_create(&c->self) != TD_OK) {
         free(c);
+        free(world);
         ops->destroy(ctx);
         return td__fail(TD_ENOMEM, "td_comm: out of memory");
     }
+    td__names_init(&c->names, shape.size, world);
+    if (ops->set_names) ops->set_names(ctx, &c->names);
     c->ops = ops;
     c->ctx = ctx;
     c->shape = shape;
@@ -123,7 +129,7 @@ td_status td_comm_create(td_comm **out, const td_comm_params *params) {
         }
         ctx = hier, shape = hier_shape, ops = hier_ops;
     }
-    s = comm_wrap(out, ops, ctx, shape, p.timeout_s);
+    s = comm_wrap(out, ops, ctx, shape, p.timeout_s, NULL);
     if (!s) (*out)->job_trace = td__comm_job_trace_open(*out, &(*out)->job_trace_dir);
     return s;
 }
@@ -146,6 +152,7 @@ void td_comm_destroy(td_comm *comm) {
     td__gpu_path_destroy(comm->gpu);
     comm->ops->destroy(comm->ctx);
     td__self_box_destroy(comm->self);
+    td__names_free(&comm->names);
     pthread_cond_destroy(&comm->cond);
     pthread_mutex_destroy(&comm->lock);
     free(comm);
@@ -220,7 +227,8 @@ static void poison(td_comm *comm, td_status s) {
 
 td_status td_comm_abort(td_comm *comm) {
     if (!comm) return td__fail(TD_EINVAL, "td_comm_abort: the group is NULL");
-    td__fail(TD_ESTATE, "rank %d aborted the group (td_comm_abort)", comm->shape.rank);
+    td__fail(TD_ESTATE, "%s aborted the group (td_comm_abort)",
+             td__who(&comm->names, comm->shape.rank).s);
     poison(comm, TD_ESTATE);
     td__gpu_path_abort(comm->gpu);
     if (comm->ops->abort) comm->ops->abort(comm->ctx, comm->shape.rank, "td_comm_abort");
@@ -236,16 +244,25 @@ static td_status run_item(td_comm *comm, td_request *r) {
     memcpy(msg, comm->failed_msg, sizeof msg);
     pthread_mutex_unlock(&comm->lock);
     if (failed)
-        return td__fail(failed, "rank %d: the group failed earlier: %s", comm->shape.rank, msg);
+        return td__fail(failed, "%s: the group failed earlier: %s",
+                        td__who(&comm->names, comm->shape.rank).s, msg);
     td_status s;
     if (r->kind == ITEM_SPLIT || r->kind == ITEM_SPLIT_HOST) {
         void *child = NULL;
         td__group_shape shape = {0};
         const td__backend_ops *ops = comm->ops;
+        int *members = malloc((size_t)comm->shape.size * sizeof *members);
+        if (!members) return td__fail(TD_ENOMEM, "split: out of memory");
         s = r->kind == ITEM_SPLIT
-                ? comm->ops->split(comm->ctx, r->color, r->key, timeout, &child, &shape)
-                : comm->ops->split_host(comm->ctx, timeout, &child, &shape, &ops);
-        if (!s && child) s = comm_wrap(r->split_out, ops, child, shape, timeout);
+                ? comm->ops->split(comm->ctx, r->color, r->key, timeout, &child, &shape, members)
+                : comm->ops->split_host(comm->ctx, timeout, &child, &shape, &ops, members);
+        /* The child's members by world rank, for its messages. */
+        for (int i = 0; !s && child && i < shape.size; i++)
+            members[i] = td__names_world(&comm->names, members[i]);
+        if (!s && child)
+            s = comm_wrap(r->split_out, ops, child, shape, timeout, members);
+        else
+            free(members);
         uint64_t split = comm->splits++;
         if (!s && child)
             trace_inherit(comm, *r->split_out, split,
@@ -310,8 +327,8 @@ static td_status submit(td_comm *comm, td_request *r, int blocking) {
     if (comm->failed) {
         td_status f = comm->failed;
         pthread_mutex_unlock(&comm->lock);
-        return td__fail(f, "rank %d: the group failed earlier: %s", comm->shape.rank,
-                        comm->failed_msg);
+        return td__fail(f, "%s: the group failed earlier: %s",
+                        td__who(&comm->names, comm->shape.rank).s, comm->failed_msg);
     }
     r->coll.seq = comm->next_seq++;
     if (blocking && !comm->head && !comm->busy) {
@@ -666,8 +683,8 @@ static td_status p2p_post(td_comm *comm, int is_send, void *buf, size_t count, t
     td_status failed = comm->failed;
     pthread_mutex_unlock(&comm->lock);
     if (failed)
-        return td__fail(failed, "%s: rank %d: the group failed earlier: %s", fn, rank,
-                        comm->failed_msg);
+        return td__fail(failed, "%s: %s: the group failed earlier: %s", fn,
+                        td__who(&comm->names, rank).s, comm->failed_msg);
     td_request *r = calloc(1, sizeof *r);
     if (!r) return td__fail(TD_ENOMEM, "%s: out of memory", fn);
     r->kind = peer == rank ? ITEM_SELF : ITEM_P2P;

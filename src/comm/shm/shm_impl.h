@@ -113,6 +113,7 @@ typedef struct shm_ctx {
     uint64_t spin_ns;  /* how long a wait spins before it sleeps */
     int yield;         /* the ranks have fewer CPUs than ranks: spinning yields to them */
     td_store *store;   /* world group only */
+    const td__names *names; /* how messages name the members (NULL: by group rank) */
     pthread_mutex_t p2p_lock;
     shm_p2p_req *sends, *recvs; /* pending, in posting order */
     struct shm_unexpected *unexpected;
