@@ -19,7 +19,8 @@ layer_of_public() {
     ops) echo ops ;;
     graph) echo graph ;;
     nn) echo nn ;;
-    comm | store) echo comm ;;
+    comm | store | recorder) echo comm ;;
+    doctor) echo doctor ;;
     spawn | launch) echo launch ;;
     data) echo data ;;
     optim) echo optim ;;
@@ -39,6 +40,7 @@ allowed() {
     nn) echo "core device tensor ops graph nn" ;;
     comm | optim | checkpoint) echo "core device $1" ;;
     launch) echo "core $1" ;;
+    doctor) echo "core device comm checkpoint doctor" ;;
     data) echo "core device data" ;;
     parallel) echo "core device tensor ops graph nn comm optim checkpoint parallel" ;;
     *) echo "" ;;

@@ -127,6 +127,7 @@ static void ddp_launch(td_ddp *d, size_t k, float unready) {
     }
     /* AVG divides inside the reduction, so averaging costs no extra pass over the gradients. */
     td_reduce_op op = d->opt.average ? TD_OP_AVG : TD_OP_SUM;
+    td_comm_tag(d->comm, "ddp bucket %zu", k);
     td_status s = td_comm_iallreduce(d->comm, data, data, b->count + DDP_SLOTS,
                                      ddp_wire_dtype(d, b->dtype), op, &b->req);
     if (s != TD_OK) {

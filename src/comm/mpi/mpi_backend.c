@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "comm/mpi/mpi_impl.h"
+#include "comm/recorder.h"
 #include "core/core_impl.h"
 
 static pthread_mutex_t mpi_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -101,7 +102,10 @@ static td_status wait_request(td__mpi_ctx *ctx, MPI_Request *req, MPI_Status *st
                             "did not make the same call)",
                             what, me, ctx->size, timeout_s);
         }
-        if (spins >= 100) td__mpi_idle(elapsed);
+        if (spins >= 100) {
+            td__rec_waits(start + elapsed, -1); /* the recorder's entry names the peer */
+            td__mpi_idle(elapsed);
+        }
     }
 }
 

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/recorder.h"
 #include "comm/shm/shm_impl.h"
 
 #define SHM_COLL_CREATE 101u
@@ -144,6 +145,7 @@ static td_status wait_peers(shm_ctx *c, uint32_t target, const shm_call *call,
                 cpu_relax();
             continue;
         }
+        td__rec_waits(now, missing); /* past the spin: the recorder keeps when and on whom */
         if (now >= next_check) {
             next_check = now + SHM_LIVENESS_NS;
             for (int r = missing; r < c->size; r++) {

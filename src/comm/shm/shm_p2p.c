@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/recorder.h"
 #include "comm/shm/shm_impl.h"
 
 #define P2P_MAGIC 0x70326474u
@@ -388,7 +389,10 @@ td_status td__shm_p2p_wait(void *ctx, void *req, double timeout_s) {
                     r->bytes, td__who(c->names, c->rank).s, td__who(c->names, r->peer).s,
                     r->is_send ? "receive" : "send", timeout_s);
         }
-        if (!complete && !s && sleeper) td__shm_futex_wait(&me->p2p_bell, bell, 10000000ull);
+        if (!complete && !s && sleeper) {
+            td__rec_waits(now, r->peer);
+            td__shm_futex_wait(&me->p2p_bell, bell, 10000000ull);
+        }
         if (sleeper) atomic_fetch_sub(&me->p2p_sleeping, 1);
         if (complete) return finish(r);
         if (s) {

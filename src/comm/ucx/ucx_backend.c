@@ -19,6 +19,7 @@
 
 #include "tandem/store.h"
 
+#include "comm/recorder.h"
 #include "comm/ucx/ucx_impl.h"
 #include "core/core_impl.h"
 
@@ -249,6 +250,7 @@ static td_status ucx_p2p_wait(void *ctx, void *req, double timeout_s) {
             return td__fail(TD_ETIMEOUT, "%s with %s, tag %d, on %s timed out after %.3g s",
                             recv ? "recv" : "send", who, tag, me, timeout_s);
         }
+        if (waited > 100000) td__rec_waits(start + waited, peer);
         td__ucx_idle(g->w, waited);
     }
 }
