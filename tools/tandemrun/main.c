@@ -50,11 +50,18 @@ static const char usage_text[] =
     "                       per rank, collectives linked across ranks (TANDEM_TRACE=DIR;\n"
     "                       docs/tracing.md)\n"
     "  --trace-ops          with --trace: every op of the graph too (TANDEM_TRACE_OPS=1)\n"
+    "  --doctor-dir DIR     where the ranks write their dumps (TANDEM_DOCTOR_DIR), kept\n"
+    "                       after the job (default: a directory in /tmp, removed when the\n"
+    "                       job succeeds; docs/doctor.md)\n"
+    "\n"
+    "  tandemrun --dump [PID]   from another terminal: the diagnosis of a running job\n"
+    "                       (PID: its tandemrun's, when several run); or kill -USR1 <tandemrun>\n"
     "\n"
     "Options also take torchrun's forms: --nproc_per_node=4, --master_port 29500.\n"
-    "When a rank fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
-    "tandemrun exits with the failed rank's status (128 + signal when it was killed), or\n"
-    "restarts the job while --max-restarts allows.\n";
+    "When a rank fails, the ranks write their dumps, the others get SIGTERM, then SIGKILL\n"
+    "after the grace period, tandemrun prints which rank held the job up, doing what, and\n"
+    "exits with the failed rank's status (128 + signal when it was killed), or restarts the\n"
+    "job while --max-restarts allows.\n";
 
 static int usage_error(const char *fmt, const char *arg) {
     fputs("tandemrun: ", stderr);
@@ -228,6 +235,10 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
             o->trace_dir = value;
         } else if (strcmp(name, "trace-ops") == 0) {
             o->trace_ops = 1;
+        } else if (strcmp(name, "doctor-dir") == 0) {
+            TAKES_VALUE();
+            if (!*value) return usage_error("--doctor-dir wants a directory%s", "");
+            o->doctor_dir = value;
         } else if (strcmp(name, "log-dir") == 0) {
             TAKES_VALUE();
             o->log_dir = value;
@@ -335,6 +346,7 @@ static int trace_env(const tr_options *o, char dir[PATH_MAX]) {
 }
 
 int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "--dump") == 0) return tr_dump_main(argc, argv);
     tr_options opts;
     int rc = tr_parse_args(argc, argv, &opts);
     if (rc == 1) return 0;
