@@ -24,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -63,6 +65,18 @@ static void on_probe(int sig) {
     errno = saved;
 }
 
+/* 1 when thread `tid` of this process blocks the probe signal (it would never answer). */
+static int blocks_probe(int tid) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/self/task/%d/status", tid);
+    FILE *f = fopen(path, "r");
+    unsigned long long mask = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "SigBlk: %llx", &mask) == 1) break;
+    if (f) fclose(f);
+    return (mask >> (probe_signal - 1)) & 1;
+}
+
 typedef struct {
     int tid;
     char name[32];
@@ -93,7 +107,7 @@ static int take_stacks(thread_stack *out, int cap) {
             t->n = backtrace(t->frames, STACK_FRAMES);
             continue;
         }
-        if (!probe_signal) continue;
+        if (!probe_signal || blocks_probe(tid)) continue;
         atomic_store(&probe.done, 0);
         atomic_store(&probe.tid, tid);
         if (syscall(SYS_tgkill, pid, tid, probe_signal) == 0) {
@@ -187,8 +201,7 @@ static void put_group(FILE *f, const td__rec *r, uint64_t now, int first, int pi
         put_str(f, desc);
         fprintf(f, ", \"dtype\": \"%s\", \"count\": %llu, \"op\": %d, \"peer\": %d",
                 td_dtype_name((td_dtype)e.dtype), (unsigned long long)e.count, e.op,
-                e.peer >= 0 && e.kind >= TD__REC_SEND ? td__names_world(r->names, e.peer)
-                                                       : e.peer);
+                e.peer >= 0 && e.kind >= TD__REC_SEND ? td__names_world(r->names, e.peer) : e.peer);
         fprintf(f, ", \"p2p_tag\": %d, \"tag\": ", e.kind >= TD__REC_SEND ? e.p2p_tag : -1);
         char tag[TD__REC_TAG] = "";
         if (e.tagged) {
@@ -212,8 +225,9 @@ static void put_group(FILE *f, const td__rec *r, uint64_t now, int first, int pi
 
 /* The calls that waited, as spans of a trace viewer: the dump opens in Perfetto too. */
 static void put_trace_events(FILE *f, const td__rec *groups, int rank, uint64_t now) {
-    fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
-               "\"rank %d (dump)\"}}",
+    fprintf(f,
+            "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
+            "\"rank %d (dump)\"}}",
             rank, rank);
     for (const td__rec *r = groups; r; r = r->next) {
         uint64_t posted = r->posted, cap = r->ring ? r->mask + 1 : 0;
@@ -243,7 +257,8 @@ static char first_failure[1024];
  * rank was when the trouble began, and asking for it (a signal) may have moved the rank on
  * (a sleep cut short, a call into a group that failed meanwhile). */
 #define DUMP_KEEP_NS 10000000000ull
-static uint64_t last_dump_ns;
+static _Atomic uint64_t last_dump_ns; /* when the last dump's calls were out */
+static _Atomic int dumping_tid;       /* the thread writing a dump now, or 0 */
 
 static int env_rank(void) {
     const char *vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"};
@@ -254,36 +269,78 @@ static int env_rank(void) {
     return -1;
 }
 
+/* Writes body + tail to path atomically (a temporary file, then rename). */
+static td_status put_file(const char *path, int rank, const char *body, size_t len,
+                          const char *tail, size_t tail_len) {
+    char tmp[PATH_MAX + 32];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return td__fail(TD_EIO, "rank %d: cannot write its dump %s: %s", rank, tmp,
+                        strerror(errno));
+    fwrite(body, 1, len, f);
+    fwrite(tail, 1, tail_len, f);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return td__fail(TD_EIO, "rank %d: cannot write its dump %s: %s", rank, path, strerror(e));
+    }
+    return TD_OK;
+}
+
+/* The threads' stacks as the dump's "threads" member, closing the document. */
+static void put_threads(FILE *f, const thread_stack *stacks, int nthreads) {
+    fputs("],\n\"threads\": [", f);
+    for (int i = 0; i < nthreads; i++) {
+        const thread_stack *t = &stacks[i];
+        fprintf(f, "%s\n  {\"tid\": %d, \"main\": %s, \"name\": ", i ? "," : "", t->tid,
+                t->tid == (int)getpid() ? "true" : "false");
+        put_str(f, t->name);
+        fputs(", \"stack\": [", f);
+        char **sym = t->n > 0 ? backtrace_symbols(t->frames, t->n) : NULL;
+        for (int k = 0; sym && k < t->n; k++) {
+            fputs(k ? ", " : "", f);
+            put_str(f, sym[k]);
+        }
+        free(sym);
+        fputs(t->n < 0 ? "], \"answered\": false}" : "], \"answered\": true}", f);
+    }
+    fputs("]}}\n", f);
+}
+
+/* The dump goes out twice: first the calls and marks, read in one go under the registry's lock
+ * (a launcher may stop the rank any moment now), then with the threads' stacks, which take a
+ * signal per thread. */
 static td_status write_dump(const char *dir, const char *why) {
+    char *body = NULL, *tail = NULL;
+    size_t len = 0, tail_len = 0;
+    FILE *f = open_memstream(&body, &len);
+    if (!f) return td__fail(TD_ENOMEM, "the dump: out of memory");
     td__rec_marks m;
     td__rec *groups = td__rec_lock(&m);
     int rank = m.rank >= 0 ? m.rank : env_rank();
-    char path[PATH_MAX], tmp[PATH_MAX + 32];
+    char path[PATH_MAX];
     if (rank >= 0)
         snprintf(path, sizeof path, "%s/rank%d.json", dir, rank);
     else
         snprintf(path, sizeof path, "%s/pid%d.json", dir, (int)getpid());
-    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        td__rec_unlock();
-        return td__fail(TD_EIO, "rank %d: cannot write its dump %s: %s", rank, tmp,
-                        strerror(errno));
-    }
     uint64_t now = td_time_ns();
     char host[256] = "";
     if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
     fputs("{\"traceEvents\": [\n", f);
     put_trace_events(f, groups, rank, now);
-    fprintf(f, "],\n\"doctor\": {\"version\": 1, \"rank\": %d, \"world_size\": %d, \"pid\": %d, "
-               "\"host\": ",
+    fprintf(f,
+            "],\n\"doctor\": {\"version\": 1, \"rank\": %d, \"world_size\": %d, \"pid\": %d, "
+            "\"host\": ",
             rank, m.world_size, (int)getpid());
     put_str(f, host);
     fprintf(f, ", \"time_ns\": %llu, \"why\": ", (unsigned long long)now);
     put_str(f, why ? why : "");
     fputs(", \"failure\": ", f);
     put_str(f, first_failure);
-    fprintf(f, ",\n\"marks\": {\"step\": %lld, \"step_for_s\": %.6f, \"micro_batch\": %lld, \"op\": ",
+    fprintf(f,
+            ",\n\"marks\": {\"step\": %lld, \"step_for_s\": %.6f, \"micro_batch\": %lld, \"op\": ",
             (long long)m.step, m.step_since ? (double)(now - m.step_since) / 1e9 : -1.0,
             (long long)m.micro_batch);
     put_str(f, m.op);
@@ -302,34 +359,24 @@ static td_status write_dump(const char *dir, const char *why) {
     int first = 1;
     for (const td__rec *r = groups; r; r = r->next, first = 0) put_group(f, r, now, first, rank);
     td__rec_unlock();
+    int bad = ferror(f);
+    fclose(f);
+    td_status s = bad ? td__fail(TD_ENOMEM, "the dump: out of memory") : TD_OK;
+    static const char no_threads[] = "],\n\"threads\": []}}\n";
+    if (!s) s = put_file(path, rank, body, len, no_threads, sizeof no_threads - 1);
+    if (!s) atomic_store(&last_dump_ns, now);
     /* The stacks after the calls and marks: the signal that asks a thread for its stack cuts
      * its sleep short, and it may move on at once. */
-    thread_stack *stacks = calloc(MAX_THREADS, sizeof *stacks);
-    int nthreads = stacks ? take_stacks(stacks, MAX_THREADS) : 0;
-    fputs("],\n\"threads\": [", f);
-    for (int i = 0; i < nthreads; i++) {
-        thread_stack *t = &stacks[i];
-        fprintf(f, "%s\n  {\"tid\": %d, \"main\": %s, \"name\": ", i ? "," : "", t->tid,
-                t->tid == (int)getpid() ? "true" : "false");
-        put_str(f, t->name);
-        fputs(", \"stack\": [", f);
-        char **sym = t->n > 0 ? backtrace_symbols(t->frames, t->n) : NULL;
-        for (int k = 0; sym && k < t->n; k++) {
-            fputs(k ? ", " : "", f);
-            put_str(f, sym[k]);
-        }
-        free(sym);
-        fputs(t->n < 0 ? "], \"answered\": false}" : "], \"answered\": true}", f);
+    thread_stack *stacks = s ? NULL : calloc(MAX_THREADS, sizeof *stacks);
+    FILE *t = stacks ? open_memstream(&tail, &tail_len) : NULL;
+    if (t) {
+        put_threads(t, stacks, take_stacks(stacks, MAX_THREADS));
+        if (!ferror(t) && fclose(t) == 0) s = put_file(path, rank, body, len, tail, tail_len);
     }
-    fputs("]}}\n", f);
     free(stacks);
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return td__fail(TD_EIO, "rank %d: cannot write its dump %s: %s", rank, path, strerror(e));
-    }
-    return TD_OK;
+    free(tail);
+    free(body);
+    return s;
 }
 
 /* Writes the dump unless `keep` and one was written lately (DUMP_KEEP_NS). */
@@ -337,9 +384,11 @@ static td_status dump_now(const char *dir, const char *why, int keep) {
     pthread_mutex_lock(&dump_lock);
     uint64_t now = td_time_ns();
     td_status s = TD_OK;
-    if (!(keep && last_dump_ns && now - last_dump_ns < DUMP_KEEP_NS)) {
+    uint64_t last = atomic_load(&last_dump_ns);
+    if (!(keep && last && now - last < DUMP_KEEP_NS)) {
+        atomic_store(&dumping_tid, (int)syscall(SYS_gettid));
         s = write_dump(dir, why);
-        if (!s) last_dump_ns = now;
+        atomic_store(&dumping_tid, 0);
     }
     pthread_mutex_unlock(&dump_lock);
     return s;
@@ -377,8 +426,13 @@ static void on_dump_signal(int sig) {
     ssize_t unused = write(wake[1], &b, 1);
     (void)unused;
     if (sig == SIGTERM) {
-        /* Die as SIGTERM would have, once the dump is out (or after 3 s without it). */
-        for (int k = 0; k < 3000 && !atomic_load(&term_dumped); k++)
+        /* Die as SIGTERM would have, once the dump is out (or after 3 s without it); at once
+         * when one is out already (the keep rule of dump_now), or this thread is writing one,
+         * which holds the lock the dump thread would need. */
+        uint64_t last = atomic_load(&last_dump_ns);
+        int mine = atomic_load(&dumping_tid) == (int)syscall(SYS_gettid);
+        int recent = last && td_time_ns() - last < DUMP_KEEP_NS;
+        for (int k = 0; k < 3000 && !mine && !recent && !atomic_load(&term_dumped); k++)
             nanosleep(&(struct timespec){0, 1000000}, NULL);
         signal(SIGTERM, SIG_DFL);
         raise(SIGTERM);
@@ -386,6 +440,33 @@ static void on_dump_signal(int sig) {
     errno = saved;
 }
 
+static int watch = -1; /* inotify on the dump directory, or -1 */
+
+/* Whether another rank's dump was just put in the directory (the events read from `watch`). */
+static int another_dumped(void) {
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    td__rec_marks m;
+    td__rec_lock(&m);
+    td__rec_unlock();
+    char mine[32];
+    snprintf(mine, sizeof mine, "rank%d.json", m.rank >= 0 ? m.rank : env_rank());
+    int other = 0;
+    ssize_t n;
+    while ((n = read(watch, buf, sizeof buf)) > 0)
+        for (char *p = buf; p < buf + n;) {
+            const struct inotify_event *e = (const struct inotify_event *)p;
+            size_t len = e->len ? strlen(e->name) : 0;
+            if (len > 9 && strncmp(e->name, "rank", 4) == 0 && strcmp(e->name + len - 5, ".json") == 0 &&
+                strcmp(e->name, mine) != 0)
+                other = 1;
+            p += sizeof *e + e->len;
+        }
+    return other;
+}
+
+/* The dump thread: a signal's byte on `wake`, or another rank's dump appearing in the directory
+ * (a rank whose group failed dumps at once; the others follow, so that the rank that held the
+ * job up is caught where it is, whatever the launcher does next). */
 static void *doctor_main(void *arg) {
     (void)arg;
     /* SIGUSR1 sent to this thread (tandemrun does so, finding it by its name) interrupts no
@@ -394,16 +475,28 @@ static void *doctor_main(void *arg) {
     sigemptyset(&block);
     sigaddset(&block, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &block, NULL);
+    const char *dir = getenv("TANDEM_DOCTOR_DIR");
     for (;;) {
-        unsigned char b;
-        ssize_t n = read(wake[0], &b, 1);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        /* SIGUSR1 asks for the rank as it is now; SIGTERM ends a job that went wrong. */
-        const char *dir = getenv("TANDEM_DOCTOR_DIR");
-        if (dump_now(dir, b == SIGTERM ? "SIGTERM" : "SIGUSR1", b == SIGTERM) != TD_OK)
-            td__log(TD_LOG_WARN, "%s", td_last_error());
-        if (b == SIGTERM) atomic_store(&term_dumped, 1);
+        struct pollfd fds[2] = {{wake[0], POLLIN, 0}, {watch, POLLIN, 0}};
+        if (poll(fds, watch >= 0 ? 2 : 1, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        const char *why = NULL;
+        int keep = 1;
+        if (fds[0].revents) {
+            unsigned char b;
+            ssize_t n = read(wake[0], &b, 1);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            /* SIGUSR1 asks for the rank as it is now; SIGTERM ends a job that went wrong. */
+            why = b == SIGTERM ? "SIGTERM" : "SIGUSR1";
+            keep = b == SIGTERM;
+        } else if (watch >= 0 && fds[1].revents && another_dumped()) {
+            why = "another rank dumped";
+        }
+        if (why && dump_now(dir, why, keep) != TD_OK) td__log(TD_LOG_WARN, "%s", td_last_error());
+        if (why && strcmp(why, "SIGTERM") == 0) atomic_store(&term_dumped, 1);
     }
     return NULL;
 }
@@ -411,8 +504,7 @@ static void *doctor_main(void *arg) {
 /* Installs `fn` for `sig` where the program left the default action; 1 when it did. */
 static int take_signal(int sig, void (*fn)(int)) {
     struct sigaction old, sa;
-    if (sigaction(sig, NULL, &old) != 0 || (old.sa_flags & SA_SIGINFO) ||
-        old.sa_handler != SIG_DFL)
+    if (sigaction(sig, NULL, &old) != 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL)
         return 0;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = fn;
@@ -440,6 +532,11 @@ void td__doctor_start(void) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    watch = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (watch >= 0 && inotify_add_watch(watch, dir, IN_MOVED_TO) < 0) {
+        close(watch);
+        watch = -1;
+    }
     if (pipe2(wake, O_CLOEXEC) != 0 || pthread_create(&t, &attr, doctor_main, NULL) != 0) {
         td__log(TD_LOG_WARN, "the flight recorder cannot start its dump thread: %s",
                 strerror(errno));

@@ -4,13 +4,13 @@
  * registry of the process's live groups that a dump walks. The registry and the marks are the
  * process's own, like the log hook: a dump asked for by a signal must find every group. It
  * writes nothing out; dump.c does. */
+#include "tandem/recorder.h"
+
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "tandem/recorder.h"
 
 #include "comm/recorder.h"
 #include "core/core_impl.h"

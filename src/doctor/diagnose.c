@@ -156,7 +156,8 @@ static words missing_words(const dr_job *job, int r) {
         snprintf(needle, sizeof needle, "rank %d (pid", r);
         for (int q = 0; q < job->n && !died; q++)
             died = strstr(job->ranks[q].failure, needle) && strstr(job->ranks[q].failure, "died");
-        snprintf(w.s, sizeof w.s, "%s", died ? "died (its peers say)" : "left no dump: it died or never started");
+        snprintf(w.s, sizeof w.s, "%s",
+                 died ? "died (its peers say)" : "left no dump: it died or never started");
     }
     return w;
 }
@@ -206,13 +207,25 @@ static void waits_on(const dr_job *job, int r, const dr_group *g, const dr_call 
         if (c->waiting_for >= 0) add_on(w, c->waiting_for);
         return;
     }
+    /* Every member's ring says whether it came; one with no dump (or without the group) did
+     * not, as far as anyone can tell. */
     for (int m = 0; m < g->size; m++) {
         int q = g->members[m];
         if (q == r) continue;
         const dr_group *h = td__doctor_group_of(job, q, g);
         if (!h || last_seq(h) < (long long)c->seq) add_on(w, q);
     }
-    if (w->non == 0 && c->waiting_for >= 0 && c->waiting_for != r) add_on(w, c->waiting_for);
+}
+
+/* How long a call in flight must have waited to hold its rank up: a second, and three times the
+ * longest wait of a finished call of its group (a job that is merely slow waits that long at
+ * every step). */
+static double stuck_after(const dr_group *g) {
+    double longest = 0;
+    for (int i = 0; i < g->ncalls; i++)
+        if (strcmp(g->calls[i].state, "done") == 0 && g->calls[i].wait_s > longest)
+            longest = g->calls[i].wait_s;
+    return 3 * longest > 1.0 ? 3 * longest : 1.0;
 }
 
 static void find_wait(const dr_job *job, int r, rank_wait *w) {
@@ -226,6 +239,16 @@ static void find_wait(const dr_job *job, int r, rank_wait *w) {
         const dr_call *first = NULL; /* its oldest call not finished */
         for (int j = 0; j < g->ncalls && !first; j++)
             if (in_flight(&g->calls[j]) || failed_waiting(&g->calls[j])) first = &g->calls[j];
+        /* A call in flight holds the rank up once it waited long, or at once when it waits on
+         * a rank that left no dump (dead, or never there). */
+        if (first && in_flight(first) && first->wait_s < stuck_after(g)) {
+            rank_wait probe;
+            waits_on(job, r, g, first, &probe);
+            int gone = 0;
+            for (int i = 0; i < probe.non; i++)
+                gone |= probe.on[i] >= job->n || !job->ranks[probe.on[i]].have_dump;
+            if (!gone) first = NULL;
+        }
         /* Of several groups, the call waited on longest holds the rank up. */
         if (first && (!best || first->wait_s > best->wait_s)) best = first, best_g = g;
     }
@@ -248,8 +271,8 @@ typedef struct {
     int found;
     const dr_group *g;
     uint64_t seq;
-    int by_step;  /* the calls agree but were made at different steps */
-    int bad[64];  /* the ranks that differ from the most common call (or are a step ahead) */
+    int by_step; /* the calls agree but were made at different steps */
+    int bad[64]; /* the ranks that differ from the most common call (or are a step ahead) */
     int nbad;
     int good[64]; /* the others */
     int ngood;
@@ -360,7 +383,7 @@ static void put_wait(text *t, const dr_job *job, const rank_wait *waits, int r, 
         return;
     }
     put(t, "%s waits for %s in %s", who(job, r).s, who(job, q).s, call_name(w->g, w->call).s);
-    if (w->call->wait_s > 0) put(t, " (%.1f s)", w->call->wait_s);
+    if (w->call->wait_s >= 0.05) put(t, " (%.1f s)", w->call->wait_s);
 }
 
 /* ---------------------------------------------------------------- the text */
@@ -379,7 +402,7 @@ static void put_rank_line(text *t, const dr_job *job, const rank_wait *waits, in
     } else if (w->waiting) {
         put(t, "%s %s", strcmp(w->call->state, "failed") == 0 ? "failed in" : "in",
             call_name(w->g, w->call).s);
-        if (w->call->wait_s > 0) put(t, " after waiting %.1f s", w->call->wait_s);
+        if (w->call->wait_s >= 0.05) put(t, " after waiting %.1f s", w->call->wait_s);
         if (w->non) put(t, " for %s", rank_list(job, w->on, w->non).s);
         if (w->call->step >= 0) put(t, ", step %lld", (long long)w->call->step);
     } else {
@@ -399,8 +422,9 @@ static void put_rank_line(text *t, const dr_job *job, const rank_wait *waits, in
 static void put_divergence(text *t, const dr_job *job, const divergence *d) {
     words g = group_name(d->g);
     if (d->by_step) {
-        put(t, "root cause: %s skipped a call of %s: %s%s was made in step %lld, where %s made "
-               "theirs in step %lld\n",
+        put(t,
+            "root cause: %s skipped a call of %s: %s%s was made in step %lld, where %s made "
+            "theirs in step %lld\n",
             rank_list(job, d->bad, d->nbad).s, g.s, d->nbad == 1 ? "its " : "their ",
             d->bad_call->desc, (long long)d->bad_call->step, rank_list(job, d->good, d->ngood).s,
             (long long)d->good_call->step);

@@ -107,8 +107,9 @@ td_status td_doctor_trace(const char *dir, const char *path) {
         s = td_trace_write_merged((const td_trace *const *)traces, n, tmp);
         char *add = s ? NULL : read_file(tmp, &add_len);
         unlink(tmp);
-        if (!s) s = add ? splice(path, old, old_len, add, add_len)
-                        : td__fail(TD_EIO, "td_doctor_trace: cannot read back %s", tmp);
+        if (!s)
+            s = add ? splice(path, old, old_len, add, add_len)
+                    : td__fail(TD_EIO, "td_doctor_trace: cannot read back %s", tmp);
         free(add);
     }
     free(old);

@@ -151,8 +151,8 @@ static td_status load_dump(dr_job *job, const char *path) {
         const td__json *t = &threads->items[i], *stack = td__json_get(t, "stack");
         if (!is_true(t, "main") || !stack || stack->kind != TD__JSON_ARRAY) continue;
         for (size_t f = 0, at = 0; f < stack->n && at < 4; f++) {
-            const char *frame = stack->items[f].kind == TD__JSON_STRING ? stack->items[f].string
-                                                                        : "";
+            const char *frame =
+                stack->items[f].kind == TD__JSON_STRING ? stack->items[f].string : "";
             if (strstr(frame, "/libc.so") || strstr(frame, "/ld-linux")) continue;
             snprintf(k->main_stack[at++], sizeof k->main_stack[0], "%s", frame);
         }

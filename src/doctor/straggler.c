@@ -107,20 +107,20 @@ int td__doctor_straggler(const dr_job *job, char *out, size_t cap) {
                 strcmp(g->label, "world") == 0 ? "the world group" : g->label,
                 1e3 * for_last[s] / last[s]);
             if (at < cap && oldest > 0) {
-                at += (size_t)snprintf(out + at, cap - at, "  where the time went, the last %.1f s:",
-                                       oldest);
+                at += (size_t)snprintf(out + at, cap - at,
+                                       "  where the time went, the last %.1f s:", oldest);
                 for (int m = 0; m < n && at < cap; m++) {
                     double w = waits[m] / oldest;
-                    at += (size_t)snprintf(out + at, cap - at, "%s rank %d %.0f%% compute, %.0f%% waiting",
+                    at += (size_t)snprintf(out + at, cap - at,
+                                           "%s rank %d %.0f%% compute, %.0f%% waiting",
                                            m ? ";" : "", g->members[m], 100 * (1 - w), 100 * w);
                 }
                 if (at < cap) at += (size_t)snprintf(out + at, cap - at, "\n");
             }
             for (int kk = 0; kk < nkinds && at < cap; kk++)
-                at += (size_t)snprintf(out + at, cap - at,
-                                       "  at %s: the others waited %.1f ms a call (%d calls)\n",
-                                       kinds[kk].sig, 1e3 * kinds[kk].waited / kinds[kk].calls,
-                                       kinds[kk].calls);
+                at += (size_t)snprintf(
+                    out + at, cap - at, "  at %s: the others waited %.1f ms a call (%d calls)\n",
+                    kinds[kk].sig, 1e3 * kinds[kk].waited / kinds[kk].calls, kinds[kk].calls);
         }
     }
     return found;

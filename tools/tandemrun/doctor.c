@@ -3,6 +3,8 @@
  * it: one that never created a process group would die of it), the note on what became of each
  * rank's process, and the diagnosis printed when a job fails or times out, or when someone asks
  * (SIGUSR1 to tandemrun, or tandemrun --dump from another terminal, which is tr_dump_main). */
+#include "tandem/doctor.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -16,7 +18,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tandem/doctor.h"
 #include "tandem/launch.h"
 
 #include "tandemrun.h"
@@ -90,7 +91,7 @@ static int clear_dir(const char *dir, int only_count) {
 int tr_doctor_open(const tr_options *o, tr_doctor *doc) {
     memset(doc, 0, sizeof *doc);
     const char *env = getenv("TANDEM_DOCTOR_DIR");
-    const char *want = o->doctor_dir ? o->doctor_dir : env && *env ? env : NULL;
+    const char *want = o->dump_dir ? o->dump_dir : env && *env ? env : NULL;
     if (want)
         snprintf(doc->dir, sizeof doc->dir, "%s", want);
     else
@@ -137,14 +138,22 @@ void tr_doctor_request(tr_doctor *doc, td_job *j, int stop_code, int report) {
     }
 }
 
-int tr_doctor_ready(const tr_doctor *doc) {
+int tr_doctor_ready(const tr_doctor *doc, td_job *j) {
     if (td_time_ns() * 1e-9 >= doc->until) return 1;
     for (int i = 0; i < doc->nasked; i++) {
+        int running = 0;
+        for (int k = 0;; k++) {
+            td_job_proc p = td_job_get(j, k);
+            if (p.rank < 0) break;
+            if (p.rank == doc->asked[i]) running = p.running;
+        }
+        if (!running) continue; /* it ended: whatever it wrote is all there will be */
         char path[PATH_MAX + 32];
         struct stat sb;
         snprintf(path, sizeof path, "%s/rank%d.json", doc->dir, doc->asked[i]);
+        /* A dump from just before the request (the rank's own failure) will do. */
         if (stat(path, &sb) != 0 ||
-            (double)sb.st_mtim.tv_sec + (double)sb.st_mtim.tv_nsec * 1e-9 < doc->since - 0.01)
+            (double)sb.st_mtim.tv_sec + (double)sb.st_mtim.tv_nsec * 1e-9 < doc->since - 0.25)
             return 0;
     }
     return 1;
@@ -275,8 +284,10 @@ int tr_dump_main(int argc, char **argv) {
             return 1;
         }
         if (n > 1) {
-            fprintf(stderr, "tandemrun: --dump: %d jobs run here; say which: tandemrun --dump PID,"
-                            " PID one of", n);
+            fprintf(stderr,
+                    "tandemrun: --dump: %d jobs run here; say which: tandemrun --dump PID,"
+                    " PID one of",
+                    n);
             for (int i = 0; i < n; i++) fprintf(stderr, " %d", (int)jobs[i]);
             fputc('\n', stderr);
             return 2;

@@ -238,7 +238,7 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
         } else if (strcmp(name, "doctor-dir") == 0) {
             TAKES_VALUE();
             if (!*value) return usage_error("--doctor-dir wants a directory%s", "");
-            o->doctor_dir = value;
+            o->dump_dir = value;
         } else if (strcmp(name, "log-dir") == 0) {
             TAKES_VALUE();
             o->log_dir = value;

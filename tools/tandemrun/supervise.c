@@ -399,7 +399,7 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
         if (f >= 0 && !td_job_stopping(j) && !doc.stop_code) /* dumps first, then the stop */
             tr_doctor_request(&doc, j, td_exit_code(td_job_get(j, f).status), 0);
         if (z) settle(z, &claim, 0);
-        if (doc.pending && tr_doctor_ready(&doc)) {
+        if (doc.pending && tr_doctor_ready(&doc, j)) {
             doc.pending = 0;
             tr_doctor_note(&doc, j);
             if (doc.stop_code && !td_job_stopping(j))
@@ -438,6 +438,11 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
         if (ranks[r].log_fd >= 0) close(ranks[r].log_fd);
     }
     if (td_job_first_failure(j) >= 0) *failed_rank = td_job_get(j, td_job_first_failure(j)).rank;
+    if (doc.pending) { /* every rank ended before the dumps were all in */
+        doc.pending = 0;
+        tr_doctor_note(&doc, j);
+    }
+    if (doc.stop_code && td_job_exit_code(j) < 0) td_job_stop(j, SIGTERM, doc.stop_code);
     /* A failed or timed-out job: which rank held it up, from the dumps. */
     int diagnose = doc.stop_code != 0 && !tr_interrupted();
     if (diagnose) tr_doctor_report(&doc, 1);

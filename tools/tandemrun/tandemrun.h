@@ -39,7 +39,7 @@ typedef struct {
     int attempt;           /* 0 for the first start, then the restart's number */
     const char *trace_dir; /* --trace: the ranks get TANDEM_TRACE=<its absolute path> */
     int trace_ops;         /* --trace-ops: and TANDEM_TRACE_OPS=1 */
-    const char *doctor_dir; /* --doctor-dir: where the ranks dump (kept after the job) */
+    const char *dump_dir;  /* --doctor-dir: where the ranks dump (kept after the job) */
 } tr_options;
 
 /* Restarts after a rank failed (restart.c, torchrun's --max-restarts). */
@@ -132,8 +132,8 @@ void tr_doctor_close(tr_doctor *doc, int keep);
  * diagnosis printed. */
 void tr_doctor_request(tr_doctor *doc, td_job *j, int stop_code, int report);
 
-/* 1 when every rank asked has written its dump, or the wait is over. */
-int tr_doctor_ready(const tr_doctor *doc);
+/* 1 when every rank asked has written its dump or ended, or the wait is over. */
+int tr_doctor_ready(const tr_doctor *doc, td_job *j);
 
 /* Writes what became of each rank's process so far (DIR/launcher.json). */
 void tr_doctor_note(const tr_doctor *doc, td_job *j);
