@@ -184,6 +184,7 @@ static void put_group(FILE *f, const td__rec *r, uint64_t now, int first, int pi
     put_str(f, r->backend ? r->backend : "?");
     fputs(", \"failed\": ", f);
     put_str(f, r->failed);
+    fprintf(f, ", \"destroyed\": %s", r->destroyed ? "true" : "false");
     uint64_t posted = r->posted, cap = r->ring ? r->mask + 1 : 0;
     fprintf(f, ", \"recording\": %s, \"calls_posted\": %llu, \"calls\": [",
             r->ring ? "true" : "false", (unsigned long long)posted);
@@ -223,30 +224,35 @@ static void put_group(FILE *f, const td__rec *r, uint64_t now, int first, int pi
     fputs("]}", f);
 }
 
-/* The calls that waited, as spans of a trace viewer: the dump opens in Perfetto too. */
-static void put_trace_events(FILE *f, const td__rec *groups, int rank, uint64_t now) {
+static void put_group_events(FILE *f, const td__rec *r, int rank, uint64_t now) {
+    uint64_t posted = r->posted, cap = r->ring ? r->mask + 1 : 0;
+    for (uint64_t i = posted > cap ? posted - cap : 0; r->ring && i < posted; i++) {
+        td__rec_entry e;
+        if (!read_entry(&r->ring[i & r->mask], &e)) continue;
+        uint64_t wait = atomic_load(&e.wait_ns), end = atomic_load(&e.end_ns);
+        if (!wait) continue;
+        char desc[256];
+        describe_call(r, &e, atomic_load(&e.seq), desc, sizeof desc);
+        fputs(",\n{\"name\": ", f);
+        put_str(f, desc);
+        fprintf(f,
+                ", \"cat\": \"comm\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %.3f, "
+                "\"dur\": %.3f, \"args\": {\"state\": \"%s\"}}",
+                rank, (double)wait / 1e3, (double)((end ? end : now) - wait) / 1e3,
+                state_name(atomic_load(&e.state)));
+    }
+}
+
+/* The calls that waited, of the live groups and the ones destroyed lately, as spans of a trace
+ * viewer: the dump opens in Perfetto too. */
+static void put_trace_events(FILE *f, const td__rec *live, const td__rec *old, int rank,
+                             uint64_t now) {
     fprintf(f,
             "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
             "\"rank %d (dump)\"}}",
             rank, rank);
-    for (const td__rec *r = groups; r; r = r->next) {
-        uint64_t posted = r->posted, cap = r->ring ? r->mask + 1 : 0;
-        for (uint64_t i = posted > cap ? posted - cap : 0; r->ring && i < posted; i++) {
-            td__rec_entry e;
-            if (!read_entry(&r->ring[i & r->mask], &e)) continue;
-            uint64_t wait = atomic_load(&e.wait_ns), end = atomic_load(&e.end_ns);
-            if (!wait) continue;
-            char desc[256];
-            describe_call(r, &e, atomic_load(&e.seq), desc, sizeof desc);
-            fputs(",\n{\"name\": ", f);
-            put_str(f, desc);
-            fprintf(f,
-                    ", \"cat\": \"comm\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %.3f, "
-                    "\"dur\": %.3f, \"args\": {\"state\": \"%s\"}}",
-                    rank, (double)wait / 1e3, (double)((end ? end : now) - wait) / 1e3,
-                    state_name(atomic_load(&e.state)));
-        }
-    }
+    for (const td__rec *r = live; r; r = r->next) put_group_events(f, r, rank, now);
+    for (const td__rec *r = old; r; r = r->next) put_group_events(f, r, rank, now);
 }
 
 /* ---------------------------------------------------------------- writing */
@@ -318,7 +324,7 @@ static td_status write_dump(const char *dir, const char *why) {
     FILE *f = open_memstream(&body, &len);
     if (!f) return td__fail(TD_ENOMEM, "the dump: out of memory");
     td__rec_marks m;
-    td__rec *groups = td__rec_lock(&m);
+    td__rec *old = NULL, *groups = td__rec_lock(&m, &old);
     int rank = m.rank >= 0 ? m.rank : env_rank();
     char path[PATH_MAX];
     if (rank >= 0)
@@ -329,7 +335,7 @@ static td_status write_dump(const char *dir, const char *why) {
     char host[256] = "";
     if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
     fputs("{\"traceEvents\": [\n", f);
-    put_trace_events(f, groups, rank, now);
+    put_trace_events(f, groups, old, rank, now);
     fprintf(f,
             "],\n\"doctor\": {\"version\": 1, \"rank\": %d, \"world_size\": %d, \"pid\": %d, "
             "\"host\": ",
@@ -358,6 +364,7 @@ static td_status write_dump(const char *dir, const char *why) {
     fputs(",\n\"groups\": [", f);
     int first = 1;
     for (const td__rec *r = groups; r; r = r->next, first = 0) put_group(f, r, now, first, rank);
+    for (const td__rec *r = old; r; r = r->next, first = 0) put_group(f, r, now, first, rank);
     td__rec_unlock();
     int bad = ferror(f);
     fclose(f);
@@ -379,16 +386,22 @@ static td_status write_dump(const char *dir, const char *why) {
     return s;
 }
 
-/* Writes the dump unless `keep` and one was written lately (DUMP_KEEP_NS). */
-static td_status dump_now(const char *dir, const char *why, int keep) {
+/* When a dump is written anyway: always (td_recorder_dump); when asked (SIGUSR1) unless the
+ * rank dumped for its own failure lately, which says more than what follows it; when it follows
+ * trouble (a failure, SIGTERM, another rank's dump) unless any dump was written lately. */
+enum { DUMP_ALWAYS, DUMP_ASKED, DUMP_FOLLOWS };
+static uint64_t failure_dump_ns; /* under dump_lock */
+
+static td_status dump_now(const char *dir, const char *why, int when, int failure) {
     pthread_mutex_lock(&dump_lock);
     uint64_t now = td_time_ns();
     td_status s = TD_OK;
-    uint64_t last = atomic_load(&last_dump_ns);
-    if (!(keep && last && now - last < DUMP_KEEP_NS)) {
+    uint64_t last = when == DUMP_ASKED ? failure_dump_ns : atomic_load(&last_dump_ns);
+    if (when == DUMP_ALWAYS || !last || now - last >= DUMP_KEEP_NS) {
         atomic_store(&dumping_tid, (int)syscall(SYS_gettid));
         s = write_dump(dir, why);
         atomic_store(&dumping_tid, 0);
+        if (!s && failure) failure_dump_ns = now;
     }
     pthread_mutex_unlock(&dump_lock);
     return s;
@@ -403,7 +416,8 @@ void td__doctor_dump(const char *why, const char *failure) {
     /* The caller's error message is its thread's last error: keep it through the dump. */
     char saved[1024];
     snprintf(saved, sizeof saved, "%s", td_last_error());
-    if (dump_now(dir, why, 1) != TD_OK) td__log(TD_LOG_WARN, "%s", td_last_error());
+    if (dump_now(dir, why, DUMP_FOLLOWS, failure != NULL) != TD_OK)
+        td__log(TD_LOG_WARN, "%s", td_last_error());
     td__fail(TD_OK, "%s", saved);
 }
 
@@ -411,7 +425,7 @@ td_status td_recorder_dump(const char *why) {
     const char *dir = getenv("TANDEM_DOCTOR_DIR");
     if (!dir || !*dir)
         return td__fail(TD_ESTATE, "td_recorder_dump: TANDEM_DOCTOR_DIR says nowhere to write");
-    return dump_now(dir, why ? why : "td_recorder_dump", 0);
+    return dump_now(dir, why ? why : "td_recorder_dump", DUMP_ALWAYS, 0);
 }
 
 /* ---------------------------------------------------------------- the dump thread and signals */
@@ -446,7 +460,7 @@ static int watch = -1; /* inotify on the dump directory, or -1 */
 static int another_dumped(void) {
     char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
     td__rec_marks m;
-    td__rec_lock(&m);
+    td__rec_lock(&m, NULL);
     td__rec_unlock();
     char mine[32];
     snprintf(mine, sizeof mine, "rank%d.json", m.rank >= 0 ? m.rank : env_rank());
@@ -483,7 +497,7 @@ static void *doctor_main(void *arg) {
             break;
         }
         const char *why = NULL;
-        int keep = 1;
+        int when = DUMP_FOLLOWS;
         if (fds[0].revents) {
             unsigned char b;
             ssize_t n = read(wake[0], &b, 1);
@@ -491,11 +505,11 @@ static void *doctor_main(void *arg) {
             if (n <= 0) break;
             /* SIGUSR1 asks for the rank as it is now; SIGTERM ends a job that went wrong. */
             why = b == SIGTERM ? "SIGTERM" : "SIGUSR1";
-            keep = b == SIGTERM;
+            when = b == SIGTERM ? DUMP_FOLLOWS : DUMP_ASKED;
         } else if (watch >= 0 && fds[1].revents && another_dumped()) {
             why = "another rank dumped";
         }
-        if (why && dump_now(dir, why, keep) != TD_OK) td__log(TD_LOG_WARN, "%s", td_last_error());
+        if (why && dump_now(dir, why, when, 0) != TD_OK) td__log(TD_LOG_WARN, "%s", td_last_error());
         if (why && strcmp(why, "SIGTERM") == 0) atomic_store(&term_dumped, 1);
     }
     return NULL;

@@ -24,8 +24,11 @@ _Atomic int32_t td__rec_micro_batch = -1;
 /* Calls each group remembers unless TANDEM_DOCTOR_CALLS says otherwise (a power of two). */
 #define REC_CALLS 2048
 
+/* Groups destroyed lately whose calls dumps still show, newest first. */
+#define REC_RETIRED 4
+
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-static td__rec *registry;
+static td__rec *registry, *retired;
 
 /* The marks a dump reports; the op's name is copied under a sequence count (odd while it is
  * written) so that a dump never reads half of two names. */
@@ -76,14 +79,51 @@ void td__rec_init(td__rec *r, uint64_t key, const td__names *names, int rank, in
     pthread_mutex_unlock(&registry_lock);
 }
 
+static void rec_free(td__rec *r) {
+    free(r->ring);
+    free(r->tags);
+    td__names_free(&r->own_names);
+    free(r);
+}
+
 void td__rec_fini(td__rec *r) {
+    /* A copy that owns the ring and the members' names outlives the group. */
+    td__rec *keep = r->ring ? malloc(sizeof *keep) : NULL;
+    int *world = keep && r->names && r->names->world ? malloc((size_t)r->size * sizeof *world)
+                                                     : NULL;
+    if (keep) {
+        *keep = *r;
+        keep->destroyed = 1;
+        if (world) memcpy(world, r->names->world, (size_t)r->size * sizeof *world);
+        td__names_init(&keep->own_names, r->size, world);
+        keep->names = &keep->own_names;
+    }
     pthread_mutex_lock(&registry_lock);
     if (r->prev) r->prev->next = r->next;
     if (r->next) r->next->prev = r->prev;
     if (registry == r) registry = r->next;
+    td__rec *old = NULL;
+    if (keep) {
+        keep->prev = NULL;
+        keep->next = retired;
+        retired = keep;
+        int n = 0;
+        for (td__rec *k = retired; k; k = k->next)
+            if (++n == REC_RETIRED && k->next) {
+                old = k->next;
+                k->next = NULL;
+            }
+    }
     pthread_mutex_unlock(&registry_lock);
-    free(r->ring);
-    free(r->tags);
+    while (old) {
+        td__rec *next = old->next;
+        rec_free(old);
+        old = next;
+    }
+    if (!keep) {
+        free(r->ring);
+        free(r->tags);
+    }
     r->ring = NULL;
     r->tags = NULL;
 }
@@ -107,8 +147,9 @@ void td__rec_creating(const char *backend) {
     pthread_mutex_unlock(&registry_lock);
 }
 
-td__rec *td__rec_lock(td__rec_marks *m) {
+td__rec *td__rec_lock(td__rec_marks *m, td__rec **old) {
     pthread_mutex_lock(&registry_lock);
+    if (old) *old = retired;
     memset(m, 0, sizeof *m);
     m->rank = atomic_load(&marks.rank);
     m->world_size = atomic_load(&marks.world_size);

@@ -64,6 +64,8 @@ typedef struct td__rec {
     int rank, size;
     const char *backend;
     char failed[512];
+    int destroyed;        /* a group destroyed lately, kept for dumps (recorder.c) */
+    td__names own_names;  /* a destroyed group's copy of its names */
     struct td__rec *prev, *next; /* the registry of live groups (recorder.c) */
 } td__rec;
 
@@ -76,7 +78,8 @@ extern _Thread_local td__rec_entry *td__rec_current __attribute__((tls_model("in
 void td__rec_init(td__rec *r, uint64_t key, const td__names *names, int rank, int size,
                   const char *backend);
 
-/* Takes the group off the list and frees its ring. */
+/* Takes the group off the list; its calls stay in later dumps among the last few groups
+ * destroyed (a careful program destroys its groups before it leaves on an error). */
 void td__rec_fini(td__rec *r);
 
 /* The progress marks every post copies (recorder.c), and the tag td_comm_tag left for this
@@ -173,8 +176,9 @@ typedef struct {
     uint64_t op_since;
 } td__rec_marks;
 
-/* Locks the registry and returns its first group (td__rec_next for the others) and the marks. */
-td__rec *td__rec_lock(td__rec_marks *marks);
+/* Locks the registry and returns its first group (then r->next) and the marks; *retired gets
+ * the groups destroyed lately, listed the same way. */
+td__rec *td__rec_lock(td__rec_marks *marks, td__rec **retired);
 void td__rec_unlock(void);
 
 #endif

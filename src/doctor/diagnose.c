@@ -86,12 +86,19 @@ static words group_name(const dr_group *g) {
     return w;
 }
 
-/* "allreduce #12 (f32, 4 elements, sum) ['ddp bucket 0'] of the world group" */
-static words call_name(const dr_group *g, const dr_call *c) {
+/* "allreduce #12 (f32, 4 elements, sum) ['ddp bucket 0']" */
+static words call_words(const dr_call *c) {
     words w;
     char tag[64] = "";
     if (c->tag[0]) snprintf(tag, sizeof tag, " ['%s']", c->tag);
-    snprintf(w.s, sizeof w.s, "%.255s%s of %.150s", c->desc, tag, group_name(g).s);
+    snprintf(w.s, sizeof w.s, "%.255s%s", c->desc, tag);
+    return w;
+}
+
+/* "allreduce #12 (f32, 4 elements, sum) ['ddp bucket 0'] of the world group" */
+static words call_name(const dr_group *g, const dr_call *c) {
+    words w;
+    snprintf(w.s, sizeof w.s, "%.320s of %.150s", call_words(c).s, group_name(g).s);
     return w;
 }
 
@@ -215,6 +222,12 @@ static void waits_on(const dr_job *job, int r, const dr_group *g, const dr_call 
         const dr_group *h = td__doctor_group_of(job, q, g);
         if (!h || last_seq(h) < (long long)c->seq) add_on(w, q);
     }
+    /* The one the rank's own wait last named first (its backend knows whose message is due). */
+    for (int i = 1; i < w->non; i++)
+        if (w->on[i] == c->waiting_for) {
+            w->on[i] = w->on[0];
+            w->on[0] = c->waiting_for;
+        }
 }
 
 /* How long a call in flight must have waited to hold its rank up: a second, and three times the
@@ -228,7 +241,7 @@ static double stuck_after(const dr_group *g) {
     return 3 * longest > 1.0 ? 3 * longest : 1.0;
 }
 
-static void find_wait(const dr_job *job, int r, rank_wait *w) {
+static void find_wait(const dr_job *job, int r, int failed, rank_wait *w) {
     memset(w, 0, sizeof *w);
     const dr_rank *k = &job->ranks[r];
     if (!k->have_dump) return;
@@ -239,9 +252,10 @@ static void find_wait(const dr_job *job, int r, rank_wait *w) {
         const dr_call *first = NULL; /* its oldest call not finished */
         for (int j = 0; j < g->ncalls && !first; j++)
             if (in_flight(&g->calls[j]) || failed_waiting(&g->calls[j])) first = &g->calls[j];
-        /* A call in flight holds the rank up once it waited long, or at once when it waits on
-         * a rank that left no dump (dead, or never there). */
-        if (first && in_flight(first) && first->wait_s < stuck_after(g)) {
+        /* A call in flight holds the rank up once it waited long, or at once in a job where a
+         * group failed (the dumps are of that moment) or when it waits on a rank that left no
+         * dump (dead, or never there). */
+        if (first && in_flight(first) && !failed && first->wait_s < stuck_after(g)) {
             rank_wait probe;
             waits_on(job, r, g, first, &probe);
             int gone = 0;
@@ -349,6 +363,13 @@ static void find_divergence(const dr_job *job, divergence *d) {
 static int next_of(const dr_job *job, const rank_wait *waits, int r) {
     const rank_wait *w = &waits[r];
     if (!w->waiting || w->non == 0) return -1;
+    /* A rank that died first, then one with no dump or itself stuck, then the first. */
+    for (int i = 0; i < w->non; i++) {
+        int q = w->on[i];
+        if (q < job->n && job->ranks[q].have_proc && job->ranks[q].proc.ended &&
+            job->ranks[q].proc.signaled)
+            return q;
+    }
     for (int i = 0; i < w->non; i++) {
         int q = w->on[i];
         if (q >= 0 && q < job->n && (!job->ranks[q].have_dump || waits[q].waiting)) return q;
@@ -426,13 +447,14 @@ static void put_divergence(text *t, const dr_job *job, const divergence *d) {
             "root cause: %s skipped a call of %s: %s%s was made in step %lld, where %s made "
             "theirs in step %lld\n",
             rank_list(job, d->bad, d->nbad).s, g.s, d->nbad == 1 ? "its " : "their ",
-            d->bad_call->desc, (long long)d->bad_call->step, rank_list(job, d->good, d->ngood).s,
-            (long long)d->good_call->step);
+            call_words(d->bad_call).s, (long long)d->bad_call->step,
+            rank_list(job, d->good, d->ngood).s, (long long)d->good_call->step);
         return;
     }
     put(t, "root cause: the ranks' calls differ at #%llu of %s: %s called %s where %s called %s\n",
-        (unsigned long long)d->seq, g.s, rank_list(job, d->bad, d->nbad).s, d->bad_call->desc,
-        rank_list(job, d->good, d->ngood).s, d->good_call->desc);
+        (unsigned long long)d->seq, g.s, rank_list(job, d->bad, d->nbad).s,
+        call_words(d->bad_call).s, rank_list(job, d->good, d->ngood).s,
+        call_words(d->good_call).s);
 }
 
 /* The rank a chain ends at, in the root cause's words. */
@@ -465,7 +487,10 @@ td_status td_doctor_diagnose(const char *dir, char **out) {
         td__doctor_free(&job);
         return td__fail(TD_ENOMEM, "td_doctor_diagnose: out of memory");
     }
-    for (int r = 0; r < job.n; r++) find_wait(&job, r, &waits[r]);
+    /* A job where a group failed: its dumps are of that moment. */
+    int failed = 0;
+    for (int r = 0; r < job.n; r++) failed |= job.ranks[r].failure[0] != 0;
+    for (int r = 0; r < job.n; r++) find_wait(&job, r, failed, &waits[r]);
     divergence d;
     find_divergence(&job, &d);
     /* The longest chain, from a waiting rank no one waits on (any waiting rank in a cycle). */
