@@ -149,16 +149,17 @@ static const char *state_name(int s) {
  * world rank 2 (tag 5, 400 bytes)". */
 static void describe_call(const td__rec *r, const td__rec_entry *e, uint64_t seq, char *out,
                           size_t cap) {
-    if (e->kind < TD__COLL_COUNT) {
-        td__coll_describe(out, cap, (td__coll_kind)e->kind, seq, (td_dtype)e->dtype,
-                          (size_t)e->count, (td_reduce_op)e->op, e->peer);
-    } else if (e->kind == TD__REC_SEND || e->kind == TD__REC_RECV) {
-        snprintf(out, cap, "%s #%llu %s %s (tag %d, %llu elements of %s)",
-                 td__rec_kind_name(e->kind), (unsigned long long)seq,
-                 e->kind == TD__REC_SEND ? "to" : "from", td__who(r->names, e->peer).s, e->p2p_tag,
-                 (unsigned long long)e->count, td_dtype_name((td_dtype)e->dtype));
+    int kind = td__rec_kind(e);
+    if (kind < TD__COLL_COUNT) {
+        td__coll_describe(out, cap, (td__coll_kind)kind, seq, (td_dtype)td__rec_dtype(e),
+                          (size_t)e->count, (td_reduce_op)td__rec_op(e), e->peer);
+    } else if (kind == TD__REC_SEND || kind == TD__REC_RECV) {
+        snprintf(out, cap, "%s #%llu %s %s (tag %d, %llu elements of %s)", td__rec_kind_name(kind),
+                 (unsigned long long)seq, kind == TD__REC_SEND ? "to" : "from",
+                 td__who(r->names, e->peer).s, e->p2p_tag, (unsigned long long)e->count,
+                 td_dtype_name((td_dtype)td__rec_dtype(e)));
     } else {
-        snprintf(out, cap, "%s #%llu", td__rec_kind_name(e->kind), (unsigned long long)seq);
+        snprintf(out, cap, "%s #%llu", td__rec_kind_name(kind), (unsigned long long)seq);
     }
 }
 
@@ -192,29 +193,33 @@ static void put_group(FILE *f, const td__rec *r, uint64_t now, int first, int pi
     for (uint64_t i = posted > cap ? posted - cap : 0; r->ring && i < posted; i++) {
         td__rec_entry e;
         if (!read_entry(&r->ring[i & r->mask], &e)) continue;
-        uint64_t seq = atomic_load(&e.seq), wait = atomic_load(&e.wait_ns),
-                 end = atomic_load(&e.end_ns);
-        int state = atomic_load(&e.state), waiting = atomic_load(&e.waiting_for);
+        int waited = td__rec_waited(&e), kind = td__rec_kind(&e);
+        int state = atomic_load(&e.state), waiting = waited ? atomic_load(&e.waiting_for) : -1;
+        uint64_t seq = atomic_load(&e.seq), wait = waited ? atomic_load(&e.wait_ns) : 0;
+        uint64_t end = waited && state >= TD__REC_DONE ? wait + 1000ull * atomic_load(&e.waited_us)
+                                                       : 0;
         char desc[256];
         describe_call(r, &e, seq, desc, sizeof desc);
         fprintf(f, "%s\n    {\"seq\": %llu, \"kind\": \"%s\", \"desc\": ", any ? "," : "",
-                (unsigned long long)seq, td__rec_kind_name(e.kind));
+                (unsigned long long)seq, td__rec_kind_name(kind));
         put_str(f, desc);
         fprintf(f, ", \"dtype\": \"%s\", \"count\": %llu, \"op\": %d, \"peer\": %d",
-                td_dtype_name((td_dtype)e.dtype), (unsigned long long)e.count, e.op,
-                e.peer >= 0 && e.kind >= TD__REC_SEND ? td__names_world(r->names, e.peer) : e.peer);
-        fprintf(f, ", \"p2p_tag\": %d, \"tag\": ", e.kind >= TD__REC_SEND ? e.p2p_tag : -1);
+                td_dtype_name((td_dtype)td__rec_dtype(&e)), (unsigned long long)e.count,
+                td__rec_op(&e),
+                e.peer >= 0 && kind >= TD__REC_SEND ? td__names_world(r->names, e.peer) : e.peer);
+        fprintf(f, ", \"p2p_tag\": %d, \"tag\": ", kind >= TD__REC_SEND ? e.p2p_tag : -1);
         char tag[TD__REC_TAG] = "";
-        if (e.tagged) {
+        if (td__rec_tagged(&e)) {
             memcpy(tag, r->tags[i & r->mask], sizeof tag);
             tag[sizeof tag - 1] = 0;
         }
         put_str(f, tag);
         fprintf(f,
-                ", \"state\": \"%s\", \"status\": \"%s\", \"step\": %lld, \"micro_batch\": %d, "
+                ", \"state\": \"%s\", \"status\": \"%s\", \"step\": %lld, "
                 "\"waiting_for\": %d, \"wait_s\": %.6f, \"ended_s_ago\": %.6f}",
-                state_name(state), e.status ? td_status_string((td_status)e.status) : "",
-                (long long)e.step, e.micro_batch,
+                state_name(state),
+                state == TD__REC_FAILED ? td_status_string((td_status)e.status) : "",
+                (long long)e.step,
                 waiting >= 0 ? td__names_world(r->names, waiting) : -1,
                 wait ? (double)((end ? end : now) - wait) / 1e9 : 0.0,
                 end ? (double)(now - end) / 1e9 : -1.0);
@@ -228,9 +233,9 @@ static void put_group_events(FILE *f, const td__rec *r, int rank, uint64_t now) 
     uint64_t posted = r->posted, cap = r->ring ? r->mask + 1 : 0;
     for (uint64_t i = posted > cap ? posted - cap : 0; r->ring && i < posted; i++) {
         td__rec_entry e;
-        if (!read_entry(&r->ring[i & r->mask], &e)) continue;
-        uint64_t wait = atomic_load(&e.wait_ns), end = atomic_load(&e.end_ns);
-        if (!wait) continue;
+        if (!read_entry(&r->ring[i & r->mask], &e) || !td__rec_waited(&e)) continue;
+        uint64_t wait = atomic_load(&e.wait_ns), end = 0;
+        if (atomic_load(&e.state) >= TD__REC_DONE) end = wait + 1000ull * atomic_load(&e.waited_us);
         char desc[256];
         describe_call(r, &e, atomic_load(&e.seq), desc, sizeof desc);
         fputs(",\n{\"name\": ", f);

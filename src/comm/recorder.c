@@ -42,6 +42,16 @@ static struct {
     uint64_t creating_since;
 } marks = {.rank = -1};
 
+/* TANDEM_DOCTOR=0 turns the recorder off: read when a group is created. */
+static int recording(void) {
+    const char *v = getenv("TANDEM_DOCTOR");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+/* The op marks, read once: a graph marks every op, and its sweeps must not read the
+ * environment each time. 1 on, 0 off, -1 not read yet. */
+static _Atomic int op_marks = -1;
+
 static size_t ring_calls(void) {
     const char *v = getenv("TANDEM_DOCTOR_CALLS");
     long n = v && *v ? atol(v) : REC_CALLS;
@@ -58,8 +68,7 @@ void td__rec_init(td__rec *r, uint64_t key, const td__names *names, int rank, in
     r->rank = rank;
     r->size = size;
     r->backend = backend;
-    const char *off = getenv("TANDEM_DOCTOR");
-    if (!(off && strcmp(off, "0") == 0)) {
+    if (recording()) {
         size_t n = ring_calls();
         r->ring = calloc(n, sizeof *r->ring);
         r->tags = calloc(n, sizeof *r->tags);
@@ -210,6 +219,9 @@ void td_recorder_micro_batch(int micro_batch) {
 }
 
 void td_recorder_op(const char *name, const char *phase) {
+    int on = atomic_load_explicit(&op_marks, memory_order_relaxed);
+    if (on < 0) atomic_store(&op_marks, on = recording());
+    if (!on) return;
     uint32_t g = atomic_load_explicit(&marks.gen, memory_order_relaxed);
     /* One writer at a time (td_dp's replicas compute on several threads): a mark that finds
      * another being written leaves it be. */

@@ -31,24 +31,41 @@ enum { TD__REC_EMPTY = 0, TD__REC_QUEUED, TD__REC_RUNNING, TD__REC_DONE, TD__REC
 /* Bytes of a strategy's tag kept per call ("zero gather unit 5"). */
 #define TD__REC_TAG 40
 
-/* One call. The poster fills it; the thread that runs the call moves its state and stamps its
- * waits; a dump reads it without a lock and skips an entry whose seq changed meanwhile. */
+/* One call, 64 bytes. The poster fills the first 40 with a few stores; the thread that runs the
+ * call moves its state, and stamps the last 24 only when the call waits past the backend's
+ * spin (valid while wait_seq equals seq, so they are never cleared). A dump reads entries
+ * without a lock and skips one whose seq changed meanwhile. */
 typedef struct {
     _Atomic uint64_t seq; /* collectives: the group's sequence number; p2p: the group's
                              point-to-point count */
     uint64_t count;       /* elements (bytes for alloc) */
-    uint8_t kind, dtype, op, tagged;
+    uint32_t what;        /* kind | dtype << 8 | op << 16 | tagged << 24 */
     _Atomic uint8_t state;
-    uint8_t pad[3];
-    int32_t peer;        /* root of a rooted collective, peer of a send or receive, else -1 */
-    int32_t p2p_tag;     /* a send's or receive's tag */
-    int32_t status;      /* the td_status a failed call returned */
-    int32_t micro_batch; /* the progress marks when it was posted */
-    int64_t step;
-    _Atomic int32_t waiting_for; /* the group rank a waiting call last waited for, or -1 */
-    _Atomic uint64_t wait_ns;    /* td_time_ns when it began waiting past the spin, or 0 */
-    _Atomic uint64_t end_ns;     /* td_time_ns when such a call ended, or 0 */
+    int8_t status;        /* the td_status a failed call returned */
+    int16_t pad;
+    int32_t peer;         /* root of a rooted collective, peer of a send or receive, else -1 */
+    int32_t p2p_tag;      /* a send's or receive's tag (not written for collectives) */
+    int64_t step;         /* the step mark when it was posted */
+    _Atomic uint64_t wait_seq;   /* td__rec_key once this call waited past the spin */
+    _Atomic uint64_t wait_ns;    /* td_time_ns when it began waiting */
+    _Atomic uint32_t waited_us;  /* how long it waited, once it ended */
+    _Atomic int32_t waiting_for; /* the group rank it last waited for, or -1 */
 } td__rec_entry;
+
+static inline int td__rec_kind(const td__rec_entry *e) { return (int)(e->what & 0xff); }
+static inline int td__rec_dtype(const td__rec_entry *e) { return (int)((e->what >> 8) & 0xff); }
+static inline int td__rec_op(const td__rec_entry *e) { return (int)((e->what >> 16) & 0xff); }
+static inline int td__rec_tagged(const td__rec_entry *e) { return (int)(e->what >> 24); }
+/* The key that ties an entry's wait fields to its call: the seq, and the kind (a send's count
+ * and a collective's sequence number may be equal). */
+static inline uint64_t td__rec_key(const td__rec_entry *e) {
+    return atomic_load_explicit(&e->seq, memory_order_relaxed) ^ (uint64_t)(e->what & 0xff) << 56;
+}
+
+/* Whether the entry's wait fields belong to its call. */
+static inline int td__rec_waited(const td__rec_entry *e) {
+    return atomic_load_explicit(&e->wait_seq, memory_order_relaxed) == td__rec_key(e);
+}
 
 /* A group's recorder. `lock` is the group's: posts happen under it. */
 typedef struct td__rec {
@@ -102,33 +119,30 @@ static inline td__rec_entry *td__rec_post(td__rec *r, const void *comm, int kind
     atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&e->seq, seq, memory_order_relaxed);
     e->count = count;
-    e->kind = (uint8_t)kind;
-    e->dtype = (uint8_t)dtype;
-    e->op = (uint8_t)op;
-    e->tagged = td__rec_tag_comm == comm;
-    if (e->tagged) {
+    uint32_t tagged = td__rec_tag_comm == comm;
+    e->what = (uint32_t)kind | (uint32_t)dtype << 8 | (uint32_t)op << 16 | tagged << 24;
+    if (tagged) {
         memcpy(r->tags[slot], td__rec_tag_text, TD__REC_TAG);
         td__rec_tag_comm = NULL;
     }
     e->peer = peer;
-    e->p2p_tag = p2p_tag;
-    e->status = 0;
+    if (p2p_tag >= 0) e->p2p_tag = p2p_tag;
     e->step = atomic_load_explicit(&td__rec_step, memory_order_relaxed);
-    e->micro_batch = atomic_load_explicit(&td__rec_micro_batch, memory_order_relaxed);
-    atomic_store_explicit(&e->waiting_for, -1, memory_order_relaxed);
-    atomic_store_explicit(&e->wait_ns, 0, memory_order_relaxed);
-    atomic_store_explicit(&e->end_ns, 0, memory_order_relaxed);
     atomic_store_explicit(&e->state, (uint8_t)state, memory_order_release);
     return e;
 }
 
-/* Ends a call: its state, and its end time when it waited (so that a fast call reads no
+/* Ends a call: its state, and how long it waited when it did (so that a fast call reads no
  * clock). */
 static inline void td__rec_end(td__rec_entry *e, td_status s) {
     if (!e) return;
-    if (s) e->status = (int32_t)s;
-    if (atomic_load_explicit(&e->wait_ns, memory_order_relaxed))
-        atomic_store_explicit(&e->end_ns, td_time_ns(), memory_order_relaxed);
+    if (s) e->status = (int8_t)s;
+    if (td__rec_waited(e)) {
+        uint64_t us = (td_time_ns() - atomic_load_explicit(&e->wait_ns, memory_order_relaxed)) /
+                      1000;
+        atomic_store_explicit(&e->waited_us, us > UINT32_MAX ? UINT32_MAX : (uint32_t)us,
+                              memory_order_relaxed);
+    }
     atomic_store_explicit(&e->state, s ? TD__REC_FAILED : TD__REC_DONE, memory_order_release);
 }
 
@@ -137,8 +151,11 @@ static inline void td__rec_end(td__rec_entry *e, td_status s) {
 static inline void td__rec_waits(uint64_t now_ns, int peer) {
     td__rec_entry *e = td__rec_current;
     if (!e) return;
-    if (!atomic_load_explicit(&e->wait_ns, memory_order_relaxed))
+    if (!td__rec_waited(e)) {
         atomic_store_explicit(&e->wait_ns, now_ns, memory_order_relaxed);
+        atomic_store_explicit(&e->waited_us, 0, memory_order_relaxed);
+        atomic_store_explicit(&e->wait_seq, td__rec_key(e), memory_order_release);
+    }
     atomic_store_explicit(&e->waiting_for, peer, memory_order_relaxed);
 }
 

@@ -22,7 +22,6 @@ typedef struct {
     char state[12];        /* "queued", "running", "done", "failed" */
     char status[48];       /* what a failed call returned */
     int64_t step;
-    int micro_batch;
     int waiting_for; /* the world rank its wait was on, or -1 */
     double wait_s;   /* how long it waited past the spin (0: it did not) */
     double ended_s_ago;

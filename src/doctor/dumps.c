@@ -65,7 +65,6 @@ static void load_call(const td__json *c, dr_call *k) {
     str(c, "state", k->state, sizeof k->state);
     str(c, "status", k->status, sizeof k->status);
     k->step = (int64_t)num(c, "step", -1);
-    k->micro_batch = (int)num(c, "micro_batch", -1);
     k->waiting_for = (int)num(c, "waiting_for", -1);
     k->wait_s = num(c, "wait_s", 0);
     k->ended_s_ago = num(c, "ended_s_ago", -1);
