@@ -346,6 +346,10 @@ static void nested_chain_is_spelled_out(void) {
                        "{1,2,3}"))
         TEST_FAIL_AT("the waits do not run rank 0 -> 1 (group {0,1}) -> 3 (group {1,2,3}):\n%s",
                      r.err);
+    /* Each waited the group's timeout, 1 s (more on a busy machine), and says so. */
+    const char *took = strstr(waits, "group {1,2,3} (");
+    double secs = took ? atof(took + strlen("group {1,2,3} (")) : 0;
+    if (!(secs >= 0.9 && secs < 3)) TEST_FAIL_AT("rank 1 waited %.2f s, the waits say:\n%s", secs, waits);
     /* The same diagnosis from the dumps tandemrun kept, by tandem-doctor. */
     char *doc_argv[] = {"tandem-doctor", dir, NULL};
     run_result d = run(doc_argv);

@@ -10,8 +10,8 @@
  * With TANDEM_DOCTOR_DIR=DIR in the environment (tandemrun sets it; under mpirun or Slurm, set
  * it yourself), each rank writes DIR/rank<R>.json, its dump: every group's calls, its marks and
  * every thread's stack. It does so when one of its groups fails (a timeout, a dead peer,
- * mismatched calls), on SIGUSR1 (the job goes on), on SIGTERM (then dies as before), and on
- * td_recorder_dump. tandemrun and tandem-doctor (tandem/doctor.h) read the dumps of all ranks
+ * mismatched calls), when another rank's dump appears in DIR (on one host), on SIGUSR1 (the job
+ * goes on), on SIGTERM (then dies as before), and on td_recorder_dump. tandemrun and tandem-doctor (tandem/doctor.h) read the dumps of all ranks
  * and name the culprit. */
 #ifndef TANDEM_RECORDER_H
 #define TANDEM_RECORDER_H

@@ -1,6 +1,7 @@
-/* A rank's dump: TANDEM_DOCTOR_DIR/rank<R>.json, written when one of its groups fails, when a
- * signal asks (SIGUSR1: the job goes on; SIGTERM: then the rank dies as it would have), or on
- * td_recorder_dump. It holds every live group's recent calls (recorder.c), the progress marks,
+/* A rank's dump: TANDEM_DOCTOR_DIR/rank<R>.json, written when one of its groups fails, when
+ * another rank's dump appears in the directory (inotify: the rank that holds the job up sees
+ * nothing wrong itself), when a signal asks (SIGUSR1: the job goes on; SIGTERM: then the rank dies
+ * as it would have), or on td_recorder_dump. It holds every live group's recent calls (recorder.c), the progress marks,
  * the first failure the rank met and every thread's stack, as a JSON object whose
  * "traceEvents" are the calls that waited, as spans a trace viewer opens, and whose "doctor"
  * member is what tandem-doctor reads (src/doctor/).

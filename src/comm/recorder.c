@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/recorder.h"
 #include "core/core_impl.h"
@@ -234,7 +235,13 @@ void td_recorder_op(const char *name, const char *phase) {
         marks.op[0] = 0;
     }
     marks.phase = phase;
-    atomic_store_explicit(&marks.op_since, name ? td_time_ns() : 0, memory_order_relaxed);
+    /* The coarse clock (a tick of 1-4 ms, at a seventh of the cost): a graph marks every op, and
+     * a dump says how long one has run in tenths of a second. */
+    struct timespec ts = {0, 0};
+    if (name) clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    atomic_store_explicit(&marks.op_since,
+                          (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec,
+                          memory_order_relaxed);
     atomic_store_explicit(&marks.gen, g + 2, memory_order_release);
 }
 

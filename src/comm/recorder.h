@@ -56,10 +56,11 @@ static inline int td__rec_kind(const td__rec_entry *e) { return (int)(e->what & 
 static inline int td__rec_dtype(const td__rec_entry *e) { return (int)((e->what >> 8) & 0xff); }
 static inline int td__rec_op(const td__rec_entry *e) { return (int)((e->what >> 16) & 0xff); }
 static inline int td__rec_tagged(const td__rec_entry *e) { return (int)(e->what >> 24); }
-/* The key that ties an entry's wait fields to its call: the seq, and the kind (a send's count
- * and a collective's sequence number may be equal). */
+/* The key that ties an entry's wait fields to its call: the seq and the kind (a send's count
+ * and a collective's sequence number may be equal), never 0, which a fresh ring holds. */
 static inline uint64_t td__rec_key(const td__rec_entry *e) {
-    return atomic_load_explicit(&e->seq, memory_order_relaxed) ^ (uint64_t)(e->what & 0xff) << 56;
+    return (atomic_load_explicit(&e->seq, memory_order_relaxed) + 1) ^
+           (uint64_t)(e->what & 0xff) << 56;
 }
 
 /* Whether the entry's wait fields belong to its call. */
