@@ -34,20 +34,26 @@ CFLAGS += $(CFLAGS_BASE) $(OPT)
 # libgomp is oneDNN's OpenMP runtime, whose per-thread count a graph sets (td_graph_params.threads).
 LIBS := -ldnnl -lgomp -lz -lpthread -lm
 
-# The mpi backend is built when Open MPI's compiler wrapper is present.
+# The mpi backend is built when Open MPI's compiler wrapper is present (make MPICC= builds
+# without it); otherwise its stub (src/comm/mpi/stub.c), which refuses the backend by name.
 MPICC := $(shell command -v mpicc 2>/dev/null)
 ifneq ($(MPICC),)
 MPI_CFLAGS := $(shell mpicc --showme:compile) -DTD_HAVE_MPI
 MPI_LIBS := $(shell mpicc --showme:link)
-LIB_SRC_MPI := $(wildcard src/comm/mpi/*.c)
+LIB_SRC_MPI := $(filter-out src/comm/mpi/stub.c,$(wildcard src/comm/mpi/*.c))
+else
+LIB_SRC_MPI := src/comm/mpi/stub.c
 endif
 
-# The ucx backend is built when UCX's headers are present (libucx-dev).
+# The ucx backend is built when UCX's headers are present (libucx-dev; make UCX= builds
+# without it); otherwise its stub (src/comm/ucx/stub.c).
 UCX := $(shell pkg-config --exists ucx 2>/dev/null && echo yes)
 ifeq ($(UCX),yes)
 UCX_CFLAGS := $(shell pkg-config --cflags ucx) -DTD_HAVE_UCX
 UCX_LIBS := -lucp -lucs
-LIB_SRC_UCX := $(wildcard src/comm/ucx/*.c)
+LIB_SRC_UCX := $(filter-out src/comm/ucx/stub.c,$(wildcard src/comm/ucx/*.c))
+else
+LIB_SRC_UCX := src/comm/ucx/stub.c
 endif
 
 # The CUDA library (libtandem_cuda.so, loaded at run time by src/device/cuda_loader.c) is built

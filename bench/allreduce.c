@@ -20,6 +20,7 @@
  *   tandemrun --nproc-per-node 2 build/bench/allreduce
  *
  * The MPI columns need <mpi.h> at compile time (the bench is built with $(MPI_CFLAGS)). */
+#include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -389,28 +390,19 @@ static int shm_rank(int rank, int size, void *result, void *arg) {
 
 int main(int argc, char **argv) {
     int json = 0, np = 2, repeat = 1;
-    size_t max_bytes = 64u << 20;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0)
-            json = 1;
-        else if (strcmp(argv[i], "--np") == 0 && i + 1 < argc)
-            np = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--max-bytes") == 0 && i + 1 < argc)
-            max_bytes = (size_t)atoll(argv[++i]);
-        else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc)
-            repeat = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: %s [--json] [--np N] [--max-bytes N] [--repeat K]\n", argv[0]);
-            return 2;
-        }
+    long max_bytes = 64L << 20;
+    td_args a;
+    td_args_init(&a, "allreduce", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_flag(&a, "--json", &json);
+        td_args_int(&a, "--np", 1, 64, &np);
+        td_args_long(&a, "--max-bytes", 4096, LONG_MAX, &max_bytes);
+        td_args_int(&a, "--repeat", 1, 99, &repeat);
     }
-    if (repeat < 1 || repeat > 99 || max_bytes < 4096) {
-        fprintf(stderr, "allreduce: --repeat 1..99, --max-bytes >= 4096\n");
-        return 2;
-    }
-    bench b = {0};
+    bench_args_finish(&a, "usage: allreduce [--json] [--np N] [--max-bytes N] [--repeat K]\n");
 #ifdef BENCH_MPI
     if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK")) {
+        bench b = {0};
         int provided;
         MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
         MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
@@ -439,22 +431,18 @@ int main(int argc, char **argv) {
             if (b.rank == 0) fprintf(stderr, "# mpi backend unavailable: %s\n", td_last_error());
             b.tdmpi = NULL;
         }
-        run(&b, json, max_bytes, repeat);
+        run(&b, json, (size_t)max_bytes, repeat);
         td_comm_destroy(b.tdmpi);
         td_comm_destroy(b.shm);
         MPI_Finalize();
         return 0;
     }
 #endif
-    options o = {json, repeat, max_bytes, "forked, pinned"};
+    options o = {json, repeat, (size_t)max_bytes, "forked, pinned"};
     if (getenv("RANK") && getenv("WORLD_SIZE")) { /* tandemrun / torchrun-style env */
         o.launcher = "tandemrun";
         return shm_rank(atoi(getenv("RANK")), atoi(getenv("WORLD_SIZE")), NULL, &o);
     }
     /* No launcher: start np ranks of our own, each on its own core as tandemrun places them. */
-    if (np < 1 || np > 64) {
-        fprintf(stderr, "--np must be in 1..64\n");
-        return 2;
-    }
     return bench_ranks(np, 1, shm_rank, &o, NULL, 0);
 }

@@ -17,6 +17,7 @@
  *
  * Where no GPU is visible it says why and exits 0 without measuring. The parent never starts
  * CUDA: the ranks are forked. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,38 +138,27 @@ static void print_world(int world, const result *r, const options *o) {
 
 int main(int argc, char **argv) {
     options o = {.max_bytes = (size_t)256 << 20, .iters = 20, .json = 0};
-    const char *worlds = "1,2,4";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--worlds") && i + 1 < argc)
-            worlds = argv[++i];
-        else if (!strcmp(argv[i], "--max-bytes") && i + 1 < argc)
-            o.max_bytes = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-            o.iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--json"))
-            o.json = 1;
-        else {
-            fprintf(stderr, "usage: %s [--worlds 1,2,4] [--max-bytes N] [--iters K] [--json]\n",
-                    argv[0]);
-            return 2;
-        }
+    int worlds[8] = {1, 2, 4}, n_worlds = 3;
+    long max_bytes = (long)o.max_bytes;
+    td_args a;
+    td_args_init(&a, "allreduce_gpu", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_int_list(&a, "--worlds", 1, 8, worlds, 8, &n_worlds);
+        td_args_long(&a, "--max-bytes", 4096, LONG_MAX, &max_bytes);
+        td_args_int(&a, "--iters", 1, INT_MAX, &o.iters);
+        td_args_flag(&a, "--json", &o.json);
     }
-    if (o.max_bytes < 4096 || o.iters < 1) {
-        fprintf(stderr, "allreduce_gpu: --max-bytes must be at least 4096, --iters at least 1\n");
-        return 2;
-    }
+    bench_args_finish(&a, "usage: allreduce_gpu [--worlds 1,2,4] [--max-bytes N] [--iters K] "
+                          "[--json]\n");
+    o.max_bytes = (size_t)max_bytes;
     if (bench_gpus("allreduce_gpu") == 0) return 0;
     char cpu[256];
     if (!o.json)
         printf("allreduce_gpu: f32 sum in place on device memory; host %s; %d calls a size "
                "(a quarter from 64 MB)\n",
                bench_cpu_name(cpu, sizeof cpu), o.iters);
-    for (const char *p = worlds; *p;) {
-        int world = atoi(p);
-        if (world < 1 || world > 8) {
-            fprintf(stderr, "allreduce_gpu: world %d (1 to 8)\n", world);
-            return 2;
-        }
+    for (int w = 0; w < n_worlds; w++) {
+        int world = worlds[w];
         result res[8];
         if (bench_ranks(world, 0, rank_main, &o, res, sizeof res[0]) != 0) {
             fprintf(stderr, "allreduce_gpu: world %d failed\n", world);
@@ -176,9 +166,6 @@ int main(int argc, char **argv) {
         }
         print_world(world, &res[0], &o);
         fflush(stdout);
-        p = strchr(p, ',');
-        if (!p) break;
-        p++;
     }
     return 0;
 }

@@ -7,6 +7,7 @@
 #ifndef TANDEM_BENCH_H
 #define TANDEM_BENCH_H
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tandem/args.h"
 #include "tandem/comm.h"
 #include "tandem/device.h"
 #include "tandem/spawn.h"
@@ -28,6 +30,28 @@
             _exit(1);                                                         \
         }                                                                     \
     } while (0)
+
+/* Ends a benchmark's option parse (td_args): returns when the run goes on, else exits after
+ * the usage (--help, status 0) or the error (status 2). */
+static inline void bench_args_finish(td_args *a, const char *usage) {
+    int rc = td_args_finish(a, usage);
+    if (rc >= 0) exit(rc);
+}
+
+/* --name a,b,c: a comma-separated list whose every item `ok` accepts (else the option's
+ * error says it `takes`); *out points into argv. 1 when the argument was this option. */
+static inline int bench_list_option(td_args *a, const char *name, const char **out,
+                                    int (*ok)(const char *item), const char *takes) {
+    if (!td_args_string(a, name, out)) return 0;
+    if (a->failed) return 1;
+    char buf[256];
+    int good = snprintf(buf, sizeof buf, "%s", *out) < (int)sizeof buf && **out;
+    for (char *save = NULL, *l = strtok_r(buf, ",", &save); good && l;
+         l = strtok_r(NULL, ",", &save))
+        good = ok(l);
+    if (!good) td_args_bad_value(a, *out, takes);
+    return 1;
+}
 
 /* A rank: fills `result` (the bytes bench_ranks was given) and returns 0 on success. */
 typedef int (*bench_rank_fn)(int rank, int world, void *result, void *arg);

@@ -12,7 +12,6 @@
  *   build/bench/contrastive [--world 2] [--epochs 5] [--batch 64] [--seeds 3]
  *                           [--max-steps N] [--probe-train N] [--rate-steps 200] [--repeat 3]
  *                           [--no-torch] */
-#include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
@@ -104,61 +103,27 @@ int main(int argc, char **argv) {
                  .rate_steps = 200,
                  .repeat = 3,
                  .torch = 1};
-    static const struct option longopts[] = {
-        {"world", required_argument, 0, 'w'},      {"epochs", required_argument, 0, 'e'},
-        {"batch", required_argument, 0, 'b'},      {"seeds", required_argument, 0, 's'},
-        {"rate-steps", required_argument, 0, 'r'}, {"repeat", required_argument, 0, 'k'},
-        {"max-steps", required_argument, 0, 'm'},  {"probe-train", required_argument, 0, 'p'},
-        {"no-torch", no_argument, 0, 'n'},         {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "w:e:b:s:r:k:m:p:n", longopts, NULL)) != -1) {
-        int v = optarg ? atoi(optarg) : 0;
-        switch (c) {
-        case 'w':
-            o.world = v;
-            break;
-        case 'e':
-            o.epochs = v;
-            break;
-        case 'b':
-            o.batch = v;
-            break;
-        case 's':
-            o.seeds = v;
-            break;
-        case 'r':
-            o.rate_steps = v;
-            break;
-        case 'k':
-            o.repeat = v;
-            break;
-        case 'm':
-            o.max_steps = atol(optarg);
-            break;
-        case 'p':
-            o.probe_train = atol(optarg);
-            break;
-        case 'n':
-            o.torch = 0;
-            break;
-        default:
-            fprintf(stderr,
-                    "usage: %s [--world W (2)] [--epochs E (5)] [--batch B (64)] [--seeds S (3)] "
-                    "[--max-steps N] [--probe-train N] [--rate-steps N (200)] [--repeat R (3)] "
-                    "[--no-torch]\n",
-                    argv[0]);
-            return 2;
-        }
+    int no_torch = 0;
+    td_args parser;
+    td_args_init(&parser, "contrastive", argc, argv);
+    while (td_args_next(&parser)) {
+        td_args_int(&parser, "--world", 1, 64, &o.world);
+        td_args_int(&parser, "--epochs", 1, INT_MAX, &o.epochs);
+        td_args_int(&parser, "--batch", 1, INT_MAX, &o.batch);
+        td_args_int(&parser, "--seeds", 1, MAX_RUNS, &o.seeds);
+        td_args_int(&parser, "--rate-steps", 1, INT_MAX, &o.rate_steps);
+        td_args_int(&parser, "--repeat", 1, MAX_RUNS, &o.repeat);
+        td_args_long(&parser, "--max-steps", 1, LONG_MAX, &o.max_steps);
+        td_args_long(&parser, "--probe-train", 0, LONG_MAX, &o.probe_train);
+        td_args_flag(&parser, "--no-torch", &no_torch);
     }
-    if (o.world < 1 || o.epochs < 1 || o.seeds < 1 || o.seeds > MAX_RUNS || o.repeat < 1 ||
-        o.repeat > MAX_RUNS || o.rate_steps < 1 || o.batch % o.world || o.max_steps < 0 ||
-        o.probe_train < 0) {
-        fprintf(stderr,
-                "contrastive: need world >= 1 dividing the batch, epochs, rate-steps >= "
-                "1, 1..%d seeds and repeats, max-steps and probe-train >= 0\n",
-                MAX_RUNS);
-        return 2;
-    }
+    if (o.batch % o.world)
+        td_args_error(&parser, "--batch %d does not split over --world %d", o.batch, o.world);
+    bench_args_finish(&parser,
+                      "usage: contrastive [--world W (2)] [--epochs E (5)] [--batch B (64)] "
+                      "[--seeds S (3)] [--max-steps N] [--probe-train N] [--rate-steps N "
+                      "(200)] [--repeat R (3)] [--no-torch]\n");
+    o.torch = !no_torch;
     char self[PATH_MAX];
     if (!realpath("/proc/self/exe", self)) return 1;
     char *build = dirname(dirname(self)); /* BUILD/bench/contrastive -> BUILD */

@@ -14,7 +14,7 @@
  * gradients are then summed through the host, DDP's all-reduced over CUDA IPC). */
 #include "tandem/dp.h"
 
-#include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +115,7 @@ static int run_dp(int rank, int world, void *out, void *arg) {
         size_t k = (size_t)(it % N_BATCHES);
         CHECK(td_dp_step(dp, g_x + k * (size_t)o->batch * SAMPLE, g_y + k * (size_t)o->batch,
                          &r.last_loss));
+        CHECK(td_loss_check(r.last_loss, it));
         record(&r, it, t0);
     }
     if (o->device.type != TD_DEVICE_CPU) CHECK(td_device_synchronize(o->device));
@@ -203,6 +204,7 @@ static int run_ddp_rank(int rank, int world, void *out, void *arg) {
         t = u;
         CHECK(td_optim_step(opt));
         CHECK(td_tensor_read(m.loss, &r.last_loss));
+        CHECK(td_loss_check(r.last_loss, it));
         r.phase_s[DDP_OPTIMIZER] += (double)(td_time_ns() - t) * 1e-9;
         record(&r, it, t0);
     }
@@ -401,80 +403,43 @@ int main(int argc, char **argv) {
                  3,
                  {TD_AMP_O1, TD_AMP_O2, TD_AMP_O3},
                  td_device_cpu()};
-    int both = 1;
-    static const struct option longopts[] = {{"iters", required_argument, 0, 'i'},
-                                             {"model", required_argument, 0, 'm'},
-                                             {"devices", required_argument, 0, 'd'},
-                                             {"batch", required_argument, 0, 'b'},
-                                             {"json", no_argument, 0, 'j'},
-                                             {"no-pin", no_argument, 0, 'n'},
-                                             {"repeat", required_argument, 0, 'r'},
-                                             {"amp", required_argument, 0, 'a'},
-                                             {"device", required_argument, 0, 'g'},
-                                             {"help", no_argument, 0, 'h'},
-                                             {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "i:m:d:b:r:a:g:jnh", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'a': /* "O1,O3", or "none" */
+    int model = -1, no_pin = 0;
+    long batch = (long)o.batch;
+    const char *device = NULL;
+    td_args a;
+    td_args_init(&a, "dp_vs_ddp", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_int(&a, "--iters", 1, INT_MAX, &o.iters);
+        td_args_choice(&a, "--model", "net|mlp|cnn|resnet", &model);
+        td_args_int(&a, "--devices", 1, MAX_DEV, &o.devices);
+        td_args_long(&a, "--batch", 1, LONG_MAX, &batch);
+        td_args_flag(&a, "--json", &o.json);
+        td_args_flag(&a, "--no-pin", &no_pin);
+        td_args_int(&a, "--repeat", 1, INT_MAX, &o.repeat);
+        if (td_args_string(&a, "--device", &device) && td_device_parse(device, &o.device) != TD_OK)
+            td_args_bad_value(&a, device, "cpu or cuda:N");
+        if (td_args_is(&a, "--amp")) { /* "O1,O3", or "none" */
+            const char *v = td_args_value(&a);
             o.n_amp = 0;
-            for (const char *l = optarg; strcmp(optarg, "none") && *l; l += l[2] == ',' ? 3 : 2) {
+            for (const char *l = v; v && strcmp(v, "none") && *l; l += l[2] == ',' ? 3 : 2) {
                 if (l[0] != 'O' || l[1] < '1' || l[1] > '3' || (l[2] && l[2] != ',') ||
                     o.n_amp == 3) {
-                    fprintf(stderr, "dp_vs_ddp: bad --amp '%s' (levels O1..O3, or none)\n", optarg);
-                    return 2;
+                    td_args_bad_value(&a, v, "levels O1..O3, comma-separated, or none");
+                    break;
                 }
                 o.amps[o.n_amp++] = (td_amp_level)(l[1] - '0');
             }
-            break;
-        case 'i':
-            o.iters = atoi(optarg);
-            break;
-        case 'm':
-            both = 0;
-            if (td_model_kind_parse(optarg, &o.model) != TD_OK) {
-                fprintf(stderr, "dp_vs_ddp: %s\n", td_last_error());
-                return 2;
-            }
-            break;
-        case 'd':
-            o.devices = atoi(optarg);
-            break;
-        case 'b':
-            o.batch = atoll(optarg);
-            break;
-        case 'j':
-            o.json = 1;
-            break;
-        case 'n':
-            o.pin = 0;
-            break;
-        case 'r':
-            o.repeat = atoi(optarg);
-            break;
-        case 'g':
-            if (td_device_parse(optarg, &o.device) != TD_OK) {
-                fprintf(stderr, "dp_vs_ddp: %s\n", td_last_error());
-                return 2;
-            }
-            break;
-        default:
-            fprintf(stderr,
-                    "usage: %s [--iters N (100)] [--model cnn|mlp|net (cnn and mlp)] "
-                    "[--devices D (2)] [--batch B (128)] [--repeat R (1)] [--amp O1,O2,O3|none] "
-                    "[--json] [--no-pin] [--device cpu|cuda:N]\n",
-                    argv[0]);
-            return c == 'h' ? 0 : 2;
         }
     }
-    if (o.iters < 1 || o.repeat < 1 || o.devices < 1 || o.devices > MAX_DEV ||
-        o.batch % o.devices != 0) {
-        fprintf(stderr,
-                "dp_vs_ddp: need iters >= 1, repeat >= 1, 1 <= devices <= %d and batch divisible "
-                "by devices\n",
-                MAX_DEV);
-        return 2;
-    }
+    if (batch % o.devices)
+        td_args_error(&a, "--batch %ld does not split over --devices %d", batch, o.devices);
+    bench_args_finish(&a, "usage: dp_vs_ddp [--iters N (100)] [--model cnn|mlp|net (cnn and "
+                          "mlp)] [--devices D (2)] [--batch B (128)] [--repeat R (1)] [--amp "
+                          "O1,O2,O3|none] [--json] [--no-pin] [--device cpu|cuda:N]\n");
+    int both = model < 0;
+    if (model >= 0) o.model = (td_model_kind)model; /* the names in td_model_kind's order */
+    o.batch = batch;
+    if (no_pin) o.pin = 0;
     if (o.device.type != TD_DEVICE_CPU && bench_gpus("dp_vs_ddp") == 0) return 0;
     make_data(&o);
     int ok = run_model(&o);

@@ -106,6 +106,7 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
         td_ddp_shards(ddp, &first, &shards);
     }
     double rates[MAX_WINDOWS], cpu0 = 0;
+    int64_t step = 0;
     for (int w = -1; w < su->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? su->warmup : su->iters;
         if (comm) CHECK(td_comm_barrier(comm));
@@ -120,6 +121,9 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
                 if (ddp) CHECK(td_ddp_finish_backward(ddp));
             }
             CHECK(td_optim_step(opt));
+            float loss;
+            CHECK(td_tensor_read(m.loss, &loss));
+            CHECK(td_loss_check(loss, ++step));
         }
         double sec = (double)(td_time_ns() - t0) / 1e9;
         if (w >= 0) rates[w] = (double)su->batch * (double)T * iters / sec;
@@ -179,15 +183,6 @@ static void load_average(char *out, size_t cap) {
     fclose(f);
 }
 
-static int usage(void) {
-    fprintf(stderr,
-            "usage: gpt [--layers N] [--heads N] [--width C] [--context T] [--batch GLOBAL]\n"
-            "           [--iters N] [--windows 1..%d] [--warmup N] [--repeat 1..%d] [--no-torch]\n"
-            "           [--no-pin]\n",
-            MAX_WINDOWS, MAX_REPEAT);
-    return 2;
-}
-
 /* The rows: f32 and bf16 at worlds 1 and 2, then the deterministic mode and its default DDP. */
 enum { ROWS = 6 };
 
@@ -205,42 +200,33 @@ int main(int argc, char **argv) {
                 .windows = 3,
                 .warmup = 2,
                 .pin = 1};
-    int repeat = 1, torch = 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--no-torch")) {
-            torch = 0;
-            continue;
-        }
-        if (!strcmp(argv[i], "--no-pin")) {
-            su.pin = 0;
-            continue;
-        }
-        if (i + 1 >= argc) return usage();
-        const char *a = argv[i], *v = argv[++i];
-        if (!strcmp(a, "--layers"))
-            su.model.layers = atoi(v);
-        else if (!strcmp(a, "--heads"))
-            su.model.heads = atoi(v);
-        else if (!strcmp(a, "--width"))
-            su.model.width = atoll(v);
-        else if (!strcmp(a, "--context"))
-            su.model.context = atoll(v);
-        else if (!strcmp(a, "--batch"))
-            su.batch = atoi(v);
-        else if (!strcmp(a, "--iters"))
-            su.iters = atoi(v);
-        else if (!strcmp(a, "--windows"))
-            su.windows = atoi(v);
-        else if (!strcmp(a, "--warmup"))
-            su.warmup = atoi(v);
-        else if (!strcmp(a, "--repeat"))
-            repeat = atoi(v);
-        else
-            return usage();
+    int repeat = 1, no_torch = 0, no_pin = 0;
+    long width = su.model.width, context = su.model.context;
+    td_args a;
+    td_args_init(&a, "gpt", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_flag(&a, "--no-torch", &no_torch);
+        td_args_flag(&a, "--no-pin", &no_pin);
+        td_args_int(&a, "--layers", 1, 1024, &su.model.layers);
+        td_args_int(&a, "--heads", 1, 1024, &su.model.heads);
+        td_args_long(&a, "--width", 1, 1L << 20, &width);
+        td_args_long(&a, "--context", 1, 1L << 20, &context);
+        td_args_int(&a, "--batch", 4, INT_MAX, &su.batch);
+        td_args_int(&a, "--iters", 1, INT_MAX, &su.iters);
+        td_args_int(&a, "--windows", 1, MAX_WINDOWS, &su.windows);
+        td_args_int(&a, "--warmup", 0, INT_MAX, &su.warmup);
+        td_args_int(&a, "--repeat", 1, MAX_REPEAT, &repeat);
     }
-    if (su.iters < 1 || su.windows < 1 || su.windows > MAX_WINDOWS || su.warmup < 0 || repeat < 1 ||
-        repeat > MAX_REPEAT || su.batch < 4 || su.batch % 4)
-        return usage();
+    if (su.batch % 4) td_args_error(&a, "--batch %d is not a multiple of 4", su.batch);
+    bench_args_finish(&a, "usage: gpt [--layers N] [--heads N] [--width C] [--context T] "
+                          "[--batch GLOBAL]\n"
+                          "           [--iters N] [--windows N] [--warmup N] [--repeat N] "
+                          "[--no-torch]\n"
+                          "           [--no-pin]\n");
+    int torch = !no_torch;
+    if (no_pin) su.pin = 0;
+    su.model.width = width;
+    su.model.context = context;
     char cpu[256], load[64];
     load_average(load, sizeof load);
     printf("GPT %d layers, %d heads, width %lld, context %lld, global batch %d; one thread per "

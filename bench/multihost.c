@@ -52,9 +52,6 @@ static const char *const impl_names[IMPL_COUNT] = {"MPI_Allreduce", "tandem flat
                                                    "ucx flat", "ucx hier"};
 
 enum { CNN_FLAT, CNN_HIER, CNN_NOCOMM, CNN_DDP2, CNN_COUNT };
-static const char *const cnn_names[CNN_COUNT] = {"DDP, flat", "DDP, hierarchical",
-                                                 "no communication (ceiling)",
-                                                 "DDP2 (td_dp x2 per host, DDP across)"};
 
 #ifdef BENCH_MPI
 static td_comm *world_of(int hierarchical) {
@@ -167,6 +164,7 @@ static int cnn_rank(const char *out, int steps) {
             if (ddp) CHECK(td_ddp_finish_backward(ddp));
             CHECK(td_optim_step(opt));
             CHECK(td_graph_zero_grad(g));
+            CHECK(td_loss_check(*(const float *)td_tensor_data(m.loss), i + 4));
         }
         rate[v] = timed_rate(steps, t0);
         td_graph_set_grad_ready_hook(g, NULL, NULL);
@@ -212,6 +210,7 @@ static int ddp2_rank(const char *out, int steps) {
             t0 = td_time_ns();
         }
         CHECK(td_dp_step(dp, x, y, &loss));
+        CHECK(td_loss_check(loss, i + 4));
     }
     double r = timed_rate(steps, t0);
     if (rank == 0) {
@@ -321,6 +320,11 @@ static int inside(const char *out, int repeat, size_t max_bytes, int steps) {
 
 /* ---------------------------------------------------------------- the tables */
 
+#ifdef BENCH_MPI
+static const char *const cnn_names[CNN_COUNT] = {"DDP, flat", "DDP, hierarchical",
+                                                 "no communication (ceiling)",
+                                                 "DDP2 (td_dp x2 per host, DDP across)"};
+
 typedef struct {
     const char *rate, *delay, *label;
     double ar[MAX_SIZES][IMPL_COUNT][16]; /* size, impl, repeat */
@@ -428,6 +432,7 @@ static void print_targets(link_result *fast, link_result *slow) {
     printf("- %s: hierarchical / MPI_Allreduce at worst %.2fx, at %zu KiB (want >= 1.0x)\n",
            fast->label, worst, at >> 10);
 }
+#endif
 
 int main(int argc, char **argv) {
 #ifdef BENCH_MPI
@@ -448,26 +453,18 @@ int main(int argc, char **argv) {
         return inside(argv[2], atoi(argv[3]), (size_t)atoll(argv[4]), atoi(argv[5]));
     }
     int repeat = 3, steps = 10, json = 0;
-    size_t max_bytes = 64u << 20;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc)
-            repeat = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--max-bytes") == 0 && i + 1 < argc)
-            max_bytes = (size_t)atoll(argv[++i]);
-        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--json") == 0)
-            json = 1;
-        else {
-            fprintf(stderr, "usage: %s [--repeat K] [--max-bytes N] [--steps S] [--json]\n", argv[0]);
-            return 2;
-        }
+    long max_bytes = 64L << 20;
+    td_args a;
+    td_args_init(&a, "multihost", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_int(&a, "--repeat", 1, 15, &repeat);
+        td_args_long(&a, "--max-bytes", 64L << 10, LONG_MAX, &max_bytes);
+        td_args_int(&a, "--steps", 1, INT_MAX, &steps);
+        td_args_flag(&a, "--json", &json);
     }
-    if (repeat < 1 || repeat > 15 || steps < 1 || max_bytes < (64u << 10)) {
-        fprintf(stderr, "multihost: --repeat 1..15, --steps >= 1, --max-bytes >= 65536\n");
-        return 2;
-    }
+    bench_args_finish(&a, "usage: multihost [--repeat K] [--max-bytes N] [--steps S] [--json]\n");
 #ifndef BENCH_MPI
+    (void)json;
     fprintf(stderr, "multihost: needs Open MPI (built without mpi.h)\n");
     return 1;
 #else
@@ -497,7 +494,7 @@ int main(int argc, char **argv) {
         close(fd);
         snprintf(cmd, sizeof cmd,
                  "sh %s/hosts.sh run 2 --rate %s --delay %s %s --inside %s %d %zu %d >&2",
-                 scripts, links[l].rate, links[l].delay, self, out, repeat, max_bytes, steps);
+                 scripts, links[l].rate, links[l].delay, self, out, repeat, (size_t)max_bytes, steps);
         int rc = system(cmd);
         read_results(out, &links[l]);
         unlink(out);

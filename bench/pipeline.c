@@ -82,6 +82,7 @@ static int one_process(const run_cfg *c, rank_result *out) {
         CHECK(td_graph_backward(g, m.loss));
         CHECK(td_optim_step(opt));
         CHECK(td_graph_zero_grad(g));
+        CHECK(td_loss_check(*(const float *)td_tensor_data(m.loss), i + su->warmup + 1));
     }
     double secs = (double)(td_time_ns() - t0) * 1e-9;
     out->samples_per_s = (double)su->batch * su->steps / secs;
@@ -128,7 +129,10 @@ static int pipeline_rank(int rank, int world, void *result, void *arg) {
             CHECK(td_comm_barrier(comm));
             t0 = td_time_ns();
         }
-        CHECK(td_pipeline_step(pipe, td_dataset_x(d), td_dataset_y(d), NULL));
+        float loss; /* the last stage's; NaN on the others */
+        CHECK(td_pipeline_step(pipe, td_dataset_x(d), td_dataset_y(d), &loss));
+        if (td_pipeline_get_info(pipe).stage + 1 == su->stages)
+            CHECK(td_loss_check(loss, i + su->warmup + 1));
         uint64_t o0 = td_time_ns();
         CHECK(td_optim_step(opt));
         if (i >= 0) busy += td_pipeline_get_stats(pipe).busy_ns + (td_time_ns() - o0);
@@ -204,47 +208,31 @@ typedef struct {
 
 int main(int argc, char **argv) {
     setup su = {2, 128, 8, 2, "layer3"};
-    const char *micro_list = "1,2,4,8", *trace = NULL;
-    int repeat = 3, json = 0, split_given = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json")) {
-            json = 1;
-            continue;
-        }
-        if (!v) goto usage;
-        if (!strcmp(a, "--stages"))
-            su.stages = atoi(v);
-        else if (!strcmp(a, "--batch"))
-            su.batch = atoll(v);
-        else if (!strcmp(a, "--micro"))
-            micro_list = v;
-        else if (!strcmp(a, "--split"))
-            su.split = strcmp(v, "balanced") ? v : NULL, split_given = 1;
-        else if (!strcmp(a, "--steps"))
-            su.steps = atoi(v);
-        else if (!strcmp(a, "--warmup"))
-            su.warmup = atoi(v);
-        else if (!strcmp(a, "--repeat"))
-            repeat = atoi(v);
-        else if (!strcmp(a, "--trace"))
-            trace = v;
-        else
-            goto usage;
-        i++;
+    const char *trace = NULL, *split = NULL;
+    int repeat = 3, json = 0, micro[MAX_MICRO] = {1, 2, 4, 8}, nm = 4;
+    long batch = (long)su.batch;
+    td_args a;
+    td_args_init(&a, "pipeline", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_flag(&a, "--json", &json);
+        td_args_int(&a, "--stages", 2, MAX_STAGES, &su.stages);
+        td_args_long(&a, "--batch", 1, LONG_MAX, &batch);
+        td_args_int_list(&a, "--micro", 1, INT_MAX, micro, MAX_MICRO, &nm);
+        td_args_string(&a, "--split", &split);
+        td_args_int(&a, "--steps", 1, INT_MAX, &su.steps);
+        td_args_int(&a, "--warmup", 0, INT_MAX, &su.warmup);
+        td_args_int(&a, "--repeat", 1, MAX_REPEAT, &repeat);
+        td_args_string(&a, "--trace", &trace);
     }
-    if (su.stages < 2 || su.stages > MAX_STAGES || su.steps < 1 || su.warmup < 0 || repeat < 1 ||
-        repeat > MAX_REPEAT)
-        goto usage;
-    if (su.stages != 2 && !split_given) su.split = NULL; /* the seeds' cut is for two stages */
-    int micro[MAX_MICRO], nm = 0;
-    char ml[64];
-    snprintf(ml, sizeof ml, "%s", micro_list);
-    for (char *save = NULL, *t = strtok_r(ml, ",", &save); t && nm < MAX_MICRO;
-         t = strtok_r(NULL, ",", &save))
-        micro[nm++] = atoi(t);
     for (int i = 0; i < nm; i++)
-        if (micro[i] < 1 || su.batch % micro[i]) goto usage;
+        if (batch % micro[i])
+            td_args_error(&a, "--micro %d does not divide --batch %ld", micro[i], batch);
+    bench_args_finish(&a, "usage: pipeline [--stages P] [--batch N] [--micro 1,2,4,8] [--split "
+                          "NAMES|balanced] [--steps N] [--warmup N] [--repeat N] [--trace "
+                          "PREFIX] [--json]\n");
+    su.batch = batch;
+    if (split) su.split = strcmp(split, "balanced") ? split : NULL;
+    if (su.stages != 2 && !split) su.split = NULL; /* the seeds' cut is for two stages */
     bench_one_thread(argv);
 
     row rows[2 + 2 * MAX_MICRO];
@@ -353,11 +341,4 @@ int main(int argc, char **argv) {
            "graph's activations, gradients and workspaces); one process: its whole graph\n");
     td_sequential_destroy(names);
     return failed;
-usage:
-    fprintf(stderr,
-            "usage: pipeline [--stages 2..%d] [--batch N] [--micro 1,2,4,8] [--split "
-            "NAMES|balanced] [--steps N] [--warmup N] [--repeat 1..%d] [--trace PREFIX] "
-            "[--json]\n",
-            MAX_STAGES, MAX_REPEAT);
-    return 2;
 }

@@ -12,7 +12,6 @@
  *
  *   build/bench/syncbn [--epochs 1] [--seeds 3] [--world 4] [--batch 32] [--max-steps N]
  *                      [--json] */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,6 +134,7 @@ static int rank_main(int rank, int world, void *out, void *arg) {
             CHECK(td_optim_step(opt));
             CHECK(td_graph_zero_grad(train));
             loss = *(const float *)td_tensor_data(m.loss);
+            CHECK(td_loss_check(loss, (int64_t)((size_t)e * steps + s) + 1));
         }
         seconds += (double)(td_time_ns() - start) * 1e-9;
     }
@@ -175,50 +175,20 @@ static double median(const double *v, int n) {
 int main(int argc, char **argv) {
     bench_one_thread(argv);
     options o = {.epochs = 1, .seeds = 3, .world = 4, .batch = 32};
-    static const struct option longopts[] = {{"epochs", required_argument, 0, 'e'},
-                                             {"seeds", required_argument, 0, 's'},
-                                             {"world", required_argument, 0, 'w'},
-                                             {"batch", required_argument, 0, 'b'},
-                                             {"max-steps", required_argument, 0, 'm'},
-                                             {"json", no_argument, 0, 'j'},
-                                             {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "e:s:w:b:m:j", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'e':
-            o.epochs = atoi(optarg);
-            break;
-        case 's':
-            o.seeds = atoi(optarg);
-            break;
-        case 'w':
-            o.world = atoi(optarg);
-            break;
-        case 'b':
-            o.batch = atoi(optarg);
-            break;
-        case 'm':
-            o.max_steps = atol(optarg);
-            break;
-        case 'j':
-            o.json = 1;
-            break;
-        default:
-            fprintf(stderr,
-                    "usage: %s [--epochs E (1)] [--seeds S (3)] [--world W (4)] [--batch B (32)] "
-                    "[--max-steps N] [--json]\n",
-                    argv[0]);
-            return 2;
-        }
+    td_args a;
+    td_args_init(&a, "syncbn", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_int(&a, "--epochs", 1, INT_MAX, &o.epochs);
+        td_args_int(&a, "--seeds", 1, MAX_SEEDS, &o.seeds);
+        td_args_int(&a, "--world", 2, 64, &o.world);
+        td_args_int(&a, "--batch", 1, INT_MAX, &o.batch);
+        td_args_long(&a, "--max-steps", 1, LONG_MAX, &o.max_steps);
+        td_args_flag(&a, "--json", &o.json);
     }
-    if (o.epochs < 1 || o.seeds < 1 || o.seeds > MAX_SEEDS || o.world < 2 || o.batch < o.world ||
-        o.batch % o.world) {
-        fprintf(stderr,
-                "syncbn: need epochs >= 1, 1 <= seeds <= %d, world >= 2 and a batch that "
-                "world divides\n",
-                MAX_SEEDS);
-        return 2;
-    }
+    if (o.batch % o.world)
+        td_args_error(&a, "--batch %d does not split over --world %d", o.batch, o.world);
+    bench_args_finish(&a, "usage: syncbn [--epochs E (1)] [--seeds S (3)] [--world W (4)] "
+                          "[--batch B (32)] [--max-steps N] [--json]\n");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     /* The three configurations: (world, SyncBatchNorm). */
     const int worlds[3] = {1, o.world, o.world}, syncs[3] = {0, 1, 0};

@@ -127,6 +127,8 @@ static measure rank_main(td_model_kind kind, td_amp_level amp, int rank, int wor
     if (shards) td_ddp_shards(ddp, &first, &count);
     double *rates = malloc((size_t)tm->windows * sizeof *rates);
     double *cpu = malloc((size_t)tm->windows * sizeof *cpu);
+    int64_t step = 0;
+    int skipped = 0; /* the last step, by the loss scaler: not a divergence */
     for (int w = -1; w < tm->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? tm->warmup : tm->iters;
         if (comm) CHECK(td_comm_barrier(comm));
@@ -145,14 +147,19 @@ static measure rank_main(td_model_kind kind, td_amp_level amp, int rank, int wor
                 if (ddp) CHECK(td_ddp_finish_backward(ddp));
             }
             if (scaler) {
-                CHECK(td_grad_scaler_step(scaler, opt, NULL));
+                CHECK(td_grad_scaler_step(scaler, opt, &skipped));
                 td_grad_scaler_update(scaler);
             } else {
                 CHECK(td_optim_step(opt));
             }
             CHECK(td_graph_zero_grad(g));
+            step++;
         }
         if (gp.device.type != TD_DEVICE_CPU) CHECK(td_device_synchronize(gp.device));
+        /* the window's last loss (a GPU's read once a window); a NaN stays NaN after it */
+        float loss;
+        CHECK(td_tensor_read(m.loss, &loss));
+        if (!skipped) CHECK(td_loss_check(loss, step));
         if (w >= 0) {
             rates[w] = (double)GLOBAL_BATCH * iters / ((double)(td_time_ns() - t0) * 1e-9);
             cpu[w] = (cpu_s() - c0) * 1e3 / iters;
@@ -274,60 +281,53 @@ static int parse_levels(const char *list, td_amp_level *out) {
     return n;
 }
 
+static int model_ok(const char *name) {
+    td_model_kind kind;
+    return td_model_kind_parse(name, &kind) == TD_OK;
+}
+
 int main(int argc, char **argv) {
-    const char *models = "net,mlp,cnn", *worlds = "1,2", *amps = "O0";
+    const char *models = "net,mlp,cnn";
     timing tm = {20, 5, 5, TD_BF16, 1, "cpu"};
-    int torch = 1, json = 0, repeat = 1, shards = 8;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--models") && i + 1 < argc)
-            models = argv[++i];
-        else if (!strcmp(argv[i], "--worlds") && i + 1 < argc)
-            worlds = argv[++i];
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-            tm.iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--windows") && i + 1 < argc)
-            tm.windows = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--amp") && i + 1 < argc)
-            amps = argv[++i];
-        else if (!strcmp(argv[i], "--amp-dtype") && i + 1 < argc && !strcmp(argv[i + 1], "f16") &&
-                 ++i)
-            tm.amp_dtype = TD_F16;
-        else if (!strcmp(argv[i], "--amp-dtype") && i + 1 < argc && !strcmp(argv[i + 1], "bf16") &&
-                 ++i)
-            tm.amp_dtype = TD_BF16;
-        else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
-            repeat = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--shards") && i + 1 < argc)
-            shards = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-            tm.threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
-            tm.device = argv[++i];
-        else if (!strcmp(argv[i], "--no-torch"))
-            torch = 0;
-        else if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else {
-            fprintf(stderr, "usage: train [--models net,mlp,cnn] [--worlds 1,2] [--amp O0,O2] "
-                            "[--amp-dtype bf16|f16] [--iters N] [--windows N] [--repeat K] "
-                            "[--shards S] [--threads N] [--device cpu|cuda|cuda:N] [--no-torch] "
-                            "[--json]\n");
-            return 2;
+    int no_torch = 0, json = 0, repeat = 1, shards = 8, amp_dtype = -1;
+    int ws[MAX_WORLDS] = {1, 2}, nw = 2, w1 = -1;
+    td_amp_level levels[MAX_LEVELS] = {TD_AMP_O0};
+    int nl = 1, l0 = -1;
+    td_args a;
+    td_args_init(&a, "train", argc, argv);
+    while (td_args_next(&a)) {
+        bench_list_option(&a, "--models", &models, model_ok,
+                          "comma-separated models: net, mlp, cnn, resnet");
+        td_args_int_list(&a, "--worlds", 1, 8, ws, MAX_WORLDS, &nw);
+        td_args_int(&a, "--iters", 1, INT_MAX, &tm.iters);
+        td_args_int(&a, "--windows", 1, INT_MAX, &tm.windows);
+        if (td_args_is(&a, "--amp")) {
+            const char *v = td_args_value(&a);
+            if (v && (nl = parse_levels(v, levels)) < 1)
+                td_args_bad_value(&a, v, "levels O0..O3, comma-separated");
         }
+        td_args_choice(&a, "--amp-dtype", "bf16|f16", &amp_dtype);
+        td_args_int(&a, "--repeat", 1, MAX_REPEAT, &repeat);
+        td_args_int(&a, "--shards", 0, GLOBAL_BATCH, &shards);
+        td_args_int(&a, "--threads", 1, 64, &tm.threads);
+        td_args_string(&a, "--device", &tm.device);
+        td_args_flag(&a, "--no-torch", &no_torch);
+        td_args_flag(&a, "--json", &json);
     }
-    if (tm.iters < 1 || tm.windows < 1 || repeat < 1 || repeat > MAX_REPEAT || shards < 0 ||
-        (shards && GLOBAL_BATCH % shards) || tm.threads < 1 || tm.threads > 64) {
-        fprintf(stderr,
-                "bench/train: --iters and --windows must be >= 1, --repeat 1..%d, --shards 0 or "
-                "a divisor of %d, --threads 1..64\n",
-                MAX_REPEAT, GLOBAL_BATCH);
-        return 2;
-    }
+    if (shards && GLOBAL_BATCH % shards)
+        td_args_error(&a, "--shards %d: expected 0 or a divisor of %d", shards, GLOBAL_BATCH);
+    for (int i = 0; i < nw; i++)
+        if (GLOBAL_BATCH % ws[i])
+            td_args_error(&a, "--worlds: %d does not divide %d", ws[i], GLOBAL_BATCH);
     td_device device;
-    if (td_device_parse(tm.device, &device)) {
-        fprintf(stderr, "bench/train: %s\n", td_last_error());
-        return 2;
-    }
+    if (td_device_parse(tm.device, &device))
+        td_args_error(&a, "--device %s: expected cpu, cuda or cuda:N", tm.device);
+    bench_args_finish(&a, "usage: train [--models net,mlp,cnn] [--worlds 1,2] [--amp O0,O2] "
+                          "[--amp-dtype bf16|f16] [--iters N] [--windows N] [--repeat K] "
+                          "[--shards S] [--threads N] [--device cpu|cuda|cuda:N] [--no-torch] "
+                          "[--json]\n");
+    if (amp_dtype >= 0) tm.amp_dtype = amp_dtype ? TD_F16 : TD_BF16;
+    int torch = !no_torch;
     int gpu = device.type != TD_DEVICE_CPU;
     if (gpu && bench_gpus("bench/train") == 0) return 0;
     if (gpu) {
@@ -335,27 +335,10 @@ int main(int argc, char **argv) {
         torch = 0;
         shards = 0;
     }
-    td_amp_level levels[MAX_LEVELS];
-    int nl = parse_levels(amps, levels), l0 = -1;
-    if (nl < 1) {
-        fprintf(stderr, "bench/train: bad --amp '%s' (levels O0..O3, comma-separated)\n", amps);
-        return 2;
-    }
     for (int l = 0; l < nl; l++)
         if (levels[l] == TD_AMP_O0) l0 = l;
-    int ws[MAX_WORLDS], nw = 0, w1 = -1;
-    char wlist[64];
-    snprintf(wlist, sizeof wlist, "%s", worlds);
-    for (char *save = NULL, *w = strtok_r(wlist, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
-        int world = atoi(w);
-        if (nw == MAX_WORLDS || world < 1 || world > 8 || GLOBAL_BATCH % world) {
-            fprintf(stderr, "bench/train: bad --worlds '%s' (at most %d sizes that divide %d)\n",
-                    worlds, MAX_WORLDS, GLOBAL_BATCH);
-            return 2;
-        }
-        if (world == 1) w1 = nw;
-        ws[nw++] = world;
-    }
+    for (int i = 0; i < nw; i++)
+        if (ws[i] == 1) w1 = i;
     bench_threads(argv, tm.threads);
     char cpu[256];
     printf("%s\nsamples/s at global batch %d, %d thread(s) per rank, median of %d windows of %d "
@@ -388,10 +371,7 @@ int main(int argc, char **argv) {
     for (char *save = NULL, *name = strtok_r(mlist, ",", &save); name;
          name = strtok_r(NULL, ",", &save)) {
         td_model_kind kind;
-        if (td_model_kind_parse(name, &kind)) {
-            fprintf(stderr, "bench/train: unknown model %s\n", name);
-            return 2;
-        }
+        CHECK(td_model_kind_parse(name, &kind)); /* checked with the options */
         double ours[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], alone[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
             theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], det[MAX_WORLDS][MAX_REPEAT],
             ours_cpu[MAX_WORLDS][MAX_REPEAT], det_cpu[MAX_WORLDS][MAX_REPEAT],

@@ -63,12 +63,17 @@ static td_status step(const stepper *s) {
  * (the GPU side's first runs may have them) ends this row only: -1, with what failed. */
 static double median_rate(const stepper *s, double work, const timing *tm, const char *row) {
     double *rates = malloc((size_t)tm->windows * sizeof *rates);
+    int64_t steps = 0;
     for (int w = -1; w < tm->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? tm->warmup : tm->iters;
         td_status st = td_device_synchronize(td_device_cuda(0));
         uint64_t t0 = td_time_ns();
         for (int i = 0; i < iters && st == TD_OK; i++) st = step(s);
         if (st == TD_OK) st = td_device_synchronize(td_device_cuda(0));
+        steps += iters;
+        float loss; /* the window's last, read once a window: a NaN stays NaN after it */
+        if (st == TD_OK && !s->dy && (st = td_tensor_read(s->from, &loss)) == TD_OK)
+            st = td_loss_check(loss, steps);
         if (st != TD_OK) {
             fprintf(stderr, "train_gpu: %s: %s\n", row, td_last_error());
             free(rates);
@@ -274,45 +279,55 @@ static void fmt_ratio(char *buf, size_t n, double a, double b) {
         snprintf(buf, n, "-");
 }
 
+static int model_ok(const char *name) {
+    td_model_kind kind;
+    return !strcmp(name, "resnet50") || !strcmp(name, "resnet101") ||
+           td_model_kind_parse(name, &kind) == TD_OK;
+}
+
+static int precision_of(const char *name) {
+    for (int k = 0; k < P_COUNT; k++)
+        if (!strcmp(name, precision_names[k])) return k;
+    return -1;
+}
+
+static int precision_ok(const char *name) { return precision_of(name) >= 0; }
+
+static int matmul_ok(const char *shape) {
+    long long M, K, N;
+    char end;
+    return sscanf(shape, "%lldx%lldx%lld%c", &M, &K, &N, &end) == 3 && M > 0 && K > 0 && N > 0;
+}
+
 int main(int argc, char **argv) {
     const char *models = "net,mlp,cnn,resnet,resnet50,resnet101,gpt", *precs = "f32,tf32,bf16",
                *matmuls = "128x1024x1024,8192x8192x8192";
     timing tm = {20, 5, 5, 128};
-    int torch = 1, compile = 0, plain_column = 1, json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--models") && i + 1 < argc)
-            models = argv[++i];
-        else if (!strcmp(argv[i], "--precisions") && i + 1 < argc)
-            precs = argv[++i];
-        else if (!strcmp(argv[i], "--matmuls") && i + 1 < argc)
-            matmuls = argv[++i];
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-            tm.iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--windows") && i + 1 < argc)
-            tm.windows = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-            tm.batch = atoll(argv[++i]);
-        else if (!strcmp(argv[i], "--no-torch"))
-            torch = 0;
-        else if (!strcmp(argv[i], "--compile"))
-            compile = 1;
-        else if (!strcmp(argv[i], "--no-graphs-column"))
-            plain_column = 0;
-        else if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else {
-            fprintf(stderr, "usage: train_gpu [--models net,mlp,cnn,resnet,resnet50,resnet101,"
-                            "gpt] "
-                            "[--precisions f32,tf32,bf16] [--matmuls MxKxN,...] [--iters N] "
-                            "[--windows N] [--batch B] "
-                            "[--no-torch] [--compile] [--no-graphs-column] [--json]\n");
-            return 2;
-        }
+    int no_torch = 0, compile = 0, no_graphs_column = 0, json = 0;
+    long batch = tm.batch;
+    td_args a;
+    td_args_init(&a, "train_gpu", argc, argv);
+    while (td_args_next(&a)) {
+        bench_list_option(&a, "--models", &models, model_ok,
+                          "comma-separated models: net, mlp, cnn, resnet, resnet50, resnet101, "
+                          "gpt");
+        bench_list_option(&a, "--precisions", &precs, precision_ok,
+                          "comma-separated precisions: f32, tf32, bf16");
+        bench_list_option(&a, "--matmuls", &matmuls, matmul_ok, "comma-separated MxKxN shapes");
+        td_args_int(&a, "--iters", 1, INT_MAX, &tm.iters);
+        td_args_int(&a, "--windows", 1, INT_MAX, &tm.windows);
+        td_args_long(&a, "--batch", 1, LONG_MAX, &batch);
+        td_args_flag(&a, "--no-torch", &no_torch);
+        td_args_flag(&a, "--compile", &compile);
+        td_args_flag(&a, "--no-graphs-column", &no_graphs_column);
+        td_args_flag(&a, "--json", &json);
     }
-    if (tm.iters < 1 || tm.windows < 1 || tm.batch < 1) {
-        fprintf(stderr, "train_gpu: --iters, --windows and --batch must be >= 1\n");
-        return 2;
-    }
+    bench_args_finish(&a, "usage: train_gpu [--models net,mlp,cnn,resnet,resnet50,resnet101,gpt] "
+                          "[--precisions f32,tf32,bf16] [--matmuls MxKxN,...] [--iters N] "
+                          "[--windows N] [--batch B] [--no-torch] [--compile] "
+                          "[--no-graphs-column] [--json]\n");
+    tm.batch = batch;
+    int torch = !no_torch, plain_column = !no_graphs_column;
     int gpus = 0;
     CHECK(td_cuda_device_count(&gpus));
     if (!gpus) {
@@ -340,13 +355,7 @@ int main(int argc, char **argv) {
          name = strtok_r(NULL, ",", &ms)) {
         snprintf(plist, sizeof plist, "%s", precs);
         for (char *ps = NULL, *pn = strtok_r(plist, ",", &ps); pn; pn = strtok_r(NULL, ",", &ps)) {
-            int prec = -1;
-            for (int k = 0; k < P_COUNT; k++)
-                if (!strcmp(pn, precision_names[k])) prec = k;
-            if (prec < 0) {
-                fprintf(stderr, "train_gpu: unknown precision %s (f32, tf32, bf16)\n", pn);
-                return 2;
-            }
+            int prec = precision_of(pn); /* checked with the options */
             double ours = run_tandem(name, (precision)prec, 1, &tm);
             double plain = plain_column ? run_tandem(name, (precision)prec, 0, &tm) : -1;
             double eager = peer_value(peer, npeer, name, pn, "eager");
@@ -375,15 +384,10 @@ int main(int argc, char **argv) {
     for (char *ss = NULL, *shape = strtok_r(slist, ",", &ss); shape;
          shape = strtok_r(NULL, ",", &ss)) {
         long long M, K, N;
-        if (sscanf(shape, "%lldx%lldx%lld", &M, &K, &N) != 3 || M < 1 || K < 1 || N < 1) {
-            fprintf(stderr, "train_gpu: bad --matmuls shape %s (MxKxN)\n", shape);
-            return 2;
-        }
+        sscanf(shape, "%lldx%lldx%lld", &M, &K, &N); /* checked with the options */
         snprintf(plist, sizeof plist, "%s", precs);
         for (char *ps = NULL, *pn = strtok_r(plist, ",", &ps); pn; pn = strtok_r(NULL, ",", &ps)) {
-            int prec = 0;
-            for (int k = 0; k < P_COUNT; k++)
-                if (!strcmp(pn, precision_names[k])) prec = k;
+            int prec = precision_of(pn);
             double ours = run_matmul(M, K, N, (precision)prec, &tm);
             double alone = peer_value(peer, npeer, shape, pn, "matmul");
             char r[16];

@@ -114,6 +114,7 @@ static step_time time_rank(int way, int rank, int world, const timing *tm) {
     td_optim *opt;
     CHECK(td_optim_create_adamw(&opt, stepped, n_stepped, &ap));
     double ms[MAX_WINDOWS], phase[N_PHASES][MAX_WINDOWS], cpu0 = 0;
+    int64_t step = 0;
     for (int w = -1; w < tm->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? tm->warmup : tm->iters;
         CHECK(td_comm_barrier(comm));
@@ -135,6 +136,7 @@ static step_time time_rank(int way, int rank, int world, const timing *tm) {
             CHECK(td_optim_step(opt));
             CHECK(td_graph_zero_grad(g));
             t[5] = td_time_ns();
+            CHECK(td_loss_check(*(const float *)td_tensor_data(m.loss), ++step));
             for (int k = 0; k < N_PHASES; k++) ph[k] += t[k + 1] - t[k];
         }
         if (w < 0) continue;
@@ -569,66 +571,39 @@ static unsigned parse_ways(const char *list) {
     return mask;
 }
 
+static int way_ok(const char *name) { return parse_ways(name) != 0; }
+
 int main(int argc, char **argv) {
-    const char *worlds = "2,4";
     timing tm = {10, 3, 3, 2048, (1u << N_WAYS) - 1};
-    int torch = 1, json = 0, repeat = 1, memory = 1, timed = 1, phases = 0, cap_mib = 0;
-    int cap_world = 4;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--worlds") && i + 1 < argc)
-            worlds = argv[++i];
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-            tm.iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--windows") && i + 1 < argc)
-            tm.windows = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
-            repeat = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--width") && i + 1 < argc)
-            tm.width = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-torch"))
-            torch = 0;
-        else if (!strcmp(argv[i], "--no-memory"))
-            memory = 0;
-        else if (!strcmp(argv[i], "--no-time"))
-            timed = 0;
-        else if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else if (!strcmp(argv[i], "--phases"))
-            phases = 1;
-        else if (!strcmp(argv[i], "--cap") && i + 1 < argc)
-            cap_mib = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--cap-world") && i + 1 < argc)
-            cap_world = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--ways") && i + 1 < argc)
-            tm.ways = parse_ways(argv[++i]);
-        else {
-            fprintf(stderr, "usage: zero [--worlds 2,4] [--iters N] [--windows N] [--repeat K] "
-                            "[--ways ddp,1,2,3,none] [--phases] [--width W] [--cap MiB] "
-                            "[--cap-world N] [--no-torch] [--no-memory] [--no-time] [--json]\n");
-            return 2;
-        }
+    int no_torch = 0, json = 0, repeat = 1, no_memory = 0, no_time = 0, phases = 0, cap_mib = 0;
+    int cap_world = 4, ws[MAX_WORLDS] = {2, 4}, nw = 2;
+    const char *ways = NULL;
+    td_args a;
+    td_args_init(&a, "zero", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_int_list(&a, "--worlds", 1, 8, ws, MAX_WORLDS, &nw);
+        td_args_int(&a, "--iters", 1, INT_MAX, &tm.iters);
+        td_args_int(&a, "--windows", 1, MAX_WINDOWS, &tm.windows);
+        td_args_int(&a, "--repeat", 1, MAX_REPEAT, &repeat);
+        td_args_int(&a, "--width", 16, INT_MAX, &tm.width);
+        td_args_flag(&a, "--no-torch", &no_torch);
+        td_args_flag(&a, "--no-memory", &no_memory);
+        td_args_flag(&a, "--no-time", &no_time);
+        td_args_flag(&a, "--json", &json);
+        td_args_flag(&a, "--phases", &phases);
+        td_args_int(&a, "--cap", 0, INT_MAX, &cap_mib);
+        td_args_int(&a, "--cap-world", 1, 2 * MAX_WORLDS, &cap_world);
+        bench_list_option(&a, "--ways", &ways, way_ok, "comma-separated ways: ddp, 1, 2, 3, none");
     }
-    int ws[MAX_WORLDS], nw = 0;
-    char wlist[64];
-    snprintf(wlist, sizeof wlist, "%s", worlds);
-    for (char *save = NULL, *w = strtok_r(wlist, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
-        int world = atoi(w);
-        if (nw == MAX_WORLDS || world < 1 || world > 8 || GLOBAL_BATCH % world) {
-            fprintf(stderr, "bench/zero: bad --worlds '%s'\n", worlds);
-            return 2;
-        }
-        ws[nw++] = world;
-    }
-    if (tm.iters < 1 || tm.windows < 1 || tm.windows > MAX_WINDOWS || !tm.ways || repeat < 1 ||
-        repeat > MAX_REPEAT || tm.width < 16 || tm.width % 16 || cap_mib < 0 || cap_world < 1 ||
-        cap_world > 2 * MAX_WORLDS) {
-        fprintf(
-            stderr,
-            "bench/zero: --iters >= 1, --windows 1..%d, --repeat 1..%d, --width a multiple of 16, "
-            "--cap-world 1..%d, --ways of ddp,1,2,3,none\n",
-            MAX_WINDOWS, MAX_REPEAT, 2 * MAX_WORLDS);
-        return 2;
-    }
+    for (int i = 0; i < nw; i++)
+        if (GLOBAL_BATCH % ws[i])
+            td_args_error(&a, "--worlds: %d does not divide %d", ws[i], GLOBAL_BATCH);
+    if (tm.width % 16) td_args_error(&a, "--width %d is not a multiple of 16", tm.width);
+    bench_args_finish(&a, "usage: zero [--worlds 2,4] [--iters N] [--windows N] [--repeat K] "
+                          "[--ways ddp,1,2,3,none] [--phases] [--width W] [--cap MiB] "
+                          "[--cap-world N] [--no-torch] [--no-memory] [--no-time] [--json]\n");
+    if (ways) tm.ways = parse_ways(ways);
+    int torch = !no_torch, memory = !no_memory, timed = !no_time;
     bench_one_thread(argv);
     char cpu[256];
     printf("%s\n", bench_cpu_name(cpu, sizeof cpu));

@@ -33,7 +33,8 @@ to show beside their tables:
 (sh scripts/deps.sh bench torch plots); bench/multihost needs root and is left out otherwise.
 It takes about 40 minutes on two cores. A benchmark that fails keeps its earlier data (and the run
 ends with status 1 naming it). Lines of a benchmark's output that are not JSON (its tables) go
-to the .jsonl files' neighbours (*.txt), headed by the command and the load average.
+to the .jsonl files' neighbours (*.txt), headed by the command, the load average and the CPU.
+Then scripts/doc_tables.py rewrites the docs' tables of these numbers from the same data.
 """
 import argparse
 import glob
@@ -74,6 +75,25 @@ def load_average():
         return " ".join(f.read().split()[:3])
 
 
+def cpu_name():
+    """The CPU as the benchmarks' headings name it (bench/bench.h's bench_cpu_name): its model
+    name, family and model, and the vector features the kernels choose by."""
+    info = {}
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model", "flags") and key not in info:
+                info[key] = value.strip()
+            if key == "flags":
+                break
+    flags = info.get("flags", "").split()
+    found = [x for x in ("avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16") if x in flags]
+    return "%s (family %s model %s; %s)" % (info.get("model name", "unknown CPU"),
+                                            info.get("cpu family", "?"), info.get("model", "?"),
+                                            " ".join(found) or "no avx512")
+
+
 def run_benchmarks(data, only):
     """Runs the benchmarks named in `only` (all when empty); returns the names that failed."""
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "build", "python"), OMP_NUM_THREADS="1")
@@ -88,7 +108,7 @@ def run_benchmarks(data, only):
         for cmd in cmds:
             line = " ".join(cmd)
             print("$ " + line, flush=True)
-            txt.append("$ %s   (load average %s)\n" % (line, load_average()))
+            txt.append("$ %s   (load average %s; CPU %s)\n" % (line, load_average(), cpu_name()))
             done = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
             if done.returncode != 0:
                 print("# %s failed (exit %d): its data stays as it was" % (name, done.returncode))
@@ -502,6 +522,9 @@ def main():
     for plot in (plot_allreduce, plot_multihost, plot_ddp_scaling, plot_amp, plot_deterministic,
                  plot_pipeline, plot_torch_backend, plot_job_trace):
         plot(args.data, args.out)
+    if args.data == os.path.join(ROOT, "docs", "data"):
+        # The docs' tables of these numbers, from the same data as the figures.
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "doc_tables.py")], check=True)
     if failed:
         print("plots: these benchmarks failed and kept their earlier data: " + ", ".join(failed))
         return 1

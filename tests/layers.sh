@@ -1,25 +1,27 @@
 #!/bin/sh
 # The library's arrows point one way: each folder of src/ may include only the headers of the
 # layers below it (its own included), public (tandem/X.h) or internal (X/...). The engine goes
-# core -> device -> tensor -> ops -> graph -> nn (comm, optim and checkpoint may use devices);
+# core -> device -> tensor -> ops -> graph -> nn (comm, optim and checkpoint may use devices; the
+# rendezvous store stands on core alone, and comm uses it);
 # the graph's passes walk op tables and never name an op
 # (only src/graph/build.c, the public op builders, does). Prints one line per violation and a
 # closing "P passed, F failed" line like the test programs. Collective ops (all-gather,
 # SyncBatchNorm) are graph ops that call comm/ (ARCHITECTURE.md), so ops and graph may use
 # process groups, through the public tandem/comm.h only, never comm's internals. oneDNN stays
-# inside the CPU backend's files. Programs (tools, examples, benchmarks) use the public headers
+# inside the CPU backend's files (src/ops/cpu/). Programs (tools, examples, benchmarks) use the public headers
 # only.
 cd "$(dirname "$0")/.."
 # Which layer a public header belongs to.
 layer_of_public() {
     case "$1" in
-    core | param | trace) echo core ;;
+    core | param | trace | args) echo core ;;
     device) echo device ;;
     tensor) echo tensor ;;
     ops) echo ops ;;
     graph) echo graph ;;
     nn) echo nn ;;
-    comm | store | recorder) echo comm ;;
+    comm | recorder) echo comm ;;
+    store) echo store ;;
     doctor) echo doctor ;;
     spawn | launch) echo launch ;;
     data) echo data ;;
@@ -38,7 +40,9 @@ allowed() {
     ops) echo "core device tensor ops comm" ;;
     graph) echo "core device tensor ops graph comm" ;;
     nn) echo "core device tensor ops graph nn" ;;
-    comm | optim | checkpoint) echo "core device $1" ;;
+    store) echo "core store" ;;
+    comm) echo "core device store comm" ;;
+    optim | checkpoint) echo "core device $1" ;;
     launch) echo "core $1" ;;
     doctor) echo "core device comm checkpoint doctor" ;;
     data) echo "core device data" ;;
@@ -80,16 +84,15 @@ for f in src/graph/*.c; do
         bad=$((bad + 1))
     fi
 done
-# oneDNN is the CPU backend's business (src/ops/backend.h): the tensor, the op contract and
-# everything above the ops name no oneDNN header or type.
+# oneDNN is the CPU backend's business (src/ops/cpu/): the tensor, the op contract, the ops'
+# definitions, the other backends and everything above the ops name no oneDNN header or type.
 for f in $(find src -name '*.[ch]' | sort); do
     case "$f" in
-    src/ops/op.h | src/ops/op.c | src/ops/backend.h) ;;
-    src/ops/*) continue ;;
+    src/ops/cpu/*) continue ;;
     esac
-    if grep -n '<dnnl\|dnnl_\|ops/onednn.h' "$f" >/dev/null; then
-        echo "layers: $f names oneDNN (only the CPU backend's files in src/ops may):"
-        grep -n '<dnnl\|dnnl_\|ops/onednn.h' "$f" | sed 's/^/    /'
+    if grep -n '<dnnl\|dnnl_\|ops/cpu/onednn.h' "$f" >/dev/null; then
+        echo "layers: $f names oneDNN (only the CPU backend's files, src/ops/cpu/, may):"
+        grep -n '<dnnl\|dnnl_\|ops/cpu/onednn.h' "$f" | sed 's/^/    /'
         bad=$((bad + 1))
     fi
 done

@@ -14,7 +14,7 @@
 
 #include "tandem/tandem.h"
 
-#include "ops/cuda/launch.h"
+#include "ops/cuda/tiling.h"
 #include "test.h"
 
 static int gpus;
@@ -478,7 +478,7 @@ static td_status build_embeddings_f32(td_graph *g, built *b) {
 }
 
 /* Layer norm over the last dim of x (3, 50, 45): 150 rows, so the weight and bias gradients
- * sum three partial sums of rows (launch.h), and 45 columns, a tile of 32 and a partial one;
+ * sum three partial sums of rows (tiling.h), and 45 columns, a tile of 32 and a partial one;
  * with weight and bias or without (affine 0); low: x arrives in bf16, as after a linear at O1,
  * and the node still computes in f32 (the op's rule at every level). */
 static td_status build_layer_norm(td_graph *g, built *b, int affine, int low) {
@@ -513,7 +513,7 @@ static td_status build_attention(td_graph *g, built *b, int B, int T, int C, int
 }
 
 /* Heads of 4 and T = 5, one tile; T = 70, three tiles of 32 with a partial last one; heads of 5
- * (odd); heads of 64 (GPT-2's), tiles of 16; heads of 200, tiles of 8 (launch.h). */
+ * (odd); heads of 64 (GPT-2's), tiles of 16; heads of 200, tiles of 8 (tiling.h). */
 static td_status build_attention_small(td_graph *g, built *b) {
     return build_attention(g, b, 2, 5, 8, 2);
 }
@@ -944,7 +944,7 @@ static void bad_token_fails_the_next_forward(void) {
     td_graph_destroy(g);
 }
 
-/* Attention heads wider than the GPU kernels' tiles take (253, launch.h) are refused when the
+/* Attention heads wider than the GPU kernels' tiles take (253, tiling.h) are refused when the
  * graph is compiled, naming the tensor and the head size. */
 static void too_wide_heads_are_refused(void) {
     if (!gpus) {
@@ -965,7 +965,7 @@ static void too_wide_heads_are_refused(void) {
     td_graph_destroy(g);
 }
 
-/* The transformer kernels' launch arithmetic (ops/cuda/launch.h), on every machine: the token
+/* The transformer kernels' launch arithmetic (ops/cuda/tiling.h), on every machine: the token
  * embedding's blocks own every table row exactly once, the layer norm's chunks cover every row
  * exactly once, and the attention's tile is the largest that keeps each of its three kernels'
  * shared memory within 48 KiB, or 0 past heads of 253. */

@@ -242,28 +242,46 @@ static unsigned char *gzip_bytes(const void *data, size_t len, int level, size_t
     return out;
 }
 
-/* A gzip file cut anywhere in its 8-byte trailer (CRC-32, length) holds all the data, but
- * nothing checks it any more: it is refused, as a file cut one byte earlier is. */
-static void idx_gzip_cut_in_its_trailer_is_an_error(void) {
-    char src[300];
-    snprintf(src, sizeof src, "%s/t10k-labels-idx1-ubyte.gz", fmnist_dir());
-    size_t len = 0;
-    unsigned char *gz = test_read_file(src, &len);
-    CHECK(gz != NULL && len > 1000);
-    if (!gz) return;
-    for (size_t cut = 1; cut <= 9; cut++) {
-        char name[64];
-        snprintf(name, sizeof name, "t10k-labels-cut%zu.gz", cut);
-        expect_damaged(name, 0, gz, len - cut, "unexpected end of file");
+/* A gzip file cut by 1 to 9 bytes (inside its 8-byte trailer, CRC-32 and length, or at the end
+ * of its last deflate block) holds all its data, so only the trailer can tell: every file of
+ * the data set is refused at every such cut, naming it, and the loader names the file too. */
+static void idx_gzip_cut_by_1_to_9_bytes_is_an_error(void) {
+    static const char *const files[] = {"t10k-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+                                        "train-labels-idx1-ubyte.gz",
+                                        "train-images-idx3-ubyte.gz"};
+    for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
+        char src[300], path[512];
+        snprintf(src, sizeof src, "%s/%s", fmnist_dir(), files[f]);
+        snprintf(path, sizeof path, "%s/%s", tmpdir, files[f]);
+        size_t len = 0;
+        unsigned char *gz = test_read_file(src, &len);
+        CHECK(gz != NULL && len > 1000);
+        if (!gz) continue;
+        test_write_file(path, gz, len);
+        free(gz);
+        td_idx idx;
+        CHECK_OK(td_idx_read(path, &idx)); /* whole, it reads */
+        td_idx_free(&idx);
+        for (size_t cut = 1; cut <= 9; cut++) {
+            CHECK(truncate(path, (off_t)(len - cut)) == 0);
+            expect_format_error(path, "unexpected end of file");
+        }
     }
-    char path[512];
-    snprintf(path, sizeof path, "%s/t10k-labels-whole.gz", tmpdir);
-    test_write_file(path, gz, len);
-    td_idx idx;
-    CHECK_OK(td_idx_read(path, &idx));
-    CHECK_EQ(idx.count, 10000);
-    td_idx_free(&idx);
-    free(gz);
+    /* The loader: the training split with its labels cut, the images whole. */
+    char dir[300], path[400], src[300];
+    snprintf(dir, sizeof dir, "%s/cut-set", tmpdir);
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(src, sizeof src, "%s/train-images-idx3-ubyte.gz", fmnist_dir());
+    snprintf(path, sizeof path, "%s/train-images-idx3-ubyte.gz", dir);
+    CHECK(symlink(src, path) == 0);
+    snprintf(src, sizeof src, "%s/train-labels-idx1-ubyte.gz", tmpdir); /* cut by 9 above */
+    snprintf(path, sizeof path, "%s/train-labels-idx1-ubyte.gz", dir);
+    CHECK(rename(src, path) == 0);
+    td_dataset *d = NULL;
+    CHECK_STATUS(td_dataset_load_fashion_mnist(&d, dir, TD_SPLIT_TRAIN), TD_EFORMAT);
+    CHECK(d == NULL);
+    if (!strstr(td_last_error(), path) || !strstr(td_last_error(), "trailer"))
+        TEST_FAIL_AT("message \"%s\" should name %s and its trailer", td_last_error(), path);
 }
 
 /* Deflate level 0 stores the bytes as they are, so a flipped bit decodes without complaint and
@@ -740,7 +758,7 @@ int main(void) {
     RUN(fashion_mnist_dir_from_env_and_missing_dir);
     RUN(idx_reads_plain_files_and_converts_byte_order);
     RUN(idx_damaged_files_are_errors_naming_the_file);
-    RUN(idx_gzip_cut_in_its_trailer_is_an_error);
+    RUN(idx_gzip_cut_by_1_to_9_bytes_is_an_error);
     RUN(idx_stored_gzip_with_a_flipped_bit_is_an_error);
     RUN(idx_damage_deep_in_a_file_says_how_far_it_read);
     RUN(image_label_count_mismatch_is_an_error);

@@ -4,7 +4,8 @@
  * across epochs and a resume, in every mode; the banner names the precision; progress in a log
  * is whole lines, also under mpirun, which hands ranks a terminal; a training set smaller than
  * one global batch is refused; the pipeline mode prints the whole model's parameter digest;
- * --zero trains what DDP trains and its checkpoints resume at another world size. */
+ * --zero trains what DDP trains and its checkpoints resume at another world size; the loss printed
+ * at step 1 under DDP and each ZeRO stage is one process's. */
 #include <libgen.h>
 #include <limits.h>
 
@@ -55,6 +56,24 @@ static void bad_option_values_are_named(void) {
     /* an option nobody knows is named, then the usage shows what there is */
     CHECK_EQ(run("%s --epoch 2", mnist), 2);
     CHECK(strstr(output, "unknown option --epoch") && strstr(output, "usage:"));
+    expect_named(mnist, "--lr inf", "--lr inf: expected a number >= 0");
+    expect_named(mnist, "--momentum 1", "--momentum 1: expected a number in [0, 1)");
+    /* --help is the usage, and no error */
+    CHECK_EQ(run("%s --help", mnist), 0);
+    CHECK(!strncmp(output, "usage: mnist", 12));
+}
+
+/* A learning rate that sends the loss to NaN ends the run with status 1 naming the step, in
+ * the data-parallel mode and in the pipeline's (it trained on, printing NaN losses). */
+static void a_diverged_run_stops_naming_the_step(void) {
+    CHECK_EQ(run("%s --model mlp --lr 1e30 --max-steps 4 --no-eval --data %s", mnist, short_set),
+             1);
+    CHECK(strstr(output, "step 2: the loss is NaN, not finite") && !strstr(output, "final:"));
+    CHECK_EQ(run("%s --nproc-per-node 2 %s --model mlp --pipeline gpipe --stages 2 "
+                 "--micro-batches 2 --lr 1e30 --max-steps 4 --no-eval --data %s",
+                 launcher, mnist, short_set),
+             1);
+    CHECK(strstr(output, "the loss is NaN, not finite") && !strstr(output, "final:"));
 }
 
 /* --max-steps is the run's length in optimizer steps, counted across epochs (the training set
@@ -246,6 +265,35 @@ static void zero_stages_train_as_ddp_and_resume_at_another_world_size(void) {
     if (d > 1e-5) TEST_FAIL_AT("--zero 3 under mpirun: %g from DDP's checkpoint", d);
 }
 
+/* The loss of step `step` the last run printed ("... step N/M loss X"), or -1. */
+static double step_loss(int step) {
+    char at[32];
+    snprintf(at, sizeof at, " step %d/", step);
+    const char *line = strstr(output, at), *loss = line ? strstr(line, " loss ") : NULL;
+    return loss ? atof(loss + 6) : -1;
+}
+
+/* The loss printed at step 1 is the step's loss over the global batch: under DDP and each ZeRO
+ * stage at world 2 the same, to the 4 digits printed, as one process's on the whole batch (it
+ * used to be the step before's, 0 at step 1, under DDP and stage 1). */
+static void step_one_loss_under_ddp_and_zero_is_one_processs(void) {
+    char args[PATH_MAX + 256];
+    snprintf(args, sizeof args, "%s --model mlp --epochs 1 --max-steps 1 --no-eval --data %s",
+             mnist, short_set);
+    CHECK_EQ(run("%s", args), 0);
+    double one = step_loss(1);
+    CHECK(one > 0.1);
+    const char *ways[4] = {"", "--zero 1", "--zero 2", "--zero 3"};
+    for (int k = 0; k < 4; k++) {
+        CHECK_EQ(run("%s --nproc-per-node 2 %s %s", launcher, args, ways[k]), 0);
+        double two = step_loss(1);
+        printf("    %s: step 1 loss %.4f, one process %.4f\n", k ? ways[k] : "ddp", two, one);
+        if (!(fabs(two - one) <= 1.01e-4))
+            TEST_FAIL_AT("%s at world 2: step 1 loss %.4f, one process %.4f", k ? ways[k] : "ddp",
+                         two, one);
+    }
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     char self[PATH_MAX];
@@ -260,6 +308,7 @@ int main(int argc, char **argv) {
     snprintf(tiny_set, sizeof tiny_set, "%s/tiny", dir);
     if (fashion_mnist_subset(short_set, 640) || fashion_mnist_subset(tiny_set, 100)) return 1;
     RUN(bad_option_values_are_named);
+    RUN(a_diverged_run_stops_naming_the_step);
     RUN(max_steps_counts_across_epochs_and_resumes);
     RUN(max_steps_counts_across_epochs_in_the_pipeline_and_contrastive);
     RUN(banner_names_the_precision);
@@ -268,6 +317,7 @@ int main(int argc, char **argv) {
     RUN(training_set_smaller_than_a_batch_is_refused);
     RUN(pipeline_prints_the_whole_models_digest);
     RUN(zero_stages_train_as_ddp_and_resume_at_another_world_size);
+    RUN(step_one_loss_under_ddp_and_zero_is_one_processs);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) return 1;

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "fixture.h"
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 #include "test.h"
 
 #define RTOL 1e-5

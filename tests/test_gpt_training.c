@@ -5,37 +5,45 @@
  * on the same bits as one that was not, a 2-stage 1F1B pipeline (with and without replicas) ends on
  * one process's losses, mixed precision trains, and --zero 1, 2 and 3 end where DDP does (stage 3's
  * sharded checkpoint resumed at world 4 continuing as the uninterrupted run; deterministic, DDP's
- * bits). The few-minute run on Jane Austen is docs/gpt.md's. */
+ * bits); DDP and every stage print one process's train loss. The few-minute run on Jane Austen
+ * is docs/gpt.md's. */
 #include <libgen.h>
 #include <limits.h>
+#include <sys/stat.h>
 
 #include "test.h"
-#include "test_program.h" /* run, field, checkpoint_distance */
+#include "test_program.h" /* run, field, printed_sha256, checkpoint_distance */
 
 static char example[PATH_MAX], launcher[PATH_MAX], dir[64], text[128];
+static double one_loss; /* one process's train loss of the last step, as it printed it */
+
+/* The last run printed, as its final train loss, one process's (to the 4 digits of a step's
+ * line: it used to be the step before's under DDP and ZeRO stage 1). */
+static void train_loss_is_one_processs(const char *way) {
+    double loss = field("final: train loss ");
+    printf("    %s: final train loss %.6f, one process %.6f\n", way, loss, one_loss);
+    if (!(fabs(loss - one_loss) <= 1e-4))
+        TEST_FAIL_AT("%s: final train loss %.6f, one process's %.6f", way, loss, one_loss);
+}
 
 #define TINY                                                                       \
     "--layers 2 --heads 2 --width 32 --context 32 --batch 8 --steps 4 --warmup 2 " \
     "--eval-every 0 --eval-batches 1 --sample 20"
-
-/* The hash the run printed last, into hex (empty when missing). */
-static void sha(char hex[65]) {
-    const char *at = strstr(output, "params_sha256 ");
-    hex[0] = 0;
-    if (at) snprintf(hex, 65, "%.64s", at + 14);
-}
 
 static void ddp_at_worlds_2_and_4_equals_one_process(void) {
     CHECK_EQ(
         run("OMP_NUM_THREADS=1 %s --data %s " TINY " --checkpoint %s/w1.st", example, text, dir),
         0);
     CHECK(strstr(output, "sample:") != NULL);
+    one_loss = field("final: train loss ");
+    CHECK(one_loss > 0);
     int worlds[] = {2, 4};
     for (int i = 0; i < 2; i++) {
         CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node %d %s --ddp --data %s " TINY
                      " --checkpoint %s/w%d.st",
                      launcher, worlds[i], example, text, dir, worlds[i]),
                  0);
+        train_loss_is_one_processs(worlds[i] == 2 ? "--ddp at world 2" : "--ddp at world 4");
         char pa[128], pb[128];
         snprintf(pa, sizeof pa, "%s/w1.st", dir);
         snprintf(pb, sizeof pb, "%s/w%d.st", dir, worlds[i]);
@@ -56,20 +64,20 @@ static void deterministic_same_bits_at_world_1_2_4(void) {
     CHECK_EQ(
         run("OMP_NUM_THREADS=1 %s --data %s " TINY " --deterministic --shards 4", example, text),
         0);
-    sha(want);
+    printed_sha256(want);
     CHECK(strlen(want) == 64);
     /* one rank of 2 OpenMP threads: no thread count enters a sum */
     CHECK_EQ(
         run("OMP_NUM_THREADS=2 %s --data %s " TINY " --deterministic --shards 4", example, text),
         0);
-    sha(got);
+    printed_sha256(got);
     if (strcmp(want, got)) TEST_FAIL_AT("2 threads: %s, 1 thread: %s", got, want);
     for (int w = 2; w <= 4; w += 2) {
         CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node %d %s --data %s " TINY
                      " --deterministic --shards 4",
                      launcher, w, example, text),
                  0);
-        sha(got);
+        printed_sha256(got);
         if (strcmp(want, got)) TEST_FAIL_AT("world %d: %s, world 1: %s", w, got, want);
     }
     printf("    params_sha256 %.16s... at worlds 1, 2 and 4, and on 2 threads\n", want);
@@ -78,15 +86,15 @@ static void deterministic_same_bits_at_world_1_2_4(void) {
 static void resume_continues_bit_for_bit(void) {
     char want[65], got[65];
     CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TINY, example, text), 0);
-    sha(want);
-    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TINY " --checkpoint %s/r.st --stop-at 2",
+    printed_sha256(want);
+    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TINY " --checkpoint %s/r.st --stop-at-step 2",
                  example, text, dir),
              0);
     CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TINY " --checkpoint %s/r.st --resume auto",
                  example, text, dir),
              0);
     CHECK(strstr(output, "resuming from") != NULL);
-    sha(got);
+    printed_sha256(got);
     if (strcmp(want, got)) TEST_FAIL_AT("resumed %s, straight through %s", got, want);
     /* a checkpoint of another model shape is refused, naming both */
     CHECK_EQ(run("%s --data %s " TINY " --width 64 --resume %s/r.st", example, text, dir), 1);
@@ -153,6 +161,9 @@ static void zero_stages_equal_ddp(void) {
                      launcher, example, stage, text, b),
                  0);
         CHECK(strstr(output, "sample:") != NULL);
+        char way[32];
+        snprintf(way, sizeof way, "--zero %d", stage);
+        train_loss_is_one_processs(way);
         double worst;
         char name[96] = "none";
         double d = checkpoint_distance(ddp, b, &worst, name, sizeof name);
@@ -161,7 +172,7 @@ static void zero_stages_equal_ddp(void) {
     }
     snprintf(b, sizeof b, "%s/zr.st", dir);
     CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 2 %s --zero 3 --data %s " TINY
-                 " --checkpoint %s --stop-at 2",
+                 " --checkpoint %s --stop-at-step 2",
                  launcher, example, text, b),
              0);
     CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 4 %s --zero 3 --data %s " TINY
@@ -181,16 +192,82 @@ static void zero_stages_equal_ddp(void) {
     CHECK_EQ(
         run("OMP_NUM_THREADS=1 %s --data %s " TINY " --deterministic --shards 4", example, text),
         0);
-    sha(want);
+    printed_sha256(want);
     CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 2 %s --zero 2 --data %s " TINY
                  " --deterministic --shards 4",
                  launcher, example, text),
              0);
-    sha(got);
+    printed_sha256(got);
     CHECK(strlen(want) == 64);
     if (strcmp(want, got)) TEST_FAIL_AT("--zero 2 deterministic %s, DDP %s", got, want);
-    CHECK_EQ(run("%s --data %s --zero 4", example, text), 2);
-    CHECK(strstr(output, "--zero 4, expected the stage") != NULL);
+}
+
+/* `gpt args` exits `status` saying `says`. */
+static void expect_exit(int status, const char *args, const char *says) {
+    int rc = run("timeout 60 %s %s", example, args);
+    if (rc != status || !strstr(output, says))
+        TEST_FAIL_AT("gpt %s: exit %d (wanted %d), wanted \"%s\" in:\n%s", args, rc, status, says,
+                     output);
+}
+
+/* Each bad value names its option and what it wanted (the command lines new users and probes
+ * tried), with exit status 2; --help exits 0; a directory, a FIFO or /dev/zero as --data is
+ * refused saying what it is (a FIFO blocked, /dev/zero grew without bound). */
+static void options_and_data_are_checked_by_name(void) {
+    static const char *const bad[][2] = {
+        {"--steps 10x", "--steps 10x: expected an integer >= 1"},
+        {"--batch 3.5", "--batch 3.5: expected an integer >= 1"},
+        {"--warmup -1", "--warmup -1: expected an integer >= 0"},
+        {"--eval-every -5", "--eval-every -5: expected an integer >= 0"},
+        {"--stop-at-step -1", "--stop-at-step -1: expected an integer >= 1"},
+        {"--checkpoint-every -2", "--checkpoint-every -2: expected an integer >= 0"},
+        {"--context 0", "--context 0: expected an integer from 1"},
+        {"--layers x", "--layers x: expected an integer from 1"},
+        {"--lr fast", "--lr fast: expected a number >= 0"},
+        {"--lr inf", "--lr inf: expected a number >= 0"},
+        {"--seed -3", "--seed -3: expected an unsigned 64-bit integer"},
+        {"--zero 4", "--zero 4: expected an integer from 1 to 3"},
+        {"--pipeline 2f2b", "--pipeline 2f2b: expected naive, gpipe or 1f1b"},
+        {"--device gpu", "--device gpu: expected cpu, cuda or cuda:N"},
+        {"--steps", "--steps needs a value"},
+        {"--epochs 2", "unknown option --epochs"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        char args[256];
+        snprintf(args, sizeof args, "--data %s %s", text, bad[k][0]);
+        expect_exit(2, args, bad[k][1]);
+    }
+    expect_exit(0, "--help", "usage: gpt");
+    CHECK(strstr(output, "--stop-at-step") != NULL);
+    expect_exit(1, "--data /dev/zero", "/dev/zero is a character device");
+    char args[256], fifo[128];
+    snprintf(args, sizeof args, "--data %s", dir);
+    expect_exit(1, args, "is a directory");
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    snprintf(args, sizeof args, "--data %s", fifo);
+    expect_exit(1, args, "is a FIFO");
+}
+
+/* A learning rate that sends the loss to NaN or infinity ends the run with status 1 naming
+ * the step, in one process and under DDP; a run resumed at its last step says there is
+ * nothing left to train (it printed "train loss nan") and exits 0. */
+static void a_diverged_or_finished_run_says_so(void) {
+    char args[512];
+    snprintf(args, sizeof args, "--data %s " TINY " --lr 1e300", text);
+    expect_exit(1, args, "step 2: the loss is NaN, not finite");
+    CHECK(strstr(output, "final:") == NULL);
+    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 2 %s --data %s " TINY " --lr 1e300",
+                 launcher, example, text),
+             1);
+    CHECK(strstr(output, "the loss is NaN, not finite") && !strstr(output, "final:"));
+    snprintf(args, sizeof args, "--data %s " TINY " --checkpoint %s/done.st", text, dir);
+    expect_exit(0, args, "final:");
+    strcat(args, " --resume auto");
+    expect_exit(0, args,
+                "nothing left to train: the checkpoint is at step 4, the last of "
+                "--steps 4");
+    CHECK(strstr(output, "nan") == NULL && strstr(output, "final:") == NULL);
 }
 
 int main(int argc, char **argv) {
@@ -218,6 +295,8 @@ int main(int argc, char **argv) {
     RUN(pipeline_equals_one_process);
     RUN(amp_and_device);
     RUN(zero_stages_equal_ddp);
+    RUN(options_and_data_are_checked_by_name);
+    RUN(a_diverged_or_finished_run_says_so);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) return 1;

@@ -8,6 +8,8 @@
  * collectives linked. */
 #include <libgen.h>
 #include <limits.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 
 #include "tandem/tandem.h"
@@ -18,6 +20,7 @@
 #include "test_trace_json.h" /* json_parse_file, find_event, find_meta, count_ph */
 
 static char dir[64], launcher[PATH_MAX + 16], mnist[PATH_MAX + 16], short_set[96];
+static char self[PATH_MAX];
 
 /* The link of every span whose name starts with `prefix`, in recording order. */
 static int links_of(td_trace *trace, const char *prefix, int64_t *out, int cap) {
@@ -202,11 +205,24 @@ static void job_trace_from_the_environment(void) {
         communication += !strcmp(r.events[i].ph, "M") && !strcmp(r.events[i].name, "thread_name") &&
                          !strcmp(r.events[i].arg_name, "communication");
     CHECK_EQ(communication, 3); /* the progress thread of each rank */
+    /* the thread that made the group, which names no row itself, is each rank's "compute" */
+    int compute = 0;
+    for (int i = 0; i < r.n_events; i++)
+        compute += !strcmp(r.events[i].ph, "M") && !strcmp(r.events[i].name, "thread_name") &&
+                   !strcmp(r.events[i].arg_name, "compute");
+    CHECK_EQ(compute, 3);
+    /* what the ranks kept as they recorded is gone once the job's file is written */
+    for (int rank = 0; rank < 3; rank++) {
+        snprintf(path, sizeof path, "%s/rank%d.trace", dir, rank);
+        CHECK(access(path, F_OK) != 0);
+    }
+    snprintf(path, sizeof path, "%s/trace.json", dir);
     remove(path);
 }
 
-/* Rank 2 dies after the first call: the others' next call fails, and at destroy each of them
- * writes its own trace. */
+/* Rank 2 dies after the first call: the others' next call fails, and at destroy they cannot
+ * gather the trace. What every rank recorded stays in its kept file, rank 2's too, and
+ * tandemrun --trace-merge (td_job_trace_collect) makes the job's trace of them. */
 static void dying_rank(int rank, int size, int port, void *arg) {
     (void)arg;
     setenv("TANDEM_TRACE", dir, 1);
@@ -225,13 +241,24 @@ static void job_trace_survives_a_dead_rank(void) {
     CHECK_EQ(test_run_ranks(3, dying_rank, NULL, 60, 0), 1); /* rank 2's exit status */
     snprintf(path, sizeof path, "%s/trace.json", dir);
     CHECK(access(path, F_OK) != 0);
-    for (int rank = 0; rank < 2; rank++) {
-        static json_reader r;
-        snprintf(path, sizeof path, "%s/rank%d.json", dir, rank);
-        CHECK(json_parse_file(path, &r));
-        CHECK(find_event(&r, "allreduce #0 (f32, 16 elements, sum)") != NULL);
-        remove(path);
+    CHECK_EQ(run("%s --trace-merge %s", launcher, dir), 0); /* as after mpirun */
+    CHECK(strstr(output, "the job's trace is") && strstr(output, "from what 3 ranks kept"));
+    static json_reader r;
+    CHECK(json_parse_file(path, &r));
+    for (int rank = 0; rank < 3; rank++) {
+        int found = 0;
+        for (int i = 0; i < r.n_events; i++)
+            found += r.events[i].pid == rank &&
+                     !strcmp(r.events[i].name, "allreduce #0 (f32, 16 elements, sum)");
+        if (found != 1) TEST_FAIL_AT("rank %d has %d spans of the first call", rank, found);
+        snprintf(path, sizeof path, "%s/rank%d.trace", dir, rank);
+        CHECK(access(path, F_OK) != 0); /* merged, then removed */
     }
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    remove(path);
+    int ranks = -1;
+    CHECK_STATUS(td_job_trace_collect(dir, &ranks), TD_ENOTFOUND);
+    CHECK_EQ(ranks, 0);
 }
 
 /* td_graph_params.trace: each node's forward and backward, in order, on the calling thread,
@@ -490,11 +517,121 @@ static void tandemrun_traces_a_pipeline(void) {
     CHECK(find_event(&r, "linear:0") != NULL); /* --trace-ops: the stages' ops */
 }
 
+/* A rank of the jobs below, this program started by tandemrun with "--rank SPANS DIE": it
+ * records SPANS spans of its own, runs three all-reduces, and with DIE rank 1 kills itself
+ * (SIGKILL: nothing runs after it) after the second. */
+static int traced_rank(int spans, int die) {
+    td_comm *comm = NULL;
+    td_comm_params p = td_comm_default_params();
+    if (td_comm_create(&comm, &p) != TD_OK) return 1;
+    td_trace *trace = td_comm_trace(comm);
+    for (int i = 0; trace && i < spans; i++)
+        td_trace_span(trace, "a span whose name is long enough to fill a small disk soon", "step",
+                      (uint64_t)i, (uint64_t)i + 1);
+    float x[4] = {1, 2, 3, 4};
+    for (int k = 0; k < 3; k++) {
+        if (td_comm_allreduce(comm, x, x, 4, TD_F32, TD_OP_SUM) != TD_OK) return 1;
+        if (die && k == 1 && td_comm_rank(comm) == 1) raise(SIGKILL);
+    }
+    td_comm_destroy(comm);
+    return 0;
+}
+
+/* The spans named `name` of rank `pid` in a merged trace. */
+static int spans_of(const json_reader *r, int pid, const char *name) {
+    int n = 0;
+    for (int i = 0; i < r->n_events; i++)
+        n += r->events[i].pid == pid && !strcmp(r->events[i].ph, "X") &&
+             !strcmp(r->events[i].name, name);
+    return n;
+}
+
+/* Rank 1 is killed (SIGKILL) after two all-reduces: the job's trace still comes, with what
+ * both ranks recorded up to then, rank 1's two calls among it, and tandemrun says where
+ * (nothing at all was written before: the survivor is stopped before it gets to destroy). */
+static void tandemrun_keeps_a_killed_ranks_trace(void) {
+    char trace_dir[128], path[160];
+    snprintf(trace_dir, sizeof trace_dir, "%s/killed", dir);
+    CHECK_EQ(run("%s --trace %s --nproc-per-node 2 %s --rank 0 1", launcher, trace_dir, self),
+             128 + SIGKILL);
+    snprintf(path, sizeof path, "%s/trace.json", trace_dir);
+    if (!strstr(output, "the job's trace is") || !strstr(output, path))
+        TEST_FAIL_AT("tandemrun does not name the job's trace:\n%s", output);
+    static json_reader r;
+    CHECK(json_parse_file(path, &r));
+    /* Rank 1 recorded both calls before it died; rank 0 the first at least (tandemrun may stop
+     * it between the end of the second and its span). */
+    CHECK_EQ(spans_of(&r, 1, "allreduce #0 (f32, 4 elements, sum)"), 1);
+    CHECK_EQ(spans_of(&r, 1, "allreduce #1 (f32, 4 elements, sum)"), 1);
+    CHECK_EQ(spans_of(&r, 1, "allreduce #2 (f32, 4 elements, sum)"), 0); /* it was dead */
+    CHECK_EQ(spans_of(&r, 0, "allreduce #0 (f32, 4 elements, sum)"), 1);
+    snprintf(path, sizeof path, "%s/rank1.trace", trace_dir);
+    CHECK(access(path, F_OK) != 0);
+}
+
+/* A tmpfs of `size` at `at` (read-only with ro); 0 when it could not be mounted (not root). */
+static int mount_tmpfs(const char *at, const char *size, int ro) {
+    mkdir(at, 0755);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "mount -t tmpfs -o %ssize=%s tmpfs %s 2>/dev/null", ro ? "ro," : "",
+             size, at);
+    return system(cmd) == 0;
+}
+
+static void unmount(const char *at) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "umount %s", at);
+    CHECK(system(cmd) == 0);
+}
+
+/* A trace directory that is a file, read-only or full is refused before any rank starts,
+ * saying which (it gave only "no trace in DIR" after the job); on a disk that fills during
+ * the job, tandemrun says why the trace could not be written, never that there is none. */
+static void tandemrun_says_why_a_trace_dir_is_unusable(void) {
+    char at[128], args[PATH_MAX + 64];
+    snprintf(args, sizeof args, "--nproc-per-node 2 %s --rank 0 0", self);
+    snprintf(at, sizeof at, "%s/a-file", dir);
+    test_write_file(at, "x", 1);
+    CHECK_EQ(run("%s --trace %s %s", launcher, at, args), 2);
+    CHECK(strstr(output, "is a file, not a directory") != NULL);
+    snprintf(at, sizeof at, "%s/ro", dir);
+    if (!mount_tmpfs(at, "1m", 1)) {
+        SKIP("cannot mount a tmpfs (needs root)");
+        return;
+    }
+    CHECK_EQ(run("%s --trace %s %s", launcher, at, args), 2);
+    CHECK(strstr(output, "cannot write in it: Read-only file system") != NULL);
+    unmount(at);
+    snprintf(at, sizeof at, "%s/full", dir);
+    CHECK(mount_tmpfs(at, "64k", 0));
+    char cmd[PATH_MAX];
+    snprintf(cmd, sizeof cmd, "dd if=/dev/zero of=%s/filler bs=4k count=64 2>/dev/null", at);
+    CHECK(system(cmd) != -1); /* fills it, then stops */
+    CHECK_EQ(run("%s --trace %s %s", launcher, at, args), 2);
+    CHECK(strstr(output, "cannot write in it: No space left on device") != NULL);
+    unmount(at);
+    /* 256 KiB, and each rank records about 300 KiB of spans */
+    snprintf(at, sizeof at, "%s/small", dir);
+    CHECK(mount_tmpfs(at, "256k", 0));
+    snprintf(args, sizeof args, "--nproc-per-node 2 %s --rank 4000 0", self);
+    CHECK_EQ(run("%s --trace %s %s", launcher, at, args), 0);
+    CHECK(strstr(output, "no trace in") == NULL);
+    static json_reader r;
+    snprintf(cmd, sizeof cmd, "%s/trace.json", at);
+    if (access(cmd, F_OK) == 0 && json_parse_file(cmd, &r))
+        CHECK(strstr(output, "the job's trace is") != NULL);
+    else if (!strstr(output, "No space left on device"))
+        TEST_FAIL_AT("no trace, and tandemrun does not say why:\n%s", output);
+    printf("    %s", strstr(output, "tandemrun:") ? strstr(output, "tandemrun:") : output);
+    unmount(at);
+}
+
 int main(int argc, char **argv) {
-    (void)argc;
-    char self[PATH_MAX];
+    if (argc == 4 && !strcmp(argv[1], "--rank")) return traced_rank(atoi(argv[2]), atoi(argv[3]));
     if (!realpath(argv[0], self)) return 1;
-    char *build = dirname(dirname(self)); /* BUILD/tests/x -> BUILD */
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s", self);
+    char *build = dirname(dirname(path)); /* BUILD/tests/x -> BUILD */
     snprintf(mnist, sizeof mnist, "%s/examples/mnist", build);
     snprintf(launcher, sizeof launcher, "%s/bin/tandemrun", build);
     snprintf(dir, sizeof dir, "/tmp/td_test_job_trace_XXXXXX");
@@ -508,6 +645,8 @@ int main(int argc, char **argv) {
     RUN(graph_records_every_op);
     RUN(tandemrun_traces_the_example);
     RUN(tandemrun_traces_a_pipeline);
+    RUN(tandemrun_keeps_a_killed_ranks_trace);
+    RUN(tandemrun_says_why_a_trace_dir_is_unusable);
     test_remove_dir(dir);
     TEST_END();
 }

@@ -10,7 +10,7 @@
 
 #include "tandem/graph.h"
 
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 #include "test_op_rig.h"
 
 /* ---- linear ------------------------------------------------------------------------- */

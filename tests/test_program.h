@@ -38,6 +38,16 @@ static inline int run(const char *fmt, ...) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
+/* The parameter digest the last run printed last ("params_sha256 " and 64 hex digits) into hex,
+ * empty when it printed none. */
+static inline void printed_sha256(char hex[65]) {
+    const char *at = NULL;
+    for (const char *p = strstr(output, "params_sha256 "); p; p = strstr(p + 1, "params_sha256 "))
+        at = p;
+    hex[0] = 0;
+    if (at) snprintf(hex, 65, "%.64s", at + 14);
+}
+
 /* The number after `name` in the last run's output, or -1. */
 static inline double field(const char *name) {
     const char *at = strstr(output, name);

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "core/core_impl.h"
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 #include "test.h"
 
 /* ---- the finite-difference harness -------------------------------------------------- */

@@ -14,7 +14,7 @@
 
 #include "test_comm_util.h"
 
-/* The store's slots (STORE_MAX_CONNS in src/comm/store_server.c). */
+/* The store's slots (STORE_MAX_CONNS in src/store/store_server.c). */
 #define STORE_SLOTS 4096
 
 /* Hosts a store on `addr` (NULL: the default, 127.0.0.1) and a free port. */

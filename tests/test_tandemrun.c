@@ -362,7 +362,7 @@ static void usage_errors_exit_2_and_say_why(void) {
     } cases[] = {
         {{"tandemrun", "--nproc-per-node", "2", NULL}, "no program"},
         {{"tandemrun", "--nproc-per-node", "0", "true", NULL}, "--nproc-per-node"},
-        {{"tandemrun", "--nproc-per-node", "x", "true", NULL}, "'x'"},
+        {{"tandemrun", "--nproc-per-node", "x", "true", NULL}, "--nproc-per-node x: expected"},
         {{"tandemrun", "--nproc-per-node", NULL}, "needs a value"},
         {{"tandemrun", "td_no_such_program_x", NULL}, "td_no_such_program_x"},
         {{"tandemrun", "--bogus", "true", NULL}, "--bogus"},
@@ -372,7 +372,12 @@ static void usage_errors_exit_2_and_say_why(void) {
         {{"tandemrun", "--max-restarts", "-1", "true", NULL}, "--max-restarts"},
         {{"tandemrun", "--nnodes", "2", "--token", "t", "--max-restarts", "1", "true", NULL},
          "cannot restart"},
-        {{"tandemrun", "--restart-nproc-per-node", "some", "true", NULL}, "'some'"},
+        {{"tandemrun", "--restart-nproc-per-node", "some", "true", NULL},
+         "--restart-nproc-per-node some: expected left"},
+        {{"tandemrun", "--timeout", "soon", "true", NULL}, "--timeout soon: expected a number > 0"},
+        {{"tandemrun", "--devices", "0,0", "true", NULL}, "GPU 0 twice"},
+        {{"tandemrun", "--master_port=70000", "true", NULL},
+         "--master_port 70000: expected an integer from 1 to 65535"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         run_result r = run(cases[k].argv);

@@ -3,6 +3,8 @@
  * errors naming the file and offset; a missing file names the Debian package that ships the
  * novels; plain text reads as bytes; windows cut the text into inputs and next bytes. With
  * r-cran-janeaustenr installed, the six novels read in full. */
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "tandem/data.h"
@@ -82,6 +84,36 @@ static void rdb_reads_its_character_vectors(void) {
     test_remove_dir(dir);
 }
 
+/* What is not a regular file is refused saying what it is, before anything is read: a FIFO
+ * (whose open would wait for a writer forever), a directory, /dev/zero (which never ends); and
+ * a text larger than the bound is refused saying the bound, before it is read. An alarm turns
+ * a blocked open into a failure of the test rather than a hang of the suite. */
+static void corpus_must_be_a_regular_file_within_the_bound(void) {
+    char dir[256], path[300];
+    test_temp_dir(dir, sizeof dir, "text");
+    td_corpus c;
+    alarm(60);
+    snprintf(path, sizeof path, "%s/fifo", dir);
+    CHECK(mkfifo(path, 0600) == 0);
+    CHECK_STATUS(td_corpus_load(&c, path), TD_EINVAL);
+    CHECK(strstr(td_last_error(), path) && strstr(td_last_error(), "is a FIFO"));
+    CHECK_STATUS(td_corpus_load(&c, dir), TD_EINVAL);
+    CHECK(strstr(td_last_error(), dir) && strstr(td_last_error(), "is a directory"));
+    snprintf(path, sizeof path, "%s/big.txt", dir);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && ftruncate(fileno(f), (off_t)TD_CORPUS_MAX_BYTES + 1) == 0); /* sparse */
+    if (f) fclose(f);
+    CHECK_STATUS(td_corpus_load(&c, path), TD_EINVAL);
+    CHECK(strstr(td_last_error(), path) && strstr(td_last_error(), "1073741825 bytes") &&
+          strstr(td_last_error(), "1 GiB"));
+    printf("    %s\n", td_last_error());
+    CHECK_STATUS(td_corpus_load(&c, "/dev/zero"), TD_EINVAL);
+    CHECK(strstr(td_last_error(), "/dev/zero is a character device"));
+    printf("    %s\n", td_last_error());
+    alarm(0);
+    test_remove_dir(dir);
+}
+
 static void jane_austen_reads_in_full(void) {
     if (access(td_corpus_default_path(), R_OK) != 0) {
         SKIP("%s is not installed (Debian's r-cran-janeaustenr)", td_corpus_default_path());
@@ -102,6 +134,7 @@ static void jane_austen_reads_in_full(void) {
 
 int main(void) {
     RUN(rdb_reads_its_character_vectors);
+    RUN(corpus_must_be_a_regular_file_within_the_bound);
     RUN(jane_austen_reads_in_full);
     TEST_END();
 }

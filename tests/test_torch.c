@@ -1,8 +1,9 @@
 /* The torch.distributed backend (bindings/torch/, the module tandem_torch) through PyTorch's own
  * API in real processes: every collective against gloo's results at worlds 2 to 4
  * (tests/torch/collectives.py), the seeds' DDP recipe (examples/torch/ddp_mnist.py) trained
- * with init_process_group("tandem") to gloo's parameters, and a rank that dies or calls another
- * collective raised as an exception on every other rank (tests/torch/errors.py). The ranks run
+ * with init_process_group("tandem") to gloo's parameters, a rank that dies or calls another
+ * collective raised as an exception on every other rank (tests/torch/errors.py), and the
+ * rendezvous port and Work.wait's timeout (tests/torch/edges.py). The ranks run
  * under tandemrun, as Debian's torchrun 1.13 does not start under Python 3.11.
  *
  * Where the module is built (make builds it when PyTorch's C++ headers and pybind11 are
@@ -131,6 +132,16 @@ static void failures_raise_on_every_rank(void) {
     CHECK_EQ(occurrences("ok   "), 3);
 }
 
+/* tests/torch/edges.py: the port rank 0 publishes for tandem's store is listening when it is
+ * published, and Work.wait(timeout) gives up at its timeout while a later wait() completes. */
+static void rendezvous_port_is_held_and_wait_keeps_its_timeout(void) {
+    NEED_MODULE();
+    CHECK_EQ(run("%s --nproc-per-node 2 %s %s", launcher, PYTHON,
+                 test_source_path("tests/torch/edges.py")),
+             0);
+    CHECK(strstr(output, "rank 0: 3 passed, 0 failed") && strstr(output, "rank 1: 1 passed"));
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     char self[PATH_MAX];
@@ -151,6 +162,7 @@ int main(int argc, char **argv) {
     RUN(ddp_example_trains_to_gloos_parameters);
     RUN(ddp_example_at_3_and_4);
     RUN(failures_raise_on_every_rank);
+    RUN(rendezvous_port_is_held_and_wait_keeps_its_timeout);
     test_remove_dir(dir);
     TEST_END();
 }

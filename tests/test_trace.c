@@ -266,11 +266,73 @@ static void merges_ranks_and_joins_collectives(void) {
     for (int k = 0; k < 4; k++) td_trace_destroy(t[k]);
 }
 
+/* A kept trace is on disk as it records: read back while it is still being kept (as after a
+ * kill) it has every span and name so far; a file torn inside its last record (a write cut
+ * by SIGKILL or a full disk) reads up to it; ended, it reads whole. A span costs a write(2)
+ * more when kept (printed, not asserted: timings belong to benchmarks). */
+static void keeps_what_it_records_in_a_file(void) {
+    char dir[64], path[128], torn[128];
+    test_temp_dir(dir, sizeof dir, "trace_keep");
+    snprintf(path, sizeof path, "%s/rank4.trace", dir);
+    snprintf(torn, sizeof torn, "%s/torn.trace", dir);
+    td_trace *trace = NULL, *back = NULL;
+    CHECK_OK(td_trace_create(&trace, 4));
+    if (!trace) return;
+    CHECK_OK(td_trace_span(trace, "before", "step", 1, 2)); /* recorded before the keeping */
+    CHECK_OK(td_trace_keep(trace, path));
+    CHECK_OK(td_trace_set_host(trace, "node-c"));
+    CHECK_OK(td_trace_name_thread(trace, "compute"));
+    CHECK_OK(td_trace_span_linked(trace, "allreduce #0", "comm", 0x1234, 10, 20));
+    CHECK_OK(td_trace_span(trace, "after", "step", 30, 45));
+    CHECK(td_trace_keep_error(trace) == NULL);
+    CHECK_OK(td_trace_read(&back, path));
+    if (back) {
+        CHECK_EQ(td_trace_rank(back), 4);
+        CHECK_EQ(td_trace_count(back), 3);
+        td_trace_event e;
+        CHECK_OK(td_trace_event_get(back, 1, &e));
+        CHECK(!strcmp(e.name, "allreduce #0") && e.link == 0x1234 && e.dur_ns == 10);
+        CHECK(td_trace_track_name(back, e.tid) &&
+              !strcmp(td_trace_track_name(back, e.tid), "compute"));
+    }
+    td_trace_destroy(back);
+    back = NULL;
+    size_t len = 0;
+    unsigned char *bytes = test_read_file(path, &len);
+    CHECK(bytes && len > 10);
+    if (bytes) test_write_file(torn, bytes, len - 3);
+    free(bytes);
+    CHECK_OK(td_trace_read(&back, torn));
+    CHECK_EQ(td_trace_count(back), 2); /* "after" was torn */
+    td_trace_destroy(back);
+    back = NULL;
+    CHECK_OK(td_trace_keep(trace, NULL));
+    CHECK_OK(td_trace_read(&back, path));
+    CHECK_EQ(td_trace_count(back), 3);
+    td_trace_destroy(back);
+    test_write_file(torn, "not a trace", 11);
+    CHECK_STATUS(td_trace_read(&back, torn), TD_EFORMAT);
+    CHECK(strstr(td_last_error(), torn) != NULL);
+    /* what a span costs, kept and not */
+    CHECK_OK(td_trace_keep(trace, path));
+    uint64_t t0 = td_time_ns();
+    for (int i = 0; i < 20000; i++) td_trace_span(trace, "forward", "step", 1, 2);
+    uint64_t t1 = td_time_ns();
+    CHECK_OK(td_trace_keep(trace, NULL));
+    for (int i = 0; i < 20000; i++) td_trace_span(trace, "forward", "step", 1, 2);
+    uint64_t t2 = td_time_ns();
+    printf("    a span: %.2f us kept, %.2f us in memory only\n", (double)(t1 - t0) / 20000e3,
+           (double)(t2 - t1) / 20000e3);
+    td_trace_destroy(trace);
+    test_remove_dir(dir);
+}
+
 int main(void) {
     RUN(spans_round_trip_through_json);
     RUN(threads_record_concurrently);
     RUN(rows_are_named);
     RUN(packs_and_unpacks);
     RUN(merges_ranks_and_joins_collectives);
+    RUN(keeps_what_it_records_in_a_file);
     TEST_END();
 }

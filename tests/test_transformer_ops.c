@@ -7,7 +7,7 @@
  * after attention leaves attention's output (which its GPU backward reads) intact; and the
  * mixed-precision rules (layer norm in f32, attention's output in the low dtype, values close to
  * f32's) in bf16 and f16. Tolerance TOL (1 + |want|) as test_ops.c. */
-#include "ops/ref.h"
+#include "ops/ref/ref.h"
 #include "test_op_rig.h"
 
 /* ---- tanh GELU ------------------------------------------------------------------------ */

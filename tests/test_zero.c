@@ -361,6 +361,13 @@ static void refusal_rank(int rank, int size, int port, void *arg) {
     CHECK_STATUS(td_zero_create(&z, comm, m.p, NP, NULL, 0, &zp), r->want);
     if (!strstr(td_last_error(), r->words))
         TEST_FAIL_AT("rank %d: '%s' does not say '%s'", rank, td_last_error(), r->words);
+    /* each layer says who it is once: "zero rank 1: rank 0: stage 4 ...", on the rank that
+     * failed "zero rank 0: stage 4 ..." */
+    const char *said = td_last_error(), *at = said;
+    int layers = 0;
+    for (; (at = strstr(at, "zero rank ")) != NULL; at++) layers++;
+    if (layers != 1 || strncmp(said, "zero rank ", 10))
+        TEST_FAIL_AT("rank %d: '%s' does not name the layer once, first", rank, said);
     CHECK(z == NULL);
     CHECK(m.p[0].data == m.data); /* nothing moved */
     model_free(&m);

@@ -6,7 +6,9 @@
  * deterministic DDP's uninterrupted run); a td_ddp checkpoint resumes under ZeRO; the
  * consolidated file (tandem-consolidate) loads in PyTorch with strict=True where Debian's
  * python3-torch is installed; kill -9 during sharded saves, at random moments, leaves the last
- * committed checkpoint whole; damaged sets are refused naming the file. */
+ * committed checkpoint whole; damaged sets are refused naming the file; so are a tensor of another
+ * shape with as many elements, on every load path, a part file of another save under this save's
+ * name, an index without its list of parts, and a consolidation onto the checkpoint's own files. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -371,9 +373,14 @@ static void damaged_sharded_checkpoints_are_refused(void) {
     float mid[4];
     td_checkpoint *ck = NULL;
     CHECK_OK(td_checkpoint_open(&ck, path));
-    CHECK_OK(td_checkpoint_read_range(ck, "w", TD_F32, 8, 4, mid)); /* across both parts */
+    CHECK_OK(td_checkpoint_read_range(ck, &whole, 8, 4, mid)); /* across both parts */
     CHECK(mid[0] == 8 && mid[1] == 9);
-    CHECK_STATUS(td_checkpoint_read_range(ck, "w", TD_F32, 14, 4, mid), TD_ESHAPE);
+    CHECK_STATUS(td_checkpoint_read_range(ck, &whole, 14, 4, mid), TD_ESHAPE);
+    td_param flat = whole; /* as many elements, another shape */
+    flat.ndim = 1;
+    flat.shape[0] = 16;
+    CHECK_STATUS(td_checkpoint_read_range(ck, &flat, 0, 4, mid), TD_ESHAPE);
+    CHECK(strstr(td_last_error(), "w: expected shape (16), file has (4, 4)") != NULL);
     CHECK(td_checkpoint_get_meta(ck, "epoch") && !strcmp(td_checkpoint_get_meta(ck, "epoch"), "3"));
     td_checkpoint_close(ck);
     /* A later save of another id replaces the set and removes the old parts. */
@@ -393,10 +400,241 @@ static void damaged_sharded_checkpoints_are_refused(void) {
     test_remove_dir(dir);
 }
 
+/* ---- a tensor of another shape ------------------------------------------------------------ */
+
+/* Rewrites the checkpoint file `in` as `out`: tensor `name` (NULL: none) with its two dims
+ * swapped, and the metadata values of keys[0..n_keys) with every `from` replaced by `to`. */
+static void rewrite(const char *in, const char *out, const char *name, const char *const *keys,
+                    size_t n_keys, const char *from, const char *to) {
+    td_checkpoint *ck = NULL;
+    CHECK_OK(td_checkpoint_open(&ck, in));
+    if (!ck) return;
+    size_t n = td_checkpoint_count(ck);
+    td_param *t = calloc(n, sizeof *t);
+    td_checkpoint_meta meta[8];
+    char values[8][4096];
+    for (size_t i = 0; i < n; i++) {
+        CHECK_OK(td_checkpoint_tensor(ck, i, &t[i]));
+        t[i].data = malloc(t[i].count * td_dtype_size(t[i].dtype) + 1);
+        CHECK_OK(td_checkpoint_read(ck, &t[i], 1));
+    }
+    for (size_t i = 0; i < n; i++)
+        if (name && !strcmp(t[i].name, name)) {
+            int64_t d0 = t[i].shape[0];
+            t[i].shape[0] = t[i].shape[1];
+            t[i].shape[1] = d0;
+        }
+    for (size_t k = 0; k < n_keys; k++) {
+        const char *v = td_checkpoint_get_meta(ck, keys[k]), *at;
+        CHECK(v != NULL);
+        size_t len = 0;
+        for (; v && *v && len + (to ? strlen(to) : 0) + 1 < sizeof values[k];)
+            if (from && (at = strstr(v, from)) == v) {
+                len += (size_t)snprintf(values[k] + len, sizeof values[k] - len, "%s", to);
+                v += strlen(from);
+            } else {
+                values[k][len++] = *v++;
+            }
+        values[k][len] = 0;
+        meta[k] = (td_checkpoint_meta){keys[k], values[k]};
+    }
+    CHECK_OK(td_checkpoint_save(out, t, n, meta, n_keys));
+    for (size_t i = 0; i < n; i++) free(t[i].data);
+    free(t);
+    td_checkpoint_close(ck);
+}
+
+/* The model of test_zero_train.h under every stage, loading sh->path (a checkpoint whose
+ * fc1.weight, or the optimizer's state of it, is (7, 13) where the model's is (13, 7)). */
+static void swapped_rank(int rank, int size, int port, void *arg) {
+    shared *sh = arg;
+    td_comm *comm = NULL;
+    CHECK_OK(test_comm_create(&comm, rank, size, port, 60));
+    if (!comm) return;
+    for (int stage = 1; stage <= 3; stage++) {
+        model m;
+        model_init(&m, 11);
+        td_zero_params zp = td_zero_default_params();
+        zp.stage = stage;
+        td_zero *z = NULL;
+        td_param *shards = NULL;
+        size_t n = 0;
+        td_optim *opt = NULL;
+        CHECK_OK(td_zero_create(&z, comm, m.p, NP, NULL, 0, &zp));
+        if (z) CHECK_OK(td_zero_parameters(z, &shards, &n));
+        td_adamw_params ap = td_adamw_default_params();
+        if (z) CHECK_OK(td_optim_create_adamw(&opt, shards, n, &ap));
+        if (opt) {
+            CHECK_STATUS(td_zero_load(z, opt, sh->path, NULL, 0), TD_ESHAPE);
+            if (!strstr(td_last_error(), "fc1.weight") ||
+                !strstr(td_last_error(), "expected shape (13, 7), file has (7, 13)"))
+                TEST_FAIL_AT("stage %d rank %d: %s", stage, rank, td_last_error());
+        }
+        td_optim_destroy(opt);
+        td_zero_destroy(z);
+        model_free(&m);
+    }
+    td_comm_destroy(comm);
+}
+
+/* A checkpoint whose fc1.weight is (7, 13) holds as many elements as the model's (13, 7): every
+ * load refuses it naming both shapes (it used to load at stages 1 and 3, scrambled), from one
+ * file and from a sharded checkpoint, for the parameter and for the optimizer's state of it. */
+static void a_tensor_of_another_shape_is_refused_on_every_load_path(void) {
+    shared *sh = shared_new();
+    CHECK(sh != NULL);
+    if (!sh) return;
+    char good[160], ddp_bad[160];
+    snprintf(good, sizeof good, "%s/good.st", sh->dir);
+    snprintf(ddp_bad, sizeof ddp_bad, "%s/swapped.st", sh->dir);
+    mlp_run(sh, 2, (run_cfg){.stage = 0, .micro = 1, .last_step = 1, .save = good}, -1);
+    const char *swapped[] = {"fc1.weight", "optim.fc1.weight.exp_avg"};
+    for (int k = 0; k < 2; k++) {
+        rewrite(good, ddp_bad, swapped[k], NULL, 0, NULL, NULL);
+        snprintf(sh->path, sizeof sh->path, "%s", ddp_bad);
+        CHECK_EQ(test_run_ranks(2, swapped_rank, sh, 120, 0), 0);
+    }
+    /* td_checkpoint_load (a whole-model run's load) too */
+    model m;
+    model_init(&m, 11);
+    rewrite(good, ddp_bad, "fc1.weight", NULL, 0, NULL, NULL);
+    CHECK_STATUS(td_checkpoint_load(ddp_bad, m.p, NP), TD_ESHAPE);
+    CHECK(strstr(td_last_error(), "fc1.weight: expected shape (13, 7), file has (7, 13)") != NULL);
+    model_free(&m);
+    /* A sharded checkpoint whose parts all say (7, 13) for fc1.weight and its state. */
+    snprintf(sh->path, sizeof sh->path, "%s/run.st", sh->dir);
+    mlp_run(sh, 2, (run_cfg){.stage = 3, .micro = 1, .last_step = 1, .save = sh->path}, -1);
+    td_checkpoint *ck = NULL;
+    CHECK_OK(td_checkpoint_open(&ck, sh->path));
+    char parts[2][200];
+    const char *list = ck ? td_checkpoint_get_meta(ck, "tandem.parts") : NULL;
+    CHECK(list && sscanf(list, "[\"%199[^\"]\",\"%199[^\"]\"]", parts[0], parts[1]) == 2);
+    td_checkpoint_close(ck);
+    static const char *keys[] = {"tandem.part", "tandem.save", "tandem.rank", "tandem.world_size"};
+    for (int r = 0; r < 2 && list; r++) {
+        char part[400];
+        snprintf(part, sizeof part, "%s/%.199s", sh->dir, parts[r]);
+        rewrite(part, part, NULL, keys, 4, "[13,7]", "[7,13]");
+    }
+    CHECK_EQ(test_run_ranks(2, swapped_rank, sh, 120, 0), 0);
+    CHECK_EQ(test_shm_leftovers(), 0);
+    shared_free(sh);
+}
+
+/* ---- parts of another save ----------------------------------------------------------------- */
+
+/* `tandem-consolidate args` exits 1 saying `says`. */
+static void consolidate_refuses(const char *args, const char *says) {
+    char cmd[1200], out[2048] = "";
+    snprintf(cmd, sizeof cmd, "tandem-consolidate %s 2>&1", args);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[n] = 0;
+    int status = p ? pclose(p) : -1;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 1 || !strstr(out, says))
+        TEST_FAIL_AT("tandem-consolidate %s: status %d, wanted 1 and \"%s\", got:\n%s", args,
+                     status, says, out);
+}
+
+/* Save `id` of w at `path` by 2 ranks, its elements all `value`. */
+static void save_two_parts(const char *path, uint64_t id, float value) {
+    float v[16];
+    for (int i = 0; i < 16; i++) v[i] = value;
+    td_param whole = {.name = "w", .count = 16, .dtype = TD_F32, .ndim = 2, .shape = {4, 4}};
+    td_checkpoint_part p0 = {whole, 0, 10, v}, p1 = {whole, 10, 6, v};
+    CHECK_OK(td_checkpoint_save_part(path, id, 0, 2, &p0, 1));
+    CHECK_OK(td_checkpoint_save_part(path, id, 1, 2, &p1, 1));
+    CHECK_OK(td_checkpoint_publish(path, id, 2, NULL, 0));
+}
+
+static void copy_file(const char *from, const char *to) {
+    size_t n = 0;
+    unsigned char *data = test_read_file(from, &n);
+    CHECK(data != NULL);
+    if (data) test_write_file(to, data, n);
+    free(data);
+}
+
+/* The elements of w, from the checkpoint at path, are all `value`. */
+static void holds(const char *path, float value) {
+    float got[16];
+    td_param w = {
+        .name = "w", .data = got, .count = 16, .dtype = TD_F32, .ndim = 2, .shape = {4, 4}};
+    CHECK_OK(td_checkpoint_load(path, &w, 1));
+    for (int i = 0; i < 16; i++) CHECK(got[i] == value);
+}
+
+/* A part file of another save under this save's name (a later save's, another run's, a whole
+ * other save's parts renamed) is refused by name when the index is opened, by resume and by
+ * tandem-consolidate alike; so are this save's parts at each other's ranks, an index without its
+ * list of parts, and a checkpoint with no tensors. Consolidating a checkpoint onto its own
+ * index or part is refused, leaving it whole. */
+static void parts_of_another_save_are_refused(void) {
+    char dir[128], path[200], other[200], part[2][300], theirs[2][300], keep[2][300], args[800];
+    test_temp_dir(dir, sizeof dir, "zero_parts");
+    snprintf(path, sizeof path, "%s/ck.st", dir);
+    snprintf(other, sizeof other, "%s/other.st", dir);
+    save_two_parts(path, 0x1111, 1.0f);
+    save_two_parts(other, 0x2222, 2.0f); /* another seed's run, the same tensors */
+    for (int r = 0; r < 2; r++) {
+        snprintf(part[r], sizeof part[r], "%s.shard-0000000000001111-%05d-of-00002", path, r);
+        snprintf(theirs[r], sizeof theirs[r], "%s.shard-0000000000002222-%05d-of-00002", other, r);
+        snprintf(keep[r], sizeof keep[r], "%s/kept-%d", dir, r);
+        copy_file(part[r], keep[r]);
+    }
+    holds(path, 1.0f);
+    /* one part of the other save under this save's name */
+    copy_file(theirs[1], part[1]);
+    float got[16];
+    td_param w = {
+        .name = "w", .data = got, .count = 16, .dtype = TD_F32, .ndim = 2, .shape = {4, 4}};
+    CHECK_STATUS(td_checkpoint_load(path, &w, 1), TD_EFORMAT);
+    CHECK(strstr(td_last_error(), part[1]) && strstr(td_last_error(), "another save"));
+    CHECK(strstr(td_last_error(), "save 0000000000002222") &&
+          strstr(td_last_error(), "save 0000000000001111"));
+    snprintf(args, sizeof args, "%s %s/out.st", path, dir);
+    consolidate_refuses(args, "another save");
+    /* all the other save's parts under this save's names */
+    copy_file(theirs[0], part[0]);
+    CHECK_STATUS(td_checkpoint_load(path, &w, 1), TD_EFORMAT);
+    CHECK(strstr(td_last_error(), part[0]) != NULL);
+    /* this save's own parts, each under the other's name */
+    copy_file(keep[1], part[0]);
+    copy_file(keep[0], part[1]);
+    CHECK_STATUS(td_checkpoint_load(path, &w, 1), TD_EFORMAT);
+    CHECK(strstr(td_last_error(), "rank 1 of 2") && strstr(td_last_error(), "rank 0 of 2"));
+    copy_file(keep[0], part[0]);
+    copy_file(keep[1], part[1]);
+    holds(path, 1.0f);
+    /* tandem-consolidate X X, or onto a part: refused, the checkpoint left whole */
+    snprintf(args, sizeof args, "%s %s", path, path);
+    consolidate_refuses(args, "write the consolidated file elsewhere");
+    snprintf(args, sizeof args, "%s %s", path, part[1]);
+    consolidate_refuses(args, "is part 1 of the checkpoint");
+    holds(path, 1.0f);
+    CHECK(access(part[0], F_OK) == 0 && access(part[1], F_OK) == 0);
+    /* an index that lost its list of parts, and a file of no tensors at all */
+    char bare[200];
+    snprintf(bare, sizeof bare, "%s/bare.st", dir);
+    td_checkpoint_meta no_list[] = {{"step", "2"}, {"tandem.save", "0000000000001111"}};
+    CHECK_OK(td_checkpoint_save(bare, NULL, 0, no_list, 2));
+    CHECK_STATUS(td_checkpoint_load(bare, &w, 1), TD_EFORMAT);
+    CHECK(strstr(td_last_error(), bare) && strstr(td_last_error(), "tandem.parts"));
+    snprintf(args, sizeof args, "%s %s/out.st", bare, dir);
+    consolidate_refuses(args, "tandem.parts");
+    CHECK_OK(td_checkpoint_save(bare, NULL, 0, no_list, 1));
+    consolidate_refuses(args, "holds no tensors");
+    snprintf(args, sizeof args, "%s/out.st", dir);
+    CHECK(access(args, F_OK) != 0);
+    test_remove_dir(dir);
+}
+
 int main(void) {
     RUN(world_4_checkpoint_resumes_at_1_2_3_and_in_ddp);
     RUN(deterministic_resume_is_bit_for_bit_and_torch_loads_it);
     RUN(kill_9_during_sharded_saves_leaves_the_last_checkpoint);
     RUN(damaged_sharded_checkpoints_are_refused);
+    RUN(a_tensor_of_another_shape_is_refused_on_every_load_path);
+    RUN(parts_of_another_save_are_refused);
     TEST_END();
 }

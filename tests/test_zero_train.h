@@ -96,10 +96,10 @@ static void use(sync_t *s, int layer, td_param_use u) {
 }
 
 /* Samples [first, first + n) of step `step`: the mean over them of 0.5 |y - t|^2, times
- * `weight` (the samples' share of the global batch, times the ranks the average divides by);
- * backward accumulates (+=). Parameters and gradients are read through the td_param entries,
- * as ZeRO moves them, and the hooks come where a graph would call them. */
-static void forward_backward(model *m, int step, int first, int n, float weight, sync_t *s) {
+ * `weight` (the samples' share of the global batch, times the ranks the average divides by),
+ * which it returns; backward accumulates (+=). Parameters and gradients are read through the
+ * td_param entries, as ZeRO moves them, and the hooks come where a graph would call them. */
+static float forward_backward(model *m, int step, int first, int n, float weight, sync_t *s) {
     static float act[NL + 1][B_MAX * 16], dz[B_MAX * 16], da[B_MAX * 16], t[B_MAX * 16];
     for (int k = 0; k < n; k++) sample(step, first + k, &act[0][k * DIM[0]], &t[k * DIM[NL]]);
     for (int l = 0; l < NL; l++) {
@@ -113,7 +113,11 @@ static void forward_backward(model *m, int step, int first, int n, float weight,
             }
         use(s, l, TD_PARAM_AFTER_FORWARD);
     }
-    for (int k = 0; k < n * DIM[NL]; k++) dz[k] = weight * (act[NL][k] - t[k]) / (float)n;
+    double loss = 0;
+    for (int k = 0; k < n * DIM[NL]; k++) {
+        dz[k] = weight * (act[NL][k] - t[k]) / (float)n;
+        loss += 0.5 * (act[NL][k] - t[k]) * (act[NL][k] - t[k]);
+    }
     for (int l = NL - 1; l >= 0; l--) {
         use(s, l, TD_PARAM_BEFORE_BACKWARD);
         float *gW = m->p[2 * l].grad, *gb = m->p[2 * l + 1].grad;
@@ -143,6 +147,19 @@ static void forward_backward(model *m, int step, int first, int n, float weight,
         ready(s, 2 * l + 1);
         use(s, l, TD_PARAM_AFTER_BACKWARD); /* after the data gradient read W */
     }
+    return (float)(loss * weight / n);
+}
+
+/* The loss DDP or ZeRO reports after a step (`got`) is the step's: `mine`, each rank's, reduced
+ * over the ranks here (summed, then times `scale`) independently of them. */
+static void check_step_loss(td_comm *comm, float mine, float got, float scale, int stage,
+                            int step) {
+    float all = mine;
+    CHECK_OK(td_comm_allreduce(comm, &all, &all, 1, TD_F32, TD_OP_SUM));
+    all *= scale;
+    if (!(fabsf(got - all) <= 1e-6f * fabsf(all)))
+        TEST_FAIL_AT("world %d %s %d, step %d: reported loss %.9g, the step's is %.9g",
+                     td_comm_size(comm), stage ? "stage" : "ddp", stage, step, got, all);
 }
 
 /* ---- training runs ---------------------------------------------------------------------- */
@@ -229,12 +246,20 @@ static void train(td_comm *comm, const run_cfg *c, float *out, double *norms) {
             size_t lo = first + count * (size_t)mb / (size_t)c->micro;
             size_t hi = first + count * (size_t)(mb + 1) / (size_t)c->micro;
             float w = weight * (float)(hi - lo) / (float)count;
-            forward_backward(&m, step, (int)lo, (int)(hi - lo),
-                             w * (c->loss_scale > 0 ? c->loss_scale : 1.0f), &s);
+            float loss = forward_backward(&m, step, (int)lo, (int)(hi - lo),
+                                          w * (c->loss_scale > 0 ? c->loss_scale : 1.0f), &s);
+            /* after the backward, as the examples hand it over */
+            if (s.zero)
+                td_zero_set_loss(s.zero, loss);
+            else
+                td_ddp_set_loss(s.ddp, loss);
             if (s.zero)
                 CHECK_OK(td_zero_finish_backward(s.zero));
             else
                 CHECK_OK(td_ddp_finish_backward(s.ddp));
+            if (last)
+                check_step_loss(comm, loss, s.zero ? td_zero_loss(s.zero) : td_ddp_loss(s.ddp),
+                                1.0f / (float)world, c->stage, step);
         }
         td_param *g;
         size_t ng;
@@ -376,19 +401,24 @@ static void gtrain(td_comm *comm, const gcfg *c, float *out, char digest[65]) {
     size_t passes = c->deterministic ? SHARDS / (size_t)world : 1;
     int last_step = c->last_step ? c->last_step : GSTEPS;
     for (int step = c->first_step; step < last_step && opt; step++) {
+        float mine = 0; /* this rank's losses of the step, summed over its shards */
         for (size_t j = 0; j < passes; j++) {
             CHECK_OK(zero ? td_zero_prepare_forward(zero) : td_ddp_prepare_forward(ddp));
             gmodel_feed(&m, step, first + j * (size_t)batch, (size_t)batch);
             CHECK_OK(td_graph_forward(m.g));
             float loss = *(float *)td_tensor_data(m.loss);
-            if (zero)
+            mine += loss;
+            CHECK_OK(td_graph_zero_grad(m.g));
+            CHECK_OK(td_graph_backward(m.g, m.loss));
+            if (zero) /* after the backward, as the examples hand it over */
                 td_zero_set_loss(zero, loss);
             else
                 td_ddp_set_loss(ddp, loss);
-            CHECK_OK(td_graph_zero_grad(m.g));
-            CHECK_OK(td_graph_backward(m.g, m.loss));
             CHECK_OK(zero ? td_zero_finish_backward(zero) : td_ddp_finish_backward(ddp));
         }
+        /* the mean over every shard of the global batch, or over the ranks */
+        check_step_loss(comm, mine, zero ? td_zero_loss(zero) : td_ddp_loss(ddp),
+                        1.0f / (float)(c->deterministic ? SHARDS : world), c->stage, step);
         CHECK_OK(td_optim_step(opt));
     }
     if (c->save && zero) CHECK_OK(td_zero_save(zero, opt, c->save, NULL, 0, NULL, 0));

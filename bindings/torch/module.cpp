@@ -6,17 +6,16 @@
 // MASTER_ADDR/MASTER_PORT, an init_method URL, or a store passed in), so the backend starts
 // wherever PyTorch's own rendezvous works. Each rank publishes its host name, which gives the
 // group's shape on hosts (local rank and size; a sub-group's differ from the job's); rank 0
-// picks a free port for tandem's store and publishes the address with a fresh random token;
-// then every rank creates its td_comm against that store. The address is MASTER_ADDR where
-// set, 127.0.0.1 when the group is on one host, else rank 0's host name.
-#include <arpa/inet.h>
+// starts tandem's store on a port the kernel picks (port 0) and publishes the address it got
+// with a fresh random token, so that no other process can take the port between its choice
+// and its use; then every rank, rank 0 too, creates its td_comm against that store, which
+// lives as long as the group. The address is MASTER_ADDR where set, 127.0.0.1 when the group
+// is on one host, else rank 0's host name.
 #include <cstdio>
 #include <cstdlib>
-#include <netinet/in.h>
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <string>
-#include <sys/socket.h>
 #include <torch/csrc/utils/pybind.h>
 #include <unistd.h>
 #include <vector>
@@ -34,20 +33,6 @@ std::string get_string(c10d::Store &store, const std::string &key) {
 
 void set_string(c10d::Store &store, const std::string &key, const std::string &value) {
     store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
-}
-
-// A TCP port nothing listens on right now (the kernel's choice for port 0).
-int free_port() {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    TORCH_CHECK(fd >= 0, "tandem: cannot open a socket to find a free port");
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    socklen_t len = sizeof a;
-    int ok = bind(fd, (sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (sockaddr *)&a, &len) == 0;
-    close(fd);
-    TORCH_CHECK(ok, "tandem: cannot find a free port for the rendezvous");
-    return ntohs(a.sin_port);
 }
 
 // 128 random bits in hex: the job's token for tandem's store.
@@ -104,12 +89,23 @@ create_process_group(const c10::intrusive_ptr<c10d::Store> &store, int rank, int
     p.backend = p.local_world_size == size ? TD_BACKEND_SHM : TD_BACKEND_AUTO;
 
     std::string address;
+    td_store *host_store = nullptr; // rank 0: the store it hosts for the group
     if (rank == 0) {
         const char *master = std::getenv("MASTER_ADDR");
         std::string host = master && *master            ? master
                            : p.local_world_size == size ? "127.0.0.1"
                                                         : hosts[0];
-        address = host + " " + std::to_string(free_port()) + " " + random_token();
+        std::string token = random_token();
+        td_store_params sp = td_store_default_params();
+        sp.host = host.c_str();
+        sp.port = 0;
+        sp.is_server = 1;
+        sp.token = token.c_str();
+        sp.timeout_s = p.timeout_s;
+        td_status s = td_store_create(&host_store, &sp);
+        TORCH_CHECK(s == TD_OK, "tandem: rank 0 cannot start the rendezvous store on ", host, ": ",
+                    td_last_error());
+        address = host + " " + std::to_string(td_store_port(host_store)) + " " + token;
         set_string(*store, "tandem/rendezvous", address);
     } else {
         address = get_string(*store, "tandem/rendezvous");
@@ -121,12 +117,14 @@ create_process_group(const c10::intrusive_ptr<c10d::Store> &store, int rank, int
     p.master_addr = host;
     p.master_port = port;
     p.token = token;
+    p.store_hosted = 1; // rank 0 hosts it above, not inside td_comm_create
 
     td_comm *comm = nullptr;
     td_status s = td_comm_create(&comm, &p);
+    if (s != TD_OK) td_store_destroy(host_store);
     TORCH_CHECK(s == TD_OK, "tandem: rank ", rank, " of ", size,
                 ": cannot create the group: ", td_last_error());
-    return c10::make_intrusive<ProcessGroupTandem>(comm);
+    return c10::make_intrusive<ProcessGroupTandem>(comm, host_store);
 }
 
 } // namespace tandem_torch

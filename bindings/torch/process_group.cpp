@@ -186,9 +186,9 @@ void record_as(td_comm *comm, c10d::OpType type) {
 
 } // namespace
 
-ProcessGroupTandem::ProcessGroupTandem(td_comm *comm)
+ProcessGroupTandem::ProcessGroupTandem(td_comm *comm, td_store *host_store)
     : c10d::ProcessGroup(td_comm_rank(comm), td_comm_size(comm)), comm_(comm),
-      completion_(std::make_shared<Completion>()) {
+      host_store_(host_store), completion_(std::make_shared<Completion>()) {
     init();
 }
 
@@ -205,6 +205,7 @@ ProcessGroupTandem::~ProcessGroupTandem() {
             thread_.join();
     }
     td_comm_destroy(comm_);
+    td_store_destroy(host_store_);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTandem::launch(c10d::OpType type, td_status status,

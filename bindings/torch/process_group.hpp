@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tandem/comm.h"
+#include "tandem/store.h"
 
 namespace tandem_torch {
 
@@ -59,8 +60,8 @@ class WorkTandem : public c10d::Work {
 
 class ProcessGroupTandem : public c10d::ProcessGroup {
   public:
-    // Takes ownership of `comm`.
-    ProcessGroupTandem(td_comm *comm);
+    // Takes ownership of `comm`, and of the rendezvous store rank 0 hosts for it.
+    ProcessGroupTandem(td_comm *comm, td_store *host_store = nullptr);
     ~ProcessGroupTandem() override;
 
     const std::string getBackendName() const override { return "tandem"; }
@@ -128,6 +129,7 @@ class ProcessGroupTandem : public c10d::ProcessGroup {
                                           std::function<void()> after = nullptr);
 
     td_comm *comm_;
+    td_store *host_store_; // rank 0: the rendezvous store it hosts, closed after the group
     std::shared_ptr<Completion> completion_;
     std::thread thread_;
 };

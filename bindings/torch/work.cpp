@@ -7,7 +7,10 @@
 // thread completes handed works in call order, which is the order tandem runs a group's
 // collectives in, so it never waits on one while a later one is done.
 #include <ATen/core/jit_type.h>
+#include <algorithm>
+#include <chrono>
 #include <stdexcept>
+#include <thread>
 
 #include "process_group.hpp"
 
@@ -75,6 +78,22 @@ bool WorkTandem::isCompleted() {
 bool WorkTandem::wait(std::chrono::milliseconds timeout) {
     {
         std::lock_guard<std::mutex> guard(req_mutex_);
+        if (req_ && !handed_ && timeout != kNoTimeout) {
+            // Within `timeout` or not at all, as gloo's works: the request is tested until then
+            // (backing off to a millisecond), and stays pending for a later wait when it is not
+            // done; the group's own timeout still bounds every call.
+            auto deadline = std::chrono::steady_clock::now() + timeout;
+            auto pause = std::chrono::microseconds(10);
+            int done = 0;
+            while (td_request_test(req_, &done) == TD_OK && !done) {
+                TORCH_CHECK(std::chrono::steady_clock::now() < deadline,
+                            "tandem: ", c10d::opTypeToString(opType_), " did not complete within ",
+                            timeout.count(), " ms");
+                std::this_thread::sleep_for(pause);
+                pause = std::min(2 * pause, std::chrono::microseconds(1000));
+            }
+            // Done, or a test that failed: the wait below reports its error.
+        }
         if (req_ && !handed_) {
             td_request *req = req_;
             req_ = nullptr;

@@ -16,6 +16,8 @@
  * encoder's features, beside the same probe on the encoder as it was initialised. Only rank 0
  * prints and writes the checkpoint. --device cuda trains (and probes) on this rank's GPU
  * (cuda:LOCAL_RANK; cuda:N names one), the views augmented on the host and copied in. */
+#include <limits.h>
+#include <math.h>
 #include <string.h>
 
 #include "contrastive.h"
@@ -35,18 +37,15 @@ typedef struct {
     const char *device; /* "cpu", "cuda" (this rank's GPU) or "cuda:N" */
 } options;
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: contrastive [--negatives local|global] [--epochs N] [--batch GLOBAL]\n"
-            "                   [--optimizer sgd|adamw] [--lr X] [--weight-decay X]\n"
-            "                   [--temperature T] [--seed N]\n"
-            "                   [--max-steps N] [--no-sync-bn] [--data DIR] [--checkpoint PATH]\n"
-            "                   [--probe-train N] [--probe-test N] [--probe-epochs N]\n"
-            "                   [--device cpu|cuda|cuda:N]\n"
-            "  --max-steps N  stop after N optimizer steps in all, counted across epochs, or at\n"
-            "                 the end of --epochs if that comes first\n");
-    exit(2);
-}
+static const char usage[] =
+    "usage: contrastive [--negatives local|global] [--epochs N] [--batch GLOBAL]\n"
+    "                   [--optimizer sgd|adamw] [--lr X] [--weight-decay X]\n"
+    "                   [--temperature T] [--seed N]\n"
+    "                   [--max-steps N] [--no-sync-bn] [--data DIR] [--checkpoint PATH]\n"
+    "                   [--probe-train N] [--probe-test N] [--probe-epochs N]\n"
+    "                   [--device cpu|cuda|cuda:N]\n"
+    "  --max-steps N  stop after N optimizer steps in all, counted across epochs, or at\n"
+    "                 the end of --epochs if that comes first\n";
 
 static options parse(int argc, char **argv) {
     options o = {.global_negatives = 1,
@@ -61,52 +60,36 @@ static options parse(int argc, char **argv) {
                  .probe_test = 10000,
                  .probe_epochs = 10,
                  .device = "cpu"};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--no-sync-bn")) {
-            o.sync_bn = 0;
-            continue;
-        }
-        if (!v) usage();
-        if (!strcmp(a, "--negatives") && (!strcmp(v, "local") || !strcmp(v, "global")))
-            o.global_negatives = !strcmp(v, "global");
-        else if (!strcmp(a, "--optimizer") && (!strcmp(v, "sgd") || !strcmp(v, "adamw")))
-            o.adamw = !strcmp(v, "adamw");
-        else if (!strcmp(a, "--epochs"))
-            o.epochs = atoi(v);
-        else if (!strcmp(a, "--batch"))
-            o.batch = atoi(v);
-        else if (!strcmp(a, "--lr"))
-            o.lr = atof(v);
-        else if (!strcmp(a, "--weight-decay"))
-            o.weight_decay = atof(v);
-        else if (!strcmp(a, "--temperature"))
-            o.temperature = (float)atof(v);
-        else if (!strcmp(a, "--seed"))
-            o.seed = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--max-steps"))
-            o.max_steps = atol(v);
-        else if (!strcmp(a, "--data"))
-            o.data_dir = v;
-        else if (!strcmp(a, "--checkpoint"))
-            o.checkpoint = v;
-        else if (!strcmp(a, "--probe-train"))
-            o.probe_train = atol(v);
-        else if (!strcmp(a, "--probe-test"))
-            o.probe_test = atol(v);
-        else if (!strcmp(a, "--probe-epochs"))
-            o.probe_epochs = atoi(v);
-        else if (!strcmp(a, "--device")) {
+    int no_sync_bn = 0;
+    double temperature = o.temperature;
+    td_args a;
+    td_args_init(&a, "contrastive", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_flag(&a, "--no-sync-bn", &no_sync_bn);
+        td_args_choice(&a, "--negatives", "local|global", &o.global_negatives);
+        td_args_choice(&a, "--optimizer", "sgd|adamw", &o.adamw);
+        td_args_int(&a, "--epochs", 1, INT_MAX, &o.epochs);
+        td_args_int(&a, "--batch", 1, INT_MAX, &o.batch);
+        td_args_real(&a, "--lr", 0, INFINITY, &o.lr);
+        td_args_real(&a, "--weight-decay", 0, INFINITY, &o.weight_decay);
+        td_args_positive(&a, "--temperature", INFINITY, &temperature);
+        td_args_u64(&a, "--seed", &o.seed);
+        td_args_long(&a, "--max-steps", 1, LONG_MAX, &o.max_steps);
+        td_args_string(&a, "--data", &o.data_dir);
+        td_args_string(&a, "--checkpoint", &o.checkpoint);
+        td_args_long(&a, "--probe-train", 0, LONG_MAX, &o.probe_train);
+        td_args_long(&a, "--probe-test", 1, LONG_MAX, &o.probe_test);
+        td_args_int(&a, "--probe-epochs", 1, INT_MAX, &o.probe_epochs);
+        if (td_args_string(&a, "--device", &o.device)) {
             td_device d;
-            if (td_device_parse(v, &d) != TD_OK) usage();
-            o.device = v;
-        } else
-            usage();
-        i++;
+            if (td_device_parse(o.device, &d) != TD_OK)
+                td_args_bad_value(&a, o.device, "cpu, cuda or cuda:N");
+        }
     }
-    if (o.epochs < 1 || o.batch < 1 || !(o.temperature > 0) || o.max_steps < 0 ||
-        o.probe_train < 0 || o.probe_test < 1 || o.probe_epochs < 1)
-        usage();
+    int rc = td_args_finish(&a, usage);
+    if (rc >= 0) exit(rc);
+    o.sync_bn = !no_sync_bn;
+    o.temperature = (float)temperature;
     if (o.lr < 0) o.lr = o.adamw ? 1e-3 : 0.1;
     if (o.weight_decay < 0) o.weight_decay = o.adamw ? 1e-4 : 5e-4;
     return o;
@@ -218,6 +201,7 @@ static double train_epoch(trainer *t, td_sampler *sampler, td_dataset *data, int
         CHECK(td_graph_zero_grad(t->train));
         float loss;
         CHECK(td_tensor_read(t->loss, &loss));
+        CHECK(td_loss_check(loss, (int64_t)(t->done + step) + 1));
         loss_sum += loss;
     }
     t->done += steps;

@@ -34,6 +34,7 @@ typedef struct {
     td_pipeline_schedule schedule;
     int stages, micro;
     const char *split; /* NULL: balanced from measured time */
+    td_recompute_mode recompute; /* --recompute none|full|selective */
 } options;
 
 /* Loads --data and keeps its first 90% for training (*n_train bytes); returns the number of

@@ -15,10 +15,14 @@
  * the parameters over the ranks instead (docs/zero.md; each rank writes its part of a
  * checkpoint); --amp computes the linears in bf16 (O1); --deterministic trains to the same bits
  * at any world size and thread count, each shard on one thread (docs/reproducibility.md);
- * --checkpoint / --resume continue a run at any world size, with or without --zero (--stop-at N
- * ends a run after step N as an interrupted one would); --device cuda trains on this rank's GPU
+ * --checkpoint / --resume continue a run at any world size, with or without --zero
+ * (--stop-at-step N ends a run after step N as an interrupted one would; a run resumed at its
+ * last step says there is nothing left to train); --device cuda trains on this rank's GPU
  * (cuda:LOCAL_RANK, or cuda:N); --pipeline cuts the model into stages instead (pipeline.c, on
- * the CPU). The last lines are a sample and the SHA-256 of the parameters. */
+ * the CPU); --recompute full|selective runs the blocks' forward again in backward instead of
+ * keeping their activations (docs/recompute.md). A loss that is not finite ends the run with
+ * status 1, naming the step. The last lines are a sample and the SHA-256 of the parameters. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,18 +31,19 @@
 
 #include "gpt.h"
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: gpt [--data FILE] [--layers N] [--heads N] [--width C] [--context T]\n"
-            "           [--batch GLOBAL] [--steps N] [--lr X] [--warmup N] [--seed N]\n"
-            "           [--eval-every N] [--eval-batches N] [--ddp | --zero 1|2|3] [--amp]\n"
-            "           [--device cpu|cuda|cuda:N]\n"
-            "           [--deterministic [--shards S]] [--checkpoint PATH [--checkpoint-every N]]\n"
-            "           [--resume PATH|auto] [--stop-at STEP] [--sample N] [--prompt TEXT]\n"
-            "           [--pipeline naive|gpipe|1f1b [--stages P] [--micro-batches M]\n"
-            "            [--split LAYERS|balanced]]\n");
-    exit(2);
-}
+static const char usage[] =
+    "usage: gpt [--data FILE] [--layers N] [--heads N] [--width C] [--context T]\n"
+    "           [--batch GLOBAL] [--steps N] [--lr X] [--warmup N] [--seed N]\n"
+    "           [--eval-every N] [--eval-batches N] [--ddp | --zero 1|2|3] [--amp]\n"
+    "           [--recompute none|full|selective]\n"
+    "           [--device cpu|cuda|cuda:N]\n"
+    "           [--deterministic [--shards S]] [--checkpoint PATH [--checkpoint-every N]]\n"
+    "           [--resume PATH|auto] [--stop-at-step STEP] [--sample N] [--prompt TEXT]\n"
+    "           [--pipeline naive|gpipe|1f1b [--stages P] [--micro-batches M]\n"
+    "            [--split LAYERS|balanced]]\n"
+    "  --eval-every N       validation every N steps (0: at the end only)\n"
+    "  --checkpoint-every N also write the checkpoint every N steps (0: at the end only)\n"
+    "  --stop-at-step STEP  stop after step STEP, as an interrupted run would\n";
 
 static options parse(int argc, char **argv) {
     options o = {.model = td_gpt_default_params(),
@@ -56,95 +61,68 @@ static options parse(int argc, char **argv) {
                  .device = "cpu",
                  .stages = 2,
                  .micro = 4};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--ddp")) continue; /* what a launched run does anyway */
-        if (!strcmp(a, "--amp")) {
-            o.amp = 1;
-            continue;
+    int ddp = 0;
+    const char *resume = NULL, *split = NULL;
+    td_args a;
+    td_args_init(&a, "gpt", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_flag(&a, "--ddp", &ddp); /* what a launched run does anyway */
+        td_args_flag(&a, "--amp", &o.amp);
+        td_args_flag(&a, "--deterministic", &o.deterministic);
+        td_args_string(&a, "--data", &o.data);
+        td_args_int(&a, "--layers", 1, 1024, &o.model.layers);
+        td_args_int(&a, "--heads", 1, 1024, &o.model.heads);
+        long width = o.model.width, context = o.model.context;
+        if (td_args_long(&a, "--width", 1, 1L << 20, &width)) o.model.width = width;
+        if (td_args_long(&a, "--context", 1, 1L << 20, &context)) o.model.context = context;
+        td_args_int(&a, "--batch", 1, INT_MAX, &o.batch);
+        td_args_long(&a, "--steps", 1, LONG_MAX, &o.steps);
+        td_args_real(&a, "--lr", 0, INFINITY, &o.lr);
+        td_args_long(&a, "--warmup", 0, LONG_MAX, &o.warmup);
+        td_args_u64(&a, "--seed", &o.seed);
+        td_args_long(&a, "--eval-every", 0, LONG_MAX, &o.eval_every);
+        td_args_long(&a, "--eval-batches", 1, LONG_MAX, &o.eval_batches);
+        td_args_int(&a, "--zero", 1, 3, &o.zero);
+        td_args_int(&a, "--shards", 1, INT_MAX, &o.shards);
+        td_args_string(&a, "--checkpoint", &o.checkpoint);
+        td_args_long(&a, "--checkpoint-every", 0, LONG_MAX, &o.checkpoint_every);
+        td_args_string(&a, "--resume", &resume);
+        td_args_long(&a, "--sample", 0, LONG_MAX, &o.sample);
+        td_args_long(&a, "--stop-at-step", 1, LONG_MAX, &o.stop_at);
+        td_args_string(&a, "--prompt", &o.prompt);
+        td_args_int(&a, "--stages", 1, TD_PIPELINE_MAX_STAGES, &o.stages);
+        td_args_int(&a, "--micro-batches", 1, INT_MAX, &o.micro);
+        td_args_string(&a, "--split", &split);
+        if (td_args_string(&a, "--device", &o.device)) {
+            td_device d;
+            if (td_device_parse(o.device, &d) != TD_OK)
+                td_args_bad_value(&a, o.device, "cpu, cuda or cuda:N");
         }
-        if (!strcmp(a, "--deterministic")) {
-            o.deterministic = 1;
-            continue;
-        }
-        if (i + 1 >= argc) usage();
-        const char *v = argv[++i];
-        if (!strcmp(a, "--data"))
-            o.data = v;
-        else if (!strcmp(a, "--layers"))
-            o.model.layers = atoi(v);
-        else if (!strcmp(a, "--heads"))
-            o.model.heads = atoi(v);
-        else if (!strcmp(a, "--width"))
-            o.model.width = atoll(v);
-        else if (!strcmp(a, "--context"))
-            o.model.context = atoll(v);
-        else if (!strcmp(a, "--batch"))
-            o.batch = atoi(v);
-        else if (!strcmp(a, "--steps"))
-            o.steps = atol(v);
-        else if (!strcmp(a, "--lr"))
-            o.lr = atof(v);
-        else if (!strcmp(a, "--warmup"))
-            o.warmup = atol(v);
-        else if (!strcmp(a, "--seed"))
-            o.seed = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--eval-every"))
-            o.eval_every = atol(v);
-        else if (!strcmp(a, "--eval-batches"))
-            o.eval_batches = atol(v);
-        else if (!strcmp(a, "--zero")) {
-            o.zero = atoi(v);
-            if (o.zero < 1 || o.zero > 3) {
-                fprintf(stderr, "gpt: --zero %s, expected the stage: 1, 2 or 3\n", v);
-                exit(2);
-            }
-        } else if (!strcmp(a, "--shards"))
-            o.shards = atoi(v);
-        else if (!strcmp(a, "--checkpoint"))
-            o.checkpoint = v;
-        else if (!strcmp(a, "--checkpoint-every"))
-            o.checkpoint_every = atol(v);
-        else if (!strcmp(a, "--resume") && !strcmp(v, "auto"))
-            o.resume_auto = 1;
-        else if (!strcmp(a, "--resume"))
-            o.resume = v;
-        else if (!strcmp(a, "--sample"))
-            o.sample = atol(v);
-        else if (!strcmp(a, "--stop-at"))
-            o.stop_at = atol(v);
-        else if (!strcmp(a, "--device"))
-            o.device = v;
-        else if (!strcmp(a, "--prompt"))
-            o.prompt = v;
-        else if (!strcmp(a, "--pipeline")) {
-            CHECK(td_pipeline_schedule_parse(v, &o.schedule));
+        if (td_args_is(&a, "--pipeline")) {
+            const char *v = td_args_value(&a);
+            if (v && td_pipeline_schedule_parse(v, &o.schedule) != TD_OK)
+                td_args_bad_value(&a, v, "naive, gpipe or 1f1b");
             o.pipeline = 1;
-        } else if (!strcmp(a, "--stages"))
-            o.stages = atoi(v);
-        else if (!strcmp(a, "--micro-batches"))
-            o.micro = atoi(v);
-        else if (!strcmp(a, "--split"))
-            o.split = strcmp(v, "balanced") ? v : NULL;
-        else
-            usage();
+        }
+        int recompute = -1; /* the names in td_recompute_mode's order */
+        if (td_args_choice(&a, "--recompute", "none|full|selective", &recompute) && recompute >= 0)
+            o.recompute = (td_recompute_mode)recompute;
     }
-    if (o.stages < 1 || o.stages > TD_PIPELINE_MAX_STAGES || o.micro < 1) usage();
+    if (resume && !strcmp(resume, "auto"))
+        o.resume_auto = 1;
+    else
+        o.resume = resume;
+    o.split = split && strcmp(split, "balanced") ? split : NULL;
     if (o.pipeline && (o.deterministic || o.zero || o.checkpoint || o.resume || o.resume_auto ||
-                       o.stop_at || strcmp(o.device, "cpu"))) {
-        fprintf(stderr, "gpt: --pipeline trains without --deterministic, --zero, --checkpoint, "
-                        "--resume, --stop-at and --device\n");
-        exit(2);
-    }
-    if (o.batch < 1 || o.steps < 1 || o.eval_batches < 1 || o.shards < 1 || o.sample < 0) usage();
-    if (o.resume_auto && !o.checkpoint) {
-        fprintf(stderr, "gpt: --resume auto resumes from the --checkpoint file; give one\n");
-        exit(2);
-    }
-    if (o.deterministic && o.batch % o.shards) {
-        fprintf(stderr, "gpt: --batch %d is not a multiple of --shards %d\n", o.batch, o.shards);
-        exit(2);
-    }
+                       o.stop_at || strcmp(o.device, "cpu")))
+        td_args_error(&a, "--pipeline trains without --deterministic, --zero, --checkpoint, "
+                          "--resume, --stop-at-step and --device");
+    if (o.resume_auto && !o.checkpoint)
+        td_args_error(&a, "--resume auto resumes from the --checkpoint file; give one");
+    if (o.deterministic && o.batch % o.shards)
+        td_args_error(&a, "--batch %d is not a multiple of --shards %d", o.batch, o.shards);
+    int rc = td_args_finish(&a, usage);
+    if (rc >= 0) exit(rc);
     return o;
 }
 
@@ -248,10 +226,14 @@ static void resume(trainer *t) {
 
 void gpt_banner(const options *o, int world, const char *more) {
     printf("gpt: %d layers, %d heads, width %lld, context %lld: %lld parameters; world %d, global "
-           "batch %d%s%s%s\n",
+           "batch %d%s%s%s%s\n",
            o->model.layers, o->model.heads, (long long)o->model.width, (long long)o->model.context,
            (long long)td_gpt_parameter_count(&o->model), world, o->batch,
-           o->amp ? ", amp bf16" : "", o->deterministic ? ", deterministic" : "", more);
+           o->amp ? ", amp bf16" : "", o->deterministic ? ", deterministic" : "",
+           o->recompute == TD_RECOMPUTE_FULL        ? ", recompute full"
+           : o->recompute == TD_RECOMPUTE_SELECTIVE ? ", recompute selective"
+                                                    : "",
+           more);
 }
 
 void gpt_build(const options *o, td_graph *g, int64_t batch, td_model *m) {
@@ -302,6 +284,7 @@ static void setup(trainer *t) {
     gp.device = t->device;
     if (o->amp) gp.amp.level = TD_AMP_O1;
     gp.threads = o->deterministic ? 1 : 0; /* no sum of the kernels depends on OMP_NUM_THREADS */
+    gp.recompute = o->recompute;
     CHECK(td_graph_create(&t->train, &gp));
     gpt_build(o, t->train, t->graph_batch, &t->model);
     gp.grad_enabled = 0;
@@ -514,6 +497,20 @@ void gpt_sample(const options *o, td_graph *eval, const td_model *m) {
     free(logp);
 }
 
+/* Frees what the run holds. */
+static void release(trainer *t) {
+    td_ddp_destroy(t->ddp);
+    td_zero_destroy(t->zero);
+    td_optim_destroy(t->optim);
+    td_graph_destroy(t->eval);
+    td_graph_destroy(t->train);
+    td_sampler_destroy(t->sampler);
+    td_corpus_free(&t->text);
+    free(t->x);
+    free(t->y);
+    td_comm_destroy(t->comm);
+}
+
 int main(int argc, char **argv) {
     trainer t;
     memset(&t, 0, sizeof t);
@@ -532,7 +529,17 @@ int main(int argc, char **argv) {
         printf("data: %s, %zu bytes (%zu train, %zu validation); unigram baseline %.4f\n", o->data,
                t.text.size, t.n_train, t.text.size - t.n_train,
                gpt_unigram_baseline(&t.text, t.n_train));
+        printf("graph memory: %.2f MiB of activations and gradients per rank\n",
+               (double)td_graph_memory_bytes(t.train) / (1 << 20));
         fflush(stdout);
+    }
+    if (t.first_step >= o->steps) {
+        if (t.rank == 0)
+            printf(
+                "nothing left to train: the checkpoint is at step %ld, the last of --steps %ld\n",
+                t.first_step, o->steps);
+        release(&t);
+        return 0;
     }
     size_t per_epoch = td_sampler_batches(t.sampler);
     uint64_t t0 = td_time_ns();
@@ -545,6 +552,7 @@ int main(int argc, char **argv) {
         size_t rows = fill_batch(&t, (size_t)step % per_epoch);
         td_optim_set_lr(t.optim, gpt_lr_at(o, step));
         loss = forward_backward(&t, rows, (uint64_t)step);
+        CHECK(td_loss_check(loss, step + 1));
         if (t.zero)
             CHECK(td_zero_clip_grad_norm(t.zero, 1.0, NULL));
         else
@@ -574,15 +582,6 @@ int main(int argc, char **argv) {
         td_params_sha256(t.params, t.n_params, hex);
         printf("final: train loss %.6f, val loss %.6f, params_sha256 %s\n", (double)loss, val, hex);
     }
-    td_ddp_destroy(t.ddp);
-    td_zero_destroy(t.zero);
-    td_optim_destroy(t.optim);
-    td_graph_destroy(t.eval);
-    td_graph_destroy(t.train);
-    td_sampler_destroy(t.sampler);
-    td_corpus_free(&t.text);
-    free(t.x);
-    free(t.y);
-    td_comm_destroy(t.comm);
+    release(&t);
     return 0;
 }

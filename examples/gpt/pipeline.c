@@ -100,6 +100,7 @@ static void setup(trainer *t, const options *o) {
     pp.seed = o->seed;
     pp.graph.seed = o->seed;
     if (o->amp) pp.graph.amp.level = TD_AMP_O1;
+    pp.graph.recompute = o->recompute;
     CHECK(td_pipeline_create(&t->pipe, t->comm, model, &pp));
     t->info = td_pipeline_get_info(t->pipe);
     t->last = t->info.stage + 1 == t->info.stages;
@@ -246,6 +247,7 @@ int gpt_pipeline_main(const options *o) {
         td_optim_set_lr(t.optim, gpt_lr_at(o, step));
         float mine;
         CHECK(td_pipeline_step(t.pipe, t.x, t.y, &mine));
+        if (t.last) CHECK(td_loss_check(mine, step + 1)); /* the loss is the last stage's */
         CHECK(td_pipeline_clip_grad_norm(t.pipe, 1.0, NULL));
         CHECK(td_optim_step(t.optim));
         tokens += (double)o->batch * (double)o->model.context;
@@ -264,6 +266,9 @@ int gpt_pipeline_main(const options *o) {
             if (t.rank == 0) printf("step %ld: val loss %.4f\n", step + 1, val);
         }
     }
+    if (t.rank == 0)
+        printf("stage 0 activation memory: %.2f MiB per micro-batch\n",
+               (double)td_pipeline_get_stats(t.pipe).activation_bytes / (1 << 20));
     td_graph *whole = NULL;
     td_model m;
     gather_model(&t, &whole, &m);

@@ -73,31 +73,27 @@ typedef struct {
     int trace_ops;         /* every op of the graph in the trace, not only forward/backward */
 } options;
 
-static void usage(void) {
-    fprintf(
-        stderr,
-        "usage: mnist [--model net|mlp|cnn|resnet] [--epochs N] [--batch GLOBAL] [--lr X]\n"
-        "             [--momentum X] [--seed N] [--max-steps N] [--stop-at-step N] [--data DIR]\n"
-        "             [--checkpoint PATH] [--resume PATH] [--trace PREFIX] [--trace-ops]\n"
-        "             [--no-eval]\n"
-        "             [--cosine | --constant-lr] [--bucket-kb N]\n"
-        "             [--amp O0|O1|O2|O3] [--amp-dtype bf16|f16]\n"
-        "             [--loss-scale dynamic|none|N] [--comm-dtype f32|bf16|f16]\n"
-        "             [--spawn N]\n"
-        "             [--deterministic [--shards S]] [--dropout P] [--checkpoint-every N]\n"
-        "             [--resume auto] [--zero 1|2|3] [--device cpu|cuda|cuda:N]\n"
-        "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n"
-        "  --max-steps N  stop after N optimizer steps in all, counted across epochs (and\n"
-        "                 across a resume), or at the end of --epochs if that comes first;\n"
-        "                 the cosine schedule anneals over the steps the run will take\n"
-        "  --stop-at-step N  stop at step N (counted like --max-steps), writing the\n"
-        "                 checkpoint, without changing the schedule: resuming it with the same\n"
-        "                 --epochs and --max-steps continues the uncut run bit for bit\n"
-        "  --trace PREFIX writes PREFIX.rank<R>.json per rank; under tandemrun --trace DIR\n"
-        "                 the spans go to the job's one trace instead (docs/tracing.md);\n"
-        "                 --trace-ops (or TANDEM_TRACE_OPS=1) adds every op of the graph\n");
-    exit(2);
-}
+static const char usage[] =
+    "usage: mnist [--model net|mlp|cnn|resnet] [--epochs N] [--batch GLOBAL] [--lr X]\n"
+    "             [--momentum X] [--seed N] [--max-steps N] [--stop-at-step N] [--data DIR]\n"
+    "             [--checkpoint PATH] [--resume PATH] [--trace PREFIX] [--trace-ops]\n"
+    "             [--no-eval]\n"
+    "             [--cosine | --constant-lr] [--bucket-kb N]\n"
+    "             [--amp O0|O1|O2|O3] [--amp-dtype bf16|f16]\n"
+    "             [--loss-scale dynamic|none|N] [--comm-dtype f32|bf16|f16]\n"
+    "             [--spawn N]\n"
+    "             [--deterministic [--shards S]] [--dropout P] [--checkpoint-every N]\n"
+    "             [--resume auto] [--zero 1|2|3] [--device cpu|cuda|cuda:N]\n"
+    "       mnist --pipeline naive|gpipe|1f1b ... (see examples/mnist/pipeline.c)\n"
+    "  --max-steps N  stop after N optimizer steps in all, counted across epochs (and\n"
+    "                 across a resume), or at the end of --epochs if that comes first;\n"
+    "                 the cosine schedule anneals over the steps the run will take\n"
+    "  --stop-at-step N  stop at step N (counted like --max-steps), writing the\n"
+    "                 checkpoint, without changing the schedule: resuming it with the same\n"
+    "                 --epochs and --max-steps continues the uncut run bit for bit\n"
+    "  --trace PREFIX writes PREFIX.rank<R>.json per rank; under tandemrun --trace DIR\n"
+    "                 the spans go to the job's one trace instead (docs/tracing.md);\n"
+    "                 --trace-ops (or TANDEM_TRACE_OPS=1) adds every op of the graph\n";
 
 static options parse(int argc, char **argv) {
     options o = {.model = TD_MODEL_NET,
@@ -114,108 +110,64 @@ static options parse(int argc, char **argv) {
                  .comm_dtype = TD_F32,
                  .shards = 8,
                  .device = "cpu"};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--no-eval") || !strcmp(a, "--cosine") || !strcmp(a, "--constant-lr") ||
-            !strcmp(a, "--deterministic") || !strcmp(a, "--trace-ops")) {
-            if (!strcmp(a, "--no-eval"))
-                o.eval = 0;
-            else if (!strcmp(a, "--trace-ops"))
-                o.trace_ops = 1;
-            else if (!strcmp(a, "--deterministic"))
-                o.deterministic = 1;
-            else
-                o.cosine = !strcmp(a, "--cosine");
-            continue;
-        }
-        if (strncmp(a, "--", 2)) {
-            fprintf(stderr, "mnist: unexpected argument %s\n", a);
-            usage();
-        }
-        if (!v) {
-            fprintf(stderr, "mnist: %s takes a value\n", a);
-            usage();
-        }
-        if (!strcmp(a, "--model"))
-            CHECK(td_model_kind_parse(v, &o.model));
-        else if (!strcmp(a, "--epochs"))
-            o.epochs = (int)mnist_int(a, v, 1, INT_MAX);
-        else if (!strcmp(a, "--batch"))
-            o.batch = (int)mnist_int(a, v, 1, INT_MAX);
-        else if (!strcmp(a, "--lr"))
-            o.lr = mnist_real(a, v, 0, INFINITY);
-        else if (!strcmp(a, "--momentum"))
-            o.momentum = mnist_real(a, v, 0, 1);
-        else if (!strcmp(a, "--seed"))
-            o.seed = mnist_seed(v);
-        else if (!strcmp(a, "--max-steps"))
-            o.max_steps = mnist_int(a, v, 1, LONG_MAX);
-        else if (!strcmp(a, "--stop-at-step"))
-            o.stop_at = mnist_int(a, v, 1, LONG_MAX);
-        else if (!strcmp(a, "--bucket-kb"))
-            o.bucket_kb = mnist_int(a, v, 1, LONG_MAX >> 10);
-        else if (!strcmp(a, "--data"))
-            o.data_dir = v;
-        else if (!strcmp(a, "--checkpoint"))
-            o.checkpoint = v;
-        else if (!strcmp(a, "--resume") && !strcmp(v, "auto"))
-            o.resume_auto = 1;
-        else if (!strcmp(a, "--resume"))
-            o.resume = v;
-        else if (!strcmp(a, "--zero"))
-            o.zero = (int)mnist_int(a, v, 1, 3);
-        else if (!strcmp(a, "--shards"))
-            o.shards = (int)mnist_int(a, v, 1, INT_MAX);
-        else if (!strcmp(a, "--dropout"))
-            o.dropout = mnist_real(a, v, 0, 1);
-        else if (!strcmp(a, "--checkpoint-every"))
-            o.checkpoint_every = mnist_int(a, v, 0, LONG_MAX);
-        else if (!strcmp(a, "--trace"))
-            o.trace = v;
-        else if (!strcmp(a, "--device")) {
+    static const td_dtype comm_dtypes[] = {TD_F32, TD_BF16, TD_F16};
+    int no_eval = 0, cosine = 0, constant = 0, amp = -1, amp_dtype = -1, comm_dtype = -1;
+    const char *resume = NULL, *loss_scale = NULL;
+    td_args a;
+    mnist_shared shared = {&o.model,     &o.epochs,   &o.batch, &o.lr,    &o.momentum, &o.seed,
+                           &o.max_steps, &o.data_dir, &o.trace, &no_eval, &cosine,     &constant};
+    td_args_init(&a, "mnist", argc, argv);
+    while (td_args_next(&a)) {
+        mnist_shared_options(&a, &shared);
+        td_args_flag(&a, "--deterministic", &o.deterministic);
+        td_args_flag(&a, "--trace-ops", &o.trace_ops);
+        td_args_long(&a, "--stop-at-step", 1, LONG_MAX, &o.stop_at);
+        td_args_long(&a, "--bucket-kb", 1, LONG_MAX >> 10, &o.bucket_kb);
+        td_args_string(&a, "--checkpoint", &o.checkpoint);
+        td_args_string(&a, "--resume", &resume);
+        td_args_int(&a, "--zero", 1, 3, &o.zero);
+        td_args_int(&a, "--shards", 1, INT_MAX, &o.shards);
+        td_args_real(&a, "--dropout", 0, 1, &o.dropout);
+        td_args_long(&a, "--checkpoint-every", 0, LONG_MAX, &o.checkpoint_every);
+        td_args_int(&a, "--spawn", 1, INT_MAX, &o.spawn);
+        td_args_choice(&a, "--amp", "O0|O1|O2|O3", &amp);
+        td_args_choice(&a, "--amp-dtype", "bf16|f16", &amp_dtype);
+        td_args_choice(&a, "--comm-dtype", "f32|bf16|f16", &comm_dtype);
+        if (td_args_string(&a, "--device", &o.device)) {
             td_device d;
-            if (td_device_parse(v, &d) != TD_OK) mnist_bad_value(a, v, "cpu, cuda or cuda:N");
-            o.device = v;
-        } else if (!strcmp(a, "--amp")) {
-            if (v[0] != 'O' || v[1] < '0' || v[1] > '3' || v[2])
-                mnist_bad_value(a, v, "O0, O1, O2 or O3 (apex's opt levels)");
-            o.amp = (td_amp_level)(v[1] - '0');
-        } else if (!strcmp(a, "--amp-dtype")) {
-            if (strcmp(v, "bf16") && strcmp(v, "f16")) mnist_bad_value(a, v, "bf16 or f16");
-            o.amp_dtype = !strcmp(v, "f16") ? TD_F16 : TD_BF16;
-        } else if (!strcmp(a, "--comm-dtype")) {
-            if (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "f16"))
-                mnist_bad_value(a, v, "f32, bf16 or f16");
-            o.comm_dtype = !strcmp(v, "f32") ? TD_F32 : !strcmp(v, "f16") ? TD_F16 : TD_BF16;
-        } else if (!strcmp(a, "--spawn"))
-            o.spawn = (int)mnist_int(a, v, 1, INT_MAX);
-        else if (!strcmp(a, "--loss-scale")) {
-            char *end = NULL;
-            o.loss_scale = !strcmp(v, "dynamic") ? 0 : !strcmp(v, "none") ? -1 : strtod(v, &end);
-            if (end && (end == v || *end || !(o.loss_scale > 0) || isinf(o.loss_scale)))
-                mnist_bad_value(a, v, "dynamic, none or a number > 0");
-        } else {
-            fprintf(stderr, "mnist: unknown option %s\n", a);
-            usage();
+            if (td_device_parse(o.device, &d) != TD_OK)
+                td_args_bad_value(&a, o.device, "cpu, cuda or cuda:N");
         }
-        i++;
+        if (td_args_string(&a, "--loss-scale", &loss_scale)) {
+            char *end = NULL;
+            o.loss_scale = !strcmp(loss_scale, "dynamic") ? 0
+                           : !strcmp(loss_scale, "none")  ? -1
+                                                          : strtod(loss_scale, &end);
+            if (end && (end == loss_scale || *end || !(o.loss_scale > 0) || isinf(o.loss_scale)))
+                td_args_bad_value(&a, loss_scale, "dynamic, none or a number > 0");
+        }
     }
-    if (o.resume_auto && !o.checkpoint) {
-        fprintf(stderr, "mnist: --resume auto resumes from the --checkpoint file; give one\n");
-        exit(2);
-    }
-    if (o.deterministic && o.batch % o.shards) {
-        fprintf(stderr,
-                "mnist: --batch %d is not a multiple of --shards %d: deterministic mode cuts every "
-                "global batch into equal shards\n",
-                o.batch, o.shards);
-        exit(2);
-    }
-    if (o.deterministic && (o.amp > TD_AMP_O1 || o.comm_dtype != TD_F32)) {
-        fprintf(stderr, "mnist: --deterministic sums f32 gradients: it takes --amp O0 or O1 (f32 "
-                        "weights and gradients) and no --comm-dtype (docs/reproducibility.md)\n");
-        exit(2);
-    }
+    if (no_eval) o.eval = 0;
+    if (cosine || constant) o.cosine = cosine;
+    if (amp >= 0) o.amp = (td_amp_level)amp;
+    if (amp_dtype >= 0) o.amp_dtype = amp_dtype ? TD_F16 : TD_BF16;
+    if (comm_dtype >= 0) o.comm_dtype = comm_dtypes[comm_dtype];
+    if (resume && !strcmp(resume, "auto"))
+        o.resume_auto = 1;
+    else
+        o.resume = resume;
+    if (o.resume_auto && !o.checkpoint)
+        td_args_error(&a, "--resume auto resumes from the --checkpoint file; give one");
+    if (o.deterministic && o.batch % o.shards)
+        td_args_error(&a,
+                      "--batch %d is not a multiple of --shards %d: deterministic mode cuts every "
+                      "global batch into equal shards",
+                      o.batch, o.shards);
+    if (o.deterministic && (o.amp > TD_AMP_O1 || o.comm_dtype != TD_F32))
+        td_args_error(&a, "--deterministic sums f32 gradients: it takes --amp O0 or O1 (f32 "
+                          "weights and gradients) and no --comm-dtype (docs/reproducibility.md)");
+    int rc = td_args_finish(&a, usage);
+    if (rc >= 0) exit(rc);
     mnist_sgd_defaults(o.model, &o.lr, &o.momentum);
     if (o.cosine < 0) o.cosine = o.model != TD_MODEL_NET;
     /* f16's range needs loss scaling (apex); bf16 has f32's range and does without. */
@@ -659,12 +611,14 @@ static double train_epoch(trainer *t, td_loader *loader, int epoch, size_t first
         float loss = t->opt.deterministic ? forward_backward_shards(t, &batch, global_step)
                                           : forward_backward(t, &batch);
         uint64_t t2 = td_time_ns();
+        int skipped = 0; /* a step the loss scaler skipped is not a divergence (apex) */
         if (t->scaler) {
-            CHECK(td_grad_scaler_step(t->scaler, t->optim, NULL));
+            CHECK(td_grad_scaler_step(t->scaler, t->optim, &skipped));
             td_grad_scaler_update(t->scaler);
         } else {
             CHECK(td_optim_step(t->optim));
         }
+        if (!skipped) CHECK(td_loss_check(loss, (int64_t)global_step + 1));
         CHECK(td_graph_zero_grad(t->train));
         uint64_t t3 = td_time_ns();
         if (t->trace) CHECK(td_trace_span(t->trace, "optimizer", "compute", t2, t3));

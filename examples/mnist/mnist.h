@@ -3,7 +3,6 @@
 #ifndef MNIST_MNIST_H
 #define MNIST_MNIST_H
 
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,51 +21,33 @@
         }                                                                              \
     } while (0)
 
-/* A bad value of a command-line option: names the option, the value and what it takes, and
- * exits 2 (a usage dump would leave the user to find which option was wrong). */
-static inline void mnist_bad_value(const char *option, const char *value, const char *takes) {
-    fprintf(stderr, "mnist: %s %s: expected %s\n", option, value, takes);
-    exit(2);
-}
+/* Where both modes keep the options they share (each its own struct's fields). */
+typedef struct {
+    td_model_kind *model;
+    int *epochs, *batch;   /* batch: global */
+    double *lr, *momentum; /* < 0 until given: the model's defaults */
+    uint64_t *seed;
+    long *max_steps; /* 0: --epochs decides */
+    const char **data_dir, **trace;
+    int *no_eval, *cosine, *constant_lr; /* flags; the schedule is the model's unless given */
+} mnist_shared;
 
-/* The value of an integer option, which must lie in [min, max]. */
-static inline long mnist_int(const char *option, const char *value, long min, long max) {
-    char *end, takes[96];
-    errno = 0;
-    long v = strtol(value, &end, 10);
-    if (errno || end == value || *end || v < min || v > max) {
-        if (max == LONG_MAX || max == INT_MAX)
-            snprintf(takes, sizeof takes, "an integer >= %ld", min);
-        else
-            snprintf(takes, sizeof takes, "an integer from %ld to %ld", min, max);
-        mnist_bad_value(option, value, takes);
-    }
-    return v;
-}
-
-/* The value of a real-valued option, which must lie in [min, max). */
-static inline double mnist_real(const char *option, const char *value, double min, double max) {
-    char *end, takes[96];
-    errno = 0;
-    double v = strtod(value, &end);
-    if (errno || end == value || *end || !(v >= min && v < max)) {
-        if (isinf(max))
-            snprintf(takes, sizeof takes, "a number >= %g", min);
-        else
-            snprintf(takes, sizeof takes, "a number in [%g, %g)", min, max);
-        mnist_bad_value(option, value, takes);
-    }
-    return v;
-}
-
-/* The value of --seed: any 64-bit unsigned integer. */
-static inline uint64_t mnist_seed(const char *value) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(value, &end, 10);
-    if (errno || end == value || *end || value[0] == '-')
-        mnist_bad_value("--seed", value, "an unsigned 64-bit integer");
-    return (uint64_t)v;
+/* Offers the shared options to the current argument (td_args). */
+static inline void mnist_shared_options(td_args *a, const mnist_shared *o) {
+    int k = -1;
+    if (td_args_choice(a, "--model", "net|mlp|cnn|resnet", &k) && k >= 0)
+        *o->model = (td_model_kind)k; /* the names in td_model_kind's order */
+    td_args_int(a, "--epochs", 1, INT_MAX, o->epochs);
+    td_args_int(a, "--batch", 1, INT_MAX, o->batch);
+    td_args_real(a, "--lr", 0, INFINITY, o->lr);
+    td_args_real(a, "--momentum", 0, 1, o->momentum);
+    td_args_u64(a, "--seed", o->seed);
+    td_args_long(a, "--max-steps", 1, LONG_MAX, o->max_steps);
+    td_args_string(a, "--data", o->data_dir);
+    td_args_string(a, "--trace", o->trace);
+    td_args_flag(a, "--no-eval", o->no_eval);
+    td_args_flag(a, "--cosine", o->cosine);
+    td_args_flag(a, "--constant-lr", o->constant_lr);
 }
 
 /* The training set's loader. A set smaller than one global batch (each step trains on a whole

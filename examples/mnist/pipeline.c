@@ -33,75 +33,44 @@ typedef struct {
 } pp_options;
 
 int mnist_pipeline_requested(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--pipeline")) return 1;
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "--pipeline") || !strncmp(argv[i], "--pipeline=", 11)) return 1;
     return 0;
 }
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: mnist --pipeline naive|gpipe|1f1b [--stages P] [--micro-batches M]\n"
-            "             [--split NAMES|balanced] [--model resnet|net|mlp|cnn] [--epochs N]\n"
-            "             [--batch GLOBAL] [--lr X] [--momentum X] [--seed N] [--max-steps N]\n"
-            "             [--data DIR] [--trace PREFIX] [--no-eval] [--cosine | --constant-lr]\n"
-            "       run under tandemrun with P x replicas ranks\n"
-            "  --max-steps N  stop after N optimizer steps in all, counted across epochs, or at\n"
-            "                 the end of --epochs if that comes first\n");
-    exit(2);
-}
+static const char usage[] =
+    "usage: mnist --pipeline naive|gpipe|1f1b [--stages P] [--micro-batches M]\n"
+    "             [--split NAMES|balanced] [--model resnet|net|mlp|cnn] [--epochs N]\n"
+    "             [--batch GLOBAL] [--lr X] [--momentum X] [--seed N] [--max-steps N]\n"
+    "             [--data DIR] [--trace PREFIX] [--no-eval] [--cosine | --constant-lr]\n"
+    "       run under tandemrun with P x replicas ranks\n"
+    "  --max-steps N  stop after N optimizer steps in all, counted across epochs, or at\n"
+    "                 the end of --epochs if that comes first\n";
 
 static pp_options parse(int argc, char **argv) {
     pp_options o = {
         TD_MODEL_RESNET, TD_SCHEDULE_1F1B, 2, 4, 2, 128, 1, 1, -1, -1, 1, 0, NULL, NULL, NULL};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--no-eval") || !strcmp(a, "--cosine") || !strcmp(a, "--constant-lr")) {
-            if (!strcmp(a, "--no-eval"))
-                o.eval = 0;
-            else
-                o.cosine = !strcmp(a, "--cosine");
-            continue;
+    int no_eval = 0, cosine = 0, constant = 0;
+    td_args a;
+    mnist_shared shared = {&o.model,     &o.epochs,   &o.batch, &o.lr,    &o.momentum, &o.seed,
+                           &o.max_steps, &o.data_dir, &o.trace, &no_eval, &cosine,     &constant};
+    td_args_init(&a, "mnist", argc, argv);
+    while (td_args_next(&a)) {
+        mnist_shared_options(&a, &shared);
+        if (td_args_is(&a, "--pipeline")) {
+            const char *v = td_args_value(&a);
+            if (v && td_pipeline_schedule_parse(v, &o.schedule) != TD_OK)
+                td_args_bad_value(&a, v, "naive, gpipe or 1f1b");
         }
-        if (strncmp(a, "--", 2)) {
-            fprintf(stderr, "mnist: unexpected argument %s\n", a);
-            usage();
-        }
-        if (!v) {
-            fprintf(stderr, "mnist: %s takes a value\n", a);
-            usage();
-        }
-        if (!strcmp(a, "--pipeline"))
-            CHECK(td_pipeline_schedule_parse(v, &o.schedule));
-        else if (!strcmp(a, "--stages"))
-            o.stages = (int)mnist_int(a, v, 1, TD_PIPELINE_MAX_STAGES);
-        else if (!strcmp(a, "--micro-batches"))
-            o.micro = (int)mnist_int(a, v, 1, INT_MAX);
-        else if (!strcmp(a, "--split"))
-            o.split = strcmp(v, "balanced") ? v : NULL;
-        else if (!strcmp(a, "--model"))
-            CHECK(td_model_kind_parse(v, &o.model));
-        else if (!strcmp(a, "--epochs"))
-            o.epochs = (int)mnist_int(a, v, 1, INT_MAX);
-        else if (!strcmp(a, "--batch"))
-            o.batch = (int)mnist_int(a, v, 1, INT_MAX);
-        else if (!strcmp(a, "--lr"))
-            o.lr = mnist_real(a, v, 0, INFINITY);
-        else if (!strcmp(a, "--momentum"))
-            o.momentum = mnist_real(a, v, 0, 1);
-        else if (!strcmp(a, "--seed"))
-            o.seed = mnist_seed(v);
-        else if (!strcmp(a, "--max-steps"))
-            o.max_steps = mnist_int(a, v, 1, LONG_MAX);
-        else if (!strcmp(a, "--data"))
-            o.data_dir = v;
-        else if (!strcmp(a, "--trace"))
-            o.trace = v;
-        else {
-            fprintf(stderr, "mnist: unknown option %s\n", a);
-            usage();
-        }
-        i++;
+        td_args_int(&a, "--stages", 1, TD_PIPELINE_MAX_STAGES, &o.stages);
+        td_args_int(&a, "--micro-batches", 1, INT_MAX, &o.micro);
+        td_args_string(&a, "--split", &o.split);
     }
+    int rc = td_args_finish(&a, usage);
+    if (rc >= 0) exit(rc);
+    if (no_eval) o.eval = 0;
+    if (cosine || constant) o.cosine = cosine;
+    if (o.split && !strcmp(o.split, "balanced")) o.split = NULL;
     mnist_sgd_defaults(o.model, &o.lr, &o.momentum); /* both modes train the same way */
     return o;
 }
@@ -272,6 +241,8 @@ int mnist_pipeline_main(int argc, char **argv) {
             CHECK(td_loader_next(loader, &batch));
             float loss;
             CHECK(td_pipeline_step(pipe, batch.x, batch.y, &loss));
+            if (info.stage + 1 == info.stages) /* the loss is the last stage's */
+                CHECK(td_loss_check(loss, (int64_t)(done + step) + 1));
             uint64_t t0 = td_time_ns();
             CHECK(td_optim_step(optim));
             if (trace) CHECK(td_trace_span(trace, "optimizer", "compute", t0, td_time_ns()));

@@ -66,11 +66,12 @@ td_status td_checkpoint_get_meta_u64(const td_checkpoint *checkpoint, const char
 /* Open, read, close in one call. */
 td_status td_checkpoint_load(const char *path, td_param *tensors, size_t n);
 
-/* Elements [offset, offset + count) of tensor `name` flattened in row-major order into dst,
- * after checking that it exists with `dtype` and holds them (TD_ENOTFOUND, TD_EDTYPE, TD_ESHAPE
- * naming the file and the tensor). */
-td_status td_checkpoint_read_range(td_checkpoint *checkpoint, const char *name, td_dtype dtype,
-                                   size_t offset, size_t count, void *dst);
+/* Elements [offset, offset + count) of a tensor flattened in row-major order into host memory
+ * dst. `tensor` describes the whole tensor the reader expects (name, dtype, shape, count; its data
+ * is not read): checked as td_checkpoint_read checks, so another shape of as many elements is
+ * TD_ESHAPE naming both shapes; elements beyond the tensor are TD_ESHAPE too. */
+td_status td_checkpoint_read_range(td_checkpoint *checkpoint, const td_param *tensor, size_t offset,
+                                   size_t count, void *dst);
 
 /* ---- sharded checkpoints ----------------------------------------------------------------
  *
@@ -79,9 +80,12 @@ td_status td_checkpoint_read_range(td_checkpoint *checkpoint, const char *name, 
  * tensors whose metadata names the part files (key "tandem.parts") besides the caller's. It
  * opens as one checkpoint: td_checkpoint_open on the index gives the whole tensors, assembled
  * from the parts (which must cover each exactly once), so every reader above reads either kind.
- * Part files are "<path>.shard-<id>-<rank>-of-<world_size>", id (16 hex digits) naming the save.
- * Writing the index is the save's commit: until its rename, `path` is the previous checkpoint,
- * whole, whatever process dies (docs/zero.md). */
+ * Part files are "<path>.shard-<id>-<rank>-of-<world_size>", id (16 hex digits) naming the save;
+ * each part's metadata carries the save's id, its rank and the world size too, and the index the
+ * id, so that a part file of another save under this save's name is refused when the index is
+ * opened (TD_EFORMAT naming the file and both identities). Writing the index is the save's commit:
+ * until its rename, `path` is the previous checkpoint, whole, whatever process dies
+ * (docs/zero.md). */
 
 /* A part of a tensor: elements [offset, offset + count) of `tensor` flattened in row-major order
  * (tensor's name, dtype and shape describe the whole; its data is not read), from data. */
@@ -92,20 +96,24 @@ typedef struct {
 } td_checkpoint_part;
 
 /* Writes the part file of `rank` for save `id` of the sharded checkpoint at path (atomically,
- * as td_checkpoint_save). A tensor appears at most once per part file. */
+ * as td_checkpoint_save). A tensor appears at most once per part file. Every save of a path
+ * needs its own id: draw it at random. */
 td_status td_checkpoint_save_part(const char *path, uint64_t id, int rank, int world_size,
                                   const td_checkpoint_part *parts, size_t n);
 
-/* Commits save `id`: checks that its world_size part files cover every tensor they name exactly
- * once with one dtype and shape, writes the index at path with meta (keys beginning "tandem."
- * are reserved) atomically, then removes the part files of every other save of path. Call it
- * once, after every rank's td_checkpoint_save_part of the save succeeded. */
+/* Commits save `id`: checks that its world_size part files are that save's, of their ranks, and
+ * cover every tensor they name exactly once with one dtype and shape, writes the index at path
+ * with meta (keys beginning "tandem." are reserved) atomically, then removes the part files of
+ * every other save of path. Call it once, after every rank's td_checkpoint_save_part of the save
+ * succeeded. */
 td_status td_checkpoint_publish(const char *path, uint64_t id, int world_size,
                                 const td_checkpoint_meta *meta, size_t n_meta);
 
 /* Writes the checkpoint at path (sharded or not) as one safetensors file at out, with its
  * metadata and every tensor whose name begins with none of drop[0..n_drop) ("optim." leaves the
- * model alone), whole: what PyTorch's safetensors.torch.load_file reads. */
+ * model alone), whole: what PyTorch's safetensors.torch.load_file reads. A checkpoint with no
+ * tensors is TD_EFORMAT, and an out that is the checkpoint's index or one of its parts TD_EINVAL,
+ * with nothing written. */
 td_status td_checkpoint_consolidate(const char *path, const char *out, const char *const *drop,
                                     size_t n_drop);
 

@@ -81,8 +81,9 @@ typedef struct {
     double timeout_s;        /* 0: TANDEM_TIMEOUT, else 300 */
     int node_rank;           /* ucx: this host's index, -1: NODE_RANK (or GROUP_RANK), else 0 */
     int hierarchical;        /* -1: TANDEM_HIERARCHICAL, else 1; 0: flat collectives across hosts */
-    int store_hosted;        /* ucx: -1: TANDEM_STORE_HOSTED, else 0; 1: a launcher hosts the
-                                store (tandemrun --nnodes), rank 0 only connects to it */
+    int store_hosted;        /* shm, ucx: -1: TANDEM_STORE_HOSTED, else 0; 1: the store is
+                                hosted already (tandemrun --nnodes, the torch backend's rank 0),
+                                rank 0 only connects to it */
 } td_comm_params;
 
 /* The defaults described above: everything from the environment. */
@@ -301,8 +302,9 @@ typedef struct {
  * hang or misread if they were not. Collective: one small all-gather (and a broadcast of the
  * message when a rank failed). Every rank returns the same: TD_OK when every rank's `local` is
  * TD_OK and every signature equals rank 0's; else the status of the lowest rank whose `local`
- * failed, with its message ("<what>: rank R: <its message>"; that rank keeps its own message);
- * else `mismatch` with "<what>: rank 0 has <A> but rank R has <B><hint>" for the lowest rank R
+ * failed, with its message ("<what>: rank R: <its message>", less the "<its what>: " the message
+ * began with, so no layer's words come twice; that rank keeps its own message); else `mismatch`
+ * with "<what>: rank 0 has <A> but rank R has <B><hint>" for the lowest rank R
  * whose signature differs from rank 0's. A failing collective returns the group's own error. */
 td_status td_comm_agree(td_comm *comm, const td_comm_agreement *a);
 

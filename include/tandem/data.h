@@ -88,9 +88,16 @@ typedef struct {
 /* Where Debian's r-cran-janeaustenr keeps Jane Austen's six novels (an R lazy-load database). */
 const char *td_corpus_default_path(void);
 
+/* The most bytes a text may have (1 GiB): every rank reads the whole text into its own memory
+ * before training, so a host of 8 ranks holds it 8 times; a larger corpus wants a tokenized,
+ * memory-mapped file, which td_corpus is not. */
+#define TD_CORPUS_MAX_BYTES ((size_t)1 << 30)
+
 /* Reads a text: a path ending in ".rdb" is an R lazy-load database whose character vectors are
  * joined line by line (the janeaustenr package's novels, read without R); anything else is
- * taken as plain bytes. A missing file is TD_EIO naming the package that ships the novels. */
+ * taken as plain bytes. A missing file is TD_EIO naming the package that ships the novels; a
+ * directory, FIFO or device is TD_EINVAL saying what it is, and a text over
+ * TD_CORPUS_MAX_BYTES (the file, or the novels it unpacks to) is TD_EINVAL saying the bound. */
 td_status td_corpus_load(td_corpus *out, const char *path);
 
 /* Frees the bytes and zeroes the struct; NULL-safe. */

@@ -121,13 +121,14 @@ td_status td_ddp_finish_backward(td_ddp *ddp);
  * unused check) until a backward with sync = 1 reduces the sum. Not allowed mid-backward. */
 td_status td_ddp_set_sync(td_ddp *ddp, int sync);
 
-/* The loss of the backward about to run (or of the shard, in deterministic mode), times the
- * weight its backward uses; call it before td_ddp_finish_backward. It is reduced exactly as the
- * gradients are (averaged over ranks, or over shards in the fixed tree) and read back with
- * td_ddp_loss. */
+/* This rank's loss of the step under way (of the shard, in deterministic mode), times the weight
+ * its backward uses: set it after the forward that computed it and before td_ddp_finish_backward,
+ * before or after the backward. td_ddp_finish_backward reduces it in f32 as the gradients are
+ * reduced (their average over ranks, or over shards in the fixed tree). */
 void td_ddp_set_loss(td_ddp *ddp, float loss);
 
-/* The reduced loss of the last synchronised step (0 before the first, or when nobody set one). */
+/* After td_ddp_finish_backward: the loss of the step just taken reduced over ranks, for a
+ * per-rank mean loss the global batch's mean (0 before the first step, or if none was set). */
 float td_ddp_loss(const td_ddp *ddp);
 
 /* Deterministic mode: this rank's shards of every global batch, shards [*first, *first + *count)

@@ -17,7 +17,9 @@
  * any other ReLU in place when nothing else reads its input: such an input tensor then
  * holds the ReLU'd values (read the ReLU's output instead).
  * Activations between convolutions may live in a oneDNN blocked layout; td_tensor_read
- * and td_tensor_read_grad always copy out in plain row-major order. */
+ * and td_tensor_read_grad always copy out in plain row-major order. With activation recompute
+ * (td_graph_params.recompute) the marked segments keep only what they hand on, and backward
+ * runs them forward again (docs/recompute.md). */
 #ifndef TANDEM_GRAPH_H
 #define TANDEM_GRAPH_H
 
@@ -63,6 +65,19 @@ typedef struct {
     int emulate;        /* 1: compute oneDNN ops in f32 between casts even where the CPU runs
                            bf16 natively (the path other CPUs take) */
 } td_amp_params;
+
+/* Activation recompute (torch.utils.checkpoint; torchtitan's full and selective modes;
+ * docs/recompute.md): which activations of the marked segments (td_graph_segment_begin; every
+ * td_sequential layer is one) forward keeps for backward. */
+typedef enum {
+    TD_RECOMPUTE_NONE = 0, /* every activation is kept from forward to backward */
+    TD_RECOMPUTE_FULL,     /* a segment keeps only what is read outside it (its output) and its
+                              nodes that update buffers (batch norm's running statistics); its
+                              other activations share one region with every other segment's, and
+                              backward runs the segment's forward again before its backward */
+    TD_RECOMPUTE_SELECTIVE /* as full, but the outputs of the op kinds recompute_keep names are
+                              kept too, so only the cheap ops run again */
+} td_recompute_mode;
 
 /* Options of td_graph_create; fill with td_graph_default_params. */
 typedef struct {
@@ -114,11 +129,23 @@ typedef struct {
                                  name, "conv2d:3"; categories "forward" and "backward"), that
                                  row named "compute" (not owned; it must outlive the graph);
                                  the job's trace is td_comm_trace's (docs/tracing.md) */
+    td_recompute_mode recompute;    /* activation recompute in training graphs (ignored when
+                                       grad_enabled is 0); anything but NONE needs a segment */
+    const char *recompute_segments; /* NULL: every segment recomputes; else the ones named, comma
+                                       separated, each a segment's name or the part before a dot
+                                       of several ("h" is h.0, h.1, ...; "h.0,h.2" every other);
+                                       a name that matches no segment fails td_graph_compile */
+    const char *recompute_keep;     /* SELECTIVE: the ops whose outputs are kept, by their
+                                       builders' words, comma separated ("linear,attention");
+                                       NULL: "linear,conv2d,attention" and every collective op
+                                       (no collective runs twice); a word no node of the graph
+                                       has fails td_graph_compile. Copied at create, as
+                                       recompute_segments */
 } td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no
  * process group, plain batch norm, the CPU, CUDA graphs on, TF32 off, the caller's thread
- * count, plain linear weights, no trace. */
+ * count, plain linear weights, no trace, no recompute. */
 td_graph_params td_graph_default_params(void);
 
 /* Creates an empty graph in training mode; params may be NULL for the defaults. */
@@ -269,6 +296,20 @@ td_status td_graph_layer_norm(td_graph *g, td_tensor *x, td_tensor *weight, td_t
 td_status td_graph_causal_attention(td_graph *g, td_tensor *qkv, int heads, int64_t seq_len,
                                     td_tensor **y);
 
+/* ---- recompute segments (docs/recompute.md) ------------------------------------------- */
+
+/* Opens a segment called `name` (1 to 47 characters): the nodes added until
+ * td_graph_segment_end form it, and with td_graph_params.recompute on, backward runs them
+ * forward again instead of keeping their activations (a node that updates a buffer never
+ * runs twice; its output is kept). Dropout replays the masks it drew, and collective ops
+ * their collectives, on every rank alike. Segments do not nest; td_sequential marks each of
+ * its layers. After forward, an activation of a recomputing segment that nothing outside it
+ * reads holds no values (read the segment's output). */
+td_status td_graph_segment_begin(td_graph *g, const char *name);
+
+/* Closes the segment td_graph_segment_begin opened. */
+td_status td_graph_segment_end(td_graph *g);
+
 /* ---- running ------------------------------------------------------------------------- */
 
 /* Creates primitives, picks layouts and allocates activations; no nodes may be added
@@ -348,7 +389,8 @@ void td_graph_set_grad_ready_hook(td_graph *g, td_grad_ready_fn fn, void *ctx);
 
 /* Installs (or with NULL removes) the parameter-use hook (param.h's td_param_use): in every
  * forward it is called before the first and after the last node that reads a parameter; in every
- * backward before the first node that reads it and runs backward, and after the last node that
+ * backward before the first node that reads it and runs backward (or, recomputed, runs forward
+ * again: a segment's parameters are announced before it runs), and after the last node that
  * reads it (whether that node ran backward or not); parameters no node reads get their AFTER
  * calls at the sweep's end. The graph then takes the parameter's data and grad from its td_param
  * entry again, so the hook may move them. The calls depend on the graph alone, so every rank
@@ -364,7 +406,8 @@ td_status td_graph_share_params(td_graph *dst, td_graph *src);
  * given up, or is NULL while it is on. */
 size_t td_graph_replays(const td_graph *g, const char **why_not);
 
-/* Bytes of activation/gradient memory the graph holds (arena high-water mark). */
+/* Bytes of activation/gradient memory the graph holds (arena high-water mark); recompute
+ * makes it smaller (docs/recompute.md). */
 size_t td_graph_memory_bytes(const td_graph *g);
 
 #ifdef __cplusplus

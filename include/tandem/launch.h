@@ -3,7 +3,8 @@
  * on one host (the first failure, then SIGTERM to the others and SIGKILL after a grace period,
  * and which ranks are stopped). tandemrun and td_spawn are built from them, as torchrun is
  * from torch.distributed.elastic; a launcher of your own (a batch system's agent, a test
- * harness) gets the same contract and stop protocol from them.
+ * harness) gets the same contract and stop protocol from them, and the job's trace from what
+ * its ranks kept when they did not all finish.
  *
  * Nothing here forks, prints or installs signal handlers: the launcher starts its processes
  * its own way, hands their pids to a td_job and turns the descriptions into its own messages.
@@ -128,6 +129,18 @@ int td_job_first_failure(const td_job *job);
 /* Names the ranks still running that are stopped (SIGSTOP, or traced), the usual reason why
  * the others gave up waiting: "rank 1 (pid 42), rank 3 (pid 44)"; returns how many. */
 int td_job_stopped_ranks(const td_job *job, char *out, size_t cap);
+
+/* The job trace (TANDEM_TRACE=dir, docs/tracing.md) from the spans its ranks kept: rank R keeps
+ * its own in dir/rank<R>.trace as it records them (td_trace_keep), and they stay there when the
+ * ranks could not gather them at td_comm_destroy (a rank died, or the job was stopped), up to
+ * where each rank got. Merges every one into dir/trace.json, as the gather would have, and
+ * removes them; *ranks says how many there were. TD_ENOTFOUND when there are none; a file
+ * that is not a kept trace is TD_EFORMAT naming it (the others are merged, and it stays). */
+td_status td_job_trace_collect(const char *dir, int *ranks);
+
+/* Removes what a traced job leaves in dir (its ranks' kept files and trace.json), so that a job
+ * starting there reports only its own. */
+td_status td_job_trace_clear(const char *dir);
 
 #ifdef __cplusplus
 }

@@ -130,6 +130,14 @@ double td_lr_linear_factor(double start_factor, double end_factor, int64_t total
  * NULL are skipped. total_norm may be NULL. */
 td_status td_clip_grad_norm(td_param *params, size_t n, double max_norm, double *total_norm);
 
+/* ---- Divergence ---------------------------------------------------------------------- */
+
+/* The training loop's guard: TD_EINVAL naming `step` when its loss is NaN or infinite (the run
+ * has diverged, and every step after would carry the NaN into the parameters), TD_OK
+ * otherwise. A step a loss scaler skipped (td_grad_scaler_step) is not a divergence: check the
+ * steps it took. */
+td_status td_loss_check(double loss, int64_t step);
+
 #ifdef __cplusplus
 }
 #endif

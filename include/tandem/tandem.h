@@ -3,6 +3,7 @@
 #define TANDEM_TANDEM_H
 
 #include "tandem/amp.h"
+#include "tandem/args.h"
 #include "tandem/checkpoint.h"
 #include "tandem/comm.h"
 #include "tandem/core.h"

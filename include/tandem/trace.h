@@ -98,6 +98,21 @@ td_status td_trace_pack(const td_trace *trace, void **bytes, size_t *len);
  * not a packed trace, or are cut short. */
 td_status td_trace_unpack(td_trace **out, const void *bytes, size_t len);
 
+/* Keeps the trace in the file `path` from now on: what it holds, then every span and name as
+ * it is recorded (one write each, about a microsecond), so that a process killed mid-run
+ * leaves what it recorded there for td_trace_read. NULL ends the keeping (the file is then
+ * whole, and stays). A write that fails (a full disk) stops the keeping and leaves the file
+ * with the records before it; td_trace_keep_error says so. */
+td_status td_trace_keep(td_trace *trace, const char *path);
+
+/* NULL while the kept file holds every record, else why it stopped growing (the path, how far
+ * it got, the system's reason); owned by the trace. */
+const char *td_trace_keep_error(const td_trace *trace);
+
+/* A new trace from a file td_trace_keep kept (the caller destroys it), up to its last whole
+ * record when its process was killed while writing; TD_EFORMAT when it is not one. */
+td_status td_trace_read(td_trace **out, const char *path);
+
 /* Writes n traces (of different ranks) as one Chrome trace at `path`, atomically: a process row
  * per trace, ordered by rank, its threads and tracks as rows beneath. Spans with the same link
  * in several traces are one collective call: each gets args saying who arrived last and how

@@ -162,10 +162,12 @@ td_status td_zero_finish_backward(td_zero *zero);
  * and 3 the units' whole gradients stay in memory meanwhile (as FSDP's no_sync keeps them). */
 td_status td_zero_set_sync(td_zero *zero, int sync);
 
-/* The loss of the backward about to run, reduced as td_ddp_set_loss says. */
+/* This rank's loss of the step under way, times the weight its backward uses: set it after the
+ * forward and before td_zero_finish_backward, before or after the backward (td_ddp_set_loss). */
 void td_zero_set_loss(td_zero *zero, float loss);
 
-/* The reduced loss of the last synchronised step. */
+/* After td_zero_finish_backward: the loss of the step just taken reduced over ranks (td_ddp_loss).
+ */
 float td_zero_loss(const td_zero *zero);
 
 /* Deterministic mode: this rank's shards of every global batch (td_ddp_shards). */

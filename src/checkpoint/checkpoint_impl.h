@@ -1,6 +1,8 @@
-/* What the checkpoint reader's files share: an opened checkpoint, which is either one
- * safetensors file (safetensors.c) or the index of a sharded checkpoint whose tensors are
- * assembled from parts in other files (sharded.c), and the reads both serve. Not installed. */
+/* What the checkpoint files share. A checkpoint opens through the front (checkpoint.c), which
+ * reads either kind: one safetensors file (safetensors.c), or the index of a sharded checkpoint
+ * whose tensors are assembled from its part files (sharded.c). safetensors.c knows nothing of
+ * sharding, sharded.c reads and writes its files through safetensors.c, and neither calls the
+ * front. Not installed. */
 #ifndef TANDEM_CHECKPOINT_IMPL_H
 #define TANDEM_CHECKPOINT_IMPL_H
 
@@ -18,6 +20,8 @@ typedef struct {
     size_t offset, count;
 } td__checkpoint_piece;
 
+/* A tensor as a reader sees it: bytes [begin, end) of one file's byte buffer, or pieces of a
+ * sharded checkpoint's part files. */
 typedef struct {
     char *name;
     td_dtype dtype;
@@ -29,7 +33,10 @@ typedef struct {
     size_t n_pieces;
 } td__checkpoint_entry;
 
-struct td_checkpoint {
+/* ---- one safetensors file (safetensors.c) ---------------------------------------------- */
+
+/* An open safetensors file whose header has been validated. */
+typedef struct {
     char *path;
     int fd;
     uint64_t data_start;           /* 8 + N */
@@ -38,13 +45,24 @@ struct td_checkpoint {
     char **meta_keys;   /* (n_meta) */
     char **meta_values; /* (n_meta) */
     size_t n_meta;
-    td_checkpoint **parts; /* (n_parts) a sharded checkpoint's part files, opened */
-    size_t n_parts;
-};
+} td__safetensors;
 
-/* The metadata key that makes a checkpoint file the index of a sharded one: a JSON array of the
- * part files' names, relative to the index's directory. */
-#define TD__CHECKPOINT_PARTS_KEY "tandem.parts"
+/* Opens path and validates its header (checkpoint.h's td_checkpoint_open says what); on failure
+ * *f is left closed. */
+td_status td__safetensors_open(td__safetensors *f, const char *path);
+
+/* Closes the file and frees what td__safetensors_open allocated; a closed one is left alone. */
+void td__safetensors_close(td__safetensors *f);
+
+/* The metadata value of key, or NULL. */
+const char *td__safetensors_meta(const td__safetensors *f, const char *key);
+
+/* Elements [offset, offset + count) of f's tensor e into host memory dst. */
+td_status td__safetensors_read(const td__safetensors *f, const td__checkpoint_entry *e,
+                               size_t offset, size_t count, void *dst);
+
+/* The format's name of a dtype ("F32"), or NULL for one it cannot hold. */
+const char *td__safetensors_dtype(td_dtype dtype);
 
 /* Text built piece by piece (a header, a metadata value): oom is set once an allocation failed,
  * after which nothing more is added. */
@@ -62,19 +80,40 @@ void td__checkpoint_text_json(td__checkpoint_text *b, const char *s);
 /* Text read from a file as a message shows it: escaped, cut with "..." past cap (cap >= 4). */
 const char *td__checkpoint_shown(char *buf, size_t cap, const char *text);
 
-/* Reads `bytes` at byte `off` of an open file, retrying short reads; 0 on failure. */
-int td__checkpoint_read_at(int fd, void *buf, size_t bytes, uint64_t off);
+/* ---- sharded checkpoints (sharded.c) --------------------------------------------------- */
 
-/* td_checkpoint_open of a file that must not be a sharded checkpoint's index (a part). */
-td_status td__checkpoint_open_part(td_checkpoint **out, const char *path);
+/* The parts of a sharded checkpoint, open, checked to be the index's save and assembled. */
+typedef struct td__sharded td__sharded;
 
-/* A sharded index just parsed (no tensors, TD__CHECKPOINT_PARTS_KEY in its metadata): opens the
- * parts and fills c->entries with the tensors they hold together, checking that the parts agree
- * on each tensor's dtype and shape and cover every element once (sharded.c). */
-td_status td__checkpoint_open_parts(td_checkpoint *c);
+/* Whether an open file is a sharded checkpoint's index (its metadata names the parts, or the
+ * save, without being a part). */
+int td__sharded_is_index(const td__safetensors *f);
 
-/* Elements [offset, offset + count) of a sharded checkpoint's tensor e into dst (sharded.c). */
-td_status td__checkpoint_read_pieces(td_checkpoint *c, const td__checkpoint_entry *e, size_t offset,
-                                     size_t count, void *dst);
+/* Opens the parts the index names, checks that each is the part of the index's save, of its rank
+ * and world size, and that together they hold every tensor whole, exactly once, with one dtype
+ * and shape; assembles the tensors. */
+td_status td__sharded_open(td__sharded **out, const td__safetensors *index);
+
+/* Closes the parts; NULL-safe. */
+void td__sharded_close(td__sharded *s);
+
+/* The whole tensors the parts hold, in the order they were saved. */
+const td__checkpoint_entry *td__sharded_entries(const td__sharded *s, size_t *n);
+
+/* Elements [offset, offset + count) of tensor e (one of td__sharded_entries) into host memory. */
+td_status td__sharded_read(const td__sharded *s, const td__checkpoint_entry *e, size_t offset,
+                           size_t count, void *dst);
+
+/* The i-th part file (i < the number of parts), or NULL. */
+const td__safetensors *td__sharded_part(const td__sharded *s, size_t i);
+
+/* ---- the front (checkpoint.c) ----------------------------------------------------------- */
+
+struct td_checkpoint {
+    td__safetensors file;                /* what was opened: the tensors' file, or an index */
+    td__sharded *sharded;                /* an index's parts, else NULL */
+    const td__checkpoint_entry *entries; /* (n) the tensors: file's own or the parts' */
+    size_t n;
+};
 
 #endif

@@ -1,11 +1,12 @@
-/* safetensors reader and atomic writer (https://github.com/huggingface/safetensors format):
- * u64 little-endian header size N, N bytes of JSON padded with spaces to a multiple of 8,
- * then the byte buffer, which the tensors' [begin, end) offsets cover exactly, with no holes.
+/* One safetensors file (https://github.com/huggingface/safetensors format), written atomically
+ * and read strictly: u64 little-endian header size N, N bytes of JSON padded with spaces to a
+ * multiple of 8, then the byte buffer, which the tensors' [begin, end) offsets cover exactly,
+ * with no holes.
  *
- * Reading is strict: anything the format does not allow is TD_EFORMAT naming the file and
- * the tensor. A file whose metadata names part files is a sharded checkpoint's index, whose
- * tensors sharded.c assembles from those parts; reads here serve both. It assumes a
- * little-endian host, as the format stores bytes as they are. */
+ * Reading is strict: anything the format does not allow is TD_EFORMAT naming the file and the
+ * tensor. What a file means beyond its own tensors (a sharded checkpoint's index or part) is
+ * sharded.c's business, and checking a reader's expectations is the front's (checkpoint.c). It
+ * assumes a little-endian host, as the format stores bytes as they are. */
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -36,7 +37,7 @@ static const struct {
     {"I32", TD_I32}, {"I64", TD_I64}, {"U8", TD_U8},
 };
 
-static const char *dtype_to_st(td_dtype d) {
+const char *td__safetensors_dtype(td_dtype d) {
     for (size_t i = 0; i < sizeof dtype_names / sizeof *dtype_names; i++)
         if (dtype_names[i].dtype == d) return dtype_names[i].name;
     return NULL;
@@ -148,7 +149,7 @@ static td_status check_save_args(const char *path, const td_param *t, size_t n,
                             shown(text, sizeof text, t[i].name));
         if (strcmp(t[i].name, "__metadata__") == 0)
             return td__fail(TD_EINVAL, "%s: a tensor may not be named __metadata__", path);
-        if (!dtype_to_st(t[i].dtype))
+        if (!td__safetensors_dtype(t[i].dtype))
             return td__fail(TD_EDTYPE, "%s: tensor %s has invalid dtype %d", path, t[i].name,
                             (int)t[i].dtype);
         if (t[i].ndim < 0 || t[i].ndim > TD_MAX_DIMS)
@@ -211,7 +212,8 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
         if (!first) td__checkpoint_text_put(&h, ",", 1);
         first = 0;
         td__checkpoint_text_json(&h, t[i].name);
-        td__checkpoint_text_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", dtype_to_st(t[i].dtype));
+        td__checkpoint_text_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[",
+                                   td__safetensors_dtype(t[i].dtype));
         for (int d = 0; d < t[i].ndim; d++)
             td__checkpoint_text_printf(&h, d ? ",%lld" : "%lld", (long long)t[i].shape[d]);
         uint64_t bytes = (uint64_t)t[i].count * td_dtype_size(t[i].dtype);
@@ -281,27 +283,8 @@ td_status td_checkpoint_save(const char *path, const td_param *t, size_t n,
 
 /* ---- reading ------------------------------------------------------------------------ */
 
-void td_checkpoint_close(td_checkpoint *c) {
-    if (!c) return;
-    if (c->fd >= 0) close(c->fd);
-    for (size_t i = 0; i < c->n_parts; i++) td_checkpoint_close(c->parts[i]);
-    free(c->parts);
-    for (size_t i = 0; i < c->n; i++) {
-        free(c->entries[i].name);
-        free(c->entries[i].pieces);
-    }
-    for (size_t i = 0; i < c->n_meta; i++) {
-        free(c->meta_keys[i]);
-        free(c->meta_values[i]);
-    }
-    free(c->entries);
-    free(c->meta_keys);
-    free(c->meta_values);
-    free(c->path);
-    free(c);
-}
-
-int td__checkpoint_read_at(int fd, void *buf, size_t len, uint64_t off) {
+/* Reads `len` bytes at byte `off` of an open file, retrying short reads; 0 on failure. */
+static int read_at(int fd, void *buf, size_t len, uint64_t off) {
     char *p = buf;
     while (len > 0) {
         ssize_t r = pread(fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)off);
@@ -381,13 +364,13 @@ static td_status parse_entry(const char *path, const char *key, const td__json *
     if (overflow || want != e->end - e->begin)
         return td__fail(TD_EFORMAT,
                         "%s: tensor %s: shape needs %llu bytes of %s but data_offsets span %llu",
-                        path, name, (unsigned long long)want, dtype_to_st(e->dtype),
+                        path, name, (unsigned long long)want, td__safetensors_dtype(e->dtype),
                         (unsigned long long)(e->end - e->begin));
     e->count = (size_t)count;
     return TD_OK;
 }
 
-static td_status parse_header(td_checkpoint *c, const char *path, const td__json *root,
+static td_status parse_header(td__safetensors *c, const char *path, const td__json *root,
                               uint64_t data_len) {
     if (root->kind != TD__JSON_OBJECT)
         return td__fail(TD_EFORMAT, "%s: header is not a JSON object", path);
@@ -451,12 +434,9 @@ static td_status parse_header(td_checkpoint *c, const char *path, const td__json
 }
 
 /* Opens one file; `follow` opens the parts an index names (a part may not be an index). */
-static td_status open_file(td_checkpoint **out, const char *path, int follow) {
-    if (!out || !path)
-        return td__fail(TD_EINVAL, "td_checkpoint_open: out and path must not be NULL");
-    *out = NULL;
-    td_checkpoint *c = calloc(1, sizeof *c);
-    if (!c) return td__fail(TD_ENOMEM, "%s: out of memory", path);
+
+td_status td__safetensors_open(td__safetensors *c, const char *path) {
+    memset(c, 0, sizeof *c);
     c->fd = -1;
     td_status st = TD_OK;
     char *text = NULL;
@@ -497,7 +477,7 @@ static td_status open_file(td_checkpoint **out, const char *path, int follow) {
     fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) & ~O_NONBLOCK);
     uint64_t size = (uint64_t)sb.st_size;
     unsigned char len8[8];
-    if (size < 8 || !td__checkpoint_read_at(c->fd, len8, 8, 0)) {
+    if (size < 8 || !read_at(c->fd, len8, 8, 0)) {
         st = td__fail(TD_EFORMAT, "%s: file has %llu bytes, too short for the 8-byte header length",
                       path, (unsigned long long)size);
         goto done;
@@ -516,7 +496,7 @@ static td_status open_file(td_checkpoint **out, const char *path, int follow) {
                       (unsigned long long)hlen);
         goto done;
     }
-    if (!td__checkpoint_read_at(c->fd, text, (size_t)hlen, 8)) {
+    if (!read_at(c->fd, text, (size_t)hlen, 8)) {
         st = td__fail(TD_EIO, "%s: cannot read the header: %s", path, strerror(errno));
         goto done;
     }
@@ -532,222 +512,39 @@ static td_status open_file(td_checkpoint **out, const char *path, int follow) {
     }
     c->data_start = 8 + hlen;
     st = parse_header(c, path, root, size - c->data_start);
-    if (st == TD_OK && td_checkpoint_get_meta(c, TD__CHECKPOINT_PARTS_KEY))
-        st = follow ? td__checkpoint_open_parts(c)
-                    : td__fail(TD_EFORMAT, "%s: a part of a sharded checkpoint is itself an index",
-                               path);
 done:
     td__json_free(root);
     free(text);
-    if (st != TD_OK)
-        td_checkpoint_close(c);
-    else
-        *out = c;
+    if (st != TD_OK) td__safetensors_close(c);
     return st;
 }
 
-td_status td_checkpoint_open(td_checkpoint **out, const char *path) {
-    return open_file(out, path, 1);
+void td__safetensors_close(td__safetensors *c) {
+    if (c->fd >= 0) close(c->fd);
+    for (size_t i = 0; i < c->n; i++) free(c->entries[i].name);
+    for (size_t i = 0; i < c->n_meta; i++) {
+        free(c->meta_keys[i]);
+        free(c->meta_values[i]);
+    }
+    free(c->entries);
+    free(c->meta_keys);
+    free(c->meta_values);
+    free(c->path);
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
 }
 
-td_status td__checkpoint_open_part(td_checkpoint **out, const char *path) {
-    return open_file(out, path, 0);
-}
-
-size_t td_checkpoint_count(const td_checkpoint *c) { return c ? c->n : 0; }
-
-td_status td_checkpoint_tensor(const td_checkpoint *c, size_t i, td_param *info) {
-    if (!c || !info)
-        return td__fail(TD_EINVAL, "td_checkpoint_tensor: checkpoint and info must not be NULL");
-    if (i >= c->n)
-        return td__fail(TD_EINVAL, "%s: tensor index %zu, the file has %zu", c->path, i, c->n);
-    const entry *e = &c->entries[i];
-    memset(info, 0, sizeof *info);
-    info->name = e->name;
-    info->count = e->count;
-    info->dtype = e->dtype;
-    info->ndim = e->ndim;
-    for (int d = 0; d < e->ndim; d++) info->shape[d] = e->shape[d];
-    return TD_OK;
-}
-
-const char *td_checkpoint_get_meta(const td_checkpoint *c, const char *key) {
-    if (!c || !key) return NULL;
+const char *td__safetensors_meta(const td__safetensors *c, const char *key) {
     for (size_t i = 0; i < c->n_meta; i++)
         if (strcmp(c->meta_keys[i], key) == 0) return c->meta_values[i];
     return NULL;
 }
 
-static td_status meta_out_of_range(const td_checkpoint *c, const char *key, const char *range) {
-    char value[80];
-    return td__fail(TD_EFORMAT, "%s: metadata \"%s\" is \"%s\", out of the range %s", c->path, key,
-                    shown(value, sizeof value, td_checkpoint_get_meta(c, key)), range);
-}
-
-/* Looks up key and parses its value as decimal digits, after one '-' when is_signed, with
- * nothing else around them. On TD_OK *negative and *magnitude hold the number; range is the
- * caller's "[min, max]" for the messages. */
-static td_status meta_decimal(const td_checkpoint *c, const char *key, int is_signed,
-                              const char *range, int *negative, uint64_t *magnitude) {
-    const char *v = td_checkpoint_get_meta(c, key);
-    if (!v) return td__fail(TD_ENOTFOUND, "%s: metadata key \"%s\" is missing", c->path, key);
-    const char *p = v;
-    *negative = is_signed && *p == '-';
-    if (*negative) p++;
-    int digits = *p != '\0', overflow = 0;
-    uint64_t m = 0;
-    for (; *p; p++) {
-        if (*p < '0' || *p > '9') {
-            digits = 0;
-            break;
-        }
-        unsigned d = (unsigned)(*p - '0');
-        if (m > (UINT64_MAX - d) / 10)
-            overflow = 1;
-        else
-            m = m * 10 + d;
-    }
-    if (!digits) {
-        char value[80];
-        return td__fail(TD_EFORMAT,
-                        "%s: metadata \"%s\" is \"%s\", not a decimal integer (expected one in %s)",
-                        c->path, key, shown(value, sizeof value, v), range);
-    }
-    if (overflow) return meta_out_of_range(c, key, range);
-    *magnitude = m;
-    return TD_OK;
-}
-
-td_status td_checkpoint_get_meta_i64(const td_checkpoint *c, const char *key, int64_t min,
-                                     int64_t max, int64_t *out) {
-    if (!c || !key || !out)
-        return td__fail(TD_EINVAL,
-                        "td_checkpoint_get_meta_i64: checkpoint, key and out must not be NULL");
-    if (min > max)
-        return td__fail(TD_EINVAL, "%s: metadata \"%s\": empty range [%lld, %lld]", c->path, key,
-                        (long long)min, (long long)max);
-    char range[64];
-    snprintf(range, sizeof range, "[%lld, %lld]", (long long)min, (long long)max);
-    int negative;
-    uint64_t m;
-    TD__TRY(meta_decimal(c, key, 1, range, &negative, &m));
-    int64_t v;
-    if (m <= (uint64_t)INT64_MAX)
-        v = negative ? -(int64_t)m : (int64_t)m;
-    else if (negative && m == (uint64_t)INT64_MAX + 1) /* the one that fits only negated */
-        v = INT64_MIN;
-    else
-        return meta_out_of_range(c, key, range);
-    if (v < min || v > max) return meta_out_of_range(c, key, range);
-    *out = v;
-    return TD_OK;
-}
-
-td_status td_checkpoint_get_meta_u64(const td_checkpoint *c, const char *key, uint64_t min,
-                                     uint64_t max, uint64_t *out) {
-    if (!c || !key || !out)
-        return td__fail(TD_EINVAL,
-                        "td_checkpoint_get_meta_u64: checkpoint, key and out must not be NULL");
-    if (min > max)
-        return td__fail(TD_EINVAL, "%s: metadata \"%s\": empty range [%llu, %llu]", c->path, key,
-                        (unsigned long long)min, (unsigned long long)max);
-    char range[64];
-    snprintf(range, sizeof range, "[%llu, %llu]", (unsigned long long)min, (unsigned long long)max);
-    int negative;
-    uint64_t m;
-    TD__TRY(meta_decimal(c, key, 0, range, &negative, &m));
-    if (m < min || m > max) return meta_out_of_range(c, key, range);
-    *out = m;
-    return TD_OK;
-}
-
-static const entry *find(const td_checkpoint *c, const char *name) {
-    for (size_t i = 0; i < c->n; i++)
-        if (strcmp(c->entries[i].name, name) == 0) return &c->entries[i];
-    return NULL;
-}
-
-/* The entry called name, of dtype: TD_ENOTFOUND or TD_EDTYPE saying so otherwise. */
-static td_status find_typed(const td_checkpoint *c, const char *name, td_dtype dtype,
-                            const entry **out) {
-    const entry *e = find(c, name);
-    if (!e) return td__fail(TD_ENOTFOUND, "%s: tensor %s is not in the file", c->path, name);
-    if (e->dtype != dtype)
-        return td__fail(TD_EDTYPE, "%s: tensor %s: expected dtype %s, file has %s", c->path, name,
-                        dtype_to_st(dtype) ? dtype_to_st(dtype) : "invalid", dtype_to_st(e->dtype));
-    *out = e;
-    return TD_OK;
-}
-
-/* Elements [offset, offset + count) of e into dst, from this file or a sharded one's parts. */
-static td_status read_span(td_checkpoint *c, const entry *e, size_t offset, size_t count,
-                           void *dst) {
-    if (e->pieces) return td__checkpoint_read_pieces(c, e, offset, count, dst);
-    if (!count) return TD_OK;
+td_status td__safetensors_read(const td__safetensors *c, const entry *e, size_t offset,
+                               size_t count, void *dst) {
     size_t es = td_dtype_size(e->dtype);
-    if (!td__checkpoint_read_at(c->fd, dst, count * es, c->data_start + e->begin + offset * es))
+    if (count && !read_at(c->fd, dst, count * es, c->data_start + e->begin + offset * es))
         return td__fail(TD_EIO, "%s: tensor %s: read failed (file changed while open?)", c->path,
                         e->name);
     return TD_OK;
-}
-
-/* Entry e's bytes into t's buffer; one on a GPU through a host copy. */
-static td_status read_tensor(td_checkpoint *c, const entry *e, td_param *t) {
-    if (t->device.type == TD_DEVICE_CPU) return read_span(c, e, 0, t->count, t->data);
-    size_t bytes = t->count * td_dtype_size(e->dtype);
-    void *buf = malloc(bytes ? bytes : 1);
-    if (!buf)
-        return td__fail(TD_ENOMEM, "%s: tensor %s: no memory for a host copy", c->path, t->name);
-    td_status st = read_span(c, e, 0, t->count, buf);
-    if (st == TD_OK) st = td_device_copy(t->device, t->data, td_device_cpu(), buf, bytes);
-    free(buf);
-    return st;
-}
-
-td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
-    if (!c || (!t && n))
-        return td__fail(TD_EINVAL, "td_checkpoint_read: checkpoint and tensors must not be NULL");
-    for (size_t i = 0; i < n; i++) {
-        if (!t[i].name) return td__fail(TD_EINVAL, "%s: tensors[%zu] has no name", c->path, i);
-        const entry *e;
-        TD__TRY(find_typed(c, t[i].name, t[i].dtype, &e));
-        int same = e->ndim == t[i].ndim;
-        for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == t[i].shape[d];
-        if (!same) {
-            char want[160], got[160];
-            td__dims_str(want, sizeof want, t[i].ndim, t[i].shape);
-            td__dims_str(got, sizeof got, e->ndim, e->shape);
-            return td__fail(TD_ESHAPE, "%s: tensor %s: expected shape %s, file has %s", c->path,
-                            t[i].name, want, got);
-        }
-        if (e->count != t[i].count)
-            return td__fail(TD_ESHAPE, "%s: tensor %s: count %zu does not match its shape (%zu)",
-                            c->path, t[i].name, t[i].count, e->count);
-        if (!t[i].data && e->count)
-            return td__fail(TD_EINVAL, "%s: tensor %s has no data buffer", c->path, t[i].name);
-    }
-    for (size_t i = 0; i < n; i++) TD__TRY(read_tensor(c, find(c, t[i].name), &t[i]));
-    return TD_OK;
-}
-
-td_status td_checkpoint_read_range(td_checkpoint *c, const char *name, td_dtype dtype,
-                                   size_t offset, size_t count, void *dst) {
-    if (!c || !name || (!dst && count))
-        return td__fail(TD_EINVAL,
-                        "td_checkpoint_read_range: checkpoint, name and dst must not be NULL");
-    const entry *e;
-    TD__TRY(find_typed(c, name, dtype, &e));
-    if (offset > e->count || count > e->count - offset)
-        return td__fail(TD_ESHAPE, "%s: tensor %s: elements [%zu, %zu) asked for, it has %zu",
-                        c->path, name, offset, offset + count, e->count);
-    return count ? read_span(c, e, offset, count, dst) : TD_OK;
-}
-
-td_status td_checkpoint_load(const char *path, td_param *t, size_t n) {
-    td_checkpoint *c = NULL;
-    td_status st = td_checkpoint_open(&c, path);
-    if (st != TD_OK) return st;
-    st = td_checkpoint_read(c, t, n);
-    td_checkpoint_close(c);
-    return st;
 }

@@ -39,14 +39,20 @@ td_status td_comm_agree(td_comm *comm, const td_comm_agreement *a) {
     for (int r = 1; s == TD_OK && failed < 0 && r < size && differs < 0; r++)
         if (memcmp(all + 8, all + (size_t)r * stride + 8, a->bytes) != 0) differs = r;
     if (failed >= 0) {
-        /* The rank that failed tells the others why. */
+        /* The rank that failed tells the others why: its message less the "<what>: " it began
+         * with, which the others' own "<what>: rank R: " replaces, so that a layer's words come
+         * once. */
         memcpy(&status, all + (size_t)failed * stride, 8);
-        s = td_comm_broadcast(comm, message, sizeof message, TD_U8, failed);
-        message[sizeof message - 1] = '\0';
+        char relay[AGREE_MESSAGE];
+        size_t own = strlen(a->what);
+        int prefixed = !strncmp(message, a->what, own) && !strncmp(message + own, ": ", 2);
+        snprintf(relay, sizeof relay, "%s", message + (prefixed ? own + 2 : 0));
+        s = td_comm_broadcast(comm, relay, sizeof relay, TD_U8, failed);
+        relay[sizeof relay - 1] = '\0';
         if (s == TD_OK && rank == failed)
             s = td__fail((td_status)status, "%s", message);
         else if (s == TD_OK)
-            s = td__fail((td_status)status, "%s: rank %d: %s", a->what, failed, message);
+            s = td__fail((td_status)status, "%s: rank %d: %s", a->what, failed, relay);
     } else if (differs >= 0) {
         char at0[320], atr[320];
         const unsigned char *first = all + 8, *other = all + (size_t)differs * stride + 8;

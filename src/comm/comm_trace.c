@@ -78,24 +78,42 @@ td_status td_comm_trace_write(td_comm *comm, const td_trace *trace, const char *
     return s;
 }
 
+/* DIR/rank<R>.trace: where rank R keeps its spans as it records them (td_trace_keep), so that
+ * a rank killed mid-run leaves them for tandemrun to merge (td_job_trace_collect). */
+static char *kept_path(const char *dir, int rank) {
+    size_t cap = strlen(dir) + 32;
+    char *path = malloc(cap);
+    if (path) snprintf(path, cap, "%s/rank%d.trace", dir, rank);
+    return path;
+}
+
 td_trace *td__comm_job_trace_open(td_comm *comm, char **dir) {
     *dir = NULL;
     const char *env = getenv("TANDEM_TRACE");
     if (!env || !*env) return NULL;
     char host[256] = "";
     if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+    int rank = td_comm_rank(comm);
     td_trace *trace = NULL;
-    if (td_trace_create(&trace, td_comm_rank(comm)) != TD_OK ||
-        td_trace_set_host(trace, host) != TD_OK || !(*dir = strdup(env))) {
-        td__log(TD_LOG_WARN, "rank %d: TANDEM_TRACE=%s: cannot start the trace: %s",
-                td_comm_rank(comm), env, td_last_error());
+    if (td_trace_create(&trace, rank) != TD_OK || td_trace_set_host(trace, host) != TD_OK ||
+        !(*dir = strdup(env))) {
+        td__log(TD_LOG_WARN, "rank %d: TANDEM_TRACE=%s: cannot start the trace: %s", rank, env,
+                td_last_error());
         td_trace_destroy(trace);
         return NULL;
     }
+    /* The thread that makes the group runs the program's steps: its blocking collectives sit on
+     * the "compute" row (the program may name it otherwise). */
+    (void)td_trace_name_thread(trace, "compute");
     /* mpirun users name a directory that may not exist yet; tandemrun has made its own. */
     if (mkdir(env, 0777) != 0 && errno != EEXIST)
-        td__log(TD_LOG_WARN, "rank %d: TANDEM_TRACE=%s: cannot make the directory: %s",
-                td_comm_rank(comm), env, strerror(errno));
+        td__log(TD_LOG_WARN, "rank %d: TANDEM_TRACE=%s: cannot make the directory: %s", rank, env,
+                strerror(errno));
+    char *kept = kept_path(env, rank);
+    if (!kept || td_trace_keep(trace, kept) != TD_OK)
+        td__log(TD_LOG_WARN, "rank %d: TANDEM_TRACE=%s: a killed rank will leave no spans: %s",
+                rank, env, kept ? td_last_error() : "out of memory");
+    free(kept);
     td_comm_set_trace(comm, trace);
     return trace;
 }
@@ -103,24 +121,30 @@ td_trace *td__comm_job_trace_open(td_comm *comm, char **dir) {
 void td__comm_job_trace_close(td_comm *comm, td_trace *trace, char *dir) {
     int rank = td_comm_rank(comm);
     size_t cap = strlen(dir) + 32;
-    char *path = malloc(cap);
-    if (path) {
+    char *path = malloc(cap), *kept = kept_path(dir, rank);
+    td_status s = path && kept ? TD_OK : TD_ENOMEM;
+    if (!s) {
         snprintf(path, cap, "%s/trace.json", dir);
-        td_status s = td_comm_trace_write(comm, trace, path);
-        if (s == TD_OK && rank == 0) {
-            td__log(TD_LOG_INFO, "wrote the job's trace to %s", path);
-        } else if (s != TD_OK) {
-            /* The group failed (a rank died, say): each rank keeps what it recorded. */
+        s = td_comm_trace_write(comm, trace, path);
+        /* The kept files go once every rank knows the job's file was written. */
+        int32_t ok = s == TD_OK, all = 0;
+        if (td_comm_allreduce(comm, &ok, &all, 1, TD_I32, TD_OP_MIN) != TD_OK) all = 0;
+        if (all) {
+            (void)td_trace_keep(trace, NULL);
+            unlink(kept);
+            if (rank == 0) td__log(TD_LOG_INFO, "wrote the job's trace to %s", path);
+        } else {
+            /* A rank died, say: each rank's spans stay in its kept file, which tandemrun (or
+             * tandemrun --trace-merge DIR, after mpirun) merges. */
             td__log(TD_LOG_WARN,
-                    "rank %d: the job's trace was not gathered (%s); writing this "
-                    "rank's own",
-                    rank, td_last_error());
-            snprintf(path, cap, "%s/rank%d.json", dir, rank);
-            if (td_trace_write(trace, path) != TD_OK)
-                td__log(TD_LOG_WARN, "rank %d: %s", rank, td_last_error());
+                    "rank %d: the job's trace was not gathered (%s); %s keeps this "
+                    "rank's spans",
+                    rank, s ? td_last_error() : "another rank failed", kept);
+            (void)td_trace_keep(trace, NULL);
         }
     }
     free(path);
+    free(kept);
     td_trace_destroy(trace);
     free(dir);
 }

@@ -3,6 +3,7 @@
  * arrows that show who arrived last. One rank's file is the merged file of one trace.
  *
  * The file is written to a temporary name and renamed, so a reader never sees half of it. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,17 +269,20 @@ td_status td_trace_write_merged(const td_trace *const *traces, size_t n, const c
     }
     char *tmp = NULL;
     FILE *f = NULL;
+    int err = 0; /* the system's reason when the file could not be written */
     if (!s) {
         size_t plen = strlen(path);
         tmp = malloc(plen + 32);
         if (!tmp) s = TD_ENOMEM;
         if (tmp) snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-        if (tmp && !(f = fopen(tmp, "w"))) s = TD_EIO;
+        if (tmp && !(f = fopen(tmp, "w"))) s = TD_EIO, err = errno;
     }
     if (f) {
+        errno = 0;
         s = write_all(f, traces, n, all, nall, offsets, arrivals);
-        if (fclose(f) != 0) s = TD_EIO;
-        if (!s && rename(tmp, path) != 0) s = TD_EIO;
+        if (s) err = errno;
+        if (fclose(f) != 0 && !s) s = TD_EIO, err = errno;
+        if (!s && rename(tmp, path) != 0) s = TD_EIO, err = errno;
         if (s) remove(tmp);
     }
     for (size_t i = 0; i < n; i++) pthread_mutex_unlock((pthread_mutex_t *)&traces[i]->lock);
@@ -289,7 +293,7 @@ td_status td_trace_write_merged(const td_trace *const *traces, size_t n, const c
     free(all);
     free(tmp);
     if (s == TD_ENOMEM) return td__fail(s, "td_trace_write: out of memory writing %s", path);
-    if (s) return td__fail(s, "td_trace_write: cannot write %s", path);
+    if (s) return td__fail(s, "cannot write %s: %s", path, err ? strerror(err) : "write error");
     return TD_OK;
 }
 

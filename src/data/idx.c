@@ -1,12 +1,13 @@
 /* IDX file reader (the MNIST format): 4-byte magic {0, 0, dtype, ndim}, ndim big-endian
- * uint32 dims, then the data in big-endian order. zlib's gzread reads gzip files and passes
- * plain files through, so both work.
+ * uint32 dims, then the data in big-endian order, plain or gzip-compressed (told apart by the
+ * gzip magic, 1f 8b).
  *
- * Every length is checked against the header, and a gzip file must end with its whole
- * trailer (CRC-32 and length): zlib verifies the CRC there, so a file cut short or damaged
- * anywhere is an error. It does not accept IDX's i8 / i16 types, which no dataset we load
- * uses. */
-#include <errno.h>
+ * Every length is checked against the header, and a gzip file is inflated to the end of its
+ * stream: zlib checks the trailer's CRC-32 and length there, and a stream that stops before
+ * its trailer is refused, so a file cut short or damaged anywhere is an error naming it, even
+ * when every byte of data came out. It does not accept IDX's i8 / i16 types, which no dataset
+ * we load uses. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -14,38 +15,93 @@
 #include "tandem/data.h"
 
 #include "core/core_impl.h"
+#include "data_impl.h"
 
-/* gzread inflates a large request straight into the caller's buffer and, when the stream
- * turns out damaged, returns -1 without saying how much of it was good; reading in pieces of
- * this size keeps the count of good bytes, which the error message reports. */
-#define READ_PIECE ((size_t)1 << 16)
+/* A file read through: its bytes as they are, or the gzip stream in it inflated. zlib's own
+ * gzread is not used: it takes a stream that ends inside its trailer for a clean end of file
+ * once it has read the whole file (and then never checks the CRC). */
+typedef struct {
+    FILE *f;
+    const char *path;
+    int gzip;
+    int member_done; /* the current gzip member reached its end, trailer checked */
+    z_stream z;
+    unsigned char in[1 << 16];
+    char why[160]; /* what went wrong, for the caller's message */
+} idx_source;
 
-static size_t read_full(gzFile f, void *buf, size_t len, int *zerr) {
+static size_t refill(idx_source *s) {
+    size_t n = fread(s->in, 1, sizeof s->in, s->f);
+    s->z.next_in = s->in;
+    s->z.avail_in = (uInt)n;
+    if (n == 0 && ferror(s->f)) snprintf(s->why, sizeof s->why, "read error");
+    return n;
+}
+
+static td_status source_open(idx_source *s, const char *path) {
+    memset(s, 0, sizeof *s);
+    s->path = path;
+    size_t size;
+    TD__TRY(td__data_open(path, "", &s->f, &size));
+    refill(s);
+    s->gzip = s->z.avail_in >= 2 && s->in[0] == 0x1f && s->in[1] == 0x8b;
+    if (s->gzip && inflateInit2(&s->z, 16 + MAX_WBITS) != Z_OK) {
+        fclose(s->f);
+        return td__fail(TD_ENOMEM, "%s: cannot start zlib", path);
+    }
+    return TD_OK;
+}
+
+static void source_close(idx_source *s) {
+    if (s->gzip) inflateEnd(&s->z);
+    if (s->f) fclose(s->f);
+}
+
+/* Reads up to len bytes into buf; returns how many came. Fewer than len: the data ended (a
+ * gzip stream with its trailer checked, or a plain file) with why empty, or something went
+ * wrong, said in why ("unexpected end of file" for a gzip stream cut short). */
+static size_t source_read(idx_source *s, void *buf, size_t len) {
     size_t done = 0;
-    *zerr = 0;
-    while (done < len) {
-        size_t want = len - done < READ_PIECE ? len - done : READ_PIECE;
-        int got = gzread(f, (char *)buf + done, (unsigned)want);
-        if (got < 0) {
-            *zerr = 1;
+    while (done < len && !s->why[0]) {
+        if (!s->gzip) {
+            if (!s->z.avail_in && !refill(s)) break;
+            size_t n = len - done < s->z.avail_in ? len - done : s->z.avail_in;
+            memcpy((char *)buf + done, s->z.next_in, n);
+            s->z.next_in += n;
+            s->z.avail_in -= n;
+            done += n;
+            continue;
+        }
+        if (s->member_done) {
+            /* Another gzip member may follow (gzip -c a b > ab); anything else is not ours. */
+            if (!s->z.avail_in && !refill(s)) break;
+            if (s->z.next_in[0] != 0x1f) {
+                snprintf(s->why, sizeof s->why, "stray bytes after the gzip stream");
+                break;
+            }
+            inflateReset(&s->z);
+            s->member_done = 0;
+        }
+        if (!s->z.avail_in && !refill(s)) {
+            if (!s->why[0]) snprintf(s->why, sizeof s->why, "unexpected end of file");
             break;
         }
-        if (got == 0) break;
-        done += (size_t)got;
+        size_t want = len - done < UINT_MAX ? len - done : UINT_MAX;
+        s->z.next_out = (Bytef *)buf + done;
+        s->z.avail_out = (uInt)want;
+        int ret = inflate(&s->z, Z_NO_FLUSH);
+        done += want - s->z.avail_out;
+        if (ret == Z_STREAM_END)
+            s->member_done = 1;
+        else if (ret != Z_OK && ret != Z_BUF_ERROR)
+            snprintf(s->why, sizeof s->why, "%s", s->z.msg ? s->z.msg : "damaged data");
     }
     return done;
 }
 
-/* zlib's message for the last error, without the "path: " it puts in front (the caller's
- * message names the file once), or NULL when zlib reports none. gzread takes a stream that
- * ends before its trailer for a plain end of file (Z_BUF_ERROR), so callers ask at the end. */
-static const char *gz_message(gzFile f, const char *path) {
-    int code = 0;
-    const char *msg = gzerror(f, &code);
-    if (code == Z_OK || !msg) return NULL;
-    size_t n = strlen(path);
-    if (!strncmp(msg, path, n) && !strncmp(msg + n, ": ", 2)) msg += n + 2;
-    return *msg ? msg : "read error";
+/* Whether the source stopped on a cut (the file ends too soon) rather than on damage. */
+static int cut_short(const idx_source *s) {
+    return !s->why[0] || !strcmp(s->why, "unexpected end of file");
 }
 
 static void swap_bytes(void *data, size_t count, size_t size) {
@@ -59,32 +115,20 @@ static void swap_bytes(void *data, size_t count, size_t size) {
     }
 }
 
-td_status td_idx_read(const char *path, td_idx *out) {
-    if (!path || !out) return td__fail(TD_EINVAL, "td_idx_read: path and out must not be NULL");
-    memset(out, 0, sizeof *out);
-    gzFile f = gzopen(path, "rb");
-    if (!f) return td__fail(TD_EIO, "%s: cannot open: %s", path, strerror(errno));
-    td_status st = TD_OK;
-    unsigned char *data = NULL;
-    int zerr = 0;
+static td_status read_idx(idx_source *s, td_idx *out, unsigned char **data) {
+    const char *path = s->path, *sep;
     unsigned char magic[4];
-    size_t got = read_full(f, magic, 4, &zerr);
-    if (zerr) {
-        st = td__fail(TD_EFORMAT, "%s: cannot read the IDX magic: %s", path, gz_message(f, path));
-        goto done;
-    }
-    if (got < 4) {
-        const char *why = gz_message(f, path);
-        st = td__fail(TD_EFORMAT, "%s: expected a 4-byte IDX magic, file has %zu bytes%s%s", path,
-                      got, why ? ": " : "", why ? why : "");
-        goto done;
-    }
-    if (magic[0] != 0 || magic[1] != 0) {
-        st =
-            td__fail(TD_EFORMAT, "%s: bad IDX magic %02x %02x %02x %02x (expected 00 00 type ndim)",
-                     path, magic[0], magic[1], magic[2], magic[3]);
-        goto done;
-    }
+    size_t got = source_read(s, magic, 4);
+    sep = s->why[0] ? ": " : "";
+    if (got < 4 && !cut_short(s))
+        return td__fail(TD_EFORMAT, "%s: cannot read the IDX magic: %s", path, s->why);
+    if (got < 4)
+        return td__fail(TD_EFORMAT, "%s: expected a 4-byte IDX magic, file has %zu bytes%s%s",
+                        path, got, sep, s->why);
+    if (magic[0] != 0 || magic[1] != 0)
+        return td__fail(TD_EFORMAT,
+                        "%s: bad IDX magic %02x %02x %02x %02x (expected 00 00 type ndim)", path,
+                        magic[0], magic[1], magic[2], magic[3]);
     switch (magic[2]) {
     case 0x08:
         out->dtype = TD_U8;
@@ -99,25 +143,20 @@ td_status td_idx_read(const char *path, td_idx *out) {
         out->dtype = TD_F64;
         break;
     default:
-        st =
-            td__fail(TD_EFORMAT,
-                     "%s: IDX type byte 0x%02x is not one of 08 (u8), 0C (i32), 0D (f32), 0E (f64)",
-                     path, magic[2]);
-        goto done;
+        return td__fail(
+            TD_EFORMAT,
+            "%s: IDX type byte 0x%02x is not one of 08 (u8), 0C (i32), 0D (f32), 0E (f64)", path,
+            magic[2]);
     }
     int ndim = magic[3];
-    if (ndim < 1 || ndim > TD_MAX_DIMS) {
-        st = td__fail(TD_EFORMAT, "%s: IDX ndim %d, expected 1..%d", path, ndim, TD_MAX_DIMS);
-        goto done;
-    }
+    if (ndim < 1 || ndim > TD_MAX_DIMS)
+        return td__fail(TD_EFORMAT, "%s: IDX ndim %d, expected 1..%d", path, ndim, TD_MAX_DIMS);
     unsigned char dimbuf[4 * TD_MAX_DIMS];
-    got = read_full(f, dimbuf, (size_t)4 * ndim, &zerr);
-    if (zerr || got < (size_t)4 * ndim) {
-        const char *why = gz_message(f, path);
-        st = td__fail(TD_EFORMAT, "%s: header ends inside the %d dims%s%s", path, ndim,
-                      why ? ": " : "", why ? why : "");
-        goto done;
-    }
+    got = source_read(s, dimbuf, (size_t)4 * ndim);
+    sep = s->why[0] ? ": " : "";
+    if (got < (size_t)4 * ndim)
+        return td__fail(TD_EFORMAT, "%s: header ends inside the %d dims%s%s", path, ndim, sep,
+                        s->why);
     out->ndim = ndim;
     size_t elem = td_dtype_size(out->dtype);
     size_t count = 1;
@@ -125,71 +164,63 @@ td_status td_idx_read(const char *path, td_idx *out) {
         const unsigned char *d = dimbuf + 4 * i;
         uint32_t v = ((uint32_t)d[0] << 24) | ((uint32_t)d[1] << 16) | ((uint32_t)d[2] << 8) | d[3];
         out->dims[i] = v;
-        if (v != 0 && count > (SIZE_MAX / 16) / v) {
-            st = td__fail(TD_EFORMAT, "%s: dims overflow the address space", path);
-            goto done;
-        }
+        if (v != 0 && count > (SIZE_MAX / 16) / v)
+            return td__fail(TD_EFORMAT, "%s: dims overflow the address space", path);
         count *= v;
     }
     size_t bytes = count * elem;
     /* A lying header must not make us allocate terabytes before the read finds out. */
-    if (bytes > ((size_t)1 << 36)) {
-        st = td__fail(TD_EFORMAT, "%s: header claims %zu bytes of data, more than the 64 GiB limit",
-                      path, bytes);
-        goto done;
-    }
-    data = malloc(bytes ? bytes : 1);
-    if (!data) {
-        st = td__fail(TD_ENOMEM, "%s: cannot allocate %zu bytes", path, bytes);
-        goto done;
-    }
-    got = read_full(f, data, bytes, &zerr);
-    if (zerr) {
-        st = td__fail(TD_EFORMAT, "%s: damaged gzip data after %zu of the %zu bytes of data: %s",
-                      path, got, bytes, gz_message(f, path));
-        goto done;
-    }
-    if (got < bytes) {
-        const char *why = gz_message(f, path);
-        st = td__fail(TD_EFORMAT, "%s: expected %zu bytes of data, file ends after %zu%s%s", path,
-                      bytes, got, why ? ": " : "", why ? why : "");
-        goto done;
-    }
+    if (bytes > ((size_t)1 << 36))
+        return td__fail(TD_EFORMAT,
+                        "%s: header claims %zu bytes of data, more than the 64 GiB limit", path,
+                        bytes);
+    *data = malloc(bytes ? bytes : 1);
+    if (!*data) return td__fail(TD_ENOMEM, "%s: cannot allocate %zu bytes", path, bytes);
+    got = source_read(s, *data, bytes);
+    sep = s->why[0] ? ": " : "";
+    if (got < bytes && !cut_short(s))
+        return td__fail(TD_EFORMAT, "%s: damaged gzip data after %zu of the %zu bytes of data: %s",
+                        path, got, bytes, s->why);
+    if (got < bytes)
+        return td__fail(TD_EFORMAT, "%s: expected %zu bytes of data, file ends after %zu%s%s",
+                        path, bytes, got, sep, s->why);
     /* The end: nothing more, and for gzip the trailer, whose CRC-32 and length zlib checks
-     * when it reaches them; a stream cut inside the trailer reads as a clean end of file, so
-     * zlib is asked whether it ended where it should. */
+     * when the stream reaches them. */
     unsigned char extra;
-    size_t more = read_full(f, &extra, 1, &zerr);
-    const char *why = gz_message(f, path);
-    if (more) {
-        st =
-            td__fail(TD_EFORMAT, "%s: extra bytes after the %zu bytes of data the header announces",
-                     path, bytes);
-        goto done;
-    }
-    if (zerr) {
-        st = td__fail(TD_EFORMAT, "%s: damaged gzip data (all %zu bytes of data read): %s", path,
-                      bytes, why);
-        goto done;
-    }
-    if (why) {
-        st = td__fail(TD_EFORMAT,
-                      "%s: the gzip stream ends before its trailer (CRC-32 and length), so the "
-                      "%zu bytes of data cannot be checked: %s",
-                      path, bytes, why);
-        goto done;
-    }
+    if (source_read(s, &extra, 1))
+        return td__fail(TD_EFORMAT,
+                        "%s: extra bytes after the %zu bytes of data the header announces", path,
+                        bytes);
+    if (s->why[0] && !strcmp(s->why, "unexpected end of file"))
+        return td__fail(TD_EFORMAT,
+                        "%s: the gzip stream ends before its trailer (CRC-32 and length), so the "
+                        "%zu bytes of data cannot be checked: unexpected end of file",
+                        path, bytes);
+    if (s->why[0])
+        return td__fail(TD_EFORMAT, "%s: damaged gzip data (all %zu bytes of data read): %s",
+                        path, bytes, s->why);
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (elem > 1) swap_bytes(data, count, elem);
+    if (elem > 1) swap_bytes(*data, count, elem);
 #endif
     out->count = count;
+    return TD_OK;
+}
+
+td_status td_idx_read(const char *path, td_idx *out) {
+    if (!path || !out) return td__fail(TD_EINVAL, "td_idx_read: path and out must not be NULL");
+    memset(out, 0, sizeof *out);
+    idx_source s;
+    TD__TRY(source_open(&s, path));
+    unsigned char *data = NULL;
+    td_status st = read_idx(&s, out, &data);
+    source_close(&s);
+    if (st != TD_OK) {
+        free(data);
+        memset(out, 0, sizeof *out);
+        return st;
+    }
     out->data = data;
-    data = NULL;
-done:
-    free(data);
-    gzclose(f);
-    if (st != TD_OK) memset(out, 0, sizeof *out);
-    return st;
+    return TD_OK;
 }
 
 void td_idx_free(td_idx *idx) {

@@ -13,18 +13,24 @@
 #include "tandem/data.h"
 
 #include "core/core_impl.h"
+#include "data_impl.h"
 
 const char *td_corpus_default_path(void) {
     return "/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb";
 }
 
-/* A growing byte buffer. */
+/* A growing byte buffer, never past TD_CORPUS_MAX_BYTES. */
 typedef struct {
     uint8_t *p;
     size_t n, cap;
+    int too_big; /* a put would have passed the bound */
 } bytes;
 
 static int put(bytes *b, const void *src, size_t n) {
+    if (n > TD_CORPUS_MAX_BYTES - b->n) {
+        b->too_big = 1;
+        return 0;
+    }
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 1 << 20;
         while (cap < b->n + n) cap *= 2;
@@ -83,6 +89,14 @@ static td_status read_rdb(const uint8_t *raw, size_t size, const char *path, byt
             break;
         }
         uint32_t len = be32(raw + at);
+        if (len > TD_CORPUS_MAX_BYTES) {
+            st = td__fail(TD_EFORMAT,
+                          "%s: the entry at offset %zu claims %u bytes, more than a text may hold "
+                          "(TD_CORPUS_MAX_BYTES, 1 GiB; is this an R lazy-load database, "
+                          "data/Rdata.rdb?)",
+                          path, at, len);
+            break;
+        }
         uint8_t *o = realloc(obj, len ? len : 1);
         if (!o) {
             st = td__fail(TD_ENOMEM, "%s: out of memory for an entry of %u bytes", path, len);
@@ -99,7 +113,13 @@ static td_status read_rdb(const uint8_t *raw, size_t size, const char *path, byt
         if (zs == Z_OK) zs = inflate(&z, Z_FINISH);
         size_t used = (size - at - 4) - z.avail_in, got = len - z.avail_out;
         inflateEnd(&z);
-        if (zs != Z_STREAM_END || got != len || !r_object(obj, len, out, &lines))
+        int parsed = zs == Z_STREAM_END && got == len && r_object(obj, len, out, &lines);
+        if (out->too_big)
+            st = td__fail(TD_EINVAL,
+                          "%s: the novels unpack to more than a text may hold (TD_CORPUS_MAX_BYTES, "
+                          "1 GiB)",
+                          path);
+        else if (!parsed)
             st = td__fail(TD_EFORMAT,
                           "%s: the entry at offset %zu is not a zlib-compressed R object (is "
                           "this an R lazy-load database, data/Rdata.rdb?)",
@@ -115,13 +135,19 @@ static td_status read_rdb(const uint8_t *raw, size_t size, const char *path, byt
 td_status td_corpus_load(td_corpus *out, const char *path) {
     if (!out || !path) return td__fail(TD_EINVAL, "td_corpus_load: NULL argument");
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return td__fail(TD_EIO,
-                        "%s: cannot open it (Jane Austen's novels come with Debian's "
-                        "r-cran-janeaustenr: sh scripts/deps.sh installs it; or give a plain "
-                        "text file)",
-                        path);
+    FILE *f;
+    size_t size;
+    TD__TRY(td__data_open(path,
+                          " (Jane Austen's novels come with Debian's r-cran-janeaustenr: sh "
+                          "scripts/deps.sh installs it; or give a plain text file)",
+                          &f, &size));
+    if (size > TD_CORPUS_MAX_BYTES) {
+        fclose(f);
+        return td__fail(TD_EINVAL,
+                        "%s: %zu bytes, more than a text may hold (TD_CORPUS_MAX_BYTES, 1 GiB: "
+                        "every rank reads the whole text into its memory)",
+                        path, size);
+    }
     bytes raw = {0};
     uint8_t buf[1 << 16];
     size_t n;
@@ -131,6 +157,9 @@ td_status td_corpus_load(td_corpus *out, const char *path) {
     fclose(f);
     if (!ok || err) {
         free(raw.p);
+        if (raw.too_big)
+            return td__fail(TD_EINVAL, "%s: grew past the %zu bytes a text may hold while read",
+                            path, TD_CORPUS_MAX_BYTES);
         return td__fail(ok ? TD_EIO : TD_ENOMEM, "%s: %s while reading", path,
                         ok ? "an I/O error" : "out of memory");
     }

@@ -1,6 +1,7 @@
 /* td_graph_compile as a sequence of named passes over the node list: fuse (fuse.c), plan
- * layouts, make primitives, allocate, and the bookkeeping for the grad-ready hook. After it
- * a training step neither mallocs nor creates primitives. Walks op tables only. */
+ * recompute (recompute.c), plan layouts, make primitives, allocate, and the bookkeeping for
+ * the grad-ready hook. After it a training step neither mallocs nor creates primitives. Walks
+ * op tables only. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,17 +53,19 @@ static td_status plan_storage(td_graph *g, td__storage_plan *p, size_t *scratch_
             p->grad[t->id] = p->grad[t->alias_of->id];
             continue;
         }
+        if (td__is_float(t->dtype) && t->bytes > scratch) scratch = t->bytes;
+        if (td__recompute_place(g, p, t)) continue; /* in the region segments share */
         /* Leaves live in host memory until compile, so that initialisers can write them; a
          * graph on a GPU moves them into its storage. */
         if (t->kind == TD__ACT || g->opt.device.type != TD_DEVICE_CPU)
             p->data[t->id] = td__storage_place(p, t->bytes);
-        if (td__is_float(t->dtype) && t->bytes > scratch) scratch = t->bytes;
         if (t->requires_grad && g->opt.grad_enabled)
             p->grad[t->id] = td__storage_place(p, t->bytes);
         else
             t->requires_grad = 0;
     }
     if (!g->opt.grad_enabled) return td__plan_inference_memory(g, p);
+    td__recompute_rebase(g, p);
     g->ctx.scratch_bytes = scratch;
     for (int s = 0; s < TD__SCRATCH_SLOTS; s++) scratch_at[s] = td__storage_place(p, scratch);
     return TD_OK;
@@ -137,6 +140,7 @@ td_status td_graph_compile(td_graph *g) {
             return td__fail(TD_ESTATE,
                             "td_graph_compile: an earlier compile failed; build a new graph");
     td__graph_fuse(g);
+    TD__TRY(td__recompute_plan(g));
     td__graph_plan_layouts(g);
     /* Primitives are made for the thread count they will run on. */
     int was;

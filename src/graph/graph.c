@@ -24,7 +24,10 @@ td_graph_params td_graph_default_params(void) {
                          .allow_tf32 = 0,
                          .threads = 0,
                          .blocked_linear = 0,
-                         .trace = NULL};
+                         .trace = NULL,
+                         .recompute = TD_RECOMPUTE_NONE,
+                         .recompute_segments = NULL,
+                         .recompute_keep = NULL};
     return p;
 }
 
@@ -80,6 +83,7 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     int was;
     if (s == TD_OK) s = td__graph_threads_enter(g, "td_graph_create", &was); /* it can */
     if (s == TD_OK) td__graph_threads_leave(g, was);
+    if (s == TD_OK) s = td__recompute_init(g);
     if (s != TD_OK) {
         td_graph_destroy(g);
         return s;
@@ -105,6 +109,7 @@ void td_graph_destroy(td_graph *g) {
         free(t);
     }
     td__graph_records_free(g);
+    td__recompute_free(g);
     free(g->dy_host);
     if (g->storage) g->ctx.backend->free(&g->ctx, g->storage);
     free(g->nodes);
@@ -381,6 +386,7 @@ td_status td_graph_forward(td_graph *g) {
         if (kern->check) TD__TRY(kern->check(&g->ctx, g->nodes[k]));
     }
     g->ctx.rng_sample_offset = 0;
+    td__recompute_forward_begin(g);
     g->ctx.keep_weights = g->keep_weights;
     g->keep_weights = 0;
     if (g->opt.trace) (void)td_trace_name_thread(g->opt.trace, "compute");
@@ -400,6 +406,7 @@ static td_status forward_nodes(td_graph *g, const void *arg) {
     for (int k = 0; k < g->nnodes; k++) {
         td__node *n = g->nodes[k];
         if (hook) TD__TRY(use_params_at(g, n, g->param_last_node, TD_PARAM_BEFORE_FORWARD));
+        td__recompute_note(g, k);
         uint64_t t0 = trace ? td_time_ns() : 0;
         td_recorder_op(n->out->name, "forward");
         TD__TRY(td__kernels_of(&g->ctx, n->op)->forward(&g->ctx, n));
@@ -412,8 +419,9 @@ static td_status forward_nodes(td_graph *g, const void *arg) {
     return TD_OK;
 }
 
-/* Backward's point: before the first node that reads a parameter and runs backward. */
-static td_status use_params_backward(td_graph *g, const td__node *n) {
+/* Backward's point: before the first node that reads a parameter and runs backward (or runs
+ * forward again first, recomputed). */
+td_status td__graph_use_params_backward(td_graph *g, const td__node *n) {
     for (int i = 0; i < n->nin; i++)
         if (first_param_input(n, i) && !g->used[n->in[i]->index]) {
             g->used[n->in[i]->index] = 1;
@@ -527,11 +535,13 @@ static td_status backward_nodes(td_graph *g, const void *arg) {
     g->zero_failed = 0;
     memset(g->fired, 0, (size_t)g->nparams);
     memset(g->used, 0, (size_t)g->nparams);
+    g->rc.done = -1;
     td_trace *trace = g->opt.trace;
     for (int k = g->nnodes - 1; k >= 0; k--) {
         td__node *n = g->nodes[k];
         if (n->out->requires_grad && !n->out->grad_zero) {
-            if (g->use_hook) TD__TRY(use_params_backward(g, n));
+            TD__TRY(td__recompute_before_backward(g, k));
+            if (g->use_hook) TD__TRY(td__graph_use_params_backward(g, n));
             uint64_t t0 = trace ? td_time_ns() : 0;
             td_recorder_op(n->out->name, "backward");
             TD__TRY(td__kernels_of(&g->ctx, n->op)->backward(&g->ctx, n));

@@ -31,6 +31,36 @@ typedef struct {
     uint64_t rng_advance, sample_advance; /* forward: the dropout RNG's draws */
 } td__recorded_sweep;
 
+/* A recompute segment (recompute.c): the nodes [first, last] added between
+ * td_graph_segment_begin and td_graph_segment_end. */
+typedef struct {
+    char name[48];
+    int first, last; /* last < first: no nodes */
+    int selected;    /* recompute_segments names it */
+} td__segment;
+
+/* Activation recompute (recompute.c): the segments, what compile planned, and what the last
+ * forward leaves for backward to run it again with. */
+typedef struct {
+    td__segment *segments;
+    int nsegments, cap_segments;
+    int open;              /* the segment being built, or -1 */
+    char *segments_spec;   /* td_graph_params.recompute_segments, copied */
+    char *keep_spec;       /* td_graph_params.recompute_keep, copied */
+    int *segment_of;       /* (nnodes) the recomputing segment node k is in, or -1; NULL: none */
+    unsigned char *rerun;  /* (nnodes) its output is dropped: backward runs it forward again */
+    unsigned char *drop;   /* (ntensors) dropped: lives in the shared region */
+    size_t *cursor;        /* (nsegments) bytes of the region a segment's dropped tensors take */
+    size_t region;         /* the shared region: the largest segment's */
+    uint64_t *rng_at;      /* (nnodes) the dropout RNG's offset before node k ran forward, from
+                              the forward's start */
+    uint64_t *sample_at;   /* (nnodes) the sample stream's offset before node k ran forward */
+    td_rng rng;            /* the dropout RNG as the last forward started */
+    int training, by_sample;          /* the last forward's mode and dropout key ... */
+    uint64_t step, first_sample;      /* ... (td_graph_set_rng_key's) */
+    int done;              /* the segment this backward ran forward again last, or -1 */
+} td__recompute;
+
 struct td_graph {
     td__op_ctx ctx; /* first: an op's ctx pointer is the graph's address */
     td_graph_params opt;
@@ -69,6 +99,7 @@ struct td_graph {
     int record_checked;   /* the nodes were found recordable */
     float *dy_host;       /* backward's upstream gradient, staged in pageable memory */
     size_t dy_host_count;
+    td__recompute rc;     /* activation recompute (recompute.c) */
 };
 
 /* Where td__graph_allocate puts each tensor: offsets into the graph's one storage block, by
@@ -98,9 +129,35 @@ td_status td__graph_cast_memo(td_graph *g, td_tensor *x, td_dtype dtype, td_tens
 
 /* Compile passes, in the order td_graph_compile runs them. */
 void td__graph_fuse(td_graph *g);                 /* fuse.c: fold or run activations in place */
+td_status td__recompute_plan(td_graph *g);        /* recompute.c: which activations are dropped */
 void td__graph_plan_layouts(td_graph *g);         /* which activations may stay blocked */
 td_status td__graph_make_primitives(td_graph *g); /* every op's compile */
 td_status td__graph_allocate(td_graph *g);        /* activation, gradient and scratch memory */
+
+/* Recompute (recompute.c). init copies td_graph_params' strings and checks the mode (errors
+ * name td_graph_create); free releases what recompute holds. */
+td_status td__recompute_init(td_graph *g);
+void td__recompute_free(td_graph *g);
+
+/* Places a dropped tensor t (and its gradient) in its segment's part of the shared region,
+ * at offsets relative to the region, and returns 1; 0 for a tensor that is not dropped.
+ * rebase then reserves the region and moves those offsets into it. */
+int td__recompute_place(td_graph *g, td__storage_plan *p, const td_tensor *t);
+void td__recompute_rebase(td_graph *g, td__storage_plan *p);
+
+/* Forward's part: the key the sweep draws dropout with (begin, before the sweep, which may be a
+ * replay) and the RNG's offsets before node k runs (note). */
+void td__recompute_forward_begin(td_graph *g);
+void td__recompute_note(td_graph *g, int k);
+
+/* Backward's part, before node k runs backward: when k is the first node of a recomputing
+ * segment this backward reaches, announces the parameters its dropped nodes read (the
+ * parameter-use hook) and runs them forward again, as the last forward ran them. */
+td_status td__recompute_before_backward(td_graph *g, int k);
+
+/* The parameter-use hook's BEFORE_BACKWARD for the parameters node n reads, each once per
+ * backward (graph.c). */
+td_status td__graph_use_params_backward(td_graph *g, const td__node *n);
 
 /* Runs run(g, arg), a forward (from NULL) or a backward from `from`, recorded and replayed
  * where the backend can (record.c). */

@@ -5,8 +5,9 @@
  * Initialisation draws from one stream per model seed, layer after layer, so that a model built
  * whole equals one built stage by stage: a run that starts at layer k first replays layers
  * [0, k) into a scratch graph that is never compiled (it allocates their parameters, no
- * activations) to reach layer k's place in the stream and its input shape. This file does not
- * define any layers (models.c and resnet.c do) or train. */
+ * activations) to reach layer k's place in the stream and its input shape. Each layer is a
+ * recompute segment of the graph (td_graph_segment_begin), named as the layer. This file does
+ * not define any layers (models.c and resnet.c do) or train. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,13 +130,16 @@ td_status td_sequential_find(const td_sequential *s, const char *name, size_t *i
                     names);
 }
 
-/* Builds layers [first, last) reading x, drawing from rng. */
+/* Builds layers [first, last) reading x, drawing from rng; each layer is a recompute segment
+ * of its own name. */
 static td_status build_run(const td_sequential *s, td_graph *g, size_t first, size_t last,
                            td_tensor *x, td_rng *rng, td_tensor **y) {
     td_tensor *t = x;
     for (size_t i = first; i < last; i++) {
         const seq_layer *l = &s->layers[i];
-        td_status st = l->fn(g, l->name, t, rng, l->arg, &t);
+        td_status st = td_graph_segment_begin(g, l->name);
+        if (st == TD_OK) st = l->fn(g, l->name, t, rng, l->arg, &t);
+        if (st == TD_OK) st = td_graph_segment_end(g);
         if (st != TD_OK) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", td_last_error());

@@ -60,7 +60,7 @@ struct td__backend {
     td_status (*set_threads)(td__op_ctx *ctx, int n, int *was, const char *what);
 };
 
-/* The CPU backend: oneDNN primitives and plain-C kernels (cpu_backend.c). */
+/* The CPU backend: oneDNN primitives and plain-C kernels (cpu/backend.c). */
 extern const td__backend td__backend_cpu;
 
 /* The backend of a device: the CPU's, or a GPU's from libtandem_cuda.so (backend.c); an error

@@ -1,4 +1,4 @@
-/* What the collective ops (all_gather.c, all_reduce.c, sync_batch_norm.c) share: the size and
+/* What the collective ops (all_gather.c, all_reduce.c, cpu/sync_batch_norm.c) share: the size and
  * rank of the group the graph runs them on, the agreement check each runs when it compiles,
  * and errors that name the node as well as the group's own message. A collective op calls the
  * public comm API (tandem/comm.h) on ctx->comm from its forward and backward; every rank runs

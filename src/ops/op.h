@@ -197,7 +197,7 @@ void *td__op_alloc(td__op_ctx *ctx, size_t bytes);
 void *td__grad_begin(td__op_ctx *ctx, td_tensor *t, int slot);
 td_status td__grad_end(td__op_ctx *ctx, td_tensor *t);
 
-/* The op tables (one file each in src/ops) and the CPU backend's kernels beside them. */
+/* The op tables (src/ops/<op>.c) and the CPU backend's kernels (src/ops/cpu/<op>.c). */
 extern const td__op td__op_linear, td__op_conv2d, td__op_pool2d, td__op_eltwise, td__op_dropout,
     td__op_batch_norm, td__op_reshape, td__op_add, td__op_concat, td__op_softmax, td__op_nll,
     td__op_cast;

@@ -1,5 +1,5 @@
 /* SyncBatchNorm's per-channel arithmetic on the host, shared by its CPU kernels
- * (sync_batch_norm.c) and its kernels for other devices (sync_batch_norm_device.c): the
+ * (cpu/sync_batch_norm.c) and its kernels for other devices (sync_batch_norm_device.c): the
  * statistics and coefficients each computes from the group's sums. Sums come as one array of
  * 2 Cp + 1 doubles: C per-channel sums at 0, C more at Cp, the element count at 2 Cp. Not
  * installed. */

@@ -57,6 +57,7 @@ void td__ddp_end_iteration(td_ddp *d) {
     d->err = TD_OK;
     d->err_msg[0] = 0;
     d->open = 0;
+    d->loss = 0; /* reported; the next step sets its own */
 }
 
 /* Broadcasts the listed byte ranges from rank 0 through one staging buffer, so a model with

@@ -8,7 +8,9 @@
  *
  * Every bucket carries DDP_SLOTS extra elements reduced with it: the number of parameters no
  * backward reached (in the last bucket, so every rank learns whether any rank missed one) and
- * the step's loss. It knows nothing of graphs and does not step the optimizer. */
+ * the step's loss (in the last bucket too, which td_ddp_finish_backward launches, so the loss
+ * may be set until then; in an all-reduce of its own when that bucket travels narrower than f32).
+ * It knows nothing of graphs and does not step the optimizer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,15 +110,26 @@ static void ddp_done(td_ddp *d, size_t k, td_status s) {
     td__ddp_note_error(d, s);
 }
 
+/* Uneven inputs: this rank's share of the step's samples weights its gradients and loss. */
+static float ddp_weight(const td_ddp *d) {
+    return d->join && !d->join->uniform ? d->join->weight : 1.0f;
+}
+
+/* Whether the loss rides in the last bucket: only where that travels in f32, as half width would
+ * round it to three digits; otherwise it has an all-reduce of its own in ar_finish. */
+static int ddp_loss_in_bucket(const td_ddp *d) {
+    return d->n_buckets && ddp_wire_dtype(d, d->buckets[d->n_buckets - 1].dtype) == TD_F32;
+}
+
 static void ddp_launch(td_ddp *d, size_t k, float unready) {
     ddp_bucket *b = &d->buckets[k];
-    /* Uneven inputs: this rank's share of the step's samples weights its gradients and loss. */
-    float weight = d->join && !d->join->uniform ? d->join->weight : 1.0f;
+    float weight = ddp_weight(d);
     if (weight != 1.0f)
         td__ddp_note_error(d, td__ddp_mem_scale(d, b->buf, b->dtype, b->count, weight));
+    int loss = k + 1 == d->n_buckets && ddp_loss_in_bucket(d);
     td__ddp_note_error(d, td__ddp_mem_put(d, b->buf, b->dtype, b->count, unready));
-    td__ddp_note_error(d, td__ddp_mem_put(d, b->buf, b->dtype, b->count + 1,
-                                          k + 1 == d->n_buckets ? d->loss * weight : 0.0f));
+    td__ddp_note_error(
+        d, td__ddp_mem_put(d, b->buf, b->dtype, b->count + 1, loss ? d->loss * weight : 0.0f));
     b->t_launch = td_time_ns();
     /* Half-width communication: the bucket travels narrow and the reduction adds in f32. */
     void *data = b->buf;
@@ -182,8 +195,10 @@ static void ar_grad_ready(td_ddp *d, size_t i) {
     if (d->opt.rebuild_buckets && d->stats.rebuilds == 0) st->seen[st->n_seen++] = i;
     d->buckets[d->bucket_of[i]].pending--;
     /* Launch strictly in bucket order: a complete bucket waits for the ones before it, so
-     * every rank queues the same all-reduces in the same order. */
-    while (st->next_bucket < d->n_buckets && d->buckets[st->next_bucket].pending == 0) {
+     * every rank queues the same all-reduces in the same order. The last bucket waits for
+     * td_ddp_finish_backward, as it carries the step's loss, which may be set after backward;
+     * its gradients are the first layers', final at the very end of backward anyway. */
+    while (st->next_bucket + 1 < d->n_buckets && d->buckets[st->next_bucket].pending == 0) {
         ddp_launch(d, st->next_bucket++, 0.0f);
         d->stats.buckets_early++;
     }
@@ -248,6 +263,11 @@ static td_status ar_finish(td_ddp *d) {
         ddp_launch(d, k, k + 1 == d->n_buckets ? (float)n_unready : 0.0f);
     }
     ddp_wait_all(d);
+    /* Every rank takes the same path here (bucket dtypes agree), whatever went wrong before. */
+    float loss = d->loss * ddp_weight(d);
+    if (!ddp_loss_in_bucket(d))
+        td__ddp_note_error(d, td_comm_allreduce(d->comm, &loss, &loss, 1, TD_F32,
+                                                d->opt.average ? TD_OP_AVG : TD_OP_SUM));
     if (d->err == TD_OK) td__ddp_note_error(d, td__ddp_check_moved(d));
     if (d->err != TD_OK) {
         td_status s = td__ddp_take_error(d);
@@ -259,7 +279,9 @@ static td_status ar_finish(td_ddp *d) {
     const ddp_bucket *last = d->n_buckets ? &d->buckets[d->n_buckets - 1] : NULL;
     double unready_all = last ? td__ddp_mem_get(d, last->buf, last->dtype, last->count) : 0;
     if (d->opt.average) unready_all *= d->size;
-    d->loss_all = last ? (float)td__ddp_mem_get(d, last->buf, last->dtype, last->count + 1) : 0.0f;
+    d->loss_all = ddp_loss_in_bucket(d)
+                      ? (float)td__ddp_mem_get(d, last->buf, last->dtype, last->count + 1)
+                      : loss;
     d->stats.sync_steps++;
     td_status s = TD_OK;
     if (unready_all > 0.5 && !d->opt.find_unused_parameters)

@@ -469,6 +469,7 @@ static td_status tree_finish(td_ddp *d) {
     }
     tail[0] = (float)n_unready;
     tail[1] = d->loss;
+    d->loss = 0; /* the next shard sets its own */
     tree_fold(t, t->base[d->n_buckets], t->n_buffer_floats + DDP_SLOTS, 1.0f);
     tree_advance(t);
     memset(d->ready, 0, d->n_params ? d->n_params : 1);

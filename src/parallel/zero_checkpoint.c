@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "core/core_impl.h"
@@ -42,6 +43,15 @@ static td_param whole_of(const zero_view *zv, size_t v, const td_param *state) {
     t.dtype = state->dtype;
     t.data = t.grad = NULL;
     return t;
+}
+
+/* The whole step counts, as a whole-model run and td_zero_save write them. */
+static td_param steps_whole(const zero_view *zv) {
+    return (td_param){.name = STEP_NAME,
+                      .count = zv->n_params,
+                      .dtype = TD_I64,
+                      .ndim = 1,
+                      .shape = {(int64_t)zv->n_params}};
 }
 
 /* Every parameter's step count, the same on every rank: a part's count is its parameter's. */
@@ -91,12 +101,7 @@ static td_status list_parts(const zero_view *zv, const td_param *state, size_t n
                                  state[k].count, state[k].data};
     }
     if (zv->rank == 0) {
-        td_param t = {.name = STEP_NAME,
-                      .count = zv->n_params,
-                      .dtype = TD_I64,
-                      .ndim = 1,
-                      .shape = {(int64_t)zv->n_params}};
-        if (n_state) parts[n++] = (td_checkpoint_part){t, 0, zv->n_params, steps};
+        if (n_state) parts[n++] = (td_checkpoint_part){steps_whole(zv), 0, zv->n_params, steps};
         for (size_t k = 0; k < n_extra; k++)
             parts[n++] = (td_checkpoint_part){extra[k], 0, extra[k].count, extra[k].data};
     }
@@ -125,8 +130,11 @@ td_status td_zero_save(td_zero *z, const td_optim *optim, const char *path, cons
     int64_t *steps = calloc(zv.n_params ? zv.n_params : 1, sizeof *steps);
     if (!steps) return agree(&zv, td__fail(TD_ENOMEM, "zero rank %d: out of memory", zv.rank));
     td_status s = gather_steps(&zv, state, n_state, steps);
-    /* One id names this save's files on every rank. */
-    uint64_t id = td_time_ns() ^ ((uint64_t)getpid() << 32);
+    /* One id names this save's files on every rank: rank 0's draw, random so that no other save
+     * (of another run, seed or path) carries it. */
+    uint64_t id = 0;
+    if (zv.rank == 0 && getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
+        id = td_time_ns() ^ ((uint64_t)getpid() << 32);
     if (s == TD_OK) s = td_comm_broadcast(zv.comm, &id, 1, TD_I64, 0);
     td_checkpoint_part *parts = NULL;
     size_t n = 0;
@@ -143,25 +151,26 @@ td_status td_zero_save(td_zero *z, const td_optim *optim, const char *path, cons
     return s;
 }
 
-/* Reads this rank's parts of everything the group holds, and the extra tensors whole. */
+/* Reads this rank's parts of everything the group holds, and the extra tensors whole; each read
+ * checks the whole tensor's dtype and shape. */
 static td_status load_local(const zero_view *zv, td_checkpoint *ck, td_param *state, size_t n_state,
                             td_param *extra, size_t n_extra) {
     /* Stages 1 and 2 keep whole parameters, which every rank reads; stage 3 its chunks. */
     for (size_t i = 0; zv->stage < 3 && i < zv->n_params; i++) {
         const td_param *p = &zv->params[i];
-        TD__TRY(td_checkpoint_read_range(ck, p->name, p->dtype, 0, p->count, p->data));
+        TD__TRY(td_checkpoint_read_range(ck, p, 0, p->count, p->data));
     }
     for (size_t v = 0; zv->stage == 3 && v < zv->lay->n_views; v++) {
         const td__zero_view *w = &zv->lay->views[v];
-        const td_param *p = &zv->params[w->param];
-        TD__TRY(td_checkpoint_read_range(ck, p->name, p->dtype, w->param_offset, w->count,
+        TD__TRY(td_checkpoint_read_range(ck, &zv->params[w->param], w->param_offset, w->count,
                                          zv->views[v].data));
     }
+    const td_param steps_all = steps_whole(zv);
     for (size_t k = 0; k < n_state; k++) {
         if (!strcmp(state[k].name, STEP_NAME)) {
             int64_t *steps = state[k].data;
             for (size_t v = 0; v < zv->lay->n_views && v < state[k].count; v++)
-                TD__TRY(td_checkpoint_read_range(ck, STEP_NAME, TD_I64, zv->lay->views[v].param, 1,
+                TD__TRY(td_checkpoint_read_range(ck, &steps_all, zv->lay->views[v].param, 1,
                                                  &steps[v]));
             continue;
         }
@@ -171,8 +180,8 @@ static td_status load_local(const zero_view *zv, td_checkpoint *ck, td_param *st
                             "zero rank %d: optimizer state '%s' is no part's "
                             "\"optim.<parameter>.<state>\"",
                             zv->rank, state[k].name);
-        TD__TRY(td_checkpoint_read_range(ck, state[k].name, state[k].dtype,
-                                         zv->lay->views[v].param_offset, state[k].count,
+        const td_param whole = whole_of(zv, v, &state[k]);
+        TD__TRY(td_checkpoint_read_range(ck, &whole, zv->lay->views[v].param_offset, state[k].count,
                                          state[k].data));
     }
     return n_extra ? td_checkpoint_read(ck, extra, n_extra) : TD_OK;

@@ -11,38 +11,39 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tandem/args.h"
 #include "tandem/checkpoint.h"
 
-static void usage(void) {
-    fprintf(stderr, "usage: tandem-consolidate CHECKPOINT OUT [--model-only] [--drop PREFIX]...\n"
-                    "  writes CHECKPOINT (sharded or not) as one safetensors file OUT\n"
-                    "  --model-only   leave out optim.* and amp.* (a model's state_dict)\n"
-                    "  --drop PREFIX  leave out tensors whose names begin with PREFIX\n");
-    exit(2);
-}
+static const char usage[] =
+    "usage: tandem-consolidate CHECKPOINT OUT [--model-only] [--drop PREFIX]...\n"
+    "  writes CHECKPOINT (sharded or not) as one safetensors file OUT\n"
+    "  --model-only   leave out optim.* and amp.* (a model's state_dict)\n"
+    "  --drop PREFIX  leave out tensors whose names begin with PREFIX\n";
 
 int main(int argc, char **argv) {
     const char *in = NULL, *out = NULL, **drop = calloc((size_t)argc + 2, sizeof *drop);
     size_t n_drop = 0;
     if (!drop) return 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--model-only")) {
-            drop[n_drop++] = "optim.";
-            drop[n_drop++] = "amp.";
-        } else if (!strcmp(argv[i], "--drop") && i + 1 < argc) {
-            drop[n_drop++] = argv[++i];
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help") ||
-                   !strncmp(argv[i], "--", 2)) {
-            usage();
-        } else if (!in) {
-            in = argv[i];
-        } else if (!out) {
-            out = argv[i];
-        } else {
-            usage();
-        }
+    int model_only = 0;
+    td_args a;
+    td_args_init(&a, "tandem-consolidate", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_flag(&a, "--model-only", &model_only);
+        if (td_args_string(&a, "--drop", &drop[n_drop])) n_drop += !a.failed;
+        if (!in) td_args_positional(&a, &in);
+        if (!out) td_args_positional(&a, &out);
     }
-    if (!in || !out) usage();
+    if (!a.failed && !a.help && (!in || !out))
+        td_args_error(&a, "give the checkpoint to read and the file to write");
+    int rc = td_args_finish(&a, usage);
+    if (rc >= 0) {
+        free(drop);
+        return rc;
+    }
+    if (model_only) {
+        drop[n_drop++] = "optim.";
+        drop[n_drop++] = "amp.";
+    }
     td_checkpoint *ck;
     td_status s = td_checkpoint_open(&ck, in);
     int sharded = 0;

@@ -181,6 +181,9 @@ void tr_doctor_note(const tr_doctor *doc, td_job *j) {
         fprintf(stderr, "tandemrun: %s\n", td_last_error());
 }
 
+/* The dump directory of the last start that failed, for tr_doctor_trace. */
+static char failed_dir[4096];
+
 void tr_doctor_report(const tr_doctor *doc, int final) {
     if (clear_dir(doc->dir, 1) == 0) return; /* no rank has the recorder: nothing to say */
     char *text = NULL;
@@ -202,15 +205,21 @@ void tr_doctor_report(const tr_doctor *doc, int final) {
         if (!*end) break;
     }
     free(text);
-    const char *trace = getenv("TANDEM_TRACE");
-    if (final && trace && *trace) {
-        snprintf(path, sizeof path, "%s/trace.json", trace);
-        if (td_doctor_trace(doc->dir, path) != TD_OK)
-            fprintf(stderr, "tandemrun: %s\n", td_last_error());
-    }
-    if (final)
+    if (final) {
+        snprintf(failed_dir, sizeof failed_dir, "%s", doc->dir);
         fprintf(stderr, "tandemrun: the ranks' dumps are in %s (tandem-doctor %s)\n", doc->dir,
                 doc->dir);
+    }
+}
+
+void tr_doctor_trace(const char *trace_dir) {
+    if (!failed_dir[0]) return;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/trace.json", trace_dir);
+    if (td_doctor_trace(failed_dir, path) == TD_OK)
+        fprintf(stderr, "tandemrun: the calls the ranks were waiting in end %s\n", path);
+    else
+        fprintf(stderr, "tandemrun: %s\n", td_last_error());
 }
 
 /* ---------------------------------------------------------------- tandemrun --dump [PID] */

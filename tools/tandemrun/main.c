@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tandem/args.h"
+
 #include "tandemrun.h"
 
 static const char usage_text[] =
@@ -50,6 +52,8 @@ static const char usage_text[] =
     "                       per rank, collectives linked across ranks (TANDEM_TRACE=DIR;\n"
     "                       docs/tracing.md)\n"
     "  --trace-ops          with --trace: every op of the graph too (TANDEM_TRACE_OPS=1)\n"
+    "  --trace-merge DIR    merge the spans a traced job's ranks kept in DIR (under mpirun,\n"
+    "                       when they could not gather them) into DIR/trace.json, and exit\n"
     "  --doctor-dir DIR     where the ranks write their dumps (TANDEM_DOCTOR_DIR), kept\n"
     "                       after the job (default: a directory in /tmp, removed when the\n"
     "                       job succeeds; docs/doctor.md)\n"
@@ -63,54 +67,35 @@ static const char usage_text[] =
     "exits with the failed rank's status (128 + signal when it was killed), or restarts the\n"
     "job while --max-restarts allows.\n";
 
-static int usage_error(const char *fmt, const char *arg) {
-    fputs("tandemrun: ", stderr);
-    fprintf(stderr, fmt, arg);
-    fputs("\nrun 'tandemrun --help' for usage\n", stderr);
-    return 2;
-}
-
-static int parse_int(const char *s, long lo, long hi, long *out) {
-    if (!s || !*s) return 0;
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return 0;
-    *out = v;
-    return 1;
-}
-
-static int parse_seconds(const char *s, double *out) {
-    if (!s || !*s) return 0;
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || !(v > 0) || v > 1e9) return 0;
-    *out = v;
-    return 1;
-}
-
-/* "0,1,3" -> devices; every id a non-negative integer, no duplicates. */
-static int parse_devices(const char *s, tr_options *o) {
+/* "0,1,3" -> devices: distinct non-negative ids. */
+static void devices_option(td_args *a, tr_options *o) {
     int n = 0;
-    const char *p = s;
-    while (*p) {
-        if (!isdigit((unsigned char)*p)) return -1;
-        char *end = NULL;
-        long v = strtol(p, &end, 10);
-        if (v > INT_MAX || n == TR_MAX_RANKS) return -1;
-        for (int i = 0; i < n; i++)
-            if (o->devices[i] == v) return -1;
-        o->devices[n++] = (int)v;
-        p = end;
-        if (*p == ',') {
-            p++;
-            if (!*p) return -1;
-        } else if (*p) {
-            return -1;
-        }
+    if (!td_args_int_list(a, "--devices", 0, INT_MAX, o->devices, TR_MAX_RANKS, &n) || a->failed)
+        return;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (o->devices[i] == o->devices[j]) {
+                td_args_error(a, "--devices names GPU %d twice", o->devices[i]);
+                return;
+            }
+    o->have_devices = n;
+}
+
+/* --nnodes N, or torchrun's MIN:MAX with MIN = MAX (elastic ranges are not supported). */
+static void nnodes_option(td_args *a, tr_options *o) {
+    if (!td_args_is(a, "--nnodes")) return;
+    const char *v = td_args_value(a);
+    if (!v) return;
+    char lo[32] = "", hi[32] = "", *end;
+    if (sscanf(v, "%31[0-9]:%31[0-9]", lo, hi) == 2 && strcmp(lo, hi)) {
+        td_args_bad_value(a, v, "a number of hosts (or N:N; elastic ranges are not supported)");
+        return;
     }
-    return n;
+    long n = strtol(lo[0] ? lo : v, &end, 10);
+    if (end == (lo[0] ? lo : v) || *end || n < 1 || n > TR_MAX_RANKS)
+        td_args_bad_value(a, v, "a number of hosts from 1 to 1024 (or N:N)");
+    else
+        o->nnodes = (int)n;
 }
 
 static int allowed_cpu_count(void) {
@@ -155,193 +140,99 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
     o->grace_s = 5.0;
     o->nnodes = 1;
     o->rdzv_timeout_s = 300;
-    const char *nproc_arg = NULL;
-    int i = 1;
-    for (; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strcmp(arg, "--") == 0) {
-            i++;
-            break;
-        }
-        if (arg[0] != '-' || arg[1] == '\0') break; /* the program */
-        /* Normalise "--nproc_per_node=4" to name "nproc-per-node", value "4". */
-        const char *body = arg + (arg[1] == '-' ? 2 : 1);
-        char name[64];
-        const char *eq = strchr(body, '=');
-        size_t nlen = eq ? (size_t)(eq - body) : strlen(body);
-        if (nlen >= sizeof name) return usage_error("unknown option '%s'", arg);
-        for (size_t k = 0; k < nlen; k++) name[k] = body[k] == '_' ? '-' : body[k];
-        name[nlen] = '\0';
-        const char *value = eq ? eq + 1 : NULL;
-#define TAKES_VALUE()                                                                \
-    do {                                                                             \
-        if (!value) {                                                                \
-            if (i + 1 >= argc) return usage_error("option '%s' needs a value", arg); \
-            value = argv[++i];                                                       \
-        }                                                                            \
-    } while (0)
-        if (strcmp(name, "h") == 0 || strcmp(name, "help") == 0) {
-            fputs(usage_text, stdout);
-            return 1;
-        } else if (strcmp(name, "nproc-per-node") == 0) {
-            TAKES_VALUE();
-            nproc_arg = value;
-        } else if (strcmp(name, "devices") == 0) {
-            TAKES_VALUE();
-            int n = parse_devices(value, o);
-            if (n <= 0)
-                return usage_error("--devices wants distinct GPU ids like 0,1,3, got '%s'", value);
-            o->have_devices = n;
-        } else if (strcmp(name, "master-addr") == 0) {
-            TAKES_VALUE();
-            if (!*value) return usage_error("--master-addr is empty%s", "");
-            o->master_addr = value;
-        } else if (strcmp(name, "master-port") == 0) {
-            TAKES_VALUE();
-            long v;
-            if (!parse_int(value, 1, 65535, &v))
-                return usage_error("--master-port must be a port from 1 to 65535, got '%s'", value);
-            o->master_port = (int)v;
-        } else if (strcmp(name, "timeout") == 0) {
-            TAKES_VALUE();
-            if (!parse_seconds(value, &o->timeout_s))
-                return usage_error("--timeout must be a positive number of seconds, got '%s'",
-                                   value);
-        } else if (strcmp(name, "grace-period") == 0) {
-            TAKES_VALUE();
-            if (!parse_seconds(value, &o->grace_s))
-                return usage_error("--grace-period must be a positive number of seconds, got '%s'",
-                                   value);
-        } else if (strcmp(name, "max-restarts") == 0) {
-            TAKES_VALUE();
-            long v;
-            if (!parse_int(value, 0, 1000000, &v))
-                return usage_error("--max-restarts must be a count from 0, got '%s'", value);
-            o->max_restarts = (int)v;
-        } else if (strcmp(name, "restart-nproc-per-node") == 0) {
-            TAKES_VALUE();
-            long v;
-            if (strcmp(value, "left") == 0)
-                o->restart_nproc = TR_RESTART_LEFT;
-            else if (parse_int(value, 1, TR_MAX_RANKS, &v))
-                o->restart_nproc = (int)v;
-            else
-                return usage_error("--restart-nproc-per-node must be 'left' or an integer from 1 "
-                                   "to 1024, got '%s'",
-                                   value);
-        } else if (strcmp(name, "trace") == 0) {
-            TAKES_VALUE();
-            if (!*value) return usage_error("--trace wants a directory%s", "");
-            o->trace_dir = value;
-        } else if (strcmp(name, "trace-ops") == 0) {
-            o->trace_ops = 1;
-        } else if (strcmp(name, "doctor-dir") == 0) {
-            TAKES_VALUE();
-            if (!*value) return usage_error("--doctor-dir wants a directory%s", "");
-            o->dump_dir = value;
-        } else if (strcmp(name, "log-dir") == 0) {
-            TAKES_VALUE();
-            o->log_dir = value;
-        } else if (strcmp(name, "tee") == 0) {
-            o->tee = 1; /* torchrun's --tee=3 picks streams; we always tee both */
-        } else if (strcmp(name, "prefix") == 0) {
-            o->prefix = 1;
-        } else if (strcmp(name, "no-prefix") == 0) {
-            o->prefix = 0;
-        } else if (strcmp(name, "standalone") == 0 || strcmp(name, "no-python") == 0) {
-            /* one host is all tandemrun does, and it always runs the program directly */
-        } else if (strcmp(name, "nnodes") == 0) {
-            TAKES_VALUE();
-            /* torchrun's MIN:MAX is elastic; a fixed count may be written N:N. */
-            char lo[32] = "", hi[32] = "";
-            long v = 0;
-            int fixed = sscanf(value, "%31[0-9]:%31[0-9]", lo, hi) == 2 ? strcmp(lo, hi) == 0 : 1;
-            if (!fixed || !parse_int(lo[0] ? lo : value, 1, TR_MAX_RANKS, &v))
-                return usage_error("--nnodes wants a number of hosts (or N:N; elastic ranges "
-                                   "are not supported), got '%s'",
-                                   value);
-            o->nnodes = (int)v;
-        } else if (strcmp(name, "node-rank") == 0) {
-            TAKES_VALUE();
-            long v;
-            if (!parse_int(value, 0, TR_MAX_RANKS, &v))
-                return usage_error("--node-rank wants a host index from 0, got '%s'", value);
-            o->node_rank = (int)v;
-        } else if (strcmp(name, "token") == 0 || strcmp(name, "rdzv-id") == 0) {
-            TAKES_VALUE();
-            if (!*value) return usage_error("--token is empty%s", "");
-            o->token = value;
-        } else if (strcmp(name, "rdzv-timeout") == 0) {
-            TAKES_VALUE();
-            if (!parse_seconds(value, &o->rdzv_timeout_s))
-                return usage_error("--rdzv-timeout must be a positive number of seconds, got '%s'",
-                                   value);
-        } else {
-            return usage_error("unknown option '%s'", arg);
-        }
-#undef TAKES_VALUE
+    const char *nproc_arg = NULL, *restart_arg = NULL, *program = NULL;
+    int ignored = 0;
+    td_args a;
+    td_args_init(&a, "tandemrun", argc, argv);
+    while (td_args_next(&a)) {
+        if (td_args_positional(&a, &program)) break; /* the program; the rest are its */
+        td_args_string(&a, "--nproc-per-node", &nproc_arg);
+        devices_option(&a, o);
+        td_args_string(&a, "--master-addr", &o->master_addr);
+        td_args_int(&a, "--master-port", 1, 65535, &o->master_port);
+        td_args_positive(&a, "--timeout", 1e9, &o->timeout_s);
+        td_args_positive(&a, "--grace-period", 1e9, &o->grace_s);
+        td_args_int(&a, "--max-restarts", 0, 1000000, &o->max_restarts);
+        td_args_string(&a, "--restart-nproc-per-node", &restart_arg);
+        td_args_string(&a, "--trace", &o->trace_dir);
+        td_args_flag(&a, "--trace-ops", &o->trace_ops);
+        td_args_string(&a, "--trace-merge", &o->merge_dir);
+        td_args_string(&a, "--doctor-dir", &o->dump_dir);
+        td_args_string(&a, "--log-dir", &o->log_dir);
+        if (td_args_is(&a, "--tee")) o->tee = 1; /* torchrun's --tee=3 picks streams: both */
+        td_args_set(&a, "--prefix", &o->prefix, 1);
+        td_args_set(&a, "--no-prefix", &o->prefix, 0);
+        /* one host is all tandemrun does, and it always runs the program directly */
+        td_args_flag(&a, "--standalone", &ignored);
+        td_args_flag(&a, "--no-python", &ignored);
+        nnodes_option(&a, o);
+        td_args_int(&a, "--node-rank", 0, TR_MAX_RANKS, &o->node_rank);
+        td_args_string(&a, "--token", &o->token);
+        td_args_string(&a, "--rdzv-id", &o->token);
+        td_args_positive(&a, "--rdzv-timeout", 1e9, &o->rdzv_timeout_s);
     }
-    if (nproc_arg) {
-        long v;
-        if (strcmp(nproc_arg, "auto") == 0) {
-            o->nproc = o->have_devices ? o->have_devices : allowed_cpu_count();
-        } else if (parse_int(nproc_arg, 1, TR_MAX_RANKS, &v)) {
-            o->nproc = (int)v;
-        } else {
-            return usage_error("--nproc-per-node must be an integer from 1 to 1024 or 'auto', "
-                               "got '%s'",
-                               nproc_arg);
-        }
-    } else {
+    int program_at = a.index;
+    if (!a.failed && !a.help) {
+        if (!*o->master_addr) td_args_error(&a, "--master-addr is empty");
+        if (o->token && !*o->token) td_args_error(&a, "--token is empty");
+        if (o->trace_dir && !*o->trace_dir) td_args_error(&a, "--trace wants a directory");
+    }
+    if (restart_arg && !strcmp(restart_arg, "left")) {
+        o->restart_nproc = TR_RESTART_LEFT;
+    } else if (restart_arg) {
+        char *end;
+        long v = strtol(restart_arg, &end, 10);
+        if (end == restart_arg || *end || v < 1 || v > TR_MAX_RANKS)
+            td_args_error(&a,
+                          "--restart-nproc-per-node %s: expected left or an integer from 1 "
+                          "to 1024",
+                          restart_arg);
+        else
+            o->restart_nproc = (int)v;
+    }
+    if (!nproc_arg) {
         o->nproc = o->have_devices ? o->have_devices : 1;
+    } else if (!strcmp(nproc_arg, "auto")) {
+        o->nproc = o->have_devices ? o->have_devices : allowed_cpu_count();
+    } else {
+        char *end;
+        long v = strtol(nproc_arg, &end, 10);
+        if (end == nproc_arg || *end || v < 1 || v > TR_MAX_RANKS)
+            td_args_error(&a, "--nproc-per-node %s: expected an integer from 1 to 1024 or auto",
+                          nproc_arg);
+        else
+            o->nproc = (int)v;
     }
-    if (o->have_devices && o->have_devices != o->nproc) {
-        fprintf(stderr,
-                "tandemrun: --nproc-per-node %d but --devices lists %d devices; "
-                "give one device per rank\n",
-                o->nproc, o->have_devices);
-        return 2;
-    }
-    if (o->node_rank >= o->nnodes) {
-        fprintf(stderr, "tandemrun: --node-rank %d is not below --nnodes %d (nodes are 0 to %d)\n",
-                o->node_rank, o->nnodes, o->nnodes - 1);
-        return 2;
-    }
+    if (o->have_devices && o->have_devices != o->nproc)
+        td_args_error(&a,
+                      "--nproc-per-node %d but --devices lists %d devices; give one device per "
+                      "rank",
+                      o->nproc, o->have_devices);
+    if (o->node_rank >= o->nnodes)
+        td_args_error(&a, "--node-rank %d is not below --nnodes %d (nodes are 0 to %d)",
+                      o->node_rank, o->nnodes, o->nnodes - 1);
     if (o->nnodes > 1) {
         if (!o->token) o->token = getenv("TANDEM_TOKEN");
         if (!o->token || !*o->token)
-            return usage_error("a job on several hosts (--nnodes > 1) needs the job's token, the "
-                               "same on every node: pass --token T or set TANDEM_TOKEN (see "
-                               "docs/multihost.md)%s",
-                               "");
+            td_args_error(&a, "a job on several hosts (--nnodes > 1) needs the job's token, the "
+                              "same on every node: pass --token T or set TANDEM_TOKEN (see "
+                              "docs/multihost.md)");
         if (!o->master_port) o->master_port = 29500; /* torchrun's default: nodes must agree */
         if (o->max_restarts)
-            return usage_error("--max-restarts restarts the ranks of one node; a job on several "
-                               "hosts (--nnodes > 1) cannot restart yet%s",
-                               "");
+            td_args_error(&a, "--max-restarts restarts the ranks of one node; a job on several "
+                              "hosts (--nnodes > 1) cannot restart yet");
     }
-    if (o->trace_ops && !o->trace_dir) return usage_error("--trace-ops needs --trace DIR%s", "");
-    if (i >= argc) return usage_error("no program to run%s", "");
-    char *path = resolve_program(argv[i]);
-    if (!path) return usage_error("program '%s' not found or not executable", argv[i]);
+    if (o->trace_ops && !o->trace_dir) td_args_error(&a, "--trace-ops needs --trace DIR");
+    if (!program && !o->merge_dir) td_args_error(&a, "no program to run");
+    char *path = program ? resolve_program(program) : NULL;
+    if (program && !path) td_args_error(&a, "program '%s' not found or not executable", program);
+    int rc = td_args_finish(&a, usage_text);
+    if (rc >= 0) {
+        free(path);
+        return rc == 0 ? 1 : rc;
+    }
     o->program = path;
-    o->argv = argv + i;
-    return 0;
-}
-
-/* --trace DIR: the directory made, and its absolute path in the ranks' environment. */
-static int trace_env(const tr_options *o, char dir[PATH_MAX]) {
-    if (mkdir(o->trace_dir, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "tandemrun: --trace %s: cannot make the directory: %s\n", o->trace_dir,
-                strerror(errno));
-        return -1;
-    }
-    if (!realpath(o->trace_dir, dir)) {
-        fprintf(stderr, "tandemrun: --trace %s: %s\n", o->trace_dir, strerror(errno));
-        return -1;
-    }
-    setenv("TANDEM_TRACE", dir, 1);
-    if (o->trace_ops) setenv("TANDEM_TRACE_OPS", "1", 1);
+    o->argv = argv + program_at;
     return 0;
 }
 
@@ -351,17 +242,30 @@ int main(int argc, char **argv) {
     int rc = tr_parse_args(argc, argv, &opts);
     if (rc == 1) return 0;
     if (rc != 0) return rc;
+    if (opts.merge_dir) {
+        free((char *)opts.program);
+        return tr_trace_report(opts.merge_dir, -1);
+    }
     if (opts.have_devices && opts.restart_nproc) {
         fprintf(stderr, "tandemrun: --restart-nproc-per-node cannot change the world size with "
                         "--devices (one device per rank)\n");
+        free((char *)opts.program);
         return 2;
     }
     char trace_dir[PATH_MAX];
-    if (opts.trace_dir && trace_env(&opts, trace_dir) != 0) return 2;
+    if (opts.trace_dir && tr_trace_prepare(&opts, trace_dir) != 0) {
+        free((char *)opts.program);
+        return 2;
+    }
     tr_restart restart = {opts.max_restarts, 0, opts.restart_nproc};
+    int failed = -1;
     for (;;) {
-        int failed, next;
+        int next;
         char why[256];
+        if (opts.trace_dir && tr_trace_clear(trace_dir) != 0) {
+            free((char *)opts.program);
+            return 2;
+        }
         rc = tr_run_job(&opts, &failed);
         if (tr_interrupted()) break;
         if (!tr_restart_next(&restart, failed, opts.nproc, &next, why, sizeof why)) {
@@ -375,16 +279,8 @@ int main(int argc, char **argv) {
         opts.attempt = restart.done;
     }
     if (opts.trace_dir) {
-        char path[PATH_MAX + 16];
-        snprintf(path, sizeof path, "%s/trace.json", trace_dir);
-        if (access(path, R_OK) == 0)
-            fprintf(stderr, "tandemrun: the job's trace is %s (open it in ui.perfetto.dev)\n",
-                    path);
-        else
-            fprintf(stderr,
-                    "tandemrun: no trace in %s: the ranks write it when they destroy "
-                    "their process group\n",
-                    trace_dir);
+        tr_trace_report(trace_dir, failed);
+        tr_doctor_trace(trace_dir);
     }
     free((char *)opts.program);
     return rc;

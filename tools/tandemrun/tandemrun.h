@@ -6,6 +6,7 @@
 #ifndef TANDEMRUN_H
 #define TANDEMRUN_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -38,6 +39,7 @@ typedef struct {
     int restart_nproc;     /* ranks of a restart: 0 as before, -1 the ones left, or a count */
     int attempt;           /* 0 for the first start, then the restart's number */
     const char *trace_dir; /* --trace: the ranks get TANDEM_TRACE=<its absolute path> */
+    const char *merge_dir; /* --trace-merge DIR: merge what its ranks kept there, then exit */
     int trace_ops;         /* --trace-ops: and TANDEM_TRACE_OPS=1 */
     const char *dump_dir;  /* --doctor-dir: where the ranks dump (kept after the job) */
 } tr_options;
@@ -107,6 +109,19 @@ int tr_rdzv_ended(tr_rdzv *z, int *code, char *what, size_t cap);
  * node to have finished (or failed, or fallen silent). */
 void tr_rdzv_leave(tr_rdzv *z, int ok);
 
+/* --trace DIR (trace.c): makes the directory and checks that the ranks can write there, then
+ * sets TANDEM_TRACE (and TANDEM_TRACE_OPS) to its absolute path `dir`; 0, or -1 after printing
+ * why not. */
+int tr_trace_prepare(const tr_options *opts, char dir[PATH_MAX]);
+
+/* Removes an earlier job's trace files from dir before an attempt; 0, or -1 after printing why
+ * not. */
+int tr_trace_clear(const char *dir);
+
+/* After the job: says where its trace is (merging what the ranks kept when they could not
+ * gather it; rank failed_rank, if >= 0, failed), or why there is none; 0 when there is one. */
+int tr_trace_report(const char *dir, int failed_rank);
+
 /* The hang doctor's side of one start of the job (doctor.c): where the ranks dump, and a
  * request for their dumps under way. */
 typedef struct {
@@ -139,8 +154,12 @@ int tr_doctor_ready(const tr_doctor *doc, td_job *j);
 void tr_doctor_note(const tr_doctor *doc, td_job *j);
 
 /* Prints the diagnosis of the dumps (each line after "tandemrun: ") and keeps it in
- * DIR/diagnosis.txt; `final`: the job is over (the dumps' calls go into its --trace too). */
+ * DIR/diagnosis.txt; `final`: the start failed, its dumps kept for tr_doctor_trace. */
 void tr_doctor_report(const tr_doctor *doc, int final);
+
+/* After the job's trace is written (tr_trace_report): the calls the dumps of the last failed
+ * start hold, as the last events of trace_dir/trace.json. */
+void tr_doctor_trace(const char *trace_dir);
 
 /* tandemrun --dump [PID]: asks the job's tandemrun for a diagnosis and prints it. */
 int tr_dump_main(int argc, char **argv);

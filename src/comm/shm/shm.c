@@ -457,7 +457,7 @@ td_status td__shm_create(const td_comm_params *p, void **ctx, td__group_shape *s
         td_store_params sp = td_store_default_params();
         sp.host = p->master_addr;
         sp.port = p->master_port;
-        sp.is_server = rank == 0;
+        sp.is_server = rank == 0 && !p->store_hosted;
         sp.token = p->token;
         sp.timeout_s = p->timeout_s;
         TD__TRY(td_store_create(&store, &sp));

@@ -4,7 +4,7 @@
  *
  * Fused kernels in FlashAttention's manner (Dao et al. 2022; the backward split as in
  * FlashAttention-2, without its atomics), so the T x T scores never exist beyond one tile: a
- * block takes one (sequence, head) and one tile of positions (launch.h sizes it from the head
+ * block takes one (sequence, head) and one tile of positions (tiling.h sizes it from the head
  * size), keeps its tiles in shared memory as f32 and computes in f32 whatever the dtype (f32,
  * bf16 or f16: the op computes in the low dtype under mixed precision, and here it can).
  *   forward  one query tile walks the key tiles up to its own with the online softmax (a running
@@ -24,7 +24,7 @@
 #include <cstdlib>
 
 #include "ops/cuda/cuda_ops.cuh"
-#include "ops/cuda/launch.h"
+#include "ops/cuda/tiling.h"
 
 /* Where one (sequence b, head h) lives: position t's q at qkv + t * 3C + q_at (k C later, v 2C
  * later), its output at y + t * C + y_at, its log-sum-exp at lse[bh * T + t]. */

@@ -1,5 +1,5 @@
 /* The 2-d batch norm node on a GPU, PyTorch's semantics as the CPU's batch_norm2d (oneDNN,
- * checked against ref_norm.c), its oracle: training normalises with the batch's mean and
+ * checked against ref/batch_norm.c), its oracle: training normalises with the batch's mean and
  * biased variance through cuDNN's spatial batch norm, which also moves the running stats by
  * momentum with the unbiased variance (as PyTorch's cuDNN path does) and keeps the batch's
  * mean and inverse standard deviation for backward; eval normalises with the running stats

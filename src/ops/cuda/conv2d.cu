@@ -1,5 +1,5 @@
 /* The 2-d convolution node on a GPU through cuDNN's convolutions (NCHW, groups = 1), the
- * CPU's conv2d (oneDNN, checked against ref_conv.c) as the oracle. Each of the three
+ * CPU's conv2d (oneDNN, checked against ref/conv2d.c) as the oracle. Each of the three
  * convolutions (forward, backward data, backward filter) gets its algorithm once, at compile,
  * from cuDNN's heuristics (cudnnGet*_v7, as PyTorch without benchmark mode): the first that
  * is deterministic, fits the graph's shared workspace and, unless the graph allows Winograd

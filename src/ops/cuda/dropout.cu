@@ -1,5 +1,5 @@
 /* Dropout and channel-wise dropout (dropout2d) on a GPU, drawing the same Philox words as the
- * CPU op (src/ops/dropout.c), so a mask is the same bits on either device: element i of a
+ * CPU op (src/ops/cpu/dropout.c), so a mask is the same bits on either device: element i of a
  * forward draws word (offset + i) of stream 0, or, keyed by sample (td_graph_set_rng_key),
  * word (sample_offset + e) of sample n's stream (step << 32 | first_sample + n). The CPU
  * draws element masks over its storage, so the two agree where the CPU's layout is plain

@@ -1,4 +1,4 @@
-/* The embedding nodes on a GPU, as the CPU op (src/ops/embedding.c) computes them: the token
+/* The embedding nodes on a GPU, as the CPU op (src/ops/cpu/embedding.c) computes them: the token
  * lookup y = table[idx] and the position embedding y = x + table[t], in the table's dtype (f32,
  * bf16 or f16: from apex O2 on the tables are stored low), each sum rounded to that dtype as the
  * CPU rounds it.
@@ -7,7 +7,7 @@
  * table's gradient has one owning thread, which adds its contributions in token order, so the
  * sums are the CPU's, in the CPU's order, and the same bits every run. The position table's
  * element (t, c) is one thread's loop over the sequences. The token table is split into blocks
- * of consecutive rows (launch.h); a block reads every token id, a tile of ids at a time, lists
+ * of consecutive rows (tiling.h); a block reads every token id, a tile of ids at a time, lists
  * the positions whose ids fall in its rows in order (a prefix sum of the hits), and its threads,
  * one per column, add those positions' rows of dy: per-row ownership, no sort.
  *
@@ -18,7 +18,7 @@
 #include <cstdlib>
 
 #include "ops/cuda/cuda_ops.cuh"
-#include "ops/cuda/launch.h"
+#include "ops/cuda/tiling.h"
 
 /* Token i of ids (dtype dt) as a row of a table of V rows, or -1 when it is not one. */
 __device__ __forceinline__ int64_t token_row(const void *ids, int dt, size_t i, int64_t V) {

@@ -1,5 +1,5 @@
 /* Max and average 2-d pooling nodes on a GPU through cuDNN's pooling (NCHW, floor mode), the
- * CPU's pool2d (oneDNN, checked against ref_pool.c) as the oracle: max pooling lets NaN win
+ * CPU's pool2d (oneDNN, checked against ref/pool2d.c) as the oracle: max pooling lets NaN win
  * and runs cuDNN's deterministic variant, average pooling divides by the whole window, padding
  * included (count_include_pad; the op's padding <= kernel / 2 keeps every window inside the
  * padded input, so that divisor is always KH * KW, as the CPU's). Where a window holds the
