@@ -95,7 +95,7 @@ static td_status make_room(dr_job *job, int r) {
     if (r < job->n) return TD_OK;
     int n = r + 1;
     dr_rank *grown = realloc(job->ranks, (size_t)n * sizeof *grown);
-    if (!grown) return td__fail(TD_ENOMEM, "tandem-doctor: out of memory");
+    if (!grown) return td__fail(TD_ENOMEM, "reading the dumps: out of memory");
     memset(grown + job->n, 0, (size_t)(n - job->n) * sizeof *grown);
     for (int i = job->n; i < n; i++) grown[i].rank = i;
     job->ranks = grown;
@@ -106,13 +106,13 @@ static td_status make_room(dr_job *job, int r) {
 static td_status load_dump(dr_job *job, const char *path) {
     size_t len = 0;
     char *text = read_all(path, &len), err[256] = "";
-    if (!text) return td__fail(TD_EIO, "tandem-doctor: cannot read %s: %s", path, strerror(errno));
+    if (!text) return td__fail(TD_EIO, "cannot read %s: %s", path, strerror(errno));
     td__json *root = td__json_parse(text, len, err, sizeof err);
     free(text);
     const td__json *d = td__json_get(root, "doctor");
     if (!d || d->kind != TD__JSON_OBJECT || (int)num(d, "rank", -1) < 0) {
         td__json_free(root);
-        return td__fail(TD_EFORMAT, "tandem-doctor: %s is not a rank's dump%s%s", path,
+        return td__fail(TD_EFORMAT, "%s is not a rank's dump%s%s", path,
                         err[0] ? ": " : "", err);
     }
     int r = (int)num(d, "rank", -1);
@@ -157,7 +157,7 @@ static td_status load_dump(dr_job *job, const char *path) {
         }
     }
     td__json_free(root);
-    if (s) return td__fail(s, "tandem-doctor: %s: a group's record is malformed", path);
+    if (s) return td__fail(s, "%s: a group's record is malformed", path);
     return TD_OK;
 }
 
@@ -170,7 +170,7 @@ static td_status load_launcher(dr_job *job, const char *path) {
     const td__json *ranks = td__json_get(root, "ranks");
     if (!ranks || ranks->kind != TD__JSON_ARRAY) {
         td__json_free(root);
-        return td__fail(TD_EFORMAT, "tandem-doctor: %s is not a launcher's note%s%s", path,
+        return td__fail(TD_EFORMAT, "%s is not a launcher's note%s%s", path,
                         err[0] ? ": " : "", err);
     }
     td_status s = TD_OK;
@@ -195,7 +195,7 @@ static td_status load_launcher(dr_job *job, const char *path) {
 td_status td__doctor_load(const char *dir, dr_job *job) {
     memset(job, 0, sizeof *job);
     DIR *d = opendir(dir);
-    if (!d) return td__fail(TD_EIO, "tandem-doctor: cannot read %s: %s", dir, strerror(errno));
+    if (!d) return td__fail(TD_EIO, "cannot read %s: %s", dir, strerror(errno));
     td_status s = TD_OK;
     struct dirent *e;
     char path[PATH_MAX];
@@ -221,7 +221,7 @@ td_status td__doctor_load(const char *dir, dr_job *job) {
         job->hosts += job->ranks[r].have_dump && !seen;
     }
     if (!s && job->n == 0)
-        s = td__fail(TD_EIO, "tandem-doctor: %s holds no dump (rank<R>.json) and no launcher.json",
+        s = td__fail(TD_EIO, "%s holds no dump (rank<R>.json) and no launcher.json",
                      dir);
     if (s) td__doctor_free(job);
     return s;

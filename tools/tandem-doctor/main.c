@@ -8,8 +8,8 @@
  *   tandem-doctor --trace /tmp/job/doctor.json /tmp/job     (also the calls as a trace) */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
+#include "tandem/args.h"
 #include "tandem/doctor.h"
 
 static const char usage[] =
@@ -24,23 +24,15 @@ static const char usage[] =
 
 int main(int argc, char **argv) {
     const char *dir = NULL, *trace = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(usage, stdout);
-            return 0;
-        } else if (strcmp(argv[i], "--trace") == 0 && i + 1 < argc) {
-            trace = argv[++i];
-        } else if (argv[i][0] == '-' || dir) {
-            fprintf(stderr, "tandem-doctor: unexpected argument '%s'\n%s", argv[i], usage);
-            return 2;
-        } else {
-            dir = argv[i];
-        }
+    td_args a;
+    td_args_init(&a, "tandem-doctor", argc, argv);
+    while (td_args_next(&a)) {
+        td_args_string(&a, "--trace", &trace);
+        if (!dir) td_args_positional(&a, &dir);
     }
-    if (!dir) {
-        fprintf(stderr, "tandem-doctor: which directory holds the dumps?\n%s", usage);
-        return 2;
-    }
+    if (!a.failed && !a.help && !dir) td_args_error(&a, "which directory holds the dumps?");
+    int rc = td_args_finish(&a, usage);
+    if (rc >= 0) return rc;
     char *text = NULL;
     if (td_doctor_diagnose(dir, &text) != TD_OK) {
         fprintf(stderr, "tandem-doctor: %s\n", td_last_error());
