@@ -66,18 +66,6 @@ static void on_probe(int sig) {
     errno = saved;
 }
 
-/* 1 when thread `tid` of this process blocks the probe signal (it would never answer). */
-static int blocks_probe(int tid) {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/self/task/%d/status", tid);
-    FILE *f = fopen(path, "r");
-    unsigned long long mask = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "SigBlk: %llx", &mask) == 1) break;
-    if (f) fclose(f);
-    return (mask >> (probe_signal - 1)) & 1;
-}
-
 typedef struct {
     int tid;
     char name[32];
@@ -108,7 +96,8 @@ static int take_stacks(thread_stack *out, int cap) {
             t->n = backtrace(t->frames, STACK_FRAMES);
             continue;
         }
-        if (!probe_signal || blocks_probe(tid)) continue;
+        /* A thread that blocks the probe would never answer. */
+        if (!probe_signal || td__proc_signal((int)pid, tid, "SigBlk", probe_signal)) continue;
         atomic_store(&probe.done, 0);
         atomic_store(&probe.tid, tid);
         if (syscall(SYS_tgkill, pid, tid, probe_signal) == 0) {

@@ -31,18 +31,6 @@ static double wall_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* 1 when process `pid` catches SIGUSR1 (the flight recorder's dump handler is in). */
-static int catches_sigusr1(pid_t pid) {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    unsigned long long mask = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "SigCgt: %llx", &mask) == 1) break;
-    if (f) fclose(f);
-    return (mask >> (SIGUSR1 - 1)) & 1;
-}
-
 /* The flight recorder's thread in process `pid` (named "tandem-doctor"), or 0. */
 static pid_t doctor_thread(pid_t pid) {
     char path[96], name[32];
@@ -128,7 +116,7 @@ void tr_doctor_request(tr_doctor *doc, td_job *j, int stop_code, int report) {
     for (int i = 0;; i++) {
         td_job_proc p = td_job_get(j, i);
         if (p.rank < 0) break;
-        if (!p.running || !catches_sigusr1(p.pid)) continue;
+        if (!p.running || !td_process_catches(p.pid, SIGUSR1)) continue;
         /* To the recorder's own thread, so that no other thread's sleep is cut short (else the
          * rank's pid, never its process group: what it started may not catch SIGUSR1). */
         pid_t tid = doctor_thread(p.pid);
@@ -174,7 +162,7 @@ void tr_doctor_note(const tr_doctor *doc, td_job *j) {
         d->ended = !p.running;
         d->signaled = d->ended && WIFSIGNALED(p.status);
         d->code = !d->ended ? 0 : d->signaled ? WTERMSIG(p.status) : WEXITSTATUS(p.status);
-        d->recorder = p.running && catches_sigusr1(p.pid);
+        d->recorder = p.running && td_process_catches(p.pid, SIGUSR1);
         snprintf(d->host, sizeof d->host, "%s", host);
     }
     if (td_doctor_write_procs(doc->dir, procs, n) != TD_OK)
