@@ -144,7 +144,7 @@ static void describe_call(const td__rec *r, const td__rec_entry *e, uint64_t seq
         td__coll_describe(out, cap, (td__coll_kind)kind, seq, (td_dtype)td__rec_dtype(e),
                           (size_t)e->count, (td_reduce_op)td__rec_op(e), e->peer);
     } else if (kind == TD__REC_SEND || kind == TD__REC_RECV) {
-        snprintf(out, cap, "%s #%llu %s %s (tag %d, %llu elements of %s)", td__rec_kind_name(kind),
+        snprintf(out, cap, "%s #%llu %s %.200s (tag %d, %llu elements of %s)", td__rec_kind_name(kind),
                  (unsigned long long)seq, kind == TD__REC_SEND ? "to" : "from",
                  td__who(r->names, e->peer).s, e->p2p_tag, (unsigned long long)e->count,
                  td_dtype_name((td_dtype)td__rec_dtype(e)));
@@ -292,6 +292,7 @@ static td_status put_file(const char *path, int rank, const char *body, size_t l
 
 /* The threads' stacks as the dump's "threads" member, closing the document. */
 static void put_threads(FILE *f, const thread_stack *stacks, int nthreads) {
+    td__symbols *names = td__symbols_open();
     fputs("],\n\"threads\": [", f);
     for (int i = 0; i < nthreads; i++) {
         const thread_stack *t = &stacks[i];
@@ -299,15 +300,16 @@ static void put_threads(FILE *f, const thread_stack *stacks, int nthreads) {
                 t->tid == (int)getpid() ? "true" : "false");
         put_str(f, t->name);
         fputs(", \"stack\": [", f);
-        char **sym = t->n > 0 ? backtrace_symbols(t->frames, t->n) : NULL;
-        for (int k = 0; sym && k < t->n; k++) {
+        for (int k = 0; k < t->n; k++) {
+            char frame[256];
+            td__symbolize(names, t->frames[k], frame, sizeof frame);
             fputs(k ? ", " : "", f);
-            put_str(f, sym[k]);
+            put_str(f, frame);
         }
-        free(sym);
         fputs(t->n < 0 ? "], \"answered\": false}" : "], \"answered\": true}", f);
     }
     fputs("]}}\n", f);
+    td__symbols_close(names);
 }
 
 /* The dump goes out twice: first the calls and marks, read in one go under the registry's lock
@@ -382,17 +384,21 @@ static td_status write_dump(const char *dir, const char *why) {
 }
 
 /* When a dump is written anyway: always (td_recorder_dump); when asked (SIGUSR1) unless the
- * rank dumped for its own failure lately, which says more than what follows it; when it follows
- * trouble (a failure, SIGTERM, another rank's dump) unless any dump was written lately. */
+ * rank dumped for its own failure lately, which says more than what follows it, or dumped at
+ * all in the last half second (what the one who asks takes as fresh); when it follows trouble (a
+ * failure, SIGTERM, another rank's dump) unless any dump was written lately. */
 enum { DUMP_ALWAYS, DUMP_ASKED, DUMP_FOLLOWS };
+#define DUMP_FRESH_NS 500000000ull
 static uint64_t failure_dump_ns; /* under dump_lock */
 
 static td_status dump_now(const char *dir, const char *why, int when, int failure) {
     pthread_mutex_lock(&dump_lock);
     uint64_t now = td_time_ns();
     td_status s = TD_OK;
-    uint64_t last = when == DUMP_ASKED ? failure_dump_ns : atomic_load(&last_dump_ns);
-    if (when == DUMP_ALWAYS || !last || now - last >= DUMP_KEEP_NS) {
+    uint64_t last = when == DUMP_ASKED ? failure_dump_ns : atomic_load(&last_dump_ns),
+             any = atomic_load(&last_dump_ns);
+    int fresh = when == DUMP_ASKED && any && now - any < DUMP_FRESH_NS;
+    if (when == DUMP_ALWAYS || (!fresh && (!last || now - last >= DUMP_KEEP_NS))) {
         atomic_store(&dumping_tid, (int)syscall(SYS_gettid));
         s = write_dump(dir, why);
         atomic_store(&dumping_tid, 0);
@@ -439,9 +445,12 @@ static void on_dump_signal(int sig) {
          * when one is out already (the keep rule of dump_now), or this thread is writing one,
          * which holds the lock the dump thread would need. */
         uint64_t last = atomic_load(&last_dump_ns);
-        int mine = atomic_load(&dumping_tid) == (int)syscall(SYS_gettid);
+        int self = (int)syscall(SYS_gettid), mine = atomic_load(&dumping_tid) == self;
         int recent = last && td_time_ns() - last < DUMP_KEEP_NS;
         for (int k = 0; k < 3000 && !mine && !recent && !atomic_load(&term_dumped); k++)
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+        /* A dump another thread is writing (its stacks, say) is let finish, for a second. */
+        for (int k = 0; k < 1000 && !mine && atomic_load(&dumping_tid); k++)
             nanosleep(&(struct timespec){0, 1000000}, NULL);
         signal(SIGTERM, SIG_DFL);
         raise(SIGTERM);

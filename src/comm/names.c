@@ -37,12 +37,12 @@ int td__names_world(const td__names *n, int rank) {
 
 td__who_text td__who_on(const td__names *n, int rank, const char *host) {
     td__who_text t;
-    char on[80] = "";
+    char on[64] = "";
     if (host && *host) snprintf(on, sizeof on, " on %s", host);
     if (!n || !n->world || rank < 0 || rank >= n->size)
         snprintf(t.s, sizeof t.s, "rank %d%s", rank, on);
     else
-        snprintf(t.s, sizeof t.s, "world rank %d%s (rank %d of %s)", n->world[rank], on, rank,
+        snprintf(t.s, sizeof t.s, "world rank %d%s (rank %d of %.80s)", n->world[rank], on, rank,
                  n->label);
     return t;
 }

@@ -152,7 +152,11 @@ static td_status load_dump(dr_job *job, const char *path) {
         for (size_t f = 0, at = 0; f < stack->n && at < 4; f++) {
             const char *frame =
                 stack->items[f].kind == TD__JSON_STRING ? stack->items[f].string : "";
-            if (strstr(frame, "/libc.so") || strstr(frame, "/ld-linux")) continue;
+            /* The C library's frames (sleeps, waits) and the recorder's own handlers say
+             * nothing of where the program is. */
+            if (strstr(frame, "libc.so") || strstr(frame, "ld-linux") ||
+                strstr(frame, "on_dump_signal") || strstr(frame, "on_probe"))
+                continue;
             snprintf(k->main_stack[at++], sizeof k->main_stack[0], "%s", frame);
         }
     }

@@ -126,6 +126,18 @@ void tr_doctor_request(tr_doctor *doc, td_job *j, int stop_code, int report) {
     }
 }
 
+/* Whether the dump at path is the recorder's second writing, the one with the stacks (the
+ * first ends with an empty list of threads). */
+static int has_stacks(const char *path) {
+    static const char first[] = "\"threads\": []}}\n";
+    char tail[sizeof first] = "";
+    FILE *f = fopen(path, "r");
+    int done = f && fseek(f, -(long)(sizeof first - 1), SEEK_END) == 0 &&
+               fread(tail, 1, sizeof first - 1, f) == sizeof first - 1;
+    if (f) fclose(f);
+    return done && strcmp(tail, first) != 0;
+}
+
 int tr_doctor_ready(const tr_doctor *doc, td_job *j) {
     if (td_time_ns() * 1e-9 >= doc->until) return 1;
     for (int i = 0; i < doc->nasked; i++) {
@@ -139,9 +151,11 @@ int tr_doctor_ready(const tr_doctor *doc, td_job *j) {
         char path[PATH_MAX + 32];
         struct stat sb;
         snprintf(path, sizeof path, "%s/rank%d.json", doc->dir, doc->asked[i]);
-        /* A dump from just before the request (the rank's own failure) will do. */
+        /* A dump from just before the request (the rank's own failure) will do, once it holds
+         * the threads' stacks (the recorder writes the calls first, then again with them). */
         if (stat(path, &sb) != 0 ||
-            (double)sb.st_mtim.tv_sec + (double)sb.st_mtim.tv_nsec * 1e-9 < doc->since - 0.25)
+            (double)sb.st_mtim.tv_sec + (double)sb.st_mtim.tv_nsec * 1e-9 < doc->since - 0.25 ||
+            !has_stacks(path))
             return 0;
     }
     return 1;
@@ -231,10 +245,9 @@ static void dir_of(pid_t pid, char *out, size_t cap) {
         snprintf(path, sizeof path, "/proc/%d/cwd", (int)pid);
         ssize_t len = readlink(path, cwd, sizeof cwd - 1);
         cwd[len > 0 ? len : 0] = 0;
-        if (value[0] == '/' || !cwd[0])
-            snprintf(out, cap, "%s", value);
-        else
-            snprintf(out, cap, "%s/%s", cwd, value);
+        int w = value[0] == '/' || !cwd[0] ? snprintf(out, cap, "%s", value)
+                                           : snprintf(out, cap, "%s/%s", cwd, value);
+        if (w < 0 || (size_t)w >= cap) out[0] = 0; /* no such directory: nothing will be found */
         return;
     }
 }
