@@ -307,6 +307,10 @@ static void tandemrun_trial(const fault_case *fc, int trial) {
                      fc->fault, trial, at > 0 ? end - at : -1.0, TIMEOUT_S + SLACK_S);
     if (r.status == 0)
         TEST_FAIL_AT("%s (trial %d): tandemrun exited 0:\n%s", fc->fault, trial, r.err);
+    /* The rank in compute shows where: its main thread's stack, named from the executable's own
+     * symbols (busy is a static function). */
+    if (!strcmp(fc->fault, "compute") && !strstr(r.err, "main thread: busy+"))
+        TEST_FAIL_AT("compute (trial %d): no stack of the rank in compute:\n%s", trial, r.err);
     if (trial == 0) printf("    %s: %s\n", fc->fault, first + strlen("tandemrun: "));
     release(&r);
     remove_dir(dir);

@@ -9,8 +9,8 @@
  * A signal handler only writes a byte to a pipe; a thread of the recorder's own writes the dump,
  * so the handler stays async-signal-safe. Each other thread's stack is taken by sending it a
  * real-time signal whose handler calls backtrace() (glibc's unwinder, loaded once beforehand so
- * that the handler does not load it). Limits: frames of code without unwind tables may stop the
- * walk; functions the executable does not export show as an offset into it (addr2line -e finds
+ * that the handler does not load it), and named by core's symbols.c. Limits: frames of code
+ * without unwind tables may stop the walk; a stripped file gives offsets (addr2line -e finds
  * them); a thread in a system call the signal interrupts sees EINTR (a nanosleep returns early);
  * a thread that never returns from the kernel, or that the handler finds in the middle of the
  * dynamic loader, gives no stack within 100 ms and the dump says so. Handlers are installed only
