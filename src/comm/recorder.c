@@ -20,7 +20,7 @@ _Thread_local td__rec_entry *td__rec_current __attribute__((tls_model("initial-e
 _Thread_local const void *td__rec_tag_comm __attribute__((tls_model("initial-exec")));
 _Thread_local char td__rec_tag_text[TD__REC_TAG] __attribute__((tls_model("initial-exec")));
 _Atomic int64_t td__rec_step = -1;
-_Atomic int32_t td__rec_micro_batch = -1;
+static _Atomic int32_t micro_batch_mark = -1;
 
 /* Calls each group remembers unless TANDEM_DOCTOR_CALLS says otherwise (a power of two). */
 #define REC_CALLS 2048
@@ -167,7 +167,7 @@ td__rec *td__rec_lock(td__rec_marks *m, td__rec **old) {
     m->creating_since = marks.creating_since;
     m->step = atomic_load(&td__rec_step);
     m->step_since = atomic_load(&marks.step_since);
-    m->micro_batch = atomic_load(&td__rec_micro_batch);
+    m->micro_batch = atomic_load(&micro_batch_mark);
     for (int tries = 0; tries < 100; tries++) {
         uint32_t g = atomic_load_explicit(&marks.gen, memory_order_acquire);
         if (g & 1) continue;
@@ -216,7 +216,7 @@ void td_recorder_step(int64_t step) {
 }
 
 void td_recorder_micro_batch(int micro_batch) {
-    atomic_store_explicit(&td__rec_micro_batch, micro_batch, memory_order_relaxed);
+    atomic_store_explicit(&micro_batch_mark, micro_batch, memory_order_relaxed);
 }
 
 void td_recorder_op(const char *name, const char *phase) {

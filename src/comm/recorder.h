@@ -28,13 +28,13 @@ enum {
 /* Where a call is. */
 enum { TD__REC_EMPTY = 0, TD__REC_QUEUED, TD__REC_RUNNING, TD__REC_DONE, TD__REC_FAILED };
 
-/* Bytes of a strategy's tag kept per call ("zero gather unit 5"). */
+/* Bytes of a strategy's tag kept per call ("ddp bucket 3"). */
 #define TD__REC_TAG 40
 
 /* One call, 64 bytes. The poster fills the first 40 with a few stores; the thread that runs the
  * call moves its state, and stamps the last 24 only when the call waits past the backend's
- * spin (valid while wait_seq equals seq, so they are never cleared). A dump reads entries
- * without a lock and skips one whose seq changed meanwhile. */
+ * spin (valid while wait_seq holds the entry's key, so they are never cleared). A dump reads
+ * entries without a lock and skips one whose seq changed meanwhile. */
 typedef struct {
     _Atomic uint64_t seq; /* collectives: the group's sequence number; p2p: the group's
                              point-to-point count */
@@ -100,10 +100,9 @@ void td__rec_init(td__rec *r, uint64_t key, const td__names *names, int rank, in
  * destroyed (a careful program destroys its groups before it leaves on an error). */
 void td__rec_fini(td__rec *r);
 
-/* The progress marks every post copies (recorder.c), and the tag td_comm_tag left for this
- * thread's next call on `td__rec_tag_comm`. */
+/* The step mark every post copies (recorder.c), and the tag td_comm_tag left for this thread's
+ * next call on `td__rec_tag_comm`. */
 extern _Atomic int64_t td__rec_step;
-extern _Atomic int32_t td__rec_micro_batch;
 extern _Thread_local const void *td__rec_tag_comm __attribute__((tls_model("initial-exec")));
 extern _Thread_local char td__rec_tag_text[TD__REC_TAG] __attribute__((tls_model("initial-exec")));
 
