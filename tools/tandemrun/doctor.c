@@ -187,9 +187,14 @@ void tr_doctor_note(const tr_doctor *doc, td_job *j) {
 static char failed_dir[4096];
 
 void tr_doctor_report(const tr_doctor *doc, int final) {
-    if (clear_dir(doc->dir, 1) == 0) return; /* no rank has the recorder: nothing to say */
     char *text = NULL;
-    if (td_doctor_diagnose(doc->dir, &text) != TD_OK) {
+    if (clear_dir(doc->dir, 1) == 0) {
+        /* No rank has the recorder: a failed job of other programs gets no word of it, a
+         * question gets its answer. */
+        if (final) return;
+        text = strdup("no rank has written a dump: none has created a process group\n");
+        if (!text) return;
+    } else if (td_doctor_diagnose(doc->dir, &text) != TD_OK) {
         fprintf(stderr, "tandemrun: no diagnosis: %s\n", td_last_error());
         return;
     }
