@@ -7,6 +7,7 @@
 #   make check           the suite once (BUILD=build)
 #   make check-long      the slower training tests
 #   make install PREFIX=/usr/local
+#   make NATIVE=1        everything compiled for this machine's CPU (-march=native)
 #   make CUDA=0          without libtandem_cuda.so even where nvcc is installed
 #   make check-torch     all of the torch.distributed backend's tests, worlds 2-4 (make check runs
 #                        world 2 where the module is built: sh scripts/deps.sh torch)
@@ -24,8 +25,11 @@ CC ?= cc
 WERROR ?= -Werror
 comma := ,
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -fno-math-errno -Wall -Wextra $(WERROR) -fPIC -g -Iinclude -Isrc -MMD -MP
+# The default build runs on any x86-64: the vector paths (AVX-512 reductions and conversions)
+# are compiled for their ISA alone and chosen at run time (src/core/cpu.c); NATIVE=1 builds all
+# of the library for the CPU that builds it.
 ifeq ($(SAN),)
-OPT ?= -O2 -march=native
+OPT ?= -O2 $(if $(NATIVE),-march=native)
 else
 OPT ?= -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=address,undefined
@@ -64,11 +68,18 @@ NVCC := $(if $(filter 0,$(CUDA)),,$(shell command -v nvcc 2>/dev/null))
 ifneq ($(NVCC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+# -Xptxas -v writes each object's resource report (OBJ.ptxas) and --no-compress keeps the PTX
+# readable in it, for the gate below.
 NVCCFLAGS := -std=c++20 -O2 -g $(CUDA_ARCH) -Iinclude -Isrc $(if $(WERROR),-Werror all-warnings) \
-	-Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra$(if $(WERROR),$(comma)-Werror),-Wno-missing-field-initializers
+	-Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra$(if $(WERROR),$(comma)-Werror),-Wno-missing-field-initializers \
+	-Xptxas -v --no-compress
 CUDA_SRC := $(wildcard src/*/cuda/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 CUDA_SO := $(BUILD)/lib/libtandem_cuda.so
+# The compiler's resource report as a gate: no register spills, static shared memory within
+# 48 KiB, every kernel bounded to the block size every launch has; the table of registers and
+# shared memory per kernel (docs/gpu.md's) lands here.
+CUDA_REPORT := $(BUILD)/cuda-resources.md
 CUDA_LINK := -L$(CUDA_HOME)/lib64 -lcublasLt -l:libcudnn.so.9 -l:libnccl.so.2 -lcudart_static -ldl \
 	-lrt -lpthread
 endif
@@ -101,7 +112,13 @@ ALL_LIBS := $(LIBS) $(MPI_LIBS) $(UCX_LIBS)
 STATIC := $(BUILD)/lib/libtandem.a
 SHARED := $(BUILD)/lib/libtandem.so
 
-TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
+# Tests in C++ (tests/test_*.cc): the CUDA kernels under the CPU's emulation of CUDA
+# (src/device/cuda/emulate.cuh), built on every machine, with or without nvcc. Contraction stays
+# off, so __fmul_rn and __fadd_rn round each operation as on a GPU.
+EMU_TESTS := $(patsubst tests/%.cc,$(BUILD)/tests/%,$(wildcard tests/test_*.cc))
+EMU_CXXFLAGS := -std=c++17 -DTD_CUDA_EMULATE -D_GNU_SOURCE -fno-math-errno -ffp-contract=off -Wall \
+	-Wextra $(WERROR) -g -Iinclude -Isrc -MMD -MP $(OPT)
+TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c)) $(EMU_TESTS)
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 EXAMPLES := $(patsubst examples/%/,$(BUILD)/examples/%,$(dir $(wildcard examples/*/main.c)))
 TOOLS := $(patsubst tools/%/,$(BUILD)/bin/%,$(dir $(wildcard tools/*/main.c)))
@@ -126,9 +143,14 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(if $(MPICC),-DTD_HAVE_MPI) $(if $(UCX),-DTD_HAVE_UCX) -c $< -o $@
 
+$(BUILD)/obj/tests/%.o: tests/%.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@ 2> $(@:.o=.ptxas) || { cat $(@:.o=.ptxas) >&2; exit 1; }
+	@grep -v '^ptxas info\|bytes stack frame' $(@:.o=.ptxas) >&2 || true
 
 $(BUILD)/obj/bindings/torch/%.o: bindings/torch/%.cpp
 	@mkdir -p $(dir $@)
@@ -141,21 +163,30 @@ $(TORCH_MODULE): $(TORCH_OBJ) $(STATIC)
 		-ltorch_python -ltorch -ltorch_cpu -lc10 \
 		$(shell $(PYTHON) -c 'import sysconfig; print("-lpython" + sysconfig.get_config_var("LDVERSION"))')
 
-$(CUDA_SO): $(CUDA_OBJ)
+$(CUDA_REPORT): $(CUDA_OBJ) scripts/cuda_resources.sh src/device/cuda/kernel.cuh
+	sh scripts/cuda_resources.sh $(CUDA_OBJ) > $@.tmp && mv $@.tmp $@
+
+$(CUDA_SO): $(CUDA_OBJ) $(CUDA_REPORT)
 	@mkdir -p $(dir $@)
-	$(NVCC) -shared $(CUDA_ARCH) -Xlinker -z,defs -o $@ $^ $(CUDA_LINK)
+	$(NVCC) -shared $(CUDA_ARCH) -Xlinker -z,defs -o $@ $(CUDA_OBJ) $(CUDA_LINK)
 
 $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(SHARED): $(LIB_OBJ)
+# The shared library exports the public API alone (src/libtandem.map).
+$(SHARED): $(LIB_OBJ) src/libtandem.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(LDFLAGS) -Wl,-soname,libtandem.so.0 -o $@ $^ $(ALL_LIBS)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libtandem.so.0 -Wl,--version-script=src/libtandem.map \
+		-o $@ $(LIB_OBJ) $(ALL_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $< $(STATIC) $(ALL_LIBS)
+
+$(EMU_TESTS): $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS) -o $@ $< $(STATIC) $(ALL_LIBS)
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(STATIC)
 	@mkdir -p $(dir $@)

@@ -18,6 +18,7 @@
 #include "tandem/args.h"
 #include "tandem/comm.h"
 #include "tandem/device.h"
+#include "tandem/graph.h"
 #include "tandem/spawn.h"
 
 /* A tandem call that must succeed; otherwise prints it and the error, and leaves. */
@@ -145,7 +146,9 @@ static inline void bench_one_thread(char **argv) { bench_threads(argv, 1); }
 
 /* The CPU as /proc/cpuinfo names it, with what tells machines of one name apart: family and
  * model, and the vector features the kernels choose by (avx512f, avx512_bf16, amx_bf16,
- * avx512_fp16). "unknown CPU" when there is no /proc/cpuinfo. */
+ * avx512_fp16); then the CPU kernels' library, its version and the instruction set it
+ * dispatches ("oneDNN 2.6.3, ISA avx512_core_bf16"). "unknown CPU" when there is no
+ * /proc/cpuinfo. */
 static inline const char *bench_cpu_name(char *buf, size_t cap) {
     static const char *const features[] = {"avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16"};
     char name[256] = "unknown CPU", family[16] = "?", model[16] = "?", found[128] = "";
@@ -180,10 +183,31 @@ static inline const char *bench_cpu_name(char *buf, size_t cap) {
         }
         fclose(f);
     }
-    int n = snprintf(buf, cap, "%s (family %s model %s;%s)", name, family, model,
-                     *found ? found : " no avx512");
+    char kernels[128] = "";
+    td_graph_backend_info(td_device_cpu(), kernels, sizeof kernels);
+    int n = snprintf(buf, cap, "%s (family %s model %s;%s); %s", name, family, model,
+                     *found ? found : " no avx512", kernels);
     if (n >= (int)cap && cap > 4) memcpy(buf + cap - 4, "...", 4); /* say it was cut */
     return buf;
+}
+
+/* The interpreter of the second PyTorch peer, a current 2.x from PyPI (scripts/deps.sh torch2). */
+#define BENCH_TORCH2 ".venv/torch2/bin/python"
+
+/* The version of the second PyTorch peer under `python` into v ("2.5.1"); where torch does not
+ * import there, prints the one line that says its column is left out, and returns 0. */
+static inline int bench_torch2(const char *python, char *v, size_t cap) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s -c 'import torch; print(torch.__version__)' 2>/dev/null", python);
+    FILE *p = popen(cmd, "r");
+    v[0] = 0;
+    if (p && !fgets(v, (int)cap, p)) v[0] = 0;
+    v[strcspn(v, "\n")] = 0;
+    if (p && pclose(p) == 0 && v[0]) return 1;
+    printf("PyTorch 2.x: not run (no torch imports under %s; sh scripts/deps.sh torch2 installs it "
+           "in %s)\n",
+           python, BENCH_TORCH2);
+    return 0;
 }
 
 /* The 1, 5 and 15-minute load averages from /proc/loadavg ("" when unreadable): on a machine

@@ -3,7 +3,7 @@
  * encoder beside the same probe on the encoder as initialised, and the training throughput of
  * both beside PyTorch's. Runs the example itself (build/examples/contrastive next to this
  * program's folder) and reads its closing line. Accuracy: one run per (seed, negatives), the
- * two kinds interleaved, medians over the seeds (--max-steps and --probe-train shorten it).
+ * two kinds interleaved, medians over the random seeds (--max-steps and --probe-train shorten it).
  * Throughput: short runs without the probe, interleaved, the median of --repeat runs each;
  * with SyncBatchNorm (the example's default) and with plain batch norm, the like-for-like row
  * for the PyTorch peer (bench/contrastive_torch.py: DDP over gloo, one thread per rank, plain

@@ -1,14 +1,15 @@
-/* The seeds' DataParallel vs DistributedDataParallel experiment on this machine.
+/* The DataParallel vs DistributedDataParallel comparison this project set out to reproduce
+ * (PyTorch with apex AMP: ResNet-101, batch 128, 3 GPUs), on this machine.
  *
  * DP: one process, td_dp with one replica thread per device. DDP: one process per device
  * (fork), each with its own graph, a shm process group and td_ddp hung on the graph's
  * grad-ready hook. Same model, same global batch, same synthetic data, one oneDNN thread per
  * device, each device pinned to its own core. Prints cumulative wall time every 20 iterations
- * (seed 001's table), samples/s, the DDP/DP ratio, where each method's time goes and the peak
- * memory of every DP replica and DDP rank; --repeat keeps the fastest of several alternating
+ * (as that comparison's table), samples/s, the DDP/DP ratio, where each method's time goes and the
+ * peak memory of every DP replica and DDP rank; --repeat keeps the fastest of several alternating
  * runs. Every run happens in a child process so that the parent never starts an OpenMP
  * runtime before forking. It does not load Fashion-MNIST: data loading is not what is being
- * compared. Seed 001's table also has DDP with apex AMP: --amp O1,O2,O3 (the default) adds
+ * compared. That table also has DDP with apex AMP: --amp O1,O2,O3 (the default) adds
  * those rows, DDP with the graph at each level in bf16. --device cuda:N puts every DP replica
  * and every DDP rank on that GPU (one GPU shared, as this project's GPU machine has; DP's
  * gradients are then summed through the host, DDP's all-reduced over CUDA IPC). */

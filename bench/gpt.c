@@ -3,16 +3,20 @@
  * torch.autocast(bfloat16)), at worlds 1 and 2 (DDP; ranks forked, one OpenMP thread each and
  * each pinned to its own core on both sides, or neither with --no-pin), plus the deterministic
  * mode's cost against the default DDP. Random tokens: throughput does not depend on the text. The
- * PyTorch peer is bench/gpt_torch.py (nanoGPT's model). Each rate is the median of --windows timed
- * windows of --iters steps after --warmup steps, on both sides; --repeat K runs every row K times,
- * interleaved so that a shared machine's slow spells fall on every row alike, and prints medians
- * (the ratio: the median of each repeat's ratio). The load average before and after is printed: on
- * a busy machine the world-2 rows share their cores with other work, and a rank that waits for
- * its peer gives its core away; so each row also gives tokens per CPU-second (the CPU time of all
- * of every rank's threads over the windows, on both sides), which the load changes little.
+ * PyTorch peer is bench/gpt_torch.py (nanoGPT's model) under Debian's PyTorch and, as a second
+ * peer column, under a current PyTorch 2.x from PyPI where scripts/deps.sh torch2 installed it
+ * (.venv/torch2, or the interpreter --torch2 names; one line says so where it is missing). Each
+ * rate is the median of --windows timed windows of --iters steps after --warmup steps, on both
+ * sides; --repeat K runs every row K times, interleaved so that a shared machine's slow spells fall
+ * on every row alike, and prints medians (the ratio: the median of each repeat's ratio). The load
+ * average before and after is printed: on a busy machine the world-2 rows share their cores with
+ * other work, and a rank that waits for its peer gives its core away; so each row also gives tokens
+ * per CPU-second (the CPU time of all of every rank's threads over the windows, on both sides),
+ * which the load changes little.
  *
  *   build/bench/gpt [--layers N --heads N --width C --context T --batch GLOBAL]
  *                   [--iters N --windows N --warmup N --repeat K] [--no-torch] [--no-pin]
+ *                   [--torch2 PYTHON]
  */
 #include <math.h>
 #include <stdio.h>
@@ -149,16 +153,16 @@ static double tandem_rate(const setup *su, int world, double *per_cpu) {
     return m[0].rate;
 }
 
-static double torch_rate(const setup *su, int world, double *per_cpu) {
-    char cmd[512];
-    snprintf(
-        cmd, sizeof cmd,
-        "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout 600 /usr/bin/python3 bench/gpt_torch.py "
-        "--layers %d --heads %d --width %lld --context %lld --batch %d --iters %d "
-        "--windows %d --warmup %d --world %d%s%s",
-        su->model.layers, su->model.heads, (long long)su->model.width, (long long)su->model.context,
-        su->batch, su->iters, su->windows, su->warmup, world, su->amp ? " --bf16" : "",
-        su->pin ? " --pin" : "");
+/* The peer's tokens/s under `python`, and tokens per CPU-second in *per_cpu. */
+static double torch_rate(const char *python, const setup *su, int world, double *per_cpu) {
+    char cmd[768];
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout 600 %s bench/gpt_torch.py "
+             "--layers %d --heads %d --width %lld --context %lld --batch %d --iters %d "
+             "--windows %d --warmup %d --world %d%s%s",
+             python, su->model.layers, su->model.heads, (long long)su->model.width,
+             (long long)su->model.context, su->batch, su->iters, su->windows, su->warmup, world,
+             su->amp ? " --bf16" : "", su->pin ? " --pin" : "");
     FILE *p = popen(cmd, "r");
     double rate = NAN;
     *per_cpu = NAN;
@@ -194,6 +198,7 @@ static void row_setup(setup *su, int row, int *world) {
 
 int main(int argc, char **argv) {
     bench_one_thread(argv);
+    const char *torch2 = BENCH_TORCH2;
     setup su = {.model = td_gpt_default_params(),
                 .batch = 16,
                 .iters = 5,
@@ -216,18 +221,20 @@ int main(int argc, char **argv) {
         td_args_int(&a, "--windows", 1, MAX_WINDOWS, &su.windows);
         td_args_int(&a, "--warmup", 0, INT_MAX, &su.warmup);
         td_args_int(&a, "--repeat", 1, MAX_REPEAT, &repeat);
+        td_args_string(&a, "--torch2", &torch2);
     }
     if (su.batch % 4) td_args_error(&a, "--batch %d is not a multiple of 4", su.batch);
     bench_args_finish(&a, "usage: gpt [--layers N] [--heads N] [--width C] [--context T] "
                           "[--batch GLOBAL]\n"
                           "           [--iters N] [--windows N] [--warmup N] [--repeat N] "
                           "[--no-torch]\n"
-                          "           [--no-pin]\n");
+                          "           [--no-pin] [--torch2 PYTHON]\n");
     int torch = !no_torch;
     if (no_pin) su.pin = 0;
     su.model.width = width;
     su.model.context = context;
-    char cpu[256], load[64];
+    char cpu[256], load[64], v2[64] = "";
+    int have2 = torch && bench_torch2(torch2, v2, sizeof v2);
     load_average(load, sizeof load);
     printf("GPT %d layers, %d heads, width %lld, context %lld, global batch %d; one thread per "
            "rank%s; %s\n",
@@ -237,29 +244,41 @@ int main(int argc, char **argv) {
     printf("median of %d windows of %d steps after %d; %d interleaved repeat(s); load average "
            "before: %s\n",
            su.windows, su.iters, su.warmup, repeat, load);
-    /* [0]: tokens/s, [1]: tokens per CPU-second of all ranks */
+    /* [0]: tokens/s, [1]: tokens per CPU-second of all ranks; theirs2: PyTorch 2.x */
     double ours[2][ROWS][MAX_REPEAT], theirs[2][ROWS][MAX_REPEAT], ratio[2][ROWS][MAX_REPEAT];
+    double theirs2[2][ROWS][MAX_REPEAT], ratio2[2][ROWS][MAX_REPEAT];
     for (int r = 0; r < repeat; r++)
         for (int row = 0; row < ROWS; row++) {
             int world;
             row_setup(&su, row, &world);
             ours[0][row][r] = tandem_rate(&su, world, &ours[1][row][r]);
-            theirs[0][row][r] = theirs[1][row][r] = NAN;
-            if (torch && row < 4) theirs[0][row][r] = torch_rate(&su, world, &theirs[1][row][r]);
+            theirs[0][row][r] = theirs[1][row][r] = theirs2[0][row][r] = theirs2[1][row][r] = NAN;
+            if (torch && row < 4)
+                theirs[0][row][r] = torch_rate("/usr/bin/python3", &su, world, &theirs[1][row][r]);
+            if (have2 && row < 4)
+                theirs2[0][row][r] = torch_rate(torch2, &su, world, &theirs2[1][row][r]);
         }
     for (int k = 0; k < 2; k++)
         for (int row = 0; row < ROWS; row++)
-            for (int r = 0; r < repeat; r++)
+            for (int r = 0; r < repeat; r++) {
                 ratio[k][row][r] = ours[k][row][r] / (row < 4 ? theirs[k][row][r] : ours[k][4][r]);
-    printf("%-5s %5s %12s %12s %7s   %16s %15s %7s\n", "dtype", "world", "tandem tok/s",
-           "torch tok/s", "ratio", "tandem tok/CPU-s", "torch tok/CPU-s", "ratio");
+                ratio2[k][row][r] = ours[k][row][r] / theirs2[k][row][r];
+            }
+    if (have2) printf("second peer: PyTorch %s\n", v2);
+    printf("%-5s %5s %12s %12s %7s   %16s %15s %7s   %13s %7s %16s %7s\n", "dtype", "world",
+           "tandem tok/s", "torch tok/s", "ratio", "tandem tok/CPU-s", "torch tok/CPU-s", "ratio",
+           "torch2 tok/s", "ratio", "torch2 tok/CPU-s", "ratio");
     for (int row = 0; row < 4; row++) {
         int world;
         row_setup(&su, row, &world);
-        printf("%-5s %5d %12.0f %12.0f %6.2fx   %16.0f %15.0f %6.2fx\n", su.amp ? "bf16" : "f32",
-               world, median_of(ours[0][row], repeat), median_of(theirs[0][row], repeat),
-               median_of(ratio[0][row], repeat), median_of(ours[1][row], repeat),
-               median_of(theirs[1][row], repeat), median_of(ratio[1][row], repeat));
+        printf(
+            "%-5s %5d %12.0f %12.0f %6.2fx   %16.0f %15.0f %6.2fx   %13.0f %6.2fx %16.0f %6.2fx\n",
+            su.amp ? "bf16" : "f32", world, median_of(ours[0][row], repeat),
+            median_of(theirs[0][row], repeat), median_of(ratio[0][row], repeat),
+            median_of(ours[1][row], repeat), median_of(theirs[1][row], repeat),
+            median_of(ratio[1][row], repeat), median_of(theirs2[0][row], repeat),
+            median_of(ratio2[0][row], repeat), median_of(theirs2[1][row], repeat),
+            median_of(ratio2[1][row], repeat));
     }
     printf("deterministic mode, f32, world 2, 4 shards: %.0f tok/s, %.2fx the default DDP's %.0f; "
            "per CPU-second %.2fx\n",

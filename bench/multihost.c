@@ -16,9 +16,9 @@
  *   - the same sweep over the ucx backend, flat and hierarchical ("ucx+shm"), in a job of its
  *     own launched the other way: tandemrun --nnodes 2 started inside each host (the transport
  *     tandemrun --nnodes uses, beside Open MPI's TCP path that the mpi backend takes);
- *   - the CNN (the seeds' CNN, global batch 128, 32 per rank, one thread per rank): samples/s
- *     of DDP over the flat group, over the hierarchical one, with no communication at all (the
- *     ceiling: what the cores do when the ranks do not talk), and DDP2 (one process per host
+ *   - the CNN (the reference BatchNorm CNN, global batch 128, 32 per rank, one thread per rank):
+ *     samples/s of DDP over the flat group, over the hierarchical one, with no communication at all
+ *     (the ceiling: what the cores do when the ranks do not talk), and DDP2 (one process per host
  *     running td_dp with two replicas, td_ddp across hosts; a job of its own), medians of the K
  *     repeats, windows interleaved.
  * It prints the CPU, each table and the ratios. Needs root for the namespaces. */

@@ -1,6 +1,6 @@
 /* Pipeline parallelism on the ResNet, measured: samples/s of one process, of the naive split
- * (the seeds' model parallelism: the batch goes through stage 0, then stage 1) and of GPipe and
- * 1F1B at M = 1, 2, 4, 8 micro-batches, each stage a rank pinned to its own core; beside them
+ * (PyTorch's model-parallel tutorial: the batch goes through stage 0, then stage 1) and of GPipe
+ * and 1F1B at M = 1, 2, 4, 8 micro-batches, each stage a rank pinned to its own core; beside them
  * each stage's measured idle ("bubble") fraction and the theory (P-1)/(M+P-1), and each stage's
  * peak activation memory. With --trace PREFIX every rank of the GPipe and 1F1B runs at M = 4
  * writes PREFIX.<schedule>.rank<r>.json, a Chrome trace of the schedule (open them together in
@@ -232,7 +232,7 @@ int main(int argc, char **argv) {
                           "PREFIX] [--json]\n");
     su.batch = batch;
     if (split) su.split = strcmp(split, "balanced") ? split : NULL;
-    if (su.stages != 2 && !split) su.split = NULL; /* the seeds' cut is for two stages */
+    if (su.stages != 2 && !split) su.split = NULL; /* the tutorial's cut is for two stages */
     bench_one_thread(argv);
 
     row rows[2 + 2 * MAX_MICRO];

@@ -1,11 +1,13 @@
 /* Training throughput, tandem vs PyTorch, side by side in one run.
  *
- * For each model (the seeds' Net, the MLP, the CNN) at global batch 128 and one thread per
- * rank (--threads N: N OpenMP threads, the ranks then not pinned): samples/s of forward + backward
- * + SGD step, at world size 1 (one process) and 2 (two processes, DDP over the shm backend, each
- * rank pinned to its own core), as the median of several timed windows after warm-up. The PyTorch
- * peer (bench/train_torch.py under Debian's python3-torch, torch.set_num_threads(1), DDP over gloo
- * for world 2) runs in the same invocation and the table prints the ratios.
+ * For each model (PyTorch's MNIST example Net, the MLP, the CNN) at global batch 128 and one thread
+ * per rank (--threads N: N OpenMP threads, the ranks then not pinned): samples/s of forward +
+ * backward + SGD step, at world size 1 (one process) and 2 (two processes, DDP over the shm
+ * backend, each rank pinned to its own core), as the median of several timed windows after warm-up.
+ * The PyTorch peer (bench/train_torch.py under Debian's python3-torch, torch.set_num_threads(1),
+ * DDP over gloo for world 2) runs in the same invocation and the table prints the ratios; so does a
+ * current PyTorch 2.x from PyPI, a second peer column, where scripts/deps.sh torch2 installed it
+ * (.venv/torch2, or the interpreter --torch2 names; one line says so where it is missing).
  *
  * Each world size above 1 also gets a "no comm" row: the same ranks, each on its own core with
  * its share of the batch, but no process group and no DDP. It is the ceiling for that world
@@ -204,15 +206,16 @@ static double run_tandem(td_model_kind kind, td_amp_level amp, int world, int co
     return failed ? -1 : m[0].rate;
 }
 
-/* The PyTorch peer's samples/s (under autocast for a mixed-precision level), or -1 when it
- * could not run. */
-static double run_torch(const char *model, td_amp_level amp, int world, const timing *tm) {
-    char cmd[512];
+/* The PyTorch peer's samples/s under `python` (under autocast for a mixed-precision level), or -1
+ * when it could not run. */
+static double run_torch(const char *python, const char *model, td_amp_level amp, int world,
+                        const timing *tm) {
+    char cmd[768];
     snprintf(cmd, sizeof cmd,
-             "OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d /usr/bin/python3 bench/train_torch.py "
+             "OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d %s bench/train_torch.py "
              "--model %s --world %d --iters %d --windows %d --warmup %d --threads %d "
              "--autocast %s 2>/dev/null",
-             tm->threads, tm->threads, model, world, tm->iters, tm->windows, tm->warmup,
+             tm->threads, tm->threads, python, model, world, tm->iters, tm->windows, tm->warmup,
              tm->threads, amp == TD_AMP_O0 ? "none" : td_dtype_name(tm->amp_dtype));
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
@@ -247,25 +250,29 @@ static double median_ratio(const double *a, const double *b, int n) {
 typedef struct {
     const char *model;
     int world;
-    const char *label; /* "" or ", no comm" */
-    const char *amp;   /* "f32", "O2 bf16", ... */
-    double ours, theirs, ratio, scaling, vs_f32;
+    const char *label;                                            /* "" or ", no comm" */
+    const char *amp;                                              /* "f32", "O2 bf16", ... */
+    double ours, theirs, ratio, theirs2, ratio2, scaling, vs_f32; /* theirs2: PyTorch 2.x */
 } row;
 
 static void print_row(const row *r, int json) {
-    char w[24], peer[16] = "-", rt[16] = "-", sc[16] = "-", vf[16] = "-";
+    char w[24], peer[16] = "-", rt[16] = "-", peer2[16] = "-", rt2[16] = "-", sc[16] = "-",
+                vf[16] = "-";
     snprintf(w, sizeof w, "%d%s", r->world, r->label);
     if (r->theirs > 0) snprintf(peer, sizeof peer, "%.0f", r->theirs);
     if (r->ratio > 0) snprintf(rt, sizeof rt, "%.2fx", r->ratio);
+    if (r->theirs2 > 0) snprintf(peer2, sizeof peer2, "%.0f", r->theirs2);
+    if (r->ratio2 > 0) snprintf(rt2, sizeof rt2, "%.2fx", r->ratio2);
     if (r->scaling > 0) snprintf(sc, sizeof sc, "%.2fx", r->scaling);
     if (r->vs_f32 > 0) snprintf(vf, sizeof vf, "%.2fx", r->vs_f32);
-    printf("%-6s %-8s %-11s %10.0f %10s %8s %8s %14s\n", r->model, r->amp, w, r->ours, peer, rt, vf,
-           sc);
+    printf("%-6s %-8s %-11s %10.0f %10s %8s %10s %8s %8s %14s\n", r->model, r->amp, w, r->ours,
+           peer, rt, peer2, rt2, vf, sc);
     if (json)
         printf("{\"model\": \"%s\", \"amp\": \"%s\", \"world\": %d, \"comm\": %s, "
-               "\"tandem\": %.1f, \"pytorch\": %.1f, \"vs_f32\": %.3f, \"scaling\": %.3f}\n",
+               "\"tandem\": %.1f, \"pytorch\": %.1f, \"pytorch2\": %.1f, \"vs_f32\": %.3f, "
+               "\"scaling\": %.3f}\n",
                r->model, r->amp, r->world, *r->label ? "false" : "true", r->ours, r->theirs,
-               r->vs_f32, r->scaling);
+               r->theirs2, r->vs_f32, r->scaling);
     fflush(stdout);
 }
 
@@ -281,13 +288,34 @@ static int parse_levels(const char *list, td_amp_level *out) {
     return n;
 }
 
+/* What td_graph_amp_fallback says about a graph at `level` (empty: it runs as asked), from a
+ * child process, so that this one keeps oneDNN unstarted for the forks that measure. */
+typedef struct {
+    td_amp_level level;
+    td_dtype dtype;
+} amp_probe;
+
+static int amp_note_rank(int rank, int world, void *result, void *arg) {
+    (void)rank, (void)world;
+    const amp_probe *a = arg;
+    td_graph_params gp = td_graph_default_params();
+    gp.amp.level = a->level;
+    gp.amp.dtype = a->dtype;
+    td_graph *g;
+    CHECK(td_graph_create(&g, &gp));
+    const char *why = td_graph_amp_fallback(g);
+    snprintf(result, 512, "%s", why ? why : "");
+    td_graph_destroy(g);
+    return 0;
+}
+
 static int model_ok(const char *name) {
     td_model_kind kind;
     return td_model_kind_parse(name, &kind) == TD_OK;
 }
 
 int main(int argc, char **argv) {
-    const char *models = "net,mlp,cnn";
+    const char *models = "net,mlp,cnn", *torch2 = BENCH_TORCH2;
     timing tm = {20, 5, 5, TD_BF16, 1, "cpu"};
     int no_torch = 0, json = 0, repeat = 1, shards = 8, amp_dtype = -1;
     int ws[MAX_WORLDS] = {1, 2}, nw = 2, w1 = -1;
@@ -311,6 +339,7 @@ int main(int argc, char **argv) {
         td_args_int(&a, "--shards", 0, GLOBAL_BATCH, &shards);
         td_args_int(&a, "--threads", 1, 64, &tm.threads);
         td_args_string(&a, "--device", &tm.device);
+        td_args_string(&a, "--torch2", &torch2);
         td_args_flag(&a, "--no-torch", &no_torch);
         td_args_flag(&a, "--json", &json);
     }
@@ -325,7 +354,7 @@ int main(int argc, char **argv) {
     bench_args_finish(&a, "usage: train [--models net,mlp,cnn] [--worlds 1,2] [--amp O0,O2] "
                           "[--amp-dtype bf16|f16] [--iters N] [--windows N] [--repeat K] "
                           "[--shards S] [--threads N] [--device cpu|cuda|cuda:N] [--no-torch] "
-                          "[--json]\n");
+                          "[--torch2 PYTHON] [--json]\n");
     if (amp_dtype >= 0) tm.amp_dtype = amp_dtype ? TD_F16 : TD_BF16;
     int torch = !no_torch;
     int gpu = device.type != TD_DEVICE_CPU;
@@ -340,6 +369,15 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nw; i++)
         if (ws[i] == 1) w1 = i;
     bench_threads(argv, tm.threads);
+    char v2[64] = "";
+    int have2 = torch && bench_torch2(torch2, v2, sizeof v2);
+    for (int l = 0; l < nl && !gpu; l++) {
+        amp_probe probe = {levels[l], tm.amp_dtype};
+        char why[512] = "";
+        if (levels[l] != TD_AMP_O0 && !bench_ranks(1, 0, amp_note_rank, &probe, why, sizeof why) &&
+            why[0])
+            printf("%s\n", why);
+    }
     char cpu[256];
     printf("%s\nsamples/s at global batch %d, %d thread(s) per rank, median of %d windows of %d "
            "steps",
@@ -348,8 +386,9 @@ int main(int argc, char **argv) {
         printf("; every rank on %s (DDP's efficiency: its samples/s over the no-comm row's)",
                tm.device);
     if (repeat > 1) printf("; medians of %d interleaved repeats", repeat);
-    printf("\n%-6s %-8s %-11s %10s %10s %8s %8s %14s\n", "model", "amp", "world", "tandem",
-           "pytorch", "ratio", "vs f32", "scaling vs w1");
+    if (have2) printf("; PyTorch %s beside Debian's", v2);
+    printf("\n%-6s %-8s %-11s %10s %10s %8s %10s %8s %8s %14s\n", "model", "amp", "world", "tandem",
+           "pytorch", "ratio", "torch 2.x", "ratio", "vs f32", "scaling vs w1");
     char mlist[64];
     snprintf(mlist, sizeof mlist, "%s", models);
     int failed = 0;
@@ -373,8 +412,9 @@ int main(int argc, char **argv) {
         td_model_kind kind;
         CHECK(td_model_kind_parse(name, &kind)); /* checked with the options */
         double ours[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], alone[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
-            theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], det[MAX_WORLDS][MAX_REPEAT],
-            ours_cpu[MAX_WORLDS][MAX_REPEAT], det_cpu[MAX_WORLDS][MAX_REPEAT],
+            theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], theirs2[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
+            det[MAX_WORLDS][MAX_REPEAT], ours_cpu[MAX_WORLDS][MAX_REPEAT],
+            det_cpu[MAX_WORLDS][MAX_REPEAT],
             rec_off[MAX_WORLDS][MAX_REPEAT], rec_off_cpu[MAX_WORLDS][MAX_REPEAT];
         /* only the f32 level runs deterministic mode: the others leave it as they find it */
         for (int i = 0; i < nw; i++)
@@ -388,11 +428,14 @@ int main(int argc, char **argv) {
                         ws[i] > 1 ? run_tandem(kind, levels[l], ws[i], 0, 0, &tm, NULL) : -1;
                     /* PyTorch's autocast has no levels: one peer row serves them all. */
                     int same = l > 0 && levels[l] != TD_AMP_O0 && levels[l - 1] != TD_AMP_O0;
-                    theirs[l][i][r] = !torch ? -1
-                                      : same ? theirs[l - 1][i][r]
-                                      : tm.amp_dtype == TD_F16 && levels[l] != TD_AMP_O0
-                                          ? -1 /* CPU autocast is bf16 only */
-                                          : run_torch(name, levels[l], ws[i], &tm);
+                    int no_peer = tm.amp_dtype == TD_F16 && levels[l] != TD_AMP_O0; /* bf16 only */
+                    theirs[l][i][r] =
+                        !torch || no_peer ? -1
+                        : same            ? theirs[l - 1][i][r]
+                               : run_torch("/usr/bin/python3", name, levels[l], ws[i], &tm);
+                    theirs2[l][i][r] = !have2 || no_peer ? -1
+                                       : same            ? theirs2[l - 1][i][r]
+                                              : run_torch(torch2, name, levels[l], ws[i], &tm);
                     failed |= ours[l][i][r] < 0 || (ws[i] > 1 && alone[l][i][r] < 0);
                     /* S / world must be a power of two for the shard tree. */
                     int per = shards && shards % ws[i] == 0 ? shards / ws[i] : 0;
@@ -446,6 +489,8 @@ int main(int argc, char **argv) {
                           median_of(ours[l][i], repeat),
                           median_of(theirs[l][i], repeat),
                           median_ratio(ours[l][i], theirs[l][i], repeat),
+                          median_of(theirs2[l][i], repeat),
+                          median_ratio(ours[l][i], theirs2[l][i], repeat),
                           base && ws[i] > 1 ? median_ratio(ours[l][i], base, repeat) : -1,
                           l0 >= 0 && l != l0 ? median_ratio(ours[l][i], ours[l0][i], repeat) : -1};
                 print_row(&rw, json);
@@ -455,6 +500,8 @@ int main(int argc, char **argv) {
                               ", no comm",
                               amp,
                               median_of(alone[l][i], repeat),
+                              -1,
+                              -1,
                               -1,
                               -1,
                               base ? median_ratio(alone[l][i], base, repeat) : -1,

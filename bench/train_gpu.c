@@ -1,16 +1,15 @@
 /* Training throughput on one GPU, tandem vs PyTorch eager (and torch.compile), side by side in
  * one run.
  *
- * For each model and precision at batch 128: samples/s of forward + backward + optimizer step
- * (SGD with momentum) with the batch resident on the GPU, as the median of timed windows after
- * warm-up, each window ended by a device synchronisation. Models: the seeds' Net, the MLP, the
- * CNN and the small ResNet on Fashion-MNIST images, torchvision's ResNet-50 and ResNet-101
- * on random 3 x 224 x 224 images, and the GPT (td_gpt_default_params: 4 blocks, width 128) on
- * random byte tokens, a sample being one sequence of 128 tokens. Precisions: f32 (TF32 off,
- * PyTorch's default for matmuls), tf32 (allow_tf32 on both sides), bf16 (apex O1 here,
- * torch.autocast there). tandem runs with its sweeps recorded as CUDA graphs (the default) and, as
- * a second column, launching every op
- * (--no-graphs-column drops it), so the table shows what the recording buys.
+ * For each model and precision at batch 128: samples/s of forward + backward + optimizer step (SGD
+ * with momentum) with the batch resident on the GPU, as the median of timed windows after warm-up,
+ * each window ended by a device synchronisation. Models: PyTorch's MNIST example Net, the MLP, the
+ * CNN and the small ResNet on Fashion-MNIST images, torchvision's ResNet-50 and ResNet-101 on
+ * random 3 x 224 x 224 images, and the GPT (td_gpt_default_params: 4 blocks, width 128) on random
+ * byte tokens, a sample being one sequence of 128 tokens. Precisions: f32 (TF32 off, PyTorch's
+ * default for matmuls), tf32 (allow_tf32 on both sides), bf16 (apex O1 here, torch.autocast there).
+ * tandem runs with its sweeps recorded as CUDA graphs (the default) and, as a second column,
+ * launching every op (--no-graphs-column drops it), so the table shows what the recording buys.
  *
  * The PyTorch peer (bench/train_gpu_torch.py) runs every row in one process and prints one
  * JSON line per row; --compile adds torch.compile rows for the models it compiles quickly.

@@ -20,7 +20,7 @@ from torch_peer import load_images, run_ranks, time_windows
 
 
 class Net(nn.Module):
-    """The seeds' MNIST Net."""
+    """The Net of PyTorch's MNIST example."""
 
     def __init__(self):
         super().__init__()

@@ -31,6 +31,18 @@ if [ "${1:-}" = --fetch ]; then
     ls -l
     exit 0
 fi
+# The driver first, in one line: without one, or with one older than CUDA 13's runtime needs
+# (580.65), every GPU test would only skip.
+need=580.65
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+if [ -z "$driver" ]; then
+    echo "gpu.sh: no NVIDIA driver or GPU here (nvidia-smi answers none): nothing to check" >&2
+    exit 1
+fi
+if [ "$(printf '%s\n%s\n' "$need" "$driver" | sort -V | head -n 1)" != "$need" ]; then
+    echo "gpu.sh: NVIDIA driver $driver is older than $need, which CUDA 13's runtime needs" >&2
+    exit 1
+fi
 start=$(date +%s)
 budget=${TD_GPU_SECONDS:-540}
 # Seconds a phase may take: its own limit, or what is left of the budget when that is less.
@@ -173,9 +185,9 @@ run() {
     fi
 }
 
-# The benchmarks first (the issue's numbers), the training benchmark's models narrowed to the
-# ones its targets name: the seeds' Net, the MLP and the CNN (3x PyTorch eager) and ResNet-50
-# with AMP (1x), beside the matmul ceiling.
+# The benchmarks first (the issue's numbers), the training benchmark's models narrowed to the ones
+# its targets name: PyTorch's MNIST example Net, the MLP and the CNN (3x PyTorch eager) and
+# ResNet-50 with AMP (1x), beside the matmul ceiling.
 bench=${TD_GPU_BENCH:---models net,mlp,cnn,resnet50 --precisions f32,bf16 --iters 10 --windows 3}
 if [ "$bench" != none ]; then
     echo "== GPU training benchmark: build/bench/train_gpu $bench"

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The README's main job: installs what is missing, builds, and trains the seeds' Net on
+# The README's main job: installs what is missing, builds, and trains PyTorch's MNIST example Net on
 # Fashion-MNIST with two data-parallel ranks on this host. Extra arguments go to the
 # example (e.g. --model cnn --epochs 3).
 set -e

@@ -3,8 +3,8 @@
 # layers below it (its own included), public (tandem/X.h) or internal (X/...). The engine goes
 # core -> device -> tensor -> ops -> graph -> nn (comm, optim and checkpoint may use devices; the
 # rendezvous store stands on core alone, and comm uses it);
-# the graph's passes walk op tables and never name an op
-# (only src/graph/build.c, the public op builders, does). Prints one line per violation and a
+# the graph's passes walk op tables and never name an op (only src/graph/build.c, the public op
+# builders, does, and autocast.c the casts it inserts). Prints one line per violation and a
 # closing "P passed, F failed" line like the test programs. Collective ops (all-gather,
 # SyncBatchNorm) are graph ops that call comm/ (ARCHITECTURE.md), so ops and graph may use
 # process groups, through the public tandem/comm.h only, never comm's internals. oneDNN stays
@@ -78,9 +78,12 @@ for f in $(find src -name '*.[ch]' | sort); do
 done
 for f in src/graph/*.c; do
     [ "$f" = src/graph/build.c ] && continue
-    if grep -n 'td__op_[a-z]' "$f" | grep -v 'td__op_ctx\|td__op_attr\|td__op_alloc' >/dev/null; then
-        echo "layers: $f names a particular op (only build.c may):"
-        grep -n 'td__op_[a-z]' "$f" | grep -v 'td__op_ctx\|td__op_attr\|td__op_alloc' | sed 's/^/    /'
+    # Mixed precision inserts casts (autocast.c), and only casts.
+    cast=
+    [ "$f" = src/graph/autocast.c ] && cast='\|td__op_cast\b'
+    if grep -n 'td__op_[a-z]' "$f" | grep -v "td__op_ctx\\|td__op_attr\\|td__op_alloc$cast" >/dev/null; then
+        echo "layers: $f names a particular op (only build.c may, and autocast.c its casts):"
+        grep -n 'td__op_[a-z]' "$f" | grep -v "td__op_ctx\\|td__op_attr\\|td__op_alloc$cast" | sed 's/^/    /'
         bad=$((bad + 1))
     fi
 done
@@ -118,6 +121,15 @@ for f in $(grep -l '^const td__ddp_reducer ' src/parallel/*.c); do
         bad=$((bad + 1))
     fi
 done
+# Device types are the device layer's table (src/device/library.c, docs/devices.md): the layers
+# above name only the CPU and ask a device for its tables, so another type (HIP, Metal) slots in
+# beside CUDA without touching them. Only the device layer and CUDA's graph backend name CUDA.
+typed=$(grep -rn 'TD_DEVICE_CUDA' src | grep -v '^src/device/\|^src/ops/cuda/')
+if [ -n "$typed" ]; then
+    echo "layers: TD_DEVICE_CUDA outside src/device and src/ops/cuda (ask the device's tables):"
+    echo "$typed" | sed 's/^/    /'
+    bad=$((bad + 1))
+fi
 # Programs (tools/, examples/, bench/) use the library as a user would: its public headers
 # (tandem/X.h) and headers beside them, never src/'s internals, nor a td__ name declared by hand.
 for f in $(find tools examples bench -name '*.[ch]' | sort); do

@@ -39,15 +39,21 @@ for t in "$build"/tests/test_*; do
         grep -v '^ok  ' "$logdir/$name.log" | tail -n 40 | sed 's/^/    /'
     fi
 done
-# The library's layers include one way only.
-if sh tests/layers.sh > "$logdir/layers.log" 2>&1; then
-    passed=$((passed + 1))
-    printf '%-28s %4d passed\n' layers 1
-else
-    failed=$((failed + 1))
-    printf '%-28s %4d passed, 1 FAILED\n' layers 0
-    sed 's/^/    /' "$logdir/layers.log" | tail -n 40
-fi
+# A check script of tests/ ends with its own "P passed, F failed" line too; each counts as one.
+check_script() {
+    name=$1
+    shift
+    if sh "$@" > "$logdir/$name.log" 2>&1; then
+        passed=$((passed + 1))
+        printf '%-28s %4d passed\n' "$name" 1
+    else
+        failed=$((failed + 1))
+        printf '%-28s %4d passed, 1 FAILED\n' "$name" 0
+        sed 's/^/    /' "$logdir/$name.log" | tail -n 40
+    fi
+}
+check_script layers tests/layers.sh            # the library's layers include one way only
+check_script exports tests/exports.sh "$build" # the shared library exports the public API alone
 # Every ```c block of the README, and every whole program (a block with main) in docs/, must
 # compile and link against the library, so the docs cannot drift from the headers.
 libs=$(sed -n 's/^Libs.private: //p' "$build/tandem.pc")

@@ -158,7 +158,7 @@ static inline unsigned char *test_read_file(const char *path, size_t *len) {
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    unsigned char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    unsigned char *buf = n >= 0 ? (unsigned char *)malloc((size_t)n + 1) : NULL;
     if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
         free(buf);
         buf = NULL;

@@ -1,17 +1,21 @@
 /* Mixed precision: every op in bf16 and f16 against the same op in f32 (forward, and the
  * gradients of its input and parameters), on oneDNN's bf16 kernels and on the emulated path
- * (f32 between casts) that f16 and CPUs without bf16 take; where each level keeps its
- * parameters; dynamic loss scaling with a forced overflow on one rank of two (every rank
- * skips, the scale halves, parameters stay) and growth after 2000 clean steps; O3 against O2
- * on the MLP (no master weights: other bits, half the bytes, still training; its bf16 checkpoint
- * loads back); DDP at world 2 against one process with O2, and with O3 in bf16 and f16;
- * half-width gradient communication moving half the bytes.
+ * (f32 between casts) that O3 takes where the low dtype has no kernels (f16 on CPUs); where
+ * each level keeps its parameters; dynamic loss scaling with a forced overflow on one rank of two
+ * (every rank skips, the scale halves, parameters stay) and growth after 2000 clean steps; O3
+ * against O2 on the MLP (no master weights: other bits, half the bytes, still training; its bf16
+ * checkpoint loads back); DDP at world 2 against one process with O2, and with O3 in bf16 and f16;
+ * half-width gradient communication moving half the bytes; and, in a copy of the program that
+ * oneDNN sees as a CPU without bf16 instructions (ONEDNN_MAX_CPU_ISA=AVX2), O2 saying so when
+ * the graph is created and training exactly as O0.
  *
  * Tolerances are the dtype's: |low - f32| <= TOL (1 + max |f32|) per tensor, with TOL 3e-2 for
  * bf16 (8 significant bits) and 4e-3 for f16 (11), loose enough for rounding the inputs,
  * weights and every output of a chain, tight enough that a wrong kernel or a lost cast fails. */
 #include <math.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "tandem/tandem.h"
 
@@ -700,7 +704,113 @@ static void half_width_communication_halves_the_bytes(void) {
     free(reference.params);
 }
 
-int main(void) {
+/* ---- a CPU without bf16 instructions ----------------------------------------------------- */
+
+static char logged[512]; /* the last warning the library logged */
+
+static void keep_warning(td_log_level level, const char *message, void *ctx) {
+    (void)ctx;
+    if (level == TD_LOG_WARN) snprintf(logged, sizeof logged, "%s", message);
+}
+
+/* The MLP at `level` for two SGD steps on 16 images: its loss after them and its first weight,
+ * widened to f32, into w (784 values); the graph's fallback line (or "") into why. */
+static float mlp_two_steps(td_amp_level level, int emulate, float *w, td_dtype *w_dtype, char *why,
+                           size_t cap) {
+    td_graph_params gp = td_graph_default_params();
+    gp.amp.level = level;
+    gp.amp.emulate = emulate;
+    td_graph *g = NULL;
+    td_model m;
+    float loss = NAN;
+    logged[0] = 0;
+    CHECK_OK(td_graph_create(&g, &gp));
+    if (!g) return loss;
+    const char *f = td_graph_amp_fallback(g);
+    snprintf(why, cap, "%s", f ? f : "");
+    CHECK(strcmp(why, logged) == 0); /* said when the graph was created, before any op */
+    CHECK_OK(td_model_build(g, TD_MODEL_MLP, 16, 3, &m));
+    CHECK_OK(td_graph_compile(g));
+    td_dataset *data;
+    CHECK_OK(td_dataset_load_fashion_mnist(&data, NULL, TD_SPLIT_TEST));
+    CHECK_OK(td_tensor_write(m.input, td_dataset_x(data)));
+    CHECK_OK(td_tensor_write(m.labels, td_dataset_y(data)));
+    td_dataset_destroy(data);
+    td_param *p;
+    size_t n;
+    CHECK_OK(td_graph_parameters(g, &p, &n));
+    td_optim *opt;
+    td_sgd_params sp = td_sgd_default_params();
+    sp.lr = 0.05;
+    CHECK_OK(td_optim_create_sgd(&opt, p, n, &sp));
+    for (int s = 0; s < 2; s++) {
+        CHECK_OK(td_graph_forward(g));
+        CHECK_OK(td_graph_backward(g, m.loss));
+        CHECK_OK(td_optim_step(opt));
+        CHECK_OK(td_graph_zero_grad(g));
+    }
+    CHECK_OK(td_graph_forward(g));
+    CHECK_OK(td_tensor_read(m.loss, &loss));
+    *w_dtype = p[0].dtype;
+    for (size_t i = 0; i < 784; i++)
+        w[i] = p[0].dtype == TD_F32 ? ((const float *)p[0].data)[i]
+                                    : td_bf16_to_f32(((const uint16_t *)p[0].data)[i]);
+    td_optim_destroy(opt);
+    td_graph_destroy(g);
+    return loss;
+}
+
+/* In a copy of this program that oneDNN sees as a CPU without bf16 instructions: O2 says so
+ * when the graph is created and then trains exactly as O0 (the same f32 kernels, the same
+ * bits); O3 says so and keeps its bf16 weights; amp.emulate still computes between casts. */
+static int without_bf16_child(void) {
+    td_log_set_callback(keep_warning, NULL, TD_LOG_WARN);
+    char info[128], why[512];
+    CHECK_OK(td_graph_backend_info(td_device_cpu(), info, sizeof info));
+    CHECK(strstr(info, "ISA avx2") != NULL);
+    static float w0[784], w2[784], w3[784], we[784];
+    td_dtype d0, d2, d3, de;
+    float l0 = mlp_two_steps(TD_AMP_O0, 0, w0, &d0, why, sizeof why);
+    CHECK(why[0] == 0);
+    float l2 = mlp_two_steps(TD_AMP_O2, 0, w2, &d2, why, sizeof why);
+    CHECK(strstr(why, "amp O2 bf16") != NULL && strstr(why, "ISA avx2") != NULL &&
+          strstr(why, "f32") != NULL);
+    CHECK_EQ(d2, TD_F32);
+    CHECK(l2 == l0 && memcmp(w2, w0, sizeof w0) == 0);
+    mlp_two_steps(TD_AMP_O3, 0, w3, &d3, why, sizeof why);
+    CHECK(strstr(why, "amp O3 bf16") != NULL && strstr(why, "between casts") != NULL);
+    CHECK_EQ(d3, TD_BF16);
+    float le = mlp_two_steps(TD_AMP_O2, 1, we, &de, why, sizeof why);
+    CHECK(why[0] == 0);
+    CHECK_EQ(de, TD_BF16);
+    CHECK(le != l0 && le == le);
+    return test_case_failed;
+}
+
+static void amp_without_bf16_kernels_says_so_and_computes_in_f32(void) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1); /* read once, by a process's first oneDNN call */
+        execl("/proc/self/exe", "test_amp", "--without-bf16", (char *)NULL);
+        _exit(127);
+    }
+    int status = -1;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* Here, where bf16 has kernels of its own (if it has), O2 runs as asked. */
+    char info[128], why[512];
+    CHECK_OK(td_graph_backend_info(td_device_cpu(), info, sizeof info));
+    if (!strstr(info, "bf16") && !strstr(info, "amx")) return;
+    static float w[784];
+    td_dtype d;
+    mlp_two_steps(TD_AMP_O2, 0, w, &d, why, sizeof why);
+    CHECK(why[0] == 0);
+    CHECK_EQ(d, TD_BF16);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--without-bf16")) return without_bf16_child();
     RUN(every_op_in_bf16_and_f16_matches_f32);
     RUN(low_precision_is_not_f32_in_disguise);
     RUN(levels_place_parameters_like_apex);
@@ -710,5 +820,6 @@ int main(void) {
     RUN(ddp_with_o2_equals_one_process_with_o2);
     RUN(ddp_with_o3_in_bf16_and_f16_equals_one_process);
     RUN(half_width_communication_halves_the_bytes);
+    RUN(amp_without_bf16_kernels_says_so_and_computes_in_f32);
     TEST_END();
 }

@@ -185,12 +185,16 @@ static void check_movers(td_comm *c, td_dtype t, size_t count) {
         free(send);
         free(recv);
     }
-    /* allgather, then in place (send is this rank's block of recv) */
+    /* allgather, then in place (send is this rank's block of recv), then with send == recv
+     * (the input is where send points: recv's first block, on every rank) */
     void *send = fill(t, count, r, TD_OP_SUM, 0);
     void *recv = calloc((size_t)n * count + 1, es), *recv2 = calloc((size_t)n * count + 1, es);
+    void *recv3 = calloc((size_t)n * count + 1, es);
     CHECK_OK(td_comm_allgather(c, send, recv, count, t));
     memcpy((char *)recv2 + (size_t)r * count * es, send, count * es);
     CHECK_OK(td_comm_allgather(c, (char *)recv2 + (size_t)r * count * es, recv2, count, t));
+    memcpy(recv3, send, count * es);
+    CHECK_OK(td_comm_allgather(c, recv3, recv3, count, t));
     for (int j = 0; j < n; j++) {
         void *w = fill(t, count, j, TD_OP_SUM, 0);
         if (memcmp(w, (char *)recv + (size_t)j * count * es, count * es) != 0)
@@ -199,11 +203,26 @@ static void check_movers(td_comm *c, td_dtype t, size_t count) {
         if (memcmp(w, (char *)recv2 + (size_t)j * count * es, count * es) != 0)
             TEST_FAIL_AT("allgather in place %s count %zu: rank %d block %d wrong",
                          td_dtype_name(t), count, r, j);
+        if (memcmp(w, (char *)recv3 + (size_t)j * count * es, count * es) != 0)
+            TEST_FAIL_AT("allgather send == recv %s count %zu: rank %d block %d wrong",
+                         td_dtype_name(t), count, r, j);
+        free(w);
+    }
+    /* gather with send == recv at every rank, root n - 1 */
+    memset(recv3, 0, (size_t)n * count * es);
+    memcpy(recv3, send, count * es);
+    CHECK_OK(td_comm_gather(c, recv3, recv3, count, t, n - 1));
+    for (int j = 0; r == n - 1 && j < n; j++) {
+        void *w = fill(t, count, j, TD_OP_SUM, 0);
+        if (memcmp(w, (char *)recv3 + (size_t)j * count * es, count * es) != 0)
+            TEST_FAIL_AT("gather send == recv %s count %zu: block %d wrong", td_dtype_name(t),
+                         count, j);
         free(w);
     }
     free(send);
     free(recv);
     free(recv2);
+    free(recv3);
     /* alltoall: rank r's recv block j = rank j's send block r; and in place */
     send = fill(t, (size_t)n * count, r, TD_OP_SUM, 0);
     recv = calloc((size_t)n * count + 1, es);

@@ -47,7 +47,8 @@ static void allreduce_reduce_every_dtype_op_size(void) {
                 size_t n = sizes[s];
                 if (n > 10000 && !big_case(dt, op)) continue; /* time */
                 void *send = alloc(n, dt), *recv = alloc(n, dt);
-                for (size_t i = 0; i < n; i++) test_elem_put(dt, send, i, test_coll_gen(rank, i, op, dt));
+                for (size_t i = 0; i < n; i++)
+                    test_elem_put(dt, send, i, test_coll_gen(rank, i, op, dt));
                 CHECK_OK(td_comm_allreduce(world, send, recv, n, dt, op));
                 for (size_t i = 0; i < n; i++)
                     if (!expect("allreduce", dt, op, n, i, test_elem_get(dt, recv, i),
@@ -61,7 +62,8 @@ static void allreduce_reduce_every_dtype_op_size(void) {
                         break;
                 /* reduce to a root that moves around */
                 int root = (int)((s + (size_t)op) % (size_t)size);
-                for (size_t i = 0; i < n; i++) test_elem_put(dt, send, i, test_coll_gen(rank, i, op, dt));
+                for (size_t i = 0; i < n; i++)
+                    test_elem_put(dt, send, i, test_coll_gen(rank, i, op, dt));
                 memset(recv, 0, n * td_dtype_size(dt));
                 CHECK_OK(td_comm_reduce(world, send, recv, n, dt, op, root));
                 if (rank == root)
@@ -81,7 +83,8 @@ static void reduce_scatter_every_dtype_op_size(void) {
                 size_t n = sizes[s], total = n * (size_t)size;
                 if (n > 10000 && !big_case(dt, op)) continue; /* time */
                 void *send = alloc(total, dt), *recv = alloc(n, dt);
-                for (size_t i = 0; i < total; i++) test_elem_put(dt, send, i, test_coll_gen(rank, i, op, dt));
+                for (size_t i = 0; i < total; i++)
+                    test_elem_put(dt, send, i, test_coll_gen(rank, i, op, dt));
                 CHECK_OK(td_comm_reduce_scatter(world, send, recv, n, dt, op));
                 for (size_t i = 0; i < n; i++) {
                     size_t g = (size_t)rank * n + i;
@@ -105,6 +108,12 @@ static void reduce_scatter_every_dtype_op_size(void) {
 /* Value j of rank r's contribution in the data-movement collectives; fits every dtype. */
 static double mv(int r, size_t j) { return (double)((r * 31 + (int)(j % 97)) % 120); }
 
+/* Checks b (total elements) holds every rank's mv(r, i) in rank order, naming `what`. */
+static void expect_gathered(const char *what, td_dtype dt, size_t n, size_t total, const void *b) {
+    for (size_t i = 0; i < total; i++)
+        if (!expect(what, dt, 0, n, i, test_elem_get(dt, b, i), mv((int)(i / n), i % n))) break;
+}
+
 static void data_movement_every_dtype_size(void) {
     for (int dt = 0; dt < TD_DTYPE_COUNT; dt++)
         for (size_t s = 0; s < NSIZES; s++) {
@@ -120,26 +129,25 @@ static void data_movement_every_dtype_size(void) {
             /* allgather, then NCCL-style in place (own part already at rank * n) */
             for (size_t i = 0; i < n; i++) test_elem_put(dt, a, i, mv(rank, i));
             CHECK_OK(td_comm_allgather(world, a, b, n, dt));
-            for (size_t i = 0; i < total; i++)
-                if (!expect("allgather", dt, 0, n, i, test_elem_get(dt, b, i),
-                            mv((int)(i / n), i % n)))
-                    break;
+            expect_gathered("allgather", dt, n, total, b);
             memset(b, 0, total * td_dtype_size(dt));
             for (size_t i = 0; i < n; i++) test_elem_put(dt, b, (size_t)rank * n + i, mv(rank, i));
             CHECK_OK(td_comm_allgather(world, (char *)b + (size_t)rank * n * td_dtype_size(dt), b,
                                        n, dt));
-            for (size_t i = 0; i < total; i++)
-                if (!expect("allgather in place", dt, 0, n, i, test_elem_get(dt, b, i),
-                            mv((int)(i / n), i % n)))
-                    break;
+            expect_gathered("allgather in place", dt, n, total, b);
+            /* send == recv: the input is where send points, recv's first block (comm.h) */
+            memset(b, 0, total * td_dtype_size(dt));
+            for (size_t i = 0; i < n; i++) test_elem_put(dt, b, i, mv(rank, i));
+            CHECK_OK(td_comm_allgather(world, b, b, n, dt));
+            expect_gathered("allgather send == recv", dt, n, total, b);
+            memset(b, 0, total * td_dtype_size(dt));
+            for (size_t i = 0; i < n; i++) test_elem_put(dt, b, i, mv(rank, i));
+            CHECK_OK(td_comm_gather(world, b, b, n, dt, root));
+            if (rank == root) expect_gathered("gather send == recv", dt, n, total, b);
             /* gather */
             memset(b, 0, total * td_dtype_size(dt));
             CHECK_OK(td_comm_gather(world, a, b, n, dt, root));
-            if (rank == root)
-                for (size_t i = 0; i < total; i++)
-                    if (!expect("gather", dt, 0, n, i, test_elem_get(dt, b, i),
-                                mv((int)(i / n), i % n)))
-                        break;
+            if (rank == root) expect_gathered("gather", dt, n, total, b);
             /* scatter: root's part j goes to rank j */
             for (size_t i = 0; i < total; i++) test_elem_put(dt, b, i, mv((int)(i / n) + 5, i % n));
             memset(a, 0, total * td_dtype_size(dt));

@@ -162,6 +162,35 @@ static void movements(td_comm *w) {
             for (size_t i = 0; i < all; i++)
                 expect("alltoall", t, 0, n, i, test_elem_get(t, b.host, i),
                        V(i / (n ? n : 1), (size_t)rank * n + i % (n ? n : 1)));
+            /* In place as on every path (comm.h): the input is where send points. All-to-all
+             * over its own input; all-gather and gather with send == recv (the input in recv's
+             * first block) and with send at this rank's block of recv (NCCL's in place). */
+            size_t es = td_dtype_size(t);
+            CHECK_OK(td_comm_alltoall(w, a.dev, a.dev, n, t));
+            pull(&a);
+            for (size_t i = 0; i < all; i++)
+                expect("alltoall in place", t, 0, n, i, test_elem_get(t, a.host, i),
+                       V(i / (n ? n : 1), (size_t)rank * n + i % (n ? n : 1)));
+            for (int form = 0; form < 2; form++) {
+                char *mine = (char *)b.dev + (form ? (size_t)rank * n * es : 0);
+                for (int root = -1; root < size;
+                     root += size) { /* all-gather; gather to the last */
+                    memset(b.host, 0, b.bytes);
+                    for (size_t i = 0; i < n; i++)
+                        test_elem_put(t, (char *)b.host + (mine - (char *)b.dev), i, V(rank, i));
+                    push(&b);
+                    if (root < 0)
+                        CHECK_OK(td_comm_allgather(w, mine, b.dev, n, t));
+                    else
+                        CHECK_OK(td_comm_gather(w, mine, b.dev, n, t, root));
+                    pull(&b);
+                    for (size_t i = 0; (root < 0 || rank == root) && i < all; i++)
+                        expect(form ? "(all)gather from this rank's block"
+                                    : "(all)gather with send == recv",
+                               t, 0, n, i, test_elem_get(t, b.host, i),
+                               V(i / (n ? n : 1), i % (n ? n : 1)));
+                }
+            }
 #undef V
             mirror_free(&a);
             mirror_free(&b);

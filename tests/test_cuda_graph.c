@@ -725,6 +725,27 @@ static td_status build_dropout_classifier(td_graph *g, built *b) {
     return td_graph_cross_entropy(g, h, labels, TD_REDUCTION_MEAN, &b->y, NULL);
 }
 
+/* The dropout classifier on device d, recording its sweeps or not, its leaves initialised
+ * from one seed and compiled; NULL after a failed check. */
+static td_graph *classifier_on(td_device d, int cuda_graphs, built *b) {
+    td_graph_params p = td_graph_default_params();
+    p.seed = 11;
+    p.device = d;
+    p.cuda_graphs = cuda_graphs;
+    td_graph *g = NULL;
+    CHECK_OK(td_graph_create(&g, &p));
+    if (!g) return NULL;
+    td_rng rng;
+    td_rng_init(&rng, 1234);
+    if (build_dropout_classifier(g, b) == TD_OK) {
+        for (int i = 0; i < b->nleaves; i++) init_leaf(b->leaves[i], &rng, CLASSES);
+        if (td_graph_compile(g) == TD_OK) return g;
+    }
+    TEST_FAIL_AT("the classifier on a GPU: %s", td_last_error());
+    td_graph_destroy(g);
+    return NULL;
+}
+
 /* Six SGD steps on two GPU graphs, one launching every op and one recording its sweeps as
  * CUDA graphs and replaying them: the losses and parameters are the same bits, the dropout
  * masks fresh at every replay; the second graph did replay and the first did not. Then two
@@ -740,17 +761,7 @@ static void replay_equals_op_by_op(void) {
     td_optim *opt[2] = {NULL, NULL};
     memset(b, 0, sizeof b);
     for (int d = 0; d < 2; d++) {
-        td_graph_params p = td_graph_default_params();
-        p.seed = 11;
-        p.device = td_device_cuda(0);
-        p.cuda_graphs = d;
-        CHECK_OK(td_graph_create(&g[d], &p));
-        if (!g[d]) goto out;
-        CHECK_OK(build_dropout_classifier(g[d], &b[d]));
-        td_rng rng;
-        td_rng_init(&rng, 1234);
-        for (int i = 0; i < b[d].nleaves; i++) init_leaf(b[d].leaves[i], &rng, CLASSES);
-        CHECK_OK(td_graph_compile(g[d]));
+        if (!(g[d] = classifier_on(td_device_cuda(0), d, &b[d]))) goto out;
         td_param *pp;
         size_t np;
         CHECK_OK(td_graph_parameters(g[d], &pp, &np));
@@ -795,6 +806,37 @@ static void replay_equals_op_by_op(void) {
 out:
     for (int d = 0; d < 2; d++) {
         td_optim_destroy(opt[d]);
+        td_graph_destroy(g[d]);
+    }
+}
+
+/* One thread drives graphs on two GPUs, interleaved, op by op, each backward from a dy already
+ * on its own GPU: every sweep makes its graph's GPU current (a backward that did not launched
+ * on the GPU the other graph's forward had made current). The two compute the same gradients. */
+static void two_gpus_one_thread(void) {
+    if (gpus < 2) {
+        SKIP(gpus ? "one CUDA device (this needs two)" : "no CUDA device");
+        return;
+    }
+    td_graph *g[2] = {NULL, NULL};
+    built b[2];
+    float *dy[2] = {NULL, NULL}, one = 1.f;
+    memset(b, 0, sizeof b);
+    for (int d = 0; d < 2; d++) {
+        if (!(g[d] = classifier_on(td_device_cuda(d), 0, &b[d]))) goto out;
+        CHECK_OK(td_device_alloc(td_device_cuda(d), sizeof one, (void **)&dy[d]));
+        CHECK_OK(td_device_copy(td_device_cuda(d), dy[d], td_device_cpu(), &one, sizeof one));
+    }
+    for (int step = 0; step < 2; step++) {
+        for (int d = 0; d < 2; d++) CHECK_OK(td_graph_forward(g[d]));
+        for (int d = 0; d < 2; d++) CHECK_OK(td_graph_backward_from(g[d], b[d].y, dy[d]));
+    }
+    for (int i = 0; i < b[0].nleaves; i++)
+        if (td_tensor_grad(b[0].leaves[i]) && td_tensor_dtype(b[0].leaves[i]) != TD_I64)
+            compare("two GPUs", b[0].leaves[i], b[1].leaves[i], 1, 1e-5);
+out:
+    for (int d = 0; d < 2; d++) {
+        if (dy[d]) td_device_free(td_device_cuda(d), dy[d]);
         td_graph_destroy(g[d]);
     }
 }
@@ -978,8 +1020,8 @@ static void transformer_launch_shapes(void) {
     }
     const int64_t rows[] = {1, 2, 63, 64, 65, 150, 65535, 65536, 65537, 1 << 20, 3000001};
     for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
-        int64_t R = rows[i], r = td__ln_chunk_rows(R), c = td__ln_chunks(R);
-        CHECK(r >= TD__LN_CHUNK_ROWS && c >= 1 && c <= TD__LN_CHUNKS);
+        int64_t R = rows[i], r = td__partial_rows(R), c = td__partials(R);
+        CHECK(r >= TD__PARTIAL_ROWS && c >= 1 && c <= TD__PARTIALS);
         CHECK(c * r >= R && (c - 1) * r < R);
     }
     for (int64_t hs = 1; hs <= 300; hs++) {
@@ -1025,6 +1067,7 @@ int main(void) {
     RUN(cnn_sgd_steps);
     RUN(resnet_adamw_steps);
     RUN(replay_equals_op_by_op);
+    RUN(two_gpus_one_thread);
     RUN(conv_f32);
     RUN(conv_bf16);
     RUN(conv_f16);

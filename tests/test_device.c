@@ -29,26 +29,27 @@ static void parse_and_format(void) {
     }
 }
 
-static void size_classes_round_by_at_most_a_quarter(void) {
-    int cls, prev_cls = -1;
-    CHECK_EQ(td__size_class(1, &cls), 512);
-    CHECK_EQ(cls, 0);
-    CHECK_EQ(td__size_class(512, &cls), 512);
-    CHECK_EQ(td__size_class(513, &cls), 640);
-    CHECK_EQ(td__size_class(1024, &cls), 1024);
-    CHECK_EQ(td__size_class(1025, &cls), 1280);
-    CHECK_EQ(td__size_class(3 << 20, &cls), 3 << 20);
-    CHECK_EQ(td__size_class((3 << 20) + 1, &cls), 7 << 19);
-    size_t prev = 0;
-    for (size_t b = 1; b < ((size_t)1 << 34); b = b * 9 / 7 + 1) {
-        size_t s = td__size_class(b, &cls);
-        CHECK(s >= b && (b <= 512 || s - b <= b / 4 + 1));
-        CHECK(cls < TD__SIZE_CLASSES);
-        /* one size per class, classes in the order of their sizes */
-        if (s == prev) CHECK_EQ(cls, prev_cls);
-        if (s > prev) CHECK(cls > prev_cls);
-        prev = s;
-        prev_cls = cls;
+#define MIB ((size_t)1 << 20)
+
+/* Sizes as PyTorch's allocator takes them: blocks in multiples of 512 bytes, small requests
+ * from 2 MiB segments, larger ones from 20 MiB below 10 MiB, else their own size rounded up to
+ * 2 MiB: a whole graph's 32.1 GiB costs 32.1 GiB, not a size class 25% above it. */
+static void large_requests_round_up_to_2_mib(void) {
+    CHECK_EQ(td__block_size(1), 512);
+    CHECK_EQ(td__block_size(512), 512);
+    CHECK_EQ(td__block_size(513), 1024);
+    CHECK_EQ(td__block_size(MIB + 1), MIB + 512);
+    CHECK_EQ(td__segment_size(512), 2 * MIB);
+    CHECK_EQ(td__segment_size(MIB), 2 * MIB);
+    CHECK_EQ(td__segment_size(MIB + 512), 20 * MIB);
+    CHECK_EQ(td__segment_size(10 * MIB), 10 * MIB);
+    CHECK_EQ(td__segment_size(10 * MIB + 512), 12 * MIB);
+    size_t graph = (size_t)(32.1 * 1024) * MIB + 4096; /* 32.1 GiB and a bit */
+    CHECK_EQ(td__segment_size(td__block_size(graph)), graph - 4096 + 2 * MIB);
+    for (size_t b = 1; b < ((size_t)1 << 40); b = b * 9 / 7 + 1) {
+        size_t blk = td__block_size(b), seg = td__segment_size(blk);
+        CHECK(blk >= b && blk - b < 512 && blk % 512 == 0);
+        CHECK(seg >= blk && (blk < 10 * MIB || seg - blk < 2 * MIB));
     }
 }
 
@@ -113,55 +114,99 @@ static void allocator_reuses_blocks_on_their_stream(void) {
     td__caching_allocator a;
     host_memory h;
     stream s1 = {0, 0}, s2 = {0, 0};
-    allocator_over(&a, &h, 1 << 20);
+    allocator_over(&a, &h, 64 * MIB);
     void *p, *q, *r;
     CHECK_OK(td__allocator_alloc(&a, 1000, &s1, &p));
     memset(p, 1, 1000);
     CHECK_OK(td__allocator_free(&a, p));
-    CHECK_OK(td__allocator_alloc(&a, 900, &s1, &q)); /* same class, same stream: the same block */
+    CHECK_OK(td__allocator_alloc(&a, 900, &s1, &q)); /* same stream: the same block */
     CHECK(q == p);
-    CHECK_OK(td__allocator_alloc(&a, 900, &s2, &r)); /* another stream gets its own */
+    CHECK_OK(td__allocator_alloc(&a, 900, &s2, &r)); /* another stream gets its own segment */
     CHECK(r != p);
     td_device_memory_stats st = td__allocator_stats(&a);
     CHECK_EQ(st.allocations, 3);
     CHECK_EQ(st.cache_hits, 1);
     CHECK_EQ(st.driver_allocs, 2);
     CHECK_EQ(st.in_use, 2048);
-    CHECK_EQ(st.reserved, 2048);
+    CHECK_EQ(st.reserved, 4 * MIB);
     CHECK_EQ(st.peak_in_use, 2048);
     CHECK_OK(td__allocator_free(&a, q));
     CHECK_OK(td__allocator_free(&a, r));
     st = td__allocator_stats(&a);
     CHECK_EQ(st.in_use, 0);
-    CHECK_EQ(st.reserved, 2048); /* cached, not returned */
+    CHECK_EQ(st.reserved, 4 * MIB); /* cached, not returned */
     td__allocator_empty_cache(&a);
     st = td__allocator_stats(&a);
     CHECK_EQ(st.reserved, 0);
     CHECK_EQ(h.used, 0);
-    CHECK_EQ(st.peak_reserved, 2048);
+    CHECK_EQ(st.peak_reserved, 4 * MIB);
     td__allocator_destroy(&a);
+}
+
+/* Blocks split from one segment, side by side, and merge back when freed, so the segment goes
+ * back whole; a large cached block is split for a smaller request only when more than 1 MiB
+ * is left. */
+static void blocks_split_and_merge_as_pytorchs(void) {
+    td__caching_allocator a;
+    host_memory h;
+    stream s1 = {0, 0};
+    allocator_over(&a, &h, 64 * MIB);
+    void *p, *q, *r;
+    CHECK_OK(td__allocator_alloc(&a, 1000, &s1, &p));
+    CHECK_OK(td__allocator_alloc(&a, 3000, &s1, &q));
+    CHECK_OK(td__allocator_alloc(&a, 512, &s1, &r));
+    CHECK((char *)q == (char *)p + 1024 && (char *)r == (char *)q + 3072);
+    CHECK_EQ(td__allocator_stats(&a).driver_allocs, 1);
+    CHECK_OK(td__allocator_free(&a, q));
+    td__allocator_empty_cache(&a); /* the segment has blocks in use: it stays */
+    CHECK_EQ(td__allocator_stats(&a).reserved, 2 * MIB);
+    void *t;
+    CHECK_OK(td__allocator_alloc(&a, 2048, &s1, &t)); /* the best fit: q's hole */
+    CHECK(t == q);
+    CHECK_OK(td__allocator_free(&a, p));
+    CHECK_OK(td__allocator_free(&a, r));
+    CHECK_OK(td__allocator_free(&a, t));
+    td__allocator_empty_cache(&a); /* merged whole again: back to the driver */
+    CHECK_EQ(td__allocator_stats(&a).reserved, 0);
+    CHECK_EQ(h.frees, 1);
+    /* 12 MiB of its own; 10.5 MiB from it leaves 1.5 MiB, split off; 11.5 MiB would leave
+     * 0.5 MiB, kept in the block. */
+    CHECK_OK(td__allocator_alloc(&a, 12 * MIB, &s1, &p));
+    CHECK_EQ(td__allocator_stats(&a).reserved, 12 * MIB);
+    CHECK_OK(td__allocator_free(&a, p));
+    CHECK_OK(td__allocator_alloc(&a, 10 * MIB + MIB / 2, &s1, &q));
+    CHECK(q == p);
+    CHECK_EQ(td__allocator_stats(&a).in_use, 10 * MIB + MIB / 2);
+    CHECK_OK(td__allocator_free(&a, q));
+    CHECK_OK(td__allocator_alloc(&a, 11 * MIB + MIB / 2, &s1, &q));
+    CHECK(q == p);
+    CHECK_EQ(td__allocator_stats(&a).in_use, 12 * MIB);
+    CHECK_EQ(td__allocator_stats(&a).driver_allocs, 2);
+    CHECK_OK(td__allocator_free(&a, q));
+    td__allocator_destroy(&a);
+    CHECK_EQ(h.used, 0);
 }
 
 static void block_used_on_another_stream_waits_for_it(void) {
     td__caching_allocator a;
     host_memory h;
     stream s1 = {0, 0}, s2 = {0, 0};
-    allocator_over(&a, &h, 1 << 20);
+    allocator_over(&a, &h, 64 * MIB);
     void *p, *q;
     CHECK_OK(td__allocator_alloc(&a, 4096, &s1, &p));
     CHECK_OK(td__allocator_record_stream(&a, p, &s2)); /* s2 reads it too */
     CHECK_OK(td__allocator_free(&a, p));               /* while s2 may still be reading */
     CHECK_OK(td__allocator_alloc(&a, 4096, &s1, &q));
     CHECK(q != p); /* s2 has not passed the free yet */
-    td__allocator_empty_cache(&a);
-    CHECK_EQ(td__allocator_stats(&a).reserved, 8192); /* neither can go back yet */
-    s2.completed = s2.submitted;                      /* s2 passes it */
     CHECK_OK(td__allocator_free(&a, q));
+    td__allocator_empty_cache(&a);
+    CHECK_EQ(td__allocator_stats(&a).reserved, 2 * MIB); /* p still waits: the segment stays */
+    s2.completed = s2.submitted;                         /* s2 passes it */
     void *r, *t;
     CHECK_OK(td__allocator_alloc(&a, 4096, &s1, &r));
     CHECK_OK(td__allocator_alloc(&a, 4096, &s1, &t));
     CHECK((r == p && t == q) || (r == q && t == p));
-    CHECK_EQ(td__allocator_stats(&a).driver_allocs, 2);
+    CHECK_EQ(td__allocator_stats(&a).driver_allocs, 1);
     CHECK_OK(td__allocator_free(&a, r));
     CHECK_OK(td__allocator_free(&a, t));
     td__allocator_destroy(&a);
@@ -172,19 +217,19 @@ static void out_of_memory_empties_the_cache_then_names_the_sizes(void) {
     td__caching_allocator a;
     host_memory h;
     stream s1 = {0, 0};
-    allocator_over(&a, &h, 10 << 10);
+    allocator_over(&a, &h, 30 * MIB);
     void *p, *q;
-    CHECK_OK(td__allocator_alloc(&a, 6 << 10, &s1, &p));
-    CHECK_OK(td__allocator_free(&a, p));                 /* 6 KiB cached */
-    CHECK_OK(td__allocator_alloc(&a, 8 << 10, &s1, &q)); /* fits only once the cache is gone */
+    CHECK_OK(td__allocator_alloc(&a, 12 * MIB, &s1, &p));
+    CHECK_OK(td__allocator_free(&a, p));                  /* 12 MiB cached */
+    CHECK_OK(td__allocator_alloc(&a, 24 * MIB, &s1, &q)); /* fits only once the cache is gone */
     CHECK_EQ(h.frees, 1);
-    CHECK_EQ(td__allocator_stats(&a).reserved, 8 << 10);
+    CHECK_EQ(td__allocator_stats(&a).reserved, 24 * MIB);
     void *r = (void *)1;
-    CHECK_STATUS(td__allocator_alloc(&a, 4 << 10, &s1, &r), TD_ENOMEM);
+    CHECK_STATUS(td__allocator_alloc(&a, 4 * MIB, &s1, &r), TD_ENOMEM);
     CHECK(r == NULL);
-    CHECK(strstr(td_last_error(), "host:test: out of memory allocating 4096 bytes (8192 in use") !=
-          NULL);
-    CHECK_EQ(td__allocator_stats(&a).in_use, 8 << 10); /* the failure changed nothing */
+    CHECK(strstr(td_last_error(), "host:test: out of memory allocating 4194304 bytes (a segment "
+                                  "of 20971520; 25165824 in use") != NULL);
+    CHECK_EQ(td__allocator_stats(&a).in_use, 24 * MIB); /* the failure changed nothing */
     CHECK_OK(td__allocator_free(&a, q));
     td__allocator_destroy(&a);
     CHECK_EQ(h.used, 0);
@@ -194,7 +239,7 @@ static void foreign_and_double_frees_are_refused_by_name(void) {
     td__caching_allocator a;
     host_memory h;
     stream s1 = {0, 0};
-    allocator_over(&a, &h, 1 << 20);
+    allocator_over(&a, &h, 64 * MIB);
     void *p;
     int x;
     CHECK_OK(td__allocator_alloc(&a, 100, &s1, &p));
@@ -361,8 +406,9 @@ static void local_rank_picks_the_gpu(void) {
 
 int main(void) {
     RUN(parse_and_format);
-    RUN(size_classes_round_by_at_most_a_quarter);
+    RUN(large_requests_round_up_to_2_mib);
     RUN(allocator_reuses_blocks_on_their_stream);
+    RUN(blocks_split_and_merge_as_pytorchs);
     RUN(block_used_on_another_stream_waits_for_it);
     RUN(out_of_memory_empties_the_cache_then_names_the_sizes);
     RUN(foreign_and_double_frees_are_refused_by_name);

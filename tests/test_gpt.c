@@ -68,7 +68,11 @@ static int ref_model_load(td_checkpoint *ck, ref_model *r) {
     memset(r, 0, sizeof *r);
     int64_t *cfg = ref_read(ck, "config", TD_I64, 6);
     if (!cfg) return 0;
-    r->p = (td_gpt_params){(int)cfg[0], (int)cfg[1], cfg[2], cfg[3], cfg[4]};
+    r->p = (td_gpt_params){.layers = (int)cfg[0],
+                           .heads = (int)cfg[1],
+                           .width = cfg[2],
+                           .context = cfg[3],
+                           .vocab = cfg[4]};
     r->B = cfg[5];
     free(cfg);
     CHECK_OK(td_gpt_sequential(&r->p, &r->s));
@@ -161,7 +165,8 @@ static void ten_adamw_steps_match_pytorch(void) {
         td_checkpoint_close(ck);
         return;
     }
-    td_adamw_params ap = {hp[0], hp[1], hp[2], hp[3], hp[4]};
+    td_adamw_params ap = {
+        .lr = hp[0], .beta1 = hp[1], .beta2 = hp[2], .eps = hp[3], .weight_decay = hp[4]};
     ap.lr = 1e-2, ap.beta1 = 0.9, ap.beta2 = 0.95, ap.eps = 1e-8, ap.weight_decay = 0.1;
     CHECK_NEAR(hp[0], ap.lr, 1e-9); /* the doubles PyTorch used, not their f32 copies */
     td_optim *opt;
@@ -221,7 +226,7 @@ static void default_gpt_layers_and_initial_loss(void) {
 /* A stage from "h.1" on holds the parameters the whole model has from there; its head holds
  * its own copy of the token embedding. */
 static void cut_between_blocks_builds_the_same_parameters(void) {
-    td_gpt_params p = {3, 2, 16, 8, 32};
+    td_gpt_params p = {.layers = 3, .heads = 2, .width = 16, .context = 8, .vocab = 32};
     td_sequential *s;
     CHECK_OK(td_gpt_sequential(&p, &s));
     td_graph *whole, *part;

@@ -6,7 +6,8 @@
  *    call.
  *  - Blocked linear weights (td_graph_params.blocked_linear): the same loss, outputs and
  *    gradients as the plain layout to f32 rounding, for a weight whose rows are 4 KiB (the
- *    padded reorder) and one whose are not, with and without an input gradient.
+ *    padded reorder) and one whose are not, with and without an input gradient; and at AMP O1,
+ *    where the layers compute in bf16 through oneDNN's matmul, to bf16 rounding.
  *  - Kept weights (td_graph_keep_weights): a forward that keeps the last one's weight copies
  *    gives that forward's bits while the parameters are unchanged, and one that does not keep
  *    them follows a change; a parameter moved elsewhere is laid out again even when kept. */
@@ -89,9 +90,10 @@ typedef struct {
     td_tensor *x, *y, *out, *loss;
 } net;
 
-static void net_build(net *m, int blocked, int input_grad) {
+static void net_build(net *m, int blocked, int input_grad, td_amp_level amp) {
     td_graph_params gp = td_graph_default_params();
     gp.blocked_linear = blocked;
+    gp.amp.level = amp;
     td_rng rng;
     td_rng_init(&rng, 7);
     td_tensor *h;
@@ -138,10 +140,12 @@ enum { MAX_FLOATS = N * OUT + HID * IN + HID + OUT * HID + OUT + N * IN };
 
 static void blocked_linear_match_the_plain_layout(void) {
     float *a = malloc(MAX_FLOATS * sizeof(float)), *b = malloc(MAX_FLOATS * sizeof(float));
-    for (int input_grad = 0; input_grad < 2; input_grad++) {
+    for (int k = 0; k < 4; k++) {
+        int input_grad = k % 2;
+        td_amp_level amp = k < 2 ? TD_AMP_O0 : TD_AMP_O1;
         net plain, blocked;
-        net_build(&plain, 0, input_grad);
-        net_build(&blocked, 1, input_grad);
+        net_build(&plain, 0, input_grad, amp);
+        net_build(&blocked, 1, input_grad, amp);
         size_t na = net_step(&plain, a), nb = net_step(&blocked, b);
         CHECK_EQ(na, nb);
         double worst = 0;
@@ -149,7 +153,7 @@ static void blocked_linear_match_the_plain_layout(void) {
             double d = fabs((double)a[i] - b[i]) / (fabs((double)a[i]) + 1e-3);
             if (d > worst) worst = d;
         }
-        CHECK(worst < 1e-4);
+        CHECK(worst < (amp == TD_AMP_O0 ? 1e-4 : 1e-2));
         td_graph_destroy(plain.g);
         td_graph_destroy(blocked.g);
     }
@@ -161,8 +165,8 @@ static void kept_weights_hold_until_the_parameters_change(void) {
     float *first = malloc(MAX_FLOATS * sizeof(float)), *again = malloc(MAX_FLOATS * sizeof(float));
     float *changed = malloc(MAX_FLOATS * sizeof(float));
     net m, ref;
-    net_build(&m, 1, 1);
-    net_build(&ref, 1, 1);
+    net_build(&m, 1, 1, TD_AMP_O0);
+    net_build(&ref, 1, 1, TD_AMP_O0);
     size_t n = net_step(&m, first);
     td_graph_keep_weights(m.g);
     CHECK(net_step(&m, again) == n && memcmp(first, again, n * sizeof(float)) == 0);

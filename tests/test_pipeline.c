@@ -395,8 +395,9 @@ static void stages_on_a_gpu_equal_one_process(void) {
 
 /* ---- dropout, trace ------------------------------------------------------------------ */
 
-/* The seeds' Net (dropout2d and dropout) trained by 1F1B, GPipe and 1F1B again: the same bits
- * each time, because each micro-batch's masks depend on (seed, stage, step, micro-batch). */
+/* PyTorch's MNIST example Net (dropout2d and dropout) trained by 1F1B, GPipe and 1F1B again: the
+ * same bits each time, because each micro-batch's masks depend on (seed, stage, step and
+ * micro-batch). */
 static void dropout_rank(int rank, int size, int port, void *arg) {
     (void)arg;
     td_comm *comm = NULL;

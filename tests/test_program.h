@@ -20,22 +20,39 @@
 
 static char output[1 << 16]; /* the last run's stdout and stderr */
 
-/* Runs a shell command, keeping its output in `output`; returns its exit status. */
-static inline int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static inline int run(const char *fmt, ...) {
+/* Runs a shell command, keeping its output in `output`; returns its exit status. With `loud`, a
+ * command that fails is shown on stderr with its output. */
+static inline int run_va(int loud, const char *fmt, va_list ap) {
     char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
     strcat(cmd, " 2>&1");
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     size_t n = fread(output, 1, sizeof output - 1, p);
     output[n] = 0;
     int status = pclose(p);
-    if (!WIFEXITED(status) || WEXITSTATUS(status)) fprintf(stderr, "$ %s\n%s\n", cmd, output);
+    if (loud && (!WIFEXITED(status) || WEXITSTATUS(status)))
+        fprintf(stderr, "$ %s\n%s\n", cmd, output);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static inline int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline int run(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int status = run_va(1, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* run() for a poll, which fails until what it waits for is there: a failure is not shown. */
+static inline int run_quiet(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline int run_quiet(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int status = run_va(0, fmt, ap);
+    va_end(ap);
+    return status;
 }
 
 /* The parameter digest the last run printed last ("params_sha256 " and 64 hex digits) into hex,

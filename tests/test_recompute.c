@@ -1,14 +1,13 @@
-/* Activation recompute (docs/recompute.md): a model trained with its segments recomputed ends
- * on the same bits as without, gradients after every backward and parameters after every step
- * (f32 and bf16 at O1 and O2, dropout on, masks drawn from the graph's RNG or keyed by sample;
- * a GPT; the seeds' Net with dropout2d; a batch-norm CNN whose running statistics must not be
- * updated twice), also under DDP and ZeRO-3 at 2 ranks with a collective op inside every
- * segment; the
- * graph's memory shrinks by exactly the dropped activations and gradients of all segments but
- * the largest; bad segment specifications are refused by name; on a GPU, recorded sweeps
- * replay the masks (skipped where none is visible). The strategies that drive the
- * graph from outside (ZeRO 1-3, pipelines, deterministic mode, AMP) are checked through
- * examples/gpt, which must print the same parameter digest with and without --recompute. */
+/* Activation recompute (docs/recompute.md): a model trained with its segments recomputed ends on
+ * the same bits as without, gradients after every backward and parameters after every step (f32 and
+ * bf16 at O1 and O2, dropout on, masks drawn from the graph's RNG or keyed by sample; a GPT;
+ * PyTorch's MNIST example Net with dropout2d; a batch-norm CNN whose running statistics must not be
+ * updated twice), also under DDP and ZeRO-3 at 2 ranks with a collective op inside every segment;
+ * the graph's memory shrinks by exactly the dropped activations and gradients of all segments but
+ * the largest; bad segment specifications are refused by name; on a GPU, recorded sweeps replay the
+ * masks (skipped where none is visible). The strategies that drive the graph from outside (ZeRO
+ * 1-3, pipelines, deterministic mode, AMP) are checked through examples/gpt, which must print the
+ * same parameter digest with and without --recompute. */
 #include <libgen.h>
 #include <limits.h>
 
@@ -254,8 +253,9 @@ static void gpt_trains_to_the_same_bits(void) {
     td_sequential_destroy(s);
 }
 
-/* The seeds' Net (dropout2d after a convolution, dropout after fc1) and the CNN, whose batch
- * norms update their running statistics in forward: run twice, they would move twice. */
+/* PyTorch's MNIST example Net (dropout2d after a convolution, dropout after fc1) and the CNN,
+ * whose batch norms update their running statistics in forward: run twice, they would move
+ * twice. */
 static void conv_models_train_to_the_same_bits(void) {
     td_sequential *net_s = reference_model(TD_MODEL_NET), *cnn = reference_model(TD_MODEL_CNN);
     if (net_s) same_training(net_s, td_graph_default_params(), TD_RECOMPUTE_FULL, 4, 0, "Net full");

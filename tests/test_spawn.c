@@ -1,4 +1,4 @@
-/* td_spawn, the seeds' mp.spawn: examples/mnist --spawn N trains to the same weights as one
+/* td_spawn, PyTorch's mp.spawn: examples/mnist --spawn N trains to the same weights as one
  * process on the global batch (world 2 and 4, within 1e-5), and a failing child is named the way
  * tandemrun names one ("rank 1 (pid N) was killed by signal 9 (SIGKILL)"), the others stopped,
  * nothing left behind; bad options are refused. */

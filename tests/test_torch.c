@@ -1,6 +1,6 @@
 /* The torch.distributed backend (bindings/torch/, the module tandem_torch) through PyTorch's own
  * API in real processes: every collective against gloo's results at worlds 2 to 4
- * (tests/torch/collectives.py), the seeds' DDP recipe (examples/torch/ddp_mnist.py) trained
+ * (tests/torch/collectives.py), PyTorch's DDP recipe (examples/torch/ddp_mnist.py) trained
  * with init_process_group("tandem") to gloo's parameters, a rank that dies or calls another
  * collective raised as an exception on every other rank (tests/torch/errors.py), and the
  * rendezvous port and Work.wait's timeout (tests/torch/edges.py). The ranks run

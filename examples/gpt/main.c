@@ -286,6 +286,8 @@ static void setup(trainer *t) {
     gp.threads = o->deterministic ? 1 : 0; /* no sum of the kernels depends on OMP_NUM_THREADS */
     gp.recompute = o->recompute;
     CHECK(td_graph_create(&t->train, &gp));
+    const char *amp_note = td_graph_amp_fallback(t->train); /* no fast low-precision kernels */
+    if (amp_note && t->rank == 0) fprintf(stderr, "gpt: %s\n", amp_note);
     gpt_build(o, t->train, t->graph_batch, &t->model);
     gp.grad_enabled = 0;
     gp.threads = 0;

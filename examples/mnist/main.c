@@ -1,4 +1,4 @@
-/* Trains the seeds' Net, an MLP, a CNN or a ResNet on Fashion-MNIST, in one process or
+/* Trains PyTorch's MNIST example Net, an MLP, a CNN or a ResNet on Fashion-MNIST, in one process or
  * data-parallel (pipeline-parallel with --pipeline: pipeline.c).
  *
  *   build/examples/mnist --model net --epochs 2
@@ -62,7 +62,7 @@ typedef struct {
     td_dtype amp_dtype;    /* bf16 or f16 */
     double loss_scale;     /* 0: dynamic; > 0: static; < 0: none */
     td_dtype comm_dtype;   /* what DDP's f32 gradients travel as */
-    int spawn;             /* > 0: fork this many ranks (td_spawn, the seeds' mp.spawn) */
+    int spawn;             /* > 0: fork this many ranks (td_spawn, PyTorch's mp.spawn) */
     int deterministic;     /* the same bits at any world size */
     int shards;            /* S: fixed shards of the global batch (deterministic mode) */
     double dropout;        /* > 0: a dropout layer of this probability before the classifier */
@@ -453,6 +453,8 @@ static void setup(trainer *t) {
     go.blocked_linear = t->opt.deterministic && t->shard_batch <= 16;
     if (t->opt.trace_ops || (ops && !strcmp(ops, "1"))) go.trace = t->trace;
     CHECK(td_graph_create(&t->train, &go));
+    const char *amp_note = td_graph_amp_fallback(t->train); /* no fast low-precision kernels */
+    if (amp_note && t->rank == 0) fprintf(stderr, "mnist: %s\n", amp_note);
     build_model(&t->opt, t->train, t->opt.deterministic ? t->shard_batch : t->local_batch,
                 &t->model);
     go.grad_enabled = 0;

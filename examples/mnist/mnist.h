@@ -67,9 +67,9 @@ static inline int mnist_progress_redraws(void) {
     return isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE");
 }
 
-/* SGD's learning rate and momentum where the command line gave none (< 0): the seeds' SGD for
- * their Net; the others train faster with more momentum (and the ResNet, with batch norm after
- * every convolution, with a larger step). */
+/* SGD's learning rate and momentum where the command line gave none (< 0): the SGD of PyTorch's
+ * MNIST example for its Net; the others train faster with more momentum (and the ResNet, with batch
+ * norm after every convolution, with a larger step). */
 static inline void mnist_sgd_defaults(td_model_kind model, double *lr, double *momentum) {
     if (*lr < 0) *lr = model == TD_MODEL_MLP ? 0.05 : model == TD_MODEL_RESNET ? 0.1 : 0.01;
     if (*momentum < 0) *momentum = model == TD_MODEL_NET ? 0.5 : 0.9;

@@ -1,7 +1,7 @@
-"""The seeds' DistributedDataParallel recipe in PyTorch, on tandem's collectives: the seeds' Net
-(or the MLP or CNN of bench/train) on Fashion-MNIST, a DistributedSampler shard per rank, SGD
-with momentum, one process per rank. The only change from a gloo program is the backend's name
-(and the import that registers it):
+"""PyTorch's DistributedDataParallel recipe (mp.spawn, DistributedSampler, DDP) on tandem's
+collectives: the Net of PyTorch's MNIST example (or the MLP or CNN of bench/train) on
+Fashion-MNIST, a DistributedSampler shard per rank, SGD with momentum, one process per rank. The
+only change from a gloo program is the backend's name (and the import that registers it):
 
     import tandem_torch
     dist.init_process_group("tandem")
@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 class Net(nn.Module):
-    """The seeds' MNIST Net."""
+    """The Net of PyTorch's MNIST example."""
 
     def __init__(self):
         super().__init__()

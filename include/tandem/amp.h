@@ -38,6 +38,8 @@ typedef struct {
     int dynamic;             /* 1; 0: a static scale that never changes (overflowing steps are
                                 still skipped) */
     td_comm *comm;           /* NULL, or the group whose ranks agree on each skip (DDP's) */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_grad_scaler_params;
 
 /* PyTorch's defaults: 2^16, x2 every 2000 clean steps, x0.5 on overflow, dynamic, no group. */

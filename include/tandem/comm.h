@@ -84,6 +84,8 @@ typedef struct {
     int store_hosted;        /* shm, ucx: -1: TANDEM_STORE_HOSTED, else 0; 1: the store is
                                 hosted already (tandemrun --nnodes, the torch backend's rank 0),
                                 rank 0 only connects to it */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[68];
 } td_comm_params;
 
 /* The defaults described above: everything from the environment. */
@@ -203,11 +205,13 @@ td_status td_comm_reduce(td_comm *comm, const void *send, void *recv, size_t cou
 /* Copies root's buf to every rank's buf. */
 td_status td_comm_broadcast(td_comm *comm, void *buf, size_t count, td_dtype dtype, int root);
 
-/* recv (size * count) = every rank's send (count), in rank order. */
+/* recv (size * count) = every rank's send (count), in rank order. send is read where it points,
+ * inside recv or not, on every backend and device path: at recv + rank * count the call is in
+ * place (NCCL's form, no copy); send == recv takes recv's first block as this rank's input. */
 td_status td_comm_allgather(td_comm *comm, const void *send, void *recv, size_t count,
                             td_dtype dtype);
 
-/* Like allgather, with the result only on `root`. */
+/* Like allgather (in place alike), with the result only on `root`. */
 td_status td_comm_gather(td_comm *comm, const void *send, void *recv, size_t count, td_dtype dtype,
                          int root);
 
@@ -219,7 +223,7 @@ td_status td_comm_scatter(td_comm *comm, const void *send, void *recv, size_t co
 td_status td_comm_reduce_scatter(td_comm *comm, const void *send, void *recv, size_t count,
                                  td_dtype dtype, td_reduce_op op);
 
-/* Rank i's recv[j * count ..] = rank j's send[i * count ..]. */
+/* Rank i's recv[j * count ..] = rank j's send[i * count ..]; send == recv in place. */
 td_status td_comm_alltoall(td_comm *comm, const void *send, void *recv, size_t count,
                            td_dtype dtype);
 

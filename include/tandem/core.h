@@ -2,7 +2,15 @@
  *
  * Everything else in tandem depends on this header; it depends on nothing but libc.
  * Shapes live here too: process groups, tensors and checkpoints all speak of them.
- * It does not allocate behind the caller's back except where a function says so. */
+ * It does not allocate behind the caller's back except where a function says so.
+ *
+ * How the options structs keep the ABI. Every td_*_params struct ends in `reserved`, zero bytes
+ * that options added later take their room from, so its size never changes while the library's
+ * soname (libtandem.so.0) stays: a program built against an older header passes and receives
+ * structs of the size the library expects. Start from td_*_default_params(), which fills every
+ * byte (options newer than the program's header get their defaults there); a struct filled by
+ * hand must be zeroed first (`= {0}` or designated initializers). tests/test_abi.c pins each
+ * size. */
 #ifndef TANDEM_CORE_H
 #define TANDEM_CORE_H
 

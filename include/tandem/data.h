@@ -128,6 +128,8 @@ typedef struct {
     int drop_last;       /* 0: pad (rank-strided) or keep a short last batch (sharded);
                             1: truncate to floor(N / world) * world, or drop the short batch */
     size_t global_batch; /* 0: rank-strided; B: sharded global batches of B samples */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_sampler_params;
 
 /* rank 0 of 1, shuffle on, seed 0, drop_last off, rank-strided. */
@@ -178,6 +180,8 @@ typedef struct {
                                   batch's memory is then on the GPU, and work queued on its
                                   compute stream after td_loader_next sees it. The CPU by
                                   default */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_loader_params;
 
 /* batch_size 64, no dropping, the sampler's defaults (rank 0 of 1, shuffled, seed 0), on the

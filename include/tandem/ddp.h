@@ -71,6 +71,8 @@ typedef struct {
                                    batches at different steps (td_ddp_join); each synchronised step
                                    averages over the ranks that contributed, weighted by their
                                    td_ddp_set_samples. Costs one small all-gather per step */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[68];
 } td_ddp_params;
 
 /* Counters for tests, logs and benchmarks. */

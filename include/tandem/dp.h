@@ -1,4 +1,4 @@
-/* td_dp: DataParallel as the seeds describe it, to measure why DDP replaced it.
+/* td_dp: DataParallel as torch.nn.DataParallel runs it, to measure why DDP replaced it.
  *
  * One process holds n_devices replicas of a model, one td_graph each, driven by one worker
  * thread per replica pinned to its "device" (a core: worker d runs on the d % ncores-th core
@@ -17,7 +17,7 @@
  * seeded with seed + d. A device is one core: run with OMP_NUM_THREADS=1, or every pinned worker's
  * oneDNN calls start an OpenMP team that spins on that single core.
  *
- * DDP2 (PyTorch Lightning's name, the seeds' "DataParallel inside a node, DDP across nodes"):
+ * DDP2 (PyTorch Lightning's name for "DataParallel inside a node, DDP across nodes"):
  * with params.comm set to a group of one process per host, replica 0's parameters are wrapped in
  * a td_ddp over that group: rank 0's parameters and buffers win at creation, and in step (7) each
  * parameter's gradient, once summed over the replicas, is handed to DDP, whose buckets are
@@ -71,6 +71,8 @@ typedef struct {
                               global_batch is then each host's share */
     td_ddp_params ddp;     /* DDP2's options (bucket sizes, comm_dtype, ...):
                               td_ddp_default_params() */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_dp_params;
 
 /* n_devices 2, global_batch 128, the MLP, seed 0, default graph and DDP options, SGD defaults,

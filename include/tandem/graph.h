@@ -40,9 +40,11 @@ typedef struct td_graph td_graph;
 
 /* Mixed precision as apex's opt levels (docs/amp.md). Set once, when the graph is created; the
  * graph then adds cast nodes as ops are added, so building a model is the same at every
- * level. The low dtype is bf16 (oneDNN computes it natively where the CPU has AVX512_BF16 or
- * AMX) or f16 (this oneDNN has no f16 on CPUs: each op then computes in f32 between casts,
- * correct but no faster than f32; so does bf16 on CPUs without native bf16). */
+ * level. The low dtype is bf16 (oneDNN computes it natively where the instruction set it
+ * dispatches has bf16: AVX512_BF16 or AMX) or f16 (this oneDNN has no f16 on CPUs). Where the
+ * device has no kernels of its own for the low dtype, casts around f32 kernels would only slow
+ * a step down, so O1 and O2 compute in f32 as O0 does, and O3 keeps its low weights and computes
+ * between casts; td_graph_amp_fallback says so from td_graph_create on. */
 typedef enum {
     TD_AMP_O0 = 0, /* f32 everywhere */
     TD_AMP_O1,     /* autocast: linear and conv2d compute in the low dtype on cast copies of
@@ -62,8 +64,11 @@ typedef enum {
 typedef struct {
     td_amp_level level; /* TD_AMP_O0 */
     td_dtype dtype;     /* the low dtype: TD_BF16 (default) or TD_F16 */
-    int emulate;        /* 1: compute oneDNN ops in f32 between casts even where the CPU runs
-                           bf16 natively (the path other CPUs take) */
+    int emulate;        /* 1: compute oneDNN ops in f32 between casts, the low dtype's
+                           rounding without its kernels, where the CPU runs bf16 natively and
+                           where it has no low-precision kernels at all (then instead of f32) */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_amp_params;
 
 /* Activation recompute (torch.utils.checkpoint; torchtitan's full and selective modes;
@@ -141,6 +146,8 @@ typedef struct {
                                        (no collective runs twice); a word no node of the graph
                                        has fails td_graph_compile. Copied at create, as
                                        recompute_segments */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no
@@ -318,6 +325,17 @@ td_status td_graph_compile(td_graph *g);
 
 /* Runs every node forward. */
 td_status td_graph_forward(td_graph *g);
+
+/* What computes graphs' ops on `device`, for logs and benchmark headings: on the CPU the kernel
+ * library, its version and the instruction set it dispatches here ("oneDNN 2.6.3, ISA
+ * avx512_core_bf16", which ONEDNN_MAX_CPU_ISA can lower); the backend's name elsewhere. */
+td_status td_graph_backend_info(td_device device, char *buf, size_t cap);
+
+/* NULL when the graph's AMP level runs as asked; otherwise why it does not, one line naming the
+ * device and what its kernels dispatch ("amp O2 bf16: cpu (oneDNN 2.6.3, avx2) has no bf16
+ * matmul or convolution kernels of its own; computing in f32, as O0 does, ..."), also logged as
+ * a warning when the graph was created. Owned by the graph. */
+const char *td_graph_amp_fallback(const td_graph *g);
 
 /* Says that the parameters have not changed since the last forward, so the next forward (and
  * its backward) may use the copies of the weights in kernel layouts that the last one made

@@ -74,6 +74,8 @@ typedef struct {
     double grace_s;      /* seconds between SIGTERM and SIGKILL when stopping (5) */
     int stop_on_failure; /* 1: the first rank that fails stops the others (1) */
     int own_groups;      /* 1: each rank leads its own process group; signals go to it (0) */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_job_params;
 
 /* 5 s grace, stop on failure, signals to the ranks' pids. */

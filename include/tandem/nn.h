@@ -39,7 +39,7 @@ td_status td_nn_nt_xent(td_graph *g, const char *name, td_tensor *z, td_tensor *
 /* The reference models. The image models take (B, 1, 28, 28) f32 images and (B) i64 labels;
  * the GPT takes (B, T) token ids (as f32) and one i64 label per position, (B * T). */
 typedef enum {
-    TD_MODEL_NET = 0,    /* the seeds' Net: 2 convs, dropout2d, 2 linears, dropout */
+    TD_MODEL_NET = 0,    /* PyTorch's MNIST example Net: 2 convs, dropout2d, 2 linears, dropout */
     TD_MODEL_MLP = 1,    /* 784 -> 1024 -> 1024 -> 10 */
     TD_MODEL_CNN = 2,    /* 4 conv3x3 + BN + ReLU, 2 max-pools, linear 3136 -> 10 */
     TD_MODEL_RESNET = 3, /* td_resnet_default_params(): BasicBlocks [1, 1, 1, 1], width 16 */
@@ -159,6 +159,8 @@ typedef struct {
     int64_t in_channels, image_size;  /* input (in_channels, image_size, image_size) */
     int64_t classes;
     int imagenet_stem; /* 0: conv1 3x3 stride 1; 1: conv1 7x7 stride 2 pad 3 + maxpool 3/2/1 */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[68];
 } td_resnet_params;
 
 /* BasicBlock, 4 stages of [1, 1, 1, 1] blocks, base width 16, 1 x 28 x 28 inputs, 10 classes,
@@ -189,6 +191,8 @@ typedef struct {
     int64_t width;   /* embedding width C (n_embd) */
     int64_t context; /* T: the sequence length it is built for (block_size) */
     int64_t vocab;   /* V (vocab_size); 256 for bytes */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_gpt_params;
 
 /* 4 layers, 4 heads, width 128, context 128, vocabulary 256 (bytes): 0.84M parameters. */

@@ -15,6 +15,8 @@ typedef struct {
     int stride[2];   /* (h, w) */
     int padding[2];  /* zeros on both sides */
     int dilation[2]; /* 1 = dense kernel, as PyTorch */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_conv2d_params;
 
 /* stride 1, padding 0, dilation 1. */
@@ -25,6 +27,8 @@ typedef struct {
     int kernel[2];
     int stride[2]; /* PyTorch's default is the kernel size */
     int padding[2];
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_pool2d_params;
 
 /* kernel 2 x 2, stride 2, padding 0 (nn.MaxPool2d(2)). */
@@ -34,6 +38,8 @@ td_pool2d_params td_pool2d_default_params(void);
 typedef struct {
     float eps;      /* 1e-5 */
     float momentum; /* 0.1: running = (1 - m) * running + m * batch (unbiased var) */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_batch_norm_params;
 
 /* eps 1e-5, momentum 0.1 (PyTorch's defaults). */

@@ -31,6 +31,8 @@ typedef struct {
     double dampening;
     double weight_decay; /* L2 added to the gradient (coupled) */
     int nesterov;        /* needs momentum > 0 and dampening == 0 */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[68];
 } td_sgd_params;
 
 /* lr 0.01, no momentum, no dampening, no weight decay, no nesterov. */
@@ -42,6 +44,8 @@ typedef struct {
     double beta1, beta2;
     double eps;
     double weight_decay; /* decoupled: p *= 1 - lr * weight_decay */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_adamw_params;
 
 /* PyTorch's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2. */
@@ -105,6 +109,8 @@ typedef struct {
     double eta_min;             /* TD_LR_COSINE */
     int64_t warmup_steps;       /* 0: no warm-up */
     double warmup_start_factor; /* in (0, 1] */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_lr_schedule_params;
 
 /* A constant schedule at base_lr 0.01 (SGD's default) with no warm-up; set the other fields

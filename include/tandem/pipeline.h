@@ -12,8 +12,9 @@
  * td_comm p2p, so they move while the stage computes.
  *
  * Schedules (PyTorch's names):
- *  - naive: the whole batch as one micro-batch, stage after stage (model parallelism as the
- *    seeds' split: at any moment one stage works and the others wait);
+ *  - naive: the whole batch as one micro-batch, stage after stage (model parallelism as
+ *    PyTorch's model-parallel tutorial splits a ResNet-50: at any moment one stage works and
+ *    the others wait);
  *  - GPipe: forwards of micro-batches 0..M-1, then their backwards; bubble (P-1)/(M+P-1);
  *  - 1F1B (PipeDream-flush): P - stage - 1 warm-up forwards, then one forward and one backward
  *    in turn, then the remaining backwards; the same bubble with at most P - stage
@@ -104,6 +105,8 @@ typedef struct {
                               shards td_pipeline_parameters gives; at stage 3 an evaluation
                               gathers parameters too, so every replica evaluates alike */
     td_trace *trace;       /* NULL, or where forward, backward and transfer spans are recorded */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_pipeline_params;
 
 /* 1F1B, 2 stages, 4 micro-batches, batch 128, balanced split, seed 0, 5 reps, transfer

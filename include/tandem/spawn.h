@@ -32,6 +32,8 @@ typedef struct {
     double grace_s;          /* SIGTERM -> SIGKILL when stopping (5) */
     int stop_on_failure;     /* 1: a failing rank stops the others; 0: wait for every rank (1) */
     int *exit_status;        /* NULL, or (nprocs) waitpid statuses of the ranks on return */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_spawn_params;
 
 /* nprocs 2, 127.0.0.1, a free port, pinned, no timeout, 5 s grace, stop on failure. */

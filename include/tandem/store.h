@@ -36,6 +36,8 @@ typedef struct {
     int is_server;     /* non-zero: host the store in this process on a background thread */
     const char *token; /* the job's token every connection presents; NULL: empty token */
     double timeout_s;  /* bound on connecting and on every request; 0: 30 s */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_store_params;
 
 /* The defaults above: a client of 127.0.0.1:29500. */

@@ -80,6 +80,8 @@ typedef struct {
                           shards, and (stage 1) bucket sizes; at stages 2 and 3 bucket_bytes is
                           the gradient ring's size when two units need less; join is not
                           supported */
+    /* zeros: room for later options (core.h) */
+    unsigned char reserved[64];
 } td_zero_params;
 
 /* Stage 2, a unit per top-level module, prefetching, td_ddp_default_params(). */

@@ -1,8 +1,8 @@
-/* The contract between the process-group layer and the collectives on device memory in
- * libtandem_cuda.so: NCCL between GPUs (src/comm/cuda/nccl.cu) and CUDA IPC between ranks
- * that share one GPU (src/comm/cuda/ipc.cu), which NCCL refuses. The library exports this as a
- * second table beside the device's (cuda_api.h): the device layer loads the library and knows
- * nothing of process groups. C, included by the CUDA side too. Not installed. */
+/* The contract between the process-group layer and the collectives on device memory in a device
+ * library: in libtandem_cuda.so, NCCL between GPUs (src/comm/cuda/nccl.cu) and CUDA IPC between
+ * ranks that share one GPU (src/comm/cuda/ipc.cu), which NCCL refuses. The library exports this
+ * as its collectives' table (device/device_api.h), which the device layer resolves by device
+ * knowing nothing of process groups. C, included by the CUDA side too. Not installed. */
 #ifndef TANDEM_GPU_COMM_API_H
 #define TANDEM_GPU_COMM_API_H
 
@@ -15,7 +15,6 @@ extern "C" {
 #endif
 
 #define TD__GPU_COMM_ABI 3
-#define TD__GPU_COMM_ENTRY "td_cuda_comm_entry"
 
 typedef enum {
     TD__NCCL_ALLREDUCE,

@@ -102,12 +102,14 @@ static td_status create(const group *g, td_device d, td__gpu_path **out) {
             distinct &= !same;
         }
     free(uuids);
-    p->api = td__device_library_table(TD__GPU_COMM_ENTRY);
-    if (st == TD_OK && (!p->api || p->api->abi != TD__GPU_COMM_ABI))
+    const void *table = NULL;
+    if (st == TD_OK) st = td__device_library(d, TD__DEVICE_COMM, "collectives on a GPU", &table);
+    p->api = table;
+    if (st == TD_OK && p->api->abi != TD__GPU_COMM_ABI)
         st = td__fail(TD_EUNSUPPORTED,
-                      "collectives on a GPU: libtandem_cuda.so has no table %s "
-                      "of this version",
-                      TD__GPU_COMM_ENTRY);
+                      "collectives on a GPU: the device's library has collectives of ABI %d, "
+                      "not %d",
+                      p->api->abi, TD__GPU_COMM_ABI);
     void *compute = NULL, *copy = NULL;
     if (st == TD_OK) st = td__device_streams(d, &compute, &copy, "collectives on a GPU");
     p->kind = distinct ? PATH_NCCL : shared && size <= TD__IPC_MAX_RANKS ? PATH_IPC : PATH_STAGED;

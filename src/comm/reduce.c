@@ -1,7 +1,9 @@
 /* Reduction kernels for the collectives: dst = op over n source buffers, for every dtype and
  * op. Plain loops over blocks of 16 elements with fixed-trip inner loops, which the compiler
- * turns into vector code at -O2 -march=native; the fold order is the source order, so the
- * result does not depend on which rank computes it. No threading, no allocation.
+ * turns into vector code; they are compiled three times, for plain x86-64, AVX2 and AVX-512,
+ * and td__reduce takes the set the CPU allows (core/cpu.c). The fold order is the source order
+ * and no operation is fused, so every set gives the same bits, whichever rank computes them.
+ * No threading, no allocation.
  *
  * Integer semantics: SUM and PROD wrap modulo 2^bits (as MPI and NCCL do), MIN/MAX are exact,
  * AVG sums in 64 bits and divides truncating toward zero. bf16 and f16 accumulate in f32. */
@@ -44,49 +46,73 @@
     }
 
 /* Floats: every op in the element's own precision (bf16/f16 in f32). */
-#define FLOAT_KERNELS(tag, T, A, LD, ST)            \
-    KERNEL(tag##_sum, T, A, LD, ST, ADD, FIN_NONE)  \
-    KERNEL(tag##_prod, T, A, LD, ST, MUL, FIN_NONE) \
-    KERNEL(tag##_min, T, A, LD, ST, MIN, FIN_NONE)  \
-    KERNEL(tag##_max, T, A, LD, ST, MAX, FIN_NONE)  \
-    KERNEL(tag##_avg, T, A, LD, ST, ADD, FIN_DIV)
-
-FLOAT_KERNELS(f32, float, float, ID, ID)
-FLOAT_KERNELS(f64, double, double, ID, ID)
-FLOAT_KERNELS(bf16, uint16_t, float, td__bf16_to_f32, td__f32_to_bf16)
-FLOAT_KERNELS(f16, uint16_t, float, td__f16_to_f32, td__f32_to_f16)
+#define FLOAT_KERNELS(tag, isa, T, A, LD, ST)             \
+    KERNEL(tag##_sum_##isa, T, A, LD, ST, ADD, FIN_NONE)  \
+    KERNEL(tag##_prod_##isa, T, A, LD, ST, MUL, FIN_NONE) \
+    KERNEL(tag##_min_##isa, T, A, LD, ST, MIN, FIN_NONE)  \
+    KERNEL(tag##_max_##isa, T, A, LD, ST, MAX, FIN_NONE)  \
+    KERNEL(tag##_avg_##isa, T, A, LD, ST, ADD, FIN_DIV)
 
 /* Integers: SUM/PROD in the unsigned type of the same width (defined wrap-around), MIN/MAX
  * in the element type, AVG in 64 bits. */
-#define INT_KERNELS(tag, T, U)                      \
-    KERNEL(tag##_sum, T, U, ID, ID, ADD, FIN_NONE)  \
-    KERNEL(tag##_prod, T, U, ID, ID, MUL, FIN_NONE) \
-    KERNEL(tag##_min, T, T, ID, ID, MIN, FIN_NONE)  \
-    KERNEL(tag##_max, T, T, ID, ID, MAX, FIN_NONE)
-
-INT_KERNELS(i32, int32_t, uint32_t)
-INT_KERNELS(i64, int64_t, uint64_t)
-INT_KERNELS(u8, uint8_t, unsigned)
-KERNEL(i32_avg, int32_t, int64_t, ID, ID, ADD, FIN_DIV)
-KERNEL(u8_avg, uint8_t, int64_t, ID, ID, ADD, FIN_DIV)
+#define INT_KERNELS(tag, isa, T, U)                       \
+    KERNEL(tag##_sum_##isa, T, U, ID, ID, ADD, FIN_NONE)  \
+    KERNEL(tag##_prod_##isa, T, U, ID, ID, MUL, FIN_NONE) \
+    KERNEL(tag##_min_##isa, T, T, ID, ID, MIN, FIN_NONE)  \
+    KERNEL(tag##_max_##isa, T, T, ID, ID, MAX, FIN_NONE)
 
 /* i64 AVG: the sum wraps like SUM (there is no wider type), then divides. */
 static inline int64_t wrap_add_i64(int64_t a, int64_t b) {
     return (int64_t)((uint64_t)a + (uint64_t)b);
 }
-KERNEL(i64_avg, int64_t, int64_t, ID, ID, wrap_add_i64, FIN_DIV)
 
 typedef void (*kernel_fn)(void *, const void *const *, int, size_t, int);
 
-#define ROW(tag) \
-    { tag##_sum, tag##_prod, tag##_min, tag##_max, tag##_avg }
-static const kernel_fn kernels[TD_DTYPE_COUNT][TD_OP_COUNT] = {
-    [TD_F32] = ROW(f32), [TD_F64] = ROW(f64), [TD_BF16] = ROW(bf16), [TD_F16] = ROW(f16),
-    [TD_I32] = ROW(i32), [TD_I64] = ROW(i64), [TD_U8] = ROW(u8),
-};
+#define ROW(tag, isa) \
+    { tag##_sum_##isa, tag##_prod_##isa, tag##_min_##isa, tag##_max_##isa, tag##_avg_##isa }
+
+/* Every kernel, named *_<isa>, and their table kernels_<isa>[dtype][op]. */
+#define ALL_KERNELS(isa)                                                                \
+    FLOAT_KERNELS(f32, isa, float, float, ID, ID)                                       \
+    FLOAT_KERNELS(f64, isa, double, double, ID, ID)                                     \
+    FLOAT_KERNELS(bf16, isa, uint16_t, float, td__bf16_to_f32, td__f32_to_bf16)         \
+    FLOAT_KERNELS(f16, isa, uint16_t, float, td__f16_to_f32, td__f32_to_f16)            \
+    INT_KERNELS(i32, isa, int32_t, uint32_t)                                            \
+    INT_KERNELS(i64, isa, int64_t, uint64_t)                                            \
+    INT_KERNELS(u8, isa, uint8_t, unsigned)                                             \
+    KERNEL(i32_avg_##isa, int32_t, int64_t, ID, ID, ADD, FIN_DIV)                       \
+    KERNEL(u8_avg_##isa, uint8_t, int64_t, ID, ID, ADD, FIN_DIV)                        \
+    KERNEL(i64_avg_##isa, int64_t, int64_t, ID, ID, wrap_add_i64, FIN_DIV)              \
+    static const kernel_fn kernels_##isa[TD_DTYPE_COUNT][TD_OP_COUNT] = {               \
+        [TD_F32] = ROW(f32, isa), [TD_F64] = ROW(f64, isa), [TD_BF16] = ROW(bf16, isa), \
+        [TD_F16] = ROW(f16, isa), [TD_I32] = ROW(i32, isa), [TD_I64] = ROW(i64, isa),   \
+        [TD_U8] = ROW(u8, isa),                                                         \
+    };
+
+ALL_KERNELS(sse2)
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+ALL_KERNELS(avx2)
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")
+ALL_KERNELS(avx512)
+#pragma GCC pop_options
+#endif
 
 void td__reduce(void *dst, const void *const *src, int nsrc, size_t count, td_dtype dtype,
                 td_reduce_op op, int avg_div) {
     if (count == 0 || nsrc <= 0) return;
+    const kernel_fn(*kernels)[TD_OP_COUNT] = kernels_sse2;
+#if defined(__x86_64__)
+    td__isa isa = td__cpu_isa();
+    if (isa >= TD__ISA_AVX512)
+        kernels = kernels_avx512;
+    else if (isa >= TD__ISA_AVX2)
+        kernels = kernels_avx2;
+#endif
     kernels[dtype][op](dst, src, nsrc, count, avg_div > 0 ? avg_div : 1);
 }

@@ -27,6 +27,14 @@ td_status td__fail(td_status status, const char *fmt, ...) TD__PRINTF(2, 3);
 /* Sends a formatted message to the installed log sink, if any accepts `level`. */
 void td__log(td_log_level level, const char *fmt, ...) TD__PRINTF(2, 3);
 
+/* The vector instruction sets the library's own kernels are compiled for beside plain x86-64
+ * (oneDNN chooses its own), in order. */
+typedef enum { TD__ISA_SSE2 = 0, TD__ISA_AVX2 = 1, TD__ISA_AVX512 = 2 } td__isa;
+
+/* The richest set this CPU has that TANDEM_MAX_CPU_ISA allows (cpu.c), decided once per
+ * process: TD__ISA_AVX2 is AVX2 + FMA + F16C, TD__ISA_AVX512 adds AVX-512 F, BW, VL and DQ. */
+td__isa td__cpu_isa(void);
+
 /* The state letter /proc/<pid>/stat gives the process (R, S, D, T, t, Z, X, ...), or 0 when it
  * cannot be read (no such process). */
 char td__proc_state(int pid);
@@ -89,7 +97,8 @@ static inline uint16_t td__f32_to_f16(float x) {
     uint32_t u = td__f32_bits(x);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+    /* A NaN stays quiet with its payload's top bits, as F16C's vcvtps2ph converts it. */
+    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));
     if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow to inf */
     if (abs < 0x38800000u) {                                   /* subnormal or zero */
         float f = td__bits_f32(abs) * 16777216.0f;             /* scale by 2^24 */
@@ -114,7 +123,8 @@ static inline float td__f16_to_f32(uint16_t x) {
         float f = (float)m / 16777216.0f; /* m * 2^-24 */
         return (sign ? -f : f);
     }
-    if (e == 31) return td__bits_f32(sign | 0x7f800000u | (m << 13));
+    /* A NaN comes out quiet, as F16C's vcvtph2ps gives it. */
+    if (e == 31) return td__bits_f32(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u));
     return td__bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 

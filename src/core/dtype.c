@@ -8,17 +8,11 @@
 #include "core/core_impl.h"
 
 #if defined(__x86_64__)
-/* Vector conversions, chosen at run time (the library may run on another CPU than it was built
- * on). F16C converts eight at a time, rounding to nearest even and keeping subnormals as the
- * scalar rules do. */
-static int have_f16c(void) {
-    static int known = -1;
-    if (known < 0) known = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-    return known;
-}
-
-__attribute__((target("avx,f16c"))) static size_t f32_to_f16_f16c(uint16_t *d, const float *s,
-                                                                 size_t n) {
+/* Vector conversions, chosen at run time (cpu.c: the library may run on another CPU than it was
+ * built on). F16C converts eight at a time, rounding to nearest even and keeping subnormals as
+ * the scalar rules do. */
+__attribute__((target("avx2,fma,f16c"))) static size_t f32_to_f16_avx2(uint16_t *d, const float *s,
+                                                                       size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(d + i),
@@ -26,8 +20,8 @@ __attribute__((target("avx,f16c"))) static size_t f32_to_f16_f16c(uint16_t *d, c
     return i;
 }
 
-__attribute__((target("avx,f16c"))) static size_t f16_to_f32_f16c(float *d, const uint16_t *s,
-                                                                 size_t n) {
+__attribute__((target("avx2,fma,f16c"))) static size_t f16_to_f32_avx2(float *d, const uint16_t *s,
+                                                                       size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
@@ -37,14 +31,8 @@ __attribute__((target("avx,f16c"))) static size_t f16_to_f32_f16c(float *d, cons
 /* bf16 sixteen at a time with AVX-512F integer operations: the scalar rule (round to nearest
  * even, NaNs kept quiet) bit for bit. Not AVX512_BF16's vcvtneps2bf16, which flushes
  * subnormals: a CPU with it would then round differently from one without. */
-static int have_avx512f(void) {
-    static int known = -1;
-    if (known < 0) known = __builtin_cpu_supports("avx512f");
-    return known;
-}
-
 __attribute__((target("avx512f"))) static size_t f32_to_bf16_avx512(uint16_t *d, const float *s,
-                                                                  size_t n) {
+                                                                    size_t n) {
     const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff),
                   abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
                   quiet = _mm512_set1_epi32(0x400000);
@@ -61,7 +49,7 @@ __attribute__((target("avx512f"))) static size_t f32_to_bf16_avx512(uint16_t *d,
 }
 
 __attribute__((target("avx512f"))) static size_t bf16_to_f32_avx512(float *d, const uint16_t *s,
-                                                                  size_t n) {
+                                                                    size_t n) {
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i)));
@@ -97,13 +85,13 @@ void td__convert(void *dst, td_dtype dt, const void *src, td_dtype st, size_t n)
         size_t i = 0;
         if (dt == TD_BF16) {
 #if defined(__x86_64__)
-            if (have_avx512f()) i = f32_to_bf16_avx512(d, s, n);
+            if (td__cpu_isa() >= TD__ISA_AVX512) i = f32_to_bf16_avx512(d, s, n);
 #endif
             for (; i < n; i++) d[i] = td__f32_to_bf16(s[i]);
             return;
         }
 #if defined(__x86_64__)
-        if (have_f16c()) i = f32_to_f16_f16c(d, s, n);
+        if (td__cpu_isa() >= TD__ISA_AVX2) i = f32_to_f16_avx2(d, s, n);
 #endif
         for (; i < n; i++) d[i] = td__f32_to_f16(s[i]);
     } else if (dt == TD_F32) {
@@ -112,13 +100,13 @@ void td__convert(void *dst, td_dtype dt, const void *src, td_dtype st, size_t n)
         size_t i = 0;
         if (st == TD_BF16) {
 #if defined(__x86_64__)
-            if (have_avx512f()) i = bf16_to_f32_avx512(d, s, n);
+            if (td__cpu_isa() >= TD__ISA_AVX512) i = bf16_to_f32_avx512(d, s, n);
 #endif
             for (; i < n; i++) d[i] = td__bf16_to_f32(s[i]);
             return;
         }
 #if defined(__x86_64__)
-        if (have_f16c()) i = f16_to_f32_f16c(d, s, n);
+        if (td__cpu_isa() >= TD__ISA_AVX2) i = f16_to_f32_avx2(d, s, n);
 #endif
         for (; i < n; i++) d[i] = td__f16_to_f32(s[i]);
     } else { /* bf16 <-> f16, through f32 */

@@ -69,8 +69,8 @@ static int on_gpu(const td_loader *l) { return l->p.device.type != TD_DEVICE_CPU
 /* On a GPU, before the thread refills slot s: its last upload is finished. */
 static td_status before_fill(td_loader *l, slot *s) {
     if (!on_gpu(l) || !s->uploaded) return TD_OK;
-    td_status st = td__device_event_synchronize(s->uploaded);
-    td__device_event_free(s->uploaded);
+    td_status st = td__device_event_synchronize(l->p.device, s->uploaded);
+    td__device_event_free(l->p.device, s->uploaded);
     s->uploaded = NULL;
     return st;
 }
@@ -81,7 +81,7 @@ static td_status after_fill(td_loader *l, slot *s) {
     const char *what = "td_loader: uploading a batch";
     if (s->released) {
         TD__TRY(td__device_event_wait(l->p.device, l->copy, s->released, what));
-        td__device_event_free(s->released);
+        td__device_event_free(l->p.device, s->released);
         s->released = NULL;
     }
     TD__TRY(td__device_copy_async(l->p.device, s->x_dev, s->x, s->size * l->numel * sizeof(float),
@@ -157,9 +157,9 @@ static void *prefetch_main(void *arg) {
 static void loader_free(td_loader *l) {
     for (int k = 0; k < 2; k++) {
         slot *s = &l->slots[k];
-        if (s->uploaded) td__device_event_synchronize(s->uploaded);
-        td__device_event_free(s->uploaded);
-        td__device_event_free(s->released);
+        if (s->uploaded) td__device_event_synchronize(l->p.device, s->uploaded);
+        td__device_event_free(l->p.device, s->uploaded);
+        td__device_event_free(l->p.device, s->released);
         if (s->x_dev || s->y_dev) td_device_synchronize(l->p.device); /* nothing reads them now */
         if (s->x_dev) td_device_free(l->p.device, s->x_dev);
         if (s->y_dev) td_device_free(l->p.device, s->y_dev);

@@ -1,7 +1,8 @@
-/* The public device API (tandem/device.h): naming devices, finding this rank's GPU, and each
- * GPU's compute stream and caching allocator, made the first time the GPU is used. GPU work
- * goes through libtandem_cuda.so's table (cuda_api.h). The table of GPUs is per process, as
- * the CUDA driver's own context is. */
+/* The public device API (tandem/device.h): naming devices, finding this rank's device, and each
+ * device's compute stream and caching allocator, made the first time the device is used. Work
+ * on a device goes through the runtime table of its type's library (device_api.h, library.c):
+ * nothing here names a type but the CPU. The table of devices is per process, as a driver's own
+ * context is. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,22 +10,24 @@
 
 #include "core/core_impl.h"
 #include "device/caching_allocator.h"
-#include "device/cuda_api.h"
+#include "device/device_api.h"
 #include "device/device_impl.h"
 
 #define MAX_GPUS 64
+#define MAX_TYPES 4 /* device types beside the CPU (td_device_type values 1..MAX_TYPES) */
 
 typedef struct {
-    int index;
+    td_device device;
+    const td__device_runtime *rt; /* its type's runtime */
     int ready;
-    void *stream; /* compute stream: copies and kernels of this process on this GPU */
+    void *stream; /* compute stream: copies and kernels of this process on this device */
     void *copy;   /* copy stream: uploads ahead of use (loaders), made on first use */
     td__caching_allocator alloc;
 } gpu;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static gpu gpus[MAX_GPUS];
-static int gpus_used; /* some GPU has its stream and allocator: CUDA is running here */
+static gpu gpus[MAX_TYPES][MAX_GPUS];
+static int gpus_used[MAX_TYPES]; /* some device of the type has its stream: its runtime runs */
 
 td_device td_device_cpu(void) { return (td_device){TD_DEVICE_CPU, 0}; }
 
@@ -36,16 +39,24 @@ td_status td_device_parse(const char *text, td_device *out) {
         *out = td_device_cpu();
         return TD_OK;
     }
-    if (strcmp(text, "cuda") == 0) {
-        *out = td_device_cuda(0);
-        return TD_OK;
-    }
-    if (strncmp(text, "cuda:", 5) == 0 && text[5] >= '0' && text[5] <= '9') {
-        char *end;
-        long i = strtol(text + 5, &end, 10);
-        if (*end == 0 && i < MAX_GPUS) {
-            *out = td_device_cuda((int)i);
-            return TD_OK;
+    char name[16];
+    size_t len = strcspn(text, ":");
+    td_device_type type;
+    if (len < sizeof name) {
+        memcpy(name, text, len);
+        name[len] = 0;
+        if (td__device_type_parse(name, &type)) {
+            const char *at = text + len;
+            if (!*at) {
+                *out = (td_device){type, 0};
+                return TD_OK;
+            }
+            char *end;
+            long i = at[1] >= '0' && at[1] <= '9' ? strtol(at + 1, &end, 10) : -1;
+            if (i >= 0 && *end == 0 && i < MAX_GPUS) {
+                *out = (td_device){type, (int)i};
+                return TD_OK;
+            }
         }
     }
     return td__fail(TD_EINVAL, "device '%s': expected cpu, cuda or cuda:N (N from 0 to %d)", text,
@@ -53,36 +64,42 @@ td_status td_device_parse(const char *text, td_device *out) {
 }
 
 void td_device_format(td_device d, char *buf, size_t n) {
-    if (d.type == TD_DEVICE_CUDA)
-        snprintf(buf, n, "cuda:%d", d.index);
+    const char *name = td__device_type_name(d.type);
+    if (name)
+        snprintf(buf, n, "%s:%d", name, d.index);
     else
         snprintf(buf, n, "cpu");
 }
 
-td_status td_device_local(td_device *out) {
-    if (!out) return td__fail(TD_EINVAL, "td_device_local: out is NULL");
-    int n;
-    TD__TRY(td_cuda_device_count(&n));
-    if (n == 0) {
-        *out = td_device_cpu();
-        return TD_OK;
-    }
+/* Device LOCAL_RANK of the type, which has n devices here (one rank per device). */
+static td_status local_of(td_device_type type, int n, const char *what, td_device *out) {
     const char *lr = getenv("LOCAL_RANK");
     long r = 0;
     if (lr && *lr) {
         char *end;
         r = strtol(lr, &end, 10);
         if (*end || r < 0)
-            return td__fail(TD_EINVAL, "td_device_local: LOCAL_RANK='%s' is not a rank", lr);
+            return td__fail(TD_EINVAL, "%s: LOCAL_RANK='%s' is not a rank", what, lr);
     }
     if (r >= n) {
-        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        const char *env = td__device_type_visible(type), *vis = getenv(env);
         return td__fail(TD_EINVAL,
-                        "td_device_local: LOCAL_RANK=%ld but %d CUDA device%s visible "
-                        "(CUDA_VISIBLE_DEVICES=%s): one rank per GPU",
-                        r, n, n == 1 ? " is" : "s are", vis ? vis : "unset");
+                        "%s: LOCAL_RANK=%ld but %d %s device%s visible (%s=%s): one rank per "
+                        "device",
+                        what, r, n, td__device_type_name(type), n == 1 ? " is" : "s are", env,
+                        vis ? vis : "unset");
     }
-    *out = td_device_cuda((int)r);
+    *out = (td_device){type, (int)r};
+    return TD_OK;
+}
+
+td_status td_device_local(td_device *out) {
+    if (!out) return td__fail(TD_EINVAL, "td_device_local: out is NULL");
+    for (int t = 1; t <= MAX_TYPES; t++) {
+        int n = td__device_type_name((td_device_type)t) ? td__device_count((td_device_type)t) : 0;
+        if (n > 0) return local_of((td_device_type)t, n, "td_device_local", out);
+    }
+    *out = td_device_cpu();
     return TD_OK;
 }
 
@@ -94,66 +111,59 @@ td_status td_device_choose(const char *text, td_device *out) {
         *out = d;
         return TD_OK;
     }
-    int n;
-    TD__TRY(td_cuda_device_count(&n));
+    int n = td__device_count(d.type);
     if (n == 0)
         return td__fail(TD_EUNSUPPORTED, "device '%s': no GPU can be used here: %s", text,
-                        td_cuda_unavailable());
-    if (!strcmp(text, "cuda")) return td_device_local(out);
+                        td__device_unavailable(d.type));
+    if (!strchr(text, ':')) return local_of(d.type, n, "td_device_local", out);
     if (d.index >= n) {
-        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
-        return td__fail(TD_EINVAL,
-                        "device '%s': %d CUDA device%s visible (CUDA_VISIBLE_DEVICES=%s)", text, n,
-                        n == 1 ? " is" : "s are", vis ? vis : "unset");
+        const char *env = td__device_type_visible(d.type), *vis = getenv(env);
+        return td__fail(TD_EINVAL, "device '%s': %d %s device%s visible (%s=%s)", text, n,
+                        td__device_type_name(d.type), n == 1 ? " is" : "s are", env,
+                        vis ? vis : "unset");
     }
     *out = d;
     return TD_OK;
 }
 
-/* The raw memory of one GPU, for its caching allocator. */
+/* The raw memory of one device, for its caching allocator. */
 static td_status raw_alloc(void *ctx, size_t bytes, void **ptr) {
-    return td__cuda()->malloc(((gpu *)ctx)->index, bytes, ptr);
+    gpu *g = ctx;
+    return g->rt->malloc(g->device.index, bytes, ptr);
 }
-static void raw_free(void *ctx, void *ptr) { td__cuda()->free(((gpu *)ctx)->index, ptr); }
+static void raw_free(void *ctx, void *ptr) {
+    gpu *g = ctx;
+    g->rt->free(g->device.index, ptr);
+}
 static td_status raw_event(void *ctx, void *stream, void **event) {
-    return td__cuda()->event_record(((gpu *)ctx)->index, stream, event);
+    gpu *g = ctx;
+    return g->rt->event_record(g->device.index, stream, event);
 }
-static int raw_done(void *ctx, void *event) {
-    (void)ctx;
-    return td__cuda()->event_done(event);
-}
-static void raw_event_destroy(void *ctx, void *event) {
-    (void)ctx;
-    td__cuda()->event_destroy(event);
-}
+static int raw_done(void *ctx, void *event) { return ((gpu *)ctx)->rt->event_done(event); }
+static void raw_event_destroy(void *ctx, void *event) { ((gpu *)ctx)->rt->event_destroy(event); }
 
-/* GPU d, its stream and allocator made on first use; errors name `what` and why. */
+/* Device d, its stream and allocator made on first use; errors name `what` and why. */
 static td_status gpu_of(td_device d, const char *what, gpu **out) {
     char name[32];
     td_device_format(d, name, sizeof name);
-    if (d.type != TD_DEVICE_CUDA) return td__fail(TD_EINVAL, "%s: %s is not a GPU", what, name);
-    int n;
-    TD__TRY(td_cuda_device_count(&n));
-    if (n == 0)
-        return td__fail(TD_EUNSUPPORTED, "%s: %s: no GPU can be used here: %s", what, name,
-                        td__cuda_unavailable());
-    if (d.index < 0 || d.index >= n)
-        return td__fail(TD_EINVAL, "%s: %s does not exist (%d CUDA device%s visible)", what, name,
-                        n, n == 1 ? " is" : "s are");
-    if (d.index >= MAX_GPUS)
-        return td__fail(TD_EUNSUPPORTED, "%s: %s: tandem drives at most %d GPUs a process", what,
+    if (d.type == TD_DEVICE_CPU) return td__fail(TD_EINVAL, "%s: %s is not a GPU", what, name);
+    const void *rt;
+    TD__TRY(td__device_library(d, TD__DEVICE_RUNTIME, what, &rt));
+    if (d.index >= MAX_GPUS || (int)d.type > MAX_TYPES)
+        return td__fail(TD_EUNSUPPORTED, "%s: %s: tandem drives at most %d devices a process", what,
                         name, MAX_GPUS);
-    gpu *g = &gpus[d.index];
+    gpu *g = &gpus[d.type - 1][d.index];
     td_status s = TD_OK;
     pthread_mutex_lock(&lock);
     if (!g->ready) {
-        g->index = d.index;
-        s = td__cuda()->stream_create(d.index, &g->stream);
+        g->device = d;
+        g->rt = rt;
+        s = g->rt->stream_create(d.index, &g->stream);
         if (s == TD_OK) {
             td__raw_memory raw = {g, raw_alloc, raw_free, raw_event, raw_done, raw_event_destroy};
             td__allocator_init(&g->alloc, name, raw);
             g->ready = 1;
-            gpus_used = 1;
+            gpus_used[d.type - 1] = 1;
         }
     }
     pthread_mutex_unlock(&lock);
@@ -189,14 +199,14 @@ td_status td_device_get_properties(td_device d, td_device_properties *out) {
     }
     gpu *g;
     TD__TRY(gpu_of(d, "td_device_get_properties", &g));
-    return td__cuda()->properties(g->index, out);
+    return g->rt->properties(g->device.index, out);
 }
 
 td_status td_device_synchronize(td_device d) {
     if (d.type == TD_DEVICE_CPU) return TD_OK;
     gpu *g;
     TD__TRY(gpu_of(d, "td_device_synchronize", &g));
-    return td__cuda()->synchronize(g->index);
+    return g->rt->synchronize(g->device.index);
 }
 
 td_status td_device_memory(td_device d, td_device_memory_stats *out) {
@@ -245,13 +255,13 @@ td_status td_device_copy(td_device dst_device, void *dst, td_device src_device, 
     }
     gpu *g;
     TD__TRY(
-        gpu_of(dst_device.type == TD_DEVICE_CUDA ? dst_device : src_device, "td_device_copy", &g));
-    if (dst_device.type == TD_DEVICE_CUDA && src_device.type == TD_DEVICE_CUDA) {
+        gpu_of(dst_device.type != TD_DEVICE_CPU ? dst_device : src_device, "td_device_copy", &g));
+    if (dst_device.type != TD_DEVICE_CPU && src_device.type != TD_DEVICE_CPU) {
         gpu *other;
         TD__TRY(gpu_of(src_device, "td_device_copy", &other));
     }
-    TD__TRY(td__cuda()->memcpy_async(g->index, dst, src, bytes, g->stream));
-    return td__cuda()->stream_synchronize(g->index, g->stream);
+    TD__TRY(g->rt->memcpy_async(g->device.index, dst, src, bytes, g->stream));
+    return g->rt->stream_synchronize(g->device.index, g->stream);
 }
 
 td_status td__device_memset(td_device d, void *ptr, int value, size_t bytes, const char *what) {
@@ -261,7 +271,7 @@ td_status td__device_memset(td_device d, void *ptr, int value, size_t bytes, con
     }
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
-    return td__cuda()->memset_async(g->index, ptr, value, bytes, g->stream);
+    return g->rt->memset_async(g->device.index, ptr, value, bytes, g->stream);
 }
 
 td_status td__device_multi_tensor(td_device d, const td__mt_args *args, td__mt_tensor *list,
@@ -269,8 +279,7 @@ td_status td__device_multi_tensor(td_device d, const td__mt_args *args, td__mt_t
                                   const char *what) {
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
-    return td__cuda()->multi_tensor(g->index, g->stream, args, list, n, scratch, scratch_bytes,
-                                    result);
+    return g->rt->multi_tensor(g->device, g->stream, args, list, n, scratch, scratch_bytes, result);
 }
 
 td_status td__device_streams(td_device d, void **compute, void **copy, const char *what) {
@@ -278,7 +287,7 @@ td_status td__device_streams(td_device d, void **compute, void **copy, const cha
     TD__TRY(gpu_of(d, what, &g));
     td_status s = TD_OK;
     pthread_mutex_lock(&lock);
-    if (!g->copy) s = td__cuda()->stream_create(g->index, &g->copy);
+    if (!g->copy) s = g->rt->stream_create(g->device.index, &g->copy);
     pthread_mutex_unlock(&lock);
     *compute = g->stream;
     *copy = g->copy;
@@ -292,53 +301,59 @@ td_status td__device_host_alloc(td_device d, size_t bytes, void **out, const cha
     }
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
-    return td__cuda()->host_alloc(bytes, out);
+    return g->rt->host_alloc(bytes, out);
 }
 
 void td__device_host_free(td_device d, void *ptr) {
     if (d.type == TD_DEVICE_CPU)
         free(ptr);
     else if (ptr)
-        td__cuda()->host_free(ptr);
+        td__device_runtime_of(d.type)->host_free(ptr);
 }
 
 td_status td__device_copy_async(td_device d, void *dst, const void *src, size_t bytes, void *stream,
                                 const char *what) {
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
-    return td__cuda()->memcpy_async(g->index, dst, src, bytes, stream);
+    return g->rt->memcpy_async(g->device.index, dst, src, bytes, stream);
 }
 
 td_status td__device_event_record(td_device d, void *stream, void **event, const char *what) {
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
-    return td__cuda()->event_record(g->index, stream, event);
+    return g->rt->event_record(g->device.index, stream, event);
 }
 
 td_status td__device_event_wait(td_device d, void *stream, void *event, const char *what) {
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
-    return td__cuda()->event_wait(g->index, stream, event);
+    return g->rt->event_wait(g->device.index, stream, event);
 }
 
-td_status td__device_event_synchronize(void *event) { return td__cuda()->event_synchronize(event); }
+td_status td__device_event_synchronize(td_device d, void *event) {
+    return td__device_runtime_of(d.type)->event_synchronize(event);
+}
 
-void td__device_event_free(void *event) {
-    if (event) td__cuda()->event_destroy(event);
+void td__device_event_free(td_device d, void *event) {
+    if (event) td__device_runtime_of(d.type)->event_destroy(event);
 }
 
 td_device td__device_of_pointer(const void *ptr) {
-    pthread_mutex_lock(&lock);
-    int used = gpus_used;
-    pthread_mutex_unlock(&lock);
-    int d = used && ptr ? td__cuda()->pointer_device(ptr) : -1;
-    return d < 0 ? td_device_cpu() : td_device_cuda(d);
+    for (int t = 0; t < MAX_TYPES && ptr; t++) {
+        pthread_mutex_lock(&lock);
+        int used = gpus_used[t];
+        pthread_mutex_unlock(&lock);
+        td_device_type type = (td_device_type)(t + 1);
+        int d = used ? td__device_runtime_of(type)->pointer_device(ptr) : -1;
+        if (d >= 0) return (td_device){type, d};
+    }
+    return td_device_cpu();
 }
 
 td_status td__device_uuid(td_device d, unsigned char uuid[16], const char *what) {
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
-    return td__cuda()->device_uuid(g->index, uuid);
+    return g->rt->device_uuid(g->device.index, uuid);
 }
 
 td_status td__device_convert(td_device d, void *dst, td_dtype dst_dtype, const void *src,
@@ -349,14 +364,14 @@ td_status td__device_convert(td_device d, void *dst, td_dtype dst_dtype, const v
     }
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
-    return td__cuda()->convert_async(g->index, g->stream, dst, dst_dtype, src, src_dtype, n);
+    return g->rt->convert_async(g->device.index, g->stream, dst, dst_dtype, src, src_dtype, n);
 }
 
 td_status td__device_channel_sums(td_device d, const float *x, const float *dy, const float *mean,
                                   int64_t N, int64_t C, int64_t S, double *s, const char *what) {
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
-    return td__cuda()->channel_sums(g->index, g->stream, x, dy, mean, N, C, S, s);
+    return g->rt->channel_sums(g->device.index, g->stream, x, dy, mean, N, C, S, s);
 }
 
 td_status td__device_channel_affine(td_device d, float *out, const float *in, const float *coef,
@@ -364,7 +379,7 @@ td_status td__device_channel_affine(td_device d, float *out, const float *in, co
                                     const char *what) {
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
-    return td__cuda()->channel_affine(g->index, g->stream, out, in, coef, extra, N, C, S);
+    return g->rt->channel_affine(g->device.index, g->stream, out, in, coef, extra, N, C, S);
 }
 
 td_status td__device_fill(td_device d, void *ptr, uint32_t bits, int size, size_t n,
@@ -378,7 +393,7 @@ td_status td__device_fill(td_device d, void *ptr, uint32_t bits, int size, size_
     }
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
-    return td__cuda()->fill_async(g->index, g->stream, ptr, bits, size, n);
+    return g->rt->fill_async(g->device.index, g->stream, ptr, bits, size, n);
 }
 
 td_status td__device_upload(td_device d, void *dst, const void *host, size_t bytes,
@@ -389,5 +404,5 @@ td_status td__device_upload(td_device d, void *dst, const void *host, size_t byt
     }
     gpu *g;
     TD__TRY(gpu_of(d, what, &g));
-    return td__cuda()->memcpy_async(g->index, dst, host, bytes, g->stream);
+    return g->rt->memcpy_async(g->device.index, dst, host, bytes, g->stream);
 }

@@ -13,7 +13,7 @@
 /* bytes of ptr set to value (a byte), ordered on d's compute stream. */
 td_status td__device_memset(td_device d, void *ptr, int value, size_t bytes, const char *what);
 
-/* One multi-tensor launch on GPU d's compute stream (cuda_api.h's multi_tensor says what list,
+/* One multi-tensor launch on GPU d's compute stream (device_api.h's multi_tensor says what list,
  * scratch and result are). */
 td_status td__device_multi_tensor(td_device d, const td__mt_args *args, td__mt_tensor *list,
                                   size_t n, void **scratch, size_t *scratch_bytes, double *result,
@@ -35,8 +35,8 @@ td_status td__device_copy_async(td_device d, void *dst, const void *src, size_t 
  * after it. Freed with td__device_event_free. */
 td_status td__device_event_record(td_device d, void *stream, void **event, const char *what);
 td_status td__device_event_wait(td_device d, void *stream, void *event, const char *what);
-td_status td__device_event_synchronize(void *event);
-void td__device_event_free(void *event);
+td_status td__device_event_synchronize(td_device d, void *event);
+void td__device_event_free(td_device d, void *event);
 
 /* Bytes from host memory the caller may reuse at once (pageable: the driver stages them before
  * returning) to GPU d, queued on its compute stream without waiting; at once on the CPU. */
@@ -68,9 +68,19 @@ td_device td__device_of_pointer(const void *ptr);
  * process). */
 td_status td__device_uuid(td_device d, unsigned char uuid[16], const char *what);
 
-/* The CUDA library's second table (comm/gpu_comm_api.h), resolved by name; NULL where the
- * library is missing or lacks it. Returned as an opaque pointer: the device layer knows
- * nothing of process groups. */
-const void *td__device_library_table(const char *entry);
+/* The tables a device library exports, one per layer (device_api.h). */
+typedef enum {
+    TD__DEVICE_RUNTIME, /* device_api.h's td__device_runtime */
+    TD__DEVICE_BACKEND, /* the graph engine's: ops/backend.h's td__backend_library */
+    TD__DEVICE_COMM,    /* the collectives': comm/gpu_comm_api.h's td__gpu_comm_api */
+    TD__DEVICE_TABLES
+} td__device_table;
+
+/* The table `which` of the library behind device d (not the CPU), for the layer that owns its
+ * type: opaque here, as the device layer knows nothing of graphs or process groups. Fails
+ * naming `what`, d and why where d's type is unknown, its library, driver or devices are
+ * missing, d does not exist, or the library lacks the table. */
+td_status td__device_library(td_device d, td__device_table which, const char *what,
+                             const void **out);
 
 #endif

@@ -1,10 +1,11 @@
-/* Mixed precision as the graph is built (graph.h's td_amp_params): before a node is added,
- * its float inputs are cast to the dtype the node computes in (the op table's `precision`), or
- * it computes in f32 between casts when its table says it cannot compute in the low dtype on
- * this machine; from level O2 on, parameters are stored in the low dtype the first time a node
- * takes them (batch norm's stay f32 at O2), with f32 master weights in the optimizer at O2 and
- * none at O3. Casts are made once per (tensor, dtype), so a
- * weight used twice is cast once per forward. Walks op tables; names no op. */
+/* Adding a node under mixed precision (graph.h's td_amp_params), the way every builder adds
+ * one: before the node goes in, its float inputs are cast to the dtype the node computes in (the
+ * op table's `precision`), or it computes in f32 between casts when its table says it cannot
+ * compute in the low dtype on this machine; from level O2 on, parameters are stored in the low
+ * dtype the first time a node takes them (batch norm's stay f32 at O2), with f32 master weights
+ * in the optimizer at O2 and none at O3. Casts are made once per (tensor, dtype), so a weight
+ * used twice is cast once per forward, and go in through graph.c's raw insert. Walks op tables;
+ * names no op but the cast it inserts. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +18,9 @@ static td_tensor *cast_made(const td_graph *g, const td_tensor *x, td_dtype dtyp
     return NULL;
 }
 
-td_status td__graph_cast_memo(td_graph *g, td_tensor *x, td_dtype dtype, td_tensor **out) {
+/* x cast to dtype, made once per (x, dtype); x itself when it already has that dtype. The cast
+ * goes in as it is: a cast node's input is never cast again. */
+static td_status cast_memo(td_graph *g, td_tensor *x, td_dtype dtype, td_tensor **out) {
     if (x->dtype == dtype) {
         *out = x;
         return TD_OK;
@@ -30,7 +33,7 @@ td_status td__graph_cast_memo(td_graph *g, td_tensor *x, td_dtype dtype, td_tens
         g->casts = c;
         g->cap_casts = cap;
     }
-    TD__TRY(td_graph_cast(g, x, dtype, out));
+    TD__TRY(td__graph_insert(g, &td__op_cast, "cast", &x, 1, NULL, (int)dtype, out));
     g->casts[g->ncasts++] = (td__graph_cast_entry){x, dtype, *out};
     return TD_OK;
 }
@@ -71,8 +74,11 @@ static td_status param_to(td_graph *g, td_tensor *t, td_dtype dtype) {
     return TD_OK;
 }
 
-td_status td__autocast(td_graph *g, const td__op *op, const char *what, td_tensor **ins, int nin,
-                       const td__op_attr *attr, int variant, td_dtype *back) {
+/* Casts the inputs of a node of `op` about to be added and stores parameters low from level O2
+ * on; *back is the dtype the node's output must be cast to after it (it computes in f32 for a
+ * dtype its op cannot), or TD_DTYPE_COUNT for none. */
+static td_status autocast(td_graph *g, const td__op *op, const char *what, td_tensor **ins, int nin,
+                          const td__op_attr *attr, int variant, td_dtype *back) {
     const td_amp_params *amp = &g->opt.amp;
     td_dtype low = amp->dtype;
     td__node probe = {.op = op, .what = what, .nin = nin, .variant = variant};
@@ -98,7 +104,18 @@ td_status td__autocast(td_graph *g, const td__op *op, const char *what, td_tenso
             td_dtype native = op->input_dtype ? op->input_dtype(&probe, i, low) : low;
             if (amp->level == TD_AMP_O3 || native == low) TD__TRY(param_to(g, x, low));
         }
-        if (x->dtype != want) TD__TRY(td__graph_cast_memo(g, x, want, &ins[i]));
+        if (x->dtype != want) TD__TRY(cast_memo(g, x, want, &ins[i]));
     }
     return TD_OK;
+}
+
+td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tensor *const *ins,
+                        int nin, const td__op_attr *attr, int variant, td_tensor **out) {
+    TD__TRY(td__graph_check_add(g, op, what, ins, nin, out));
+    td_tensor *cast_ins[TD__MAX_IN];
+    memcpy(cast_ins, ins, (size_t)nin * sizeof *ins);
+    td_dtype back;
+    TD__TRY(autocast(g, op, what, cast_ins, nin, attr, variant, &back));
+    TD__TRY(td__graph_insert(g, op, what, cast_ins, nin, attr, variant, out));
+    return back == TD_DTYPE_COUNT ? TD_OK : cast_memo(g, *out, back, out);
 }

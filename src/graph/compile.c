@@ -31,12 +31,6 @@ td_status td__graph_make_primitives(td_graph *g) {
     return TD_OK;
 }
 
-size_t td__storage_place(td__storage_plan *p, size_t bytes) {
-    size_t at = p->total;
-    p->total += (bytes + 63) & ~(size_t)63;
-    return at;
-}
-
 /* Offsets for every tensor's data and gradient and for the scratch slots. */
 static td_status plan_storage(td_graph *g, td__storage_plan *p, size_t *scratch_at) {
     size_t scratch = 64;

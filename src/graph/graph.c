@@ -45,6 +45,32 @@ void td__graph_threads_leave(td_graph *g, int was) {
 
 static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only);
 
+/* Mixed precision on a device whose matmuls and convolutions have no kernels of their own in
+ * the low dtype (a CPU without bf16 instructions, f16 on CPUs): casts around f32 kernels would
+ * make every step slower than f32 alone, so O1 and O2 compute in f32 as O0 does, and O3, whose
+ * point is the memory of low weights, keeps them and computes between casts. Said once, at
+ * creation, through the log and td_graph_amp_fallback. amp.emulate asks for the casts. */
+static void amp_check(td_graph *g) {
+    td_amp_params *amp = &g->opt.amp;
+    const td__backend *be = g->ctx.backend;
+    if (amp->level == TD_AMP_O0 || amp->emulate || !be->fast_dtype ||
+        be->fast_dtype(&g->ctx, amp->dtype))
+        return;
+    char device[32], info[128] = "";
+    td_device_format(g->ctx.device, device, sizeof device);
+    if (be->info) be->info(info, sizeof info);
+    int o3 = amp->level == TD_AMP_O3;
+    snprintf(g->amp_fallback, sizeof g->amp_fallback,
+             "amp O%d %s: %s%s%s%s has no %s matmul or convolution kernels of its own; %s",
+             (int)amp->level, td_dtype_name(amp->dtype), device, *info ? " (" : "", info,
+             *info ? ")" : "", td_dtype_name(amp->dtype),
+             o3 ? "O3 keeps its weights low and computes in f32 between casts"
+                : "computing in f32, as O0 does, which is faster here (amp.emulate = 1 computes "
+                  "in f32 between casts instead)");
+    td__log(TD_LOG_WARN, "%s", g->amp_fallback);
+    if (!o3) amp->level = TD_AMP_O0;
+}
+
 td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     if (!out) return td__fail(TD_EINVAL, "td_graph_create: out is NULL");
     *out = NULL;
@@ -80,6 +106,7 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
         s = td_arena_create(&g->ctx.arena,
                             g->opt.arena_block_bytes ? g->opt.arena_block_bytes : (size_t)8 << 20);
     if (s == TD_OK) s = td_arena_create(&g->ctx.records, 0);
+    if (s == TD_OK) amp_check(g);
     int was;
     if (s == TD_OK) s = td__graph_threads_enter(g, "td_graph_create", &was); /* it can */
     if (s == TD_OK) td__graph_threads_leave(g, was);
@@ -90,6 +117,22 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
     }
     *out = g;
     return TD_OK;
+}
+
+td_status td_graph_backend_info(td_device device, char *buf, size_t cap) {
+    if (!buf || !cap) return td__fail(TD_EINVAL, "td_graph_backend_info: no buffer");
+    buf[0] = 0;
+    const td__backend *be;
+    TD__TRY(td__backend_for(device, "td_graph_backend_info", &be));
+    if (be->info)
+        be->info(buf, cap);
+    else
+        snprintf(buf, cap, "%s", be->name);
+    return TD_OK;
+}
+
+const char *td_graph_amp_fallback(const td_graph *g) {
+    return g && g->amp_fallback[0] ? g->amp_fallback : NULL;
 }
 
 void td_graph_destroy(td_graph *g) {
@@ -282,8 +325,8 @@ static td_status check_input(td_graph *g, const td_tensor *t, const char *what) 
     return TD_OK;
 }
 
-td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tensor *const *ins,
-                        int nin, const td__op_attr *attr, int variant, td_tensor **out) {
+td_status td__graph_check_add(td_graph *g, const td__op *op, const char *what,
+                              td_tensor *const *ins, int nin, td_tensor **out) {
     if (!g) return td__fail(TD_EINVAL, "%s: graph is NULL", what);
     if (!out) return td__fail(TD_EINVAL, "%s: the output pointer is NULL", what);
     if (g->compiled) return td__fail(TD_ESTATE, "%s: the graph is already compiled", what);
@@ -298,11 +341,11 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
     TD__TRY(check_input(g, ins[0], what));
     for (int i = 1; i < nin; i++)
         if (ins[i]) TD__TRY(check_input(g, ins[i], what));
-    td_tensor *cast_ins[TD__MAX_IN];
-    memcpy(cast_ins, ins, (size_t)nin * sizeof *ins);
-    td_dtype back;
-    TD__TRY(td__autocast(g, op, what, cast_ins, nin, attr, variant, &back));
-    ins = cast_ins;
+    return TD_OK;
+}
+
+td_status td__graph_insert(td_graph *g, const td__op *op, const char *what, td_tensor *const *ins,
+                           int nin, const td__op_attr *attr, int variant, td_tensor **out) {
     td__node probe = {.op = op, .what = what, .nin = nin, .variant = variant};
     if (attr) probe.attr = *attr;
     for (int i = 0; i < nin; i++) probe.in[i] = ins[i];
@@ -328,7 +371,7 @@ td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tens
     n->out = y;
     g->nodes[g->nnodes++] = n;
     *out = y;
-    return back == TD_DTYPE_COUNT ? TD_OK : td__graph_cast_memo(g, y, back, out);
+    return TD_OK;
 }
 
 void td__graph_sync_storage(td_graph *g) {
@@ -390,6 +433,7 @@ td_status td_graph_forward(td_graph *g) {
     g->ctx.keep_weights = g->keep_weights;
     g->keep_weights = 0;
     if (g->opt.trace) (void)td_trace_name_thread(g->opt.trace, "compute");
+    if (g->ctx.backend->begin) TD__TRY(g->ctx.backend->begin(&g->ctx));
     if (g->ctx.backend->forward_begin) TD__TRY(g->ctx.backend->forward_begin(&g->ctx));
     int was;
     TD__TRY(td__graph_threads_enter(g, "td_graph_forward", &was));
@@ -485,6 +529,7 @@ td_status td_graph_backward_from(td_graph *g, td_tensor *y, const float *dy) {
                             y->name);
     td__graph_sync_storage(g);
     size_t numel = (size_t)td_shape_numel(&y->shape);
+    if (g->ctx.backend->begin) TD__TRY(g->ctx.backend->begin(&g->ctx));
     if (g->opt.device.type != TD_DEVICE_CPU) {
         /* dy goes to the device ahead of the sweep (which may be a replay that reads it there),
          * from a pageable copy so that the caller may reuse its buffer at once; a dy already on

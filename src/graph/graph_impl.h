@@ -93,11 +93,12 @@ struct td_graph {
     int zero_failed;  /* a deferred gradient zeroing failed during this backward */
     int keep_weights; /* td_graph_keep_weights: the next forward keeps its kernels' weights */
     td__recorded_sweep rec_forward, rec_backward;
-    size_t replays;       /* sweeps run as replays */
-    uint64_t storage_gen; /* bumped whenever a tensor is pointed at other memory */
-    char record_why[256]; /* why recording was given up; empty while it is on */
-    int record_checked;   /* the nodes were found recordable */
-    float *dy_host;       /* backward's upstream gradient, staged in pageable memory */
+    size_t replays;         /* sweeps run as replays */
+    uint64_t storage_gen;   /* bumped whenever a tensor is pointed at other memory */
+    char record_why[256];   /* why recording was given up; empty while it is on */
+    int record_checked;     /* the nodes were found recordable */
+    char amp_fallback[512]; /* why the AMP level computes in f32 here (td_graph_amp_fallback) */
+    float *dy_host;         /* backward's upstream gradient, staged in pageable memory */
     size_t dy_host_count;
     td__recompute rc;     /* activation recompute (recompute.c) */
 };
@@ -109,23 +110,26 @@ typedef struct {
     size_t total;
 } td__storage_plan;
 
-/* Reserves bytes (64-byte aligned) at the end of the plan and returns their offset. */
+/* Reserves bytes (64-byte aligned) at the end of the plan and returns their offset
+ * (memplan.c). */
 size_t td__storage_place(td__storage_plan *p, size_t bytes);
 
 /* Adds a node of `op` over inputs ins (checked: of this graph, not compiled) with
- * attributes `attr` and `variant`; the op's infer gives its output. `what` names the node in
- * errors ("max_pool2d"). */
+ * attributes `attr` and `variant`, under mixed precision (autocast.c: its inputs cast to the
+ * dtype it computes in, its output cast back when it computes in f32 for its kernels); the op's
+ * infer gives its output. `what` names the node in errors ("max_pool2d"). */
 td_status td__graph_add(td_graph *g, const td__op *op, const char *what, td_tensor *const *ins,
                         int nin, const td__op_attr *attr, int variant, td_tensor **out);
 
-/* Mixed precision (autocast.c): casts the inputs of a node of `op` about to be added and stores
- * parameters low from level O2 on; *back is the dtype the node's output must be cast to after
- * it (it computes in f32 for a dtype its op cannot), or TD_DTYPE_COUNT for none. */
-td_status td__autocast(td_graph *g, const td__op *op, const char *what, td_tensor **ins, int nin,
-                       const td__op_attr *attr, int variant, td_dtype *back);
+/* The checks of td__graph_add before anything is added (graph.c): g and out given, g not
+ * compiled, 1 to TD__MAX_IN inputs of this graph, kernels for op on g's device. */
+td_status td__graph_check_add(td_graph *g, const td__op *op, const char *what,
+                              td_tensor *const *ins, int nin, td_tensor **out);
 
-/* x cast to dtype, made once per (x, dtype); x itself when it already has that dtype. */
-td_status td__graph_cast_memo(td_graph *g, td_tensor *x, td_dtype dtype, td_tensor **out);
+/* Adds a node of `op` over checked inputs exactly as given, with no mixed precision (graph.c):
+ * td__graph_add's last step, and how mixed precision inserts its casts. */
+td_status td__graph_insert(td_graph *g, const td__op *op, const char *what, td_tensor *const *ins,
+                           int nin, const td__op_attr *attr, int variant, td_tensor **out);
 
 /* Compile passes, in the order td_graph_compile runs them. */
 void td__graph_fuse(td_graph *g);                 /* fuse.c: fold or run activations in place */

@@ -1,8 +1,10 @@
-/* Activation memory for inference graphs (grad_enabled = 0): nothing is needed after the
- * forward sweep except what the last node reads and writes, so an activation may take over
- * the storage of one whose consumers have all run. Training graphs keep every activation
- * (backward reads them) and do not come here. Only layouts without padding share memory:
- * a padded blocked layout relies on zeros that another tensor's values would spoil. */
+/* Where the graph's tensors lie in its one block of storage: offsets placed one after another
+ * (td__storage_place, which compile.c's plan for training graphs uses), and the activation
+ * memory of inference graphs (grad_enabled = 0): nothing is needed after the forward sweep
+ * except what the last node reads and writes, so an activation may take over the storage of
+ * one whose consumers have all run. Training graphs keep every activation (backward reads
+ * them) and do not share. Only layouts without padding share memory: a padded blocked layout
+ * relies on zeros that another tensor's values would spoil. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,12 @@ typedef struct {
     size_t at; /* offset in the graph's storage */
     size_t bytes;
 } free_block;
+
+size_t td__storage_place(td__storage_plan *p, size_t bytes) {
+    size_t at = p->total;
+    p->total += (bytes + 63) & ~(size_t)63;
+    return at;
+}
 
 static td_tensor *root_of(td_tensor *t) {
     while (t->alias_of) t = t->alias_of;

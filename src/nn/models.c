@@ -1,7 +1,7 @@
-/* The reference models (the seeds' Net, an MLP, a BatchNorm CNN, and the ResNet of resnet.c)
- * as layer lists, built into a graph for one batch size, plus the helpers an example needs
- * around them: names, and predictions/accuracy from the log-probabilities. Training loops live
- * in the examples. */
+/* The reference models (PyTorch's MNIST example Net, an MLP, a BatchNorm CNN, and the ResNet of
+ * resnet.c) as layer lists, built into a graph for one batch size, plus the helpers an example
+ * needs around them: names, and predictions/accuracy from the log-probabilities. Training loops
+ * live in the examples. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -40,6 +40,10 @@ struct td__backend {
      * plain_dtype: src in t's layout to dst plain when to_plain, else the other way. */
     td_status (*copy_plain)(td__op_ctx *ctx, const td_tensor *t, const void *src, void *dst,
                             td_dtype plain_dtype, int to_plain);
+    /* Optional: runs first in every forward and backward, before anything either queues (a GPU
+     * backend makes the graph's device the calling thread's current one: a thread may drive
+     * graphs on several). */
+    td_status (*begin)(td__op_ctx *ctx);
     /* Optional: runs before each forward's first node, outside any recorded region (a GPU
      * backend hands its kernels the forward's RNG key here). */
     td_status (*forward_begin)(td__op_ctx *ctx);
@@ -58,12 +62,30 @@ struct td__backend {
      * count before in *was, so that a graph runs on its own count (td_graph_params.threads) and
      * sets the caller's back after; an error names `what` when the backend cannot. */
     td_status (*set_threads)(td__op_ctx *ctx, int n, int *was, const char *what);
+    /* Optional (NULL: every float dtype): 1 when the backend's matmuls and convolutions have
+     * kernels of their own in `dtype`, at least as fast as its f32 ones, on this machine as
+     * its libraries dispatch them; mixed precision computes in f32 where they have not. */
+    int (*fast_dtype)(const td__op_ctx *ctx, td_dtype dtype);
+    /* Optional: what computes here, for messages and benchmark headings (NUL-terminated). */
+    void (*info)(char *buf, size_t cap);
 };
 
 /* The CPU backend: oneDNN primitives and plain-C kernels (cpu/backend.c). */
 extern const td__backend td__backend_cpu;
 
-/* The backend of a device: the CPU's, or a GPU's from libtandem_cuda.so (backend.c); an error
+/* Bumped whenever td__backend or the engine's structs change shape. */
+#define TD__BACKEND_ABI 1
+
+/* What a device library exports for the graph engine (its TD__DEVICE_BACKEND table): its backend
+ * and what it was compiled against, so that a library built from other sources is refused, not
+ * trusted. */
+typedef struct {
+    int abi;
+    const td__backend *backend;
+    size_t tensor_size, node_size, op_ctx_size;
+} td__backend_library;
+
+/* The backend of a device: the CPU's, or the one its library exports (backend.c); an error
  * names `what`, the device and why it cannot be used here. */
 td_status td__backend_for(td_device device, const char *what, const td__backend **out);
 

@@ -32,16 +32,16 @@ td_status td__grad_end(td__op_ctx *ctx, td_tensor *t) {
 }
 
 td_conv2d_params td_conv2d_default_params(void) {
-    td_conv2d_params p = {{1, 1}, {0, 0}, {1, 1}};
+    td_conv2d_params p = {.stride = {1, 1}, .padding = {0, 0}, .dilation = {1, 1}};
     return p;
 }
 
 td_pool2d_params td_pool2d_default_params(void) {
-    td_pool2d_params p = {{2, 2}, {2, 2}, {0, 0}};
+    td_pool2d_params p = {.kernel = {2, 2}, .stride = {2, 2}, .padding = {0, 0}};
     return p;
 }
 
 td_batch_norm_params td_batch_norm_default_params(void) {
-    td_batch_norm_params p = {1e-5f, 0.1f};
+    td_batch_norm_params p = {.eps = 1e-5f, .momentum = 0.1f};
     return p;
 }

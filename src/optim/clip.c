@@ -4,7 +4,9 @@
  * The norm is summed in double, so it can differ from PyTorch's float reduction in the last
  * bits. A non-finite norm is returned as is and leaves the gradients untouched. bf16 and f16
  * gradients (mixed precision) are read and scaled through f32. Gradients on a GPU are summed
- * and scaled there by two multi-tensor launches; reading the norm back is the one wait. */
+ * and scaled there by two multi-tensor launches; reading the norm back is the one wait. The
+ * strategies whose gradients are spread over ranks or stages (ZeRO's shards, a pipeline's
+ * stages) sum their parts of the squares and apply the same rule through td__grads_clip. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -54,29 +56,12 @@ td_status td__grads_scale(td_param *params, size_t n, float c, const char *what)
     return TD_OK;
 }
 
-/* The same rule over gradients on a GPU. */
-static td_status clip_on_device(td_param *params, size_t n, double max_norm, double *total_norm) {
-    double sum = 0.0;
-    td__mt_args a = {.op = TD__MT_SQUARES};
-    TD__TRY(grads_launch(params, n, &a, &sum, "td_clip_grad_norm"));
-    if (total_norm) *total_norm = sqrt(sum);
-    double coef = max_norm / (sqrt(sum) + 1e-6);
-    return coef < 1.0 ? td__grads_scale(params, n, (float)coef, "td_clip_grad_norm") : TD_OK;
-}
-
-td_status td_clip_grad_norm(td_param *params, size_t n, double max_norm, double *total_norm) {
-    if (!params && n)
-        return td__fail(TD_EINVAL, "td_clip_grad_norm: params is NULL with n = %zu", n);
-    if (!(max_norm > 0))
-        return td__fail(TD_EINVAL, "td_clip_grad_norm: max_norm %g, expected > 0", max_norm);
-    for (size_t i = 0; i < n; i++)
-        if (params[i].grad && !td__is_float(params[i].dtype))
-            return td__fail(TD_EDTYPE,
-                            "td_clip_grad_norm: gradient of %s is %s, expected f32, bf16 or f16",
-                            params[i].name ? params[i].name : "?", td_dtype_name(params[i].dtype));
-    if (n && params[0].device.type != TD_DEVICE_CPU)
-        return clip_on_device(params, n, max_norm, total_norm);
-    double sum = 0.0;
+td_status td__grads_sumsq(td_param *params, size_t n, double *sum, const char *what) {
+    *sum = 0.0;
+    if (n && params[0].device.type != TD_DEVICE_CPU) {
+        td__mt_args a = {.op = TD__MT_SQUARES};
+        return grads_launch(params, n, &a, sum, what);
+    }
     for (size_t i = 0; i < n; i++) {
         const void *g = params[i].grad;
         if (!g) continue;
@@ -89,10 +74,30 @@ td_status td_clip_grad_norm(td_param *params, size_t n, double max_norm, double 
                 double v = td__load(g, params[i].dtype, j);
                 s += v * v;
             }
-        sum += s;
+        *sum += s;
     }
-    double norm = sqrt(sum);
+    return TD_OK;
+}
+
+td_status td__grads_clip(td_param *params, size_t n, double max_norm, double sumsq,
+                         double *total_norm, const char *what) {
+    double norm = sqrt(sumsq);
     if (total_norm) *total_norm = norm;
     double coef = max_norm / (norm + 1e-6);
-    return coef < 1.0 ? td__grads_scale(params, n, (float)coef, "td_clip_grad_norm") : TD_OK;
+    return coef < 1.0 ? td__grads_scale(params, n, (float)coef, what) : TD_OK;
+}
+
+td_status td_clip_grad_norm(td_param *params, size_t n, double max_norm, double *total_norm) {
+    if (!params && n)
+        return td__fail(TD_EINVAL, "td_clip_grad_norm: params is NULL with n = %zu", n);
+    if (!(max_norm > 0))
+        return td__fail(TD_EINVAL, "td_clip_grad_norm: max_norm %g, expected > 0", max_norm);
+    for (size_t i = 0; i < n; i++)
+        if (params[i].grad && !td__is_float(params[i].dtype))
+            return td__fail(TD_EDTYPE,
+                            "td_clip_grad_norm: gradient of %s is %s, expected f32, bf16 or f16",
+                            params[i].name ? params[i].name : "?", td_dtype_name(params[i].dtype));
+    double sum;
+    TD__TRY(td__grads_sumsq(params, n, &sum, "td_clip_grad_norm"));
+    return td__grads_clip(params, n, max_norm, sum, total_norm, "td_clip_grad_norm");
 }

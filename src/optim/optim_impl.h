@@ -9,4 +9,14 @@
  * errors. */
 td_status td__grads_scale(td_param *params, size_t n, float c, const char *what);
 
+/* The sum of the squares of params' gradients, in double, where the gradients are (as
+ * td__grads_scale): this rank's part of a norm that a strategy may sum further. */
+td_status td__grads_sumsq(td_param *params, size_t n, double *sum, const char *what);
+
+/* clip_grad_norm_'s rule once the whole model's sum of squares is known (over ranks, shards or
+ * stages, as the caller's gradients are spread): *total_norm = sqrt(sumsq) when total_norm is
+ * not NULL, and params' gradients scaled by max_norm / (norm + 1e-6) where that is below 1. */
+td_status td__grads_clip(td_param *params, size_t n, double max_norm, double sumsq,
+                         double *total_norm, const char *what);
+
 #endif

@@ -23,6 +23,7 @@
 typedef struct {
     void *grad_mem;     /* every bucket's buf and wire, from td_comm_alloc */
     size_t next_bucket; /* buckets [0, next_bucket) are launched */
+    float unready;      /* what the last bucket carries: parameters no backward reached */
     size_t *seen;       /* (n_params) the ready order of the first synchronised backward */
     size_t n_seen;
 } ar_state;
@@ -95,7 +96,6 @@ static td_status ddp_build_buckets(td_ddp *d, const size_t *order) {
 /* A bucket's all-reduce is over: its span ends, and narrow gradients widen back. */
 static void ddp_done(td_ddp *d, size_t k, td_status s) {
     ddp_bucket *b = &d->buckets[k];
-    b->req = NULL;
     if (b->wire && s == TD_OK)
         s = td__ddp_mem_convert(d, b->buf, b->dtype, b->wire, d->opt.comm_dtype,
                                 b->count + DDP_SLOTS);
@@ -121,13 +121,14 @@ static int ddp_loss_in_bucket(const td_ddp *d) {
     return d->n_buckets && ddp_wire_dtype(d, d->buckets[d->n_buckets - 1].dtype) == TD_F32;
 }
 
-static void ddp_launch(td_ddp *d, size_t k, float unready) {
+static void ddp_launch(td_ddp *d, size_t k) {
+    ar_state *st = d->state;
     ddp_bucket *b = &d->buckets[k];
     float weight = ddp_weight(d);
     if (weight != 1.0f)
         td__ddp_note_error(d, td__ddp_mem_scale(d, b->buf, b->dtype, b->count, weight));
-    int loss = k + 1 == d->n_buckets && ddp_loss_in_bucket(d);
-    td__ddp_note_error(d, td__ddp_mem_put(d, b->buf, b->dtype, b->count, unready));
+    int last = k + 1 == d->n_buckets, loss = last && ddp_loss_in_bucket(d);
+    td__ddp_note_error(d, td__ddp_mem_put(d, b->buf, b->dtype, b->count, last ? st->unready : 0));
     td__ddp_note_error(
         d, td__ddp_mem_put(d, b->buf, b->dtype, b->count + 1, loss ? d->loss * weight : 0.0f));
     b->t_launch = td_time_ns();
@@ -141,40 +142,19 @@ static void ddp_launch(td_ddp *d, size_t k, float unready) {
     /* AVG divides inside the reduction, so averaging costs no extra pass over the gradients. */
     td_reduce_op op = d->opt.average ? TD_OP_AVG : TD_OP_SUM;
     td_comm_tag(d->comm, "ddp bucket %zu", k);
-    td_status s = td_comm_iallreduce(d->comm, data, data, b->count + DDP_SLOTS,
-                                     ddp_wire_dtype(d, b->dtype), op, &b->req);
-    if (s != TD_OK) {
-        b->req = NULL;
-        td__ddp_note_error(d, s);
-    }
+    td__ddp_bucket_started(d, k,
+                           td_comm_iallreduce(d->comm, data, data, b->count + DDP_SLOTS,
+                                              ddp_wire_dtype(d, b->dtype), op, &b->req));
 }
 
-/* Notices finished all-reduces, so their trace spans end close to the real completion. */
-static void ddp_poll(td_ddp *d) {
-    const ar_state *st = d->state;
-    for (size_t k = 0; k < st->next_bucket; k++) {
-        ddp_bucket *b = &d->buckets[k];
-        if (!b->req) continue;
-        int done = 0;
-        td_status s = td_request_test(b->req, &done);
-        if (!done && s == TD_OK) break; /* they complete in launch order */
-        ddp_done(d, k, s);
-    }
-}
-
-static void ddp_wait_all(td_ddp *d) {
-    for (size_t k = 0; k < d->n_buckets; k++) {
-        ddp_bucket *b = &d->buckets[k];
-        if (!b->req) continue;
-        ddp_done(d, k, td_request_wait(b->req));
-    }
-}
+static void ar_wait(td_ddp *d) { td__ddp_complete_buckets(d, d->n_buckets, 1, ddp_done); }
 
 /* Ready for the next backward: every bucket waits for all its members again. */
 static void ar_reset(td_ddp *d) {
     ar_state *st = d->state;
     for (size_t k = 0; k < d->n_buckets; k++) d->buckets[k].pending = d->buckets[k].n_members;
     st->next_bucket = 0;
+    st->unready = 0;
     st->n_seen = 0;
     td__ddp_end_iteration(d);
 }
@@ -194,15 +174,11 @@ static void ar_grad_ready(td_ddp *d, size_t i) {
     ar_state *st = d->state;
     if (d->opt.rebuild_buckets && d->stats.rebuilds == 0) st->seen[st->n_seen++] = i;
     d->buckets[d->bucket_of[i]].pending--;
-    /* Launch strictly in bucket order: a complete bucket waits for the ones before it, so
-     * every rank queues the same all-reduces in the same order. The last bucket waits for
-     * td_ddp_finish_backward, as it carries the step's loss, which may be set after backward;
-     * its gradients are the first layers', final at the very end of backward anyway. */
-    while (st->next_bucket + 1 < d->n_buckets && d->buckets[st->next_bucket].pending == 0) {
-        ddp_launch(d, st->next_bucket++, 0.0f);
-        d->stats.buckets_early++;
-    }
-    ddp_poll(d);
+    /* The last bucket waits for td_ddp_finish_backward, as it carries the step's loss, which
+     * may be set after backward; its gradients are the first layers', final at the very end of
+     * backward anyway. */
+    td__ddp_launch_ready(d, &st->next_bucket, d->n_buckets ? d->n_buckets - 1 : 0, ddp_launch);
+    td__ddp_complete_buckets(d, st->next_bucket, 0, ddp_done);
 }
 
 static td_status ddp_rebuild(td_ddp *d) {
@@ -258,11 +234,9 @@ static td_status ar_finish(td_ddp *d) {
                 d, td__ddp_mem_zero(d, d->params[i].grad,
                                     d->params[i].count * td_dtype_size(d->params[i].dtype)));
     }
-    while (st->next_bucket < d->n_buckets) {
-        size_t k = st->next_bucket++;
-        ddp_launch(d, k, k + 1 == d->n_buckets ? (float)n_unready : 0.0f);
-    }
-    ddp_wait_all(d);
+    st->unready = (float)n_unready;
+    while (st->next_bucket < d->n_buckets) ddp_launch(d, st->next_bucket++);
+    ar_wait(d);
     /* Every rank takes the same path here (bucket dtypes agree), whatever went wrong before. */
     float loss = d->loss * ddp_weight(d);
     if (!ddp_loss_in_bucket(d))
@@ -315,6 +289,6 @@ const td__ddp_reducer td__ddp_allreduce = {
     .grad_ready = ar_grad_ready,
     .finish = ar_finish,
     .zero_grad = ar_zero_grad,
-    .wait = ddp_wait_all,
+    .wait = ar_wait,
     .destroy = ar_destroy,
 };

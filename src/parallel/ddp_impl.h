@@ -1,7 +1,8 @@
 /* What the files of td_ddp share: the td_ddp struct (the front's state, the bucket layout and
  * the reducer's table and state), and the front's pieces a reducer may use: the bucket layout
- * and moving gradients into it (ddp_layout.c), the buffer broadcast, the error of the backward
- * and the unused-parameter rule (ddp.c), and uneven inputs (ddp_join.c). Not installed. */
+ * and moving gradients into it (ddp_layout.c), running the buckets' collectives in order
+ * (ddp_buckets.c), the buffer broadcast, the error of the backward and the unused-parameter rule
+ * (ddp.c), and uneven inputs (ddp_join.c). Not installed. */
 #ifndef TANDEM_DDP_IMPL_H
 #define TANDEM_DDP_IMPL_H
 
@@ -132,6 +133,22 @@ void td__ddp_move_gradient(td_ddp *d, size_t i, void *dst);
 /* Checks, after the first synchronised step, that nothing wrote where gradients lived before
  * DDP moved them (their old memory holds a canary), and frees moved_mem. */
 td_status td__ddp_check_moved(td_ddp *d);
+
+/* Running a reducer's bucket collectives (ddp_buckets.c). Launches, from bucket *next up to
+ * (not including) bucket upto, the buckets whose gradients are all ready (pending 0), in bucket
+ * order, each counted as launched early; *next moves past them. */
+void td__ddp_launch_ready(td_ddp *d, size_t *next, size_t upto,
+                          void (*launch)(td_ddp *d, size_t k));
+
+/* Bucket k's collective was started with status s: on failure it has no request and the error
+ * is the backward's. */
+void td__ddp_bucket_started(td_ddp *d, size_t k, td_status s);
+
+/* Ends the collectives of buckets [0, upto) still in flight, in launch order: those finished
+ * (wait 0, stopping at the first still running) or all of them (wait 1); done(d, k, status) is
+ * what the reducer does when one ends. */
+void td__ddp_complete_buckets(td_ddp *d, size_t upto, int wait,
+                              void (*done)(td_ddp *d, size_t k, td_status s));
 
 /* Uneven inputs (ddp_join.c). create allocates the state; prepare exchanges every rank's
  * samples for the step. */

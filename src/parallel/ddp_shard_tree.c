@@ -1,38 +1,14 @@
-/* Deterministic mode of td_ddp: the same bits at any world size.
- *
- * A global batch is S fixed shards; rank r of w holds the L = S / w shards [rL, rL + L) and runs
- * them one after another, each as its own forward and backward. The shard gradients are summed
- * in one fixed pairwise tree whose leaves are the S shards: node (level l, index i) is node
- * (l-1, 2i) + node (l-1, 2i+1), the lower subtree on the left. A rank's L leaves form the
- * subtree (log2 L, r), which it folds as its shards finish, the way a binary counter carries:
- * after shard j, j's trailing one bits say how many levels the new node climbs. The upper levels
- * run across ranks: an all-to-all hands each rank every rank's subtree sum of one segment of a
- * bucket, the rank adds those w values in the same pairwise order, and an all-gather spreads the
- * segments back. Across two ranks the upper levels are one addition per element, which any
- * all-reduce computes exactly (a + b and b + a are the same bits), so two ranks all-reduce each
- * bucket in place instead: zero-copy on the shm backend, where the all-to-all and all-gather
- * stream through staging copies. So every element is summed in the same order at every world
- * size, and every rank ends with the same bits. Buffers (batch norm's running statistics) start
- * each shard from the step's values and their per-shard results are averaged by the same tree,
- * as is the loss.
- *
- * One rank alone may hold any number of shards (the root then adds the subtrees its count's one
- * bits leave); across ranks, L must be a power of two so that each rank's leaves are a subtree.
- *
- * Memory: log2 L + 2 node buffers in the bucket layout. A shard's backward writes its gradients
- * into a free buffer, and a node climbing levels is written in place over its last leaf's
- * buffer (still in cache, and no read-for-ownership of a third buffer), freeing the nodes it
- * absorbed; so a node lives where its last leaf did, and the root where the last shard's
- * gradients went: buffer 0, td_comm_alloc memory, where the in-place all-reduce needs no
- * staging. At the step's end a buffer the last fold freed receives the all-to-all. This file is
- * td_ddp's reducer for deterministic mode (reducer.h); it does not decide bucket membership
- * (ddp_layout.c plans it) and knows nothing of graphs.
- *
- * On a GPU the shards' backwards write one device buffer in the same layout; each gradient is
- * copied down into the shard's host leaf as it becomes ready, the tree runs on the host as
- * above (a GPU's kernels give the same bits for the same shard, so the sums do too), and the
- * step's result goes back up at the end: a copy per gradient per shard, correct before it is
- * fast. */
+/* Deterministic mode's reducer for td_ddp (reducer.h): the shards' gradients summed in one fixed
+ * pairwise tree, folded on each rank as its shards finish and carried across ranks bucket by
+ * bucket (an all-to-all, the pairwise sums, an all-gather; an in-place all-reduce at two ranks),
+ * so that every element is added in the same order at any world size. The tree, why it gives the
+ * same bits and what it holds in memory are in docs/reproducibility.md ("How"). Here: the node
+ * buffers (log2 L + 2 in the bucket layout; the root in td_comm_alloc memory, where the in-place
+ * all-reduce needs no staging), the buffers and the loss averaged by the same tree, and a GPU's
+ * gradients copied down to their host leaves as they become ready. One rank alone may hold any
+ * number of shards (its root adds the subtrees the count's one bits leave); across ranks each
+ * holds a power of two. It does not decide bucket membership (ddp_layout.c) and knows nothing of
+ * graphs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -383,10 +359,7 @@ static void tree_grad_ready(td_ddp *d, size_t i) {
     /* The last shard: once a bucket's subtree sums are final it may go across ranks. All-to-alls
      * go out in bucket order on every rank, so every rank queues the same collectives. */
     d->buckets[d->bucket_of[i]].pending--;
-    while (t->next_launch < d->n_buckets && d->buckets[t->next_launch].pending == 0) {
-        tree_launch(d, t->next_launch++);
-        d->stats.buckets_early++;
-    }
+    td__ddp_launch_ready(d, &t->next_launch, d->n_buckets, tree_launch);
 }
 
 /* The levels above the ranks: for each bucket, the w segments this rank received are added in

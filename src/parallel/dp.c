@@ -1,5 +1,5 @@
-/* DataParallel: one process, one replica graph per worker thread, and the seeds' eight steps
- * per iteration run from the calling thread (see dp.h).
+/* DataParallel: one process, one replica graph per worker thread, and torch.nn.DataParallel's eight
+ * steps per iteration run from the calling thread (see dp.h).
  *
  * Every transfer between "devices" is an explicit copy into memory the receiving replica owns
  * (parameters out, batch slices, outputs in, output gradients out, gradients in), so the

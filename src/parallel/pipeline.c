@@ -356,28 +356,15 @@ static td_status create(td_pipeline *pp, td_comm *comm, const td_sequential *mod
                             pp->n_tied ? "'" : "", pp->opt.zero_stage);
     }
     TD__TRY(start_channels(pp));
-    if (pp->dp && pp->opt.zero_stage) {
-        td_zero_params zp = td_zero_default_params();
-        zp.stage = pp->opt.zero_stage;
-        zp.ddp = pp->opt.ddp;
-        if (!zp.ddp.trace) zp.ddp.trace = pp->opt.trace;
-        pp_slot *s0 = &pp->slots[0];
-        TD__TRY(td_zero_create(&pp->zero, pp->dp, s0->params, s0->n_params, s0->buffers,
-                               s0->n_buffers, &zp));
-        for (int k = 0; k < pp->K; k++) {
-            /* ZeRO moved the parameters: every micro-batch graph reads them there. */
-            if (k > 0) TD__TRY(td_graph_share_params(pp->slots[k].g, s0->g));
-            td_graph_set_grad_ready_hook(pp->slots[k].g, td_zero_grad_ready_hook, pp->zero);
-            td_graph_set_param_use_hook(pp->slots[k].g, td_zero_param_use_hook, pp->zero);
-        }
-    } else if (pp->dp) {
+    if (pp->dp) {
+        pp->replicas = pp->opt.zero_stage ? &td__replicas_zero : &td__replicas_ddp;
         td_ddp_params dp = pp->opt.ddp;
         if (!dp.trace) dp.trace = pp->opt.trace;
         pp_slot *s0 = &pp->slots[0];
-        TD__TRY(td_ddp_create(&pp->ddp, pp->dp, s0->params, s0->n_params, s0->buffers,
-                              s0->n_buffers, &dp));
+        TD__TRY(pp->replicas->create(&pp->replicas_impl, pp->dp, s0->params, s0->n_params,
+                                     s0->buffers, s0->n_buffers, &dp, pp->opt.zero_stage));
         for (int k = 0; k < pp->K; k++)
-            td_graph_set_grad_ready_hook(pp->slots[k].g, td_ddp_grad_ready_hook, pp->ddp);
+            TD__TRY(pp->replicas->attach(pp->replicas_impl, pp->slots[k].g, s0->g));
     }
     return TD_OK;
 }
@@ -413,8 +400,7 @@ void td_pipeline_destroy(td_pipeline *pp) {
     td__pp_channel_stop(&pp->act_out);
     td__pp_channel_stop(&pp->grad_in);
     td__pp_channel_stop(&pp->grad_out);
-    td_ddp_destroy(pp->ddp);
-    td_zero_destroy(pp->zero);
+    if (pp->replicas_impl) pp->replicas->destroy(pp->replicas_impl);
     for (int k = 0; pp->slots && k < pp->K; k++) {
         pp_slot *sl = &pp->slots[k];
         td_graph_destroy(sl->g);
@@ -509,9 +495,13 @@ td_status td_pipeline_evaluate(td_pipeline *pp, const float *x, const int64_t *l
 
 td_status td_pipeline_parameters(td_pipeline *pp, td_param **params, size_t *n) {
     if (!pp || !params || !n) return td__fail(TD_EINVAL, "td_pipeline_parameters: NULL argument");
-    if (pp->zero) return td_zero_parameters(pp->zero, params, n);
-    *params = pp->slots[0].params;
-    *n = pp->slots[0].n_params;
+    *params = NULL;
+    *n = 0;
+    if (pp->replicas_impl) TD__TRY(pp->replicas->parameters(pp->replicas_impl, params, n));
+    if (!*params) {
+        *params = pp->slots[0].params;
+        *n = pp->slots[0].n_params;
+    }
     return TD_OK;
 }
 

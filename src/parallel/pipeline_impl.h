@@ -8,6 +8,8 @@
 
 #include "tandem/pipeline.h"
 
+#include "parallel/replicas.h"
+
 #define PP_HDR 128           /* header bytes before every payload; keeps payloads 64-aligned */
 #define PP_MAGIC 0x74645050u /* "PPdt" */
 #define PP_TAG_ACT 101       /* activations, downstream */
@@ -106,8 +108,8 @@ struct td_pipeline {
     int K; /* slots */
     pp_slot *slots;
     pp_channel act_in, act_out, grad_in, grad_out;
-    td_ddp *ddp;
-    td_zero *zero;        /* instead of ddp, with zero_stage */
+    const td__replicas_ops *replicas; /* DDP's or ZeRO's, over dp; NULL without replicas */
+    void *replicas_impl;              /* its td_ddp or td_zero (owned) */
     int *owner;    /* (slot 0's n_params) the lowest stage holding each parameter */
     pp_tied *tied; /* (n_tied) this stage's parameters that other stages hold too */
     int n_tied;

@@ -142,12 +142,6 @@ static void post_receives(td_pipeline *pp, int m, int training) {
 
 /* The forward of micro-batch m: its input (xm, its samples on stage 0; ym, its labels on the
  * last stage), the graph, and the output on its way downstream. */
-/* no_sync on the replicas' group, DDP's or ZeRO's (none: nothing to do). */
-static td_status replicas_set_sync(td_pipeline *pp, int sync) {
-    return pp->zero  ? td_zero_set_sync(pp->zero, sync)
-           : pp->ddp ? td_ddp_set_sync(pp->ddp, sync)
-                     : TD_OK;
-}
 
 /* A micro-batch's host memory as a graph input: the graph reads it where it is on the CPU and
  * takes a copy on a GPU. */
@@ -223,7 +217,8 @@ static td_status backward_one(td_pipeline *pp, int m, int first) {
         if (!s) s = td_graph_zero_input_grads(sl->g);
     }
     /* The replicas reduce once, as the step's last backward makes each gradient final. */
-    if (!s && m == pp->M - 1 && pp->M > 1) s = replicas_set_sync(pp, 1);
+    if (!s && m == pp->M - 1 && pp->M > 1 && pp->replicas_impl)
+        s = pp->replicas->set_sync(pp->replicas_impl, 1);
     if (s) return compute_failed(pp, s, "preparing the backward", m);
     uint64_t t0 = td_time_ns();
     if (last) {
@@ -276,10 +271,11 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
     for (int k = 1; k < pp->K; k++)
         for (size_t i = 0; i < s0->n_params; i++) pp->slots[k].params[i].grad = s0->params[i].grad;
     td_status s = TD_OK;
-    if (pp->ddp || pp->zero) {
-        s = replicas_set_sync(pp, 1);
-        if (!s) s = pp->zero ? td_zero_prepare_forward(pp->zero) : td_ddp_prepare_forward(pp->ddp);
-        if (!s && pp->M > 1) s = replicas_set_sync(pp, 0);
+    void *rep = pp->replicas_impl;
+    if (rep) {
+        s = pp->replicas->set_sync(rep, 1);
+        if (!s) s = pp->replicas->prepare_forward(rep);
+        if (!s && pp->M > 1) s = pp->replicas->set_sync(rep, 0);
         if (s) return compute_failed(pp, s, "starting the replicas' group before the forward", 0);
     }
     pp_op *ops = pp->ops;
@@ -302,9 +298,9 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
         }
     }
     TD__TRY(drain_sends(pp));
-    if (pp->ddp || pp->zero) {
+    if (rep) {
         uint64_t t0 = td_time_ns();
-        s = pp->zero ? td_zero_finish_backward(pp->zero) : td_ddp_finish_backward(pp->ddp);
+        s = pp->replicas->finish_backward(rep);
         st->sync_ns = td_time_ns() - t0;
         if (s)
             return compute_failed(pp, s, "the replicas' all-reduce after the backward", pp->M - 1);

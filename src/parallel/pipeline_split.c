@@ -1,9 +1,9 @@
-/* Where a pipeline's stages start: at named layers (the seeds' split, "layer3"), or balanced
- * from measured time. Balancing times each layer alone (forward + backward at the micro-batch
- * size, in a graph of its own), averages the times over every rank so that all ranks cut the
- * same way, and cuts the layer sequence into consecutive runs whose largest total is smallest:
- * the slowest stage sets a pipeline's pace. Communication time is not modelled. It builds no
- * stage and moves no activations. */
+/* Where a pipeline's stages start: at named layers (PyTorch's model-parallel tutorial's split,
+ * "layer3"), or balanced from measured time. Balancing times each layer alone (forward + backward
+ * at the micro-batch size, in a graph of its own), averages the times over every rank so that all
+ * ranks cut the same way, and cuts the layer sequence into consecutive runs whose largest total is
+ * smallest: the slowest stage sets a pipeline's pace. Communication time is not modelled. It builds
+ * no stage and moves no activations. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

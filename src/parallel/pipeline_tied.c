@@ -6,17 +6,13 @@
  * whole model's gradient and steps the same. Also the gradient norm of the whole model across
  * stages (torch's clip_grad_norm_ over every stage, Megatron's model-parallel clipping), which
  * counts a tied parameter once. Nothing here runs between micro-batches. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "tandem/optim.h"
-
 #include "core/core_impl.h"
 #include "optim/optim_impl.h"
 #include "parallel/pipeline_impl.h"
-#include "parallel/zero_impl.h"
 
 /* One parameter as the other stages see it. */
 typedef struct {
@@ -197,35 +193,24 @@ td_status td_pipeline_clip_grad_norm(td_pipeline *pp, double max_norm, double *t
         return td__fail(TD_EINVAL, "td_pipeline_clip_grad_norm: max_norm %g, expected > 0",
                         max_norm);
     if (pp->failed) return td__fail(pp->failed, "%s", pp->failed_msg);
-    if (pp->zero && td__zero_grads_sharded(pp->zero)) {
-        /* No tied parameters here (creation refused them): each stage's sum is ZeRO's. */
-        double sum;
-        td_status s = td__zero_grad_sumsq(pp->zero, &sum);
-        if (s == TD_OK) s = td_comm_allreduce(pp->pipe, &sum, &sum, 1, TD_F64, TD_OP_SUM);
-        if (s) return pp_norm_failed(pp, s);
-        double norm = sqrt(sum);
-        if (total_norm) *total_norm = norm;
-        double coef = max_norm / (norm + 1e-6);
-        if (coef < 1.0) td__zero_scale_grads(pp->zero, (float)coef);
-        return TD_OK;
-    }
-    if (pp->zero) TD__TRY(td__zero_whole_grads(pp->zero));
-    pp_slot *s0 = &pp->slots[0];
+    /* Each stage's sum of squares: ZeRO's shards summed over the replicas (creation refused tied
+     * parameters then), else the whole gradients of the parameters this stage owns. */
+    td_param *shards = NULL;
     size_t n = 0;
-    for (size_t i = 0; i < s0->n_params; i++)
-        if (pp->owner[i] == pp->stage) pp->counted[n++] = s0->params[i];
-    /* An infinite bound measures and scales nothing, as torch's clip_grad_norm_(p, inf). */
-    double norm;
-    TD__TRY(td_clip_grad_norm(pp->counted, n, INFINITY, &norm));
-    double sum = norm * norm;
-    td_status s = td_comm_allreduce(pp->pipe, &sum, &sum, 1, TD_F64, TD_OP_SUM);
+    if (pp->replicas_impl) TD__TRY(pp->replicas->norm_grads(pp->replicas_impl, &shards, &n));
+    pp_slot *s0 = &pp->slots[0];
+    if (!shards)
+        for (size_t i = 0; i < s0->n_params; i++)
+            if (pp->owner[i] == pp->stage) pp->counted[n++] = s0->params[i];
+    const char *what = "td_pipeline_clip_grad_norm";
+    double sum;
+    td_status s = td__grads_sumsq(shards ? shards : pp->counted, n, &sum, what);
+    if (s == TD_OK && shards) s = td_comm_allreduce(pp->dp, &sum, &sum, 1, TD_F64, TD_OP_SUM);
+    if (s == TD_OK) s = td_comm_allreduce(pp->pipe, &sum, &sum, 1, TD_F64, TD_OP_SUM);
     if (s) return pp_norm_failed(pp, s);
-    norm = sqrt(sum);
-    if (total_norm) *total_norm = norm;
     /* The same coefficient on every stage, so the copies of a tied weight stay equal. */
-    double coef = max_norm / (norm + 1e-6);
-    if (coef >= 1.0) return TD_OK;
-    return td__grads_scale(s0->params, s0->n_params, (float)coef, "td_pipeline_clip_grad_norm");
+    return shards ? td__grads_clip(shards, n, max_norm, sum, total_norm, what)
+                  : td__grads_clip(s0->params, s0->n_params, max_norm, sum, total_norm, what);
 }
 
 int td_pipeline_param_owner(const td_pipeline *pp, size_t i) {

@@ -1,24 +1,16 @@
 /* td_zero: creation (the layout, the ranks' agreement, DDP's front over the chosen gradient
  * reducer, parameters moved into the group's region), the calls of an iteration, stage 3's
  * gathering and freeing of units around their use, whole parameters on demand, clipping across
- * shards and the memory count. Checkpoints are in zero_checkpoint.c, the layout in
- * zero_layout.c, the sharded gradient reducer in zero_reduce.c.
- *
- * The gradient side is td_ddp's front with one of its reducers: DDP's bucket all-reduce at
- * stage 1, the reduce-scatter into shards at stages 2 and 3, and in deterministic mode DDP's
- * shard tree at every stage (its gradients are whole on every rank, so the steps are deterministic
- * DDP's bits). Whatever the reducer, this rank's optimizer steps only its chunk of each flat,
- * and the chunks are all-gathered in place, each rank copying the others' chunks straight out of
- * their regions of the group's memory: before the next forward at stages 1 and 2, unit by unit
- * around their use at stage 3 (on a process group of their own, so that gathers and the
- * gradients' reduce-scatters run side by side), where a freed unit's pages are parked for the
- * next gather (zero_region.c) rather than given back. It knows nothing of graphs. */
+ * shards and the memory count; how the stages work is docs/zero.md's. Checkpoints are in
+ * zero_checkpoint.c, the layout in zero_layout.c, the sharded gradient reducer in zero_reduce.c,
+ * the pages parked between gathers in zero_region.c. It knows nothing of graphs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core_impl.h"
+#include "optim/optim_impl.h"
 #include "parallel/zero_impl.h"
 
 struct td_zero {
@@ -545,36 +537,6 @@ td_status td__zero_whole_grads(td_zero *z) {
     return z->opt.ddp.deterministic ? gather_grads(z) : TD_OK;
 }
 
-td_status td__zero_grad_sumsq(td_zero *z, double *sum) {
-    *sum = 0.0;
-    for (size_t v = 0; v < z->lay.n_views; v++) {
-        const td_param *p = &z->views[v];
-        const float *g = p->grad;
-        double s = 0.0;
-        if (p->dtype == TD_F32)
-            for (size_t j = 0; j < p->count; j++) s += (double)g[j] * g[j];
-        else
-            for (size_t j = 0; j < p->count; j++) {
-                double x = td__load(p->grad, p->dtype, j);
-                s += x * x;
-            }
-        *sum += s;
-    }
-    return td_comm_allreduce(z->comm, sum, sum, 1, TD_F64, TD_OP_SUM);
-}
-
-void td__zero_scale_grads(td_zero *z, float c) {
-    for (size_t v = 0; v < z->lay.n_views; v++) {
-        td_param *p = &z->views[v];
-        float *g = p->grad;
-        if (p->dtype == TD_F32)
-            for (size_t j = 0; j < p->count; j++) g[j] *= c;
-        else
-            for (size_t j = 0; j < p->count; j++)
-                td__store(p->grad, p->dtype, j, td__load(p->grad, p->dtype, j) * c);
-    }
-}
-
 td_status td_zero_clip_grad_norm(td_zero *z, double max_norm, double *total_norm) {
     if (!z) return td__fail(TD_EINVAL, "td_zero_clip_grad_norm: zero is NULL");
     if (!(max_norm > 0))
@@ -584,12 +546,10 @@ td_status td_zero_clip_grad_norm(td_zero *z, double max_norm, double *total_norm
         return td_clip_grad_norm(z->params, z->n_params, max_norm, total_norm);
     }
     double sum;
-    TD__TRY(td__zero_grad_sumsq(z, &sum));
-    double norm = sqrt(sum);
-    if (total_norm) *total_norm = norm;
-    double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) td__zero_scale_grads(z, (float)coef);
-    return TD_OK;
+    TD__TRY(td__grads_sumsq(z->views, z->lay.n_views, &sum, "td_zero_clip_grad_norm"));
+    TD__TRY(td_comm_allreduce(z->comm, &sum, &sum, 1, TD_F64, TD_OP_SUM));
+    return td__grads_clip(z->views, z->lay.n_views, max_norm, sum, total_norm,
+                          "td_zero_clip_grad_norm");
 }
 
 void td__zero_parts_of(td_zero *z, td__zero_parts *out) {

@@ -159,11 +159,6 @@ td_status td__zero_loaded(td_zero *z);
 int td__zero_grads_sharded(const td_zero *z);
 td_status td__zero_whole_grads(td_zero *z);
 
-/* Sharded gradients: the sum over the group of the squares of every rank's views (collective),
- * and their scaling: td_zero_clip_grad_norm in two halves. */
-td_status td__zero_grad_sumsq(td_zero *z, double *sum);
-void td__zero_scale_grads(td_zero *z, float c);
-
 /* The bytes of flat f's chunk for `rank` inside its span. */
 static inline size_t td__zero_chunk_at(const td__zero_flat *f, int rank) {
     return (size_t)rank * f->chunk * td_dtype_size(f->dtype);

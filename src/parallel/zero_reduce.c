@@ -1,28 +1,12 @@
-/* ZeRO's gradient reducer (stages 2 and 3), a td_ddp reducer (reducer.h): gradients are laid
- * out by ZeRO's flat buffers (zero_impl.h, given as the front's reducer_ctx), one bucket per
- * flat, last unit first; a bucket whose parameters are all ready is reduce-scattered on the
- * progress thread while backward goes on, each rank receiving the average of its own chunk into
- * its gradient shard. Buckets go out in bucket order on every rank.
- *
- * Where a flat's whole gradient is written. Giving its pages back after each reduce-scatter and
- * faulting them in again in the next backward costs more than the reduction itself (the kernel
- * frees, zeroes and maps every page twice a step), so the whole gradients of a synchronised
- * backward go to the ring: one buffer of the group's memory, resident, of max(bucket_bytes, two
- * of the largest flats) bytes, where bucket k has a slot at the same offset on every rank (so
- * the reduce-scatter reads the other ranks' slots in place). A flat takes its slot when the
- * trainer announces that it is about to write it (the table's before_backward, from stage 2
- * and 3's BEFORE_BACKWARD call), after waiting for the earlier bucket whose slot overlaps
- * it: the ring is reused as backward moves through the model, and memory stays at about two
- * units whatever the depth. A flat that nobody announced, or whose home already holds
- * gradients (no_sync micro-batches, the trainer's own at creation), is written at its home in
- * the gradient region instead, whose pages go back once reduced (they read as zeros after).
- * params[i].grad points at the slot from the announcement to the end of the backward.
- *
- * Gradients of f32 flats travel in comm_dtype when it is narrower, through a half-width copy
- * reduced in place and widened into the shard. The loss and the count of parameters no backward
- * reached are all-reduced once at the end (the shards cannot carry them to every rank). Under
- * no_sync the front never calls in, so the whole gradients stay at home and accumulate. It knows
- * nothing of graphs and does not step the optimizer. */
+/* ZeRO's gradient reducer (stages 2 and 3), a td_ddp reducer (reducer.h): one bucket per flat of
+ * ZeRO's layout (zero_impl.h, the front's reducer_ctx), last unit first, each reduce-scattered on
+ * the progress thread into the rank's gradient shard as soon as its gradients are final. Where a
+ * synchronised backward writes the whole gradients (the ring of slots reused as backward moves
+ * through the model, or a flat's home in the gradient region) is in docs/zero.md ("How it is laid
+ * out", Gradients); here are the slots' bookkeeping, the half-width copies of f32 flats when
+ * comm_dtype is narrower, and the loss and unused-parameter count all-reduced once at the end (the
+ * shards cannot carry them to every rank). It knows nothing of graphs and does not step the
+ * optimizer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -199,7 +183,6 @@ static void rs_done(td_ddp *d, size_t k, td_status s) {
     rs_state *st = d->state;
     td__zero_flat *f = flat_of_bucket(d, k);
     ddp_bucket *b = &d->buckets[k];
-    b->req = NULL;
     td_dtype wire = wire_dtype(d, f);
     if (wire != f->dtype) {
         unsigned char *w = st->wire.base + f->at;
@@ -250,35 +233,12 @@ static void rs_launch(td_ddp *d, size_t k) {
     }
     td_reduce_op op = d->opt.average ? TD_OP_AVG : TD_OP_SUM;
     td_comm_tag(d->comm, "zero reduce-scatter bucket %zu", k);
-    td_status s = td_comm_ireduce_scatter(d->comm, send, recv, f->chunk, wire, op, &b->req);
-    if (s != TD_OK) {
-        b->req = NULL;
-        td__ddp_note_error(d, s);
-    }
-}
-
-/* Notices finished reduce-scatters, so their memory goes back as early as it can. */
-static void rs_poll(td_ddp *d) {
-    const rs_state *st = d->state;
-    for (size_t k = 0; k < st->next; k++) {
-        ddp_bucket *b = &d->buckets[k];
-        if (!b->req) continue;
-        int done = 0;
-        td_status s = td_request_test(b->req, &done);
-        if (!done && s == TD_OK) break; /* they complete in launch order */
-        rs_done(d, k, s);
-    }
+    td__ddp_bucket_started(
+        d, k, td_comm_ireduce_scatter(d->comm, send, recv, f->chunk, wire, op, &b->req));
 }
 
 static void rs_wait(td_ddp *d) {
-    for (size_t k = 0; d->state && k < d->n_buckets; k++)
-        if (d->buckets[k].req) rs_done(d, k, td_request_wait(d->buckets[k].req));
-}
-
-/* Waits for buckets [0, upto): their reduce-scatters are over and their memory free. */
-static void rs_wait_upto(td_ddp *d, size_t upto) {
-    for (size_t k = 0; d->state && k < upto && k < d->n_buckets; k++)
-        if (d->buckets[k].req) rs_done(d, k, td_request_wait(d->buckets[k].req));
+    if (d->state) td__ddp_complete_buckets(d, d->n_buckets, 1, rs_done);
 }
 
 static void rs_before_backward(td_ddp *d, size_t i) {
@@ -292,7 +252,7 @@ static void rs_before_backward(td_ddp *d, size_t i) {
     /* The slot's earlier tenant must be launched to be waited for; a backward that reaches
      * this flat first (another order than the buckets') writes it at home. */
     if (home || st->after[k] > st->next) return;
-    rs_wait_upto(d, st->after[k]);
+    td__ddp_complete_buckets(d, st->after[k], 1, rs_done);
     unsigned char *slot = st->ring.base + st->slot_at[k];
     size_t es = td_dtype_size(f->dtype), bytes = f->chunk * (size_t)d->size * es;
     /* A trainer that adds into its gradients asked for zeros; padding is zero either way. */
@@ -317,11 +277,8 @@ static void rs_grad_ready(td_ddp *d, size_t i) {
     size_t k = d->bucket_of[i];
     rs_hold(d, k);
     d->buckets[k].pending--;
-    while (st->next < d->n_buckets && d->buckets[st->next].pending == 0) {
-        rs_launch(d, st->next++);
-        d->stats.buckets_early++;
-    }
-    rs_poll(d);
+    td__ddp_launch_ready(d, &st->next, d->n_buckets, rs_launch);
+    td__ddp_complete_buckets(d, st->next, 0, rs_done);
 }
 
 /* Ready for the next backward: gradients point home again (what the slots hold is no one's). */

@@ -1,5 +1,5 @@
-/* libtandem_cuda.so's second exported symbol: the table of gpu_comm_api.h, collectives on
- * device memory for the process-group layer. */
+/* libtandem_cuda.so's collectives' table (gpu_comm_api.h), collectives on device memory for the
+ * process-group layer (device/library.c names its entry). */
 #include "comm/cuda/gpu_comm.cuh"
 
 static const td__gpu_comm_api api = {

@@ -3,8 +3,17 @@
 #ifndef TANDEM_GPU_COMM_CUH
 #define TANDEM_GPU_COMM_CUH
 
+#include <ctime>
+
 #include "comm/gpu_comm_api.h"
 #include "device/cuda/runtime.cuh"
+
+/* Seconds on the monotonic clock, for the calls' timeouts. */
+static inline double td__now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 td_status td__nccl_unique_id(unsigned char id[128]);
 td_status td__nccl_create(int device, void *compute, int nranks, int rank,

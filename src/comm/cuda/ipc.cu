@@ -15,11 +15,10 @@
  * while a peer still reads it. Data larger than the staging buffer goes through in pieces. */
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <sched.h>
 
 #include "comm/cuda/gpu_comm.cuh"
-#include "device/cuda/dtype.cuh"
+#include "comm/cuda/ipc.cuh"
 
 struct td__ipc {
     int device, rank, size;
@@ -31,101 +30,14 @@ struct td__ipc {
     int opened[TD__IPC_MAX_RANKS];
 };
 
-typedef struct {
-    const char *p[TD__IPC_MAX_RANKS];
-} peers;
-
-#define THREADS 256
-
-static unsigned blocks(size_t n) {
-    size_t b = (n + THREADS - 1) / THREADS;
-    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
-}
-
-template <typename A> __device__ __forceinline__ A combine(A a, A b, int op) {
-    switch (op) {
-    case TD_OP_PROD:
-        return a * b;
-    case TD_OP_MIN:
-        return b < a ? b : a;
-    case TD_OP_MAX:
-        return b > a ? b : a;
-    default:
-        return a + b; /* SUM, AVG */
-    }
-}
-
-/* dst[i] = op over the ranks of src.p[r][at + i] (element offset `at`), in rank order; 16-bit
- * floats accumulate in f32; AVG divides by the ranks at the end (integers toward zero). */
-template <typename T, typename A>
-__global__ void reduce_kernel(T *dst, peers src, int ranks, size_t at, size_t n, int op) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        A acc = (A)((const T *)src.p[0])[at + i];
-        for (int r = 1; r < ranks; r++) acc = combine<A>(acc, (A)((const T *)src.p[r])[at + i], op);
-        if (op == TD_OP_AVG) acc = acc / (A)ranks;
-        dst[i] = (T)acc;
-    }
-}
-
-template <typename T>
-__global__ void reduce_half_kernel(T *dst, peers src, int ranks, size_t at, size_t n, int op) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float acc = td_ld((const T *)src.p[0], at + i);
-        for (int r = 1; r < ranks; r++)
-            acc = combine<float>(acc, td_ld((const T *)src.p[r], at + i), op);
-        if (op == TD_OP_AVG) acc = acc / (float)ranks;
-        td_st(dst, i, acc);
-    }
-}
-
 static td_status reduce(td__ipc *c, void *dst, size_t at, size_t n, const td__nccl_call *k,
                         const char *what) {
-    peers src;
+    td__ipc_peers src;
     for (int r = 0; r < c->size; r++) src.p[r] = c->peer[r];
-    if (n == 0) return TD_OK;
-    unsigned b = blocks(n);
-    switch (k->dtype) {
-    case TD_F32:
-        reduce_kernel<float, float>
-            <<<b, THREADS, 0, c->compute>>>((float *)dst, src, c->size, at, n, k->op);
-        break;
-    case TD_F64:
-        reduce_kernel<double, double>
-            <<<b, THREADS, 0, c->compute>>>((double *)dst, src, c->size, at, n, k->op);
-        break;
-    case TD_I32:
-        reduce_kernel<int32_t, int64_t>
-            <<<b, THREADS, 0, c->compute>>>((int32_t *)dst, src, c->size, at, n, k->op);
-        break;
-    case TD_I64:
-        reduce_kernel<int64_t, int64_t>
-            <<<b, THREADS, 0, c->compute>>>((int64_t *)dst, src, c->size, at, n, k->op);
-        break;
-    case TD_U8:
-        reduce_kernel<uint8_t, uint32_t>
-            <<<b, THREADS, 0, c->compute>>>((uint8_t *)dst, src, c->size, at, n, k->op);
-        break;
-    case TD_BF16:
-        reduce_half_kernel<__nv_bfloat16>
-            <<<b, THREADS, 0, c->compute>>>((__nv_bfloat16 *)dst, src, c->size, at, n, k->op);
-        break;
-    case TD_F16:
-        reduce_half_kernel<__half>
-            <<<b, THREADS, 0, c->compute>>>((__half *)dst, src, c->size, at, n, k->op);
-        break;
-    default:
+    if (td__launch_ipc_reduce(c->compute, dst, src, c->size, at, n, k->dtype, k->op) != 0)
         return td__host->fail(TD_EDTYPE, "%s: dtype %d", what, (int)k->dtype);
-    }
     TD__CU(cudaGetLastError());
     return TD_OK;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* A call's steps: st holds this rank's first failure, told says every rank has seen one. */
@@ -143,12 +55,12 @@ typedef struct {
  * timeout. */
 static td_status local_done(td__ipc *c, double timeout_s, const char *what) {
     TD__CU(cudaEventRecord(c->event, c->compute));
-    double end = now_s() + timeout_s;
+    double end = td__now_s() + timeout_s;
     cudaError_t e;
     for (long spins = 0; (e = cudaEventQuery(c->event)) == cudaErrorNotReady; spins++) {
         cudaGetLastError(); /* "not ready" is kept as the last error: the next launch check
                              * would report it */
-        if (now_s() > end)
+        if (td__now_s() > end)
             return td__host->fail(TD_ETIMEOUT, "%s: this rank's GPU work not done after %.0f s",
                                   what, timeout_s);
         if (spins > 1000) sched_yield();
@@ -283,15 +195,15 @@ td_status td__ipc_run(td__ipc *c, const td__nccl_call *k, td__host_barrier_fn ba
             LOCAL(s, copy(c, recv + at * es, c->peer[k->root], m * es));
             break;
         case TD__NCCL_ALLGATHER:
-        case TD__NCCL_GATHER: {
-            const char *mine = send == recv ? recv + ((size_t)me * n + at) * es : send + at * es;
-            LOCAL(s, copy(c, c->staging, mine, m * es));
+        case TD__NCCL_GATHER:
+            /* The input is where send points, inside recv or not (comm.h): each piece is
+             * staged before any rank writes recv. */
+            LOCAL(s, copy(c, c->staging, send + at * es, m * es));
             if (step(&s)) break;
             if (k->kind == TD__NCCL_ALLGATHER || me == k->root)
                 for (int r = 0; r < c->size; r++)
                     LOCAL(s, copy(c, recv + ((size_t)r * n + at) * es, c->peer[r], m * es));
             break;
-        }
         case TD__NCCL_SCATTER:
             if (me == k->root)
                 for (int r = 0; r < c->size; r++)

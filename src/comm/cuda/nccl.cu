@@ -1,4 +1,4 @@
-/* NCCL for collectives on device memory (cuda_api.h's nccl_* entries): one communicator per
+/* NCCL for collectives on device memory (gpu_comm_api.h's entries): one communicator per
  * process group, created from a unique id the group passes through its own host path, with
  * its own stream. A collective waits for what the device's compute stream has queued (an
  * event), runs on the communicator's stream, and is waited for by polling, so that a peer that
@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <nccl.h>
 #include <pthread.h>
+#include <sched.h>
 
 #include "comm/cuda/gpu_comm.cuh"
 #include "comm/gpu_comm_api.h"
@@ -25,6 +25,8 @@ struct td__nccl {
     /* td_comm_abort may end the communicator from another thread while a call polls it. */
     pthread_mutex_t lock;
     int aborted;
+    void *scratch; /* a send buffer copied aside (stage_send), on this device */
+    size_t scratch_bytes;
 };
 
 #define TD__NCCL(call, what)                                                       \
@@ -35,18 +37,13 @@ struct td__nccl {
                                   ncclGetErrorString(td_n_));                      \
     } while (0)
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Polls until the communicator's pending call is set up (ncclInProgress clears) or, with
  * `event`, until the stream has also passed c->done; a failure the communicator reports, or
  * timeout_s passing, aborts it (so no rank hangs) and fails naming `what`. */
 static td_status watch(td__nccl *c, double timeout_s, const char *what, int event) {
-    double end = now_s() + timeout_s;
-    for (;;) {
+    double end = td__now_s() + timeout_s;
+    for (long spins = 0;; spins++) {
+        if (spins > 1000) sched_yield(); /* a peer's progress may need this core */
         ncclResult_t r;
         pthread_mutex_lock(&c->lock);
         if (c->aborted) {
@@ -68,7 +65,7 @@ static td_status watch(td__nccl *c, double timeout_s, const char *what, int even
             if (e != cudaErrorNotReady)
                 return td__host->fail(TD_EBACKEND, "%s: %s", what, cudaGetErrorString(e));
         }
-        if (st == TD_OK && now_s() > end) {
+        if (st == TD_OK && td__now_s() > end) {
             st = TD_ETIMEOUT;
             snprintf(why, sizeof why,
                      "not finished after %.0f s (a peer died or called another collective)",
@@ -112,15 +109,16 @@ void td__nccl_destroy(td__nccl *c) {
     if (c->comm && !c->aborted) { /* ncclCommAbort freed an aborted one */
         /* A non-blocking communicator finalizes in the background: poll, for a while. */
         ncclResult_t r = ncclCommFinalize(c->comm), a = ncclInProgress;
-        double end = now_s() + 10.0;
+        double end = td__now_s() + 10.0;
         while (r == ncclInProgress || (r == ncclSuccess && a == ncclInProgress)) {
-            if (now_s() > end) break;
+            if (td__now_s() > end) break;
             r = ncclCommGetAsyncError(c->comm, &a);
             if (r == ncclSuccess && a != ncclInProgress) r = a;
         }
         if (r != ncclSuccess || a != ncclSuccess || ncclCommDestroy(c->comm) != ncclSuccess)
             ncclCommAbort(c->comm);
     }
+    if (c->scratch) cudaFree(c->scratch);
     if (c->ready) cudaEventDestroy(c->ready);
     if (c->done) cudaEventDestroy(c->done);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -186,22 +184,32 @@ void td__nccl_abort(td__nccl *c) {
     pthread_mutex_unlock(&c->lock);
 }
 
-static ncclDataType_t nccl_type(td_dtype dt) {
+/* NCCL's name for dt; a dtype it has none for fails naming `what`. */
+static td_status nccl_type(td_dtype dt, ncclDataType_t *out, const char *what) {
     switch (dt) {
     case TD_F32:
-        return ncclFloat32;
+        *out = ncclFloat32;
+        return TD_OK;
     case TD_F64:
-        return ncclFloat64;
+        *out = ncclFloat64;
+        return TD_OK;
     case TD_BF16:
-        return ncclBfloat16;
+        *out = ncclBfloat16;
+        return TD_OK;
     case TD_F16:
-        return ncclFloat16;
+        *out = ncclFloat16;
+        return TD_OK;
     case TD_I32:
-        return ncclInt32;
+        *out = ncclInt32;
+        return TD_OK;
     case TD_I64:
-        return ncclInt64;
+        *out = ncclInt64;
+        return TD_OK;
+    case TD_U8:
+        *out = ncclUint8;
+        return TD_OK;
     default:
-        return ncclUint8;
+        return td__host->fail(TD_EDTYPE, "%s: dtype %d has no NCCL type", what, (int)dt);
     }
 }
 
@@ -220,12 +228,75 @@ static ncclRedOp_t nccl_op(td_reduce_op op) {
     }
 }
 
+static int overlaps(const char *a, size_t an, const char *b, size_t bn) {
+    return an && bn && a < b + bn && b < a + an;
+}
+
+/* Where the call reads this rank's input from. In place means what it means on every path
+ * (comm.h): send is where the input is, wherever it lies. NCCL's own in-place forms run as they
+ * are (send == recv for the element-wise collectives; this rank's block of recv for all-gather
+ * and gather; this rank's block of send, or its front, for reduce-scatter); any other overlap of
+ * send with what the call writes (send == recv for all-gather, gather at the root, all-to-all) is
+ * copied aside first, into the communicator's scratch on its stream, so NCCL never reads what it
+ * is writing. */
+static td_status stage_send(td__nccl *c, const td__nccl_call *k, const char **out) {
+    size_t es = k->elem_size, n = k->count, all = (size_t)k->size * n * es;
+    const char *send = (const char *)k->send, *recv = (const char *)k->recv;
+    size_t sbytes = n * es, rbytes = n * es;
+    int native = 0;
+    switch (k->kind) {
+    case TD__NCCL_ALLREDUCE:
+    case TD__NCCL_REDUCE:
+    case TD__NCCL_BROADCAST:
+        native = send == recv;
+        break;
+    case TD__NCCL_ALLGATHER:
+    case TD__NCCL_GATHER:
+        rbytes = k->kind == TD__NCCL_GATHER && k->rank != k->root ? 0 : all;
+        native = send == recv + (size_t)k->rank * n * es;
+        break;
+    case TD__NCCL_REDUCE_SCATTER:
+        sbytes = all;
+        native = recv == send || recv == send + (size_t)k->rank * n * es;
+        break;
+    case TD__NCCL_SCATTER:
+        sbytes = k->rank == k->root ? all : 0;
+        break;
+    case TD__NCCL_ALLTOALL:
+        sbytes = rbytes = all;
+        break;
+    default: /* point-to-point */
+        rbytes = 0;
+        break;
+    }
+    *out = send;
+    if (native || !overlaps(send, sbytes, recv, rbytes)) return TD_OK;
+    if (c->scratch_bytes < sbytes) {
+        if (c->scratch) TD__CU(cudaFree(c->scratch));
+        c->scratch = NULL;
+        c->scratch_bytes = 0;
+        TD__CU(cudaMalloc(&c->scratch, sbytes));
+        c->scratch_bytes = sbytes;
+    }
+    TD__CU(cudaMemcpyAsync(c->scratch, send, sbytes, cudaMemcpyDeviceToDevice, c->stream));
+    *out = (const char *)c->scratch;
+    return TD_OK;
+}
+
+/* Where NCCL writes a reduce-scatter's result: recv, or in tandem's in place (recv == send,
+ * the result at the front) this rank's block of send, NCCL's in place. */
+static char *front_of(const td__nccl_call *k, const char *send) {
+    char *recv = (char *)k->recv;
+    return recv == send ? recv + (size_t)k->rank * k->count * k->elem_size : recv;
+}
+
 /* Queues the collective on the communicator's stream (grouped sends and receives for the
- * collectives NCCL has no call for). */
-static td_status enqueue(td__nccl *c, const td__nccl_call *k, const char *what) {
-    ncclDataType_t t = nccl_type(k->dtype);
+ * collectives NCCL has no call for), reading this rank's input from send. */
+static td_status enqueue(td__nccl *c, const td__nccl_call *k, const char *send, const char *what) {
+    ncclDataType_t t = ncclUint8;
+    td_status typed = nccl_type(k->dtype, &t, what);
+    if (typed != TD_OK) return typed;
     size_t es = k->elem_size, n = k->count;
-    const char *send = (const char *)k->send;
     char *recv = (char *)k->recv;
     int size = k->size, rank = k->rank;
     switch (k->kind) {
@@ -238,20 +309,16 @@ static td_status enqueue(td__nccl *c, const td__nccl_call *k, const char *what) 
     case TD__NCCL_BROADCAST:
         TD__NCCL(ncclBroadcast(send, recv, n, t, k->root, c->comm, c->stream), what);
         return TD_OK;
-    case TD__NCCL_ALLGATHER: /* in place: this rank's part already sits at recv + rank * n */
-        TD__NCCL(ncclAllGather(send == recv ? recv + (size_t)rank * n * es : send, recv, n, t,
-                               c->comm, c->stream),
-                 what);
+    case TD__NCCL_ALLGATHER:
+        TD__NCCL(ncclAllGather(send, recv, n, t, c->comm, c->stream), what);
         return TD_OK;
-    case TD__NCCL_REDUCE_SCATTER: {
+    case TD__NCCL_REDUCE_SCATTER:
         /* In place, tandem's result lands at the front (comm.h); NCCL's in place is this rank's
-         * block, so the result moves to the front after. */
-        char *at = send == recv ? recv + (size_t)rank * n * es : recv;
-        TD__NCCL(ncclReduceScatter(send, at, n, t, nccl_op(k->op), c->comm, c->stream), what);
-        if (at != recv)
-            TD__CU(cudaMemcpyAsync(recv, at, n * es, cudaMemcpyDeviceToDevice, c->stream));
+         * block, so the result moves to the front once NCCL has queued its kernel (run). */
+        TD__NCCL(
+            ncclReduceScatter(send, front_of(k, send), n, t, nccl_op(k->op), c->comm, c->stream),
+            what);
         return TD_OK;
-    }
     case TD__NCCL_GATHER:
     case TD__NCCL_SCATTER:
     case TD__NCCL_ALLTOALL: {
@@ -265,8 +332,11 @@ static td_status enqueue(td__nccl *c, const td__nccl_call *k, const char *what) 
                 if (r == ncclSuccess || r == ncclInProgress)
                     r = ncclRecv(recv + at, n, t, q, c->comm, c->stream);
             } else if (k->kind == TD__NCCL_GATHER) {
-                if (q == 0) r = ncclSend(send, n, t, k->root, c->comm, c->stream);
-                if (rank == k->root && (r == ncclSuccess || r == ncclInProgress))
+                /* In place at the root, its own block is where it belongs already. */
+                int own = rank == k->root && send == recv + (size_t)rank * n * es;
+                if (q == 0 && !own) r = ncclSend(send, n, t, k->root, c->comm, c->stream);
+                if (rank == k->root && !(own && q == rank) &&
+                    (r == ncclSuccess || r == ncclInProgress))
                     r = ncclRecv(recv + at, n, t, q, c->comm, c->stream);
             } else {
                 if (rank == k->root) r = ncclSend(send + at, n, t, q, c->comm, c->stream);
@@ -296,13 +366,22 @@ td_status td__nccl_run(td__nccl *c, const td__nccl_call *k, double timeout_s, co
     TD__CU(cudaSetDevice(c->device));
     TD__CU(cudaEventRecord(c->ready, c->compute));
     TD__CU(cudaStreamWaitEvent(c->stream, c->ready, 0));
+    const char *send;
+    td_status staged = stage_send(c, k, &send);
+    if (staged != TD_OK) return staged;
     pthread_mutex_lock(&c->lock);
     td_status st = c->aborted
                        ? td__host->fail(TD_EPEER, "%s: the NCCL communicator was aborted", what)
-                       : enqueue(c, k, what);
+                       : enqueue(c, k, send, what);
     pthread_mutex_unlock(&c->lock);
     if (st == TD_OK) st = watch(c, timeout_s, what, 0);
     if (st != TD_OK) return st;
+    /* Only now has a non-blocking communicator queued the collective's kernel on the stream
+     * (its group ends in a background thread): what follows it on the stream goes here. */
+    char *front = k->kind == TD__NCCL_REDUCE_SCATTER ? front_of(k, send) : NULL;
+    if (front && front != (char *)k->recv)
+        TD__CU(cudaMemcpyAsync(k->recv, front, k->count * k->elem_size, cudaMemcpyDeviceToDevice,
+                               c->stream));
     TD__CU(cudaEventRecord(c->done, c->stream));
     if ((st = watch(c, timeout_s, what, 1)) != TD_OK) return st;
     /* Later work on the compute stream sees the result. */

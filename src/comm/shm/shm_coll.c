@@ -22,7 +22,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -30,6 +30,19 @@
 
 #define SHM_SMALL (64u * 1024u)    /* below this an allreduce reduces everything on every rank */
 #define SHM_ZC_BLOCK (32u * 1024u) /* bytes a zero-copy all-reduce reduces before copying out */
+
+#if defined(__x86_64__)
+/* Streaming stores skip the read-for-ownership of an output that will not fit in cache anyway:
+ * a third less memory traffic on large collectives. Copies whole 64-byte lines from the first
+ * aligned one; returns the bytes copied. */
+__attribute__((target("avx512f"))) static size_t
+stream_lines_avx512(unsigned char *d, const unsigned char *s, size_t bytes) {
+    size_t done = 0;
+    for (; bytes - done >= 64; done += 64)
+        _mm512_stream_si512((void *)(d + done), _mm512_loadu_si512((const void *)(s + done)));
+    return done;
+}
+#endif
 
 /* Copies the elements [lo, hi) of a stream (src holds element lo) that fall in the window
  * [wlo, whi) into out (which holds element wlo). */
@@ -40,15 +53,13 @@ static void copy_window(unsigned char *out, size_t wlo, size_t whi, const unsign
     unsigned char *d = out + (a - wlo) * es;
     const unsigned char *s = src + (a - lo) * es;
     size_t bytes = (b - a) * es;
-#ifdef __AVX512F__
-    /* Streaming stores skip the read-for-ownership of an output that will not fit in cache
-     * anyway: a third less memory traffic on large collectives. */
-    if (stream && bytes >= 4096) {
+#if defined(__x86_64__)
+    if (stream && bytes >= 4096 && td__cpu_isa() >= TD__ISA_AVX512) {
         size_t head = (64 - ((uintptr_t)d & 63)) & 63;
         memcpy(d, s, head);
         d += head, s += head, bytes -= head;
-        for (; bytes >= 64; bytes -= 64, d += 64, s += 64)
-            _mm512_stream_si512((void *)d, _mm512_loadu_si512((const void *)s));
+        size_t done = stream_lines_avx512(d, s, bytes);
+        d += done, s += done, bytes -= done;
     }
 #else
     (void)stream;
@@ -192,7 +203,7 @@ static td_status reduce_window(shm_ctx *c, const shm_call *call, const unsigned 
             break;
         }
     }
-#ifdef __AVX512F__
+#if defined(__x86_64__)
     if (stream) _mm_sfence();
 #endif
     if (src != srcs) free(src);

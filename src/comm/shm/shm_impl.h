@@ -20,7 +20,7 @@
  * Tuning knobs, read when a group is created (the creator's chunk wins for the whole group):
  * TANDEM_SHM_CHUNK (staging bytes per rank per parity, the largest pipeline chunk; default
  * 2 MiB) and TANDEM_SHM_NT (outputs of at least this many bytes are written with streaming
- * stores on AVX-512 builds, default 16 MiB). Pages of the segment cost memory only once a
+ * stores on CPUs with AVX-512, default 16 MiB). Pages of the segment cost memory only once a
  * collective has used them. */
 #ifndef TANDEM_SHM_IMPL_H
 #define TANDEM_SHM_IMPL_H

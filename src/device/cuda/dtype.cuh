@@ -1,15 +1,14 @@
 /* Elements of every dtype in device code, for every CUDA file of libtandem_cuda.so: typed
  * loads and stores through f32 (td_ld, td_st) and loads and stores by a td_dtype known only at
  * run time through double (td_ld_dt, td_st_dt). Floats round to nearest even on store, as the
- * host's td__convert does; integers go through int64, so u8 wraps. CUDA C++. Not installed. */
+ * host's td__convert does; integers go through int64, so u8 wraps. CUDA C++ (and the CPU's
+ * emulation of it, device/cuda/kernel.cuh). Not installed. */
 #ifndef TANDEM_CUDA_DTYPE_CUH
 #define TANDEM_CUDA_DTYPE_CUH
 
-#include <cstdint>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "tandem/core.h"
+
+#include "device/cuda/kernel.cuh"
 
 /* Elements as f32, whatever their float dtype. */
 template <typename T> __device__ __forceinline__ float td_ld(const T *p, size_t i);

@@ -1,5 +1,5 @@
 /* libtandem_cuda.so's CUDA runtime calls: devices, streams, events and memory (the entries of
- * cuda_api.h's table that are not the graph backend). Every call sets its device first (the
+ * device_api.h's runtime table that are not kernels). Every call sets its device first (the
  * current device is per thread in CUDA) and turns a CUDA error into the host's td_status
  * naming the call and CUDA's own message. Kernels live beside the ops (src/ops/cuda/). */
 #include <cstdio>
@@ -9,7 +9,7 @@
 
 #include "device/cuda/runtime.cuh"
 
-const td__cuda_host *td__host;
+const td__device_host *td__host;
 
 td_status td__cu_device_count(int *count, char *why, size_t n) {
     *count = 0;

@@ -1,14 +1,15 @@
-/* What the files of libtandem_cuda.so share: the host's services (td__host, set by the entry
- * point), the macro that turns a CUDA error into a td_status, and the runtime calls the table
- * of cuda_api.h is made of. CUDA C++, for .cu files only. Not installed. */
+/* What the files of libtandem_cuda.so share: the host's services (td__host, set by the runtime's
+ * entry, entry.cu), the macro that turns a CUDA error into a td_status, and the calls the device
+ * runtime's table (device_api.h) is made of, from runtime.cu, elements.cu, multi_tensor.cu and
+ * channels.cu. CUDA C++, for .cu files only. Not installed. */
 #ifndef TANDEM_CUDA_RUNTIME_CUH
 #define TANDEM_CUDA_RUNTIME_CUH
 
 #include <cuda_runtime.h>
 
-#include "device/cuda_api.h"
+#include "device/device_api.h"
 
-extern const td__cuda_host *td__host;
+extern const td__device_host *td__host;
 
 /* Returns the host's td_status naming the call and CUDA's message when a CUDA call fails. */
 #define TD__CU(call)                                                                   \
@@ -45,7 +46,7 @@ td_status td__cu_channel_sums(int device, void *stream, const float *x, const fl
 td_status td__cu_channel_affine(int device, void *stream, float *out, const float *in,
                                 const float *coef, const float *extra, int64_t N, int64_t C,
                                 int64_t S);
-td_status td__cu_multi_tensor(int device, void *stream, const td__mt_args *args,
+td_status td__cu_multi_tensor(td_device device, void *stream, const td__mt_args *args,
                               td__mt_tensor *list, size_t n, void **scratch, size_t *scratch_bytes,
                               double *result);
 

@@ -23,15 +23,10 @@
 /* ---- the rows' softmax arithmetic ----------------------------------------------------- */
 
 /* The exponentials of the scores are a fifth of the op's time done one expf call at a time; on
- * AVX-512 they run 16 at a time: exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in two
- * parts, exp(r) by Cephes' expf polynomial (within 2 ulp of expf on the range softmax sees). */
-static int have_avx512f(void) {
-    static int known = -1;
-    if (known < 0) known = __builtin_cpu_supports("avx512f");
-    return known;
-}
-
-__attribute__((target("avx512f"))) static __m512 exp16(__m512 x) {
+ * AVX-512 (chosen at run time: core/cpu.c) they run 16 at a time: exp(x) = 2^n exp(r),
+ * n = round(x / ln 2), r = x - n ln 2 in two parts, exp(r) by Cephes' expf polynomial (within
+ * 2 ulp of expf on the range softmax sees). */
+__attribute__((target("avx512f"))) static __m512 exp16_avx512(__m512 x) {
     x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-103.0f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -52,7 +47,7 @@ __attribute__((target("avx512f"))) static float exp_row_avx512(float *row, int64
     __m512 sum = _mm512_setzero_ps(), sh = _mm512_set1_ps(shift);
     for (int64_t j = 0; j < n; j += 16) {
         __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), sh));
+        __m512 e = exp16_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, row + j), sh));
         _mm512_mask_storeu_ps(row + j, k, e);
         sum = _mm512_mask_add_ps(sum, k, sum, e);
     }
@@ -60,7 +55,7 @@ __attribute__((target("avx512f"))) static float exp_row_avx512(float *row, int64
 }
 
 static float exp_row(float *row, int64_t n, float shift) {
-    if (have_avx512f()) return exp_row_avx512(row, n, shift);
+    if (td__cpu_isa() >= TD__ISA_AVX512) return exp_row_avx512(row, n, shift);
     float sum = 0.f;
     for (int64_t j = 0; j < n; j++) sum += row[j] = expf(row[j] - shift);
     return sum;

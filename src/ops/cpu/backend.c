@@ -3,6 +3,7 @@
  * kernels of every op (src/ops/cpu/<op>.c defines its td__cpu_* table; the op itself is
  * src/ops/<op>.c). */
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,6 +115,46 @@ static td_status cpu_set_threads(td__op_ctx *ctx, int n, int *was, const char *w
     return TD_OK;
 }
 
+/* oneDNN's own name of the instruction set it dispatches (ONEDNN_MAX_CPU_ISA's spelling). */
+static const char *isa_name(dnnl_cpu_isa_t isa) {
+    switch (isa) {
+    case dnnl_cpu_isa_sse41:
+        return "sse41";
+    case dnnl_cpu_isa_avx:
+        return "avx";
+    case dnnl_cpu_isa_avx2:
+        return "avx2";
+    case dnnl_cpu_isa_avx2_vnni:
+        return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic:
+        return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops:
+        return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core:
+        return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni:
+        return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16:
+        return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx:
+        return "avx512_core_amx";
+    default:
+        return "unknown";
+    }
+}
+
+static void cpu_info(char *buf, size_t cap) {
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(buf, cap, "oneDNN %d.%d.%d, ISA %s", v->major, v->minor, v->patch,
+             isa_name(dnnl_get_effective_cpu_isa()));
+}
+
+/* Matmuls and convolutions in bf16 are oneDNN's own kernels where the ISA it dispatches has
+ * bf16 instructions (td__onednn_supports); f16 it has none for CPUs. */
+static int cpu_fast_dtype(const td__op_ctx *ctx, td_dtype dtype) {
+    return td__onednn_supports(NULL, dtype, ctx);
+}
+
 const td__backend td__backend_cpu = {
     .name = "cpu",
     .kernels =
@@ -151,4 +192,6 @@ const td__backend td__backend_cpu = {
     .convert = cpu_convert,
     .copy_plain = cpu_copy_plain,
     .set_threads = cpu_set_threads,
+    .fast_dtype = cpu_fast_dtype,
+    .info = cpu_info,
 };

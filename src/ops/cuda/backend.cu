@@ -23,7 +23,7 @@ static td_status gpu_init(td__op_ctx *ctx, const char *what) {
     g->workspace_bytes = (size_t)32 << 20;
     s = td__host->alloc(g->device, g->workspace_bytes, &g->workspace);
     if (s != TD_OK) return s;
-    return td__host->alloc(g->device, sizeof *g->rng_key, (void **)&g->rng_key);
+    return td__cuda_rng_key_create(g);
 }
 
 static void gpu_destroy(td__op_ctx *ctx) {
@@ -35,6 +35,14 @@ static void gpu_destroy(td__op_ctx *ctx) {
     if (g->dnn) cudnnDestroy(g->dnn);
     free(g);
     ctx->be = NULL;
+}
+
+/* Every forward and backward makes its GPU current first, whatever it runs (replayed, recorded
+ * or op by op), and so do the calls from outside a sweep below: a thread may drive graphs on
+ * several GPUs. */
+static td_status gpu_begin(td__op_ctx *ctx) {
+    TD__CU(cudaSetDevice(td__gpu_of(ctx)->device.index));
+    return TD_OK;
 }
 
 static td_status gpu_describe(td__op_ctx *ctx, td_tensor *t) {
@@ -50,6 +58,7 @@ static size_t gpu_storage_bytes(const td_tensor *t) {
 
 static td_status gpu_alloc(td__op_ctx *ctx, size_t bytes, void **out) {
     td__gpu *g = td__gpu_of(ctx);
+    TD__TRY(gpu_begin(ctx));
     td_status s = td__host->alloc(g->device, bytes ? bytes : 64, out);
     if (s != TD_OK) return s;
     TD__CU(cudaMemsetAsync(*out, 0, bytes, g->stream));
@@ -59,12 +68,14 @@ static td_status gpu_alloc(td__op_ctx *ctx, size_t bytes, void **out) {
 static void gpu_free(td__op_ctx *ctx, void *ptr) { td__host->free(td__gpu_of(ctx)->device, ptr); }
 
 static td_status gpu_zero(td__op_ctx *ctx, void *ptr, size_t bytes) {
+    TD__TRY(gpu_begin(ctx));
     TD__CU(cudaMemsetAsync(ptr, 0, bytes, td__gpu_of(ctx)->stream));
     return TD_OK;
 }
 
 /* Host memory may be pageable: the copy completes before the call returns. */
 static td_status gpu_copy(td__op_ctx *ctx, void *dst, const void *src, size_t bytes) {
+    TD__TRY(gpu_begin(ctx));
     cudaStream_t s = td__gpu_of(ctx)->stream;
     TD__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
     TD__CU(cudaStreamSynchronize(s));
@@ -72,6 +83,7 @@ static td_status gpu_copy(td__op_ctx *ctx, void *dst, const void *src, size_t by
 }
 
 static td_status gpu_copy_async(td__op_ctx *ctx, void *dst, const void *src, size_t bytes) {
+    TD__TRY(gpu_begin(ctx));
     if (bytes)
         TD__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, td__gpu_of(ctx)->stream));
     return TD_OK;
@@ -94,21 +106,11 @@ static td_status gpu_copy_plain(td__op_ctx *ctx, const td_tensor *t, const void 
                     : gpu_convert(ctx, dst, t->dtype, src, plain_dtype, td__numel(t));
 }
 
-/* The RNG key the forward's dropout kernels read; a pageable source is consumed before the
- * call returns, so the host may change its copy at once. */
-static td_status gpu_forward_begin(td__op_ctx *ctx) {
-    td__gpu *g = td__gpu_of(ctx);
-    /* Each sweep makes its GPU current: a thread may drive graphs on several. */
-    TD__CU(cudaSetDevice(g->device.index));
-    td__gpu_rng_key key = {ctx->rng->seed, ctx->rng->offset, ctx->rng_step, ctx->rng_first_sample};
-    g->forward_offset = key.offset;
-    TD__CU(cudaMemcpyAsync(g->rng_key, &key, sizeof key, cudaMemcpyHostToDevice, g->stream));
-    return TD_OK;
-}
+/* The RNG key the forward's dropout kernels read. */
+static td_status gpu_forward_begin(td__op_ctx *ctx) { return td__cuda_rng_key_write(ctx); }
 
 /* Pageable sources are staged by the driver before the call returns. */
 static td_status gpu_upload_async(td__op_ctx *ctx, void *dst, const void *host, size_t bytes) {
-    TD__CU(cudaSetDevice(td__gpu_of(ctx)->device.index));
     TD__CU(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, td__gpu_of(ctx)->stream));
     return TD_OK;
 }
@@ -116,7 +118,6 @@ static td_status gpu_upload_async(td__op_ctx *ctx, void *dst, const void *host, 
 /* Recordings are CUDA graphs of the compute stream, captured in this thread's mode, so that
  * another thread's unrelated CUDA calls do not break them. */
 static td_status gpu_record_begin(td__op_ctx *ctx) {
-    TD__CU(cudaSetDevice(td__gpu_of(ctx)->device.index));
     TD__CU(cudaStreamBeginCapture(td__gpu_of(ctx)->stream, cudaStreamCaptureModeThreadLocal));
     return TD_OK;
 }
@@ -143,7 +144,6 @@ static td_status gpu_record_end(td__op_ctx *ctx, int keep, void **recording) {
 }
 
 static td_status gpu_replay(td__op_ctx *ctx, void *recording) {
-    TD__CU(cudaSetDevice(td__gpu_of(ctx)->device.index));
     TD__CU(cudaGraphLaunch((cudaGraphExec_t)recording, td__gpu_of(ctx)->stream));
     return TD_OK;
 }
@@ -183,6 +183,7 @@ static td__backend make_backend() {
     b.accumulate = gpu_accumulate;
     b.convert = gpu_convert;
     b.copy_plain = gpu_copy_plain;
+    b.begin = gpu_begin;
     b.forward_begin = gpu_forward_begin;
     b.upload_async = gpu_upload_async;
     b.record_begin = gpu_record_begin;
@@ -193,4 +194,13 @@ static td__backend make_backend() {
 }
 
 /* C++ has no designated array initializers: the table is filled once, at load. */
-const td__backend td__backend_cuda = make_backend();
+static const td__backend backend = make_backend();
+
+static const td__backend_library library = {TD__BACKEND_ABI, &backend, sizeof(td_tensor),
+                                            sizeof(td__node), sizeof(td__op_ctx)};
+
+/* The graph engine's table of libtandem_cuda.so (device/library.c names it). */
+extern "C" __attribute__((visibility("default"))) const td__backend_library *
+td_cuda_backend_entry(void) {
+    return &library;
+}

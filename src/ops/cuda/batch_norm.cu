@@ -13,6 +13,7 @@
  * per-channel sums run one block per channel in a fixed order. */
 #include <cstdlib>
 
+#include "ops/cuda/batch_norm.cuh"
 #include "ops/cuda/cuda_ops.cuh"
 
 typedef struct {
@@ -39,49 +40,6 @@ static td_status bn_compile(td__op_ctx *ctx, td__node *n) {
     return td__host->alloc(g->device, (size_t)(4 * C) * sizeof(float), (void **)&s->stats);
 }
 
-template <typename T> __global__ void relu_in_place(T *y, size_t n) {
-    TD__GRID_STRIDE(i, n) td_st(y, i, fmaxf(td_ld(y, i), 0.f));
-}
-
-/* out = dy where the ReLU's output y is positive, else 0. */
-template <typename T> __global__ void relu_mask(T *out, const T *dy, const T *y, size_t n) {
-    TD__GRID_STRIDE(i, n) td_st(out, i, td_ld(y, i) > 0.f ? td_ld(dy, i) : 0.f);
-}
-
-/* Eval backward, data: dx = beta dx + dy * weight[c] / sqrt(running_var[c] + eps). */
-template <typename T>
-__global__ void eval_dx(T *dx, const T *dy, const float *w, const float *rv, float eps, size_t n,
-                        int64_t C, int64_t HW, float beta) {
-    TD__GRID_STRIDE(i, n) {
-        size_t c = (i / (size_t)HW) % (size_t)C;
-        float d = td_ld(dy, i) * w[c] / sqrtf(rv[c] + eps);
-        td_st(dx, i, beta != 0.f ? beta * td_ld(dx, i) + d : d);
-    }
-}
-
-/* Eval backward, parameters (one block per channel): dw[c] = beta_w dw[c] + sum of
- * dy * (x - running_mean) / sqrt(running_var + eps), db[c] = beta_b db[c] + sum of dy, over
- * (N, H, W); dw or db NULL when not wanted. */
-template <typename T>
-__global__ void eval_params(float *dw, float *db, float beta_w, float beta_b, const T *dy,
-                            const T *x, const float *rm, const float *rv, float eps, int64_t N,
-                            int64_t C, int64_t HW) {
-    int64_t c = blockIdx.x, m = N * HW;
-    float mean = rm[c], invstd = 1.f / sqrtf(rv[c] + eps), sum_dy = 0.f, sum_dy_xhat = 0.f;
-    for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
-        int64_t b = j / HW;
-        size_t k = (size_t)((b * C + c) * HW + (j - b * HW));
-        float d = td_ld(dy, k);
-        sum_dy += d;
-        sum_dy_xhat += d * (td_ld(x, k) - mean) * invstd;
-    }
-    sum_dy = td__block_reduce(sum_dy, 0);
-    sum_dy_xhat = td__block_reduce(sum_dy_xhat, 0);
-    if (threadIdx.x != 0) return;
-    if (dw) dw[c] = beta_w != 0.f ? beta_w * dw[c] + sum_dy_xhat : sum_dy_xhat;
-    if (db) db[c] = beta_b != 0.f ? beta_b * db[c] + sum_dy : sum_dy;
-}
-
 static td_status bn_forward(td__op_ctx *ctx, td__node *n) {
     bn_state *s = (bn_state *)n->state;
     td__gpu *g = td__gpu_of(ctx);
@@ -102,9 +60,7 @@ static td_status bn_forward(td__op_ctx *ctx, td__node *n) {
             w->data, b->data, rm->data, rv->data, eps));
     if (n->variant == TD__BN_RELU) {
         size_t cnt = td__numel(y);
-        TD__FLOAT_TYPES(y->dtype, n->what, {
-            relu_in_place<T><<<td__blocks(cnt), TD__THREADS, 0, g->stream>>>((T *)y->data, cnt);
-        });
+        TD__FLOAT_TYPES(y->dtype, n->what, { td__launch_bn_relu(g->stream, (T *)y->data, cnt); });
         TD__LAUNCHED(n->what);
     }
     return TD_OK;
@@ -142,25 +98,23 @@ static td_status backward_eval(td__op_ctx *ctx, td__node *n, const void *dy) {
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2], *rm = n->in[3], *rv = n->in[4];
     int64_t N = x->shape.dim[0], C = x->shape.dim[1], HW = x->shape.dim[2] * x->shape.dim[3];
     float eps = n->attr.bn.eps;
-    size_t cnt = td__numel(x);
     if (w->requires_grad || b->requires_grad) {
         float *dw = w->requires_grad ? (float *)w->grad : NULL;
         float *db = b->requires_grad ? (float *)b->grad : NULL;
         float beta_w = w->requires_grad ? td__grad_beta(w) : 0.f;
         float beta_b = b->requires_grad ? td__grad_beta(b) : 0.f;
         TD__FLOAT_TYPES(x->dtype, n->what, {
-            eval_params<T><<<(unsigned)C, TD__THREADS, 0, g->stream>>>(
-                dw, db, beta_w, beta_b, (const T *)dy, (const T *)x->data, (const float *)rm->data,
-                (const float *)rv->data, eps, N, C, HW);
+            td__launch_bn_eval_params(g->stream, dw, db, beta_w, beta_b, (const T *)dy,
+                                      (const T *)x->data, (const float *)rm->data,
+                                      (const float *)rv->data, eps, N, C, HW);
         });
         TD__LAUNCHED(n->what);
     }
     if (x->requires_grad) {
         float beta = td__grad_beta(x);
         TD__FLOAT_TYPES(x->dtype, n->what, {
-            eval_dx<T><<<td__blocks(cnt), TD__THREADS, 0, g->stream>>>(
-                (T *)x->grad, (const T *)dy, (const float *)w->data, (const float *)rv->data, eps,
-                cnt, C, HW, beta);
+            td__launch_bn_eval_dx(g->stream, (T *)x->grad, (const T *)dy, (const float *)w->data,
+                                  (const float *)rv->data, eps, N, C, HW, beta);
         });
         TD__LAUNCHED(n->what);
     }
@@ -175,8 +129,8 @@ static td_status bn_backward(td__op_ctx *ctx, td__node *n) {
         size_t cnt = td__numel(y);
         cudaStream_t st = td__gpu_of(ctx)->stream;
         TD__FLOAT_TYPES(y->dtype, n->what, {
-            relu_mask<T><<<td__blocks(cnt), TD__THREADS, 0, st>>>(
-                (T *)ctx->scratch[0], (const T *)y->grad, (const T *)y->data, cnt);
+            td__launch_bn_relu_mask(st, (T *)ctx->scratch[0], (const T *)y->grad,
+                                    (const T *)y->data, cnt);
         });
         TD__LAUNCHED(n->what);
         dy = ctx->scratch[0];

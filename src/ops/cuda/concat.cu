@@ -1,23 +1,11 @@
 /* Channel concatenation on a GPU: (N, C_i, ...) inputs side by side along dim 1, and backward
  * slicing dy back out to each input's gradient (written or added, as the gradient rule says).
- * One strided copy kernel serves both directions. */
+ * One strided copy kernel (concat.cuh) serves both directions. */
+#include "ops/cuda/concat.cuh"
 #include "ops/cuda/cuda_ops.cuh"
 
 /* Elements per sample of t (C times the trailing dims). */
 static size_t row_of(const td_tensor *t) { return td__numel(t) / (size_t)t->shape.dim[0]; }
-
-/* dst[s * dst_row + dst_at + j] = beta dst[...] + src[s * src_row + src_at + j] for every sample
- * s < rows and j < width. */
-template <typename T>
-__global__ void rows_kernel(T *dst, size_t dst_row, size_t dst_at, const T *src, size_t src_row,
-                            size_t src_at, size_t rows, size_t width, float beta) {
-    TD__GRID_STRIDE(i, rows * width) {
-        size_t s = i / width, j = i % width;
-        float v = td_ld(src, s * src_row + src_at + j);
-        size_t o = s * dst_row + dst_at + j;
-        td_st(dst, o, beta != 0.f ? beta * td_ld(dst, o) + v : v);
-    }
-}
 
 static td_status concat_forward(td__op_ctx *ctx, td__node *n) {
     cudaStream_t st = td__gpu_of(ctx)->stream;
@@ -26,8 +14,8 @@ static td_status concat_forward(td__op_ctx *ctx, td__node *n) {
         const td_tensor *x = n->in[i];
         size_t w = row_of(x);
         TD__FLOAT_TYPES(x->dtype, n->what, {
-            rows_kernel<T><<<td__blocks(rows * w), TD__THREADS, 0, st>>>(
-                (T *)n->out->data, row, at, (const T *)x->data, w, 0, rows, w, 0.f);
+            td__launch_concat_rows(st, (T *)n->out->data, row, at, (const T *)x->data, w, 0, rows,
+                                   w, 0.f);
         });
         TD__LAUNCHED(n->what);
         at += w;
@@ -44,8 +32,8 @@ static td_status concat_backward(td__op_ctx *ctx, td__node *n) {
         if (x->requires_grad) {
             float beta = td__grad_beta(x);
             TD__FLOAT_TYPES(x->dtype, n->what, {
-                rows_kernel<T><<<td__blocks(rows * w), TD__THREADS, 0, st>>>(
-                    (T *)x->grad, w, 0, (const T *)n->out->grad, row, at, rows, w, beta);
+                td__launch_concat_rows(st, (T *)x->grad, w, 0, (const T *)n->out->grad, row, at,
+                                       rows, w, beta);
             });
             TD__LAUNCHED(n->what);
             td__grad_written(x);

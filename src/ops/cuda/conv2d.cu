@@ -15,6 +15,7 @@
  * the kernels below. Gradients are written or added through cuDNN's beta (td__grad_beta). */
 #include <cstdlib>
 
+#include "ops/cuda/conv2d.cuh"
 #include "ops/cuda/cuda_ops.cuh"
 
 #define ALGO_MAX 16 /* more than cuDNN has of any kind */
@@ -158,28 +159,6 @@ static td_status conv_compile(td__op_ctx *ctx, td__node *n) {
     return TD_OK;
 }
 
-/* y[n, c, :] += b[c]; y (N, C, HW), b (C). */
-template <typename T> __global__ void bias_add(T *y, const T *b, size_t n, int64_t C, int64_t HW) {
-    TD__GRID_STRIDE(i, n) {
-        size_t c = (i / (size_t)HW) % (size_t)C;
-        td_st(y, i, td_ld(y, i) + td_ld(b, c));
-    }
-}
-
-/* db[c] = beta db[c] + the sum of dy[., c, .], one block per channel; dy (N, C, HW). */
-template <typename T>
-__global__ void bias_grad(T *db, const T *dy, int64_t N, int64_t C, int64_t HW, float beta) {
-    int64_t c = blockIdx.x, m = N * HW;
-    float sum = 0.f;
-    for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
-        int64_t b = j / HW;
-        sum += td_ld(dy, (size_t)((b * C + c) * HW + (j - b * HW)));
-    }
-    sum = td__block_reduce(sum, 0);
-    if (threadIdx.x == 0)
-        td_st(db, (size_t)c, beta != 0.f ? beta * td_ld(db, (size_t)c) + sum : sum);
-}
-
 static td_status conv_forward(td__op_ctx *ctx, td__node *n) {
     conv_state *s = (conv_state *)n->state;
     td__gpu *g = td__gpu_of(ctx);
@@ -189,11 +168,9 @@ static td_status conv_forward(td__op_ctx *ctx, td__node *n) {
                                       s->fwd, g->workspace, g->workspace_bytes, &zero, s->y,
                                       y->data));
     if (b) {
-        size_t cnt = td__numel(y);
-        int64_t C = y->shape.dim[1], HW = y->shape.dim[2] * y->shape.dim[3];
+        int64_t N = y->shape.dim[0], C = y->shape.dim[1], HW = y->shape.dim[2] * y->shape.dim[3];
         TD__FLOAT_TYPES(y->dtype, "conv2d bias", {
-            bias_add<T><<<td__blocks(cnt), TD__THREADS, 0, g->stream>>>(
-                (T *)y->data, (const T *)b->data, cnt, C, HW);
+            td__launch_conv_bias_add(g->stream, (T *)y->data, (const T *)b->data, N, C, HW);
         });
         TD__LAUNCHED("conv2d bias");
     }
@@ -216,8 +193,7 @@ static td_status conv_backward(td__op_ctx *ctx, td__node *n) {
         float beta = td__grad_beta(b);
         int64_t N = y->shape.dim[0], C = y->shape.dim[1], HW = y->shape.dim[2] * y->shape.dim[3];
         TD__FLOAT_TYPES(b->dtype, "conv2d backward bias", {
-            bias_grad<T><<<(unsigned)C, TD__THREADS, 0, g->stream>>>(
-                (T *)b->grad, (const T *)y->grad, N, C, HW, beta);
+            td__launch_conv_bias_grad(g->stream, (T *)b->grad, (const T *)y->grad, N, C, HW, beta);
         });
         TD__LAUNCHED("conv2d backward bias");
         td__grad_written(b);

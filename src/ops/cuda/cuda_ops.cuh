@@ -1,9 +1,9 @@
 /* What the GPU backend's kernel files share (CUDA C++, libtandem_cuda.so only): the backend's
- * handles, checked calls, launch sizes, element loads and stores in f32 for every float
- * dtype, and the gradient rule every kernel follows (write when nothing was written since
- * zeroing, add otherwise: td__grad_begin's contract, with beta instead of scratch). Each
- * kernel has the CPU op of the same name as its oracle (tests/test_cuda_graph.c). Not
- * installed. */
+ * handles, checked calls, element loads and stores in f32 for every float dtype, and the
+ * gradient rule every kernel follows (write when nothing was written since zeroing, add
+ * otherwise: td__grad_begin's contract, with beta instead of scratch); launches are
+ * device/cuda/kernel.cuh's. Each kernel has the CPU op of the same name as its oracle
+ * (tests/test_cuda_graph.c). Not installed. */
 #ifndef TANDEM_CUDA_OPS_CUH
 #define TANDEM_CUDA_OPS_CUH
 
@@ -13,14 +13,12 @@
 #include <cudnn.h>
 
 #include "device/cuda/dtype.cuh"
+#include "device/cuda/kernel.cuh"
 #include "device/cuda/runtime.cuh"
 #include "ops/backend.h"
 
-/* The dropout RNG's position at the start of a forward, as the device reads it: the host's
- * td_rng (seed, offset) and the sample key of td_graph_set_rng_key (step, first_sample). */
-typedef struct {
-    uint64_t seed, offset, step, first_sample;
-} td__gpu_rng_key;
+/* The dropout RNG's position at the start of a forward, as the device reads it (dropout.cuh). */
+typedef struct td__gpu_rng_key td__gpu_rng_key;
 
 /* A GPU graph's handles (td__op_ctx.be). */
 typedef struct {
@@ -89,37 +87,6 @@ static inline td_status td__cudnn_nchw(cudnnTensorDescriptor_t *d, const td_tens
                                   cudaGetErrorString(td_l_));                          \
     } while (0)
 
-#define TD__THREADS 256
-
-/* Blocks for n elements at TD__THREADS each, capped: kernels loop with a grid stride. */
-static inline unsigned td__blocks(size_t n) {
-    size_t b = (n + TD__THREADS - 1) / TD__THREADS;
-    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
-}
-
-#define TD__GRID_STRIDE(i, n)                                               \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
-         i += (size_t)gridDim.x * blockDim.x)
-
-/* Sum (or maximum) of v over a block of TD__THREADS threads, in a fixed tree, so the result
- * does not depend on timing; every thread gets it. */
-template <typename A> __device__ __forceinline__ A td__block_reduce(A v, int is_max) {
-    __shared__ A buf[TD__THREADS];
-    buf[threadIdx.x] = v;
-    __syncthreads();
-    for (int half = TD__THREADS / 2; half > 0; half /= 2) {
-        if ((int)threadIdx.x < half) {
-            A o = buf[threadIdx.x + half];
-            buf[threadIdx.x] =
-                is_max ? (o > buf[threadIdx.x] ? o : buf[threadIdx.x]) : buf[threadIdx.x] + o;
-        }
-        __syncthreads();
-    }
-    A r = buf[0];
-    __syncthreads();
-    return r;
-}
-
 /* Runs the statements after `what` with T the C++ type of float dtype `dt`; other dtypes fail
  * naming `what`. */
 #define TD__FLOAT_TYPES(dt, what, ...)                                                           \
@@ -168,6 +135,11 @@ static inline size_t td__elem_size(td_dtype dt) {
                                           : 2;
 }
 
+/* The device copy of the RNG key dropout's kernels read, and its write before each forward
+ * (dropout.cu). */
+td_status td__cuda_rng_key_create(td__gpu *g);
+td_status td__cuda_rng_key_write(td__op_ctx *ctx);
+
 /* y[i] = beta * y[i] + x[i] (dtype conversions both ways), on ctx's stream. */
 td_status td__cuda_add_into(td__op_ctx *ctx, void *y, td_dtype yt, const void *x, td_dtype xt,
                             size_t n, float alpha, float beta, const char *what);
@@ -178,7 +150,5 @@ extern const td__kernels td__cuda_linear, td__cuda_eltwise, td__cuda_add, td__cu
     td__cuda_concat, td__cuda_normalize;
 extern const td__kernels td__cuda_conv2d, td__cuda_pool2d, td__cuda_batch_norm;
 extern const td__kernels td__cuda_embedding, td__cuda_layer_norm, td__cuda_attention;
-
-extern const td__backend td__backend_cuda;
 
 #endif

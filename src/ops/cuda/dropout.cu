@@ -10,8 +10,8 @@
  * with fresh masks. The mask is kept as one byte per element (or per channel) for backward. */
 #include <cstdlib>
 
-#include "core/philox.h"
 #include "ops/cuda/cuda_ops.cuh"
+#include "ops/cuda/dropout.cuh"
 
 typedef struct {
     unsigned char *keep; /* (numel) or (N, C) on the device: 1 keeps the element */
@@ -31,36 +31,16 @@ static td_status drop_compile(td__op_ctx *ctx, td__node *n) {
     return td__host->alloc(ctx->device, s->count ? s->count : 1, (void **)&s->keep);
 }
 
-/* keep[e] for the forward's mask entries: entry e draws word (offset + e) of stream 0, or, keyed
- * by sample, word (sample_delta + e % per_sample) of sample e / per_sample's stream. */
-__global__ void draw_kernel(unsigned char *keep, size_t count, const td__gpu_rng_key *k,
-                            uint64_t delta, uint64_t sample_delta, int by_sample,
-                            uint64_t per_sample, float p) {
-    TD__GRID_STRIDE(e, count) {
-        uint32_t b[4];
-        uint64_t w;
-        if (by_sample) {
-            w = sample_delta + e % per_sample;
-            td__philox4x32_10(k->seed, k->step << 32 | (k->first_sample + e / per_sample), w >> 2,
-                              b);
-        } else {
-            w = k->offset + delta + e;
-            td__philox4x32_10(k->seed, 0, w >> 2, b);
-        }
-        keep[e] = td__philox_uniform(b[w & 3]) >= p;
-    }
+td_status td__cuda_rng_key_create(td__gpu *g) {
+    return td__host->alloc(g->device, sizeof *g->rng_key, (void **)&g->rng_key);
 }
 
-/* y = beta y + x * (scale or 0, as entry i / per_entry of the mask says), multiplied as the
- * CPU does; without a mask (a forward that did not drop) x passes unchanged. Forward (x, y)
- * and backward (dy, dx) alike. */
-template <typename T>
-__global__ void apply_kernel(T *y, const T *x, const unsigned char *keep, size_t n,
-                             size_t per_entry, float scale, float beta) {
-    TD__GRID_STRIDE(i, n) {
-        float v = keep ? td_ld(x, i) * (keep[i / per_entry] ? scale : 0.f) : td_ld(x, i);
-        td_st(y, i, beta != 0.f ? beta * td_ld(y, i) + v : v);
-    }
+td_status td__cuda_rng_key_write(td__op_ctx *ctx) {
+    td__gpu *g = td__gpu_of(ctx);
+    td__gpu_rng_key key = {ctx->rng->seed, ctx->rng->offset, ctx->rng_step, ctx->rng_first_sample};
+    g->forward_offset = key.offset;
+    TD__CU(cudaMemcpyAsync(g->rng_key, &key, sizeof key, cudaMemcpyHostToDevice, g->stream));
+    return TD_OK;
 }
 
 static float keep_scale(float p) { return p >= 1.f ? 0.f : 1.f / (1.f - p); }
@@ -75,19 +55,18 @@ static td_status drop_forward(td__op_ctx *ctx, td__node *n) {
     if (!s->trained)
         return td__cuda_add_into(ctx, y->data, y->dtype, x->data, x->dtype, cnt, 1.f, 0.f, n->what);
     int64_t N = x->shape.dim[0];
-    uint64_t per_sample = (uint64_t)(s->count / (size_t)N);
-    size_t per_entry = cnt / s->count;
+    uint64_t per_sample = td__dropout_per_sample(s->count, N);
     if (ctx->rng_by_sample && ctx->rng_first_sample + (uint64_t)N > ((uint64_t)1 << 32))
         return td__host->fail(TD_EINVAL, "%s: samples %llu..%llu of the RNG key pass 2^32", n->what,
                               (unsigned long long)ctx->rng_first_sample,
                               (unsigned long long)(ctx->rng_first_sample + (uint64_t)N));
     uint64_t delta = ctx->rng->offset - g->forward_offset, sample_delta = ctx->rng_sample_offset;
-    draw_kernel<<<td__blocks(s->count), TD__THREADS, 0, g->stream>>>(
-        s->keep, s->count, g->rng_key, delta, sample_delta, ctx->rng_by_sample, per_sample, p);
+    td__launch_dropout_draw(g->stream, s->keep, s->count, N, g->rng_key, delta, sample_delta,
+                            ctx->rng_by_sample, p);
     TD__LAUNCHED(n->what);
     TD__FLOAT_TYPES(x->dtype, n->what, {
-        apply_kernel<T><<<td__blocks(cnt), TD__THREADS, 0, g->stream>>>(
-            (T *)y->data, (const T *)x->data, s->keep, cnt, per_entry, keep_scale(p), 0.f);
+        td__launch_dropout_apply(g->stream, (T *)y->data, (const T *)x->data, s->keep, cnt,
+                                 s->count, keep_scale(p), 0.f);
     });
     TD__LAUNCHED(n->what);
     /* The host's account of the draws, as the CPU op keeps it. */
@@ -104,9 +83,9 @@ static td_status drop_backward(td__op_ctx *ctx, td__node *n) {
     size_t cnt = td__numel(x);
     float beta = td__grad_beta(x);
     TD__FLOAT_TYPES(x->dtype, n->what, {
-        apply_kernel<T><<<td__blocks(cnt), TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
-            (T *)x->grad, (const T *)y->grad, s->trained ? s->keep : NULL, cnt, cnt / s->count,
-            keep_scale(n->attr.p), beta);
+        td__launch_dropout_apply(td__gpu_of(ctx)->stream, (T *)x->grad, (const T *)y->grad,
+                                 s->trained ? s->keep : NULL, cnt, s->count, keep_scale(n->attr.p),
+                                 beta);
     });
     TD__LAUNCHED(n->what);
     td__grad_written(x);

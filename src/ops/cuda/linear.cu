@@ -1,15 +1,15 @@
 /* The linear node on a GPU through cuBLASLt: y = x W^T + b with the bias as the matmul's
  * epilogue, and both gradients as matmuls whose beta adds into a gradient that already holds
- * values; the bias gradient is a column sum in a fixed order. Row-major tensors are read as
- * column-major transposes, so no data moves:
- *   forward      Y^T (OUT, N)  = W (OUT, IN)      . X^T (IN, N)
- *   weights      dW^T (IN, OUT) = X^T (IN, N)     . dY (N, OUT)
- *   data         dX^T (IN, N)  = W^T (IN, OUT)    . dY^T (OUT, N)
- * Accumulation is f32 for every dtype; f32 inputs are rounded to TF32 only where the graph
- * allows it (td_graph_params.allow_tf32, off by default as in PyTorch). */
+ * values; the bias gradient is a column sum in two stages (linear.cuh), in a fixed order. Row-major
+ * tensors are read as column-major transposes, so no data moves: forward      Y^T (OUT, N)  = W
+ * (OUT, IN)      . X^T (IN, N) weights      dW^T (IN, OUT) = X^T (IN, N)     . dY (N, OUT) data
+ * dX^T (IN, N)  = W^T (IN, OUT)    . dY^T (OUT, N) Accumulation is f32 for every dtype; f32 inputs
+ * are rounded to TF32 only where the graph allows it (td_graph_params.allow_tf32, off by default as
+ * in PyTorch). */
 #include <cstdlib>
 
 #include "ops/cuda/cuda_ops.cuh"
+#include "ops/cuda/linear.cuh"
 
 /* One matmul shape, made once at compile with its algorithm. */
 typedef struct {
@@ -21,6 +21,8 @@ typedef struct {
 typedef struct {
     gemm fwd, dw, dx;
     int has_dw, has_dx;
+    td_device device;
+    float *partial; /* the bias gradient's partial sums (linear.cuh), on the device */
 } linear_state;
 
 static cudaDataType_t cuda_type(td_dtype dt) {
@@ -109,6 +111,10 @@ static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
                           CUBLASLT_EPILOGUE_DEFAULT, "linear backward data"));
         s->has_dx = 1;
     }
+    s->device = ctx->device;
+    if (b && b->requires_grad)
+        return td__host->alloc(ctx->device, (size_t)(td__partials(N) * OUT) * sizeof(float),
+                               (void **)&s->partial);
     return TD_OK;
 }
 
@@ -119,17 +125,6 @@ static td_status linear_forward(td__op_ctx *ctx, td__node *n) {
                     b ? b->data : NULL);
 }
 
-/* db[o] = beta db[o] + sum over rows of dy[., o], one thread per column, rows in order. */
-template <typename T>
-__global__ void bias_grad(T *db, const T *dy, int64_t rows, int64_t cols, float beta) {
-    for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < cols;
-         o += (int64_t)gridDim.x * blockDim.x) {
-        float sum = 0.f;
-        for (int64_t r = 0; r < rows; r++) sum += td_ld(dy, (size_t)(r * cols + o));
-        td_st(db, (size_t)o, beta != 0.f ? beta * td_ld(db, (size_t)o) + sum : sum);
-    }
-}
-
 static td_status linear_backward(td__op_ctx *ctx, td__node *n) {
     linear_state *s = (linear_state *)n->state;
     td__gpu *g = td__gpu_of(ctx);
@@ -137,16 +132,16 @@ static td_status linear_backward(td__op_ctx *ctx, td__node *n) {
     if (s->has_dw) {
         TD__TRY(gemm_run(g, &s->dw, x->data, y->grad, w->grad, td__grad_beta(w), NULL));
         td__grad_written(w);
-        if (b && b->requires_grad) {
-            int64_t rows = y->shape.dim[0], cols = y->shape.dim[1];
-            float beta = td__grad_beta(b);
-            TD__FLOAT_TYPES(b->dtype, "linear backward bias", {
-                bias_grad<T><<<td__blocks((size_t)cols), TD__THREADS, 0, g->stream>>>(
-                    (T *)b->grad, (const T *)y->grad, rows, cols, beta);
-            });
-            TD__LAUNCHED("linear backward bias");
-            td__grad_written(b);
-        }
+    }
+    if (b && b->requires_grad) {
+        int64_t rows = y->shape.dim[0], cols = y->shape.dim[1];
+        float beta = td__grad_beta(b);
+        TD__FLOAT_TYPES(b->dtype, "linear backward bias", {
+            td__launch_column_sum(g->stream, (T *)b->grad, s->partial, (const T *)y->grad, rows,
+                                  cols, beta);
+        });
+        TD__LAUNCHED("linear backward bias");
+        td__grad_written(b);
     }
     /* Final weight gradients go to DDP before the data gradient is computed. */
     ctx->params_ready(ctx, n, 1);
@@ -163,6 +158,7 @@ static void linear_destroy(td__node *n) {
     gemm_free(&s->fwd);
     gemm_free(&s->dw);
     gemm_free(&s->dx);
+    if (s->partial) td__host->free(s->device, s->partial);
     free(s);
 }
 

@@ -5,38 +5,13 @@
 #include <cstdlib>
 
 #include "ops/cuda/cuda_ops.cuh"
+#include "ops/cuda/nll_loss.cuh"
 
 typedef struct {
     unsigned long long *bad;        /* mapped host memory: the first sample with a label outside
                                        [0, C), or ~0 */
     unsigned long long *bad_device; /* the same memory as the kernel addresses it */
 } nll_state;
-
-__global__ void nll_forward_kernel(float *loss, const float *logp, const int64_t *lab, int64_t N,
-                                   int64_t C, int mean, unsigned long long *bad) {
-    float s = 0.f;
-    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
-        int64_t l = lab[i];
-        if (l < 0 || l >= C) {
-            atomicMin(bad, (unsigned long long)i); /* the first, whichever thread finds it */
-            continue;
-        }
-        s -= logp[(size_t)i * C + l];
-    }
-    s = td__block_reduce(s, 0);
-    if (threadIdx.x == 0) *loss = mean ? s / (float)N : s;
-}
-
-/* dlogp = beta dlogp, then -dloss (/ N) at each sample's label. */
-__global__ void nll_backward_kernel(float *dlogp, const float *dloss, const int64_t *lab, int64_t N,
-                                    int64_t C, int mean, float beta) {
-    float scale = mean ? dloss[0] / (float)N : dloss[0];
-    TD__GRID_STRIDE(i, (size_t)(N * C)) {
-        int64_t r = (int64_t)i / C, c = (int64_t)i % C;
-        float d = lab[r] == c ? -scale : 0.f;
-        dlogp[i] = beta != 0.f ? beta * dlogp[i] + d : d;
-    }
-}
 
 static td_status nll_compile(td__op_ctx *ctx, td__node *n) {
     (void)ctx;
@@ -65,9 +40,9 @@ static td_status nll_check(td__op_ctx *ctx, td__node *n) {
 static td_status nll_forward(td__op_ctx *ctx, td__node *n) {
     nll_state *s = (nll_state *)n->state;
     const td_tensor *lp = n->in[0];
-    nll_forward_kernel<<<1, TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
-        (float *)n->out->data, (const float *)lp->data, (const int64_t *)n->in[1]->data,
-        lp->shape.dim[0], lp->shape.dim[1], n->attr.reduction == TD_REDUCTION_MEAN, s->bad_device);
+    td__launch_nll_forward(td__gpu_of(ctx)->stream, (float *)n->out->data, (const float *)lp->data,
+                           (const int64_t *)n->in[1]->data, lp->shape.dim[0], lp->shape.dim[1],
+                           n->attr.reduction == TD_REDUCTION_MEAN, s->bad_device);
     TD__LAUNCHED("nll_loss");
     return TD_OK;
 }
@@ -75,9 +50,9 @@ static td_status nll_forward(td__op_ctx *ctx, td__node *n) {
 static td_status nll_backward(td__op_ctx *ctx, td__node *n) {
     td_tensor *lp = n->in[0];
     int64_t N = lp->shape.dim[0], C = lp->shape.dim[1];
-    nll_backward_kernel<<<td__blocks((size_t)(N * C)), TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
-        (float *)lp->grad, (const float *)n->out->grad, (const int64_t *)n->in[1]->data, N, C,
-        n->attr.reduction == TD_REDUCTION_MEAN, td__grad_beta(lp));
+    td__launch_nll_backward(td__gpu_of(ctx)->stream, (float *)lp->grad, (const float *)n->out->grad,
+                            (const int64_t *)n->in[1]->data, N, C,
+                            n->attr.reduction == TD_REDUCTION_MEAN, td__grad_beta(lp));
     TD__LAUNCHED("nll_loss backward");
     td__grad_written(lp);
     return TD_OK;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "ops/cuda/cuda_ops.cuh"
+#include "ops/cuda/normalize.cuh"
 
 typedef struct {
     double *norm; /* (N) on the device: max(||x_i||, eps), negated where ||x_i|| < eps */
@@ -20,40 +21,12 @@ static td_status norm_compile(td__op_ctx *ctx, td__node *n) {
                            (void **)&s->norm);
 }
 
-__global__ void norm_forward_kernel(float *y, double *norms, const float *x, int64_t D, float eps) {
-    const float *row = x + (size_t)blockIdx.x * D;
-    double sq = 0;
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) sq += (double)row[j] * row[j];
-    sq = td__block_reduce(sq, 0);
-    double norm = sqrt(sq);
-    int clamped = norm < eps;
-    if (clamped) norm = eps;
-    if (threadIdx.x == 0) norms[blockIdx.x] = clamped ? -norm : norm;
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x)
-        y[(size_t)blockIdx.x * D + j] = (float)(row[j] / norm);
-}
-
-__global__ void norm_backward_kernel(float *dx, const float *dy, const float *x,
-                                     const double *norms, int64_t D, float beta) {
-    size_t at = (size_t)blockIdx.x * D;
-    double norm = norms[blockIdx.x], dot = 0;
-    int clamped = norm < 0;
-    if (clamped) norm = -norm;
-    if (!clamped)
-        for (int64_t j = threadIdx.x; j < D; j += blockDim.x) dot += (double)x[at + j] * dy[at + j];
-    dot = td__block_reduce(dot, 0);
-    double k = dot / (norm * norm * norm);
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-        float v = (float)(dy[at + j] / norm - x[at + j] * k);
-        dx[at + j] = beta != 0.f ? beta * dx[at + j] + v : v;
-    }
-}
-
 static td_status norm_forward(td__op_ctx *ctx, td__node *n) {
     norm_state *s = (norm_state *)n->state;
     const td_tensor *x = n->in[0];
-    norm_forward_kernel<<<(unsigned)x->shape.dim[0], TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
-        (float *)n->out->data, s->norm, (const float *)x->data, x->shape.dim[1], n->attr.eps);
+    td__launch_norm_forward(td__gpu_of(ctx)->stream, (float *)n->out->data, s->norm,
+                            (const float *)x->data, (unsigned)x->shape.dim[0], x->shape.dim[1],
+                            n->attr.eps);
     TD__LAUNCHED("normalize");
     return TD_OK;
 }
@@ -61,9 +34,9 @@ static td_status norm_forward(td__op_ctx *ctx, td__node *n) {
 static td_status norm_backward(td__op_ctx *ctx, td__node *n) {
     norm_state *s = (norm_state *)n->state;
     td_tensor *x = n->in[0];
-    norm_backward_kernel<<<(unsigned)x->shape.dim[0], TD__THREADS, 0, td__gpu_of(ctx)->stream>>>(
-        (float *)x->grad, (const float *)n->out->grad, (const float *)x->data, s->norm,
-        x->shape.dim[1], td__grad_beta(x));
+    td__launch_norm_backward(td__gpu_of(ctx)->stream, (float *)x->grad, (const float *)n->out->grad,
+                             (const float *)x->data, s->norm, (unsigned)x->shape.dim[0],
+                             x->shape.dim[1], td__grad_beta(x));
     TD__LAUNCHED("normalize backward");
     td__grad_written(x);
     return TD_OK;

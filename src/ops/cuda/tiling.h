@@ -1,6 +1,6 @@
-/* How the transformer's GPU kernels (embedding.cu, layer_norm.cu, attention.cu) divide their
- * work among blocks: how many rows of a table one block owns, how many rows one partial sum of
- * a layer norm's weight gradient covers, and the attention's tile and shared memory. Plain C
+/* How GPU kernels divide their work among blocks: how many rows of a table one block of the
+ * embedding's backward owns, how many rows one partial sum of a column sum covers (layer norm's
+ * parameter gradients, linear's bias gradient), and the attention's tile and shared memory. Plain C
  * that compiles for the host and under nvcc alike, so that the CPU tests check the arithmetic
  * (every row covered once, shared memory within a block's default 48 KiB) where no GPU runs
  * the kernels. Not installed. */
@@ -23,19 +23,20 @@ static inline int64_t td__emb_blocks(int64_t V) {
     return V < 1 ? 1 : (V + r - 1) / r;
 }
 
-/* Rows of one partial sum of a layer norm's weight and bias gradients (the first of two stages:
- * each block sums its rows for 32 columns, the second stage adds the partial sums in order): 64
- * rows, or more so that there are at most TD__LN_CHUNKS partial sums. */
-#define TD__LN_CHUNK_ROWS 64
-#define TD__LN_CHUNKS 1024
+/* Rows of one partial sum of a column sum over many rows (a layer norm's weight and bias
+ * gradients, a linear's bias gradient), the first of two stages: each block sums its rows for 32
+ * columns, the second stage adds the partial sums in order. 64 rows, or more so that there are
+ * at most TD__PARTIALS partial sums. */
+#define TD__PARTIAL_ROWS 64
+#define TD__PARTIALS 1024
 
-static inline int64_t td__ln_chunk_rows(int64_t rows) {
-    int64_t r = (rows + TD__LN_CHUNKS - 1) / TD__LN_CHUNKS;
-    return r > TD__LN_CHUNK_ROWS ? r : TD__LN_CHUNK_ROWS;
+static inline int64_t td__partial_rows(int64_t rows) {
+    int64_t r = (rows + TD__PARTIALS - 1) / TD__PARTIALS;
+    return r > TD__PARTIAL_ROWS ? r : TD__PARTIAL_ROWS;
 }
 
-static inline int64_t td__ln_chunks(int64_t rows) {
-    int64_t r = td__ln_chunk_rows(rows);
+static inline int64_t td__partials(int64_t rows) {
+    int64_t r = td__partial_rows(rows);
     return rows < 1 ? 1 : (rows + r - 1) / r;
 }
 

@@ -1,11 +1,12 @@
-/* libtandem_cuda.so's one exported symbol: takes the host's services and returns the table of
- * cuda_api.h: its runtime calls (src/device/cuda/runtime.cu), the multi-tensor kernels
- * (src/optim/cuda/multi_tensor.cu), the per-channel kernels (src/device/cuda/channels.cu) and
- * the GPU graph backend. */
-#include "ops/cuda/cuda_ops.cuh"
+/* libtandem_cuda.so's runtime entry (device_api.h), the first of its tables the host asks for:
+ * takes the host's services and returns the device runtime: its calls (runtime.cu), its element
+ * kernels (elements.cu), the multi-tensor kernels (multi_tensor.cu) and the per-channel kernels
+ * (channels.cu). The graph engine's table is ops/cuda/backend.cu's, the collectives'
+ * comm/cuda/entry.cu's. */
+#include "device/cuda/runtime.cuh"
 
-static const td__cuda_api api = {
-    .abi = TD__CUDA_ABI,
+static const td__device_runtime runtime = {
+    .abi = TD__DEVICE_ABI,
     .device_count = td__cu_device_count,
     .properties = td__cu_properties,
     .synchronize = td__cu_synchronize,
@@ -29,14 +30,10 @@ static const td__cuda_api api = {
     .multi_tensor = td__cu_multi_tensor,
     .channel_sums = td__cu_channel_sums,
     .channel_affine = td__cu_channel_affine,
-    .backend = &td__backend_cuda,
-    .tensor_size = sizeof(td_tensor),
-    .node_size = sizeof(td__node),
-    .op_ctx_size = sizeof(td__op_ctx),
 };
 
-extern "C" __attribute__((visibility("default"))) const td__cuda_api *
-td_cuda_entry(const td__cuda_host *h) {
-    if (h && h->abi == TD__CUDA_ABI) td__host = h; /* else the host compares ABIs and says so */
-    return &api;
+extern "C" __attribute__((visibility("default"))) const td__device_runtime *
+td_cuda_entry(const td__device_host *h) {
+    if (h && h->abi == TD__DEVICE_ABI) td__host = h; /* else the host compares ABIs and says so */
+    return &runtime;
 }
