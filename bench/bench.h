@@ -1,8 +1,8 @@
 /* What every benchmark shares: CHECK (print the failed call and leave), running a function as
  * N ranks forked and pinned by td_spawn with each rank's result in shared memory, counting
  * the GPUs those ranks may use, medians, re-running
- * the program with one OpenMP thread (or another count), and the CPU's name and the load
- * average for the table's heading.
+ * the program with one OpenMP thread (or another count), the CPU's name and the load average
+ * for the table's heading, and a process's proportional share of memory.
  * Header-only; each bench/<name>.c includes it once. */
 #ifndef TANDEM_BENCH_H
 #define TANDEM_BENCH_H
@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tandem/args.h"
@@ -219,6 +220,28 @@ static inline const char *bench_load_average(char *buf, size_t cap) {
     if (f && fscanf(f, "%f %f %f", &a, &b, &c) == 3) snprintf(buf, cap, "%.2f %.2f %.2f", a, b, c);
     if (f) fclose(f);
     return buf;
+}
+
+/* The CPU time of every thread of this process so far, in seconds. */
+static inline double bench_cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The process's proportional share of its anonymous and shared memory, in bytes: a page mapped
+ * by k processes counts 1/k (the ranks map each other's regions of the group's memory, which the
+ * resident size would count once per rank). Files (the libraries, whose share moves with
+ * whatever else on the machine maps them) are left out. Linux's smaps_rollup. */
+static inline size_t bench_pss_bytes(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    char line[256];
+    size_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "Pss_Anon:", 9) || !strncmp(line, "Pss_Shmem:", 10))
+            kb += (size_t)atol(strchr(line, ':') + 1);
+    if (f) fclose(f);
+    return kb << 10;
 }
 
 #endif

@@ -17,7 +17,8 @@
  *   build/bench/gpt [--layers N --heads N --width C --context T --batch GLOBAL]
  *                   [--iters N --windows N --warmup N --repeat K] [--no-torch] [--no-pin]
  *                   [--torch2 PYTHON]
- */
+ *
+ * With --tp it compares the layouts of a device mesh instead (bench/gpt_layouts.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 #include "tandem/tandem.h"
 
 #include "bench.h"
+#include "gpt_layouts.h"
 
 #define MAX_REPEAT 15
 #define MAX_WINDOWS 32
@@ -58,12 +60,6 @@ static double median_of(const double *v, int n) {
 typedef struct {
     double rate, cpu_s;
 } measured;
-
-static double cpu_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Tokens of the timed windows, over all ranks. */
 static double tokens_run(const setup *su) {
@@ -114,7 +110,7 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
     for (int w = -1; w < su->windows; w++) { /* window -1 is the warm-up */
         int iters = w < 0 ? su->warmup : su->iters;
         if (comm) CHECK(td_comm_barrier(comm));
-        if (w == 0) cpu0 = cpu_seconds();
+        if (w == 0) cpu0 = bench_cpu_seconds();
         uint64_t t0 = td_time_ns();
         for (int it = 0; it < iters; it++) {
             for (size_t j = 0; j < shards; j++) {
@@ -133,7 +129,7 @@ static int rank_fn(int rank, int world, void *result, void *arg) {
         if (w >= 0) rates[w] = (double)su->batch * (double)T * iters / sec;
     }
     measured *out = result;
-    out->cpu_s = cpu_seconds() - cpu0;
+    out->cpu_s = bench_cpu_seconds() - cpu0;
     if (rank == 0) out->rate = median_of(rates, su->windows);
     td_optim_destroy(opt);
     td_ddp_destroy(ddp);
@@ -198,6 +194,8 @@ static void row_setup(setup *su, int row, int *world) {
 
 int main(int argc, char **argv) {
     bench_one_thread(argv);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--tp")) return lt_main(argc, argv); /* the layouts' tables */
     const char *torch2 = BENCH_TORCH2;
     setup su = {.model = td_gpt_default_params(),
                 .batch = 16,
@@ -212,15 +210,8 @@ int main(int argc, char **argv) {
     while (td_args_next(&a)) {
         td_args_flag(&a, "--no-torch", &no_torch);
         td_args_flag(&a, "--no-pin", &no_pin);
-        td_args_int(&a, "--layers", 1, 1024, &su.model.layers);
-        td_args_int(&a, "--heads", 1, 1024, &su.model.heads);
-        td_args_long(&a, "--width", 1, 1L << 20, &width);
-        td_args_long(&a, "--context", 1, 1L << 20, &context);
-        td_args_int(&a, "--batch", 4, INT_MAX, &su.batch);
-        td_args_int(&a, "--iters", 1, INT_MAX, &su.iters);
-        td_args_int(&a, "--windows", 1, MAX_WINDOWS, &su.windows);
-        td_args_int(&a, "--warmup", 0, INT_MAX, &su.warmup);
-        td_args_int(&a, "--repeat", 1, MAX_REPEAT, &repeat);
+        gpt_bench_options(&a, &su.model, &width, &context, &su.batch, &su.iters, &su.windows,
+                          &su.warmup, &repeat, MAX_WINDOWS, MAX_REPEAT);
         td_args_string(&a, "--torch2", &torch2);
     }
     if (su.batch % 4) td_args_error(&a, "--batch %d is not a multiple of 4", su.batch);
@@ -228,7 +219,8 @@ int main(int argc, char **argv) {
                           "[--batch GLOBAL]\n"
                           "           [--iters N] [--windows N] [--warmup N] [--repeat N] "
                           "[--no-torch]\n"
-                          "           [--no-pin] [--torch2 PYTHON]\n");
+                          "           [--no-pin] [--torch2 PYTHON] | --tp [bench/gpt_layouts.h's "
+                          "options]\n");
     int torch = !no_torch;
     if (no_pin) su.pin = 0;
     su.model.width = width;

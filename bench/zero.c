@@ -290,21 +290,6 @@ static size_t status_bytes(const char *key) {
     return kb << 10;
 }
 
-/* The process's proportional share of its anonymous and shared memory, in bytes: a page mapped
- * by k processes counts 1/k (the ranks map each other's regions of the group's memory, which the
- * resident size would count once per rank). Files (the libraries, whose share moves with
- * whatever else on the machine maps them) are left out. Linux's smaps_rollup. */
-static size_t pss_bytes(void) {
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    char line[256];
-    size_t kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "Pss_Anon:", 9) || !strncmp(line, "Pss_Shmem:", 10))
-            kb += (size_t)atol(strchr(line, ':') + 1);
-    if (f) fclose(f);
-    return kb << 10;
-}
-
 /* Resets VmHWM to the current resident size (Linux's clear_refs 5). */
 static void reset_peak(void) {
     FILE *f = fopen("/proc/self/clear_refs", "w");
@@ -323,7 +308,7 @@ typedef struct {
 
 /* The proportional size now, kept in *peak when larger. */
 static void sample(size_t *peak) {
-    size_t now = pss_bytes();
+    size_t now = bench_pss_bytes();
     if (now > *peak) *peak = now;
 }
 
@@ -383,7 +368,7 @@ static int mem_entry(int rank, int world, void *result, void *arg) {
     int L = cfg->layers, W = cfg->width;
     (void)rank, (void)world;
     td_comm *comm = bench_comm();
-    size_t base = status_bytes("VmRSS"), base_pss = pss_bytes();
+    size_t base = status_bytes("VmRSS"), base_pss = bench_pss_bytes();
     char(*names)[32] = calloc((size_t)L, sizeof *names);
     td_param *p = calloc((size_t)L, sizeof *p);
     size_t count = (size_t)W * W;

@@ -27,7 +27,7 @@ layer_of_public() {
     data) echo data ;;
     optim) echo optim ;;
     checkpoint) echo checkpoint ;;
-    ddp | dp | amp | pipeline | zero) echo parallel ;;
+    ddp | dp | amp | mesh | pipeline | zero) echo parallel ;;
     *) echo "?$1" ;;
     esac
 }

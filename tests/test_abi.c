@@ -24,6 +24,7 @@
     X(td_graph_params, 240, td_graph_default_params())             \
     X(td_job_params, 80, td_job_default_params())                  \
     X(td_loader_params, 192, td_loader_default_params())           \
+    X(td_mesh_params, 120, td_mesh_default_params())               \
     X(td_lr_schedule_params, 128, td_lr_schedule_default_params()) \
     X(td_pipeline_params, 496, td_pipeline_default_params())       \
     X(td_pool2d_params, 88, td_pool2d_default_params())            \

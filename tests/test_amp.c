@@ -388,7 +388,8 @@ static void scaler_rank(int rank, int size, int port, void *arg) {
     CHECK_OK(test_comm_create(&comm, rank, size, port, 30));
     if (!comm) return;
     float w[4] = {1, 2, 3, 4}, g[4];
-    td_param p = {"w", w, g, 4, TD_F32, 1, {4}, {TD_DEVICE_CPU, 0}, TD_F32};
+    td_param p = {
+        .name = "w", .data = w, .grad = g, .count = 4, .dtype = TD_F32, .ndim = 1, .shape = {4}};
     td_optim *opt;
     td_sgd_params sp = td_sgd_default_params();
     sp.lr = 0.5;
@@ -427,7 +428,8 @@ static void overflow_on_one_rank_skips_the_step_everywhere(void) {
 
 static void scale_doubles_after_2000_clean_steps(void) {
     float w[2] = {0, 0}, g[2];
-    td_param p = {"w", w, g, 2, TD_F32, 1, {2}, {TD_DEVICE_CPU, 0}, TD_F32};
+    td_param p = {
+        .name = "w", .data = w, .grad = g, .count = 2, .dtype = TD_F32, .ndim = 1, .shape = {2}};
     td_optim *opt;
     td_sgd_params sp = td_sgd_default_params();
     CHECK_OK(td_optim_create_sgd(&opt, &p, 1, &sp));

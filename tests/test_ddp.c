@@ -441,9 +441,18 @@ static void mismatch_rank(td_comm *comm, int rank, int world, void *arg) {
                                   "parameters and 0 buffers") != NULL);
     /* Buffers are numbered among buffers, and a missing one is counted as a buffer. */
     float bufs[2][3] = {{0}};
-    td_param b[2] = {
-        {"bn.running_mean", bufs[0], NULL, 3, TD_F32, 1, {3}, {TD_DEVICE_CPU, 0}, TD_F32},
-        {"bn.running_var", bufs[1], NULL, 3, TD_F32, 1, {3}, {TD_DEVICE_CPU, 0}, TD_F32}};
+    td_param b[2] = {{.name = "bn.running_mean",
+                      .data = bufs[0],
+                      .count = 3,
+                      .dtype = TD_F32,
+                      .ndim = 1,
+                      .shape = {3}},
+                     {.name = "bn.running_var",
+                      .data = bufs[1],
+                      .count = 3,
+                      .dtype = TD_F32,
+                      .ndim = 1,
+                      .shape = {3}}};
     if (rank == 2) b[1].shape[0] = 1, b[1].count = 1;
     CHECK_STATUS(td_ddp_create(&ddp, comm, m.p, m.n, b, 2, NULL), TD_ESHAPE);
     CHECK(strstr(td_last_error(), "rank 0 has buffer 1 'bn.running_var' f32 (3) but rank 2 has "

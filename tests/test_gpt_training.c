@@ -270,6 +270,79 @@ static void a_diverged_or_finished_run_says_so(void) {
     CHECK(strstr(output, "nan") == NULL && strstr(output, "final:") == NULL);
 }
 
+/* The last "step N: val loss X" line of the run's output, into line (empty when missing). */
+static void val_line(char *line, size_t cap) {
+    const char *at = NULL, *p = output;
+    while ((p = strstr(p, "step 20: val loss "))) at = p++;
+    line[0] = 0;
+    if (at) snprintf(line, cap, "%.*s", (int)strcspn(at, "\n"), at);
+}
+
+#define TP20                                                                        \
+    "--layers 2 --heads 2 --width 32 --context 32 --batch 8 --steps 20 --warmup 2 " \
+    "--eval-every 0 --eval-batches 1 --sample 20"
+
+/* Tensor parallelism: --tp 2 at 2 ranks and --tp 2 with a 1F1B pipeline of 2 stages at 4 print
+ * one process's validation loss after 20 steps to 4 decimals; --tp 2's checkpoint is one
+ * process's (the same tensors by name, within 1e-5); runs stopped at step 10 resume under
+ * another layout (TP 2 x DP 2 in one process, one process at TP 2, TP 2 x ZeRO-3 at TP 2 x
+ * ZeRO-2), each ending where the uninterrupted run does. */
+static void tensor_parallel_equals_one_process(void) {
+    char want[64], got[64], a[128], b[128];
+    snprintf(a, sizeof a, "%s/tp1.st", dir);
+    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TP20 " --checkpoint %s", example, text, a), 0);
+    val_line(want, sizeof want);
+    CHECK(want[0] != 0);
+    const char *layouts[] = {"--nproc-per-node 2 %s --data %s " TP20 " --tp 2 --checkpoint %s",
+                             "--nproc-per-node 4 %s --data %s " TP20
+                             " --tp 2 --pipeline 1f1b --stages 2"};
+    for (int i = 0; i < 2; i++) {
+        char cmd[512];
+        snprintf(b, sizeof b, "%s/tp2.st", dir);
+        snprintf(cmd, sizeof cmd, layouts[i], example, text, b);
+        CHECK_EQ(run("OMP_NUM_THREADS=1 %s %s", launcher, cmd), 0);
+        CHECK(strstr(output, "sample:") != NULL);
+        val_line(got, sizeof got);
+        printf("    %s: %s (one process: %s)\n", i ? "--tp 2, 1f1b x 2" : "--tp 2", got, want);
+        if (strcmp(got, want)) TEST_FAIL_AT("'%s' vs one process's '%s'", got, want);
+    }
+    double worst;
+    char name[96] = "none";
+    double d = checkpoint_distance(a, b, &worst, name, sizeof name);
+    printf("    --tp 2's checkpoint vs one process's: %.2e (worst tensor %s)\n", d, name);
+    CHECK(d <= 1e-5);
+    /* stopped under one layout, resumed under another ("L" runs under the launcher) */
+    const char *halves[][2] = {
+        {"L--nproc-per-node 4 %s --tp 2 --sequence-parallel", "%s"},
+        {"L--nproc-per-node 1 %s", "L--nproc-per-node 2 %s --tp 2"},
+        {"L--nproc-per-node 4 %s --tp 2 --zero 3", "L--nproc-per-node 4 %s --tp 2 --zero 2"}};
+    for (int i = 0; i < 3; i++) {
+        char part[2][2 * PATH_MAX + 8];
+        for (int h = 0; h < 2; h++) {
+            const char *f = halves[i][h];
+            int launched = f[0] == 'L';
+            char rest[PATH_MAX];
+            snprintf(rest, sizeof rest, f + launched, example);
+            snprintf(part[h], sizeof part[h], "%s %s", launched ? launcher : "", rest);
+        }
+        snprintf(b, sizeof b, "%s/tpr%d.st", dir, i);
+        CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TP20 " --checkpoint %s --stop-at-step 10",
+                     part[0], text, b),
+                 0);
+        CHECK_EQ(run("OMP_NUM_THREADS=1 %s --data %s " TP20 " --checkpoint %s --resume auto",
+                     part[1], text, b),
+                 0);
+        CHECK(strstr(output, "resuming from") != NULL);
+        d = checkpoint_distance(a, b, &worst, name, sizeof name);
+        char was[2][96];
+        for (int h = 0; h < 2; h++) /* as a user would type them */
+            snprintf(was[h], sizeof was[h], halves[i][h] + (halves[i][h][0] == 'L'), "gpt");
+        printf("    stopped as '%s', resumed as '%s': %.2e from straight through\n", was[0], was[1],
+               d);
+        CHECK(d <= 1e-5);
+    }
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     char self[PATH_MAX];
@@ -295,6 +368,7 @@ int main(int argc, char **argv) {
     RUN(pipeline_equals_one_process);
     RUN(amp_and_device);
     RUN(zero_stages_equal_ddp);
+    RUN(tensor_parallel_equals_one_process);
     RUN(options_and_data_are_checked_by_name);
     RUN(a_diverged_or_finished_run_says_so);
     char cmd[128];

@@ -34,6 +34,8 @@ typedef struct {
     td_pipeline_schedule schedule;
     int stages, micro;
     const char *split; /* NULL: balanced from measured time */
+    int tp;            /* --tp: tensor-parallel ranks (0: TANDEM_TP, tandemrun --tp; else 1) */
+    int sp;            /* --sequence-parallel */
     td_recompute_mode recompute; /* --recompute none|full|selective */
 } options;
 
@@ -59,6 +61,15 @@ double gpt_lr_at(const options *o, long step);
 /* Prints --sample bytes continuing --prompt, drawn from a whole model built for one sequence
  * (on any device: its input is written and its output read through copies). */
 void gpt_sample(const options *o, td_graph *eval, const td_model *m);
+
+/* The device mesh of a launched run: pp (the pipeline's stages, or 1) x dp x tp (--tp, or
+ * TANDEM_TP), torchtitan's order; exits naming a layout that does not fit the world. */
+td_mesh *gpt_mesh(const options *o, td_comm *comm);
+
+/* The whole model on rank 0 built for one sequence (for the sample and the digest) from what
+ * the ranks hold (td_mesh_gather_model); *g is NULL elsewhere. */
+void gpt_whole_model(const options *o, td_mesh *mesh, const td_param *params, size_t n,
+                     td_graph **g, td_model *m);
 
 /* The pipeline mode's main (pipeline.c). */
 int gpt_pipeline_main(const options *o);

@@ -20,8 +20,11 @@
  * last step says there is nothing left to train); --device cuda trains on this rank's GPU
  * (cuda:LOCAL_RANK, or cuda:N); --pipeline cuts the model into stages instead (pipeline.c, on
  * the CPU); --recompute full|selective runs the blocks' forward again in backward instead of
- * keeping their activations (docs/recompute.md). A loss that is not finite ends the run with
- * status 1, naming the step. The last lines are a sample and the SHA-256 of the parameters. */
+ * keeping their activations (docs/recompute.md); --tp N (or tandemrun --tp N) splits every layer
+ * over N ranks, Megatron-LM's tensor parallelism, the rest of the ranks data parallel over it
+ * (--sequence-parallel splits the tokens between its regions too; docs/parallelism.md). A loss
+ * that is not finite ends the run with status 1, naming the step. The last lines are a sample
+ * and the SHA-256 of the parameters (of the whole model, gathered, under --tp). */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -40,7 +43,7 @@ static const char usage[] =
     "           [--deterministic [--shards S]] [--checkpoint PATH [--checkpoint-every N]]\n"
     "           [--resume PATH|auto] [--stop-at-step STEP] [--sample N] [--prompt TEXT]\n"
     "           [--pipeline naive|gpipe|1f1b [--stages P] [--micro-batches M]\n"
-    "            [--split LAYERS|balanced]]\n"
+    "            [--split LAYERS|balanced]] [--tp N [--sequence-parallel]]\n"
     "  --eval-every N       validation every N steps (0: at the end only)\n"
     "  --checkpoint-every N also write the checkpoint every N steps (0: at the end only)\n"
     "  --stop-at-step STEP  stop after step STEP, as an interrupted run would\n";
@@ -107,6 +110,8 @@ static options parse(int argc, char **argv) {
         int recompute = -1; /* the names in td_recompute_mode's order */
         if (td_args_choice(&a, "--recompute", "none|full|selective", &recompute) && recompute >= 0)
             o.recompute = (td_recompute_mode)recompute;
+        td_args_int(&a, "--tp", 1, 1024, &o.tp);
+        td_args_flag(&a, "--sequence-parallel", &o.sp);
     }
     if (resume && !strcmp(resume, "auto"))
         o.resume_auto = 1;
@@ -121,6 +126,12 @@ static options parse(int argc, char **argv) {
         td_args_error(&a, "--resume auto resumes from the --checkpoint file; give one");
     if (o.deterministic && o.batch % o.shards)
         td_args_error(&a, "--batch %d is not a multiple of --shards %d", o.batch, o.shards);
+    if (!o.tp && getenv("TANDEM_TP")) o.tp = atoi(getenv("TANDEM_TP"));
+    if (o.tp > 1 && (o.deterministic || strcmp(o.device, "cpu")))
+        td_args_error(&a, "--tp %d: tensor parallelism trains on the CPU, without --deterministic",
+                      o.tp);
+    if (o.sp && o.tp < 2)
+        td_args_error(&a, "--sequence-parallel splits the tokens among --tp ranks; give --tp");
     int rc = td_args_finish(&a, usage);
     if (rc >= 0) exit(rc);
     return o;
@@ -130,6 +141,11 @@ typedef struct {
     options opt;
     int rank, world;
     td_comm *comm;
+    td_mesh *mesh;        /* --tp: pp 1 x dp x tp; else NULL */
+    td_comm *dp;          /* the data-parallel group: the mesh's dp, or comm */
+    int dp_rank, dp_size; /* this rank's replica and the replicas */
+    td_param *stepped;    /* what the optimizer steps: the parameters, or ZeRO's shards */
+    size_t n_stepped;
     td_device device; /* where the graphs compute */
     td_ddp *ddp;
     td_zero *zero; /* --zero: instead of ddp */
@@ -173,12 +189,16 @@ static void shape_meta(const trainer *t, char *out, size_t cap) {
 
 /* Rank 0 writes the whole run, or with --zero every rank its part; called on every rank. */
 static void save(trainer *t, long step) {
-    if (!t->opt.checkpoint || (!t->zero && t->rank != 0)) return;
+    if (!t->opt.checkpoint || (!t->zero && !t->mesh && t->rank != 0)) return;
     char steps[32], shape[160];
     snprintf(steps, sizeof steps, "%ld", step);
     shape_meta(t, shape, sizeof shape);
     td_checkpoint_meta meta[] = {{"model", "gpt"}, {"run", shape}, {"step", steps}};
-    if (t->zero) {
+    if (t->mesh && t->zero) { /* the whole model's checkpoint, gathered on rank 0 */
+        CHECK(td_mesh_save_zero(t->mesh, t->zero, t->optim, t->opt.checkpoint, meta, 3));
+    } else if (t->mesh) {
+        CHECK(td_mesh_save(t->mesh, t->params, t->n_params, t->optim, t->opt.checkpoint, meta, 3));
+    } else if (t->zero) {
         CHECK(td_zero_save(t->zero, t->optim, t->opt.checkpoint, NULL, 0, meta, 3));
     } else {
         size_t n;
@@ -207,7 +227,11 @@ static void resume(trainer *t) {
     int64_t step;
     CHECK(td_checkpoint_get_meta_i64(ck, "step", 0, t->opt.steps, &step));
     td_checkpoint_close(ck);
-    if (t->zero) { /* every rank its own parts, resharded to this world size */
+    if (t->mesh && t->zero) { /* every rank its slices of the whole tensors, sharded */
+        CHECK(td_mesh_load_zero(t->mesh, t->zero, t->optim, path));
+    } else if (t->mesh) { /* every rank its slices of the whole tensors */
+        CHECK(td_mesh_load(t->mesh, t->params, t->n_params, t->optim, path));
+    } else if (t->zero) { /* every rank its own parts, resharded to this world size */
         CHECK(td_zero_load(t->zero, t->optim, path, NULL, 0));
     } else {
         size_t n;
@@ -257,21 +281,32 @@ static void setup(trainer *t) {
         t->rank = td_comm_rank(t->comm);
         t->world = td_comm_size(t->comm);
     }
-    if (o->batch < t->world) {
-        fprintf(stderr, "gpt: --batch %d gives some of the %d ranks no sequence\n", o->batch,
-                t->world);
+    t->dp = t->comm;
+    t->dp_rank = t->rank;
+    t->dp_size = t->world;
+    if (o->tp > 1) {
+        t->mesh = gpt_mesh(o, t->comm);
+        t->dp = td_mesh_group(t->mesh, "dp");
+        t->dp_rank = td_mesh_coord(t->mesh, "dp");
+        t->dp_size = td_mesh_size(t->mesh, "dp");
+        t->opt.model.tensor_parallel = 1;
+        t->opt.model.sequence_parallel = o->sp;
+    }
+    if (o->batch < t->dp_size) {
+        fprintf(stderr, "gpt: --batch %d gives some of the %d replicas no sequence\n", o->batch,
+                t->dp_size);
         exit(2);
     }
     size_t windows = gpt_load_text(o, &t->text, &t->n_train);
     td_sampler_params sp = td_sampler_default_params();
-    sp.rank = t->rank;
-    sp.world_size = t->world;
+    sp.rank = t->dp_rank;
+    sp.world_size = t->dp_size;
     sp.seed = o->seed;
     sp.drop_last = 1;
     sp.global_batch = (size_t)o->batch;
     CHECK(td_sampler_create(&t->sampler, windows, &sp));
     size_t first, count;
-    td_split_even((size_t)o->batch, t->world, t->rank, &first, &count);
+    td_split_even((size_t)o->batch, t->dp_size, t->dp_rank, &first, &count);
     t->graph_batch = o->deterministic ? o->batch / o->shards : (int64_t)count;
     size_t BT = (size_t)o->batch * (size_t)o->model.context;
     t->x = malloc(BT * sizeof *t->x);
@@ -282,6 +317,7 @@ static void setup(trainer *t) {
     gp.seed = o->seed;
     CHECK(td_device_choose(o->device, &t->device));
     gp.device = t->device;
+    gp.comm = t->mesh ? td_mesh_group(t->mesh, "tp") : NULL;
     if (o->amp) gp.amp.level = TD_AMP_O1;
     gp.threads = o->deterministic ? 1 : 0; /* no sum of the kernels depends on OMP_NUM_THREADS */
     gp.recompute = o->recompute;
@@ -304,7 +340,7 @@ static void setup(trainer *t) {
         td_zero_params zp = td_zero_default_params();
         zp.stage = o->zero;
         zp.ddp = dp;
-        CHECK(td_zero_create(&t->zero, t->comm, t->params, t->n_params, NULL, 0, &zp));
+        CHECK(td_zero_create(&t->zero, t->dp, t->params, t->n_params, NULL, 0, &zp));
         CHECK(td_zero_parameters(t->zero, &stepped, &n_stepped));
         td_graph_set_grad_ready_hook(t->train, td_zero_grad_ready_hook, t->zero);
         td_graph_set_param_use_hook(t->train, td_zero_param_use_hook, t->zero);
@@ -313,9 +349,11 @@ static void setup(trainer *t) {
     CHECK(td_graph_share_params(t->eval, t->train));
     td_adamw_params ap = gpt_adamw(o);
     CHECK(td_optim_create_adamw(&t->optim, stepped, n_stepped, &ap));
+    t->stepped = stepped;
+    t->n_stepped = n_stepped;
     if (o->resume || o->resume_auto) resume(t);
     if (t->comm && !t->zero) {
-        CHECK(td_ddp_create(&t->ddp, t->comm, t->params, t->n_params, NULL, 0, &dp));
+        CHECK(td_ddp_create(&t->ddp, t->dp, t->params, t->n_params, NULL, 0, &dp));
         td_graph_set_grad_ready_hook(t->train, td_ddp_grad_ready_hook, t->ddp);
     }
 }
@@ -391,7 +429,7 @@ static float forward_backward(trainer *t, size_t rows, uint64_t step) {
         return sync_loss(t, 0.0f);
     }
     /* a rank's mean weighs by its share of the global batch */
-    float share = (float)((double)t->world * (double)rows / (double)t->opt.batch);
+    float share = (float)((double)t->dp_size * (double)rows / (double)t->opt.batch);
     sync_prepare(t);
     float loss = run_graph(t, t->x, t->y);
     CHECK(td_graph_zero_grad(t->train));
@@ -409,7 +447,7 @@ static double validate(trainer *t) {
     size_t want = (size_t)(t->opt.eval_batches * t->opt.batch);
     if (want > windows) want = windows;
     size_t first, count;
-    td_split_even(want, t->world, t->rank, &first, &count);
+    td_split_even(want, t->dp_size, t->dp_rank, &first, &count);
     double sums[2] = {0, (double)count * (double)T};
     /* ranks may run different numbers of windows: ZeRO holds every parameter whole meanwhile */
     if (t->zero) CHECK(td_zero_full_params(t->zero, 1));
@@ -423,7 +461,7 @@ static double validate(trainer *t) {
         sums[0] += loss * (double)T;
     }
     if (t->zero) CHECK(td_zero_full_params(t->zero, 0));
-    if (t->comm) CHECK(td_comm_allreduce(t->comm, sums, sums, 2, TD_F64, TD_OP_SUM));
+    if (t->dp) CHECK(td_comm_allreduce(t->dp, sums, sums, 2, TD_F64, TD_OP_SUM));
     return sums[0] / sums[1];
 }
 
@@ -499,6 +537,51 @@ void gpt_sample(const options *o, td_graph *eval, const td_model *m) {
     free(logp);
 }
 
+td_mesh *gpt_mesh(const options *o, td_comm *comm) {
+    td_mesh_params mp = td_mesh_default_params(); /* pp, dp, tp */
+    mp.sizes[0] = o->pipeline ? o->stages : 1;
+    mp.sizes[2] = o->tp > 1 ? o->tp : 1;
+    td_mesh *mesh;
+    td_status s = td_mesh_create(&mesh, comm, &mp);
+    if (s != TD_OK) {
+        fprintf(stderr, "gpt: %d ranks as %d stage(s) x --tp %d: %s\n", td_comm_size(comm),
+                mp.sizes[0], mp.sizes[2], td_last_error());
+        exit(2);
+    }
+    return mesh;
+}
+
+void gpt_whole_model(const options *o, td_mesh *mesh, const td_param *params, size_t n,
+                     td_graph **g, td_model *m) {
+    td_param *whole;
+    size_t n_whole;
+    *g = NULL;
+    CHECK(td_mesh_gather_model(mesh, params, n, &whole, &n_whole));
+    if (!whole) return;
+    options plain = *o; /* one process's model, the whole of every layer */
+    plain.model.tensor_parallel = plain.model.sequence_parallel = 0;
+    td_graph_params gp = td_graph_default_params();
+    gp.seed = o->seed;
+    gp.grad_enabled = 0;
+    if (o->amp) gp.amp.level = TD_AMP_O1;
+    CHECK(td_graph_create(g, &gp));
+    gpt_build(&plain, *g, 1, m);
+    td_graph_set_training(*g, 0);
+    td_param *all;
+    size_t n_all;
+    CHECK(td_graph_parameters(*g, &all, &n_all));
+    for (size_t i = 0; i < n_all; i++) {
+        size_t k = 0;
+        while (k < n_whole && strcmp(whole[k].name, all[i].name)) k++;
+        if (k == n_whole || whole[k].count != all[i].count || whole[k].dtype != all[i].dtype) {
+            fprintf(stderr, "gpt: the ranks hold no %s of the model's shape\n", all[i].name);
+            exit(1);
+        }
+        memcpy(all[i].data, whole[k].data, all[i].count * td_dtype_size(all[i].dtype));
+    }
+    td_mesh_model_free(whole, n_whole);
+}
+
 /* Frees what the run holds. */
 static void release(trainer *t) {
     td_ddp_destroy(t->ddp);
@@ -510,6 +593,7 @@ static void release(trainer *t) {
     td_corpus_free(&t->text);
     free(t->x);
     free(t->y);
+    td_mesh_destroy(t->mesh);
     td_comm_destroy(t->comm);
 }
 
@@ -555,7 +639,10 @@ int main(int argc, char **argv) {
         td_optim_set_lr(t.optim, gpt_lr_at(o, step));
         loss = forward_backward(&t, rows, (uint64_t)step);
         CHECK(td_loss_check(loss, step + 1));
-        if (t.zero)
+        if (t.mesh)
+            CHECK(
+                td_mesh_clip_grad_norm(t.mesh, t.stepped, t.n_stepped, t.zero != NULL, 1.0, NULL));
+        else if (t.zero)
             CHECK(td_zero_clip_grad_norm(t.zero, 1.0, NULL));
         else
             CHECK(td_clip_grad_norm(t.params, t.n_params, 1.0, NULL));
@@ -578,12 +665,19 @@ int main(int argc, char **argv) {
         if (step + 1 == o->stop_at) break; /* as a job stopped here would */
     }
     if (t.zero) CHECK(td_zero_full_params(t.zero, 1)); /* the whole model on every rank */
+    td_graph *whole = NULL; /* under --tp, the whole model gathered on rank 0 */
+    td_model wm = t.eval_model;
+    if (t.mesh) gpt_whole_model(&t.opt, t.mesh, t.params, t.n_params, &whole, &wm);
     if (t.rank == 0) {
-        if (o->sample > 0) gpt_sample(o, t.eval, &t.eval_model);
+        if (o->sample > 0) gpt_sample(o, whole ? whole : t.eval, &wm);
+        td_param *ps = t.params;
+        size_t nps = t.n_params;
+        if (whole) CHECK(td_graph_parameters(whole, &ps, &nps));
         char hex[65];
-        td_params_sha256(t.params, t.n_params, hex);
+        td_params_sha256(ps, nps, hex);
         printf("final: train loss %.6f, val loss %.6f, params_sha256 %s\n", (double)loss, val, hex);
     }
+    td_graph_destroy(whole);
     release(&t);
     return 0;
 }

@@ -8,17 +8,16 @@
  * token embedding: each holds a copy of transformer.wte.weight, which the pipeline keeps equal
  * (the same start, the gradients summed every step; docs/pipeline.md). Each replica trains on its
  * slice of every global batch, as the data-parallel mode's ranks do; the gradient norm is
- * clipped over the whole model across the stages. Validation runs through the pipeline, each
- * replica its share of the windows. At the end replica 0's stages send their parameters to rank
- * 0, which builds the whole model for the sample and the digest; checkpoints are not written in
- * this mode. */
+ * clipped over the whole model across the stages. With --tp N every stage is split over N ranks
+ * too (the ranks a device mesh of stages x replicas x N, gpt_mesh). Validation runs through the
+ * pipeline, each replica its share of the windows. At the end the whole model is gathered on
+ * rank 0 for the sample and the digest (gpt_whole_model); checkpoints are not written in this
+ * mode. */
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "gpt.h"
-
-#define GATHER_TAG 0x6770
 
 /* A group for this process: the launcher's world, or one rank of its own. */
 static td_comm *make_comm(const options *o) {
@@ -43,7 +42,9 @@ static td_comm *make_comm(const options *o) {
 typedef struct {
     const options *o;
     td_comm *comm;
+    td_mesh *mesh;                     /* pp (stages) x dp (replicas) x tp */
     int rank, world, D, replica, last; /* last: this rank is its replica's last stage */
+    int speaks;                        /* tp rank 0 of a last stage: its loss is counted */
     int64_t batch;                     /* sequences per replica and step */
     td_pipeline *pipe;
     td_pipeline_info info;
@@ -57,17 +58,16 @@ typedef struct {
     int64_t *y;          /* (batch, T) */
 } trainer;
 
-static void setup(trainer *t, const options *o) {
+static void setup(trainer *t, options *o) {
     t->o = o;
     t->comm = make_comm(o);
     t->rank = td_comm_rank(t->comm);
     t->world = td_comm_size(t->comm);
-    if (t->world % o->stages) {
-        fprintf(stderr, "gpt: %d ranks do not make replicas of %d stages\n", t->world, o->stages);
-        exit(2);
-    }
-    t->D = t->world / o->stages;
-    t->replica = t->rank / o->stages;
+    t->mesh = gpt_mesh(o, t->comm);
+    t->D = td_mesh_size(t->mesh, "dp");
+    t->replica = td_mesh_coord(t->mesh, "dp");
+    o->model.tensor_parallel = td_mesh_size(t->mesh, "tp") > 1;
+    o->model.sequence_parallel = o->sp;
     int micro = o->schedule == TD_SCHEDULE_NAIVE ? 1 : o->micro;
     if (o->batch % t->D || (o->batch / t->D) % micro) {
         fprintf(stderr,
@@ -99,21 +99,23 @@ static void setup(trainer *t, const options *o) {
     pp.split = o->split;
     pp.seed = o->seed;
     pp.graph.seed = o->seed;
+    pp.mesh = t->mesh;
     if (o->amp) pp.graph.amp.level = TD_AMP_O1;
     pp.graph.recompute = o->recompute;
     CHECK(td_pipeline_create(&t->pipe, t->comm, model, &pp));
     t->info = td_pipeline_get_info(t->pipe);
     t->last = t->info.stage + 1 == t->info.stages;
+    t->speaks = t->last && td_mesh_coord(t->mesh, "tp") == 0;
     CHECK(td_pipeline_parameters(t->pipe, &t->params, &t->n_params));
     td_adamw_params ap = gpt_adamw(o);
     CHECK(td_optim_create_adamw(&t->optim, t->params, t->n_params, &ap));
     if (t->rank == 0) {
         char more[256];
         int at = snprintf(more, sizeof more,
-                          ", pipeline %s: %d stage(s) x %d replica(s), %d "
+                          ", pipeline %s: %d stage(s) x %d replica(s) x tp %d, %d "
                           "micro-batch(es); stages start at",
                           td_pipeline_schedule_name(o->schedule), o->stages, t->D,
-                          t->info.micro_batches);
+                          td_mesh_size(t->mesh, "tp"), t->info.micro_batches);
         for (int s = 0; s < t->info.stages && at < (int)sizeof more; s++)
             at += snprintf(more + at, sizeof more - (size_t)at, " %s",
                            td_sequential_layer_name(model, t->info.stage_first[s]));
@@ -132,7 +134,8 @@ static void fill_batch(trainer *t, size_t k) {
         td_corpus_window(t->text.bytes, idx[first + i], T, t->x + i * T, t->y + i * T);
 }
 
-/* The sum over the world of each rank's value (the last stages' losses), on every rank. */
+/* The sum over the world of each rank's value (the last stages' losses, each counted by its tp
+ * rank 0), on every rank. */
 static double world_sum(trainer *t, double mine) {
     CHECK(td_comm_allreduce(t->comm, &mine, &mine, 1, TD_F64, TD_OP_SUM));
     return mine;
@@ -156,79 +159,14 @@ static double validate(trainer *t) {
         double lsum;
         int64_t correct;
         CHECK(td_pipeline_evaluate(t->pipe, t->x, t->y, (int64_t)n, &lsum, &correct));
-        if (t->last) sum += lsum;
+        if (t->speaks) sum += lsum;
         done += n;
     }
     return world_sum(t, sum) / ((double)want * (double)T);
 }
 
-/* The whole model on rank 0 (replica 0's first stage), built for one sequence: its own
- * parameters, and those the other stages of replica 0 send by name (a tied copy is sent by
- * none but its owner). */
-typedef struct {
-    char name[128];
-    int64_t count;
-} sent_param;
-
-static void gather_model(trainer *t, td_graph **g, td_model *m) {
-    if (t->replica != 0) return;
-    if (t->info.stage > 0) {
-        int64_t n = 0;
-        for (size_t i = 0; i < t->n_params; i++)
-            n += td_pipeline_param_owner(t->pipe, i) == t->info.stage;
-        CHECK(td_comm_send(t->comm, &n, 1, TD_I64, 0, GATHER_TAG));
-        for (size_t i = 0; i < t->n_params; i++) {
-            if (td_pipeline_param_owner(t->pipe, i) != t->info.stage) continue;
-            sent_param h;
-            memset(&h, 0, sizeof h);
-            snprintf(h.name, sizeof h.name, "%s", t->params[i].name);
-            h.count = (int64_t)t->params[i].count;
-            CHECK(td_comm_send(t->comm, &h, sizeof h, TD_U8, 0, GATHER_TAG));
-            CHECK(td_comm_send(t->comm, t->params[i].data, t->params[i].count, TD_F32, 0,
-                               GATHER_TAG));
-        }
-        return;
-    }
-    td_graph_params gp = td_graph_default_params();
-    gp.seed = t->o->seed;
-    gp.grad_enabled = 0;
-    if (t->o->amp) gp.amp.level = TD_AMP_O1;
-    CHECK(td_graph_create(g, &gp));
-    gpt_build(t->o, *g, 1, m);
-    td_graph_set_training(*g, 0);
-    td_param *all;
-    size_t n_all, filled = 0;
-    CHECK(td_graph_parameters(*g, &all, &n_all));
-    for (size_t i = 0; i < n_all; i++)
-        for (size_t k = 0; k < t->n_params; k++)
-            if (!strcmp(all[i].name, t->params[k].name)) {
-                memcpy(all[i].data, t->params[k].data, all[i].count * sizeof(float));
-                filled++;
-            }
-    for (int s = 1; s < t->info.stages; s++) {
-        int64_t n;
-        CHECK(td_comm_recv(t->comm, &n, 1, TD_I64, s, GATHER_TAG));
-        for (int64_t j = 0; j < n; j++) {
-            sent_param h;
-            CHECK(td_comm_recv(t->comm, &h, sizeof h, TD_U8, s, GATHER_TAG));
-            size_t i = 0;
-            while (i < n_all && strcmp(all[i].name, h.name)) i++;
-            if (i == n_all || (int64_t)all[i].count != h.count) {
-                fprintf(stderr, "gpt: stage %d sent %s (%lld values), which the model lacks\n", s,
-                        h.name, (long long)h.count);
-                exit(1);
-            }
-            CHECK(td_comm_recv(t->comm, all[i].data, all[i].count, TD_F32, s, GATHER_TAG));
-            filled++;
-        }
-    }
-    if (filled != n_all) {
-        fprintf(stderr, "gpt: the stages hold %zu of the model's %zu parameters\n", filled, n_all);
-        exit(1);
-    }
-}
-
-int gpt_pipeline_main(const options *o) {
+int gpt_pipeline_main(const options *given) {
+    options opt = *given, *o = &opt;
     trainer t;
     memset(&t, 0, sizeof t);
     setup(&t, o);
@@ -253,7 +191,7 @@ int gpt_pipeline_main(const options *o) {
         tokens += (double)o->batch * (double)o->model.context;
         int last = step + 1 == o->steps;
         if ((step + 1) % 50 == 0 || last) {
-            loss = world_sum(&t, t.last ? (double)mine : 0) / t.D;
+            loss = world_sum(&t, t.speaks ? (double)mine : 0) / t.D;
             double s = (double)(td_time_ns() - t0) / 1e9;
             if (t.rank == 0) {
                 printf("step %ld/%ld: train loss %.4f, lr %.2e, %.0f tokens/s\n", step + 1,
@@ -271,7 +209,7 @@ int gpt_pipeline_main(const options *o) {
                (double)td_pipeline_get_stats(t.pipe).activation_bytes / (1 << 20));
     td_graph *whole = NULL;
     td_model m;
-    gather_model(&t, &whole, &m);
+    gpt_whole_model(o, t.mesh, t.params, t.n_params, &whole, &m);
     if (t.rank == 0) {
         if (o->sample > 0) gpt_sample(o, whole, &m);
         td_param *all;
@@ -284,6 +222,7 @@ int gpt_pipeline_main(const options *o) {
     td_graph_destroy(whole);
     td_optim_destroy(t.optim);
     td_pipeline_destroy(t.pipe);
+    td_mesh_destroy(t.mesh);
     td_sampler_destroy(t.sampler);
     td_corpus_free(&t.text);
     free(t.x);

@@ -47,7 +47,9 @@ size_t td_checkpoint_count(const td_checkpoint *checkpoint);
 td_status td_checkpoint_tensor(const td_checkpoint *checkpoint, size_t i, td_param *info);
 
 /* Reads each tensors[i] by name into tensors[i].data, after checking that every one exists
- * with the same dtype and shape; tensors the file has beyond these are ignored. */
+ * with the same dtype and shape; tensors the file has beyond these are ignored. A
+ * tensor-parallel slice (tensors[i].split) reads its part of the whole tensor of its name,
+ * whose shape the file must have: a checkpoint holds whole tensors, whatever layout wrote it. */
 td_status td_checkpoint_read(td_checkpoint *checkpoint, td_param *tensors, size_t n);
 
 /* The metadata value of key, or NULL when absent; owned by the checkpoint. */

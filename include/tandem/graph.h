@@ -172,6 +172,10 @@ td_status td_graph_input(td_graph *g, const char *name, td_shape shape, td_dtype
 /* A trainable f32 parameter, zero-filled; its data is writable at once (for init). */
 td_status td_graph_param(td_graph *g, const char *name, td_shape shape, td_tensor **out);
 
+/* Says which slice of the whole tensor of its name a tensor-parallel model's parameter is (its
+ * td_param.split; param.h); TD_EINVAL when the slice does not fit its shape. */
+td_status td_graph_set_param_split(td_graph *g, td_tensor *param, const td_param_split *split);
+
 /* A non-trainable f32 state buffer (BatchNorm running stats), zero-filled. */
 td_status td_graph_buffer(td_graph *g, const char *name, td_shape shape, td_tensor **out);
 
@@ -240,6 +244,37 @@ td_status td_graph_all_gather(td_graph *g, td_tensor *x, td_tensor **y);
 /* torch.distributed.nn.functional.all_reduce: the sum (TD_OP_SUM) or mean (TD_OP_AVG) over
  * ranks of x, any shape; backward all-reduces the gradient with the same op. */
 td_status td_graph_all_reduce(td_graph *g, td_tensor *x, td_reduce_op op, td_tensor **y);
+
+/* torch.distributed.nn.functional.reduce_scatter along dim 0: the sum over ranks of x (N, ...),
+ * of which rank r keeps rows [r N / size, (r + 1) N / size); backward all-gathers the rows'
+ * gradients (sequence parallelism's reduction, the partner of td_graph_all_gather). */
+td_status td_graph_reduce_scatter(td_graph *g, td_tensor *x, td_tensor **y);
+
+/* ---- tensor parallelism (Megatron-LM; docs/parallelism.md) ------------------------------ */
+/* A tensor-parallel model builds on a graph whose group is its tp group (td_mesh_group(mesh,
+ * "tp")): every rank holds the same activations outside a region and its slice inside. */
+
+/* Megatron's f, where a region begins: y = x; backward sums the ranks' gradients of y (each
+ * rank's is the gradient through its slice only). */
+td_status td_graph_copy_to_tp_region(td_graph *g, td_tensor *x, td_tensor **y);
+
+/* Megatron's g, where a region ends: y = the sum over ranks of x (each rank's partial result);
+ * backward passes the gradient on unchanged (every rank's loss is the same). */
+td_status td_graph_reduce_from_tp_region(td_graph *g, td_tensor *x, td_tensor **y);
+
+/* Megatron's VocabParallelEmbedding lookup: weight (R, C) holds rows [rank R, (rank + 1) R) of
+ * the whole (size R, C) table; a token id there is looked up, any other id of the vocabulary
+ * gives zeros (and no gradient). The sum over ranks (td_graph_reduce_from_tp_region, or
+ * td_graph_reduce_scatter under sequence parallelism) is the whole lookup. */
+td_status td_graph_vocab_parallel_embedding(td_graph *g, td_tensor *idx, td_tensor *weight,
+                                            td_tensor **y);
+
+/* Cross-entropy over logits (N, Vr) holding columns [rank Vr, (rank + 1) Vr) of the whole
+ * (N, size Vr), labels (N) i64 ids of the whole vocabulary: the loss (mean or sum over rows) of
+ * the whole logits, the same on every rank, though no rank holds them; it communicates 3 N
+ * floats in forward and nothing in backward. */
+td_status td_graph_vocab_parallel_cross_entropy(td_graph *g, td_tensor *logits, td_tensor *labels,
+                                                td_reduction reduction, td_tensor **loss);
 
 /* ---- ops for contrastive losses --------------------------------------------------------- */
 
@@ -374,6 +409,15 @@ void td_graph_set_training(td_graph *g, int training);
 
 /* 1 in training mode. */
 int td_graph_training(const td_graph *g);
+
+/* The group the graph's collective ops run on (td_graph_params.comm), or NULL. */
+td_comm *td_graph_comm(const td_graph *g);
+
+/* This rank in the graph's group (td_graph_params.comm), 0 without one. */
+int td_graph_rank(const td_graph *g);
+
+/* Ranks in the graph's group, 1 without one. */
+int td_graph_world_size(const td_graph *g);
 
 /* The dropout RNG: save its two fields and restore them to replay masks bit for bit. */
 td_rng *td_graph_rng(td_graph *g);

@@ -55,7 +55,8 @@ typedef struct {
                           td_tensor_set_data) */
     td_tensor *labels; /* (R) i64, one per row of the output: R = B for the image models,
                           B * T for a language model */
-    td_tensor *output; /* (R, classes) log-probabilities; argmax is the prediction */
+    td_tensor *output; /* (R, classes) log-probabilities; argmax is the prediction (a
+                          tensor-parallel GPT: this rank's columns of the logits) */
     td_tensor *loss;   /* () f32, mean over the R rows */
 } td_model;
 
@@ -116,6 +117,12 @@ td_status td_sequential_find(const td_sequential *s, const char *name, size_t *i
 td_status td_sequential_shape_at(const td_sequential *s, size_t index, int64_t batch,
                                  td_shape *out);
 
+/* The shape layer `index` reads at batch `batch` on a graph whose group is `comm` (NULL: none):
+ * a tensor-parallel layer's shapes follow its group's size (sequence parallelism's token
+ * slices). */
+td_status td_sequential_shape_on(const td_sequential *s, size_t index, int64_t batch, td_comm *comm,
+                                 td_shape *out);
+
 /* Adds layers [first, last) to g reading x (of the shape td_sequential_shape_at(first) gives)
  * and returns the last one's output in *y. Parameters are initialised exactly as the whole
  * model built from `seed` initialises them, whatever `first` is: the draws of the layers
@@ -123,9 +130,16 @@ td_status td_sequential_shape_at(const td_sequential *s, size_t index, int64_t b
 td_status td_sequential_build(const td_sequential *s, td_graph *g, size_t first, size_t last,
                               td_tensor *x, uint64_t seed, td_tensor **y);
 
+/* The model's loss over its last layer's logits (R, classes) and labels (R) i64, added to g:
+ * the cross-entropy, mean over rows (*output: the log-probabilities); for a model whose logits
+ * each rank of g's group holds its own columns of (a tensor-parallel GPT) the
+ * vocabulary-parallel cross-entropy (*output: the logits as given). output may be NULL. */
+td_status td_sequential_loss(const td_sequential *s, td_graph *g, td_tensor *logits,
+                             td_tensor *labels, td_tensor **loss, td_tensor **output);
+
 /* Builds the whole model for batch size `batch` into an empty graph as a td_model (inputs
  * "input" and "labels", one label per row of the last layer's (R, classes) logits,
- * cross-entropy loss) and compiles it. out->kind is the reference
+ * td_sequential_loss) and compiles it. out->kind is the reference
  * model's kind, or TD_MODEL_COUNT for a model the caller assembled. */
 td_status td_model_build_sequential(td_graph *g, const td_sequential *s, int64_t batch,
                                     uint64_t seed, td_model *out);
@@ -191,8 +205,19 @@ typedef struct {
     int64_t width;   /* embedding width C (n_embd) */
     int64_t context; /* T: the sequence length it is built for (block_size) */
     int64_t vocab;   /* V (vocab_size); 256 for bytes */
+    /* Megatron-LM's tensor parallelism over the group of the graph it is built on (its tp group,
+     * docs/parallelism.md; a group of one builds the whole model): each block's attention heads
+     * and MLP features, and the vocabulary of the tied embedding and of the logits, are cut
+     * among the ranks, which must divide heads and vocab. Every rank's slice starts as the whole
+     * model's (td_param.split says which); the logits are split by columns and take the
+     * vocabulary-parallel loss (td_sequential_loss). */
+    int tensor_parallel;
+    /* With tensor_parallel: between the regions (layer norms, residuals, the activations
+     * between layers) each rank holds B T / n of the tokens, all-gathered where a region begins
+     * and reduce-scattered where it ends; the context must divide among the ranks. */
+    int sequence_parallel;
     /* zeros: room for later options (core.h) */
-    unsigned char reserved[64];
+    unsigned char reserved[64 - 2 * sizeof(int)];
 } td_gpt_params;
 
 /* 4 layers, 4 heads, width 128, context 128, vocabulary 256 (bytes): 0.84M parameters. */

@@ -13,6 +13,18 @@
 extern "C" {
 #endif
 
+/* How a tensor-parallel rank's entry relates to the whole tensor of its name (Megatron's
+ * partition_dim and partition_stride; DTensor's Shard and Replicate): zeroed, it is the whole
+ * tensor. A slice holds, of dimension `dim` of the whole, `parts` equal blocks (a fused q, k, v
+ * projection: 3) each cut into `ranks` equal pieces, piece `rank` of each block, in block order;
+ * so the whole tensor is every rank's slice put back in place (td_tp_gather). */
+typedef struct {
+    int ranks; /* 0: the whole tensor; n >= 1: one of the slices of n ranks */
+    int rank;  /* which slice, 0 .. ranks-1 */
+    int dim;   /* the dimension cut */
+    int parts; /* blocks along dim, each cut n ways (0 or 1: one) */
+} td_param_split;
+
 /* One parameter (grad != NULL) or buffer / plain tensor (grad == NULL). */
 typedef struct {
     const char *name; /* unique and stable: "conv1.weight" */
@@ -29,6 +41,8 @@ typedef struct {
                               the parameter's own dtype, in place with no copy and its
                               optimizer state in that dtype too (apex's O3). f32 parameters:
                               TD_F32 */
+    td_param_split split;  /* a tensor-parallel model's slice of the whole tensor, or zeroed:
+                              the whole (optimizer state takes its parameter's) */
 } td_param;
 
 /* The points of a sweep at which a parameter's values are about to be read, or were read for

@@ -61,6 +61,7 @@
 #include "tandem/core.h"
 #include "tandem/ddp.h"
 #include "tandem/graph.h"
+#include "tandem/mesh.h"
 #include "tandem/nn.h"
 #include "tandem/param.h"
 #include "tandem/trace.h"
@@ -105,8 +106,15 @@ typedef struct {
                               shards td_pipeline_parameters gives; at stage 3 an evaluation
                               gathers parameters too, so every replica evaluates alike */
     td_trace *trace;       /* NULL, or where forward, backward and transfer spans are recorded */
+    const td_mesh *mesh;   /* NULL: the group is cut into stages x replicas as above; else a
+                              mesh over that group with a "pp" dimension of `stages`: its pp
+                              groups are the pipelines, its dp groups the replicas and its tp
+                              group every stage graph's group (graph.comm), so the stages of a
+                              tensor-parallel model (td_gpt_params.tensor_parallel) are split
+                              over tp; the mesh must outlive the pipeline, and an error ends
+                              its pp and dp groups as it ends the pipeline's own */
     /* zeros: room for later options (core.h) */
-    unsigned char reserved[64];
+    unsigned char reserved[64 - sizeof(const td_mesh *)];
 } td_pipeline_params;
 
 /* 1F1B, 2 stages, 4 micro-batches, batch 128, balanced split, seed 0, 5 reps, transfer

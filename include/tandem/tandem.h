@@ -13,6 +13,7 @@
 #include "tandem/dp.h"
 #include "tandem/graph.h"
 #include "tandem/launch.h"
+#include "tandem/mesh.h"
 #include "tandem/nn.h"
 #include "tandem/ops.h"
 #include "tandem/optim.h"

@@ -208,17 +208,52 @@ static td_status read_tensor(const td_checkpoint *c, const entry *e, td_param *t
     return st;
 }
 
+/* A tensor-parallel slice (td_param.split) of entry e into t's buffer: for each run of the
+ * dimensions before the cut and each block of it, the rank's piece, with everything after. */
+static td_status read_slice(const td_checkpoint *c, const entry *e, td_param *t) {
+    const td_param_split *sp = &t->split;
+    if (t->device.type != TD_DEVICE_CPU)
+        return td__fail(TD_EUNSUPPORTED, "%s: tensor %s: a tensor-parallel slice on a GPU",
+                        c->file.path, t->name);
+    size_t inner = 1, outer = 1, es = td_dtype_size(e->dtype);
+    for (int d = 0; d < t->ndim; d++) {
+        if (d < sp->dim) outer *= (size_t)t->shape[d];
+        if (d > sp->dim) inner *= (size_t)t->shape[d];
+    }
+    size_t parts = sp->parts > 1 ? (size_t)sp->parts : 1, mine = (size_t)t->shape[sp->dim];
+    size_t piece = mine / parts, whole = mine * (size_t)sp->ranks;
+    for (size_t o = 0; o < outer; o++)
+        for (size_t b = 0; b < parts; b++) {
+            size_t from = (o * whole + b * (whole / parts) + (size_t)sp->rank * piece) * inner;
+            TD__TRY(read_span(c, e, from, piece * inner,
+                              (char *)t->data + (o * mine + b * piece) * inner * es));
+        }
+    return TD_OK;
+}
+
+/* The whole tensor t is a slice of (t itself when it is no slice), as find_like checks it. */
+static td_param whole_of(const td_param *t) {
+    td_param w = *t;
+    if (t->split.ranks <= 0 || t->split.dim < 0 || t->split.dim >= t->ndim) return w;
+    w.shape[t->split.dim] *= t->split.ranks;
+    w.count = t->count * (size_t)t->split.ranks;
+    return w;
+}
+
 td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
     if (!c || (!t && n))
         return td__fail(TD_EINVAL, "td_checkpoint_read: checkpoint and tensors must not be NULL");
     const entry *e;
     for (size_t i = 0; i < n; i++) {
         if (!t[i].name) return td__fail(TD_EINVAL, "%s: tensors[%zu] has no name", c->file.path, i);
-        TD__TRY(find_like(c, &t[i], &e));
+        td_param whole = whole_of(&t[i]);
+        TD__TRY(find_like(c, &whole, &e));
         if (!t[i].data && e->count)
             return td__fail(TD_EINVAL, "%s: tensor %s has no data buffer", c->file.path, t[i].name);
     }
-    for (size_t i = 0; i < n; i++) TD__TRY(read_tensor(c, find(c, t[i].name), &t[i]));
+    for (size_t i = 0; i < n; i++)
+        TD__TRY(t[i].split.ranks > 0 ? read_slice(c, find(c, t[i].name), &t[i])
+                                     : read_tensor(c, find(c, t[i].name), &t[i]));
     return TD_OK;
 }
 

@@ -97,6 +97,52 @@ td_status td_graph_all_reduce(td_graph *g, td_tensor *x, td_reduce_op op, td_ten
     return unary(g, &td__op_all_reduce, "all_reduce", x, &a, 0, y);
 }
 
+/* ---- tensor parallelism ------------------------------------------------------------------ */
+
+static td_status region(td_graph *g, td_tensor *x, int variant, const char *what, td_tensor **y) {
+    td__op_attr a = {.coll = {.world_size = g ? world_size(g) : 1, .op = TD_OP_SUM}};
+    return unary(g, &td__op_tp_region, what, x, &a, variant, y);
+}
+
+td_status td_graph_copy_to_tp_region(td_graph *g, td_tensor *x, td_tensor **y) {
+    return region(g, x, TD__REGION_COPY, "copy_to_tp_region", y);
+}
+
+td_status td_graph_reduce_from_tp_region(td_graph *g, td_tensor *x, td_tensor **y) {
+    return region(g, x, TD__REGION_REDUCE, "reduce_from_tp_region", y);
+}
+
+td_status td_graph_reduce_scatter(td_graph *g, td_tensor *x, td_tensor **y) {
+    return region(g, x, TD__REGION_REDUCE_SCATTER, "reduce_scatter", y);
+}
+
+/* The attributes of a vocabulary-parallel node whose rank holds `rows` of the vocabulary. */
+static td__op_attr vocab_slice(const td_graph *g, int64_t rows, td_reduction reduction) {
+    td__op_attr a = {.vocab = {.world_size = g ? world_size(g) : 1,
+                               .first = (g ? td_graph_rank(g) : 0) * rows,
+                               .reduction = reduction}};
+    return a;
+}
+
+td_status td_graph_vocab_parallel_embedding(td_graph *g, td_tensor *idx, td_tensor *weight,
+                                            td_tensor **y) {
+    if (!weight) return td__fail(TD_EINVAL, "vocab_parallel_embedding: the table is NULL");
+    td_tensor *ins[2] = {idx, weight};
+    td__op_attr a = vocab_slice(g, weight->shape.dim[0], TD_REDUCTION_MEAN);
+    return td__graph_add(g, &td__op_embedding, "vocab_parallel_embedding", ins, 2, &a,
+                         TD__EMB_VOCAB_SLICE, y);
+}
+
+td_status td_graph_vocab_parallel_cross_entropy(td_graph *g, td_tensor *logits, td_tensor *labels,
+                                                td_reduction reduction, td_tensor **loss) {
+    if (!logits) return td__fail(TD_EINVAL, "vocab_parallel_cross_entropy: the logits are NULL");
+    td_tensor *ins[2] = {logits, labels};
+    int64_t cols = logits->shape.ndim == 2 ? logits->shape.dim[1] : 0;
+    td__op_attr a = vocab_slice(g, cols, reduction);
+    return td__graph_add(g, &td__op_vocab_parallel_cross_entropy, "vocab_parallel_cross_entropy",
+                         ins, 2, &a, 0, loss);
+}
+
 td_status td_graph_normalize(td_graph *g, td_tensor *x, float eps, td_tensor **y) {
     td__op_attr a = {.eps = eps};
     return unary(g, &td__op_normalize, "normalize", x, &a, 0, y);

@@ -255,6 +255,7 @@ static td_status leaf(td_graph *g, const char *name, td_shape shape, td_dtype dt
 }
 
 static void fill_param(td_param *p, td_tensor *t) {
+    memset(p, 0, sizeof *p);
     p->name = t->name;
     p->data = t->data;
     p->grad = t->grad;
@@ -294,6 +295,26 @@ td_status td_graph_param(td_graph *g, const char *name, td_shape shape, td_tenso
     g->param_t[g->nparams] = t;
     fill_param(&g->params[g->nparams], t);
     g->nparams++;
+    return TD_OK;
+}
+
+td_status td_graph_set_param_split(td_graph *g, td_tensor *param, const td_param_split *split) {
+    if (!g || !param || !split)
+        return td__fail(TD_EINVAL, "td_graph_set_param_split: NULL argument");
+    int i = param->index;
+    if (param->g != g || i < 0 || i >= g->nparams || g->param_t[i] != param)
+        return td__fail(TD_EINVAL, "td_graph_set_param_split: '%s' is not a parameter of the graph",
+                        param->name);
+    const td_param_split *s = split;
+    int parts = s->parts > 1 ? s->parts : 1;
+    if (s->ranks < 0 ||
+        (s->ranks > 0 && (s->rank < 0 || s->rank >= s->ranks || s->dim < 0 ||
+                          s->dim >= param->shape.ndim || param->shape.dim[s->dim] % parts)))
+        return td__fail(TD_EINVAL,
+                        "td_graph_set_param_split: '%s' %d dims: slice %d of %d along dim %d in "
+                        "%d blocks does not fit",
+                        param->name, param->shape.ndim, s->rank, s->ranks, s->dim, parts);
+    g->params[i].split = *s;
     return TD_OK;
 }
 
@@ -638,6 +659,14 @@ void td_graph_set_training(td_graph *g, int training) {
 }
 
 int td_graph_training(const td_graph *g) { return g ? g->ctx.training : 0; }
+
+td_comm *td_graph_comm(const td_graph *g) { return g ? g->opt.comm : NULL; }
+
+int td_graph_rank(const td_graph *g) { return g && g->opt.comm ? td_comm_rank(g->opt.comm) : 0; }
+
+int td_graph_world_size(const td_graph *g) {
+    return g && g->opt.comm ? td_comm_size(g->opt.comm) : 1;
+}
 
 td_rng *td_graph_rng(td_graph *g) { return g ? &g->rng : NULL; }
 

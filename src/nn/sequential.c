@@ -25,6 +25,7 @@ typedef struct {
 
 struct td_sequential {
     td_model_kind kind; /* the reference model it describes, TD_MODEL_COUNT for the caller's */
+    int split_logits;   /* its logits are split by columns over the graph's group */
     td_shape sample;
     seq_layer *layers;
     size_t n, cap;
@@ -150,10 +151,11 @@ static td_status build_run(const td_sequential *s, td_graph *g, size_t first, si
     return TD_OK;
 }
 
-/* Replays layers [0, upto) in a scratch graph: leaves rng where layer `upto` starts drawing
+/* Replays layers [0, upto) in a scratch graph on group `comm` (whose size a tensor-parallel
+ * layer's shapes follow; nothing is communicated): leaves rng where layer `upto` starts drawing
  * and gives the shape it reads. */
 static td_status replay(const td_sequential *s, size_t upto, int64_t batch, uint64_t seed,
-                        td_rng *rng, td_shape *shape) {
+                        td_comm *comm, td_rng *rng, td_shape *shape) {
     td_rng_init(rng, seed);
     td_shape in = s->sample;
     memmove(in.dim + 1, in.dim, (size_t)in.ndim * sizeof in.dim[0]);
@@ -166,6 +168,7 @@ static td_status replay(const td_sequential *s, size_t upto, int64_t batch, uint
     td_graph_params gp = td_graph_default_params();
     gp.grad_enabled = 0;
     gp.arena_block_bytes = 4096; /* never compiled: the arena stays empty */
+    gp.comm = comm;
     td_graph *g;
     TD__TRY(td_graph_create(&g, &gp));
     td_tensor *x, *y;
@@ -178,13 +181,18 @@ static td_status replay(const td_sequential *s, size_t upto, int64_t batch, uint
 
 td_status td_sequential_shape_at(const td_sequential *s, size_t index, int64_t batch,
                                  td_shape *out) {
+    return td_sequential_shape_on(s, index, batch, NULL, out);
+}
+
+td_status td_sequential_shape_on(const td_sequential *s, size_t index, int64_t batch, td_comm *comm,
+                                 td_shape *out) {
     if (!s || !out) return td__fail(TD_EINVAL, "td_sequential_shape_at: NULL argument");
     if (index > s->n)
         return td__fail(TD_EINVAL, "td_sequential_shape_at: layer %zu of %zu", index, s->n);
     if (batch < 1)
         return td__fail(TD_EINVAL, "td_sequential_shape_at: batch %lld", (long long)batch);
     td_rng rng;
-    return replay(s, index, batch, 0, &rng, out);
+    return replay(s, index, batch, 0, comm, &rng, out);
 }
 
 td_status td_sequential_build(const td_sequential *s, td_graph *g, size_t first, size_t last,
@@ -195,7 +203,7 @@ td_status td_sequential_build(const td_sequential *s, td_graph *g, size_t first,
                         first, last, s->n);
     td_shape want, got = td_tensor_shape(x);
     td_rng rng;
-    TD__TRY(replay(s, first, got.ndim > 0 ? got.dim[0] : 1, seed, &rng, &want));
+    TD__TRY(replay(s, first, got.ndim > 0 ? got.dim[0] : 1, seed, td_graph_comm(g), &rng, &want));
     if (!td_shape_equal(&want, &got)) {
         char a[96], b[96];
         td__dims_str(a, sizeof a, want.ndim, want.dim);
@@ -217,7 +225,7 @@ td_status td_model_build_sequential(td_graph *g, const td_sequential *s, int64_t
     out->batch = batch;
     td_shape in;
     td_rng rng;
-    TD__TRY(replay(s, 0, batch, seed, &rng, &in));
+    TD__TRY(replay(s, 0, batch, seed, NULL, &rng, &in));
     TD__TRY(td_graph_input(g, "input", in, TD_F32, 0, &out->input));
     td_tensor *logits;
     TD__TRY(build_run(s, g, 0, s->n, out->input, &rng, &logits));
@@ -228,11 +236,23 @@ td_status td_model_build_sequential(td_graph *g, const td_sequential *s, int64_t
                         "expected (rows, classes) logits",
                         ls.ndim);
     TD__TRY(td_graph_input(g, "labels", td_shape_1d(ls.dim[0]), TD_I64, 0, &out->labels));
-    TD__TRY(td_graph_cross_entropy(g, logits, out->labels, TD_REDUCTION_MEAN, &out->loss,
-                                   &out->output));
+    TD__TRY(td_sequential_loss(s, g, logits, out->labels, &out->loss, &out->output));
     return td_graph_compile(g);
+}
+
+td_status td_sequential_loss(const td_sequential *s, td_graph *g, td_tensor *logits,
+                             td_tensor *labels, td_tensor **loss, td_tensor **output) {
+    if (!s || !g || !loss) return td__fail(TD_EINVAL, "td_sequential_loss: NULL argument");
+    if (!s->split_logits || td_graph_world_size(g) == 1)
+        return td_graph_cross_entropy(g, logits, labels, TD_REDUCTION_MEAN, loss, output);
+    if (output) *output = logits;
+    return td_graph_vocab_parallel_cross_entropy(g, logits, labels, TD_REDUCTION_MEAN, loss);
 }
 
 void td__sequential_set_kind(td_sequential *s, td_model_kind kind) {
     if (s) s->kind = kind;
+}
+
+void td__sequential_set_split_logits(td_sequential *s) {
+    if (s) s->split_logits = 1;
 }

@@ -1,5 +1,7 @@
-/* The embedding ops: the token embedding (F.embedding) and GPT-2's learned position embedding
- * (y = x + table[t]). Kernels: cpu/embedding.c, cuda/embedding.cu. */
+/* The embedding ops: the token embedding (F.embedding), its vocabulary-parallel slice
+ * (Megatron's VocabParallelEmbedding: a table of rows [first, first + rows) of the whole, other
+ * ids looked up as zeros) and GPT-2's learned position embedding (y = x + table[t]). Kernels:
+ * cpu/embedding.c, cuda/embedding.cu (which has no vocabulary slice). */
 #include "ops/op.h"
 
 static td_status emb_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
@@ -9,7 +11,7 @@ static td_status emb_infer(const td__node *n, td_shape *shape, td_dtype *dtype) 
         return td__fail(TD_ESHAPE, "%s: table '%s' must be (rows, C) of a float dtype", n->what,
                         table->name);
     int64_t C = table->shape.dim[1];
-    if (n->variant == TD__EMB_TOKEN) {
+    if (n->variant != TD__EMB_POSITION) {
         if (x->dtype != TD_I64 && x->dtype != TD_I32 && x->dtype != TD_F32)
             return td__fail(TD_EDTYPE, "%s: token ids '%s' are %s (i64, i32 or f32)", n->what,
                             x->name, td_dtype_name(x->dtype));
@@ -38,7 +40,7 @@ static td_status emb_infer(const td__node *n, td_shape *shape, td_dtype *dtype) 
 
 /* Token ids keep their own dtype under mixed precision; everything else follows the table. */
 static td_dtype emb_input_dtype(const td__node *n, int i, td_dtype dtype) {
-    return i == 0 && n->variant == TD__EMB_TOKEN ? n->in[0]->dtype : dtype;
+    return i == 0 && n->variant != TD__EMB_POSITION ? n->in[0]->dtype : dtype;
 }
 
 const td__op td__op_embedding = {

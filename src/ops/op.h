@@ -47,6 +47,8 @@ typedef enum {
     TD__OP_EMBEDDING,
     TD__OP_LAYER_NORM,
     TD__OP_ATTENTION,
+    TD__OP_TP_REGION,
+    TD__OP_VOCAB_PARALLEL_CE,
     TD__OP_COUNT
 } td__op_id;
 
@@ -97,6 +99,11 @@ typedef union {
         int64_t seq_len; /* T: rows of the input are sequences of T positions, one after
                             another */
     } attn;              /* causal self-attention */
+    struct {
+        int world_size;         /* ranks of the group when the node was added */
+        int64_t first;          /* the vocabulary id of this rank's first row or column */
+        td_reduction reduction; /* the cross-entropy's */
+    } vocab;                    /* vocabulary-parallel embedding and cross-entropy */
 } td__op_attr;
 
 /* Variants of the ops that have more than one (td__node.variant). */
@@ -105,7 +112,8 @@ enum { TD__ELT_RELU = 0, TD__ELT_GELU = 1, TD__ELT_GELU_TANH = 2 };
 enum { TD__DROP_ELEMENT = 0, TD__DROP_CHANNEL = 1 };
 enum { TD__SOFTMAX = 0, TD__LOG_SOFTMAX = 1 };
 enum { TD__BN_PLAIN = 0, TD__BN_RELU = 1 }; /* TD__BN_RELU: a ReLU folded in */
-enum { TD__EMB_TOKEN = 0, TD__EMB_POSITION = 1 };
+enum { TD__EMB_TOKEN = 0, TD__EMB_POSITION = 1, TD__EMB_VOCAB_SLICE = 2 };
+enum { TD__REGION_COPY = 0, TD__REGION_REDUCE = 1, TD__REGION_REDUCE_SCATTER = 2 };
 
 /* How an element-wise node relates to the storage of its input after the fusion pass. */
 typedef enum {
@@ -204,10 +212,12 @@ extern const td__op td__op_linear, td__op_conv2d, td__op_pool2d, td__op_eltwise,
 extern const td__op td__op_all_gather, td__op_all_reduce, td__op_sync_batch_norm, td__op_normalize,
     td__op_scale;
 extern const td__op td__op_embedding, td__op_layer_norm, td__op_attention;
+extern const td__op td__op_tp_region, td__op_vocab_parallel_cross_entropy;
 extern const td__kernels td__cpu_linear, td__cpu_conv2d, td__cpu_pool2d, td__cpu_eltwise,
     td__cpu_dropout, td__cpu_batch_norm, td__cpu_reshape, td__cpu_add, td__cpu_concat,
     td__cpu_softmax, td__cpu_nll, td__cpu_cast, td__cpu_sync_batch_norm, td__cpu_normalize,
     td__cpu_scale;
 extern const td__kernels td__cpu_embedding, td__cpu_layer_norm, td__cpu_attention;
+extern const td__kernels td__cpu_vocab_parallel_cross_entropy;
 
 #endif

@@ -142,8 +142,12 @@ static td_status check_params(const char *who, const td_param *params, size_t n)
     return TD_OK;
 }
 
-static td_status add_state(td_optim *o, const char *param_name, const char *suffix, void *data,
-                           size_t count, td_dtype dtype, int ndim, const int64_t *shape) {
+/* Names and describes state buffer `data` of parameter p ("optim.<name>.<suffix>", of p's shape
+ * and tensor-parallel slice), or with p NULL the per-parameter step counts ("optim.<suffix>",
+ * one per parameter). */
+static td_status add_state(td_optim *o, const td_param *p, const char *suffix, void *data,
+                           size_t count, td_dtype dtype) {
+    const char *param_name = p ? p->name : "";
     size_t len = strlen(param_name) + strlen(suffix) + 8;
     char *name = malloc(len);
     if (!name) return td__fail(TD_ENOMEM, "optimizer state: out of memory");
@@ -160,8 +164,10 @@ static td_status add_state(td_optim *o, const char *param_name, const char *suff
     s->data = data;
     s->count = count;
     s->dtype = dtype;
-    s->ndim = ndim;
-    for (int d = 0; d < ndim; d++) s->shape[d] = shape[d];
+    s->ndim = p ? p->ndim : 1;
+    s->shape[0] = (int64_t)count;
+    for (int d = 0; p && d < p->ndim; d++) s->shape[d] = p->shape[d];
+    if (p) s->split = p->split;
     return TD_OK;
 }
 
@@ -207,8 +213,7 @@ static td_status create_common(td_optim **out, int kind, td_param *params, size_
             if (st != TD_OK) goto fail;
         }
     }
-    int64_t nshape[1] = {(int64_t)n};
-    if ((st = add_state(o, "", "step", o->steps, n, TD_I64, 1, nshape)) != TD_OK) goto fail;
+    if ((st = add_state(o, NULL, "step", o->steps, n, TD_I64)) != TD_OK) goto fail;
     for (size_t i = 0; i < n && nbufs > 0; i++) {
         size_t c = params[i].count;
         td_dtype sd = state_dtype(o, i);
@@ -218,19 +223,16 @@ static td_status create_common(td_optim **out, int kind, td_param *params, size_
                           params[i].name, c);
             goto fail;
         }
-        st = add_state(o, params[i].name, suffix1, o->buf1[i], c, sd, params[i].ndim,
-                       params[i].shape);
+        st = add_state(o, &params[i], suffix1, o->buf1[i], c, sd);
         if (st != TD_OK) goto fail;
         if (nbufs > 1) {
-            st = add_state(o, params[i].name, suffix2, o->buf2[i], c, sd, params[i].ndim,
-                           params[i].shape);
+            st = add_state(o, &params[i], suffix2, o->buf2[i], c, sd);
             if (st != TD_OK) goto fail;
         }
     }
     for (size_t i = 0; i < n; i++) {
         if (!o->master[i]) continue;
-        st = add_state(o, params[i].name, "master", o->master[i], params[i].count, TD_F32,
-                       params[i].ndim, params[i].shape);
+        st = add_state(o, &params[i], "master", o->master[i], params[i].count, TD_F32);
         if (st != TD_OK) goto fail;
     }
     *out = o;

@@ -114,8 +114,7 @@ static td_status build_slot(td_pipeline *pp, const td_sequential *model, int k) 
         }
         pp->label_rows = os.dim[0] / pp->b;
         TD__TRY(td_graph_input(sl->g, "labels", td_shape_1d(os.dim[0]), TD_I64, 0, &sl->labels));
-        TD__TRY(td_graph_cross_entropy(sl->g, sl->output, sl->labels, TD_REDUCTION_MEAN, &sl->loss,
-                                       &sl->logp));
+        TD__TRY(td_sequential_loss(model, sl->g, sl->output, sl->labels, &sl->loss, &sl->logp));
     }
     TD__TRY(td_graph_compile(sl->g));
     if (k > 0) TD__TRY(td_graph_share_params(sl->g, pp->slots[0].g));
@@ -136,8 +135,8 @@ static td_status build_slot(td_pipeline *pp, const td_sequential *model, int k) 
 
 /* This stage's layers and graphs; local. */
 static td_status build_stage(td_pipeline *pp, const td_sequential *model) {
-    TD__TRY(td_sequential_shape_at(model, pp->first_layer, pp->b, &pp->in_shape));
-    TD__TRY(td_sequential_shape_at(model, pp->last_layer, pp->b, &pp->out_shape));
+    TD__TRY(td_sequential_shape_on(model, pp->first_layer, pp->b, pp->tp, &pp->in_shape));
+    TD__TRY(td_sequential_shape_on(model, pp->last_layer, pp->b, pp->tp, &pp->out_shape));
     pp->in_bytes = (size_t)td_shape_numel(&pp->in_shape) * sizeof(float);
     pp->out_bytes = (size_t)td_shape_numel(&pp->out_shape) * sizeof(float);
     if (pp->opt.schedule == TD_SCHEDULE_1F1B)
@@ -237,7 +236,16 @@ static void describe_cuts(const void *sig, const void *other, char *out, size_t 
 }
 
 /* Checks that need no other rank; the message goes to every rank. */
-static td_status check_local(const td_pipeline_params *p, const td_sequential *model, int world) {
+static td_status check_local(const td_pipeline_params *p, const td_sequential *model,
+                             td_comm *comm) {
+    int world = td_comm_size(comm);
+    if (p->mesh && td_mesh_comm(p->mesh) != comm)
+        return td__fail(TD_EINVAL, "pipeline: the mesh was made over another group than the one "
+                                   "given to td_pipeline_create");
+    if (p->mesh && (!td_mesh_group(p->mesh, "pp") || td_mesh_size(p->mesh, "pp") != p->stages))
+        return td__fail(TD_EINVAL, "pipeline: %d stages, but the mesh's pp dimension has %d%s",
+                        p->stages, td_mesh_size(p->mesh, "pp"),
+                        td_mesh_group(p->mesh, "pp") ? "" : " (it has none)");
     if ((unsigned)p->schedule > TD_SCHEDULE_1F1B)
         return td__fail(TD_EINVAL, "pipeline: unknown schedule %d", (int)p->schedule);
     if (p->stages < 1 || p->stages > TD_PIPELINE_MAX_STAGES)
@@ -267,7 +275,9 @@ static td_status agree_on_options(td_pipeline *pp, td_comm *comm, const td_seque
     mine.batch = pp->opt.batch;
     mine.schedule = pp->opt.schedule;
     mine.layers = (int64_t)td_sequential_count(model);
-    mine.replicas = pp->opt.stages > 0 ? pp->world / pp->opt.stages : 0;
+    mine.replicas = pp->opt.mesh         ? td_mesh_size(pp->opt.mesh, "dp")
+                    : pp->opt.stages > 0 ? pp->world / pp->opt.stages
+                                         : 0;
     mine.seed = pp->opt.seed;
     const char *split = pp->opt.split ? pp->opt.split : "";
     snprintf(mine.split, sizeof mine.split, "%s", split);
@@ -275,7 +285,7 @@ static td_status agree_on_options(td_pipeline *pp, td_comm *comm, const td_seque
     model_digest(model, mine.model_digest);
     td_comm_agreement a = {
         .what = "pipeline",
-        .local = check_local(&pp->opt, model, pp->world),
+        .local = check_local(&pp->opt, model, comm),
         .sig = &mine,
         .bytes = sizeof mine,
         .describe = describe_options,
@@ -291,7 +301,7 @@ static td_status agree_on_cuts(td_pipeline *pp, td_comm *comm, const td_sequenti
     for (int c = 0; c <= pp->P; c++) mine.first[c] = (int64_t)pp->stage_first[c];
     for (int c = 1; c < pp->P && local == TD_OK; c++) {
         td_shape at;
-        local = td_sequential_shape_at(model, pp->stage_first[c], pp->b, &at);
+        local = td_sequential_shape_on(model, pp->stage_first[c], pp->b, pp->tp, &at);
         mine.ndim[c] = at.ndim;
         for (int i = 0; i < at.ndim; i++) mine.dims[c][i] = at.dim[i];
     }
@@ -327,12 +337,24 @@ static td_status start_channels(td_pipeline *pp) {
 static td_status create(td_pipeline *pp, td_comm *comm, const td_sequential *model) {
     TD__TRY(agree_on_options(pp, comm, model));
     pp->P = pp->opt.stages;
-    pp->D = pp->world / pp->P;
-    pp->stage = pp->rank % pp->P;
-    pp->replica = pp->rank / pp->P;
     pp->b = pp->opt.batch / pp->M;
-    TD__TRY(td_comm_split(comm, pp->replica, pp->stage, &pp->pipe));
-    if (pp->D > 1) TD__TRY(td_comm_split(comm, pp->stage, pp->replica, &pp->dp));
+    const td_mesh *mesh = pp->opt.mesh;
+    if (mesh) { /* the mesh's groups: stages along pp, replicas along dp, each stage split on tp */
+        pp->D = td_mesh_size(mesh, "dp");
+        pp->stage = td_mesh_coord(mesh, "pp");
+        pp->replica = td_mesh_coord(mesh, "dp");
+        pp->mesh_groups = 1;
+        pp->pipe = td_mesh_group(mesh, "pp");
+        pp->dp = pp->D > 1 ? td_mesh_group(mesh, "dp") : NULL;
+        pp->tp = td_mesh_group(mesh, "tp");
+        pp->opt.graph.comm = pp->tp;
+    } else {
+        pp->D = pp->world / pp->P;
+        pp->stage = pp->rank % pp->P;
+        pp->replica = pp->rank / pp->P;
+        TD__TRY(td_comm_split(comm, pp->replica, pp->stage, &pp->pipe));
+        if (pp->D > 1) TD__TRY(td_comm_split(comm, pp->stage, pp->replica, &pp->dp));
+    }
     TD__TRY(td__pp_choose_split(comm, model, pp->opt.split, pp->P, pp->b, pp->opt.balance_reps,
                                 pp->stage_first));
     size_t L = td_sequential_count(model);
@@ -416,8 +438,10 @@ void td_pipeline_destroy(td_pipeline *pp) {
     free(pp->tied);
     free(pp->owner);
     free(pp->counted);
-    td_comm_destroy(pp->dp);
-    td_comm_destroy(pp->pipe);
+    if (!pp->mesh_groups) {
+        td_comm_destroy(pp->dp);
+        td_comm_destroy(pp->pipe);
+    }
     free(pp);
 }
 

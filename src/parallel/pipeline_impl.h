@@ -97,8 +97,11 @@ typedef struct {
 
 struct td_pipeline {
     td_pipeline_params opt; /* split is not kept */
-    td_comm *pipe;          /* this replica's stages, rank = stage (owned) */
-    td_comm *dp;            /* this stage's replicas, rank = replica (owned), or NULL */
+    td_comm *pipe;          /* this replica's stages, rank = stage (owned, or the mesh's) */
+    td_comm *dp;            /* this stage's replicas, rank = replica (owned, or the mesh's), or
+                               NULL */
+    td_comm *tp;            /* the stage graphs' group: the mesh's tp group, or NULL */
+    int mesh_groups;        /* pipe and dp are the mesh's (opt.mesh), not owned */
     int rank, stage, P, replica, D, M;
     int64_t b;          /* micro-batch */
     int64_t label_rows; /* rows of the last stage's logits (and labels) per sample */

@@ -315,6 +315,35 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
     return TD_OK;
 }
 
+/* A micro-batch's loss and hits from this tensor-parallel rank's columns of the logits (z, its
+ * `classes` of each of `rows` rows): the loss is the graph's, the same on every rank, whose mean
+ * over the micro-batch counts only whole micro-batches (the padded rows of a short one have no
+ * loss of their own to leave out); a row is a hit where the rank holding its label's column
+ * finds the row's largest logit over every rank (max, rows floats) there. */
+static td_status split_rows(td_pipeline *pp, const pp_slot *sl, const float *z, const int64_t *y,
+                            int64_t real, int64_t rows, int64_t classes, float *max, double *lsum,
+                            int64_t *hits) {
+    if (real < rows)
+        return td__fail(TD_EINVAL,
+                        "evaluate: %lld of a micro-batch's %lld rows; a "
+                        "tensor-parallel model evaluates whole micro-batches",
+                        (long long)real, (long long)rows);
+    for (int64_t r = 0; r < rows; r++) {
+        max[r] = z[r * classes];
+        for (int64_t c = 1; c < classes; c++) max[r] = fmaxf(max[r], z[r * classes + c]);
+    }
+    TD__TRY(td_comm_allreduce(pp->tp, max, max, (size_t)rows, TD_F32, TD_OP_MAX));
+    int64_t mine = 0, first = td_comm_rank(pp->tp) * classes;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t c = y[r] - first;
+        mine += c >= 0 && c < classes && z[r * classes + c] == max[r];
+    }
+    TD__TRY(td_comm_allreduce(pp->tp, &mine, &mine, 1, TD_I64, TD_OP_SUM));
+    *hits += mine;
+    *lsum += (double)*(const float *)td_tensor_data(sl->loss) * (double)rows;
+    return TD_OK;
+}
+
 td_status td__pp_run_eval(td_pipeline *pp, const float *x, const int64_t *labels, int64_t n,
                           double *loss_sum, int64_t *correct) {
     if (loss_sum) *loss_sum = 0;
@@ -334,7 +363,13 @@ td_status td__pp_run_eval(td_pipeline *pp, const float *x, const int64_t *labels
         if ((pp->stage == 0 && !pad_x) || (last && !pad_y))
             s = td__pp_fail(pp, TD_ENOMEM, "evaluate: out of memory");
     }
+    /* A tensor-parallel last stage's logits are this rank's columns (td_sequential_loss). */
+    int split =
+        last && pp->tp && td_comm_size(pp->tp) > 1 && pp->slots[0].logp == pp->slots[0].output;
+    float *max = NULL;
     if (!s && last && !(logp = malloc((size_t)(mb_rows * classes) * sizeof *logp)))
+        s = td__pp_fail(pp, TD_ENOMEM, "evaluate: out of memory");
+    if (!s && split && !(max = malloc((size_t)mb_rows * sizeof *max)))
         s = td__pp_fail(pp, TD_ENOMEM, "evaluate: out of memory");
     for (int k = 0; k < pp->K; k++) td_graph_set_training(pp->slots[k].g, 0);
     for (int m = 0; !s && m < pp->K && m < nm; m++) post_receives(pp, m, 0);
@@ -359,7 +394,9 @@ td_status td__pp_run_eval(td_pipeline *pp, const float *x, const int64_t *labels
             pp_slot *sl = &pp->slots[m % pp->K];
             s = td_tensor_read(sl->logp, logp);
             const int64_t *y = labels + (size_t)m * (size_t)mb_rows;
-            for (int64_t r = 0; !s && r < samples * R; r++) {
+            if (!s && split)
+                s = split_rows(pp, sl, logp, y, samples * R, mb_rows, classes, max, &lsum, &hits);
+            for (int64_t r = 0; !s && !split && r < samples * R; r++) {
                 const float *row = logp + r * classes;
                 int64_t best = 0;
                 for (int64_t c = 1; c < classes; c++)
@@ -376,6 +413,7 @@ td_status td__pp_run_eval(td_pipeline *pp, const float *x, const int64_t *labels
     free(pad_x);
     free(pad_y);
     free(logp);
+    free(max);
     if (s) return s;
     pp->evals++;
     if (loss_sum && last) *loss_sum = lsum;

@@ -194,22 +194,29 @@ td_status td_pipeline_clip_grad_norm(td_pipeline *pp, double max_norm, double *t
                         max_norm);
     if (pp->failed) return td__fail(pp->failed, "%s", pp->failed_msg);
     /* Each stage's sum of squares: ZeRO's shards summed over the replicas (creation refused tied
-     * parameters then), else the whole gradients of the parameters this stage owns. */
+     * parameters then), else the whole gradients of the parameters this stage owns; of a
+     * tensor-parallel stage, the slices on every tp rank and the whole tensors (which every tp
+     * rank holds alike) on tp rank 0, summed over tp too. */
+    int tp_rank = pp->tp ? td_comm_rank(pp->tp) : 0, tp_size = pp->tp ? td_comm_size(pp->tp) : 1;
     td_param *shards = NULL;
     size_t n = 0;
     if (pp->replicas_impl) TD__TRY(pp->replicas->norm_grads(pp->replicas_impl, &shards, &n));
     pp_slot *s0 = &pp->slots[0];
-    if (!shards)
-        for (size_t i = 0; i < s0->n_params; i++)
-            if (pp->owner[i] == pp->stage) pp->counted[n++] = s0->params[i];
+    const td_param *from = shards ? shards : s0->params;
+    size_t count = shards ? n : s0->n_params;
+    n = 0;
+    for (size_t i = 0; i < count; i++)
+        if ((shards || pp->owner[i] == pp->stage) && (from[i].split.ranks > 0 || tp_rank == 0))
+            pp->counted[n++] = from[i];
     const char *what = "td_pipeline_clip_grad_norm";
     double sum;
-    td_status s = td__grads_sumsq(shards ? shards : pp->counted, n, &sum, what);
+    td_status s = td__grads_sumsq(pp->counted, n, &sum, what);
     if (s == TD_OK && shards) s = td_comm_allreduce(pp->dp, &sum, &sum, 1, TD_F64, TD_OP_SUM);
     if (s == TD_OK) s = td_comm_allreduce(pp->pipe, &sum, &sum, 1, TD_F64, TD_OP_SUM);
+    if (s == TD_OK && tp_size > 1) s = td_comm_allreduce(pp->tp, &sum, &sum, 1, TD_F64, TD_OP_SUM);
     if (s) return pp_norm_failed(pp, s);
     /* The same coefficient on every stage, so the copies of a tied weight stay equal. */
-    return shards ? td__grads_clip(shards, n, max_norm, sum, total_norm, what)
+    return shards ? td__grads_clip(shards, count, max_norm, sum, total_norm, what)
                   : td__grads_clip(s0->params, s0->n_params, max_norm, sum, total_norm, what);
 }
 

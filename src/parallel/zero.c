@@ -189,7 +189,8 @@ static td_status make_views(td_zero *z) {
                                  .count = w->count,
                                  .dtype = p->dtype,
                                  .ndim = 1,
-                                 .shape = {(int64_t)w->count}};
+                                 .shape = {(int64_t)w->count},
+                                 .split = p->split};
     }
     return TD_OK;
 }

@@ -54,6 +54,9 @@ static const char usage_text[] =
     "  --trace-ops          with --trace: every op of the graph too (TANDEM_TRACE_OPS=1)\n"
     "  --trace-merge DIR    merge the spans a traced job's ranks kept in DIR (under mpirun,\n"
     "                       when they could not gather them) into DIR/trace.json, and exit\n"
+    "  --tp N, --pp N       the device mesh: N-way tensor and pipeline parallel, the rest\n"
+    "                       of the ranks data parallel (TANDEM_TP, TANDEM_PP; td_mesh,\n"
+    "                       docs/parallelism.md)\n"
     "  --doctor-dir DIR     where the ranks write their dumps (TANDEM_DOCTOR_DIR), kept\n"
     "                       after the job (default: a directory in /tmp, removed when the\n"
     "                       job succeeds; docs/doctor.md)\n"
@@ -170,6 +173,8 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
         td_args_string(&a, "--token", &o->token);
         td_args_string(&a, "--rdzv-id", &o->token);
         td_args_positive(&a, "--rdzv-timeout", 1e9, &o->rdzv_timeout_s);
+        td_args_int(&a, "--tp", 1, TR_MAX_RANKS, &o->tp);
+        td_args_int(&a, "--pp", 1, TR_MAX_RANKS, &o->pp);
     }
     int program_at = a.index;
     if (!a.failed && !a.help) {
@@ -223,6 +228,12 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
                               "hosts (--nnodes > 1) cannot restart yet");
     }
     if (o->trace_ops && !o->trace_dir) td_args_error(&a, "--trace-ops needs --trace DIR");
+    long mesh = (long)(o->tp ? o->tp : 1) * (o->pp ? o->pp : 1), world = (long)o->nnodes * o->nproc;
+    if (!a.failed && world % mesh)
+        td_args_error(&a,
+                      "--tp %d x --pp %d = %ld ranks does not divide the job's %ld ranks (the "
+                      "rest are data parallel)",
+                      o->tp ? o->tp : 1, o->pp ? o->pp : 1, mesh, world);
     if (!program && !o->merge_dir) td_args_error(&a, "no program to run");
     char *path = program ? resolve_program(program) : NULL;
     if (program && !path) td_args_error(&a, "program '%s' not found or not executable", program);
@@ -257,6 +268,9 @@ int main(int argc, char **argv) {
         free((char *)opts.program);
         return 2;
     }
+    char size[16];
+    if (opts.tp) snprintf(size, sizeof size, "%d", opts.tp), setenv("TANDEM_TP", size, 1);
+    if (opts.pp) snprintf(size, sizeof size, "%d", opts.pp), setenv("TANDEM_PP", size, 1);
     tr_restart restart = {opts.max_restarts, 0, opts.restart_nproc};
     int failed = -1;
     for (;;) {

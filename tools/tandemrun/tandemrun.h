@@ -41,6 +41,7 @@ typedef struct {
     const char *trace_dir; /* --trace: the ranks get TANDEM_TRACE=<its absolute path> */
     const char *merge_dir; /* --trace-merge DIR: merge what its ranks kept there, then exit */
     int trace_ops;         /* --trace-ops: and TANDEM_TRACE_OPS=1 */
+    int tp, pp;            /* --tp, --pp: the mesh's sizes (TANDEM_TP, TANDEM_PP); 0: unset */
     const char *dump_dir;  /* --doctor-dir: where the ranks dump (kept after the job) */
 } tr_options;
 

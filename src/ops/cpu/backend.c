@@ -177,6 +177,7 @@ const td__backend td__backend_cpu = {
             [TD__OP_EMBEDDING] = &td__cpu_embedding,
             [TD__OP_LAYER_NORM] = &td__cpu_layer_norm,
             [TD__OP_ATTENTION] = &td__cpu_attention,
+            [TD__OP_VOCAB_PARALLEL_CE] = &td__cpu_vocab_parallel_cross_entropy,
         },
     .init = cpu_init,
     .destroy = cpu_destroy,

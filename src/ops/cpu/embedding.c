@@ -5,7 +5,9 @@
  * so a table read by another node too (GPT-2's tied output projection) gets the sum; the scatter
  * runs in index order, so its sums do not depend on threads. Token ids may be i64, i32 or an
  * f32 holding whole numbers (a model whose input is an f32 tensor, as a pipeline stage's is); an
- * id outside [0, V) or not whole is an error naming its position. */
+ * id outside [0, V) or not whole is an error naming its position. A vocabulary slice's table
+ * holds rows [first, first + rows) of the whole: an id there is looked up, any other id of the
+ * whole vocabulary gives a row of zeros and no gradient. */
 #include <math.h>
 #include <string.h>
 
@@ -60,17 +62,32 @@ static void *table_grad(td_tensor *table) {
     return table->grad;
 }
 
+/* Token i's row of the table (ids checked against the whole vocabulary), or -1 when the
+ * table is a vocabulary slice that does not hold it. */
+static td_status token_row(const td__node *n, size_t i, int64_t *row) {
+    int64_t rows = n->in[1]->shape.dim[0];
+    if (n->variant == TD__EMB_TOKEN) return token_id(n, i, rows, row);
+    TD__TRY(token_id(n, i, n->attr.vocab.world_size * rows, row));
+    *row -= n->attr.vocab.first;
+    if (*row < 0 || *row >= rows) *row = -1;
+    return TD_OK;
+}
+
 static td_status emb_forward(td__op_ctx *ctx, td__node *n) {
     (void)ctx;
     const td_tensor *table = n->in[1];
     int64_t C = table->shape.dim[1];
     td_dtype dt = n->out->dtype;
-    if (n->variant == TD__EMB_TOKEN) {
+    if (n->variant != TD__EMB_POSITION) {
         size_t count = (size_t)td_shape_numel(&n->in[0]->shape);
         for (size_t i = 0; i < count; i++) {
             int64_t id;
-            TD__TRY(token_id(n, i, table->shape.dim[0], &id));
-            row_copy(n->out->data, i * (size_t)C, table->data, (size_t)id * (size_t)C, dt, C);
+            TD__TRY(token_row(n, i, &id));
+            if (id >= 0)
+                row_copy(n->out->data, i * (size_t)C, table->data, (size_t)id * (size_t)C, dt, C);
+            else
+                memset((char *)n->out->data + i * (size_t)C * td_dtype_size(dt), 0,
+                       (size_t)C * td_dtype_size(dt));
         }
         return TD_OK;
     }
@@ -90,14 +107,14 @@ static td_status emb_backward(td__op_ctx *ctx, td__node *n) {
     int64_t C = table->shape.dim[1];
     const void *dy = n->out->grad;
     td_dtype dt = n->out->dtype;
-    if (n->variant == TD__EMB_TOKEN) {
+    if (n->variant != TD__EMB_POSITION) {
         if (!table->requires_grad) return TD_OK;
         void *dtab = table_grad(table);
         size_t count = (size_t)td_shape_numel(&in0->shape);
         for (size_t i = 0; i < count; i++) {
             int64_t id;
-            TD__TRY(token_id(n, i, table->shape.dim[0], &id));
-            row_add(dtab, (size_t)id * (size_t)C, dy, i * (size_t)C, dt, C);
+            TD__TRY(token_row(n, i, &id));
+            if (id >= 0) row_add(dtab, (size_t)id * (size_t)C, dy, i * (size_t)C, dt, C);
         }
         return TD_OK;
     }

@@ -27,6 +27,11 @@ typedef struct {
 
 static td_status emb_compile(td__op_ctx *ctx, td__node *n) {
     (void)ctx;
+    if (n->variant == TD__EMB_VOCAB_SLICE)
+        return td__host->fail(TD_EUNSUPPORTED,
+                              "%s: the vocabulary-parallel lookup has no GPU kernel (tensor "
+                              "parallelism runs on the CPU)",
+                              n->what);
     if (n->variant != TD__EMB_TOKEN) return TD_OK;
     emb_state *s = (emb_state *)calloc(1, sizeof *s);
     if (!s) return td__host->fail(TD_ENOMEM, "%s: out of memory", n->what);
