@@ -5,9 +5,10 @@
  * their gradients in a fixed tree whose leaves are the shards. Done one shard at a time, every
  * shard writes its whole weight gradient and the tree reads it back to fold it (for the MLP at
  * four shards a rank, 7.4 MB written four times and folded three times per step). Here the
- * layer keeps each shard's input and output gradient (packed: 128 KiB a shard of 16 for a
- * 1024-wide layer) and computes, at the step's last shard, a 4 x 64 tile of every shard's
- * gradient in turn, folding it into the tree at once: the gradient is written once per step.
+ * layer keeps each shard's input and output gradient (packed: 132 KiB a shard of 16 for a
+ * 1024-wide layer, with its bias gradient, summed while packing) and computes, at the step's
+ * last shard, a 4 x 64 tile of every shard's gradient in turn, folding it into the tree at once:
+ * the gradient is written once per step.
  *
  * The bits are fixed by construction: shard s's element (j, k) is the sum over its samples i in
  * order of dy[i, j] x[i, k], one fused multiply-add each from zero (the order oneDNN's f32
@@ -51,13 +52,18 @@ static int tree_plan(size_t j, size_t count, int levels, int add[MAX_ADDS], int 
 /* The packed layout of one shard: its x in column blocks of COLS, each (n, COLS) and zero past
  * `in`, then its dy in row blocks of ROWS, each (n, ROWS) and zero past `out`: what one tile
  * reads is contiguous (a row of 1024 floats, 4 KiB, would put every sample of a tile in the same
- * cache sets). */
+ * cache sets); then its bias gradient, each output's dy summed over the samples. */
 static int64_t col_blocks(int64_t in) { return (in + COLS - 1) / COLS; }
 static int64_t row_blocks(int64_t out) { return (out + ROWS - 1) / ROWS; }
 
 size_t td__linear_shard_floats(int64_t n, int64_t in, int64_t out) {
-    size_t f = (size_t)(n * (col_blocks(in) * COLS + row_blocks(out) * ROWS));
+    size_t f = (size_t)((n + 1) * row_blocks(out) * ROWS + n * col_blocks(in) * COLS);
     return (f + 15) / 16 * 16; /* the next shard's blocks start on 64 bytes too */
+}
+
+/* Where the bias gradient starts in a shard's packed floats. */
+static int64_t bias_at(int64_t n, int64_t in, int64_t out) {
+    return n * (col_blocks(in) * COLS + row_blocks(out) * ROWS);
 }
 
 void td__linear_shard_pack(float *packed, const float *x, const float *dy, int64_t n, int64_t in,
@@ -70,9 +76,22 @@ void td__linear_shard_pack(float *packed, const float *x, const float *dy, int64
             memset(p + w, 0, (size_t)(COLS - w) * sizeof *p);
         }
     }
-    for (int64_t j0 = 0; j0 < out; j0 += ROWS)
-        for (int64_t i = 0; i < n; i++, p += ROWS)
-            for (int a = 0; a < ROWS; a++) p[a] = j0 + a < out ? dy[i * out + j0 + a] : 0.0f;
+    /* dy along its rows, ROWS outputs of a sample at a time into their block */
+    const int64_t full = out / ROWS, tail = out - full * ROWS;
+    float *bias = packed + bias_at(n, in, out);
+    memset(bias, 0, (size_t)out * sizeof *bias);
+    for (int64_t i = 0; i < n; i++) {
+        const float *r = dy + i * out;
+        for (int64_t jb = 0; jb < full; jb++)
+            memcpy(p + (jb * n + i) * ROWS, r + jb * ROWS, ROWS * sizeof *p);
+        if (tail) {
+            float *q = p + (full * n + i) * ROWS;
+            memcpy(q, r + full * ROWS, (size_t)tail * sizeof *q);
+            memset(q + tail, 0, (size_t)(ROWS - tail) * sizeof *q);
+        }
+        /* the samples in order, one addition each from zero */
+        for (int64_t j = 0; j < out; j++) bias[j] = bias[j] + r[j];
+    }
 }
 
 /* A tile's finish, shared by the instruction sets' kernels below: the tiles `node` [0, nadd)
@@ -240,17 +259,11 @@ int td__linear_shard_grads(float *dw, float *db, const float *const *packed, siz
     for (int64_t j0 = 0; db && j0 < out; j0 += TILE) {
         int w = out - j0 < TILE ? (int)(out - j0) : TILE;
         for (size_t s = 0; s < count; s++) {
-            const float *d = packed[s] + dy_at;
-            memset(cur, 0, TILE * sizeof *cur);
-            for (int e = 0; e < w; e++) {
-                int64_t j = j0 + e, at = (j / ROWS) * n * ROWS + j % ROWS;
-                for (int64_t i = 0; i < n; i++) cur[e] = cur[e] + d[at + i * ROWS];
-            }
+            memcpy(cur, packed[s] + bias_at(n, in, out) + j0, (size_t)w * sizeof *cur);
             int nadd = tree_plan(s, count, levels, add, &wait);
             for (int k = 0; k < nadd; k++)
-                for (int e = 0; e < TILE; e++) cur[e] = pend[add[k] * TILE + e] + cur[e];
-            memcpy(wait >= 0 ? pend + (size_t)wait * TILE : db + j0, cur,
-                   (wait >= 0 ? TILE : (size_t)w) * sizeof *cur);
+                for (int e = 0; e < w; e++) cur[e] = pend[add[k] * TILE + e] + cur[e];
+            memcpy(wait >= 0 ? pend + (size_t)wait * TILE : db + j0, cur, (size_t)w * sizeof *cur);
         }
     }
     free(pend);
