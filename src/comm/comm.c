@@ -362,12 +362,11 @@ static td_status submit(td_comm *comm, td_request *r, int blocking) {
         r->rec = td__rec_post(&comm->rec, comm, r->coll.kind, r->coll.seq, r->coll.count,
                               r->coll.dtype, r->coll.op,
                               td__coll_is_rooted(r->coll.kind) ? r->coll.root : -1, -1,
-                              inline_now ? TD__REC_RUNNING : TD__REC_QUEUED);
+                              TD__REC_QUEUED);
     else
         r->rec = td__rec_post(&comm->rec, comm,
                               r->kind == ITEM_ALLOC ? TD__REC_ALLOC : TD__REC_SPLIT, r->coll.seq,
-                              r->bytes, TD_U8, 0, -1, -1,
-                              inline_now ? TD__REC_RUNNING : TD__REC_QUEUED);
+                              r->bytes, TD_U8, 0, -1, -1, TD__REC_QUEUED);
     if (inline_now) {
         comm->busy = 1;
         pthread_mutex_unlock(&comm->lock);
