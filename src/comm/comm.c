@@ -228,6 +228,18 @@ td_status td_comm_set_timeout(td_comm *comm, double seconds) {
     return TD_OK;
 }
 
+td_status td_comm_set_name(td_comm *comm, const char *name) {
+    if (!comm || !name) return td__fail(TD_EINVAL, "td_comm_set_name: comm or name is NULL");
+    size_t len = strlen(name);
+    if (len < 1 || len > 32)
+        return td__fail(TD_EINVAL, "td_comm_set_name: the name has %zu characters, 1 to 32 expected",
+                        len);
+    pthread_mutex_lock(&comm->lock);
+    td__names_label(&comm->names, name);
+    pthread_mutex_unlock(&comm->lock);
+    return TD_OK;
+}
+
 /* ---------------------------------------------------------------- running work */
 
 /* Ends the group for this rank with `s` (td_last_error() says why); the first failure is
