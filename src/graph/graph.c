@@ -166,6 +166,7 @@ void td_graph_destroy(td_graph *g) {
     free(g->casts);
     free(g->fired);
     free(g->shard_summed);
+    free(g->writers);
     free(g->used);
     td_arena_destroy(g->ctx.arena);
     td_arena_destroy(g->ctx.records);
