@@ -54,6 +54,11 @@ typedef struct {
                       written and reported ready once, at the step's last shard, as the sum
                       of every shard's gradient in deterministic mode's pairwise tree; 0: once
                       per backward */
+    float shard_sum_scale;       /* what a shard_sum gradient's producer may multiply the sum
+                                    by as it writes it (0: 1), set by the consumer that would
+                                    scale it next (deterministic DDP, on one rank) ... */
+    int shard_sum_scaled;        /* ... and 1 where the producer does (a graph's linear
+                                    layers): then no pass of its own reads the sum again */
     td_param_written_fn written; /* NULL, or what a writer of data calls (a graph's, for the
                                     weights its blocked linear layers keep copies of) */
     void *written_ctx;           /* written's first argument */

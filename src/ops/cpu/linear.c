@@ -241,7 +241,9 @@ static td_status shard_weights(td__op_ctx *ctx, td__node *n, linear_state *s) {
     for (size_t k = 0; k < count; k++) packed[k] = s->kept + k * each;
     float *dw = td__grad_begin(ctx, w, 1), *db = b ? td__grad_begin(ctx, b, 2) : NULL;
     td_status st = TD_OK;
-    if (td__linear_shard_grads(dw, db, packed, count, N, IN, OUT) != 0)
+    float by_w = w->sum_scale != 0 ? w->sum_scale : 1.0f;
+    float by_b = b && b->sum_scale != 0 ? b->sum_scale : 1.0f;
+    if (td__linear_shard_grads(dw, db, packed, count, N, IN, OUT, by_w, by_b) != 0)
         st = td__fail(TD_ENOMEM, "linear: out of memory summing %zu shards", count);
     if (st == TD_OK) st = td__grad_end(ctx, w);
     if (st == TD_OK && b) st = td__grad_end(ctx, b);
