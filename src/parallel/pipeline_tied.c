@@ -12,6 +12,7 @@
 
 #include "core/core_impl.h"
 #include "optim/optim_impl.h"
+#include "parallel/grad_norm.h"
 #include "parallel/pipeline_impl.h"
 
 /* One parameter as the other stages see it. */
@@ -209,12 +210,13 @@ td_status td_pipeline_clip_grad_norm(td_pipeline *pp, double max_norm, double *t
         if ((shards || pp->owner[i] == pp->stage) && (from[i].split.ranks > 0 || tp_rank == 0))
             pp->counted[n++] = from[i];
     const char *what = "td_pipeline_clip_grad_norm";
-    double sum;
-    td_status s = td__grads_sumsq(pp->counted, n, &sum, what);
-    if (s == TD_OK && shards) s = td_comm_allreduce(pp->dp, &sum, &sum, 1, TD_F64, TD_OP_SUM);
-    if (s == TD_OK) s = td_comm_allreduce(pp->pipe, &sum, &sum, 1, TD_F64, TD_OP_SUM);
-    if (s == TD_OK && tp_size > 1) s = td_comm_allreduce(pp->tp, &sum, &sum, 1, TD_F64, TD_OP_SUM);
+    td__sumsq acc;
+    td__sumsq_init(&acc);
+    td_status s = td__grads_sumsq(pp->counted, n, &acc, what);
+    td_comm *groups[3] = {shards ? pp->dp : NULL, pp->pipe, tp_size > 1 ? pp->tp : NULL};
+    if (s == TD_OK) s = td__sumsq_allreduce(&acc, groups, 3);
     if (s) return pp_norm_failed(pp, s);
+    double sum = td__sumsq_value(&acc);
     /* The same coefficient on every stage, so the copies of a tied weight stay equal. */
     return shards ? td__grads_clip(shards, count, max_norm, sum, total_norm, what)
                   : td__grads_clip(s0->params, s0->n_params, max_norm, sum, total_norm, what);
