@@ -1,0 +1,141 @@
+/* Deterministic training at every layout: a small GPT trained on a device mesh of (dp, tp, pp)
+ * ranks, the batch in fixed shards summed by DDP's shard tree over dp and every tensor-parallel
+ * layer in fixed tp shards (td_graph_params.tp_shards) summed in the pairwise tree over tp, the
+ * gradient norm clipped over the whole model, ends on the parameter digest of one process
+ * training alone, at every layout of 1, 2 and 4 ranks, with and without sequence parallelism.
+ * Ranks are forked (td_spawn) over the shm backend. */
+#include <string.h>
+#include <sys/mman.h>
+
+#include "tandem/tandem.h"
+
+#include "test.h"
+#include "test_comm_util.h"
+
+#define B 8      /* sequences per step (global) */
+#define T 16     /* context */
+#define SHARDS 4 /* of the batch, and of every tensor-parallel dimension */
+#define STEPS 6
+#define MAX_NORM 0.5
+#define SEED 5
+
+static td_gpt_params tiny(void) {
+    td_gpt_params p = {.layers = 2, .heads = 4, .width = 32, .context = T, .vocab = 64};
+    p.tensor_parallel = 1;
+    return p;
+}
+
+/* Step `step`'s batch: B sequences of token ids and their next tokens. */
+static void make_batch(int step, float *x, int64_t *y) {
+    td_rng r;
+    td_rng_init(&r, 1000 + (uint64_t)step);
+    for (int64_t i = 0; i < B * T; i++) {
+        x[i] = (float)(td_rng_u32(&r) % 64u);
+        y[i] = (int64_t)(td_rng_u32(&r) % 64u);
+    }
+}
+
+typedef struct {
+    int tp, dp, pp, sp;
+    char *digest; /* shared with the ranks: rank 0 writes the whole model's SHA-256 */
+} layout;
+
+static void layout_rank(int rank, int size, int port, void *arg) {
+    layout *L = arg;
+    td_comm *comm = NULL;
+    CHECK_OK(test_comm_create(&comm, rank, size, port, 60));
+    if (!comm) return;
+    td_mesh_params mp = {.ndims = 3, .names = {"pp", "dp", "tp"}, .sizes = {L->pp, L->dp, L->tp}};
+    td_mesh *mesh = NULL;
+    CHECK_OK(td_mesh_create(&mesh, comm, &mp));
+    if (!mesh) return;
+    td_gpt_params gp = tiny();
+    gp.sequence_parallel = L->sp;
+    td_sequential *s;
+    CHECK_OK(td_gpt_sequential(&gp, &s));
+    td_graph_params grp = td_graph_default_params();
+    grp.comm = td_mesh_group(mesh, "tp");
+    grp.tp_shards = SHARDS;
+    grp.threads = 1;
+    td_graph *g = NULL;
+    td_model m;
+    CHECK_OK(td_graph_create(&g, &grp));
+    CHECK_OK(td_model_build_sequential(g, s, B / SHARDS, SEED, &m));
+    td_param *p;
+    size_t n;
+    CHECK_OK(td_graph_parameters(g, &p, &n));
+    td_ddp_params dpp = td_ddp_default_params();
+    dpp.deterministic = 1;
+    dpp.shards = SHARDS;
+    td_ddp *ddp = NULL;
+    CHECK_OK(td_ddp_create(&ddp, td_mesh_group(mesh, "dp"), p, n, NULL, 0, &dpp));
+    td_graph_set_grad_ready_hook(g, td_ddp_grad_ready_hook, ddp);
+    td_adamw_params ap = td_adamw_default_params();
+    ap.lr = 1e-2;
+    ap.weight_decay = 0.1;
+    td_optim *opt;
+    CHECK_OK(td_optim_create_adamw(&opt, p, n, &ap));
+    float x[B * T];
+    int64_t y[B * T];
+    size_t first, count, rows = B / SHARDS;
+    td_ddp_shards(ddp, &first, &count);
+    for (int step = 0; step < STEPS; step++) {
+        make_batch(step, x, y);
+        for (size_t j = 0; j < count; j++) {
+            CHECK_OK(td_ddp_prepare_forward(ddp));
+            CHECK_OK(td_tensor_write(m.input, x + (first + j) * rows * T));
+            CHECK_OK(td_tensor_write(m.labels, y + (first + j) * rows * T));
+            CHECK_OK(td_graph_forward(g));
+            CHECK_OK(td_graph_zero_grad(g));
+            CHECK_OK(td_graph_backward(g, m.loss));
+            CHECK_OK(td_ddp_finish_backward(ddp));
+        }
+        CHECK_OK(td_mesh_clip_grad_norm(mesh, p, n, 0, MAX_NORM, NULL));
+        CHECK_OK(td_optim_step(opt));
+    }
+    td_param *whole;
+    size_t n_whole;
+    CHECK_OK(td_mesh_gather_model(mesh, p, n, &whole, &n_whole));
+    if (whole) CHECK_OK(td_params_sha256(whole, n_whole, L->digest));
+    td_mesh_model_free(whole, n_whole);
+    td_optim_destroy(opt);
+    td_graph_set_grad_ready_hook(g, NULL, NULL);
+    td_ddp_destroy(ddp);
+    td_graph_destroy(g);
+    td_sequential_destroy(s);
+    td_mesh_destroy(mesh);
+    td_comm_destroy(comm);
+}
+
+/* The layout's digest (64 hex digits) into out. */
+static void train(layout L, char out[65]) {
+    L.digest = mmap(NULL, 65, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    memset(L.digest, 0, 65);
+    CHECK_EQ(test_run_ranks(L.tp * L.dp * L.pp, layout_rank, &L, 120, 0), 0);
+    memcpy(out, L.digest, 65);
+    munmap(L.digest, 65);
+}
+
+/* Tensor parallelism over 1, 2 and 4 ranks (with sequence parallelism at 2 and 4), with data
+ * parallelism beside it: one digest. */
+static void tensor_parallel_same_bits_at_every_degree(void) {
+    char want[65], got[65];
+    train((layout){.tp = 1, .dp = 1, .pp = 1}, want);
+    CHECK(strlen(want) == 64);
+    layout ls[] = {{.tp = 2, .dp = 1, .pp = 1},          {.tp = 4, .dp = 1, .pp = 1},
+                   {.tp = 2, .dp = 1, .pp = 1, .sp = 1}, {.tp = 4, .dp = 1, .pp = 1, .sp = 1},
+                   {.tp = 2, .dp = 2, .pp = 1, .sp = 1}, {.tp = 1, .dp = 4, .pp = 1}};
+    for (size_t i = 0; i < sizeof ls / sizeof *ls; i++) {
+        train(ls[i], got);
+        printf("    dp %d x tp %d%s: %.16s...\n", ls[i].dp, ls[i].tp,
+               ls[i].sp ? " (sequence parallel)" : "", got);
+        if (strcmp(got, want))
+            TEST_FAIL_AT("dp %d x tp %d%s: %s, one process %s", ls[i].dp, ls[i].tp,
+                         ls[i].sp ? " sequence parallel" : "", got, want);
+    }
+}
+
+int main(void) {
+    RUN(tensor_parallel_same_bits_at_every_degree);
+    TEST_END();
+}
