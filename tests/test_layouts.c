@@ -36,7 +36,8 @@ static void make_batch(int step, float *x, int64_t *y) {
 }
 
 typedef struct {
-    int tp, dp, pp, sp;
+    int tp, dp, pp, sp, zero;
+    td_recompute_mode recompute;
     char *digest; /* shared with the ranks: rank 0 writes the whole model's SHA-256 */
 } layout;
 
@@ -57,50 +58,93 @@ static void layout_rank(int rank, int size, int port, void *arg) {
     grp.comm = td_mesh_group(mesh, "tp");
     grp.tp_shards = SHARDS;
     grp.threads = 1;
-    td_graph *g = NULL;
-    td_model m;
-    CHECK_OK(td_graph_create(&g, &grp));
-    CHECK_OK(td_model_build_sequential(g, s, B / SHARDS, SEED, &m));
-    td_param *p;
-    size_t n;
-    CHECK_OK(td_graph_parameters(g, &p, &n));
+    grp.recompute = L->recompute;
     td_ddp_params dpp = td_ddp_default_params();
     dpp.deterministic = 1;
     dpp.shards = SHARDS;
+    int dp = td_mesh_size(mesh, "dp"), replica = td_mesh_coord(mesh, "dp");
+    size_t rows = B / SHARDS, first = (size_t)replica * (SHARDS / dp), count = SHARDS / dp;
+    td_graph *g = NULL;
+    td_pipeline *pipe = NULL;
+    td_model m;
+    td_param *p, *stepped;
+    size_t n, n_stepped;
     td_ddp *ddp = NULL;
-    CHECK_OK(td_ddp_create(&ddp, td_mesh_group(mesh, "dp"), p, n, NULL, 0, &dpp));
-    td_graph_set_grad_ready_hook(g, td_ddp_grad_ready_hook, ddp);
+    td_zero *zero = NULL;
+    if (L->pp > 1) { /* each micro-batch one of the replica's shards */
+        td_pipeline_params pp = td_pipeline_default_params();
+        pp.stages = L->pp;
+        pp.micro_batches = (int)count;
+        pp.batch = (int64_t)(count * rows);
+        pp.split = "h.1";
+        pp.seed = SEED;
+        pp.graph = grp;
+        pp.ddp = dpp;
+        pp.mesh = mesh;
+        CHECK_OK(td_pipeline_create(&pipe, comm, s, &pp));
+        if (!pipe) return;
+        CHECK_OK(td_pipeline_parameters(pipe, &p, &n));
+        stepped = p, n_stepped = n;
+    } else {
+        CHECK_OK(td_graph_create(&g, &grp));
+        CHECK_OK(td_model_build_sequential(g, s, (int64_t)rows, SEED, &m));
+        CHECK_OK(td_graph_parameters(g, &p, &n));
+        stepped = p, n_stepped = n;
+        if (L->zero) {
+            td_zero_params zp = td_zero_default_params();
+            zp.stage = L->zero;
+            zp.ddp = dpp;
+            CHECK_OK(td_zero_create(&zero, td_mesh_group(mesh, "dp"), p, n, NULL, 0, &zp));
+            CHECK_OK(td_zero_parameters(zero, &stepped, &n_stepped));
+            td_graph_set_grad_ready_hook(g, td_zero_grad_ready_hook, zero);
+            td_graph_set_param_use_hook(g, td_zero_param_use_hook, zero);
+        } else {
+            CHECK_OK(td_ddp_create(&ddp, td_mesh_group(mesh, "dp"), p, n, NULL, 0, &dpp));
+            td_graph_set_grad_ready_hook(g, td_ddp_grad_ready_hook, ddp);
+        }
+    }
     td_adamw_params ap = td_adamw_default_params();
     ap.lr = 1e-2;
     ap.weight_decay = 0.1;
     td_optim *opt;
-    CHECK_OK(td_optim_create_adamw(&opt, p, n, &ap));
+    CHECK_OK(td_optim_create_adamw(&opt, stepped, n_stepped, &ap));
     float x[B * T];
     int64_t y[B * T];
-    size_t first, count, rows = B / SHARDS;
-    td_ddp_shards(ddp, &first, &count);
     for (int step = 0; step < STEPS; step++) {
         make_batch(step, x, y);
-        for (size_t j = 0; j < count; j++) {
-            CHECK_OK(td_ddp_prepare_forward(ddp));
-            CHECK_OK(td_tensor_write(m.input, x + (first + j) * rows * T));
-            CHECK_OK(td_tensor_write(m.labels, y + (first + j) * rows * T));
-            CHECK_OK(td_graph_forward(g));
-            CHECK_OK(td_graph_zero_grad(g));
-            CHECK_OK(td_graph_backward(g, m.loss));
-            CHECK_OK(td_ddp_finish_backward(ddp));
+        if (pipe) {
+            float loss;
+            CHECK_OK(td_pipeline_step(pipe, x + first * rows * T, y + first * rows * T, &loss));
+            CHECK_OK(td_pipeline_clip_grad_norm(pipe, MAX_NORM, NULL));
+        } else {
+            for (size_t j = 0; j < count; j++) {
+                if (zero) CHECK_OK(td_zero_prepare_forward(zero));
+                if (ddp) CHECK_OK(td_ddp_prepare_forward(ddp));
+                CHECK_OK(td_tensor_write(m.input, x + (first + j) * rows * T));
+                CHECK_OK(td_tensor_write(m.labels, y + (first + j) * rows * T));
+                CHECK_OK(td_graph_forward(g));
+                CHECK_OK(td_graph_zero_grad(g));
+                CHECK_OK(td_graph_backward(g, m.loss));
+                if (zero) CHECK_OK(td_zero_finish_backward(zero));
+                if (ddp) CHECK_OK(td_ddp_finish_backward(ddp));
+            }
+            CHECK_OK(
+                td_mesh_clip_grad_norm(mesh, stepped, n_stepped, zero != NULL, MAX_NORM, NULL));
         }
-        CHECK_OK(td_mesh_clip_grad_norm(mesh, p, n, 0, MAX_NORM, NULL));
         CHECK_OK(td_optim_step(opt));
     }
+    if (zero) CHECK_OK(td_zero_full_params(zero, 1));
     td_param *whole;
     size_t n_whole;
     CHECK_OK(td_mesh_gather_model(mesh, p, n, &whole, &n_whole));
     if (whole) CHECK_OK(td_params_sha256(whole, n_whole, L->digest));
     td_mesh_model_free(whole, n_whole);
     td_optim_destroy(opt);
-    td_graph_set_grad_ready_hook(g, NULL, NULL);
+    if (g) td_graph_set_grad_ready_hook(g, NULL, NULL);
+    if (g) td_graph_set_param_use_hook(g, NULL, NULL);
+    td_pipeline_destroy(pipe);
     td_ddp_destroy(ddp);
+    td_zero_destroy(zero);
     td_graph_destroy(g);
     td_sequential_destroy(s);
     td_mesh_destroy(mesh);
@@ -122,20 +166,65 @@ static void tensor_parallel_same_bits_at_every_degree(void) {
     char want[65], got[65];
     train((layout){.tp = 1, .dp = 1, .pp = 1}, want);
     CHECK(strlen(want) == 64);
-    layout ls[] = {{.tp = 2, .dp = 1, .pp = 1},          {.tp = 4, .dp = 1, .pp = 1},
-                   {.tp = 2, .dp = 1, .pp = 1, .sp = 1}, {.tp = 4, .dp = 1, .pp = 1, .sp = 1},
-                   {.tp = 2, .dp = 2, .pp = 1, .sp = 1}, {.tp = 1, .dp = 4, .pp = 1}};
+    layout ls[] = {{.tp = 2, .dp = 1, .pp = 1},
+                   {.tp = 4, .dp = 1, .pp = 1},
+                   {.tp = 2, .dp = 1, .pp = 1, .sp = 1},
+                   {.tp = 4, .dp = 1, .pp = 1, .sp = 1},
+                   {.tp = 2, .dp = 2, .pp = 1, .sp = 1},
+                   {.tp = 1, .dp = 4, .pp = 1},
+                   {.tp = 4, .dp = 1, .pp = 1, .sp = 1, .recompute = TD_RECOMPUTE_SELECTIVE},
+                   {.tp = 1, .dp = 1, .pp = 1, .recompute = TD_RECOMPUTE_FULL}};
     for (size_t i = 0; i < sizeof ls / sizeof *ls; i++) {
         train(ls[i], got);
-        printf("    dp %d x tp %d%s: %.16s...\n", ls[i].dp, ls[i].tp,
-               ls[i].sp ? " (sequence parallel)" : "", got);
+        printf("    dp %d x tp %d%s%s: %.16s...\n", ls[i].dp, ls[i].tp,
+               ls[i].sp ? ", sequence parallel" : "",
+               ls[i].recompute == TD_RECOMPUTE_FULL        ? ", recompute full"
+               : ls[i].recompute == TD_RECOMPUTE_SELECTIVE ? ", recompute selective"
+                                                           : "",
+               got);
         if (strcmp(got, want))
             TEST_FAIL_AT("dp %d x tp %d%s: %s, one process %s", ls[i].dp, ls[i].tp,
                          ls[i].sp ? " sequence parallel" : "", got, want);
     }
 }
 
+/* A 1F1B pipeline of 2 stages (the tied embedding on both), alone, with tp 2 and with dp 2: one
+ * process's digest. */
+static void pipelines_same_bits(void) {
+    char want[65], got[65];
+    train((layout){.tp = 1, .dp = 1, .pp = 1}, want);
+    layout ls[] = {{.tp = 1, .dp = 1, .pp = 2},
+                   {.tp = 2, .dp = 1, .pp = 2, .sp = 1},
+                   {.tp = 1, .dp = 2, .pp = 2},
+                   {.tp = 2, .dp = 1, .pp = 2, .sp = 1, .recompute = TD_RECOMPUTE_FULL}};
+    for (size_t i = 0; i < sizeof ls / sizeof *ls; i++) {
+        train(ls[i], got);
+        printf("    dp %d x tp %d x pp %d%s: %.16s...\n", ls[i].dp, ls[i].tp, ls[i].pp,
+               ls[i].recompute ? ", recompute full" : "", got);
+        if (strcmp(got, want))
+            TEST_FAIL_AT("dp %d x tp %d x pp %d: %s, one process %s", ls[i].dp, ls[i].tp, ls[i].pp,
+                         got, want);
+    }
+}
+
+/* ZeRO 1, 2 and 3 over dp 4, and over dp 2 of tp 2: one process's digest. */
+static void zero_same_bits(void) {
+    char want[65], got[65];
+    train((layout){.tp = 1, .dp = 1, .pp = 1}, want);
+    for (int stage = 1; stage <= 3; stage++)
+        for (int tp = 1; tp <= 2; tp++) {
+            layout l = {.tp = tp, .dp = 4 / tp, .pp = 1, .sp = tp > 1, .zero = stage};
+            train(l, got);
+            printf("    ZeRO %d over dp %d x tp %d: %.16s...\n", stage, l.dp, tp, got);
+            if (strcmp(got, want))
+                TEST_FAIL_AT("ZeRO %d over dp %d x tp %d: %s, one process %s", stage, l.dp, tp, got,
+                             want);
+        }
+}
+
 int main(void) {
     RUN(tensor_parallel_same_bits_at_every_degree);
+    RUN(pipelines_same_bits);
+    RUN(zero_same_bits);
     TEST_END();
 }

@@ -441,6 +441,11 @@ td_status td_graph_zero_input_grads(td_graph *g);
  * micro-batch graphs): the first backward of a step writes, the others add. */
 td_status td_graph_accumulate_param_grads(td_graph *g);
 
+/* td_graph_accumulate_param_grads for parameter i alone (after td_graph_zero_grad): the next
+ * backward adds its gradient to what it holds and writes the others (a deterministic pipeline
+ * stage whose tied weight's gradient a later stage began, as one process's backward would). */
+td_status td_graph_accumulate_param_grad(td_graph *g, size_t i);
+
 /* Training (1, the default) or eval (0) mode: dropout and batch norm behave accordingly. */
 void td_graph_set_training(td_graph *g, int training);
 
