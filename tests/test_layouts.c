@@ -2,8 +2,13 @@
  * ranks, the batch in fixed shards summed by DDP's shard tree over dp and every tensor-parallel
  * layer in fixed tp shards (td_graph_params.tp_shards) summed in the pairwise tree over tp, the
  * gradient norm clipped over the whole model, ends on the parameter digest of one process
- * training alone, at every layout of 1, 2 and 4 ranks, with and without sequence parallelism.
- * Ranks are forked (td_spawn) over the shm backend. */
+ * training alone, at every layout of 1, 2 and 4 ranks: with and without sequence parallelism,
+ * 1F1B pipelines, ZeRO 1-3 over dp and recompute (the library, ranks forked by td_spawn over the
+ * shm backend). Then examples/gpt under tandemrun: the digest table of docs/parallelism.md at 4
+ * ranks, a checkpoint of one layout resumed at others on its exact bits (deterministic) and
+ * within 1e-6 (default mode). */
+#include <libgen.h>
+#include <limits.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -11,6 +16,7 @@
 
 #include "test.h"
 #include "test_comm_util.h"
+#include "test_program.h" /* run, printed_sha256, checkpoint_distance */
 
 #define B 8      /* sequences per step (global) */
 #define T 16     /* context */
@@ -222,9 +228,126 @@ static void zero_same_bits(void) {
         }
 }
 
-int main(void) {
+/* ---- examples/gpt ------------------------------------------------------------------------ */
+
+static char example[PATH_MAX], launcher[PATH_MAX], dir[64], text[128];
+
+#define GPT                                                                                     \
+    "--layers 2 --heads 4 --width 32 --context 32 --batch 8 --steps 6 --warmup 2 --eval-every " \
+    "0 --eval-batches 1 --sample 0 --shards 4"
+
+/* The layouts of the table: tandemrun's options, then the example's. */
+typedef struct {
+    const char *name, *launch, *args;
+} gpt_layout;
+
+static const gpt_layout table[] = {
+    {"1 process", NULL, ""},
+    {"dp 4", "--nproc-per-node 4", ""},
+    {"dp 2 x tp 2", "--nproc-per-node 4 --tp 2", ""},
+    {"tp 4", "--nproc-per-node 4 --tp 4", ""},
+    {"tp 4, sequence parallel", "--nproc-per-node 4 --tp 4", "--sequence-parallel"},
+    {"tp 2 x pp 2", "--nproc-per-node 4 --tp 2 --pp 2", ""},
+    {"dp 2 x pp 2", "--nproc-per-node 4 --pp 2", ""},
+    {"ZeRO 1 over dp 4", "--nproc-per-node 4", "--zero 1"},
+    {"ZeRO 2 over dp 4", "--nproc-per-node 4", "--zero 2"},
+    {"ZeRO 3 over dp 4", "--nproc-per-node 4", "--zero 3"},
+    {"ZeRO 3 over dp 2 x tp 2", "--nproc-per-node 4 --tp 2", "--zero 3 --sequence-parallel"},
+};
+
+/* examples/gpt at a layout with more options; its exit status (output in `output`). */
+static int gpt_at(const gpt_layout *l, const char *more) {
+    if (!l->launch)
+        return run("OMP_NUM_THREADS=1 %s --data %s " GPT " %s %s", example, text, l->args, more);
+    return run("OMP_NUM_THREADS=1 %s %s %s --data %s " GPT " %s %s", launcher, l->launch, example,
+               text, l->args, more);
+}
+
+static const gpt_layout *layout_named(const char *name) {
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++)
+        if (!strcmp(table[i].name, name)) return &table[i];
+    return NULL;
+}
+
+/* The digest table: deterministic training at every layout of 4 ranks ends on one process's
+ * parameters. */
+static void digest_table_at_4_ranks(void) {
+    char want[65] = "", got[65];
+    printf("    | layout (4 ranks) | params_sha256 |\n");
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
+        CHECK_EQ(gpt_at(&table[i], "--deterministic"), 0);
+        printed_sha256(got);
+        printf("    | %s | %.16s... |\n", table[i].name, got);
+        CHECK(strlen(got) == 64);
+        if (i == 0) memcpy(want, got, sizeof got);
+        if (strcmp(got, want)) TEST_FAIL_AT("%s: %s, one process %s", table[i].name, got, want);
+    }
+}
+
+/* A deterministic run stopped at step 3 at dp 2 x tp 2 and resumed at dp 4, tp 4, tp 2 x pp 2
+ * and one process, and one stopped under ZeRO 3 resumed at dp 2 x tp 2, end on the bits of the
+ * run nobody stopped; in the default mode a resume at dp 4 ends within 1e-6 of it. */
+static void resume_at_another_layout(void) {
+    char want[65], got[65], half[160], zhalf[160], full[160], mine[160], more[512];
+    snprintf(half, sizeof half, "%s/half.st", dir);
+    snprintf(zhalf, sizeof zhalf, "%s/zhalf.st", dir);
+    const gpt_layout *from = layout_named("dp 2 x tp 2");
+    CHECK_EQ(gpt_at(from, "--deterministic"), 0);
+    printed_sha256(want);
+    snprintf(more, sizeof more, "--deterministic --stop-at-step 3 --checkpoint %s", half);
+    CHECK_EQ(gpt_at(from, more), 0);
+    snprintf(more, sizeof more, "--deterministic --stop-at-step 3 --checkpoint %s", zhalf);
+    CHECK_EQ(gpt_at(layout_named("ZeRO 3 over dp 4"), more), 0);
+    const char *to[] = {"dp 4", "tp 4", "tp 2 x pp 2", "1 process"};
+    for (int k = 0; k < 5; k++) {
+        snprintf(more, sizeof more, "--deterministic --resume %s", k < 4 ? half : zhalf);
+        CHECK_EQ(gpt_at(layout_named(k < 4 ? to[k] : "dp 2 x tp 2"), more), 0);
+        CHECK(strstr(output, "resuming from") != NULL);
+        printed_sha256(got);
+        printf("    %s at step 3 -> %s: %.16s...\n", k < 4 ? from->name : "ZeRO 3 over dp 4",
+               k < 4 ? to[k] : "dp 2 x tp 2", got);
+        if (strcmp(got, want))
+            TEST_FAIL_AT("resumed at %s: %s, straight through %s", to[k], got, want);
+    }
+    /* the default mode: float noise between layouts, within 1e-6 */
+    snprintf(full, sizeof full, "%s/full.st", dir);
+    snprintf(mine, sizeof mine, "%s/resumed.st", dir);
+    snprintf(more, sizeof more, "--checkpoint %s", full);
+    CHECK_EQ(gpt_at(from, more), 0);
+    snprintf(more, sizeof more, "--stop-at-step 3 --checkpoint %s", half);
+    CHECK_EQ(gpt_at(from, more), 0);
+    snprintf(more, sizeof more, "--resume %s --checkpoint %s", half, mine);
+    CHECK_EQ(gpt_at(layout_named("dp 4"), more), 0);
+    double worst;
+    char name[96];
+    double d = checkpoint_distance(full, mine, &worst, name, sizeof name);
+    printf("    default mode, dp 2 x tp 2 at step 3 -> dp 4: %.2e from straight through\n", d);
+    CHECK(d <= 1e-6);
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    char self[PATH_MAX];
+    if (!realpath(argv[0], self)) return 1;
+    char *bin = dirname(dirname(self)); /* BUILD/tests/x -> BUILD */
+    snprintf(example, sizeof example, "%s/examples/gpt", bin);
+    snprintf(launcher, sizeof launcher, "%s/bin/tandemrun", bin);
+    snprintf(dir, sizeof dir, "/tmp/tandem-layouts-XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    snprintf(text, sizeof text, "%s/text.txt", dir);
+    FILE *f = fopen(text, "w");
+    if (!f) return 1;
+    for (int i = 0; i < 400; i++)
+        fprintf(f,
+                "It is a truth universally acknowledged, that a single man in possession of a "
+                "good fortune, must be in want of a wife. (%d)\n",
+                i);
+    fclose(f);
     RUN(tensor_parallel_same_bits_at_every_degree);
     RUN(pipelines_same_bits);
     RUN(zero_same_bits);
+    RUN(digest_table_at_4_ranks);
+    RUN(resume_at_another_layout);
+    test_remove_dir(dir);
     TEST_END();
 }
