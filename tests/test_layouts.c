@@ -6,17 +6,21 @@
  * 1F1B pipelines, ZeRO 1-3 over dp and recompute (the library, ranks forked by td_spawn over the
  * shm backend). Then examples/gpt under tandemrun: the digest table of docs/parallelism.md at 4
  * ranks, a checkpoint of one layout resumed at others on its exact bits (deterministic) and
- * within 1e-6 (default mode). */
+ * within 1e-6 (default mode), and a killed rank under --restart-nproc-per-node left restarting
+ * at a layout that fits the ranks left and ending on the undisturbed run's digest. */
+#include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "tandem/tandem.h"
 
 #include "test.h"
 #include "test_comm_util.h"
-#include "test_program.h" /* run, printed_sha256, checkpoint_distance */
+#include "test_program.h" /* run, printed_sha256, checkpoint_distance, children_of */
 
 #define B 8      /* sequences per step (global) */
 #define T 16     /* context */
@@ -325,6 +329,82 @@ static void resume_at_another_layout(void) {
     CHECK(d <= 1e-6);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Starts `cmd` (words split at spaces) with its output in `log`, kills rank 1 (a child of the
+ * launcher) once `ck` exists and waits for the launcher; returns whether the kill came while
+ * all 4 ranks lived (a loaded machine may let the job finish first). */
+static int kill_rank_1_after_checkpoint(char *cmd, const char *log, const char *ck, int *status) {
+    char *argv[64];
+    int argc = 0;
+    for (char *save = NULL, *w = strtok_r(cmd, " ", &save); w && argc < 63;
+         w = strtok_r(NULL, " ", &save))
+        argv[argc++] = w;
+    argv[argc] = NULL;
+    unlink(ck);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        setenv("OMP_NUM_THREADS", "1", 1);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    double t0 = now_s();
+    while (access(ck, F_OK) != 0 && now_s() - t0 < 60) test_sleep_ms(1);
+    pid_t ranks[8];
+    int killed = children_of(pid, ranks, 8) == 4 && kill(ranks[1], SIGKILL) == 0;
+    waitpid(pid, status, 0);
+    return killed;
+}
+
+/* A rank of a dp 2 x tp 2 job killed after its first checkpoint, under --max-restarts 1
+ * --restart-nproc-per-node left: the 3 ranks left hold one tp 2 pair, so the job restarts on 2
+ * ranks as tp 2 x dp 1, resumes from the checkpoint and ends on the digest of the run nobody
+ * disturbed. */
+static void killed_rank_restarts_at_a_layout_that_fits(void) {
+    char want[65], got[65], ck[160], log[160], args[512];
+    snprintf(ck, sizeof ck, "%s/restart.st", dir);
+    snprintf(log, sizeof log, "%s/restart.log", dir);
+    snprintf(args, sizeof args,
+             "--data %s " GPT " --deterministic --steps 120 --checkpoint-every 4", text);
+    CHECK_EQ(run("OMP_NUM_THREADS=1 %s --nproc-per-node 4 --tp 2 %s %s", launcher, example, args),
+             0);
+    printed_sha256(want);
+    int killed = 0, status = 0;
+    for (int attempt = 0; attempt < 3 && !killed; attempt++) {
+        char cmd[3 * PATH_MAX];
+        snprintf(cmd, sizeof cmd,
+                 "%s --max-restarts 1 --restart-nproc-per-node left --nproc-per-node 4 --tp 2 "
+                 "%s %s --checkpoint %s --resume auto",
+                 launcher, example, args, ck);
+        killed = kill_rank_1_after_checkpoint(cmd, log, ck, &status);
+    }
+    size_t n = 0;
+    char *log_text = (char *)test_read_file(log, &n);
+    log_text = realloc(log_text, n + 1);
+    log_text[n] = 0;
+    size_t keep = n < sizeof output - 1 ? n : sizeof output - 1;
+    memcpy(output, log_text + n - keep, keep);
+    output[keep] = 0;
+    printed_sha256(got);
+    const char *restart = strstr(log_text, "restart 1 of 1");
+    printf("    rank killed%s; %s; final %.16s...\n", killed ? "" : " (it had finished)",
+           restart ? "restarted as tp 2 x pp 1 x dp 1 on 2 ranks" : "no restart", got);
+    CHECK(killed);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(restart && strstr(restart, "starting 2 ranks as tp 2 x pp 1 x dp 1"));
+    CHECK(restart && strstr(restart, "resuming from"));
+    if (strcmp(got, want)) TEST_FAIL_AT("restarted: %s, undisturbed %s", got, want);
+    free(log_text);
+    CHECK_EQ(test_shm_leftovers(), 0);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     char self[PATH_MAX];
@@ -348,6 +428,7 @@ int main(int argc, char **argv) {
     RUN(zero_same_bits);
     RUN(digest_table_at_4_ranks);
     RUN(resume_at_another_layout);
+    RUN(killed_rank_restarts_at_a_layout_that_fits);
     test_remove_dir(dir);
     TEST_END();
 }
