@@ -5,7 +5,8 @@
  * (MPI_Allreduce's time over the other's: above 1 is faster) and, at 4 KB, the mpi backend's
  * overhead over MPI_Allreduce in microseconds. The shm-reg column is the shm backend in place
  * on a td_comm_alloc buffer (the zero-copy path DDP's buckets take), with its own reg/MPI
- * ratio.
+ * ratio. A last line gives the flight recorder's cost (tandem/recorder.h): the 4 KB latency of
+ * two groups split from the world alike, one recording and one not, in turns.
  *
  * The implementations take turns in short bursts of calls (each call after its own barrier,
  * its time the slowest rank's), so that on a machine shared with other work all of them meet
@@ -160,6 +161,87 @@ static void my_cpus(char *out, size_t cap) {
     }
 }
 
+/* One round of the flight recorder's cost: 4 KB all-reduces on g[0] (recording, as every group
+ * does) and g[1] (made with TANDEM_DOCTOR=0), in turns of bursts of `calls` back-to-back calls,
+ * a burst's time over its calls (a call is a few ticks of this machine's clock, so single
+ * calls cannot tell 1% apart); the median burst of each, the slowest rank's, in us[0..1]. */
+static void recorder_round(bench *b, td_comm *const g[2], float *send, float *recv, int calls,
+                           double us[2]) {
+    enum { BURSTS = 200, COUNT = 1024 };
+    double t[2 * BURSTS], tmax[2 * BURSTS];
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 200; i++)
+            CHECK(td_comm_allreduce(g[k], send + k * COUNT, recv + k * COUNT, COUNT, TD_F32,
+                                    TD_OP_SUM));
+    for (int i = 0; i < BURSTS; i++)
+        for (int k = 0; k < 2; k++) {
+            CHECK(td_comm_barrier(g[k]));
+            uint64_t t0 = td_time_ns();
+            for (int c = 0; c < calls; c++)
+                CHECK(td_comm_allreduce(g[k], send + k * COUNT, recv + k * COUNT, COUNT, TD_F32,
+                                        TD_OP_SUM));
+            t[k * BURSTS + i] = (double)(td_time_ns() - t0) / 1e3 / calls;
+        }
+    CHECK(td_comm_allreduce(b->shm, t, tmax, 2 * BURSTS, TD_F64, TD_OP_MAX));
+    us[0] = bench_median(tmax, BURSTS);
+    us[1] = bench_median(tmax + BURSTS, BURSTS);
+}
+
+/* The flight recorder's cost (tandem/recorder.h), `rounds` rounds of recorder_round on two pairs
+ * of groups split from the world alike, one of each pair recording: the job's ranks, whose
+ * latency a call's cost is measured against, and each rank alone, where no peer's arrival
+ * hides the recorder's own time per call (on - off). Medians over the rounds, and of each
+ * round's on/off ratio. */
+static void recorder_cost(bench *b, int json, int rounds) {
+    enum { COUNT = 1024, ROUNDS_MAX = 15 };
+    td_comm *job[2] = {NULL, NULL}, *alone[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("TANDEM_DOCTOR", "0", 1);
+        CHECK(td_comm_split(b->shm, 0, b->rank, &job[k]));
+        CHECK(td_comm_split(b->shm, b->rank, 0, &alone[k]));
+        unsetenv("TANDEM_DOCTOR");
+    }
+    float *send = malloc(2 * COUNT * sizeof *send), *recv = malloc(2 * COUNT * sizeof *recv);
+    double on[ROUNDS_MAX], off[ROUNDS_MAX], ratio[ROUNDS_MAX], own[ROUNDS_MAX];
+    if (rounds > ROUNDS_MAX) rounds = ROUNDS_MAX;
+    if (!send || !recv) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < 2 * COUNT; i++) send[i] = 1.0f;
+    for (int r = 0; r < rounds; r++) {
+        double us[2], one[2];
+        recorder_round(b, job, send, recv, 50, us);
+        recorder_round(b, alone, send, recv, 500, one);
+        on[r] = us[0], off[r] = us[1], ratio[r] = us[0] / us[1];
+        own[r] = (one[0] - one[1]) * 1e3; /* ns */
+    }
+    double m_on = bench_median(on, rounds), m_off = bench_median(off, rounds),
+           m_ratio = bench_median(ratio, rounds), m_own = bench_median(own, rounds);
+    if (b->rank == 0 && json) {
+        printf("{\"bench\":\"allreduce_recorder\",\"ranks\":%d,\"bytes\":4096,\"rounds\":%d,"
+               "\"on_us\":%.4f,\"off_us\":%.4f,\"on_over_off\":%.4f,\"own_ns\":%.2f,"
+               "\"own_over_latency\":%.4f}\n",
+               b->size, rounds, m_on, m_off, m_ratio, m_own, m_own / (m_off * 1e3));
+    } else if (b->rank == 0) {
+        printf("# flight recorder (4 KB allreduce, groups split alike, recording and not, in turns "
+               "of bursts; medians over %d rounds):\n",
+               rounds);
+        printf("#   %d ranks: on %.4f us, off %.4f us a call: on/off %.4fx (rounds:", b->size,
+               m_on, m_off, m_ratio);
+        for (int r = 0; r < rounds; r++) printf(" %.4f", ratio[r]);
+        printf(")\n#   its own time, each rank alone: %.2f ns a call (rounds:", m_own);
+        for (int r = 0; r < rounds; r++) printf(" %.2f", own[r]);
+        printf("), %.2f%% of the %d-rank call\n", 100 * m_own / (m_off * 1e3), b->size);
+    }
+    free(send);
+    free(recv);
+    for (int k = 0; k < 2; k++) {
+        td_comm_destroy(alone[k]);
+        td_comm_destroy(job[k]);
+    }
+}
+
 enum { MAX_SIZES = 24 };
 
 static void run(bench *b, int json, size_t max_bytes, int repeat) {
@@ -287,6 +369,7 @@ static void run(bench *b, int json, size_t max_bytes, int repeat) {
     for (int k = 0; k < IMPL_COUNT; k++)
         if (k != IMPL_SHM_REG) free(b->send[k]), free(b->recv[k]);
     td_comm_free(b->shm, reg);
+    recorder_cost(b, json, 5 * repeat);
 }
 
 typedef struct {

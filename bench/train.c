@@ -41,6 +41,9 @@
  *                     [--iters 20] [--windows 5] [--repeat K] [--shards 8] [--threads 1]
  *                     [--device cpu|cuda|cuda:N] [--no-torch] [--json]
  *
+ * A last table puts DDP with the flight recorder off (TANDEM_DOCTOR=0) beside the default, where
+ * it records, at each world size above 1, f32, interleaved with it: what the recorder costs a step.
+ *
  * Every measurement runs in fresh child processes, so no oneDNN or OpenMP state crosses a
  * fork. */
 
@@ -396,6 +399,14 @@ int main(int argc, char **argv) {
         double det, def, ratio, det_cpu, def_cpu, cpu_ratio;
     } det_rows[16];
     int n_det = 0;
+    /* The flight recorder on (as always) against off (TANDEM_DOCTOR=0), f32 DDP of the same
+     * repeat (printed at the end). */
+    struct {
+        const char *model;
+        int world;
+        double on, off, ratio, on_cpu, off_cpu, cpu_ratio;
+    } rec_rows[16];
+    int n_rec = 0;
     for (char *save = NULL, *name = strtok_r(mlist, ",", &save); name;
          name = strtok_r(NULL, ",", &save)) {
         td_model_kind kind;
@@ -403,7 +414,8 @@ int main(int argc, char **argv) {
         double ours[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], alone[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
             theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], theirs2[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
             det[MAX_WORLDS][MAX_REPEAT], ours_cpu[MAX_WORLDS][MAX_REPEAT],
-            det_cpu[MAX_WORLDS][MAX_REPEAT];
+            det_cpu[MAX_WORLDS][MAX_REPEAT],
+            rec_off[MAX_WORLDS][MAX_REPEAT], rec_off_cpu[MAX_WORLDS][MAX_REPEAT];
         /* only the f32 level runs deterministic mode: the others leave it as they find it */
         for (int i = 0; i < nw; i++)
             for (int r = 0; r < repeat; r++) det[i][r] = -1;
@@ -432,6 +444,13 @@ int main(int argc, char **argv) {
                             run_tandem(kind, TD_AMP_O0, ws[i], 1, shards, &tm, &det_cpu[i][r]);
                         failed |= det[i][r] < 0;
                     }
+                    if (levels[l] == TD_AMP_O0 && ws[i] > 1) { /* the ranks fork after this */
+                        setenv("TANDEM_DOCTOR", "0", 1);
+                        rec_off[i][r] =
+                            run_tandem(kind, TD_AMP_O0, ws[i], 1, 0, &tm, &rec_off_cpu[i][r]);
+                        unsetenv("TANDEM_DOCTOR");
+                        failed |= rec_off[i][r] < 0;
+                    }
                 }
         for (int i = 0; i < nw && l0 >= 0; i++)
             if (det[i][0] >= 0 && n_det < 16) {
@@ -444,6 +463,17 @@ int main(int argc, char **argv) {
                 det_rows[n_det].def_cpu = median_of(ours_cpu[i], repeat);
                 /* default / deterministic CPU time: comparable with the samples/s ratio */
                 det_rows[n_det++].cpu_ratio = median_ratio(ours_cpu[i], det_cpu[i], repeat);
+            }
+        for (int i = 0; i < nw && l0 >= 0; i++)
+            if (ws[i] > 1 && n_rec < 16) {
+                rec_rows[n_rec].model = name;
+                rec_rows[n_rec].world = ws[i];
+                rec_rows[n_rec].on = median_of(ours[l0][i], repeat);
+                rec_rows[n_rec].off = median_of(rec_off[i], repeat);
+                rec_rows[n_rec].ratio = median_ratio(ours[l0][i], rec_off[i], repeat);
+                rec_rows[n_rec].on_cpu = median_of(ours_cpu[i], repeat);
+                rec_rows[n_rec].off_cpu = median_of(rec_off_cpu[i], repeat);
+                rec_rows[n_rec++].cpu_ratio = median_ratio(ours_cpu[i], rec_off_cpu[i], repeat);
             }
         for (int l = 0; l < nl; l++)
             for (int i = 0; i < nw; i++) {
@@ -503,6 +533,25 @@ int main(int argc, char **argv) {
                        det_rows[k].model, det_rows[k].world, shards, det_rows[k].def,
                        det_rows[k].det, det_rows[k].ratio, det_rows[k].def_cpu, det_rows[k].det_cpu,
                        det_rows[k].cpu_ratio);
+        }
+    }
+    if (n_rec) {
+        printf("\nflight recorder: f32 DDP with the recorder on (always, by default) and off "
+               "(TANDEM_DOCTOR=0), samples/s and rank 0's CPU ms per step\n(ratios: medians of "
+               "each repeat's on/off samples/s, and of off/on CPU time: below 1 means the recorder "
+               "costs)\n%-6s %-6s %10s %10s %8s %12s %12s %10s\n",
+               "model", "world", "on", "off", "ratio", "cpu on", "cpu off", "cpu ratio");
+        for (int k = 0; k < n_rec; k++) {
+            printf("%-6s %-6d %10.0f %10.0f %7.4fx %12.3f %12.3f %9.4fx\n", rec_rows[k].model,
+                   rec_rows[k].world, rec_rows[k].on, rec_rows[k].off, rec_rows[k].ratio,
+                   rec_rows[k].on_cpu, rec_rows[k].off_cpu, rec_rows[k].cpu_ratio);
+            if (json)
+                printf("{\"model\": \"%s\", \"world\": %d, \"recorder_on\": %.1f, "
+                       "\"recorder_off\": %.1f, \"ratio\": %.4f, \"cpu_ms_on\": %.3f, "
+                       "\"cpu_ms_off\": %.3f, \"cpu_ratio\": %.4f}\n",
+                       rec_rows[k].model, rec_rows[k].world, rec_rows[k].on, rec_rows[k].off,
+                       rec_rows[k].ratio, rec_rows[k].on_cpu, rec_rows[k].off_cpu,
+                       rec_rows[k].cpu_ratio);
         }
     }
     return failed;

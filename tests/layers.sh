@@ -20,8 +20,9 @@ layer_of_public() {
     ops) echo ops ;;
     graph) echo graph ;;
     nn) echo nn ;;
-    comm) echo comm ;;
+    comm | recorder) echo comm ;;
     store) echo store ;;
+    doctor) echo doctor ;;
     spawn | launch) echo launch ;;
     data) echo data ;;
     optim) echo optim ;;
@@ -43,6 +44,7 @@ allowed() {
     comm) echo "core device store comm" ;;
     optim | checkpoint) echo "core device $1" ;;
     launch) echo "core $1" ;;
+    doctor) echo "core device comm checkpoint doctor" ;;
     data) echo "core device data" ;;
     parallel) echo "core device tensor ops graph nn comm optim checkpoint parallel" ;;
     *) echo "" ;;

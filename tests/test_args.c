@@ -176,6 +176,7 @@ static void every_program_parses_the_same_way(void) {
         {"bin/tandemrun", "--nproc-per-node 2 --timeout 1x true",
          "--timeout 1x: expected a number > 0"},
         {"bin/tandem-consolidate", "a b --drop", "--drop needs a value"},
+        {"bin/tandem-doctor", "dir --trace", "--trace needs a value"},
         {"examples/mnist", "--epochs 2.5", "--epochs 2.5: expected an integer >= 1"},
         {"examples/mnist", "--pipeline gpipe --stages 1x",
          "--stages 1x: expected an integer from 1"},

@@ -77,6 +77,67 @@ static void rank_killed_mid_recv(void) {
     CHECK_EQ(test_run_ranks(2, killed_sender, NULL, 30, 1), 0);
 }
 
+/* The survivors of a rank killed in the middle of a large all-reduce name that all-reduce,
+ * whichever of its pipelined phases they were waiting in when the peer died. */
+#define HUGE_COUNT (8u * 1000u * 1000u)
+
+static void killed_mid_phases(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 5.0));
+    if (!c) return;
+    float *buf = calloc(HUGE_COUNT, sizeof(float));
+    CHECK_OK(td_comm_barrier(c));
+    if (rank == size - 1) {
+        /* The others wait in the all-reduce's first phase; this rank's arrival lets them into
+         * the later ones, where it dies. */
+        test_sleep_ms(100);
+        td_request *r;
+        CHECK_OK(td_comm_iallreduce(c, buf, buf, HUGE_COUNT, TD_F32, TD_OP_SUM, &r));
+        test_sleep_ms(3);
+        raise(SIGKILL);
+    }
+    CHECK_STATUS(td_comm_allreduce(c, buf, buf, HUGE_COUNT, TD_F32, TD_OP_SUM), TD_EPEER);
+    if (!strstr(td_last_error(), "allreduce #1 (f32, 8000000 elements, sum)"))
+        TEST_FAIL_AT("rank %d does not name the all-reduce it was in: %s", rank, td_last_error());
+    td_comm_destroy(c);
+    free(buf);
+}
+
+static void dead_peer_named_in_every_phase(void) {
+    for (int trial = 0; trial < 4; trial++)
+        CHECK_EQ(test_run_ranks(3, killed_mid_phases, NULL, 30, 1), 0);
+    CHECK_EQ(test_shm_leftovers(), 0);
+}
+
+/* Groups A = {0,1} and B = {1,2,3} of four ranks; world rank 3 does not come to B's
+ * all-reduce. Its peers in B name it by its world rank, with its rank in B beside. */
+static void sub_group_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL, *a = NULL, *b = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 0.5));
+    if (!c) return;
+    static const int A[] = {0, 1}, B[] = {1, 2, 3};
+    CHECK_OK(td_comm_new_group(c, A, 2, &a));
+    CHECK_OK(td_comm_new_group(c, B, 3, &b));
+    float x = 1;
+    if (rank == 1 || rank == 2) {
+        td_status s = td_comm_allreduce(b, &x, &x, 1, TD_F32, TD_OP_SUM);
+        CHECK(s == TD_ETIMEOUT || s == TD_EPEER); /* the first to give up tells the other */
+        const char *want = "world rank 3 (rank 2 of group {1,2,3}) did not arrive";
+        if (!strstr(td_last_error(), want))
+            TEST_FAIL_AT("rank %d: no \"%s\" in: %s", rank, want, td_last_error());
+    }
+    if (rank == 3) test_sleep_ms(800);
+    td_comm_destroy(a);
+    td_comm_destroy(b);
+    td_comm_destroy(c);
+}
+
+static void sub_group_peer_named_by_world_rank(void) {
+    CHECK_EQ(test_run_ranks(4, sub_group_rank, NULL, 30, 0), 0);
+}
+
 typedef struct {
     int variant;
 } mismatch_arg;
@@ -171,6 +232,8 @@ int main(void) {
     signal(SIGPIPE, SIG_IGN);
     RUN(rank_killed_mid_allreduce);
     RUN(rank_killed_mid_recv);
+    RUN(dead_peer_named_in_every_phase);
+    RUN(sub_group_peer_named_by_world_rank);
     RUN(mismatched_collectives);
     RUN(missing_rank_times_out);
     RUN(creation_times_out);

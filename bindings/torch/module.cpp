@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "process_group.hpp"
+#include "tandem/recorder.h"
 
 namespace tandem_torch {
 namespace {
@@ -133,6 +134,8 @@ PYBIND11_MODULE(tandem_torch, m) {
     m.def("create_process_group", &tandem_torch::create_process_group, pybind11::arg("store"),
           pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
           "The process group of init_process_group(\"tandem\") (called by torch.distributed)");
+    m.def("mark_step", &td_recorder_step, pybind11::arg("step"),
+          "Marks the training step this rank is in, for the hang doctor's dumps");
     pybind11::module_ dist = pybind11::module_::import("torch.distributed");
     pybind11::object backend = dist.attr("Backend");
     if (!pybind11::hasattr(backend, "TANDEM"))

@@ -128,6 +128,62 @@ void unflatten(const at::Tensor &flat, std::vector<at::Tensor> &list) {
     }
 }
 
+// The flight recorder keeps PyTorch's name for each call (tandem/recorder.h), so that a dump
+// and its diagnosis say "all_reduce", as the program does.
+void record_as(td_comm *comm, c10d::OpType type) {
+    const char *name = "?";
+    switch (type) {
+    case c10d::OpType::BROADCAST:
+        name = "broadcast";
+        break;
+    case c10d::OpType::ALLREDUCE:
+        name = "all_reduce";
+        break;
+    case c10d::OpType::ALLREDUCE_COALESCED:
+        name = "all_reduce_coalesced";
+        break;
+    case c10d::OpType::REDUCE:
+        name = "reduce";
+        break;
+    case c10d::OpType::ALLGATHER:
+        name = "all_gather";
+        break;
+    case c10d::OpType::_ALLGATHER_BASE:
+        name = "all_gather_into_tensor";
+        break;
+    case c10d::OpType::GATHER:
+        name = "gather";
+        break;
+    case c10d::OpType::SCATTER:
+        name = "scatter";
+        break;
+    case c10d::OpType::REDUCE_SCATTER:
+        name = "reduce_scatter";
+        break;
+    case c10d::OpType::_REDUCE_SCATTER_BASE:
+        name = "reduce_scatter_tensor";
+        break;
+    case c10d::OpType::ALLTOALL_BASE:
+        name = "all_to_all_single";
+        break;
+    case c10d::OpType::ALLTOALL:
+        name = "all_to_all";
+        break;
+    case c10d::OpType::BARRIER:
+        name = "barrier";
+        break;
+    case c10d::OpType::SEND:
+        name = "send";
+        break;
+    case c10d::OpType::RECV:
+        name = "recv";
+        break;
+    default:
+        break;
+    }
+    td_comm_tag(comm, "torch %s", name);
+}
+
 } // namespace
 
 ProcessGroupTandem::ProcessGroupTandem(td_comm *comm, td_store *host_store)
@@ -170,6 +226,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTandem::broadcast(std::vector<at::Ten
                 " (one tensor per call)");
     Buf b = bytes_of(t);
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::BROADCAST);
     td_status s = td_comm_ibroadcast(comm_, b.ptr, b.count, b.dtype, (int)opts.rootRank, &req);
     return launch(c10d::OpType::BROADCAST, s, req, {t}, {t});
 }
@@ -180,6 +237,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTandem::allreduce(std::vector<at::Ten
     Buf b = values_of(t, "allreduce");
     td_reduce_op op = op_of(opts.reduceOp, "allreduce");
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::ALLREDUCE);
     td_status s = td_comm_iallreduce(comm_, b.ptr, b.ptr, b.count, b.dtype, op, &req);
     return launch(c10d::OpType::ALLREDUCE, s, req, {t}, {t});
 }
@@ -198,6 +256,7 @@ ProcessGroupTandem::allreduce_coalesced(std::vector<at::Tensor> &tensors,
     Buf b = values_of(flat, "allreduce_coalesced");
     td_reduce_op op = op_of(opts.reduceOp, "allreduce_coalesced");
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::ALLREDUCE_COALESCED);
     td_status s = td_comm_iallreduce(comm_, b.ptr, b.ptr, b.count, b.dtype, op, &req);
     std::vector<at::Tensor> outs = tensors;
     return launch(c10d::OpType::ALLREDUCE_COALESCED, s, req, outs, {flat},
@@ -210,6 +269,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTandem::reduce(std::vector<at::Tensor
     Buf b = values_of(t, "reduce");
     td_reduce_op op = op_of(opts.reduceOp, "reduce");
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::REDUCE);
     td_status s =
         td_comm_ireduce(comm_, b.ptr, b.ptr, b.count, b.dtype, op, (int)opts.rootRank, &req);
     return launch(c10d::OpType::REDUCE, s, req, {t}, {t});
@@ -226,6 +286,7 @@ ProcessGroupTandem::allgather(std::vector<std::vector<at::Tensor>> &outputs,
     at::Tensor flat = at::empty({(int64_t)size_ * in.numel()}, in.options());
     Buf b = bytes_of(in);
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::ALLGATHER);
     td_status s = td_comm_iallgather(comm_, b.ptr, flat.data_ptr(), b.count, b.dtype, &req);
     return launch(c10d::OpType::ALLGATHER, s, req, outs, {in, flat},
                   [flat, outs]() mutable { unflatten(flat, outs); });
@@ -243,6 +304,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTandem::_allgather_base(at::Tensor &o
                 input.numel());
     Buf b = bytes_of(input);
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::_ALLGATHER_BASE);
     td_status s = td_comm_iallgather(comm_, b.ptr, output.data_ptr(), b.count, b.dtype, &req);
     return launch(c10d::OpType::_ALLGATHER_BASE, s, req, {output}, {input, output});
 }
@@ -265,6 +327,7 @@ ProcessGroupTandem::gather(std::vector<std::vector<at::Tensor>> &outputs,
     }
     Buf b = bytes_of(in);
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::GATHER);
     td_status s = td_comm_igather(comm_, b.ptr, flat.defined() ? flat.data_ptr() : nullptr, b.count,
                                   b.dtype, (int)opts.rootRank, &req);
     std::function<void()> after;
@@ -291,6 +354,7 @@ ProcessGroupTandem::scatter(std::vector<at::Tensor> &outputs,
     }
     Buf b = bytes_of(out);
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::SCATTER);
     td_status s = td_comm_iscatter(comm_, flat.defined() ? flat.data_ptr() : nullptr, b.ptr,
                                    b.count, b.dtype, (int)opts.rootRank, &req);
     std::vector<at::Tensor> keep = {out};
@@ -310,6 +374,7 @@ ProcessGroupTandem::reduce_scatter(std::vector<at::Tensor> &outputs,
     Buf b = values_of(out, "reduce_scatter");
     td_reduce_op op = op_of(opts.reduceOp, "reduce_scatter");
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::REDUCE_SCATTER);
     td_status s =
         td_comm_ireduce_scatter(comm_, flat.data_ptr(), b.ptr, b.count, b.dtype, op, &req);
     return launch(c10d::OpType::REDUCE_SCATTER, s, req, {out}, {out, flat});
@@ -328,6 +393,7 @@ ProcessGroupTandem::_reduce_scatter_base(at::Tensor &output, at::Tensor &input,
     Buf b = values_of(output, "_reduce_scatter_base");
     td_reduce_op op = op_of(opts.reduceOp, "_reduce_scatter_base");
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::_REDUCE_SCATTER_BASE);
     td_status s =
         td_comm_ireduce_scatter(comm_, input.data_ptr(), b.ptr, b.count, b.dtype, op, &req);
     return launch(c10d::OpType::_REDUCE_SCATTER_BASE, s, req, {output}, {output, input});
@@ -354,6 +420,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTandem::alltoall_base(
                 size_, " equal blocks of ", rows / size_, " rows)");
     Buf b = bytes_of(input);
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::ALLTOALL_BASE);
     td_status s =
         td_comm_ialltoall(comm_, b.ptr, output.data_ptr(), b.count / (size_t)size_, b.dtype, &req);
     return launch(c10d::OpType::ALLTOALL_BASE, s, req, {output}, {output, input});
@@ -370,6 +437,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTandem::alltoall(std::vector<at::Tens
     at::Tensor flat = at::empty_like(in);
     Buf b = bytes_of(in);
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::ALLTOALL);
     td_status s =
         td_comm_ialltoall(comm_, b.ptr, flat.data_ptr(), b.count / (size_t)size_, b.dtype, &req);
     std::vector<at::Tensor> outs = outputs;
@@ -379,6 +447,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTandem::alltoall(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTandem::barrier(const c10d::BarrierOptions &) {
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::BARRIER);
     td_status s = td_comm_ibarrier(comm_, &req);
     return launch(c10d::OpType::BARRIER, s, req, {}, {});
 }
@@ -388,6 +457,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTandem::send(std::vector<at::Tensor> 
     at::Tensor &t = only(tensors, "send");
     Buf b = bytes_of(t);
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::SEND);
     td_status s = td_comm_isend(comm_, b.ptr, b.count, b.dtype, dst, tag, &req);
     return launch(c10d::OpType::SEND, s, req, {t}, {t});
 }
@@ -397,6 +467,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTandem::recv(std::vector<at::Tensor> 
     at::Tensor &t = only(tensors, "recv");
     Buf b = bytes_of(t);
     td_request *req = nullptr;
+    record_as(comm_, c10d::OpType::RECV);
     td_status s = td_comm_irecv(comm_, b.ptr, b.count, b.dtype, src, tag, &req);
     return launch(c10d::OpType::RECV, s, req, {t}, {t});
 }

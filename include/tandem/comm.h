@@ -145,6 +145,15 @@ td_trace *td_comm_trace(const td_comm *comm);
  * ranks whose trace did not arrive whole. */
 td_status td_comm_trace_write(td_comm *comm, const td_trace *trace, const char *path);
 
+/* Tags the next call this thread makes on `comm` with what it is for, printf-style
+ * ("ddp bucket %d", 3; at most 39 bytes are kept): the flight recorder keeps the tag with the
+ * call, and dumps and diagnoses name it (tandem/recorder.h). NULL clears a tag not used yet. */
+void td_comm_tag(const td_comm *comm, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 /* Sets the bound on every wait of this group, in seconds (> 0). */
 td_status td_comm_set_timeout(td_comm *comm, double seconds);
 

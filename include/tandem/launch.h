@@ -62,6 +62,10 @@ int td_exit_code(int status);
 /* "SIGKILL" for 9; `buf` holds the text. */
 const char *td_signal_name(int sig, char buf[16]);
 
+/* 1 when process `pid` catches signal `sig` (has a handler for it): a launcher asks a rank for
+ * its flight recorder's dump (SIGUSR1) only when it does, as the signal would kill it otherwise. */
+int td_process_catches(pid_t pid, int sig);
+
 /* The processes of a job on this host under the stop protocol. */
 typedef struct td_job td_job;
 

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "comm/recorder.h"
 #include "core/core_impl.h"
 #include "device/device_impl.h"
 
@@ -47,6 +48,7 @@ struct td_request {
     td_device device;
     int is_recv;
     int done;
+    td__rec_entry *rec; /* the flight recorder's entry of this call, or NULL */
     td_status status;
     char error[1024];
     td_request *next;
@@ -75,22 +77,30 @@ struct td_comm {
     int progress_named;  /* the progress thread's row is named in `trace` */
     td_trace *job_trace; /* owned: TANDEM_TRACE's trace of a td_comm_create'd group */
     char *job_trace_dir;
+    td__names names; /* how messages name the members (the backend holds a pointer) */
+    td__rec rec;     /* the flight recorder's ring of the group's calls (posts under `lock`) */
 };
 
 /* ---------------------------------------------------------------- life cycle */
 
+/* A td_comm around a backend's group; `world` (owned, NULL for the world group) holds the
+ * members' world ranks. */
 static td_status comm_wrap(td_comm **out, const td__backend_ops *ops, void *ctx,
-                           td__group_shape shape, double timeout) {
+                           td__group_shape shape, double timeout, int *world) {
     td_comm *c = calloc(1, sizeof *c);
     if (!c || td__self_box_create(&c->self) != TD_OK) {
         free(c);
+        free(world);
         ops->destroy(ctx);
         return td__fail(TD_ENOMEM, "td_comm: out of memory");
     }
+    td__names_init(&c->names, shape.size, world);
+    if (ops->set_names) ops->set_names(ctx, &c->names);
     c->ops = ops;
     c->ctx = ctx;
     c->shape = shape;
     c->trace_key = TRACE_WORLD_KEY;
+    td__rec_init(&c->rec, c->trace_key, &c->names, shape.rank, shape.size, ops->name);
     c->timeout_s = timeout;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->cond, NULL);
@@ -105,12 +115,20 @@ td_status td_comm_create(td_comm **out, const td_comm_params *params) {
     if (!params) params = &defaults;
     td_status s = td__comm_resolve_params(params, &p);
     if (s) return s;
+    /* The recorder names this process after its rank in the first world it joins, and may dump
+     * from now on: a rank stuck in its rendezvous says so. */
+    td__rec_process(p.rank, p.world_size);
+    td__doctor_start();
     void *ctx = NULL;
     td__group_shape shape;
     const td__backend_ops *ops = NULL;
+    static const char *const backend_names[] = {"auto", "shm", "mpi", "ucx"};
+    td__rec_creating(backend_names[p.backend]);
     s = p.backend == TD_BACKEND_MPI   ? td__mpi_create(&p, &ctx, &shape, &ops)
         : p.backend == TD_BACKEND_UCX ? td__ucx_create(&p, &ctx, &shape, &ops)
                                       : td__shm_create(&p, &ctx, &shape, &ops);
+    if (s == TD_ETIMEOUT || s == TD_EPEER) td__doctor_dump("td_comm_create failed", td_last_error());
+    td__rec_creating(NULL);
     if (s) return s;
     if (shape.nodes > 1 && p.hierarchical) {
         void *hier = NULL;
@@ -123,7 +141,7 @@ td_status td_comm_create(td_comm **out, const td_comm_params *params) {
         }
         ctx = hier, shape = hier_shape, ops = hier_ops;
     }
-    s = comm_wrap(out, ops, ctx, shape, p.timeout_s);
+    s = comm_wrap(out, ops, ctx, shape, p.timeout_s, NULL);
     if (!s) (*out)->job_trace = td__comm_job_trace_open(*out, &(*out)->job_trace_dir);
     return s;
 }
@@ -142,10 +160,12 @@ void td_comm_destroy(td_comm *comm) {
     pthread_cond_broadcast(&comm->cond);
     pthread_mutex_unlock(&comm->lock);
     if (comm->thread_started) pthread_join(comm->thread, NULL);
+    td__rec_fini(&comm->rec);
     while (comm->allocs) td_comm_free(comm, comm->allocs->ptr);
     td__gpu_path_destroy(comm->gpu);
     comm->ops->destroy(comm->ctx);
     td__self_box_destroy(comm->self);
+    td__names_free(&comm->names);
     pthread_cond_destroy(&comm->cond);
     pthread_mutex_destroy(&comm->lock);
     free(comm);
@@ -196,6 +216,7 @@ static void trace_inherit(td_comm *parent, td_comm *child, uint64_t split, uint6
     child->trace = parent->trace;
     pthread_mutex_unlock(&parent->lock);
     child->trace_key = trace_mix(parent->trace_key + trace_mix(split * 0x100000001b3ull + color));
+    child->rec.key = child->trace_key;
 }
 
 td_status td_comm_set_timeout(td_comm *comm, double seconds) {
@@ -209,18 +230,25 @@ td_status td_comm_set_timeout(td_comm *comm, double seconds) {
 
 /* ---------------------------------------------------------------- running work */
 
+/* Ends the group for this rank with `s` (td_last_error() says why); the first failure is
+ * recorded and dumped (dump.c), as the moment a job stops moving. */
 static void poison(td_comm *comm, td_status s) {
     pthread_mutex_lock(&comm->lock);
-    if (!comm->failed) {
+    int first = !comm->failed;
+    if (first) {
         comm->failed = s;
         snprintf(comm->failed_msg, sizeof comm->failed_msg, "%s", td_last_error());
     }
     pthread_mutex_unlock(&comm->lock);
+    if (!first) return;
+    td__rec_failed(&comm->rec, comm->failed_msg);
+    if (s != TD_ESTATE) td__doctor_dump("a group failed", comm->failed_msg);
 }
 
 td_status td_comm_abort(td_comm *comm) {
     if (!comm) return td__fail(TD_EINVAL, "td_comm_abort: the group is NULL");
-    td__fail(TD_ESTATE, "rank %d aborted the group (td_comm_abort)", comm->shape.rank);
+    td__fail(TD_ESTATE, "%s aborted the group (td_comm_abort)",
+             td__who(&comm->names, comm->shape.rank).s);
     poison(comm, TD_ESTATE);
     td__gpu_path_abort(comm->gpu);
     if (comm->ops->abort) comm->ops->abort(comm->ctx, comm->shape.rank, "td_comm_abort");
@@ -235,17 +263,30 @@ static td_status run_item(td_comm *comm, td_request *r) {
     char msg[sizeof comm->failed_msg];
     memcpy(msg, comm->failed_msg, sizeof msg);
     pthread_mutex_unlock(&comm->lock);
-    if (failed)
-        return td__fail(failed, "rank %d: the group failed earlier: %s", comm->shape.rank, msg);
+    if (failed) {
+        td__rec_end(r->rec, failed);
+        return td__fail(failed, "%s: the group failed earlier: %s",
+                        td__who(&comm->names, comm->shape.rank).s, msg);
+    }
+    if (r->rec) atomic_store_explicit(&r->rec->state, TD__REC_RUNNING, memory_order_relaxed);
+    td__rec_current = r->rec; /* the backend's waits stamp it */
     td_status s;
     if (r->kind == ITEM_SPLIT || r->kind == ITEM_SPLIT_HOST) {
         void *child = NULL;
         td__group_shape shape = {0};
         const td__backend_ops *ops = comm->ops;
+        int *members = malloc((size_t)comm->shape.size * sizeof *members);
+        if (!members) return td__fail(TD_ENOMEM, "split: out of memory");
         s = r->kind == ITEM_SPLIT
-                ? comm->ops->split(comm->ctx, r->color, r->key, timeout, &child, &shape)
-                : comm->ops->split_host(comm->ctx, timeout, &child, &shape, &ops);
-        if (!s && child) s = comm_wrap(r->split_out, ops, child, shape, timeout);
+                ? comm->ops->split(comm->ctx, r->color, r->key, timeout, &child, &shape, members)
+                : comm->ops->split_host(comm->ctx, timeout, &child, &shape, &ops, members);
+        /* The child's members by world rank, for its messages. */
+        for (int i = 0; !s && child && i < shape.size; i++)
+            members[i] = td__names_world(&comm->names, members[i]);
+        if (!s && child)
+            s = comm_wrap(r->split_out, ops, child, shape, timeout, members);
+        else
+            free(members);
         uint64_t split = comm->splits++;
         if (!s && child)
             trace_inherit(comm, *r->split_out, split,
@@ -267,6 +308,8 @@ static td_status run_item(td_comm *comm, td_request *r) {
                                        td_time_ns());
         }
     }
+    td__rec_current = NULL;
+    td__rec_end(r->rec, s);
     /* Rejected arguments (agreed by every rank) and a failed allocation leave the group
      * usable; anything else ends it for this rank (see comm.h). */
     if (s && s != TD_ENOMEM && s != TD_EINVAL && s != TD_EDTYPE) poison(comm, s);
@@ -310,11 +353,22 @@ static td_status submit(td_comm *comm, td_request *r, int blocking) {
     if (comm->failed) {
         td_status f = comm->failed;
         pthread_mutex_unlock(&comm->lock);
-        return td__fail(f, "rank %d: the group failed earlier: %s", comm->shape.rank,
-                        comm->failed_msg);
+        return td__fail(f, "%s: the group failed earlier: %s",
+                        td__who(&comm->names, comm->shape.rank).s, comm->failed_msg);
     }
     r->coll.seq = comm->next_seq++;
-    if (blocking && !comm->head && !comm->busy) {
+    int inline_now = blocking && !comm->head && !comm->busy;
+    if (r->kind == ITEM_COLL)
+        r->rec = td__rec_post(&comm->rec, comm, r->coll.kind, r->coll.seq, r->coll.count,
+                              r->coll.dtype, r->coll.op,
+                              td__coll_is_rooted(r->coll.kind) ? r->coll.root : -1, -1,
+                              inline_now ? TD__REC_RUNNING : TD__REC_QUEUED);
+    else
+        r->rec = td__rec_post(&comm->rec, comm,
+                              r->kind == ITEM_ALLOC ? TD__REC_ALLOC : TD__REC_SPLIT, r->coll.seq,
+                              r->bytes, TD_U8, 0, -1, -1,
+                              inline_now ? TD__REC_RUNNING : TD__REC_QUEUED);
+    if (inline_now) {
         comm->busy = 1;
         pthread_mutex_unlock(&comm->lock);
         td_status s = run_item(comm, r);
@@ -327,6 +381,7 @@ static td_status submit(td_comm *comm, td_request *r, int blocking) {
     if (!comm->thread_started) {
         if (pthread_create(&comm->thread, NULL, progress_main, comm) != 0) {
             comm->next_seq--;
+            td__rec_end(r->rec, TD_ESTATE);
             pthread_mutex_unlock(&comm->lock);
             return td__fail(TD_ESTATE, "rank %d: cannot start the progress thread",
                             comm->shape.rank);
@@ -662,18 +717,24 @@ static td_status p2p_post(td_comm *comm, int is_send, void *buf, size_t count, t
     size_t es = td_dtype_size(dtype);
     if (count > SIZE_MAX / es)
         return td__fail(TD_EINVAL, "%s: rank %d: count %zu overflows", fn, rank, count);
-    pthread_mutex_lock(&comm->lock);
-    td_status failed = comm->failed;
-    pthread_mutex_unlock(&comm->lock);
-    if (failed)
-        return td__fail(failed, "%s: rank %d: the group failed earlier: %s", fn, rank,
-                        comm->failed_msg);
     td_request *r = calloc(1, sizeof *r);
     if (!r) return td__fail(TD_ENOMEM, "%s: out of memory", fn);
+    pthread_mutex_lock(&comm->lock);
+    td_status failed = comm->failed;
+    if (!failed)
+        r->rec = td__rec_post(&comm->rec, comm, is_send ? TD__REC_SEND : TD__REC_RECV,
+                              comm->rec.p2p_seq++, count, dtype, 0, peer, tag, TD__REC_RUNNING);
+    pthread_mutex_unlock(&comm->lock);
+    if (failed) {
+        free(r);
+        return td__fail(failed, "%s: %s: the group failed earlier: %s", fn,
+                        td__who(&comm->names, rank).s, comm->failed_msg);
+    }
     r->kind = peer == rank ? ITEM_SELF : ITEM_P2P;
     r->comm = comm;
     td_status s = stage(r, is_send, &buf, count * es, fn, rank);
     if (s) {
+        td__rec_end(r->rec, s);
         free(r);
         return s;
     }
@@ -684,6 +745,7 @@ static td_status p2p_post(td_comm *comm, int is_send, void *buf, size_t count, t
         s = is_send ? comm->ops->isend(comm->ctx, buf, count * es, peer, tag, &r->p2p)
                     : comm->ops->irecv(comm->ctx, buf, count * es, peer, tag, &r->p2p);
     if (s) {
+        td__rec_end(r->rec, s);
         free(r->staged);
         free(r);
         return s;
@@ -721,6 +783,7 @@ td_status td_comm_recv(td_comm *comm, void *buf, size_t count, td_dtype dtype, i
 static td_status p2p_done(td_request *req, td_status s) {
     if (req->staged && req->is_recv && s == TD_OK)
         s = td_device_copy(req->device, req->user, td_device_cpu(), req->staged, req->staged_bytes);
+    td__rec_end(req->rec, s);
     free(req->staged);
     free(req);
     return s;
@@ -728,18 +791,25 @@ static td_status p2p_done(td_request *req, td_status s) {
 
 static td_status p2p_result(td_request *req, td_status s) {
     td_comm *comm = req->comm;
-    if (s == TD_EPEER || s == TD_ETIMEOUT) poison(comm, s);
+    if (s == TD_EPEER || s == TD_ETIMEOUT) {
+        td__rec_end(req->rec, s); /* failed before the dump that poison writes */
+        req->rec = NULL;
+        poison(comm, s);
+    }
     return p2p_done(req, s);
 }
 
 td_status td_request_wait(td_request *req) {
     if (!req) return td__fail(TD_EINVAL, "td_request_wait: req is NULL");
     td_comm *comm = req->comm;
-    if (req->kind == ITEM_P2P)
-        return p2p_result(req, comm->ops->p2p_wait(comm->ctx, req->p2p, comm->timeout_s));
-    if (req->kind == ITEM_SELF) {
-        return p2p_done(req,
-                        td__self_wait(comm->self, req->p2p, comm->timeout_s, comm->shape.rank));
+    if (req->kind == ITEM_P2P || req->kind == ITEM_SELF) {
+        td__rec_current = req->rec; /* the backend's wait stamps it */
+        td_status s = req->kind == ITEM_P2P
+                          ? comm->ops->p2p_wait(comm->ctx, req->p2p, comm->timeout_s)
+                          : td__self_wait(comm->self, req->p2p, comm->timeout_s,
+                                          comm->shape.rank);
+        td__rec_current = NULL;
+        return req->kind == ITEM_P2P ? p2p_result(req, s) : p2p_done(req, s);
     }
     pthread_mutex_lock(&comm->lock);
     while (!req->done) pthread_cond_wait(&comm->cond, &comm->lock);

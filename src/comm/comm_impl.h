@@ -61,6 +61,31 @@ typedef struct {
     int node, nodes;
 } td__group_shape;
 
+/* How a group's messages name its members (names.c): "rank 3" in the world group, "world rank 3
+ * (rank 2 of group {1,2,3})" in any other, so that no one reads a sub-group's rank as a world
+ * rank. The generic layer owns one per group and hands the backend a pointer (set_names). */
+typedef struct td__names {
+    int size;
+    int *world;     /* (size) each member's world rank, owned; NULL for the world group itself */
+    char label[96]; /* "group {1,2,3}", or "" for the world group */
+} td__names;
+
+/* Fills `n` for a group of `size` whose members have world ranks `world` (taken over, freed by
+ * td__names_free; NULL: the world itself). */
+void td__names_init(td__names *n, int size, int *world);
+void td__names_free(td__names *n);
+
+/* The world rank of group rank `rank` (itself when n is NULL or the world). */
+int td__names_world(const td__names *n, int rank);
+
+/* A member's name, returned in a struct so that it can be a printf argument: td__who(n, r).s.
+ * n may be NULL ("rank R"); td__who_on adds the member's host (" on HOST") when host is set. */
+typedef struct {
+    char s[192];
+} td__who_text;
+td__who_text td__who(const td__names *n, int rank);
+td__who_text td__who_on(const td__names *n, int rank, const char *host);
+
 /* A backend: a table of functions over an opaque per-group context. Every function
  * returns a td_status and sets td__fail's message on error; `timeout_s` bounds every wait. */
 typedef struct td__backend_ops {
@@ -80,14 +105,16 @@ typedef struct td__backend_ops {
     /* Completes a p2p handle (and frees it); test sets *done and frees only when done. */
     td_status (*p2p_wait)(void *ctx, void *req, double timeout_s);
     td_status (*p2p_test)(void *ctx, void *req, int *done);
-    /* MPI_Comm_split semantics; a negative colour yields *child = NULL. Collective. */
+    /* MPI_Comm_split semantics; a negative colour yields *child = NULL. Collective. With a
+     * child, members[i] (room for this group's size) is the rank in this group of the child's
+     * rank i. */
     td_status (*split)(void *ctx, int color, int key, double timeout_s, void **child,
-                       td__group_shape *child_shape);
+                       td__group_shape *child_shape, int *members);
     /* Optional (NULL: split by node): the group's ranks on this host, as a group of the
      * backend that serves one host best (*child_ops says which), without talking to other
-     * hosts. Collective over the host's ranks. */
+     * hosts, with `members` as split's. Collective over the host's ranks. */
     td_status (*split_host)(void *ctx, double timeout_s, void **child, td__group_shape *child_shape,
-                            const struct td__backend_ops **child_ops);
+                            const struct td__backend_ops **child_ops, int *members);
     /* Optional (NULL: plain aligned memory). Collective: `bytes` that every rank of the group
      * can reach, for td_comm_alloc; *out is this rank's part. Local failures are TD_ENOMEM on
      * every rank. Never runs concurrently with a collective of the same group. */
@@ -98,6 +125,8 @@ typedef struct td__backend_ops {
      * what they report (shm: the segment is poisoned, so every peer's current and next wait
      * fails naming `rank` and `why`). */
     void (*abort)(void *ctx, int rank, const char *why);
+    /* Optional: how messages name the members from now on (`names` outlives the context). */
+    void (*set_names)(void *ctx, const td__names *names);
     /* Frees the context and everything it holds. */
     void (*destroy)(void *ctx);
 } td__backend_ops;

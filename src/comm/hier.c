@@ -40,6 +40,8 @@ typedef struct {
     int *node_of;    /* (size) the host of each rank */
     int *local_of;   /* (size) its local rank */
     int *host_ranks; /* (local size) this host's ranks, in local order */
+    /* How the inner groups' messages name their members: by world rank, as this group's. */
+    td__names local_names, cross_names;
 } hier_ctx;
 
 /* One point-to-point request: which group carries it. */
@@ -58,6 +60,8 @@ static void hier_free(hier_ctx *h) {
     free(h->node_of);
     free(h->local_of);
     free(h->host_ranks);
+    td__names_free(&h->local_names);
+    td__names_free(&h->cross_names);
     free(h);
 }
 
@@ -77,27 +81,6 @@ static double local_timeout(double timeout_s) {
 
 static int usable(td_status s) { return s == TD_EINVAL || s == TD_EDTYPE; }
 
-/* The local group's messages number its ranks 0 .. L-1: says which ranks those are, after
- * `msg` (truncated to fit). */
-static void name_local_ranks(const hier_ctx *h, char *msg, size_t cap) {
-    char host[64] = "";
-    gethostname(host, sizeof host - 1);
-    size_t at = strlen(msg);
-    at += (size_t)snprintf(msg + at, at < cap ? cap - at : 0, " [host %s's local ranks:", host);
-    for (int i = 0; i < h->shape.local_size && at < cap; i++)
-        at += (size_t)snprintf(msg + at, cap - at, "%s %d = rank %d", i ? "," : "", i,
-                               h->host_ranks[i]);
-    if (at < cap) snprintf(msg + at, cap - at, "]");
-}
-
-/* A step on the local group failed with `s` (not rejected arguments): its message, with the
- * local ranks named. */
-static td_status local_failed(const hier_ctx *h, td_status s) {
-    char msg[768];
-    snprintf(msg, sizeof msg, "%s", td_last_error());
-    name_local_ranks(h, msg, sizeof msg);
-    return td__fail(s, "%s", msg);
-}
 
 /* What every rank of a host says about its arguments, to find the lowest rejecting rank. */
 typedef struct {
@@ -111,7 +94,6 @@ typedef struct {
 static td_status first_step_failed(hier_ctx *h, const td__coll *c, td_status s, double timeout_s) {
     char msg[768];
     snprintf(msg, sizeof msg, "%s", td_last_error());
-    if (!usable(s)) name_local_ranks(h, msg, sizeof msg);
     td__coll tell = {.kind = TD__COLL_BARRIER,
                      .seq = c->seq,
                      .sig = td__coll_sig(c),
@@ -194,7 +176,7 @@ static td_status hier_allreduce(hier_ctx *h, const td__coll *c, double timeout_s
     if (!s && t)
         s = LOCAL(TD__COLL_BROADCAST, recv + L * k * e, recv + L * k * e, t, c->dtype, TD_OP_SUM,
                   (int)L - 1, timeout_s);
-    return s ? local_failed(h, s) : TD_OK;
+    return s;
 }
 
 static td_status hier_broadcast(hier_ctx *h, const td__coll *c, double timeout_s) {
@@ -218,7 +200,7 @@ static td_status hier_broadcast(hier_ctx *h, const td__coll *c, double timeout_s
     if (!s && t)
         s = LOCAL(TD__COLL_BROADCAST, buf + L * k * e, buf + L * k * e, t, c->dtype, TD_OP_SUM,
                   (int)L - 1, timeout_s);
-    return s ? local_failed(h, s) : TD_OK;
+    return s;
 }
 
 /* Across hosts within each cross group (rank (h, l) gets the blocks of every (h', l)), then
@@ -242,7 +224,7 @@ static td_status hier_allgather(hier_ctx *h, const td__coll *c, double timeout_s
                all + ((size_t)h->local_of[r] * H + (size_t)h->node_of[r]) * b, b);
     free(across);
     free(all);
-    return s ? local_failed(h, s) : TD_OK;
+    return s;
 }
 
 static td_status hier_barrier(hier_ctx *h, const td__coll *c, double timeout_s) {
@@ -365,8 +347,11 @@ static td_status learn_hosts(hier_ctx *h, double timeout_s) {
     free(all);
     if (s == TD_OK && uniform && h->H > 1) {
         td__group_shape cs;
-        s = h->flat_ops->split(h->flat, h->shape.local_rank, h->shape.node, timeout_s, &h->cross,
-                               &cs);
+        int *members = malloc((size_t)n * sizeof *members);
+        s = members ? h->flat_ops->split(h->flat, h->shape.local_rank, h->shape.node, timeout_s,
+                                         &h->cross, &cs, members)
+                    : td__fail(TD_ENOMEM, "hier: out of memory");
+        free(members);
     }
     return s;
 }
@@ -425,13 +410,18 @@ td_status td__hier_create(const td__backend_ops *flat_ops, void *flat_ctx,
 }
 
 static td_status hier_split(void *vctx, int color, int key, double timeout_s, void **child,
-                            td__group_shape *child_shape) {
+                            td__group_shape *child_shape, int *members) {
     hier_ctx *h = vctx;
     void *flat = NULL, *local = NULL;
     td__group_shape fs, ls;
     *child = NULL;
-    td_status s = h->flat_ops->split(h->flat, color, key, timeout_s, &flat, &fs);
-    if (s == TD_OK) s = h->local_ops->split(h->local, color, key, timeout_s, &local, &ls);
+    int *local_members = malloc((size_t)h->shape.local_size * sizeof *local_members);
+    if (!local_members) return td__fail(TD_ENOMEM, "hier split: out of memory");
+    /* flat's ranks are this group's, so its members are the child's */
+    td_status s = h->flat_ops->split(h->flat, color, key, timeout_s, &flat, &fs, members);
+    if (s == TD_OK)
+        s = h->local_ops->split(h->local, color, key, timeout_s, &local, &ls, local_members);
+    free(local_members);
     if (s == TD_OK && !flat) return TD_OK; /* not a member (no local child either) */
     hier_ctx *k = s == TD_OK ? hier_new(h->flat_ops, flat, &fs) : NULL;
     if (s == TD_OK && !k) s = td__fail(TD_ENOMEM, "hier split: out of memory");
@@ -454,10 +444,38 @@ static td_status hier_split(void *vctx, int color, int key, double timeout_s, vo
 }
 
 static td_status hier_split_host(void *vctx, double timeout_s, void **child,
-                                 td__group_shape *child_shape, const td__backend_ops **child_ops) {
+                                 td__group_shape *child_shape, const td__backend_ops **child_ops,
+                                 int *members) {
     hier_ctx *h = vctx;
     *child_ops = h->local_ops;
-    return h->local_ops->split(h->local, 0, h->shape.local_rank, timeout_s, child, child_shape);
+    td_status s = h->local_ops->split(h->local, 0, h->shape.local_rank, timeout_s, child,
+                                      child_shape, members);
+    for (int i = 0; s == TD_OK && *child && i < child_shape->size; i++)
+        members[i] = h->host_ranks[members[i]]; /* local ranks -> this group's */
+    return s;
+}
+
+/* The inner groups name their members as this group does: the host's ranks and the ranks of
+ * equal local rank across hosts, each by its world rank. */
+static void hier_set_names(void *vctx, const td__names *names) {
+    hier_ctx *h = vctx;
+    int L = h->shape.local_size;
+    if (h->flat_ops->set_names) h->flat_ops->set_names(h->flat, names);
+    int *local = malloc((size_t)L * sizeof *local);
+    if (local) {
+        for (int i = 0; i < L; i++) local[i] = td__names_world(names, h->host_ranks[i]);
+        td__names_free(&h->local_names);
+        td__names_init(&h->local_names, L, local);
+        if (h->local_ops->set_names) h->local_ops->set_names(h->local, &h->local_names);
+    }
+    int *cross = h->cross ? malloc((size_t)h->H * sizeof *cross) : NULL;
+    if (cross) {
+        for (int r = 0; r < h->shape.size; r++)
+            if (h->local_of[r] == h->shape.local_rank) cross[h->node_of[r]] = td__names_world(names, r);
+        td__names_free(&h->cross_names);
+        td__names_init(&h->cross_names, h->H, cross);
+        if (h->flat_ops->set_names) h->flat_ops->set_names(h->cross, &h->cross_names);
+    }
 }
 
 static void hier_abort(void *vctx, int rank, const char *why) {
@@ -473,7 +491,8 @@ static void hier_destroy(void *vctx) { hier_free(vctx); }
     {                                                                                           \
         .name = label, .collective = hier_collective, .isend = hier_isend, .irecv = hier_irecv, \
         .p2p_wait = hier_p2p_wait, .p2p_test = hier_p2p_test, .split = hier_split,              \
-        .split_host = hier_split_host, .abort = hier_abort, .destroy = hier_destroy,            \
+        .split_host = hier_split_host, .abort = hier_abort, .set_names = hier_set_names,        \
+        .destroy = hier_destroy,                                                                \
     }
 static const td__backend_ops hier_mpi_ops = HIER_OPS("mpi+shm");
 static const td__backend_ops hier_ucx_ops = HIER_OPS("ucx+shm");

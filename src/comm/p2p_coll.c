@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "comm/p2p_coll.h"
+#include "comm/recorder.h"
 #include "core/core_impl.h"
 
 enum {
@@ -204,6 +205,10 @@ static td_status wait_for(td__p2p *g, pend *p, int n, int k, const td__coll *c, 
                            recv ? "a message from" : "its message to be taken by", peer);
         }
         if (now - last > SPIN_NS) {
+            int w = -1; /* whom the recorder says this rank waits for: a receive's peer first */
+            for (int i = 0; i < n && w < 0; i++)
+                if (p[i].req && p[i].recv) w = p[i].peer;
+            td__rec_waits(now, w);
             char why[TD__P2P_NOTICE_MAX];
             td_status told = notice(g, why, sizeof why);
             if (told) {

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "comm/comm_impl.h"
+#include "comm/recorder.h"
 #include "core/core_impl.h"
 
 typedef struct self_msg {
@@ -149,6 +150,7 @@ td_status td__self_wait(td__self_box *b, void *req, double timeout_s, int rank) 
     until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
     pthread_mutex_lock(&b->lock);
     int rc = 0;
+    if (!r->done) td__rec_waits(td_time_ns(), rank);
     while (!r->done && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&b->cond, &b->lock, &until);
     if (!r->done) { /* never matched: take it back */
         self_req **p = &b->recvs;

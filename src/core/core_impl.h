@@ -47,6 +47,19 @@ const char *td__dims_str(char *out, size_t cap, int64_t ndim, const int64_t *dim
  * parent has not reaped yet. 0 for pid <= 0. */
 int td__pid_dead(int pid);
 
+/* Names of code addresses (symbols.c), the files' symbol tables read once per use: open, name
+ * any number of addresses, close. */
+typedef struct td__symbols td__symbols;
+td__symbols *td__symbols_open(void);
+void td__symbols_close(td__symbols *s);
+
+/* "function+0x1c (file)", or "file(+0x7cf2)" where the file names no function there. */
+void td__symbolize(td__symbols *s, const void *addr, char *out, size_t cap);
+
+/* 1 when `sig` is in the mask /proc/<pid>/status (or task/<tid>/status, tid > 0) gives under
+ * `field`: "SigCgt" (caught), "SigBlk" (blocked), "SigIgn"; 0 otherwise or unreadable. */
+int td__proc_signal(int pid, int tid, const char *field, int sig);
+
 /* Writes the n bytes of s into out as the body of a JSON string (without the quotes): '"' and
  * '\\' escaped, control characters, DEL and bytes that are not part of well-formed UTF-8 as
  * \u00XX of their value, so the text is valid JSON and shows every byte. Writes whole escapes

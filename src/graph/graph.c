@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tandem/recorder.h"
+
 #include "device/device_impl.h"
 #include "graph/graph_impl.h"
 
@@ -488,10 +490,12 @@ static td_status forward_nodes(td_graph *g, const void *arg) {
         if (hook) TD__TRY(use_params_at(g, n, g->param_last_node, TD_PARAM_BEFORE_FORWARD));
         td__recompute_note(g, k);
         uint64_t t0 = trace ? td_time_ns() : 0;
+        td_recorder_op(n->out->name, "forward");
         TD__TRY(td__kernels_of(&g->ctx, n->op)->forward(&g->ctx, n));
         if (trace) (void)td_trace_span(trace, n->out->name, "forward", t0, td_time_ns());
         if (hook) TD__TRY(use_params_at(g, n, g->param_final_node, TD_PARAM_AFTER_FORWARD));
     }
+    td_recorder_op(NULL, NULL);
     for (int i = 0; hook && i < g->nparams; i++)
         if (g->param_final_node[i] < 0) TD__TRY(use_param(g, i, TD_PARAM_AFTER_FORWARD));
     return TD_OK;
@@ -622,12 +626,14 @@ static td_status backward_nodes(td_graph *g, const void *arg) {
             TD__TRY(td__recompute_before_backward(g, k));
             if (g->use_hook) TD__TRY(td__graph_use_params_backward(g, n));
             uint64_t t0 = trace ? td_time_ns() : 0;
+            td_recorder_op(n->out->name, "backward");
             TD__TRY(td__kernels_of(&g->ctx, n->op)->backward(&g->ctx, n));
             if (trace) (void)td_trace_span(trace, n->out->name, "backward", t0, td_time_ns());
         }
         params_ready(&g->ctx, n, 0);
         if (g->use_hook) TD__TRY(use_params_at(g, n, g->param_last_node, TD_PARAM_AFTER_BACKWARD));
     }
+    td_recorder_op(NULL, NULL);
     for (int i = 0; i < g->nparams; i++)
         if (!g->fired[i]) fire(g, i);
     for (int i = 0; g->use_hook && i < g->nparams; i++)

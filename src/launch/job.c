@@ -40,6 +40,8 @@ void td_exit_describe(int status, char *out, size_t cap) {
         snprintf(out, cap, "exited with status %d", WEXITSTATUS(status));
 }
 
+int td_process_catches(pid_t pid, int sig) { return td__proc_signal((int)pid, 0, "SigCgt", sig); }
+
 int td_exit_code(int status) {
     return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
 }

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tandem/recorder.h"
+
 #include "core/core_impl.h"
 #include "parallel/ddp_impl.h"
 
@@ -412,6 +414,7 @@ td_status td_ddp_prepare_forward(td_ddp *d) {
             "ddp rank %d: the previous backward was not ended with td_ddp_finish_backward",
             d->rank);
     d->open = 1;
+    td_recorder_step(TD_RECORDER_NEXT);
     return d->sync ? d->reducer->prepare(d) : TD_OK;
 }
 

@@ -141,6 +141,7 @@ static void ddp_launch(td_ddp *d, size_t k) {
     }
     /* AVG divides inside the reduction, so averaging costs no extra pass over the gradients. */
     td_reduce_op op = d->opt.average ? TD_OP_AVG : TD_OP_SUM;
+    td_comm_tag(d->comm, "ddp bucket %zu", k);
     td__ddp_bucket_started(d, k,
                            td_comm_iallreduce(d->comm, data, data, b->count + DDP_SLOTS,
                                               ddp_wire_dtype(d, b->dtype), op, &b->req));

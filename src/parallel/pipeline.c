@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tandem/recorder.h"
+
 #include "core/core_impl.h"
 #include "parallel/pipeline_impl.h"
 
@@ -525,6 +527,7 @@ td_status td_pipeline_step(td_pipeline *pp, const float *x, const int64_t *label
     else if (pp->stage + 1 == pp->P && !labels)
         local = td__fail(TD_EINVAL, "td_pipeline_step: labels are NULL on the last stage");
     TD__TRY(start_call(pp, 0, pp->opt.batch, local));
+    td_recorder_step(TD_RECORDER_NEXT);
     return td__pp_run_step(pp, x, labels, loss);
 }
 

@@ -31,6 +31,7 @@ static void *channel_main(void *arg) {
         pp_job *j = c->head;
         pthread_mutex_unlock(&c->lock);
         uint64_t t0 = td_time_ns();
+        td_comm_tag(c->comm, "pipeline %s mb %d", c->what, j->micro_batch);
         td_status s = c->is_send ? td_comm_send(c->comm, j->buf, j->bytes, TD_U8, c->peer, c->tag)
                                  : td_comm_recv(c->comm, j->buf, j->bytes, TD_U8, c->peer, c->tag);
         uint64_t t1 = td_time_ns();

@@ -56,6 +56,7 @@ static td_status flat_launch(td_zero *z, td_comm *comm, td__zero_flat *f) {
     if (z->opt.stage == 3)
         td__zero_account_add(&z->lay.acct, ZERO_GATHERED,
                              (long long)(f->chunk * (size_t)(z->world - 1) * es));
+    td_comm_tag(comm, "zero gather flat %d", (int)(f - z->lay.flats));
     td_status s =
         td_comm_iallgather(comm, d + td__zero_chunk_at(f, z->rank), d, f->chunk, f->dtype, &f->req);
     if (s != TD_OK) f->req = NULL;

@@ -232,6 +232,7 @@ static void rs_launch(td_ddp *d, size_t k) {
         recv = w + (size_t)d->rank * f->chunk * td_dtype_size(wire); /* in place */
     }
     td_reduce_op op = d->opt.average ? TD_OP_AVG : TD_OP_SUM;
+    td_comm_tag(d->comm, "zero reduce-scatter bucket %zu", k);
     td__ddp_bucket_started(
         d, k, td_comm_ireduce_scatter(d->comm, send, recv, f->chunk, wire, op, &b->req));
 }

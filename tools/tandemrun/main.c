@@ -59,11 +59,18 @@ static const char usage_text[] =
     "  --tp N, --pp N       the device mesh: N-way tensor and pipeline parallel, the rest\n"
     "                       of the ranks data parallel (TANDEM_TP, TANDEM_PP; td_mesh,\n"
     "                       docs/parallelism.md)\n"
+    "  --doctor-dir DIR     where the ranks write their dumps (TANDEM_DOCTOR_DIR), kept\n"
+    "                       after the job (default: a directory in /tmp, removed when the\n"
+    "                       job succeeds; docs/doctor.md)\n"
+    "\n"
+    "  tandemrun --dump [PID]   from another terminal: the diagnosis of a running job\n"
+    "                       (PID: its tandemrun's, when several run); or kill -USR1 <tandemrun>\n"
     "\n"
     "Options also take torchrun's forms: --nproc_per_node=4, --master_port 29500.\n"
-    "When a rank fails, the others get SIGTERM, then SIGKILL after the grace period, and\n"
-    "tandemrun exits with the failed rank's status (128 + signal when it was killed), or\n"
-    "restarts the job while --max-restarts allows.\n";
+    "When a rank fails, the ranks write their dumps, the others get SIGTERM, then SIGKILL\n"
+    "after the grace period, tandemrun prints which rank held the job up, doing what, and\n"
+    "exits with the failed rank's status (128 + signal when it was killed), or restarts the\n"
+    "job while --max-restarts allows.\n";
 
 /* "0,1,3" -> devices: distinct non-negative ids. */
 static void devices_option(td_args *a, tr_options *o) {
@@ -155,6 +162,7 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
         td_args_string(&a, "--trace", &o->trace_dir);
         td_args_flag(&a, "--trace-ops", &o->trace_ops);
         td_args_string(&a, "--trace-merge", &o->merge_dir);
+        td_args_string(&a, "--doctor-dir", &o->dump_dir);
         td_args_string(&a, "--log-dir", &o->log_dir);
         if (td_args_is(&a, "--tee")) o->tee = 1; /* torchrun's --tee=3 picks streams: both */
         td_args_set(&a, "--prefix", &o->prefix, 1);
@@ -242,6 +250,7 @@ int tr_parse_args(int argc, char **argv, tr_options *o) {
 }
 
 int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "--dump") == 0) return tr_dump_main(argc, argv);
     tr_options opts;
     int rc = tr_parse_args(argc, argv, &opts);
     if (rc == 1) return 0;
@@ -295,7 +304,10 @@ int main(int argc, char **argv) {
         opts.nproc = next;
         opts.attempt = restart.done;
     }
-    if (opts.trace_dir) tr_trace_report(trace_dir, failed);
+    if (opts.trace_dir) {
+        tr_trace_report(trace_dir, failed);
+        tr_doctor_trace(trace_dir);
+    }
     free((char *)opts.program);
     return rc;
 }

@@ -40,7 +40,7 @@ static double now_s(void) { return (double)td_time_ns() * 1e-9; }
 
 static void on_signal(int sig) {
     int saved = errno;
-    if (sig != SIGCHLD) interrupted = 1;
+    if (sig != SIGCHLD && sig != SIGUSR1) interrupted = 1; /* SIGUSR1 asks for a diagnosis */
     unsigned char b = (unsigned char)sig;
     ssize_t unused = write(self_pipe[1], &b, 1); /* full pipe: a wake-up is already queued */
     (void)unused;
@@ -49,12 +49,13 @@ static void on_signal(int sig) {
 
 /* Runs in the forked child; never returns. */
 static void exec_rank(const tr_options *o, const td_rank_env *env, int out_w, int err_w,
-                      pid_t launcher) {
+                      pid_t launcher, const char *doctor_dir) {
     if (o->nnodes > 1) setenv("TANDEM_STORE_HOSTED", "1", 1); /* node 0's tandemrun hosts it */
+    setenv("TANDEM_DOCTOR_DIR", doctor_dir, 1);
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != launcher) _exit(1); /* the launcher died before prctl took effect */
-    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE, SIGQUIT};
+    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE, SIGQUIT, SIGUSR1};
     for (size_t k = 0; k < sizeof sigs / sizeof *sigs; k++) signal(sigs[k], SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
@@ -149,10 +150,11 @@ static void settle(tr_rdzv *z, tr_claim *c, int wait) {
 
 /* Reaps ended ranks and reports the job's first failure, naming any rank that is stopped:
  * the others usually failed because they gave up waiting for it. Across hosts the report
- * names this host, and the failure ends the job on every node (see tr_claim). */
-static void reap(td_job *j, tr_rdzv *z, tr_claim *claim) {
+ * names this host, and the failure ends the job on every node (see tr_claim). Returns the
+ * failed rank's index in the job, or -1. */
+static int reap(td_job *j, tr_rdzv *z, tr_claim *claim) {
     int f = td_job_reap(j);
-    if (f < 0) return;
+    if (f < 0) return -1;
     td_job_proc p = td_job_get(j, f);
     char how[96], stopped[256];
     td_exit_describe(p.status, how, sizeof how);
@@ -176,6 +178,7 @@ static void reap(td_job *j, tr_rdzv *z, tr_claim *claim) {
                 "tandemrun: %s stopped (SIGSTOP) and never arrived: the job was stuck on it; "
                 "rank %d gave up waiting\n",
                 stopped, p.rank);
+    return f;
 }
 
 /* Reads what a stream has now; closes it at EOF. */
@@ -216,15 +219,19 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
                 strerror(errno));
         return 1;
     }
+    tr_doctor doc;
+    if (tr_doctor_open(o, &doc) != 0) return 1;
     td_job_params jp = td_job_default_params();
     jp.grace_s = o->grace_s;
     jp.own_groups = 1;
+    jp.stop_on_failure = 0; /* the ranks dump first (tr_doctor_request), then the job stops */
     td_job *j = NULL;
     tr_rank *ranks = calloc((size_t)o->nproc, sizeof *ranks);
     if (!ranks || td_job_create(&j, &jp) != TD_OK || open_pipe(self_pipe) != 0) {
         fprintf(stderr, "tandemrun: cannot start the job: %s\n", strerror(errno));
         free(ranks);
         td_job_destroy(j);
+        tr_doctor_close(&doc, 0);
         return 1;
     }
     fcntl(self_pipe[1], F_SETFL, fcntl(self_pipe[1], F_GETFL) | O_NONBLOCK);
@@ -233,7 +240,7 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
     sa.sa_handler = on_signal;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    int handled[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+    int handled[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1};
     for (size_t k = 0; k < sizeof handled / sizeof *handled; k++) sigaction(handled[k], &sa, NULL);
     signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill the launcher before its ranks */
 
@@ -249,6 +256,7 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
             self_pipe[0] = self_pipe[1] = -1;
             free(ranks);
             td_job_destroy(j);
+            tr_doctor_close(&doc, 0);
             return rc;
         }
         z = &rdzv;
@@ -286,7 +294,7 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
         td_rank_env env = {rank0 + r,    world,          r,    o->nproc,
                            o->node_rank, o->master_addr, port, job_token};
         pid_t pid = fork();
-        if (pid == 0) exec_rank(o, &env, po[1], pe[1], self);
+        if (pid == 0) exec_rank(o, &env, po[1], pe[1], self, doc.dir);
         if (capture) {
             close(po[1]);
             close(pe[1]);
@@ -336,6 +344,7 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
         if (kill_in >= 0) wake = t + kill_in;
         if (!td_job_stopping(j) && deadline > 0) wake = deadline;
         if (claim.pending && (wake == 0 || claim.at < wake)) wake = claim.at;
+        if (doc.pending && (wake == 0 || t + 0.01 < wake)) wake = t + 0.01; /* dumps coming */
         int ms = -1;
         if (wake > 0) ms = wake <= t ? 0 : (int)((wake - t) * 1000) + 1;
         if (!fds) ms = ms < 0 || ms > 100 ? 100 : ms;
@@ -354,6 +363,10 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
                     int sig = sigs[k], code;
                     char what[512];
                     if (sig == SIGCHLD) continue;
+                    if (sig == SIGUSR1) { /* a diagnosis, asked for: the job goes on */
+                        if (!td_job_stopping(j) && !doc.pending) tr_doctor_request(&doc, j, 0, 1);
+                        continue;
+                    }
                     if (sig == WAKE_END) {
                         settle(z, &claim, 0);
                         if (!td_job_stopping(j) && tr_rdzv_ended(z, &code, what, sizeof what)) {
@@ -382,9 +395,19 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
                 }
             }
         }
-        reap(j, z, &claim);
+        int f = reap(j, z, &claim);
+        if (f >= 0 && !td_job_stopping(j) && !doc.stop_code) /* dumps first, then the stop */
+            tr_doctor_request(&doc, j, td_exit_code(td_job_get(j, f).status), 0);
         if (z) settle(z, &claim, 0);
-        if (!td_job_stopping(j) && deadline > 0 && now_s() >= deadline) {
+        if (doc.pending && tr_doctor_ready(&doc, j)) {
+            doc.pending = 0;
+            tr_doctor_note(&doc, j);
+            if (doc.stop_code && !td_job_stopping(j))
+                td_job_stop(j, SIGTERM, doc.stop_code);
+            else if (doc.report)
+                tr_doctor_report(&doc, 0);
+        }
+        if (!td_job_stopping(j) && !doc.stop_code && deadline > 0 && now_s() >= deadline) {
             char stopped[256];
             int left = td_job_running(j);
             fprintf(stderr, "tandemrun: job timed out after %g s; stopping %d rank%s\n",
@@ -399,7 +422,7 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
             if (td_job_stopped_ranks(j, stopped, sizeof stopped) > 0)
                 fprintf(stderr, "tandemrun: %s stopped (SIGSTOP): the job was stuck on it\n",
                         stopped);
-            td_job_stop(j, SIGTERM, 124);
+            tr_doctor_request(&doc, j, 124, 0);
         }
     }
     /* Every rank is gone; what they wrote last is still in the pipes. Something a rank left
@@ -415,6 +438,15 @@ int tr_run_job(const tr_options *o, int *failed_rank) {
         if (ranks[r].log_fd >= 0) close(ranks[r].log_fd);
     }
     if (td_job_first_failure(j) >= 0) *failed_rank = td_job_get(j, td_job_first_failure(j)).rank;
+    if (doc.pending) { /* every rank ended before the dumps were all in */
+        doc.pending = 0;
+        tr_doctor_note(&doc, j);
+    }
+    if (doc.stop_code && td_job_exit_code(j) < 0) td_job_stop(j, SIGTERM, doc.stop_code);
+    /* A failed or timed-out job: which rank held it up, from the dumps. */
+    int diagnose = doc.stop_code != 0 && !tr_interrupted();
+    if (diagnose) tr_doctor_report(&doc, 1);
+    tr_doctor_close(&doc, doc.stop_code != 0);
     free(fds);
     free(owners);
     free(owner_ranks);

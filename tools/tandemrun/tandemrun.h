@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "tandem/launch.h"
 #include "tandem/store.h"
 
 #define TR_MAX_RANKS 1024
@@ -41,6 +42,7 @@ typedef struct {
     const char *merge_dir; /* --trace-merge DIR: merge what its ranks kept there, then exit */
     int trace_ops;         /* --trace-ops: and TANDEM_TRACE_OPS=1 */
     int tp, pp;            /* --tp, --pp: the mesh's sizes (TANDEM_TP, TANDEM_PP); 0: unset */
+    const char *dump_dir;  /* --doctor-dir: where the ranks dump (kept after the job) */
 } tr_options;
 
 /* Restarts after a rank failed (restart.c, torchrun's --max-restarts). */
@@ -126,6 +128,48 @@ int tr_trace_clear(const char *dir);
 /* After the job: says where its trace is (merging what the ranks kept when they could not
  * gather it; rank failed_rank, if >= 0, failed), or why there is none; 0 when there is one. */
 int tr_trace_report(const char *dir, int failed_rank);
+
+/* The hang doctor's side of one start of the job (doctor.c): where the ranks dump, and a
+ * request for their dumps under way. */
+typedef struct {
+    char dir[4096]; /* TANDEM_DOCTOR_DIR, absolute */
+    int kept;       /* the user named it: kept after the job */
+    int pending;    /* dumps asked for, not all in yet */
+    double since;   /* when they were asked (CLOCK_REALTIME, as file times are) */
+    double until;   /* td_time_ns seconds: when to go on without the missing ones */
+    int stop_code;  /* then stop the job with this code (0: it goes on) */
+    int report;     /* then print the diagnosis */
+    int asked[TR_MAX_RANKS], nasked;
+} tr_doctor;
+
+/* Sets up the dump directory (the --doctor-dir, TANDEM_DOCTOR_DIR, else /tmp/tandemrun-<pid>),
+ * emptied of an earlier start's dumps; -1 after printing why it cannot. */
+int tr_doctor_open(const tr_options *o, tr_doctor *doc);
+
+/* Removes the directory after a job that went well, unless the user named it. */
+void tr_doctor_close(tr_doctor *doc, int keep);
+
+/* Asks every running rank that has the flight recorder for its dump (SIGUSR1); once they are in
+ * (tr_doctor_ready), the job is stopped with stop_code (unless 0) and, with report, the
+ * diagnosis printed. */
+void tr_doctor_request(tr_doctor *doc, td_job *j, int stop_code, int report);
+
+/* 1 when every rank asked has written its dump or ended, or the wait is over. */
+int tr_doctor_ready(const tr_doctor *doc, td_job *j);
+
+/* Writes what became of each rank's process so far (DIR/launcher.json). */
+void tr_doctor_note(const tr_doctor *doc, td_job *j);
+
+/* Prints the diagnosis of the dumps (each line after "tandemrun: ") and keeps it in
+ * DIR/diagnosis.txt; `final`: the start failed, its dumps kept for tr_doctor_trace. */
+void tr_doctor_report(const tr_doctor *doc, int final);
+
+/* After the job's trace is written (tr_trace_report): the calls the dumps of the last failed
+ * start hold, as the last events of trace_dir/trace.json. */
+void tr_doctor_trace(const char *trace_dir);
+
+/* tandemrun --dump [PID]: asks the job's tandemrun for a diagnosis and prints it. */
+int tr_dump_main(int argc, char **argv);
 
 /* Parses argv into opts; on a usage error prints why and returns 2, on --help returns 1. */
 int tr_parse_args(int argc, char **argv, tr_options *opts);

@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "comm/mpi/mpi_impl.h"
+#include "comm/recorder.h"
 #include "core/core_impl.h"
 
 static pthread_mutex_t mpi_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -71,17 +72,12 @@ void td__mpi_give_up(MPI_Request *req, int recv) {
 }
 
 void td__mpi_describe(const td__mpi_ctx *ctx, int rank, char *out, size_t cap) {
-    if (rank < 0 || rank >= ctx->size) {
-        snprintf(out, cap, "rank %d", rank);
-        return;
-    }
-    /* A sub-group's member is named by its rank in the world, which is what a user sees. */
-    int w = ctx->world[rank], sub = ctx->size != ctx->job->size;
-    if (w >= 0 && w < ctx->job->size)
-        snprintf(out, cap, "%srank %d (host %s)", sub ? "world " : "", sub ? w : rank,
-                 ctx->job->hosts[w]);
+    int w = rank >= 0 && rank < ctx->size ? ctx->world[rank] : -1;
+    const char *host = w >= 0 && w < ctx->job->size ? ctx->job->hosts[w] : NULL;
+    if (!ctx->names && w >= 0 && ctx->size != ctx->job->size)
+        snprintf(out, cap, "world rank %d on %s", w, host); /* a group the user never sees */
     else
-        snprintf(out, cap, "rank %d", rank);
+        snprintf(out, cap, "%s", td__who_on(ctx->names, rank, host).s);
 }
 
 /* Completes a user point-to-point request by polling within timeout_s; TD_ETIMEOUT names
@@ -106,7 +102,10 @@ static td_status wait_request(td__mpi_ctx *ctx, MPI_Request *req, MPI_Status *st
                             "did not make the same call)",
                             what, me, ctx->size, timeout_s);
         }
-        if (spins >= 100) td__mpi_idle(elapsed);
+        if (spins >= 100) {
+            td__rec_waits(start + elapsed, -1); /* the recorder's entry names the peer */
+            td__mpi_idle(elapsed);
+        }
     }
 }
 
@@ -393,7 +392,7 @@ static td_status mpi_p2p_test(void *vctx, void *req, int *done) {
 }
 
 static td_status mpi_split(void *vctx, int color, int key, double timeout_s, void **child,
-                           td__group_shape *child_shape) {
+                           td__group_shape *child_shape, int *members) {
     td__mpi_ctx *ctx = vctx;
     *child = NULL;
     if (ctx->broken)
@@ -410,6 +409,10 @@ static td_status mpi_split(void *vctx, int color, int key, double timeout_s, voi
     td__mpi_ctx *sub_ctx = NULL;
     td_status st = wrap(sub, ctx->job, &sub_ctx, child_shape);
     if (st == TD_OK) *child = sub_ctx;
+    /* The child's members as ranks of this group, by their MPI_COMM_WORLD ranks. */
+    for (int i = 0; st == TD_OK && i < sub_ctx->size; i++)
+        for (int j = 0; j < ctx->size; j++)
+            if (ctx->world[j] == sub_ctx->world[i]) members[i] = j;
     return st;
 }
 
@@ -434,6 +437,10 @@ static void mpi_abort(void *vctx, int rank, const char *why) {
     ((td__mpi_ctx *)vctx)->broken = 1;
 }
 
+static void mpi_set_names(void *vctx, const td__names *names) {
+    ((td__mpi_ctx *)vctx)->names = names;
+}
+
 static const td__backend_ops mpi_ops = {
     .name = "mpi",
     .collective = mpi_collective,
@@ -443,6 +450,7 @@ static const td__backend_ops mpi_ops = {
     .p2p_test = mpi_p2p_test,
     .split = mpi_split,
     .abort = mpi_abort,
+    .set_names = mpi_set_names,
     .destroy = mpi_destroy,
 };
 

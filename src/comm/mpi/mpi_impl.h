@@ -25,6 +25,7 @@ typedef struct {
     MPI_Comm comm, coll;
     int rank, size;
     int *world; /* (size) each member's rank in MPI_COMM_WORLD */
+    const td__names *names; /* how messages name the members (NULL: by world rank) */
     td__mpi_job *job;
     td__p2p p2p; /* the collectives (p2p_coll.c) over mpi_transport.c */
     MPI_Request notice_req;           /* the receive of a failure notice from any member */

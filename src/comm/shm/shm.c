@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/recorder.h"
 #include "comm/shm/shm_impl.h"
 
 #define SHM_COLL_CREATE 101u
@@ -88,8 +89,8 @@ td_status td__shm_poisoned(shm_ctx *c, const char *what) {
     uint32_t by = atomic_load(&c->head->poison);
     /* The poisoner writes its message right after winning the flag. */
     for (int i = 0; i < 1000 && !atomic_load(&c->head->poison_ready); i++) sched_yield();
-    return td__fail(TD_EPEER, "%s: rank %d: the group was aborted by rank %u: %s", what, c->rank,
-                    by - 1,
+    return td__fail(TD_EPEER, "%s: %s: the group was aborted by %s: %s", what,
+                    td__who(c->names, c->rank).s, td__who(c->names, (int)by - 1).s,
                     atomic_load(&c->head->poison_ready) ? c->head->poison_msg : "(no message)");
 }
 
@@ -144,6 +145,7 @@ static td_status wait_peers(shm_ctx *c, uint32_t target, const shm_call *call,
                 cpu_relax();
             continue;
         }
+        td__rec_waits(now, missing); /* past the spin: the recorder keeps when and on whom */
         if (now >= next_check) {
             next_check = now + SHM_LIVENESS_NS;
             for (int r = missing; r < c->size; r++) {
@@ -152,15 +154,16 @@ static td_status wait_peers(shm_ctx *c, uint32_t target, const shm_call *call,
                 int pid = c->ranks[r].pid;
                 if (td__pid_dead(pid)) {
                     describe(what, sizeof what, call);
-                    return td__shm_poison(c, TD_EPEER, "%s: rank %d: peer rank %d (pid %d) died",
-                                          what, c->rank, r, pid);
+                    return td__shm_poison(c, TD_EPEER, "%s: %s: peer %s (pid %d) died", what,
+                                          td__who(c->names, c->rank).s, td__who(c->names, r).s,
+                                          pid);
                 }
             }
             if (now >= deadline) {
                 describe(what, sizeof what, call);
-                return td__shm_poison(c, TD_ETIMEOUT,
-                                      "%s: rank %d: rank %d did not arrive within %.1f s", what,
-                                      c->rank, missing, (double)timeout_ns / 1e9);
+                return td__shm_poison(c, TD_ETIMEOUT, "%s: %s: %s did not arrive within %.1f s",
+                                      what, td__who(c->names, c->rank).s,
+                                      td__who(c->names, missing).s, (double)timeout_ns / 1e9);
             }
         }
         shm_rank *me = &c->ranks[c->rank];
@@ -191,9 +194,9 @@ static int call_equal(const shm_call *a, const shm_call *b) {
 
 td_status td__shm_step(shm_ctx *c, const shm_call *call, const char *error_msg,
                        uint64_t timeout_ns) {
-    static const shm_call none = {0};
     unsigned parity = (c->phase + 1) & 1;
     if (call) {
+        c->current = *call; /* what the later phases of this call name in messages */
         shm_rank *me = &c->ranks[c->rank];
         me->call[parity] = *call;
         if (call->error)
@@ -202,7 +205,7 @@ td_status td__shm_step(shm_ctx *c, const shm_call *call, const char *error_msg,
     }
     if (c->size > 1) {
         post(c);
-        td_status s = wait_peers(c, c->phase, call ? call : &none, timeout_ns);
+        td_status s = wait_peers(c, c->phase, &c->current, timeout_ns);
         if (s) return s;
     } else {
         c->phase++;
@@ -215,8 +218,9 @@ td_status td__shm_step(shm_ctx *c, const shm_call *call, const char *error_msg,
         if (!theirs->error) continue;
         char what[160];
         describe(what, sizeof what, theirs);
-        return td__fail((td_status)theirs->error, "rank %d: %s: %s", (int)theirs->error_rank,
-                        what, c->ranks[r].error_msg[parity]);
+        return td__fail((td_status)theirs->error, "%s: %s: %s",
+                        td__who(c->names, (int)theirs->error_rank).s, what,
+                        c->ranks[r].error_msg[parity]);
     }
     for (int r = 0; r < c->size; r++) {
         const shm_call *theirs = &c->ranks[r].call[parity];
@@ -224,8 +228,8 @@ td_status td__shm_step(shm_ctx *c, const shm_call *call, const char *error_msg,
         char a[160], b[160];
         describe(a, sizeof a, call);
         describe(b, sizeof b, theirs);
-        return td__shm_poison(c, TD_EMISMATCH, "rank %d called %s but rank %d called %s", c->rank,
-                              a, r, b);
+        return td__shm_poison(c, TD_EMISMATCH, "%s called %s but %s called %s",
+                              td__who(c->names, c->rank).s, a, td__who(c->names, r).s, b);
     }
     return TD_OK;
 }
@@ -374,11 +378,14 @@ static td_status mapped_barrier(shm_ctx *c, uint32_t kind, uint64_t seq, uint64_
 static void shm_destroy(void *ctx) { ctx_free(ctx); }
 
 static void shm_abort(void *ctx, int rank, const char *why) {
-    td__shm_poison(ctx, TD_EPEER, "rank %d aborted the group (%s)", rank, why);
+    shm_ctx *c = ctx;
+    td__shm_poison(c, TD_EPEER, "%s aborted the group (%s)", td__who(c->names, rank).s, why);
 }
 
+static void shm_set_names(void *ctx, const td__names *names) { ((shm_ctx *)ctx)->names = names; }
+
 static td_status shm_split(void *ctx, int color, int key, double timeout_s, void **child,
-                           td__group_shape *shape);
+                           td__group_shape *shape, int *members);
 
 static const td__backend_ops shm_ops = {
     .name = "shm",
@@ -391,6 +398,7 @@ static const td__backend_ops shm_ops = {
     .alloc = td__shm_alloc,
     .free = td__shm_free,
     .abort = shm_abort,
+    .set_names = shm_set_names,
     .destroy = shm_destroy,
 };
 
@@ -471,7 +479,7 @@ typedef struct {
 } split_rec;
 
 static td_status shm_split(void *ctx, int color, int key, double timeout_s, void **child,
-                           td__group_shape *shape) {
+                           td__group_shape *shape, int *child_members) {
     shm_ctx *c = ctx;
     uint64_t timeout_ns = (uint64_t)(timeout_s * 1e9);
     *child = NULL;
@@ -538,6 +546,7 @@ static td_status shm_split(void *ctx, int color, int key, double timeout_s, void
         share_cores(k);
     }
     free(all);
+    if (k && !s && !local) memcpy(child_members, members, (size_t)m * sizeof *members);
     free(members);
     if (!s) s = local;
     if (s) {
@@ -571,14 +580,15 @@ td_status td__shm_alloc(void *ctx, size_t bytes, double timeout_s, void **out) {
     int n = c->size, me = c->rank;
     size_t region = align_up(bytes ? bytes : 1, 4096);
     if (region < bytes || region > SIZE_MAX / (size_t)n)
-        return td__fail(TD_EINVAL, "alloc: rank %d: %zu bytes x %d ranks overflows", me, bytes, n);
+        return td__fail(TD_EINVAL, "alloc: %s: %zu bytes x %d ranks overflows",
+                        td__who(c->names, me).s, bytes, n);
     size_t total = region * (size_t)n;
     shm_reg *g = calloc(1, sizeof *g);
     alloc_rec *all = calloc((size_t)n, sizeof *all);
     if (!g || !all) {
         free(g);
         free(all);
-        return td__fail(TD_ENOMEM, "alloc: rank %d: out of memory", me);
+        return td__fail(TD_ENOMEM, "alloc: %s: out of memory", td__who(c->names, me).s);
     }
     void *base = MAP_FAILED;
     td_status s = TD_OK;
@@ -619,13 +629,15 @@ td_status td__shm_alloc(void *ctx, size_t bytes, double timeout_s, void **out) {
         if (!s && bad >= 0) {
             if (base != MAP_FAILED) munmap(base, total);
             base = MAP_FAILED;
-            s = td__fail(TD_ENOMEM, "alloc: rank %d: rank %d could not %s a %zu-byte segment%s%s",
-                         me, bad, bad == 0 ? "create" : "map", total, bad == me ? ": " : "",
+            s = td__fail(TD_ENOMEM, "alloc: %s: %s could not %s a %zu-byte segment%s%s",
+                         td__who(c->names, me).s, td__who(c->names, bad).s,
+                         bad == 0 ? "create" : "map", total, bad == me ? ": " : "",
                          bad == me ? why : "");
         }
     }
     if (!s && base == MAP_FAILED)
-        s = td__fail(TD_ENOMEM, "alloc: rank %d: cannot map %zu bytes: %s", me, total, why);
+        s = td__fail(TD_ENOMEM, "alloc: %s: cannot map %zu bytes: %s", td__who(c->names, me).s,
+                     total, why);
     free(all);
     if (s) {
         if (base != MAP_FAILED) munmap(base, total);

@@ -108,10 +108,12 @@ typedef struct shm_ctx {
     unsigned char *staging, *result, *ring_data;
     int fd;         /* this process created the segment and its peers may still open it, else -1 */
     uint32_t phase; /* phases this rank has posted */
+    shm_call current;  /* the call whose phases run now: every phase's messages name it */
     uint64_t next_seq; /* the sequence number a split uses */
     uint64_t spin_ns;  /* how long a wait spins before it sleeps */
     int yield;         /* the ranks have fewer CPUs than ranks: spinning yields to them */
     td_store *store;   /* world group only */
+    const td__names *names; /* how messages name the members (NULL: by group rank) */
     pthread_mutex_t p2p_lock;
     shm_p2p_req *sends, *recvs; /* pending, in posting order */
     struct shm_unexpected *unexpected;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/recorder.h"
 #include "comm/shm/shm_impl.h"
 
 #define P2P_MAGIC 0x70326474u
@@ -23,7 +24,7 @@ struct shm_p2p_req {
     size_t bytes, moved;
     int hdr_sent, complete;
     td_status status;
-    char error[192];
+    char error[512];
     struct shm_unexpected *bound; /* a receive waiting for an unexpected message to finish */
     shm_p2p_req *next;
 };
@@ -143,8 +144,9 @@ static void match_incoming(shm_ctx *c, int src, shm_incoming *in) {
         in->req = r;
         if (r->bytes != in->bytes) {
             snprintf(r->error, sizeof r->error,
-                     "recv from rank %d tag %d: rank %d posted %zu bytes but rank %d sent %zu", src,
-                     in->tag, c->rank, r->bytes, src, in->bytes);
+                     "recv from %s tag %d: %s posted %zu bytes but the sender sent %zu",
+                     td__who(c->names, src).s, in->tag, td__who(c->names, c->rank).s, r->bytes,
+                     in->bytes);
             in->dst = NULL;
         } else {
             in->dst = r->buf;
@@ -155,9 +157,8 @@ static void match_incoming(shm_ctx *c, int src, shm_incoming *in) {
     if (u) u->data = malloc(in->bytes ? in->bytes : 1);
     if (!u || !u->data) {
         free(u);
-        td__shm_poison(c, TD_ENOMEM,
-                       "p2p: rank %d: out of memory for a %zu-byte message from rank %d", c->rank,
-                       in->bytes, src);
+        td__shm_poison(c, TD_ENOMEM, "p2p: %s: out of memory for a %zu-byte message from %s",
+                       td__who(c->names, c->rank).s, in->bytes, td__who(c->names, src).s);
         in->dst = NULL;
         return;
     }
@@ -204,8 +205,8 @@ static void progress_recvs(shm_ctx *c) {
                 memcpy(&magic, h + 4, 4);
                 memcpy(&bytes, h + 8, 8);
                 if (magic != P2P_MAGIC) {
-                    td__shm_poison(c, TD_EPEER, "p2p: rank %d: corrupt message header from rank %d",
-                                   c->rank, src);
+                    td__shm_poison(c, TD_EPEER, "p2p: %s: corrupt message header from %s",
+                                   td__who(c->names, c->rank).s, td__who(c->names, src).s);
                     break;
                 }
                 memset(in, 0, sizeof *in);
@@ -244,8 +245,9 @@ static void deliver_unexpected(shm_ctx *c, shm_unexpected *u) {
         req_finish(r, TD_OK);
     } else {
         snprintf(r->error, sizeof r->error,
-                 "recv from rank %d tag %d: rank %d posted %zu bytes but rank %d sent %zu", u->src,
-                 u->tag, c->rank, r->bytes, u->src, u->bytes);
+                 "recv from %s tag %d: %s posted %zu bytes but the sender sent %zu",
+                 td__who(c->names, u->src).s, u->tag, td__who(c->names, c->rank).s, r->bytes,
+                 u->bytes);
         req_finish(r, TD_EMISMATCH);
     }
     for (shm_unexpected **p = &c->unexpected; *p; p = &(*p)->next)
@@ -377,15 +379,20 @@ td_status td__shm_p2p_wait(void *ctx, void *req, double timeout_s) {
             next_check = now + 5000000ull;
             int pid = c->ranks[r->peer].pid;
             if (td__pid_dead(pid))
-                s = td__shm_poison(c, TD_EPEER, "%s: rank %d: peer rank %d (pid %d) died", what,
-                                   c->rank, r->peer, pid);
+                s = td__shm_poison(c, TD_EPEER, "%s: %s: peer %s (pid %d) died", what,
+                                   td__who(c->names, c->rank).s, td__who(c->names, r->peer).s,
+                                   pid);
             else if (now >= deadline)
                 s = td__shm_poison(
                     c, TD_ETIMEOUT,
-                    "%s (tag %d, %zu bytes): rank %d: rank %d did not %s within %.1f s", what,
-                    r->tag, r->bytes, c->rank, r->peer, r->is_send ? "receive" : "send", timeout_s);
+                    "%s (tag %d, %zu bytes): %s: %s did not %s within %.1f s", what, r->tag,
+                    r->bytes, td__who(c->names, c->rank).s, td__who(c->names, r->peer).s,
+                    r->is_send ? "receive" : "send", timeout_s);
         }
-        if (!complete && !s && sleeper) td__shm_futex_wait(&me->p2p_bell, bell, 10000000ull);
+        if (!complete && !s && sleeper) {
+            td__rec_waits(now, r->peer);
+            td__shm_futex_wait(&me->p2p_bell, bell, 10000000ull);
+        }
         if (sleeper) atomic_fetch_sub(&me->p2p_sleeping, 1);
         if (complete) return finish(r);
         if (s) {

@@ -19,6 +19,7 @@
 
 #include "tandem/store.h"
 
+#include "comm/recorder.h"
 #include "comm/ucx/ucx_impl.h"
 #include "core/core_impl.h"
 
@@ -249,6 +250,7 @@ static td_status ucx_p2p_wait(void *ctx, void *req, double timeout_s) {
             return td__fail(TD_ETIMEOUT, "%s with %s, tag %d, on %s timed out after %.3g s",
                             recv ? "recv" : "send", who, tag, me, timeout_s);
         }
+        if (waited > 100000) td__rec_waits(start + waited, peer);
         td__ucx_idle(g->w, waited);
     }
 }
@@ -262,7 +264,7 @@ static td_status ucx_collective(void *ctx, const td__coll *c, double timeout_s) 
 }
 
 static td_status ucx_split(void *ctx, int color, int key, double timeout_s, void **child,
-                           td__group_shape *shape) {
+                           td__group_shape *shape, int *child_members) {
     td__ucx_group *g = ctx;
     td__ucx_world *w = g->w;
     *child = NULL;
@@ -293,6 +295,7 @@ static td_status ucx_split(void *ctx, int color, int key, double timeout_s, void
         s = td__fail(TD_EUNSUPPORTED, "ucx split: more than %d groups in one world",
                      (1 << TD__UCX_GROUP_BITS) - 1);
     if (s == TD_OK && m > 0) {
+        memcpy(child_members, members, (size_t)m * sizeof *members);
         for (int i = 0; i < m; i++) members[i] = g->world[members[i]];
         w->next_group = id + 1 > w->next_group ? id + 1 : w->next_group;
         td__ucx_group *k = NULL;
@@ -306,6 +309,10 @@ static td_status ucx_split(void *ctx, int color, int key, double timeout_s, void
 
 static void ucx_destroy(void *ctx) { group_free(ctx); }
 
+static void ucx_set_names(void *ctx, const td__names *names) {
+    ((td__ucx_group *)ctx)->names = names;
+}
+
 static const td__backend_ops ucx_ops = {
     .name = "ucx",
     .collective = ucx_collective,
@@ -314,6 +321,7 @@ static const td__backend_ops ucx_ops = {
     .p2p_wait = ucx_p2p_wait,
     .p2p_test = ucx_p2p_test,
     .split = ucx_split,
+    .set_names = ucx_set_names,
     .destroy = ucx_destroy,
 };
 

@@ -42,6 +42,7 @@ typedef struct {
     uint32_t id;
     int rank, size;
     int *world; /* (size) each member's world rank */
+    const td__names *names; /* how messages name the members (NULL: by world rank) */
     td__p2p p2p;
     void *notice_req;                   /* the receive of a failure notice from any member */
     char notice[TD__P2P_NOTICE_MAX];    /* its text */
@@ -68,7 +69,7 @@ void td__ucx_msg_cancel(td__ucx_group *g, void *msg);
  * has events (at most 1 ms), so that more ranks than cores still run. */
 void td__ucx_idle(td__ucx_world *w, uint64_t waited_ns);
 
-/* "rank 3 (host tdhost1)", by world rank. */
+/* "rank 3 on tdhost1", "world rank 3 on tdhost1 (rank 1 of group {1,3})" (td__who_on). */
 void td__ucx_describe(const td__ucx_group *g, int rank, char *out, size_t cap);
 
 /* The transport the collectives run on. */

@@ -30,18 +30,17 @@ static ucp_tag_t tag_of(const td__ucx_group *g, int coll, int src_world, uint32_
 #define SOURCE_MASK ((((ucp_tag_t)1 << TD__UCX_RANK_BITS) - 1) << 31)
 
 void td__ucx_describe(const td__ucx_group *g, int rank, char *out, size_t cap) {
-    if (rank < 0 || rank >= g->size) {
-        snprintf(out, cap, "rank %d", rank);
-        return;
-    }
-    int w = g->world[rank];
-    snprintf(out, cap, "%srank %d (host %s)", g->size == g->w->size ? "" : "world ", w,
-             g->w->hosts[w]);
+    int w = rank >= 0 && rank < g->size ? g->world[rank] : -1;
+    const char *host = w >= 0 ? g->w->hosts[w] : NULL;
+    if (!g->names && w >= 0 && g->size != g->w->size)
+        snprintf(out, cap, "world rank %d on %s", w, host); /* a group the user never sees */
+    else
+        snprintf(out, cap, "%s", td__who_on(g->names, rank, host).s);
 }
 
 /* The message for a peer whose endpoint failed with `st`. */
 static td_status peer_failed(const td__ucx_group *g, int world, ucs_status_t st) {
-    return td__fail(TD_EPEER, "the connection to rank %d (host %s) failed: %s", world,
+    return td__fail(TD_EPEER, "the connection to rank %d on %s failed: %s", world,
                     g->w->hosts[world], ucs_status_string(st));
 }
 
