@@ -394,8 +394,9 @@ static void killed_rank_restarts_at_a_layout_that_fits(void) {
     output[keep] = 0;
     printed_sha256(got);
     const char *restart = strstr(log_text, "restart 1 of 1");
-    printf("    rank killed%s; %s; final %.16s...\n", killed ? "" : " (it had finished)",
-           restart ? "restarted as tp 2 x pp 1 x dp 1 on 2 ranks" : "no restart", got);
+    const char *starting = restart ? strstr(restart, "starting") : NULL;
+    printf("    rank killed%s; %.*s; final %.16s...\n", killed ? "" : " (it had finished)",
+           starting ? (int)strcspn(starting, "\n") : 10, starting ? starting : "no restart", got);
     CHECK(killed);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     CHECK(restart && strstr(restart, "starting 2 ranks as tp 2 x pp 1 x dp 1"));
@@ -415,14 +416,7 @@ int main(int argc, char **argv) {
     snprintf(dir, sizeof dir, "/tmp/tandem-layouts-XXXXXX");
     if (!mkdtemp(dir)) return 1;
     snprintf(text, sizeof text, "%s/text.txt", dir);
-    FILE *f = fopen(text, "w");
-    if (!f) return 1;
-    for (int i = 0; i < 400; i++)
-        fprintf(f,
-                "It is a truth universally acknowledged, that a single man in possession of a "
-                "good fortune, must be in want of a wife. (%d)\n",
-                i);
-    fclose(f);
+    if (write_english_text(text)) return 1;
     RUN(tensor_parallel_same_bits_at_every_degree);
     RUN(pipelines_same_bits);
     RUN(zero_same_bits);

@@ -92,6 +92,19 @@ static inline int children_of(pid_t pid, pid_t *kids, int max) {
     return n;
 }
 
+/* 40 KB of English into `path` (enough windows of 33 bytes for any rank's batch of the GPT
+ * tests); returns 0, or -1 when it cannot be written. */
+static inline int write_english_text(const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    for (int i = 0; i < 400; i++)
+        fprintf(f,
+                "It is a truth universally acknowledged, that a single man in possession of a "
+                "good fortune, must be in want of a wife. (%d)\n",
+                i);
+    return fclose(f);
+}
+
 /* The number after `name` in the last run's output, or -1. */
 static inline double field(const char *name) {
     const char *at = strstr(output, name);

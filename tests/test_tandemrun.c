@@ -624,8 +624,13 @@ static void a_restart_with_the_ranks_left_fits_the_mesh(void) {
     const char *script = "echo \"MESH $WORLD_SIZE $TANDEM_TP $TANDEM_PP\"; "
                          "if [ $WORLD_SIZE = 4 ]; then if [ $RANK = 3 ]; then exit 1; fi; "
                          "exec sleep 30; fi";
-    char *tp[] = {"tandemrun", "--max-restarts", "1", "--restart-nproc-per-node", "left",
-                  "--nproc-per-node", "4", "--tp", "2", "sh", "-c", (char *)script, NULL};
+    char *tp[] = {"tandemrun", "--max-restarts",
+                  "1",         "--restart-nproc-per-node",
+                  "left",      "--nproc-per-node",
+                  "4",         "--tp",
+                  "2",         "sh",
+                  "-c",        (char *)script,
+                  NULL};
     run_result r = run(tp);
     CHECK_EQ(r.status, 0);
     CHECK(strstr(r.err, "restart 1 of 1 after rank 3 failed: starting 2 ranks as tp 2 x pp 1 x "
@@ -633,9 +638,14 @@ static void a_restart_with_the_ranks_left_fits_the_mesh(void) {
     CHECK_EQ(count_lines_with(r.out, "MESH 2 2 "), 2);
     if (test_case_failed) fprintf(stderr, "%s\n", r.err);
     release(&r);
-    char *tp_pp[] = {"tandemrun", "--max-restarts", "1", "--restart-nproc-per-node", "left",
-                     "--nproc-per-node", "4", "--tp", "2", "--pp", "2", "sh", "-c",
-                     (char *)script, NULL};
+    char *tp_pp[] = {"tandemrun", "--max-restarts",
+                     "1",         "--restart-nproc-per-node",
+                     "left",      "--nproc-per-node",
+                     "4",         "--tp",
+                     "2",         "--pp",
+                     "2",         "sh",
+                     "-c",        (char *)script,
+                     NULL};
     r = run(tp_pp);
     CHECK_EQ(r.status, 0);
     CHECK(strstr(r.err, "starting 2 ranks as tp 1 x pp 2 x dp 1") != NULL);
