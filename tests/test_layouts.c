@@ -329,6 +329,27 @@ static void resume_at_another_layout(void) {
     CHECK(d <= 1e-6);
 }
 
+/* What deterministic tensor parallelism cannot do is refused by name: its shards with --amp,
+ * without --deterministic, in a count no rank can hold evenly, and a checkpoint written with
+ * other shards (its sums were another tree's). */
+static void refusals_name_the_problem(void) {
+    const gpt_layout *one = layout_named("1 process");
+    CHECK_EQ(gpt_at(one, "--deterministic --amp --tp 2"), 2);
+    CHECK(strstr(output, "--deterministic --tp 2: deterministic tensor parallelism computes in "
+                         "f32; leave out --amp") != NULL);
+    CHECK_EQ(gpt_at(one, "--tp-shards 4"), 2);
+    CHECK(strstr(output, "--tp-shards 4") && strstr(output, "give --deterministic"));
+    CHECK(gpt_at(one, "--deterministic --tp-shards 3") != 0);
+    CHECK(strstr(output, "tp_shards 3 over a group of 1") != NULL);
+    char ck[160], more[256];
+    snprintf(ck, sizeof ck, "%s/four.st", dir);
+    snprintf(more, sizeof more, "--deterministic --stop-at-step 2 --checkpoint %s", ck);
+    CHECK_EQ(gpt_at(one, more), 0);
+    snprintf(more, sizeof more, "--deterministic --tp-shards 2 --resume %s", ck);
+    CHECK_EQ(gpt_at(one, more), 1);
+    CHECK(strstr(output, "tp shards 4; this run has") && strstr(output, "tp shards 2\n"));
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -422,6 +443,7 @@ int main(int argc, char **argv) {
     RUN(zero_same_bits);
     RUN(digest_table_at_4_ranks);
     RUN(resume_at_another_layout);
+    RUN(refusals_name_the_problem);
     RUN(killed_rank_restarts_at_a_layout_that_fits);
     test_remove_dir(dir);
     TEST_END();

@@ -141,6 +141,11 @@ static options parse(int argc, char **argv) {
                       "--tp-shards %d: the fixed shards of every layer are deterministic "
                       "mode's; give --deterministic",
                       o.tp_shards);
+    if (o.deterministic && o.tp > 1 && o.amp)
+        td_args_error(&a,
+                      "--deterministic --tp %d: deterministic tensor parallelism computes in "
+                      "f32; leave out --amp",
+                      o.tp);
     if (o.deterministic && o.tp > 1 && !o.tp_shards)
         td_args_error(&a,
                       "--deterministic --tp %d: each layer's fixed shards (--tp-shards) make "
