@@ -18,6 +18,8 @@
  *   mpirun --oversubscribe -np 2 build/bench/allreduce [--json] [--max-bytes N] [--repeat K]
  *   build/bench/allreduce --np 2 [--json]      (no launcher: forks its own ranks, shm only)
  *   tandemrun --nproc-per-node 2 build/bench/allreduce
+ *   build/bench/allreduce --calls N   (N 4 KB all-reduces of a world of one and nothing else:
+ *                                      the recorder's instructions under callgrind, see below)
  *
  * The MPI columns need <mpi.h> at compile time (the bench is built with $(MPI_CFLAGS)). */
 #include <limits.h>
@@ -242,6 +244,25 @@ static void recorder_cost(bench *b, int json, int rounds) {
     }
 }
 
+/* `calls` 4 KB all-reduces on a world of one, nothing else: under valgrind --tool=callgrind with
+ * TANDEM_DOCTOR=0 and unset, at two values of `calls`, the difference of td_comm_allreduce's
+ * inclusive counts over the difference of the calls is a call's instructions, with the recorder
+ * and without (docs/doctor.md, Cost). */
+static int recorder_calls(int calls) {
+    enum { COUNT = 1024 };
+    static float send[COUNT], recv[COUNT];
+    td_comm_params p = td_comm_default_params();
+    p.backend = TD_BACKEND_SHM;
+    p.rank = 0;
+    p.world_size = 1;
+    td_comm *c = NULL;
+    CHECK(td_comm_create(&c, &p));
+    for (int i = 0; i < calls; i++)
+        CHECK(td_comm_allreduce(c, send, recv, COUNT, TD_F32, TD_OP_SUM));
+    td_comm_destroy(c);
+    return 0;
+}
+
 enum { MAX_SIZES = 24 };
 
 static void run(bench *b, int json, size_t max_bytes, int repeat) {
@@ -389,7 +410,7 @@ static int shm_rank(int rank, int size, void *result, void *arg) {
 }
 
 int main(int argc, char **argv) {
-    int json = 0, np = 2, repeat = 1;
+    int json = 0, np = 2, repeat = 1, calls = 0;
     long max_bytes = 64L << 20;
     td_args a;
     td_args_init(&a, "allreduce", argc, argv);
@@ -398,8 +419,11 @@ int main(int argc, char **argv) {
         td_args_int(&a, "--np", 1, 64, &np);
         td_args_long(&a, "--max-bytes", 4096, LONG_MAX, &max_bytes);
         td_args_int(&a, "--repeat", 1, 99, &repeat);
+        td_args_int(&a, "--calls", 1, 1 << 30, &calls);
     }
-    bench_args_finish(&a, "usage: allreduce [--json] [--np N] [--max-bytes N] [--repeat K]\n");
+    bench_args_finish(&a, "usage: allreduce [--json] [--np N] [--max-bytes N] [--repeat K] "
+                          "[--calls N]\n");
+    if (calls) return recorder_calls(calls);
 #ifdef BENCH_MPI
     if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK")) {
         bench b = {0};

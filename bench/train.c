@@ -12,7 +12,8 @@
  * Each world size above 1 also gets a "no comm" row: the same ranks, each on its own core with
  * its share of the batch, but no process group and no DDP. It is the ceiling for that world
  * size on this machine (what the cores do with smaller batches), so DDP's own cost is the gap
- * between the two rows. --repeat K runs the whole sequence K times, interleaved so that slow
+ * between the two rows: a line under them gives DDP's efficiency, its samples/s over the
+ * ceiling's and the ceiling's CPU time per step over its own (rank 0's, every thread). --repeat K runs the whole sequence K times, interleaved so that slow
  * spells of a shared machine fall on every row alike, and prints medians over the repeats
  * (scaling: the median of each repeat's ratio).
  *
@@ -145,6 +146,7 @@ static measure rank_main(td_model_kind kind, td_amp_level amp, int rank, int wor
                 CHECK(td_graph_forward(g));
                 float seed = scaler ? td_grad_scaler_scale(scaler) : 1.0f;
                 if (shards) CHECK(td_graph_zero_grad(g));
+                if (shards) CHECK(td_graph_set_shard(g, j, count)); /* linear layers sum them */
                 CHECK(td_graph_backward_from(g, m.loss, &seed));
                 if (ddp) CHECK(td_ddp_finish_backward(ddp));
             }
@@ -413,8 +415,8 @@ int main(int argc, char **argv) {
         CHECK(td_model_kind_parse(name, &kind)); /* checked with the options */
         double ours[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], alone[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
             theirs[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], theirs2[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
-            det[MAX_WORLDS][MAX_REPEAT], ours_cpu[MAX_WORLDS][MAX_REPEAT],
-            det_cpu[MAX_WORLDS][MAX_REPEAT],
+            det[MAX_WORLDS][MAX_REPEAT], ours_cpu[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT],
+            alone_cpu[MAX_LEVELS][MAX_WORLDS][MAX_REPEAT], det_cpu[MAX_WORLDS][MAX_REPEAT],
             rec_off[MAX_WORLDS][MAX_REPEAT], rec_off_cpu[MAX_WORLDS][MAX_REPEAT];
         /* only the f32 level runs deterministic mode: the others leave it as they find it */
         for (int i = 0; i < nw; i++)
@@ -422,10 +424,11 @@ int main(int argc, char **argv) {
         for (int r = 0; r < repeat; r++)
             for (int l = 0; l < nl; l++)
                 for (int i = 0; i < nw; i++) {
-                    ours[l][i][r] = run_tandem(kind, levels[l], ws[i], 1, 0, &tm,
-                                               levels[l] == TD_AMP_O0 ? &ours_cpu[i][r] : NULL);
-                    alone[l][i][r] =
-                        ws[i] > 1 ? run_tandem(kind, levels[l], ws[i], 0, 0, &tm, NULL) : -1;
+                    ours[l][i][r] = run_tandem(kind, levels[l], ws[i], 1, 0, &tm, &ours_cpu[l][i][r]);
+                    alone_cpu[l][i][r] = -1;
+                    alone[l][i][r] = ws[i] > 1 ? run_tandem(kind, levels[l], ws[i], 0, 0, &tm,
+                                                            &alone_cpu[l][i][r])
+                                               : -1;
                     /* PyTorch's autocast has no levels: one peer row serves them all. */
                     int same = l > 0 && levels[l] != TD_AMP_O0 && levels[l - 1] != TD_AMP_O0;
                     int no_peer = tm.amp_dtype == TD_F16 && levels[l] != TD_AMP_O0; /* bf16 only */
@@ -460,9 +463,9 @@ int main(int argc, char **argv) {
                 det_rows[n_det].def = median_of(ours[l0][i], repeat);
                 det_rows[n_det].ratio = median_ratio(det[i], ours[l0][i], repeat);
                 det_rows[n_det].det_cpu = median_of(det_cpu[i], repeat);
-                det_rows[n_det].def_cpu = median_of(ours_cpu[i], repeat);
+                det_rows[n_det].def_cpu = median_of(ours_cpu[l0][i], repeat);
                 /* default / deterministic CPU time: comparable with the samples/s ratio */
-                det_rows[n_det++].cpu_ratio = median_ratio(ours_cpu[i], det_cpu[i], repeat);
+                det_rows[n_det++].cpu_ratio = median_ratio(ours_cpu[l0][i], det_cpu[i], repeat);
             }
         for (int i = 0; i < nw && l0 >= 0; i++)
             if (ws[i] > 1 && n_rec < 16) {
@@ -471,9 +474,9 @@ int main(int argc, char **argv) {
                 rec_rows[n_rec].on = median_of(ours[l0][i], repeat);
                 rec_rows[n_rec].off = median_of(rec_off[i], repeat);
                 rec_rows[n_rec].ratio = median_ratio(ours[l0][i], rec_off[i], repeat);
-                rec_rows[n_rec].on_cpu = median_of(ours_cpu[i], repeat);
+                rec_rows[n_rec].on_cpu = median_of(ours_cpu[l0][i], repeat);
                 rec_rows[n_rec].off_cpu = median_of(rec_off_cpu[i], repeat);
-                rec_rows[n_rec++].cpu_ratio = median_ratio(ours_cpu[i], rec_off_cpu[i], repeat);
+                rec_rows[n_rec++].cpu_ratio = median_ratio(ours_cpu[l0][i], rec_off_cpu[i], repeat);
             }
         for (int l = 0; l < nl; l++)
             for (int i = 0; i < nw; i++) {
@@ -507,12 +510,20 @@ int main(int argc, char **argv) {
                               base ? median_ratio(alone[l][i], base, repeat) : -1,
                               -1};
                     print_row(&na, json);
+                    /* DDP's efficiency: its samples/s over the no-comm row's, and the no-comm
+                     * row's CPU time per step over DDP's (rank 0, every thread), which other
+                     * jobs on a shared machine disturb far less than the wall clock */
                     double eff = median_ratio(ours[l][i], alone[l][i], repeat);
-                    if (gpu) printf("%-6s %-8s %-11d DDP efficiency %.2f\n", name, amp, ws[i], eff);
-                    if (gpu && json)
+                    double eff_cpu = median_ratio(alone_cpu[l][i], ours_cpu[l][i], repeat);
+                    printf("%-6s %-8s %-11d DDP efficiency %.2f (samples/s), %.2f (CPU time per "
+                           "step, %.2f ms / %.2f ms no comm)\n",
+                           name, amp, ws[i], eff, eff_cpu, median_of(ours_cpu[l][i], repeat),
+                           median_of(alone_cpu[l][i], repeat));
+                    if (json)
                         printf("{\"model\": \"%s\", \"amp\": \"%s\", \"world\": %d, "
-                               "\"device\": \"%s\", \"ddp_efficiency\": %.3f}\n",
-                               name, amp, ws[i], tm.device, eff);
+                               "\"device\": \"%s\", \"ddp_efficiency\": %.3f, "
+                               "\"ddp_efficiency_cpu\": %.3f}\n",
+                               name, amp, ws[i], tm.device, eff, eff_cpu);
                 }
             }
     }

@@ -110,8 +110,9 @@ static void dead_peer_named_in_every_phase(void) {
     CHECK_EQ(test_shm_leftovers(), 0);
 }
 
-/* Groups A = {0,1} and B = {1,2,3} of four ranks; world rank 3 does not come to B's
- * all-reduce. Its peers in B name it by its world rank, with its rank in B beside. */
+/* Groups A = {0,1} and B = {1,2,3} of four ranks, B named "stage1"; world rank 3 does not come
+ * to B's all-reduce. Its peers in B name it by its world rank, with its rank in B and B's name
+ * beside. A name of no or too many characters is refused. */
 static void sub_group_rank(int rank, int size, int port, void *arg) {
     (void)arg;
     td_comm *c = NULL, *a = NULL, *b = NULL;
@@ -120,11 +121,18 @@ static void sub_group_rank(int rank, int size, int port, void *arg) {
     static const int A[] = {0, 1}, B[] = {1, 2, 3};
     CHECK_OK(td_comm_new_group(c, A, 2, &a));
     CHECK_OK(td_comm_new_group(c, B, 3, &b));
+    if (b) {
+        CHECK_STATUS(td_comm_set_name(b, ""), TD_EINVAL);
+        CHECK_STATUS(td_comm_set_name(b, "a-name-longer-than-thirty-two-chars"), TD_EINVAL);
+        CHECK(strstr(td_last_error(), "35 characters") != NULL);
+        CHECK_STATUS(td_comm_set_name(b, NULL), TD_EINVAL);
+        CHECK_OK(td_comm_set_name(b, "stage1"));
+    }
     float x = 1;
     if (rank == 1 || rank == 2) {
         td_status s = td_comm_allreduce(b, &x, &x, 1, TD_F32, TD_OP_SUM);
         CHECK(s == TD_ETIMEOUT || s == TD_EPEER); /* the first to give up tells the other */
-        const char *want = "world rank 3 (rank 2 of group {1,2,3}) did not arrive";
+        const char *want = "world rank 3 (rank 2 of group stage1 = {1,2,3}) did not arrive";
         if (!strstr(td_last_error(), want))
             TEST_FAIL_AT("rank %d: no \"%s\" in: %s", rank, want, td_last_error());
     }

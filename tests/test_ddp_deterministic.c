@@ -5,7 +5,9 @@
  * so that the order of the additions shows in the last bits; every rank checks its result
  * against the aligned pairwise tree computed here, bit for bit, at world sizes 1, 2, 4 and 8
  * with 8 shards and at 1 and 3 with 12 (the tree over three ranks' subtrees); a plain
- * left-to-right sum of the same numbers differs, so the check can fail. Also: a world size
+ * left-to-right sum of the same numbers differs, so the check can fail. The same holds when
+ * the trainer sums one parameter's shards itself (td_param.shard_sum, as a graph's linear layers
+ * do under td_graph_set_shard) and reports it at the last shard only. Also: a world size
  * that does not divide the shards into a power of two, bf16 parameters, no_sync and half-width
  * communication are refused on every rank with a message naming the problem, and a parameter
  * that no backward reached counts as zero when asked. */
@@ -43,6 +45,7 @@ static float tree(float *v, size_t n) {
 
 typedef struct {
     size_t shards;
+    int summed; /* the last parameter sums the rank's shards itself (shard_sum) */
 } det_cfg;
 
 typedef struct {
@@ -76,8 +79,10 @@ static void det_model_free(det_model *m) {
     }
 }
 
-/* One step: this rank's shards one by one, as a trainer runs them. */
+/* One step: this rank's shards one by one, as a trainer runs them. A parameter with shard_sum
+ * set gets its gradient once, at the last shard: the tree's sum of this rank's leaves. */
 static void run_shards(td_ddp *ddp, det_model *m, int s, size_t first, size_t count) {
+    float v[64];
     for (size_t k = 0; k < count; k++) {
         size_t j = first + k;
         CHECK_OK(td_ddp_prepare_forward(ddp));
@@ -86,7 +91,16 @@ static void run_shards(td_ddp *ddp, det_model *m, int s, size_t first, size_t co
         td_ddp_set_loss(ddp, shard_loss(s, j));
         for (size_t i = NPAR; i-- > 0;) {
             float *g = m->p[i].grad; /* re-read: it moves from shard to shard */
-            for (size_t e = 0; e < SIZES[i]; e++) g[e] += leaf(s, j, i, e);
+            if (!m->p[i].shard_sum) {
+                for (size_t e = 0; e < SIZES[i]; e++) g[e] += leaf(s, j, i, e);
+            } else if (k + 1 == count) {
+                for (size_t e = 0; e < SIZES[i]; e++) {
+                    for (size_t l = 0; l < count; l++) v[l] = leaf(s, first + l, i, e);
+                    g[e] = tree(v, count);
+                }
+            } else {
+                continue;
+            }
             CHECK_OK(td_ddp_grad_ready(ddp, i));
         }
         CHECK_OK(td_ddp_finish_backward(ddp));
@@ -97,6 +111,7 @@ static void tree_rank(td_comm *comm, int rank, int world, const det_cfg *cfg) {
     size_t S = cfg->shards;
     det_model m;
     det_model_init(&m);
+    m.p[NPAR - 1].shard_sum = cfg->summed;
     td_ddp_params dp = td_ddp_default_params();
     dp.deterministic = 1;
     dp.shards = S;
@@ -137,8 +152,8 @@ static void tree_rank(td_comm *comm, int rank, int world, const det_cfg *cfg) {
         wrong += memcmp(&want_loss, &loss, sizeof loss) != 0;
     }
     if (wrong)
-        TEST_FAIL_AT("world %d, %zu shards: %zu values differ from the fixed tree", world, S,
-                     wrong);
+        TEST_FAIL_AT("world %d, %zu shards%s: %zu values differ from the fixed tree", world, S,
+                     cfg->summed ? ", one parameter summed by the trainer" : "", wrong);
     CHECK(differs_from_a_plain_sum > 100); /* the order shows in the bits */
     CHECK_EQ(td_ddp_get_stats(ddp).sync_steps, STEPS);
     CHECK(td_ddp_get_stats(ddp).n_buckets >= 2);
@@ -158,22 +173,26 @@ static void tree_rank_job(int rank, int size, int port, void *arg) {
     td_comm_destroy(comm);
 }
 
-static void run_world(int world, size_t shards) {
-    det_cfg cfg = {shards};
+static void run_world(int world, size_t shards, int summed) {
+    det_cfg cfg = {shards, summed};
     CHECK_EQ(test_run_ranks(world, tree_rank_job, &cfg, 60, 0), 0);
     CHECK_EQ(test_shm_leftovers(), 0);
 }
 
 static void same_bits_at_world_1_2_4_8(void) {
-    run_world(1, 8);
-    run_world(2, 8);
-    run_world(4, 8);
-    run_world(8, 8);
+    for (int summed = 0; summed <= 1; summed++) {
+        run_world(1, 8, summed);
+        run_world(2, 8, summed);
+        run_world(4, 8, summed);
+        run_world(8, 8, summed);
+    }
 }
 
 static void same_bits_at_world_1_and_3_with_12_shards(void) {
-    run_world(1, 12);
-    run_world(3, 12);
+    for (int summed = 0; summed <= 1; summed++) {
+        run_world(1, 12, summed);
+        run_world(3, 12, summed);
+    }
 }
 
 /* ---- refusals ------------------------------------------------------------------------- */

@@ -4,8 +4,10 @@
  * within the group's timeout (1 s) + 2 s of the fault: a rank stuck in compute, one that skips a
  * collective, one that calls collectives in another order, a point-to-point deadlock between two
  * pipeline stages, a chain of waits across two sub-groups, a rank that never creates its group,
- * a killed rank, a DDP rank stuck in its backward, and a straggler (asked for with tandemrun
- * --dump while the job runs). make check runs each once; make check-long (TD_LONG=1) ten times.
+ * a killed rank, a DDP rank stuck in its backward, a tensor-parallel rank computing on while
+ * its tp group waits (named with the mesh's group and the region's tag), and a straggler (asked
+ * for with tandemrun --dump while the job runs). make check runs each once; make check-long
+ * (TD_LONG=1) ten times.
  * Also: tandem-doctor reads tandemrun's dumps the same way, the dumps' calls go into the job's
  * --trace, and a file that is not a dump is refused by name. */
 #include <errno.h>
@@ -23,6 +25,8 @@
 #include "tandem/comm.h"
 #include "tandem/ddp.h"
 #include "tandem/doctor.h"
+#include "tandem/graph.h"
+#include "tandem/mesh.h"
 #include "tandem/recorder.h"
 
 #include "test.h"
@@ -211,6 +215,35 @@ static int fault_main(const char *fault) {
             OR_DIE(td_ddp_finish_backward(d));
         }
         td_ddp_destroy(d);
+    } else if (strcmp(fault, "tp") == 0) {
+        /* Tensor parallelism on a dp 2 x tp 2 mesh: a graph whose row-parallel output sums the
+         * tp group's partials (reduce_from_tp_region). World rank 3, rank 1 of group tp1 =
+         * {2,3}, computes on in step 2 while rank 2 waits for it in that all-reduce. */
+        td_mesh_params mp = td_mesh_default_params();
+        mp.ndims = 2;
+        mp.names[0] = "dp", mp.names[1] = "tp";
+        mp.sizes[0] = 2, mp.sizes[1] = 2;
+        td_mesh *mesh = NULL;
+        OR_DIE(td_mesh_create(&mesh, c, &mp));
+        td_graph_params gp = td_graph_default_params();
+        gp.comm = td_mesh_group(mesh, "tp");
+        td_graph *g = NULL;
+        td_tensor *partial = NULL, *sum = NULL;
+        OR_DIE(td_graph_create(&g, &gp));
+        OR_DIE(td_graph_input(g, "partial", td_shape_2d(4, 8), TD_F32, 0, &partial));
+        OR_DIE(td_graph_reduce_from_tp_region(g, partial, &sum));
+        OR_DIE(td_graph_compile(g));
+        for (int s = 0; s < 4; s++) {
+            td_recorder_step(s);
+            if (rank == 3 && s == 2) {
+                fault_at();
+                td_recorder_op("mlp.fc2", "forward");
+                busy(60);
+            }
+            OR_DIE(td_graph_forward(g));
+        }
+        td_graph_destroy(g);
+        td_mesh_destroy(mesh);
     } else if (strcmp(fault, "straggler") == 0) {
         /* Rank 2 computes 30% longer a step than the others (steps long enough that a busy
          * machine's scheduling does not hide it). */
@@ -328,6 +361,8 @@ static const fault_case shm_cases[] = {
     {"nocreate", 3, {"rank 2", "never created a process group", NULL}},
     {"killed", 3, {"rank 2", "was killed by signal 9 (SIGKILL)", "allreduce #2"}},
     {"ddp", 2, {"rank 1 is in compute", "step 2, op fc2 backward", "ddp bucket 0"}},
+    {"tp", 4, {"rank 3 is in compute", "op mlp.fc2 forward",
+               "['tp all-reduce node 0 fwd'] of group tp1 = {2,3}"}},
 };
 
 static void faults_over_shm(void) {

@@ -1,6 +1,7 @@
 /* The library's own vector paths (core/cpu.c): chosen at run time from what the CPU has,
  * capped by TANDEM_MAX_CPU_ISA, and the same bits at every level (the collectives' reductions
- * for every dtype and op, the bf16/f16 conversions; a NaN's payload aside, where two meet); and the
+ * for every dtype and op, the bf16/f16 conversions; a NaN's payload aside, where two meet; a
+ * linear layer's gradients summed over deterministic mode's shards); and the
  * shared library carries instructions beyond plain x86-64 only in the functions compiled for them,
  * so that it loads and runs on any x86-64 CPU. Each level runs in a fresh process of this program,
  * since the level is decided once per process. */
@@ -9,6 +10,7 @@
 
 #include "comm/comm_impl.h"
 #include "core/core_impl.h"
+#include "ops/cpu/linear_shards.h"
 #include "test.h"
 
 #define N_ELEMS (16 * 37 + 11) /* whole 16-element blocks and a tail */
@@ -128,6 +130,25 @@ static int compute(const char *path) {
         snprintf(what, sizeof what, "convert %s to f32", td_dtype_name(halves[h]));
         print_digest(out, what, dst, N_ELEMS * 4);
     }
+    /* A linear layer's weight and bias gradients over 3 shards of 5 samples, 150 inputs (two
+     * column blocks and a part) and 11 outputs (two tiles of rows and a part). */
+    enum { SHARDS = 3, SN = 5, SIN = 150, SOUT = 11 };
+    size_t each = td__linear_shard_floats(SN, SIN, SOUT);
+    static float x[SN * SIN], dy[SN * SOUT], dw[SOUT * SIN], db[SOUT];
+    float *packed = aligned_alloc(64, SHARDS * each * sizeof(float));
+    const float *shard[SHARDS];
+    for (int sh = 0; sh < SHARDS && packed; sh++) {
+        fill(x, TD_F32, SN * SIN);
+        fill(dy, TD_F32, SN * SOUT);
+        td__linear_shard_pack(packed + sh * each, x, dy, SN, SIN, SOUT);
+        shard[sh] = packed + sh * each;
+    }
+    if (!packed || td__linear_shard_grads(dw, db, shard, SHARDS, SN, SIN, SOUT) != 0) return 2;
+    same_nans(dw, TD_F32, SIN * SOUT);
+    same_nans(db, TD_F32, SOUT);
+    print_digest(out, "sharded linear weight gradient", dw, SIN * SOUT * sizeof(float));
+    print_digest(out, "sharded linear bias gradient", db, SOUT * sizeof(float));
+    free(packed);
     return fclose(out) == 0 ? 0 : 2;
 }
 

@@ -590,6 +590,7 @@ static float forward_backward_shards(trainer *t, const td_batch *batch, uint64_t
         CHECK(td_graph_forward(t->train));
         float loss = loss_of(&t->model);
         CHECK(td_graph_zero_grad(t->train));
+        CHECK(td_graph_set_shard(t->train, j, count)); /* linear layers sum the shards */
         /* every shard's loss is its mean; DDP averages over the shards (and f16 scales it) */
         float seed = t->scaler ? td_grad_scaler_scale(t->scaler) : 1.0f;
         CHECK(td_graph_backward_from(t->train, t->model.loss, &seed));

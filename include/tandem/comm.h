@@ -157,6 +157,10 @@ void td_comm_tag(const td_comm *comm, const char *fmt, ...)
 /* Sets the bound on every wait of this group, in seconds (> 0). */
 td_status td_comm_set_timeout(td_comm *comm, double seconds);
 
+/* Names a sub-group in messages, dumps and the doctor's diagnosis: "group tp0 = {0,1}" instead
+ * of "group {0,1}" (1 to 32 characters; give every member the same). The world is not named. */
+td_status td_comm_set_name(td_comm *comm, const char *name);
+
 /* Splits the group by colour (MPI_Comm_split): ranks with the same colour >= 0 form a new
  * group ordered by (key, old rank); a negative colour gets *out = NULL. Collective. */
 td_status td_comm_split(td_comm *comm, int color, int key, td_comm **out);

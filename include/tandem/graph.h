@@ -417,6 +417,15 @@ const char *td_graph_amp_fallback(const td_graph *g);
  * parameters changed must not follow it (a parameter moved elsewhere is laid out again). */
 void td_graph_keep_weights(td_graph *g);
 
+/* Says that the next backward is shard `index` of the `count` shards of one deterministic step
+ * (docs/reproducibility.md; count 0 ends it). Layers that can sum their parameters' gradients
+ * over the shards themselves (f32 linear layers on the CPU) then keep each shard's input and
+ * output gradient, and the last shard's backward writes the sum of every shard's gradient in
+ * deterministic mode's pairwise tree, each written once per step instead of once per shard; only
+ * that backward reports those parameters ready, and their td_param entries say so (shard_sum),
+ * which deterministic DDP follows. Call it before each shard's backward. */
+td_status td_graph_set_shard(td_graph *g, size_t index, size_t count);
+
 /* Backward from a scalar tensor (the loss) with d loss = 1; gradients accumulate. */
 td_status td_graph_backward(td_graph *g, td_tensor *loss);
 

@@ -43,6 +43,10 @@ typedef struct {
                               TD_F32 */
     td_param_split split;  /* a tensor-parallel model's slice of the whole tensor, or zeroed:
                               the whole (optimizer state takes its parameter's) */
+    int shard_sum; /* 1: its producer sums a step's shards itself (td_graph_set_shard): grad is
+                      written and reported ready once, at the step's last shard, as the sum
+                      of every shard's gradient in deterministic mode's pairwise tree; 0: once
+                      per backward */
 } td_param;
 
 /* The points of a sweep at which a parameter's values are about to be read, or were read for

@@ -228,6 +228,18 @@ td_status td_comm_set_timeout(td_comm *comm, double seconds) {
     return TD_OK;
 }
 
+td_status td_comm_set_name(td_comm *comm, const char *name) {
+    if (!comm || !name) return td__fail(TD_EINVAL, "td_comm_set_name: comm or name is NULL");
+    size_t len = strlen(name);
+    if (len < 1 || len > 32)
+        return td__fail(TD_EINVAL, "td_comm_set_name: the name has %zu characters, 1 to 32 expected",
+                        len);
+    pthread_mutex_lock(&comm->lock);
+    td__names_label(&comm->names, name);
+    pthread_mutex_unlock(&comm->lock);
+    return TD_OK;
+}
+
 /* ---------------------------------------------------------------- running work */
 
 /* Ends the group for this rank with `s` (td_last_error() says why); the first failure is
@@ -362,12 +374,11 @@ static td_status submit(td_comm *comm, td_request *r, int blocking) {
         r->rec = td__rec_post(&comm->rec, comm, r->coll.kind, r->coll.seq, r->coll.count,
                               r->coll.dtype, r->coll.op,
                               td__coll_is_rooted(r->coll.kind) ? r->coll.root : -1, -1,
-                              inline_now ? TD__REC_RUNNING : TD__REC_QUEUED);
+                              TD__REC_QUEUED);
     else
         r->rec = td__rec_post(&comm->rec, comm,
                               r->kind == ITEM_ALLOC ? TD__REC_ALLOC : TD__REC_SPLIT, r->coll.seq,
-                              r->bytes, TD_U8, 0, -1, -1,
-                              inline_now ? TD__REC_RUNNING : TD__REC_QUEUED);
+                              r->bytes, TD_U8, 0, -1, -1, TD__REC_QUEUED);
     if (inline_now) {
         comm->busy = 1;
         pthread_mutex_unlock(&comm->lock);

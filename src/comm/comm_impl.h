@@ -67,12 +67,15 @@ typedef struct {
 typedef struct td__names {
     int size;
     int *world;     /* (size) each member's world rank, owned; NULL for the world group itself */
-    char label[96]; /* "group {1,2,3}", or "" for the world group */
+    char label[96]; /* "group {1,2,3}" ("group tp0 = {1,2,3}" once named), "" for the world */
 } td__names;
 
 /* Fills `n` for a group of `size` whose members have world ranks `world` (taken over, freed by
  * td__names_free; NULL: the world itself). */
 void td__names_init(td__names *n, int size, int *world);
+/* Sets the group's label: "group NAME = {1,2,3}", or "group {1,2,3}" when name is NULL; the
+ * world group keeps none. */
+void td__names_label(td__names *n, const char *name);
 void td__names_free(td__names *n);
 
 /* The world rank of group rank `rank` (itself when n is NULL or the world). */

@@ -12,18 +12,29 @@
 void td__names_init(td__names *n, int size, int *world) {
     n->size = size;
     n->world = world;
-    n->label[0] = 0;
-    if (!world) return;
-    /* "group {1,2,3}", the members in group-rank order; a long list keeps its start and end. */
-    size_t cap = sizeof n->label, at = (size_t)snprintf(n->label, cap, "group {");
-    for (int i = 0; i < size && at < cap; i++) {
-        if (size > 12 && i == 8) {
-            at += (size_t)snprintf(n->label + at, cap - at, ",...");
-            i = size - 3;
-        }
-        at += (size_t)snprintf(n->label + at, cap - at, "%s%d", i ? "," : "", world[i]);
+    td__names_label(n, NULL);
+}
+
+void td__names_label(td__names *n, const char *name) {
+    if (!n->world) {
+        n->label[0] = 0;
+        return;
     }
-    if (at < cap) snprintf(n->label + at, cap - at, "}");
+    /* "group {1,2,3}" or "group tp0 = {1,2,3}", the members in group-rank order; a long list
+     * keeps its start and end. */
+    char label[sizeof n->label];
+    size_t cap = sizeof label,
+           at = (size_t)(name ? snprintf(label, cap, "group %.32s = {", name)
+                              : snprintf(label, cap, "group {"));
+    for (int i = 0; i < n->size && at < cap; i++) {
+        if (n->size > 12 && i == 8) {
+            at += (size_t)snprintf(label + at, cap - at, ",...");
+            i = n->size - 3;
+        }
+        at += (size_t)snprintf(label + at, cap - at, "%s%d", i ? "," : "", n->world[i]);
+    }
+    if (at < cap) snprintf(label + at, cap - at, "}");
+    memcpy(n->label, label, sizeof label);
 }
 
 void td__names_free(td__names *n) {

@@ -145,6 +145,34 @@ static void abandon(td__p2p *g, pend *p, int n) {
     g->broken = 1;
 }
 
+/* Fails `c` with the cause a notice brought (`told`, `why`), after passing the notice on to
+ * every other member: one that sees this rank leave before the first notice reaches it then
+ * still learns the cause, not this rank's leaving. */
+static td_status pass_on(td__p2p *g, const td__coll *c, pend *p, int n, td_status told,
+                         const char *why) {
+    char what[160], me[96], relay[TD__P2P_NOTICE_MAX];
+    describe(c, what, sizeof what);
+    g->ops->describe_peer(g->t, g->rank, me, sizeof me);
+    abandon(g, p, n);
+    snprintf(relay, sizeof relay, "%d|%s", (int)told, why);
+    g->ops->notify(g->t, relay);
+    return td__fail(told, "%s: %s gave up: %s", what, me, why);
+}
+
+/* A request of `c` could not be started or failed with `s` (td_last_error says why): every
+ * request is abandoned. A peer that left told us why first: then the cause named is its
+ * notice's, not its leaving; else it is `s`, and every other member is told. */
+static td_status fail_call(td__p2p *g, const td__coll *c, pend *p, int n, td_status s) {
+    char what[160], me[96], why[TD__P2P_NOTICE_MAX];
+    snprintf(why, sizeof why, "%s", td_last_error());
+    td_status told = s == TD_EPEER ? notice(g, why, sizeof why) : TD_OK;
+    if (told) return pass_on(g, c, p, n, told, why);
+    describe(c, what, sizeof what);
+    g->ops->describe_peer(g->t, g->rank, me, sizeof me);
+    abandon(g, p, n);
+    return give_up(g, s, "%s: %s: %s", what, me, why);
+}
+
 /* Waits until request `k` is done (every one when k < 0), progressing all of them. The bound
  * is `timeout_s` without any request completing. */
 static td_status wait_for(td__p2p *g, pend *p, int n, int k, const td__coll *c, double timeout_s) {
@@ -165,17 +193,7 @@ static td_status wait_for(td__p2p *g, pend *p, int n, int k, const td__coll *c, 
                              "different collectives",
                              peer, got, p[i].want);
             }
-            if (s != TD_OK) {
-                char what[160], me[96], why[TD__P2P_NOTICE_MAX];
-                snprintf(why, sizeof why, "%s", td_last_error());
-                describe(c, what, sizeof what);
-                g->ops->describe_peer(g->t, g->rank, me, sizeof me);
-                abandon(g, p, n);
-                /* A peer that left often told us why first: name that cause, not its leaving. */
-                td_status told = s == TD_EPEER ? notice(g, why, sizeof why) : TD_OK;
-                if (told) return td__fail(told, "%s: %s gave up: %s", what, me, why);
-                return give_up(g, s, "%s: %s: %s", what, me, why);
-            }
+            if (s != TD_OK) return fail_call(g, c, p, n, s);
             if (done) {
                 p[i].got = got;
                 progressed = 1;
@@ -211,29 +229,23 @@ static td_status wait_for(td__p2p *g, pend *p, int n, int k, const td__coll *c, 
             td__rec_waits(now, w);
             char why[TD__P2P_NOTICE_MAX];
             td_status told = notice(g, why, sizeof why);
-            if (told) {
-                char what[160], me[96];
-                describe(c, what, sizeof what);
-                g->ops->describe_peer(g->t, g->rank, me, sizeof me);
-                abandon(g, p, n);
-                return td__fail(told, "%s: %s gave up: %s", what, me, why);
-            }
+            if (told) return pass_on(g, c, p, n, told, why);
             g->ops->idle(g->t, now - last);
         }
     }
 }
 
-/* Starts a send or receive into p[*n] (one message of at most 2^30 bytes). */
-static td_status post(td__p2p *g, pend *p, int *n, int recv, void *buf, size_t bytes, int peer,
-                      unsigned sub, size_t want) {
+/* Starts a send or receive of `c` into p[*n] (one message of at most 2^30 bytes); one that
+ * cannot start fails the call as a failed request does. */
+static td_status post(td__p2p *g, const td__coll *c, pend *p, int *n, int recv, void *buf,
+                      size_t bytes, int peer, unsigned sub, size_t want) {
     pend *q = &p[*n];
     *q = (pend){.peer = peer, .recv = recv, .want = want};
     td_status s = recv ? g->ops->irecv(g->t, buf, bytes, peer, tag_of(g, sub), &q->req)
                        : g->ops->isend(g->t, buf, bytes, peer, tag_of(g, sub), &q->req);
     if (s != TD_OK) {
         q->req = NULL;
-        abandon(g, p, *n);
-        return s;
+        return fail_call(g, c, p, *n, s);
     }
     (*n)++;
     return TD_OK;
@@ -283,13 +295,13 @@ static int pieces(const td__p2p *g, size_t bytes) {
 }
 
 /* Posts pieces [first, pieces) of `bytes` at buf (see pieces) as sends or receives. */
-static td_status post_pieces(td__p2p *g, pend *p, int *np, int recv, unsigned char *buf,
-                             size_t bytes, int first, int peer, unsigned sub) {
+static td_status post_pieces(td__p2p *g, const td__coll *c, pend *p, int *np, int recv,
+                             unsigned char *buf, size_t bytes, int first, int peer, unsigned sub) {
     int k = pieces(g, bytes);
     size_t per = k > 1 ? g->eager : bytes;
     for (int i = first; i < k; i++) {
         size_t at = (size_t)i * per, len = i == k - 1 ? bytes - at : per;
-        TD__TRY(post(g, p, np, recv, buf + at, len, peer, sub, recv ? len : SIZE_MAX));
+        TD__TRY(post(g, c, p, np, recv, buf + at, len, peer, sub, recv ? len : SIZE_MAX));
     }
     return TD_OK;
 }
@@ -325,14 +337,14 @@ static td_status disseminate(td__p2p *g, const td__coll *c, const hdr *mine, con
         int np = 0, first = -1; /* p[first]: the first payload piece, posted before its header
                                    arrives when this call expects one (any length) */
         unsigned sub = 2 * (unsigned)round;
-        s = post(g, p, &np, 1, heads + (size_t)held * HDR, (size_t)k * HDR, from, sub,
+        s = post(g, c, p, &np, 1, heads + (size_t)held * HDR, (size_t)k * HDR, from, sub,
                  (size_t)k * HDR);
         if (s == TD_OK && expect) {
             first = np;
-            s = post(g, p, &np, 1, pay + off[held], pay_cap - off[held], from, sub + 1, SIZE_MAX);
+            s = post(g, c, p, &np, 1, pay + off[held], pay_cap - off[held], from, sub + 1, SIZE_MAX);
         }
-        if (s == TD_OK) s = post(g, p, &np, 0, heads, (size_t)k * HDR, to, sub, SIZE_MAX);
-        if (s == TD_OK) s = post_pieces(g, p, &np, 0, pay, off[k], 0, to, sub + 1);
+        if (s == TD_OK) s = post(g, c, p, &np, 0, heads, (size_t)k * HDR, to, sub, SIZE_MAX);
+        if (s == TD_OK) s = post_pieces(g, c, p, &np, 0, pay, off[k], 0, to, sub + 1);
         if (s == TD_OK) s = wait_for(g, p, np, 0, c, timeout_s);
         size_t in = 0;
         for (int j = 0; s == TD_OK && j < k; j++) {
@@ -358,7 +370,7 @@ static td_status disseminate(td__p2p *g, const td__coll *c, const hdr *mine, con
             p[first].req = NULL;
             first = -1;
         } else if (s == TD_OK) {
-            s = post_pieces(g, p, &np, 1, pay + off[held], in, first >= 0, from, sub + 1);
+            s = post_pieces(g, c, p, &np, 1, pay + off[held], in, first >= 0, from, sub + 1);
         }
         if (s == TD_OK) s = wait_for(g, p, np, -1, c, timeout_s);
         if (s == TD_OK && first >= 0) {
@@ -513,11 +525,11 @@ static td_status ring_step(td__p2p *g, const td__coll *c, unsigned sub, const vo
     td_status s = TD_OK;
     for (size_t j = 0; s == TD_OK && j < nr; j++) {
         size_t at = j * SEG, len = rbytes - at < SEG ? rbytes - at : SEG;
-        s = post(g, p, &np, 1, (unsigned char *)rbuf + at, len, left, sub, len);
+        s = post(g, c, p, &np, 1, (unsigned char *)rbuf + at, len, left, sub, len);
     }
     for (size_t j = 0; s == TD_OK && j < ns; j++) {
         size_t at = j * SEG, len = sbytes - at < SEG ? sbytes - at : SEG;
-        s = post(g, p, &np, 0, (unsigned char *)sbuf + at, len, right, sub, SIZE_MAX);
+        s = post(g, c, p, &np, 0, (unsigned char *)sbuf + at, len, right, sub, SIZE_MAX);
     }
     for (size_t j = 0; s == TD_OK && own && j < nr; j++) {
         s = wait_for(g, p, np, (int)j, c, timeout_s);
@@ -634,12 +646,12 @@ static td_status chain_broadcast(td__p2p *g, const td__coll *c, unsigned char *b
     td_status s = TD_OK;
     for (size_t j = 0; s == TD_OK && pos > 0 && j < nseg; j++) {
         size_t at = j * SEG, len = bytes - at < SEG ? bytes - at : SEG;
-        s = post(g, p, &np, 1, buf + at, len, prev, SUB_DATA, len);
+        s = post(g, c, p, &np, 1, buf + at, len, prev, SUB_DATA, len);
     }
     for (size_t j = 0; s == TD_OK && pos < n - 1 && j < nseg; j++) {
         size_t at = j * SEG, len = bytes - at < SEG ? bytes - at : SEG;
         if (pos > 0) s = wait_for(g, p, np, (int)j, c, timeout_s);
-        if (s == TD_OK) s = post(g, p, &np, 0, buf + at, len, next, SUB_DATA, SIZE_MAX);
+        if (s == TD_OK) s = post(g, c, p, &np, 0, buf + at, len, next, SUB_DATA, SIZE_MAX);
     }
     if (s == TD_OK) s = wait_for(g, p, np, -1, c, timeout_s);
     free(p);
@@ -662,7 +674,7 @@ static td_status direct(td__p2p *g, const td__coll *c, const unsigned char *send
         if (j == me || !(recv_all || j == recv_from)) continue;
         for (size_t at = 0; at < bytes && s == TD_OK; at += piece) {
             size_t len = bytes - at < piece ? bytes - at : piece;
-            s = post(g, p, &np, 1, recv + (recv_all ? (size_t)j * bytes : 0) + at, len, j,
+            s = post(g, c, p, &np, 1, recv + (recv_all ? (size_t)j * bytes : 0) + at, len, j,
                      SUB_DATA, len);
         }
     }
@@ -670,7 +682,7 @@ static td_status direct(td__p2p *g, const td__coll *c, const unsigned char *send
         if (j == me || !(send_all || j == send_to)) continue;
         for (size_t at = 0; at < bytes && s == TD_OK; at += piece) {
             size_t len = bytes - at < piece ? bytes - at : piece;
-            s = post(g, p, &np, 0, (void *)(send + (send_all ? (size_t)j * bytes : 0) + at), len,
+            s = post(g, c, p, &np, 0, (void *)(send + (send_all ? (size_t)j * bytes : 0) + at), len,
                      j, SUB_DATA, SIZE_MAX);
         }
     }

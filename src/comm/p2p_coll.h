@@ -14,7 +14,9 @@
  * matched by the user's point-to-point messages. A rank that gives up on a collective (a peer
  * failed, a wait timed out, the calls differ) sends a notice to every other member, and every
  * wait watches for one: all ranks then fail naming the first cause, not the rank that left
- * after seeing it. Not installed. */
+ * after seeing it. A rank that gives up on hearing a notice passes it on before it leaves, so
+ * that a member that sees it leave before the first notice arrives still names the cause.
+ * Not installed. */
 #ifndef TANDEM_P2P_COLL_H
 #define TANDEM_P2P_COLL_H
 

@@ -17,6 +17,7 @@
 #include "core/core_impl.h"
 
 _Thread_local td__rec_entry *td__rec_current __attribute__((tls_model("initial-exec")));
+_Thread_local td__rec_entry *td__rec_stamped __attribute__((tls_model("initial-exec")));
 _Thread_local const void *td__rec_tag_comm __attribute__((tls_model("initial-exec")));
 _Thread_local char td__rec_tag_text[TD__REC_TAG] __attribute__((tls_model("initial-exec")));
 _Atomic int64_t td__rec_step = -1;

@@ -39,7 +39,8 @@ typedef struct {
     _Atomic uint64_t seq; /* collectives: the group's sequence number; p2p: the group's
                              point-to-point count */
     uint64_t count;       /* elements (bytes for alloc) */
-    uint32_t what;        /* kind | dtype << 8 | op << 16 | tagged << 24 */
+    uint8_t kind, dtype, op;
+    uint8_t tagged;       /* the tags' slot of the same index holds its tag */
     _Atomic uint8_t state;
     int8_t status;        /* the td_status a failed call returned */
     int16_t pad;
@@ -52,15 +53,14 @@ typedef struct {
     _Atomic int32_t waiting_for; /* the group rank it last waited for, or -1 */
 } td__rec_entry;
 
-static inline int td__rec_kind(const td__rec_entry *e) { return (int)(e->what & 0xff); }
-static inline int td__rec_dtype(const td__rec_entry *e) { return (int)((e->what >> 8) & 0xff); }
-static inline int td__rec_op(const td__rec_entry *e) { return (int)((e->what >> 16) & 0xff); }
-static inline int td__rec_tagged(const td__rec_entry *e) { return (int)(e->what >> 24); }
+static inline int td__rec_kind(const td__rec_entry *e) { return e->kind; }
+static inline int td__rec_dtype(const td__rec_entry *e) { return e->dtype; }
+static inline int td__rec_op(const td__rec_entry *e) { return e->op; }
+static inline int td__rec_tagged(const td__rec_entry *e) { return e->tagged; }
 /* The key that ties an entry's wait fields to its call: the seq and the kind (a send's count
  * and a collective's sequence number may be equal), never 0, which a fresh ring holds. */
 static inline uint64_t td__rec_key(const td__rec_entry *e) {
-    return (atomic_load_explicit(&e->seq, memory_order_relaxed) + 1) ^
-           (uint64_t)(e->what & 0xff) << 56;
+    return (atomic_load_explicit(&e->seq, memory_order_relaxed) + 1) ^ (uint64_t)e->kind << 56;
 }
 
 /* Whether the entry's wait fields belong to its call. */
@@ -91,6 +91,10 @@ typedef struct td__rec {
  * backend to stamp; NULL when none. */
 extern _Thread_local td__rec_entry *td__rec_current __attribute__((tls_model("initial-exec")));
 
+/* The entry this thread's waits stamped last (td__rec_waits), so that ending any other call
+ * reads neither its wait fields nor a clock. */
+extern _Thread_local td__rec_entry *td__rec_stamped __attribute__((tls_model("initial-exec")));
+
 /* Sets up `r` and lists it among the live groups; recording stays off when that fails (a dump
  * then says so) or TANDEM_DOCTOR=0. */
 void td__rec_init(td__rec *r, uint64_t key, const td__names *names, int rank, int size,
@@ -119,9 +123,12 @@ static inline td__rec_entry *td__rec_post(td__rec *r, const void *comm, int kind
     atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&e->seq, seq, memory_order_relaxed);
     e->count = count;
-    uint32_t tagged = td__rec_tag_comm == comm;
-    e->what = (uint32_t)kind | (uint32_t)dtype << 8 | (uint32_t)op << 16 | tagged << 24;
-    if (tagged) {
+    e->kind = (uint8_t)kind;
+    e->dtype = (uint8_t)dtype;
+    e->op = (uint8_t)op;
+    e->tagged = 0;
+    if (__builtin_expect(td__rec_tag_comm == comm, 0)) {
+        e->tagged = 1;
         memcpy(r->tags[slot], td__rec_tag_text, TD__REC_TAG);
         td__rec_tag_comm = NULL;
     }
@@ -133,15 +140,18 @@ static inline td__rec_entry *td__rec_post(td__rec *r, const void *comm, int kind
 }
 
 /* Ends a call: its state, and how long it waited when it did (so that a fast call reads no
- * clock). */
+ * clock, nor its wait fields). */
 static inline void td__rec_end(td__rec_entry *e, td_status s) {
     if (!e) return;
-    if (s) e->status = (int8_t)s;
-    if (td__rec_waited(e)) {
-        uint64_t us = (td_time_ns() - atomic_load_explicit(&e->wait_ns, memory_order_relaxed)) /
-                      1000;
-        atomic_store_explicit(&e->waited_us, us > UINT32_MAX ? UINT32_MAX : (uint32_t)us,
-                              memory_order_relaxed);
+    e->status = (int8_t)s;
+    if (__builtin_expect(td__rec_stamped == e, 0)) {
+        td__rec_stamped = NULL;
+        if (td__rec_waited(e)) {
+            uint64_t us =
+                (td_time_ns() - atomic_load_explicit(&e->wait_ns, memory_order_relaxed)) / 1000;
+            atomic_store_explicit(&e->waited_us, us > UINT32_MAX ? UINT32_MAX : (uint32_t)us,
+                                  memory_order_relaxed);
+        }
     }
     atomic_store_explicit(&e->state, s ? TD__REC_FAILED : TD__REC_DONE, memory_order_release);
 }
@@ -155,6 +165,7 @@ static inline void td__rec_waits(uint64_t now_ns, int peer) {
         atomic_store_explicit(&e->wait_ns, now_ns, memory_order_relaxed);
         atomic_store_explicit(&e->waited_us, 0, memory_order_relaxed);
         atomic_store_explicit(&e->wait_seq, td__rec_key(e), memory_order_release);
+        td__rec_stamped = e;
     }
     atomic_store_explicit(&e->waiting_for, peer, memory_order_relaxed);
 }

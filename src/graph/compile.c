@@ -113,7 +113,8 @@ static td_status plan_grad_ready(td_graph *g) {
     g->param_final_node = malloc(n * sizeof *g->param_final_node);
     g->fired = calloc(n, 1);
     g->used = calloc(n, 1);
-    if (!g->param_last_node || !g->param_final_node || !g->fired || !g->used)
+    g->shard_summed = calloc(n, 1);
+    if (!g->param_last_node || !g->param_final_node || !g->fired || !g->used || !g->shard_summed)
         return td__fail(TD_ENOMEM, "td_graph_compile: out of memory");
     for (int i = 0; i < g->nparams; i++) g->param_last_node[i] = g->param_final_node[i] = -1;
     for (int k = 0; k < g->nnodes; k++)
@@ -124,6 +125,25 @@ static td_status plan_grad_ready(td_graph *g) {
             g->param_final_node[t->index] = k;
         }
     return TD_OK;
+}
+
+/* The nodes whose kernels sum a step's shards themselves (td_graph_set_shard) and whose
+ * parameters no other node reads: their parameters' gradients come once per step. */
+static void plan_shard_sums(td_graph *g) {
+    for (int k = 0; k < g->nnodes; k++) {
+        td__node *n = g->nodes[k];
+        const td__kernels *kern = td__kernels_of(&g->ctx, n->op);
+        int ok = kern->sums_shards && kern->sums_shards(&g->ctx, n) &&
+                 (!n->in[0] || n->in[0]->kind != TD__PARAM);
+        for (int i = 1; ok && i < n->nin; i++) {
+            const td_tensor *t = n->in[i];
+            ok = !t || t->kind != TD__PARAM ||
+                 (g->param_last_node[t->index] == k && g->param_final_node[t->index] == k);
+        }
+        n->sums_shards = ok;
+        for (int i = 1; ok && i < n->nin; i++)
+            if (n->in[i] && n->in[i]->kind == TD__PARAM) g->shard_summed[n->in[i]->index] = 1;
+    }
 }
 
 td_status td_graph_compile(td_graph *g) {
@@ -144,6 +164,7 @@ td_status td_graph_compile(td_graph *g) {
     TD__TRY(s);
     TD__TRY(td__graph_allocate(g));
     TD__TRY(plan_grad_ready(g));
+    plan_shard_sums(g);
     for (int i = 0; i < g->nparams; i++) {
         g->params[i].data = g->param_t[i]->data;
         g->params[i].grad = g->param_t[i]->grad;

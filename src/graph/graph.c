@@ -182,6 +182,7 @@ void td_graph_destroy(td_graph *g) {
     free(g->param_final_node);
     free(g->casts);
     free(g->fired);
+    free(g->shard_summed);
     free(g->used);
     td_arena_destroy(g->ctx.arena);
     td_arena_destroy(g->ctx.records);
@@ -521,6 +522,11 @@ static void fire(td_graph *g, int i) {
     if (g->hook) g->hook((size_t)i, g->hook_ctx);
 }
 
+/* Parameter i's gradient comes at a later shard of the step (td_graph_set_shard). */
+static int held_back(const td_graph *g, int i) {
+    return g->shard_summed[i] && g->ctx.shard_index + 1 < g->ctx.shard_count;
+}
+
 /* The ctx callback through which an op reports its weight gradients final (op.h). */
 static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only) {
     td_graph *g = (td_graph *)ctx;
@@ -528,13 +534,25 @@ static void params_ready(td__op_ctx *ctx, const td__node *n, int weights_only) {
         td_tensor *t = n->in[i];
         if (weights_only && t == n->in[0]) continue; /* its data gradient is still to come */
         if (t && t->kind == TD__PARAM && g->param_last_node[t->index] == n->index &&
-            !g->fired[t->index])
+            !g->fired[t->index] && !held_back(g, t->index))
             fire(g, t->index);
     }
 }
 
 void td_graph_keep_weights(td_graph *g) {
     if (g) g->keep_weights = 1;
+}
+
+td_status td_graph_set_shard(td_graph *g, size_t index, size_t count) {
+    if (!g) return td__fail(TD_EINVAL, "td_graph_set_shard: graph is NULL");
+    if (!g->compiled) return td__fail(TD_ESTATE, "td_graph_set_shard: call td_graph_compile first");
+    if (count && index >= count)
+        return td__fail(TD_EINVAL, "td_graph_set_shard: shard %zu of %zu; expected below %zu",
+                        index, count, count);
+    g->ctx.shard_index = index;
+    g->ctx.shard_count = count;
+    for (int i = 0; i < g->nparams; i++) g->params[i].shard_sum = count && g->shard_summed[i];
+    return TD_OK;
 }
 
 /* What a backward sweep starts from: y and its upstream gradient, f32, where the device reads
@@ -635,7 +653,7 @@ static td_status backward_nodes(td_graph *g, const void *arg) {
     }
     td_recorder_op(NULL, NULL);
     for (int i = 0; i < g->nparams; i++)
-        if (!g->fired[i]) fire(g, i);
+        if (!g->fired[i] && !held_back(g, i)) fire(g, i);
     for (int i = 0; g->use_hook && i < g->nparams; i++)
         if (g->param_last_node[i] < 0) TD__TRY(use_param(g, i, TD_PARAM_AFTER_BACKWARD));
     if (g->zero_failed)

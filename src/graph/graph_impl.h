@@ -80,6 +80,7 @@ struct td_graph {
     int *param_final_node; /* (nparams) highest consumer node index, or -1 */
     unsigned char *fired;  /* (nparams) hook already called in this sweep */
     unsigned char *used;   /* (nparams) the use hook's BEFORE_BACKWARD made in this sweep */
+    unsigned char *shard_summed; /* (nparams) read by a node that sums a step's shards itself */
     td_grad_ready_fn hook;
     void *hook_ctx;
     td_param_use_fn use_hook; /* td_graph_set_param_use_hook's */

@@ -16,6 +16,7 @@ static td_status ag_compile(td__op_ctx *ctx, td__node *n) {
 static td_status ag_forward(td__op_ctx *ctx, td__node *n) {
     td_tensor *x = n->in[0], *y = n->out;
     if (td__coll_size(ctx) == 1) return ctx->backend->copy(ctx, y->data, x->data, x->bytes);
+    td__coll_tag(ctx, n, "all-gather", "fwd");
     td_status st =
         td_comm_allgather(ctx->comm, x->data, y->data, (size_t)td_tensor_numel(x), x->dtype);
     return st == TD_OK ? TD_OK : td__coll_fail(n, "forward", st);
@@ -26,14 +27,17 @@ static td_status ag_backward(td__op_ctx *ctx, td__node *n) {
     if (!x->requires_grad) return TD_OK;
     void *dx = td__grad_begin(ctx, x, 0);
     td_status st = TD_OK;
-    if (td__coll_size(ctx) == 1)
+    if (td__coll_size(ctx) == 1) {
         st = ctx->backend->copy(ctx, dx, y->grad, x->bytes);
-    else if (n->attr.coll.tree) /* deterministic tensor parallelism's levels above the ranks */
-        st = td_comm_reduce_scatter_tree(ctx->comm, y->grad, dx, (size_t)td_tensor_numel(x),
-                                         x->dtype);
-    else
-        st = td_comm_reduce_scatter(ctx->comm, y->grad, dx, (size_t)td_tensor_numel(x), x->dtype,
-                                    TD_OP_SUM);
+    } else {
+        td__coll_tag(ctx, n, "reduce-scatter", "bwd");
+        if (n->attr.coll.tree) /* deterministic tensor parallelism's levels above the ranks */
+            st = td_comm_reduce_scatter_tree(ctx->comm, y->grad, dx, (size_t)td_tensor_numel(x),
+                                             x->dtype);
+        else
+            st = td_comm_reduce_scatter(ctx->comm, y->grad, dx, (size_t)td_tensor_numel(x),
+                                        x->dtype, TD_OP_SUM);
+    }
     if (st != TD_OK) return td__coll_fail(n, "backward", st);
     return td__grad_end(ctx, x);
 }

@@ -45,6 +45,10 @@ td_status td__coll_agree(td__op_ctx *ctx, const td__node *n, const td_shape *sha
     return st == TD_OK || st == TD_ESHAPE ? st : td__coll_fail(n, "compile", st);
 }
 
+void td__coll_tag(const td__op_ctx *ctx, const td__node *n, const char *what, const char *phase) {
+    if (ctx->comm) td_comm_tag(ctx->comm, "%s node %d %s", what, n->index, phase);
+}
+
 td_status td__coll_fail(const td__node *n, const char *step, td_status status) {
     char group[768];
     snprintf(group, sizeof group, "%s", td_last_error());

@@ -23,6 +23,10 @@ int td__coll_rank(const td__op_ctx *ctx);
 td_status td__coll_agree(td__op_ctx *ctx, const td__node *n, const td_shape *shape, td_dtype dtype,
                          int grad);
 
+/* Tags the group's next call from this thread for the flight recorder with what node n does
+ * and when: "tp all-reduce node 57 fwd" (what = "tp all-reduce", phase = "fwd"). */
+void td__coll_tag(const td__op_ctx *ctx, const td__node *n, const char *what, const char *phase);
+
 /* Returns `status` (a failed comm call's) with a message that names node n and `step`
  * ("forward", "backward") before the group's own message. */
 td_status td__coll_fail(const td__node *n, const char *step, td_status status);

@@ -68,6 +68,8 @@ struct td__op_ctx {
     int blocked_linear; /* linear layers take their weights in a blocked layout */
     int keep_weights;   /* this pass (forward and backward) may use the weight copies in kernel
                            layouts the last pass made: the parameters have not changed */
+    size_t shard_index, shard_count; /* td_graph_set_shard: this backward is shard index of
+                                        count of one step; count 0: not sharded */
     td_rng *rng;        /* the graph's dropout RNG */
     td_comm *comm;      /* the graph's process group for collective ops; NULL: a group of one */
     /* Dropout keyed by sample instead (td_graph_set_rng_key): sample n of the batch draws from
@@ -202,6 +204,12 @@ typedef struct td__kernels {
     /* Optional: host-side checks of what earlier forwards found (a label out of range), run
      * before every forward, also one that replays a recording. */
     td_status (*check)(td__op_ctx *ctx, td__node *n);
+    /* Optional (NULL: never), asked after compile: 1 when backward can sum the node's parameter
+     * gradients over a step's shards itself (td_graph_set_shard): each shard's backward keeps
+     * what its gradients need, and the last one writes their sum in deterministic mode's
+     * pairwise tree and reports them (ctx->params_ready); it does so for nodes the graph marks
+     * sums_shards. */
+    int (*sums_shards)(const td__op_ctx *ctx, const td__node *n);
 } td__kernels;
 
 struct td__node {
@@ -215,6 +223,8 @@ struct td__node {
     int variant;     /* op-specific switch: max/avg, relu/gelu, channel-wise dropout, ... */
     td__alias alias; /* set by the fusion pass */
     void *state;     /* op-private compiled state */
+    int sums_shards; /* set by the graph at compile: its kernels' sums_shards, and no other node
+                        reads its parameters */
 };
 
 /* 64-byte aligned zeroed memory from the graph's arena (lives as long as the graph). */

@@ -44,8 +44,9 @@ static td_status region_forward(td__op_ctx *ctx, td__node *n) {
     td_tensor *x = n->in[0], *y = n->out;
     if (td__coll_size(ctx) == 1 || n->variant == TD__REGION_COPY)
         return ctx->backend->copy(ctx, y->data, x->data, y->bytes);
-    td_status st = sum(ctx, n, x->data, y->data, (size_t)td_tensor_numel(x), x->dtype,
-                       n->variant == TD__REGION_REDUCE_SCATTER);
+    int scatter = n->variant == TD__REGION_REDUCE_SCATTER;
+    td__coll_tag(ctx, n, scatter ? "sp reduce-scatter" : "tp all-reduce", "fwd");
+    td_status st = sum(ctx, n, x->data, y->data, (size_t)td_tensor_numel(x), x->dtype, scatter);
     return st == TD_OK ? TD_OK : td__coll_fail(n, "forward", st);
 }
 
@@ -54,12 +55,15 @@ static td_status region_backward(td__op_ctx *ctx, td__node *n) {
     if (!x->requires_grad) return TD_OK;
     void *dx = td__grad_begin(ctx, x, 0);
     td_status st = TD_OK;
-    if (td__coll_size(ctx) == 1 || n->variant == TD__REGION_REDUCE)
+    if (td__coll_size(ctx) == 1 || n->variant == TD__REGION_REDUCE) {
         st = ctx->backend->copy(ctx, dx, y->grad, x->bytes);
-    else if (n->variant == TD__REGION_COPY)
+    } else if (n->variant == TD__REGION_COPY) {
+        td__coll_tag(ctx, n, "tp all-reduce", "bwd");
         st = sum(ctx, n, y->grad, dx, (size_t)td_tensor_numel(x), x->dtype, 0);
-    else
+    } else {
+        td__coll_tag(ctx, n, "sp all-gather", "bwd");
         st = td_comm_allgather(ctx->comm, y->grad, dx, (size_t)td_tensor_numel(y), x->dtype);
+    }
     if (st != TD_OK) return td__coll_fail(n, "backward", st);
     return td__grad_end(ctx, x);
 }

@@ -346,15 +346,40 @@ static float root_factor(const td_ddp *d) {
     return d->size == 1 && d->opt.average ? 1.0f / (float)d->opt.shards : 1.0f;
 }
 
+/* A gradient its producer summed over this rank's shards itself (td_param.shard_sum), reported
+ * at the last shard: it is already this rank's node of the tree, in the last leaf's buffer; the
+ * root's buffer gets it (averaged where one rank alone writes the root). */
+static void tree_place_sum(td_ddp *d, size_t at, size_t n) {
+    ddp_tree *t = d->state;
+    float *leaf = shard_target(t) + at, by = root_factor(d);
+    if (power_of_two(t->local)) { /* the last leaf's buffer is the root's */
+        if (by != 1.0f) scale(leaf, n, by);
+        return;
+    }
+    float *root = t->buf[t->pending[t->levels]] + at;
+    for (size_t e = 0; e < n; e++) root[e] = leaf[e] * by;
+}
+
 static void tree_grad_ready(td_ddp *d, size_t i) {
     ddp_tree *t = d->state;
     size_t at = param_at(d, i), n = d->params[i].count;
+    if (d->params[i].shard_sum && t->shard + 1 < t->local) {
+        td__ddp_note_error(d, td__fail(TD_ESTATE,
+                                       "ddp rank %d: parameter '%s' sums its shards itself "
+                                       "(shard_sum) but was reported ready at shard %zu of %zu; "
+                                       "it is reported at the last shard only",
+                                       d->rank, d->params[i].name, t->shard, t->local));
+        return;
+    }
     /* On a GPU the gradient is final once the compute stream has passed its kernels: the copy
      * follows them. */
     if (t->dev)
         td__ddp_note_error(d, td_device_copy(td_device_cpu(), shard_target(t) + at, d->device,
                                              t->dev + at, n * sizeof(float)));
-    tree_fold(t, at, n, root_factor(d));
+    if (d->params[i].shard_sum)
+        tree_place_sum(d, at, n);
+    else
+        tree_fold(t, at, n, root_factor(d));
     if (t->shard + 1 < t->local) return;
     /* The last shard: once a bucket's subtree sums are final it may go across ranks. All-to-alls
      * go out in bucket order on every rank, so every rank queues the same collectives. */
@@ -425,7 +450,8 @@ static td_status tree_finish(td_ddp *d) {
     float *dst = shard_target(t);
     size_t n_unready = 0;
     for (size_t i = 0; i < d->n_params; i++) {
-        if (d->ready[i]) continue;
+        /* one summed over the shards comes at the last shard only */
+        if (d->ready[i] || (d->params[i].shard_sum && t->shard + 1 < t->local)) continue;
         n_unready++;
         size_t bytes = d->params[i].count * sizeof(float);
         memset(dst + param_at(d, i), 0, bytes);

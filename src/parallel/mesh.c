@@ -148,6 +148,13 @@ td_status td_mesh_create(td_mesh **out, td_comm *comm, const td_mesh_params *p) 
         memcpy(c, m->coords, sizeof c);
         c[d] = 0;
         s = td_comm_split(comm, td_mesh_rank_at(m, c), m->coords[d], &m->groups[d]);
+        /* Named by dimension and place among its kind, in messages and dumps: "tp1". */
+        int at = 0;
+        for (int e = 0; e < m->ndims; e++)
+            if (e != d) at = at * m->sizes[e] + m->coords[e];
+        char name[NAME_CAP + 12];
+        snprintf(name, sizeof name, "%s%d", m->names[d], at);
+        if (s == TD_OK) s = td_comm_set_name(m->groups[d], name);
     }
     if (s != TD_OK) {
         td_mesh_destroy(m);

@@ -13,6 +13,7 @@
 #include "core/core_impl.h"
 
 #define SPIN_NS 50000 /* a wait spins this long before it sleeps */
+#define NOTICE_GRACE_NS 200000000u /* how long a peer's failure waits for the group's notice */
 
 typedef struct {
     void *req; /* the UCX request, NULL when the operation completed at once */
@@ -38,10 +39,26 @@ void td__ucx_describe(const td__ucx_group *g, int rank, char *out, size_t cap) {
         snprintf(out, cap, "%s", td__who_on(g->names, rank, host).s);
 }
 
-/* The message for a peer whose endpoint failed with `st`. */
-static td_status peer_failed(const td__ucx_group *g, int world, ucs_status_t st) {
-    return td__fail(TD_EPEER, "the connection to rank %d on %s failed: %s", world,
-                    g->w->hosts[world], ucs_status_string(st));
+/* The message for a peer whose endpoint failed with `st`. A peer that gave up on the group
+ * sent its notice before it left (p2p_coll.c), but UCX may report the endpoint's failure
+ * before the notice is read, and a process's exit is seen at once where a killed one's
+ * endpoint fails only when UCX next checks it: a survivor that left because of the dead rank
+ * can fail here first. So the group's notice is awaited a little before the peer is named
+ * (the caller then names the notice's cause instead). */
+static td_status peer_failed(td__ucx_group *g, int world, ucs_status_t st) {
+    td__ucx_world *w = g->w;
+    uint64_t start = td_time_ns();
+    for (uint64_t waited = 0; g->notice_req && waited < NOTICE_GRACE_NS;
+         waited = td_time_ns() - start) {
+        pthread_mutex_lock(&w->lock);
+        int events = (int)ucp_worker_progress(w->worker);
+        int done = ucp_request_check_status(g->notice_req) != UCS_INPROGRESS;
+        pthread_mutex_unlock(&w->lock);
+        if (done) break;
+        if (!events) td__ucx_idle(w, SPIN_NS);
+    }
+    return td__fail(TD_EPEER, "the connection to rank %d on %s failed: %s", world, w->hosts[world],
+                    ucs_status_string(st));
 }
 
 td_status td__ucx_msg_start(td__ucx_group *g, int coll, void *buf, size_t bytes, int peer,

@@ -20,7 +20,9 @@
  * kernel the transposition it makes of its copy at every call, measured no faster for the MLP:
  * a second copy per step costs what it saves.) */
 #include <stdlib.h>
+#include <string.h>
 
+#include "ops/cpu/linear_shards.h"
 #include "ops/cpu/onednn.h"
 
 typedef struct {
@@ -32,6 +34,8 @@ typedef struct {
     void *ones;      /* (1, N) ones in the dtype: the matmul's bias gradient is ones dy */
     td__mem x, w, b, y, dy, dx, dw, db;
     td__mem dyt, wbd, one; /* the matmul's dy^T view, backward-data weights and ones */
+    float *kept;           /* (kept_count shards) each shard's x and dy, packed (linear_shards.h) */
+    size_t kept_count;
 } linear_state;
 
 /* oneDNN 2.6's matmul takes a 2-d bias. */
@@ -208,12 +212,43 @@ static td_status matmul_backward(td__op_ctx *ctx, td__node *n, linear_state *s) 
     return TD_OK;
 }
 
+/* The weight and bias gradients of a sharded step (td_graph_set_shard): each shard packs its x
+ * and dy; the last computes every shard's gradients and writes their sum in the shards' tree. */
+static td_status shard_weights(td__op_ctx *ctx, td__node *n, linear_state *s) {
+    td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+    size_t j = ctx->shard_index, count = ctx->shard_count;
+    int64_t N = x->shape.dim[0], IN = x->shape.dim[1], OUT = w->shape.dim[0];
+    size_t each = td__linear_shard_floats(N, IN, OUT);
+    if (s->kept_count < count) {
+        free(s->kept);
+        s->kept = aligned_alloc(64, count * each * sizeof *s->kept);
+        s->kept_count = s->kept ? count : 0;
+        if (!s->kept) return td__fail(TD_ENOMEM, "linear: out of memory keeping %zu shards", count);
+    }
+    td__linear_shard_pack(s->kept + j * each, x->data, n->out->grad, N, IN, OUT);
+    if (j + 1 < count) return TD_OK;
+    const float *one[64];
+    const float **packed = count <= 64 ? one : malloc(count * sizeof *packed);
+    if (!packed) return td__fail(TD_ENOMEM, "linear: out of memory summing %zu shards", count);
+    for (size_t k = 0; k < count; k++) packed[k] = s->kept + k * each;
+    float *dw = td__grad_begin(ctx, w, 1), *db = b ? td__grad_begin(ctx, b, 2) : NULL;
+    td_status st = TD_OK;
+    if (td__linear_shard_grads(dw, db, packed, count, N, IN, OUT) != 0)
+        st = td__fail(TD_ENOMEM, "linear: out of memory summing %zu shards", count);
+    if (st == TD_OK) st = td__grad_end(ctx, w);
+    if (st == TD_OK && b) st = td__grad_end(ctx, b);
+    if (packed != one) free(packed);
+    return st;
+}
+
 static td_status linear_backward(td__op_ctx *ctx, td__node *n) {
     linear_state *s = n->state;
     if (s->matmul) return matmul_backward(ctx, n, s);
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     td__mem_bind(&s->dy, n->out->grad);
-    if (s->bwd_w) {
+    if (s->bwd_w && n->sums_shards && ctx->shard_count) {
+        TD__TRY(shard_weights(ctx, n, s));
+    } else if (s->bwd_w) {
         td__mem_bind(&s->x, x->data);
         td__mem_bind(&s->dw, td__grad_begin(ctx, w, 1));
         if (b) td__mem_bind(&s->db, td__grad_begin(ctx, b, 2));
@@ -225,7 +260,8 @@ static td_status linear_backward(td__op_ctx *ctx, td__node *n) {
         td__grad_end(ctx, w);
         if (b) td__grad_end(ctx, b);
     }
-    /* Final weight gradients go to DDP before the data gradient is computed. */
+    /* Final weight gradients go to DDP before the data gradient is computed (a sharded step's
+     * only at its last shard: the graph holds them back before). */
     ctx->params_ready(ctx, n, 1);
     if (s->bwd_data) {
         /* forward's copy in the kernels' layout; the plain weights where they are now (a
@@ -252,7 +288,15 @@ static void linear_destroy(td__node *n) {
     td__mem *m[] = {&s->x,  &s->w,  &s->b,   &s->y,   &s->dy, &s->dx,
                     &s->dw, &s->db, &s->dyt, &s->wbd, &s->one};
     for (size_t i = 0; i < sizeof m / sizeof *m; i++) td__mem_free(m[i]);
+    free(s->kept);
     free(s);
+}
+
+/* f32 linear layers with a weight gradient sum a step's shards themselves. */
+static int linear_sums_shards(const td__op_ctx *ctx, const td__node *n) {
+    (void)ctx;
+    const linear_state *s = n->state;
+    return s && !s->matmul && s->bwd_w;
 }
 
 /* The CPU backend's kernels. */
@@ -262,4 +306,5 @@ const td__kernels td__cpu_linear = {
     .backward = linear_backward,
     .destroy = linear_destroy,
     .supports = td__onednn_supports,
+    .sums_shards = linear_sums_shards,
 };
