@@ -18,7 +18,8 @@
  *                   [--iters N --windows N --warmup N --repeat K] [--no-torch] [--no-pin]
  *                   [--torch2 PYTHON]
  *
- * With --tp it compares the layouts of a device mesh instead (bench/gpt_layouts.h). */
+ * With --tp it compares the layouts of a device mesh instead, and with --tp --deterministic each
+ * layout's deterministic mode against its default (bench/gpt_layouts.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

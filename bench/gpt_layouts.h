@@ -11,6 +11,13 @@
  * use under ZeRO (its gathered copies live only then); the peak over the steps less what the
  * rank held before the model, the largest over the ranks.
  *
+ * --deterministic: each layout's step time in the default mode and in the deterministic one, side
+ * by side, interleaved, and their ratio: the batch in LT_SHARDS fixed shards (each a forward and
+ * backward of its own, a replica running the dp-th part of them) summed in DDP's (or ZeRO's,
+ * or the pipeline's) shard tree, every tensor-parallel layer in LT_SHARDS fixed shards
+ * (td_graph_params.tp_shards) at tp 1 too, one thread per graph: what examples/gpt
+ * --deterministic runs at that layout, every layout ending on one digest (docs/parallelism.md).
+ *
  * --cap MiB: the largest GPT of --cap-width (context 1024, global batch 4 sequences) each layout
  * trains within the cap per rank, by doubling and bisecting the number of layers (two steps
  * each); as bench/zero --cap measures it, not a cgroup's limit. Every layout runs without and
@@ -19,7 +26,7 @@
  *
  *   build/bench/gpt --tp [--layers N --heads N --width C --context T --batch GLOBAL]
  *                        [--iters N --windows N --warmup N --repeat K]
- *                        [--cap MiB [--cap-width C]] [--no-time] [--json]
+ *                        [--cap MiB [--cap-width C]] [--deterministic] [--no-time] [--json]
  * Included once by bench/gpt.c. */
 #ifndef TANDEM_BENCH_GPT_LAYOUTS_H
 #define TANDEM_BENCH_GPT_LAYOUTS_H
@@ -39,6 +46,7 @@
 #define CAP_CONTEXT 1024
 #define CAP_BATCH 4
 #define CAP_MAX_LAYERS 1024
+#define LT_SHARDS 4 /* deterministic mode's shards of the batch and of every tp layer */
 
 typedef struct {
     const char *name;
@@ -50,6 +58,13 @@ static const lt_layout LT_LAYOUTS[] = {
     {"tp 4", 1, 4, 1, 0, 0},    {"tp 2 x dp 2", 2, 2, 1, 0, 0}, {"tp 2 x pp 2", 1, 2, 2, 0, 0},
 };
 #define N_LAYOUTS (int)(sizeof LT_LAYOUTS / sizeof *LT_LAYOUTS)
+/* --deterministic's rows: the digest table's layouts of 4 ranks (docs/parallelism.md). */
+static const lt_layout LT_DET_LAYOUTS[] = {
+    {"ddp 4", 4, 1, 1, 0, 0},       {"zero-1 4", 4, 1, 1, 1, 0},    {"zero-2 4", 4, 1, 1, 2, 0},
+    {"zero-3 4", 4, 1, 1, 3, 0},    {"tp 4", 1, 4, 1, 0, 0},        {"tp 2 x dp 2", 2, 2, 1, 0, 0},
+    {"tp 2 x pp 2", 1, 2, 2, 0, 0}, {"dp 2 x pp 2", 2, 1, 2, 0, 0},
+};
+#define N_DET_LAYOUTS (int)(sizeof LT_DET_LAYOUTS / sizeof *LT_DET_LAYOUTS)
 /* A table row's recompute: the first N_LAYOUTS rows without, the next ones full. */
 #define LT_MODE(row) ((row) < N_LAYOUTS ? TD_RECOMPUTE_NONE : TD_RECOMPUTE_FULL)
 
@@ -73,7 +88,8 @@ static void gpt_bench_options(td_args *a, td_gpt_params *model, long *width, lon
 typedef struct {
     td_gpt_params model;
     int batch, iters, windows, warmup;
-    int memory; /* 1: sample memory instead of timing */
+    int memory;        /* 1: sample memory instead of timing */
+    int deterministic; /* the layout's deterministic mode (--deterministic) */
     const lt_layout *l;
     td_recompute_mode recompute; /* every block's forward again in backward (docs/recompute.md) */
 } lt_setup;
@@ -117,14 +133,23 @@ static int lt_rank(int rank, int world, void *result, void *arg) {
             .ndims = 3, .names = {"pp", "dp", "tp"}, .sizes = {l->pp, l->dp, l->tp}};
         CHECK(td_mesh_create(&mesh, comm, &mp));
     }
+    int det = su->deterministic;
     int64_t T = su->model.context, rows = su->batch / (l->alone ? world : l->dp);
+    size_t count = 1; /* forward and backward passes per step: the replica's shards */
+    if (det) count = LT_SHARDS / (size_t)l->dp, rows = su->batch / LT_SHARDS;
     td_gpt_params gp = su->model;
-    gp.tensor_parallel = gp.sequence_parallel = l->tp > 1;
+    gp.tensor_parallel = det || l->tp > 1; /* deterministic: the tp layers' shards at tp 1 too */
+    gp.sequence_parallel = l->tp > 1;
     td_sequential *s;
     CHECK(td_gpt_sequential(&gp, &s));
     td_graph_params grp = td_graph_default_params();
     grp.comm = mesh ? td_mesh_group(mesh, "tp") : NULL;
     grp.recompute = su->recompute;
+    grp.tp_shards = det ? LT_SHARDS : 0;
+    grp.threads = det ? 1 : 0;
+    td_ddp_params dpp = td_ddp_default_params();
+    dpp.deterministic = det;
+    dpp.shards = LT_SHARDS;
     td_graph *g = NULL;
     td_pipeline *pipe = NULL;
     td_model m;
@@ -135,12 +160,13 @@ static int lt_rank(int rank, int world, void *result, void *arg) {
     if (l->pp > 1) {
         td_pipeline_params pp = td_pipeline_default_params();
         pp.stages = l->pp;
-        pp.micro_batches = rows >= 4 ? 4 : (int)rows;
-        pp.batch = rows;
+        pp.micro_batches = det ? (int)count : rows >= 4 ? 4 : (int)rows;
+        pp.batch = det ? (int64_t)count * rows : rows;
         char split[16]; /* the blocks halved */
         snprintf(split, sizeof split, gp.layers > 1 ? "h.%d" : "head", gp.layers / 2);
         pp.split = split;
         pp.graph = grp;
+        pp.ddp = dpp;
         pp.mesh = mesh;
         CHECK(td_pipeline_create(&pipe, comm, s, &pp));
         CHECK(td_pipeline_parameters(pipe, &p, &n));
@@ -153,6 +179,7 @@ static int lt_rank(int rank, int world, void *result, void *arg) {
         if (l->zero) {
             td_zero_params zp = td_zero_default_params();
             zp.stage = l->zero;
+            zp.ddp = dpp;
             CHECK(td_zero_create(&zero, td_mesh_group(mesh, "dp"), p, n, NULL, 0, &zp));
             CHECK(td_zero_parameters(zero, &stepped, &n_stepped));
             probe.zero = zero;
@@ -161,8 +188,8 @@ static int lt_rank(int rank, int world, void *result, void *arg) {
                 td_graph_set_param_use_hook(g, lt_zero_hook, &probe);
             else
                 td_graph_set_param_use_hook(g, td_zero_param_use_hook, zero);
-        } else if (l->dp > 1) {
-            CHECK(td_ddp_create(&ddp, td_mesh_group(mesh, "dp"), p, n, NULL, 0, NULL));
+        } else if (l->dp > 1 || (det && !l->alone)) { /* deterministic: the shard tree at dp 1 */
+            CHECK(td_ddp_create(&ddp, td_mesh_group(mesh, "dp"), p, n, NULL, 0, &dpp));
             td_graph_set_grad_ready_hook(g, td_ddp_grad_ready_hook, ddp);
         }
     }
@@ -171,11 +198,12 @@ static int lt_rank(int rank, int world, void *result, void *arg) {
     td_adamw_params ap = td_adamw_default_params();
     td_optim *opt;
     CHECK(td_optim_create_adamw(&opt, stepped, n_stepped, &ap));
-    float *x = malloc((size_t)(rows * T) * sizeof *x);
-    int64_t *y = malloc((size_t)(rows * T) * sizeof *y);
+    int64_t pipe_rows = pipe && det ? (int64_t)count * rows : rows; /* a pipeline's whole part */
+    float *x = malloc((size_t)(pipe_rows * T) * sizeof *x);
+    int64_t *y = malloc((size_t)(pipe_rows * T) * sizeof *y);
     td_rng r;
     td_rng_init(&r, (uint64_t)td_mesh_coord(mesh, "dp") + 1);
-    for (int64_t i = 0; i < rows * T; i++)
+    for (int64_t i = 0; i < pipe_rows * T; i++)
         x[i] = (float)td_rng_below(&r, (uint32_t)gp.vocab), y[i] = i % gp.vocab;
     double rates[LAYOUT_WINDOWS], cpu0 = 0;
     int windows = su->memory ? 0 : su->windows;
@@ -188,16 +216,18 @@ static int lt_rank(int rank, int world, void *result, void *arg) {
             if (pipe) {
                 CHECK(td_pipeline_step(pipe, x, y, NULL));
             } else {
-                if (zero) CHECK(td_zero_prepare_forward(zero));
-                if (ddp) CHECK(td_ddp_prepare_forward(ddp));
-                CHECK(td_tensor_write(m.input, x));
-                CHECK(td_tensor_write(m.labels, y));
-                CHECK(td_graph_forward(g));
-                if (su->memory) lt_sample(&probe);
-                CHECK(td_graph_zero_grad(g));
-                CHECK(td_graph_backward(g, m.loss));
-                if (zero) CHECK(td_zero_finish_backward(zero));
-                if (ddp) CHECK(td_ddp_finish_backward(ddp));
+                for (size_t j = 0; j < count; j++) { /* deterministic: shard by shard */
+                    if (zero) CHECK(td_zero_prepare_forward(zero));
+                    if (ddp) CHECK(td_ddp_prepare_forward(ddp));
+                    CHECK(td_tensor_write(m.input, x));
+                    CHECK(td_tensor_write(m.labels, y));
+                    CHECK(td_graph_forward(g));
+                    if (su->memory) lt_sample(&probe);
+                    CHECK(td_graph_zero_grad(g));
+                    CHECK(td_graph_backward(g, m.loss));
+                    if (zero) CHECK(td_zero_finish_backward(zero));
+                    if (ddp) CHECK(td_ddp_finish_backward(ddp));
+                }
             }
             if (su->memory) lt_sample(&probe);
             CHECK(td_optim_step(opt));
@@ -267,18 +297,69 @@ static int lt_cap_layers(lt_setup *su, const lt_layout *l, td_recompute_mode rc,
     return fit;
 }
 
+/* The timed tables' first line: the model, the batch, `what`, the windows and the load. */
+static void lt_model_line(const lt_setup *su, const char *what, int repeat) {
+    char load[64];
+    printf("GPT %d layers, %d heads, width %lld, context %lld, global batch %d (%.2f M "
+           "parameters); %smedian of %d windows of %d steps after %d, %d interleaved repeat(s); "
+           "load average %s\n",
+           su->model.layers, su->model.heads, (long long)su->model.width,
+           (long long)su->model.context, su->batch, td_gpt_parameter_count(&su->model) / 1e6, what,
+           su->windows, su->iters, su->warmup, repeat, bench_load_average(load, sizeof load));
+}
+
+/* --deterministic: every layout's step time in both modes, interleaved, and their ratio; the CPU
+ * time of all ranks per step too (a rank waiting for a peer on a shared machine spins less
+ * than the wall clock drifts). */
+static void lt_deterministic_table(lt_setup *su, int repeat, int json) {
+    double ms[N_DET_LAYOUTS][2][LAYOUT_WINDOWS], cpu[N_DET_LAYOUTS][2][LAYOUT_WINDOWS];
+    double ratio[N_DET_LAYOUTS][LAYOUT_WINDOWS], cpu_ratio[N_DET_LAYOUTS][LAYOUT_WINDOWS];
+    for (int k = 0; k < repeat; k++)
+        for (int row = 0; row < N_DET_LAYOUTS; row++) {
+            for (int det = 0; det < 2; det++) {
+                lt_result r;
+                su->deterministic = det;
+                int bad = lt_run(su, &LT_DET_LAYOUTS[row], TD_RECOMPUTE_NONE, 0, &r);
+                ms[row][det][k] = bad ? NAN : r.ms;
+                cpu[row][det][k] = bad ? NAN : r.cpu_ms;
+            }
+            ratio[row][k] = ms[row][0][k] / ms[row][1][k];
+            cpu_ratio[row][k] = cpu[row][0][k] / cpu[row][1][k];
+        }
+    su->deterministic = 0;
+    printf("%-12s %12s %12s %9s %14s %14s %9s\n", "layout", "default ms", "determ. ms", "speed",
+           "default CPU ms", "determ. CPU ms", "CPU");
+    for (int row = 0; row < N_DET_LAYOUTS; row++) {
+        double d = bench_median(ms[row][0], repeat), t = bench_median(ms[row][1], repeat);
+        double cd = bench_median(cpu[row][0], repeat), ct = bench_median(cpu[row][1], repeat);
+        double q = bench_median(ratio[row], repeat), cq = bench_median(cpu_ratio[row], repeat);
+        printf("%-12s %12.1f %12.1f %8.2fx %14.1f %14.1f %8.2fx\n", LT_DET_LAYOUTS[row].name, d, t,
+               q, cd, ct, cq);
+        if (json)
+            printf("{\"table\": \"deterministic\", \"layout\": \"%s\", \"default_ms\": %.3f, "
+                   "\"deterministic_ms\": %.3f, \"ratio\": %.3f, \"default_cpu_ms\": %.3f, "
+                   "\"deterministic_cpu_ms\": %.3f, \"cpu_ratio\": %.3f}\n",
+                   LT_DET_LAYOUTS[row].name, d, t, q, cd, ct, cq);
+    }
+    printf("(speed: the default step time over the deterministic one, the median of the repeats' "
+           "ratios; CPU: the same of all ranks' CPU time per step; %d shards of the batch and of "
+           "every tensor-parallel layer)\n",
+           LT_SHARDS);
+}
+
 static int lt_main(int argc, char **argv) {
     lt_setup su = {
         .model = td_gpt_default_params(), .batch = 16, .iters = 3, .windows = 3, .warmup = 1};
     su.model.heads = 8;
     su.model.width = 256;
-    int repeat = 1, cap_mib = 0, cap_width = 256, no_time = 0, json = 0, tp = 0;
+    int repeat = 1, cap_mib = 0, cap_width = 256, no_time = 0, json = 0, tp = 0, det = 0;
     long width = su.model.width, context = su.model.context;
     td_args a;
     td_args_init(&a, "gpt --tp", argc, argv);
     while (td_args_next(&a)) {
         td_args_flag(&a, "--tp", &tp);
         td_args_flag(&a, "--no-time", &no_time);
+        td_args_flag(&a, "--deterministic", &det);
         td_args_flag(&a, "--json", &json);
         td_args_int(&a, "--cap", 1, 1 << 20, &cap_mib);
         td_args_int(&a, "--cap-width", 64, 1 << 16, &cap_width);
@@ -287,23 +368,29 @@ static int lt_main(int argc, char **argv) {
     }
     if (su.batch % LAYOUT_WORLD)
         td_args_error(&a, "--batch %d is not a multiple of %d", su.batch, LAYOUT_WORLD);
+    if (det && (su.model.heads % LT_SHARDS || su.model.vocab % LT_SHARDS))
+        td_args_error(&a,
+                      "--deterministic: --heads %d and the vocabulary (%lld) split into %d shards",
+                      su.model.heads, (long long)su.model.vocab, LT_SHARDS);
     bench_args_finish(&a, "usage: gpt --tp [--layers N --heads N --width C --context T "
                           "--batch GLOBAL]\n"
                           "                [--iters N --windows N --warmup N --repeat K]\n"
-                          "                [--cap MiB [--cap-width C]] [--no-time] [--json]\n");
+                          "                [--cap MiB [--cap-width C]] [--deterministic] "
+                          "[--no-time] [--json]\n");
     su.model.width = width;
     su.model.context = context;
     int time = !no_time;
     char cpu[256], load[64];
     printf("GPT layouts at world %d; %s; one thread per rank, each pinned to its own core\n",
            LAYOUT_WORLD, bench_cpu_name(cpu, sizeof cpu));
+    if (det) {
+        lt_model_line(&su, "default and deterministic mode; ", repeat);
+        lt_deterministic_table(&su, repeat, json);
+        printf("(load average after: %s)\n", bench_load_average(load, sizeof load));
+        return 0;
+    }
     if (time) {
-        printf("GPT %d layers, %d heads, width %lld, context %lld, global batch %d (%.2f M "
-               "parameters); median of %d windows of %d steps after %d, %d interleaved "
-               "repeat(s); load average %s\n",
-               su.model.layers, su.model.heads, (long long)su.model.width,
-               (long long)su.model.context, su.batch, td_gpt_parameter_count(&su.model) / 1e6,
-               su.windows, su.iters, su.warmup, repeat, bench_load_average(load, sizeof load));
+        lt_model_line(&su, "", repeat);
         /* rows: each layout without recompute, then with it (full) */
         enum { ROWS = 2 * N_LAYOUTS };
         double ms[ROWS][LAYOUT_WINDOWS], cpu_ms[ROWS][LAYOUT_WINDOWS];

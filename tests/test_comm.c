@@ -3,6 +3,7 @@
  * several MB) and world sizes 1-4; in-place calls; non-blocking calls with several outstanding;
  * point-to-point ordering, tags and large two-way isend/irecv; sub-groups working
  * concurrently with their parent; parameter checks and the environment contract. */
+#include <math.h>
 #include <sched.h>
 #include <stdlib.h>
 
@@ -320,6 +321,68 @@ static void large_chunks_rank(int rank, int size, int port, void *arg) {
 
 static void large_chunks(void) {
     for (int n = 2; n <= 3; n++) CHECK_EQ(test_run_ranks(n, large_chunks_rank, NULL, 120, 0), 0);
+    CHECK_EQ(test_shm_leftovers(), 0);
+}
+
+/* Rank r's value at element i for the fixed-tree sums: magnitudes spread over 2^-12 .. 2^12,
+ * so that the order of addition shows in the bits. */
+static float tree_value(int r, size_t i) {
+    td_rng g;
+    td_rng_init(&g, 7919u * (uint64_t)r + i);
+    return (td_rng_uniform(&g) - 0.5f) * ldexpf(1.0f, (int)(td_rng_u32(&g) % 25) - 12);
+}
+
+/* The pairwise tree over the ranks, as one process adds it, and the left-to-right sum. */
+static float tree_want(int w, size_t i, int pairwise) {
+    float v[8] = {0};
+    for (int r = 0; r < w && r < 8; r++) v[r] = tree_value(r, i);
+    if (!pairwise) {
+        float s = v[0];
+        for (int r = 1; r < w; r++) s += v[r];
+        return s;
+    }
+    for (int stride = 1; stride < w; stride *= 2)
+        for (int r = 0; r + stride < w; r += 2 * stride) v[r] = v[r] + v[r + stride];
+    return v[0];
+}
+
+static void tree_rank(int rank, int size, int port, void *arg) {
+    (void)arg;
+    td_comm *c = NULL;
+    CHECK_OK(test_comm_create(&c, rank, size, port, 30));
+    if (!c) return;
+    size_t counts[] = {1, 1037, 4096}; /* uneven and even among 3 and 4 ranks */
+    for (int k = 0; k < 3; k++) {
+        size_t n = counts[k] * (size_t)size;
+        float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+        for (size_t i = 0; i < n; i++) x[i] = tree_value(rank, i);
+        CHECK_OK(td_comm_allreduce_tree(c, x, y, counts[k], TD_F32));
+        size_t wrong = 0, differs = 0;
+        for (size_t i = 0; i < counts[k]; i++) {
+            wrong += memcmp(&y[i], &(float){tree_want(size, i, 1)}, 4) != 0;
+            differs += tree_want(size, i, 1) != tree_want(size, i, 0);
+        }
+        CHECK_EQ(wrong, 0);
+        CHECK_OK(td_comm_allreduce_tree(c, x, x, counts[k], TD_F32)); /* in place */
+        CHECK(memcmp(x, y, counts[k] * sizeof *x) == 0);
+        for (size_t i = 0; i < n; i++) x[i] = tree_value(rank, i);
+        CHECK_OK(td_comm_reduce_scatter_tree(c, x, y, counts[k], TD_F32));
+        for (size_t i = 0; i < counts[k]; i++)
+            wrong += memcmp(&y[i], &(float){tree_want(size, (size_t)rank * counts[k] + i, 1)}, 4);
+        CHECK_EQ(wrong, 0);
+        /* at 4 ranks the tree is not the left-to-right order of a plain reduction */
+        if (size == 4 && counts[k] > 1) CHECK(differs > 0);
+        free(x);
+        free(y);
+    }
+    CHECK_EQ(td_comm_allreduce_tree(c, &(double){1}, &(double){1}, 1, TD_F64), TD_EDTYPE);
+    td_comm_destroy(c);
+}
+
+/* td_comm_allreduce_tree and td_comm_reduce_scatter_tree add in the pairwise tree over the ranks
+ * one process computes, bit for bit, at 1 to 4 ranks. */
+static void tree_sums_are_one_processs_pairwise_tree(void) {
+    for (int n = 1; n <= 4; n++) CHECK_EQ(test_run_ranks(n, tree_rank, NULL, 60, 0), 0);
     CHECK_EQ(test_shm_leftovers(), 0);
 }
 
@@ -758,6 +821,7 @@ int main(void) {
     RUN(world_3_full_matrix);
     RUN(world_4);
     RUN(large_chunks);
+    RUN(tree_sums_are_one_processs_pairwise_tree);
     RUN(nonblocking);
     RUN(point_to_point);
     RUN(point_to_point_as_in_mpi);

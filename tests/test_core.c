@@ -3,8 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/core_impl.h"
 #include "tandem/param.h"
+
+#include "core/core_impl.h"
 #include "test.h"
 
 /* The bulk conversions (vector instructions where the CPU has them) give the scalar rules' bits
@@ -207,6 +208,77 @@ static void rng_is_reproducible_and_uniform(void) {
     for (int i = 0; i < 7; i++) CHECK_NEAR(counts[i], 10000, 500);
 }
 
+/* td__pairwise_sum adds L buffers in the aligned pairwise tree: node (l, i) = node (l-1, 2i) +
+ * node (l-1, 2i+1), the earlier buffer on the left. */
+static void pairwise_sum_is_the_aligned_tree(void) {
+    enum { L = 8, N = 37 };
+    float data[L][N], *x[L];
+    td_rng g;
+    td_rng_init(&g, 3);
+    for (int l = 0; l < L; l++) {
+        x[l] = data[l];
+        for (int i = 0; i < N; i++) data[l][i] = td_rng_normal(&g) * ldexpf(1, (int)(i % 17) - 8);
+    }
+    float want[N];
+    for (int i = 0; i < N; i++) {
+        float d[L];
+        for (int l = 0; l < L; l++) d[l] = data[l][i];
+        want[i] = ((d[0] + d[1]) + (d[2] + d[3])) + ((d[4] + d[5]) + (d[6] + d[7]));
+    }
+    td__pairwise_sum(x, L, N);
+    CHECK(memcmp(data[0], want, sizeof want) == 0);
+}
+
+/* Two accumulators added word by word, as td_comm's I64 SUM adds them across ranks. */
+static void sumsq_add(td__sumsq *a, const td__sumsq *b) {
+    for (int i = 0; i < TD__SUMSQ_WORDS; i++) a->d[i] += b->d[i];
+    td__sumsq_normalize(a);
+}
+
+/* The exact sum of squares: the same bits for any split of the values (subnormals to 2^100
+ * included), the exact value where a double sum loses it, and NaN and infinity kept. */
+static void sum_of_squares_is_exact_and_split_free(void) {
+    enum { N = 100000 };
+    float *v = malloc(N * sizeof *v);
+    td_rng g;
+    td_rng_init(&g, 11);
+    for (int i = 0; i < N; i++)
+        v[i] = td_rng_normal(&g) * ldexpf(1, (int)(td_rng_u32(&g) % 240) - 140);
+    v[5] = 1e-45f; /* the smallest subnormal */
+    td__sumsq whole, part;
+    td__sumsq_init(&whole);
+    td__sumsq_add_f32(&whole, v, N);
+    size_t cuts[] = {0, 1, 777, 65536, 70000, N};
+    td__sumsq sum;
+    td__sumsq_init(&sum);
+    for (int k = 5; k > 0; k--) { /* the parts in reverse, as another rank order would */
+        td__sumsq_init(&part);
+        td__sumsq_add_f32(&part, v + cuts[k - 1], cuts[k] - cuts[k - 1]);
+        sumsq_add(&sum, &part);
+    }
+    double a = td__sumsq_value(&whole), b = td__sumsq_value(&sum);
+    CHECK(memcmp(&a, &b, sizeof a) == 0);
+    long double ref = 0;
+    for (int i = 0; i < N; i++) ref += (long double)v[i] * v[i];
+    CHECK(fabsl((long double)a - ref) <= 1e-15L * ref);
+    /* 2^54 + 4 ones: a double adding in turn keeps 2^54 */
+    float big[5] = {ldexpf(1, 27), 1, 1, 1, 1};
+    td__sumsq_init(&whole);
+    td__sumsq_add_f32(&whole, big, 5);
+    CHECK(td__sumsq_value(&whole) == ldexp(1, 54) + 4);
+    double naive = 0;
+    for (int i = 0; i < 5; i++) naive += (double)big[i] * big[i];
+    CHECK(naive != ldexp(1, 54) + 4);
+    big[2] = INFINITY;
+    td__sumsq_init(&whole);
+    td__sumsq_add_f32(&whole, big, 5);
+    CHECK(isinf(td__sumsq_value(&whole)));
+    big[3] = NAN;
+    td__sumsq_add_f32(&whole, big, 5);
+    CHECK(isnan(td__sumsq_value(&whole)));
+    free(v);
+}
+
 int main(void) {
     RUN(status_strings_are_distinct);
     RUN(last_error_keeps_the_message);
@@ -216,5 +288,7 @@ int main(void) {
     RUN(philox_matches_the_published_vectors);
     RUN(rng_is_reproducible_and_uniform);
     RUN(sha256_matches_the_published_vectors);
+    RUN(pairwise_sum_is_the_aligned_tree);
+    RUN(sum_of_squares_is_exact_and_split_free);
     TEST_END();
 }

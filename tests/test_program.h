@@ -5,6 +5,7 @@
 #ifndef TANDEM_TEST_PROGRAM_H
 #define TANDEM_TEST_PROGRAM_H
 
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,45 @@ static inline void printed_sha256(char hex[65]) {
         at = p;
     hex[0] = 0;
     if (at) snprintf(hex, 65, "%.64s", at + 14);
+}
+
+/* The live processes whose parent is `pid`, up to max; returns how many. */
+static inline int children_of(pid_t pid, pid_t *kids, int max) {
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < max) {
+        int child = atoi(e->d_name);
+        if (child <= 0) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%d/stat", child);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = 0;
+        const char *close_paren = strrchr(buf, ')');
+        int ppid = 0;
+        char state = 0;
+        if (close_paren && sscanf(close_paren + 2, "%c %d", &state, &ppid) == 2 && ppid == pid &&
+            state != 'Z') /* a rank that already ended cannot be killed any more */
+            kids[n++] = child;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* 40 KB of English into `path` (enough windows of 33 bytes for any rank's batch of the GPT
+ * tests); returns 0, or -1 when it cannot be written. */
+static inline int write_english_text(const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    for (int i = 0; i < 400; i++)
+        fprintf(f,
+                "It is a truth universally acknowledged, that a single man in possession of a "
+                "good fortune, must be in want of a wife. (%d)\n",
+                i);
+    return fclose(f);
 }
 
 /* The number after `name` in the last run's output, or -1. */

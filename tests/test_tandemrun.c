@@ -618,6 +618,42 @@ static void a_restart_may_change_the_world_size(void) {
     release(&r);
 }
 
+/* A job on a mesh restarted with the ranks left runs on a mesh that fits them: tp 2 of 4 ranks
+ * less one is tp 2 x dp 1 on 2 ranks; tp 2 x pp 2 less one is tp 1 x pp 2 on 2 ranks. */
+static void a_restart_with_the_ranks_left_fits_the_mesh(void) {
+    const char *script = "echo \"MESH $WORLD_SIZE $TANDEM_TP $TANDEM_PP\"; "
+                         "if [ $WORLD_SIZE = 4 ]; then if [ $RANK = 3 ]; then exit 1; fi; "
+                         "exec sleep 30; fi";
+    char *tp[] = {"tandemrun", "--max-restarts",
+                  "1",         "--restart-nproc-per-node",
+                  "left",      "--nproc-per-node",
+                  "4",         "--tp",
+                  "2",         "sh",
+                  "-c",        (char *)script,
+                  NULL};
+    run_result r = run(tp);
+    CHECK_EQ(r.status, 0);
+    CHECK(strstr(r.err, "restart 1 of 1 after rank 3 failed: starting 2 ranks as tp 2 x pp 1 x "
+                        "dp 1") != NULL);
+    CHECK_EQ(count_lines_with(r.out, "MESH 2 2 "), 2);
+    if (test_case_failed) fprintf(stderr, "%s\n", r.err);
+    release(&r);
+    char *tp_pp[] = {"tandemrun", "--max-restarts",
+                     "1",         "--restart-nproc-per-node",
+                     "left",      "--nproc-per-node",
+                     "4",         "--tp",
+                     "2",         "--pp",
+                     "2",         "sh",
+                     "-c",        (char *)script,
+                     NULL};
+    r = run(tp_pp);
+    CHECK_EQ(r.status, 0);
+    CHECK(strstr(r.err, "starting 2 ranks as tp 1 x pp 2 x dp 1") != NULL);
+    CHECK_EQ(count_lines_with(r.out, "MESH 2 1 2"), 2);
+    if (test_case_failed) fprintf(stderr, "%s\n", r.err);
+    release(&r);
+}
+
 /* SIGTERM to the launcher ends the job for good, restarts left or not. */
 static void an_interrupted_job_does_not_restart(void) {
     char *argv[] = {"tandemrun", "--max-restarts",
@@ -680,6 +716,7 @@ int main(int argc, char **argv) {
     RUN(restarts_stop_at_the_limit);
     RUN(a_restart_may_change_the_world_size);
     RUN(shrinking_to_no_rank_says_why);
+    RUN(a_restart_with_the_ranks_left_fits_the_mesh);
     RUN(an_interrupted_job_does_not_restart);
     TEST_END();
 }

@@ -399,32 +399,6 @@ static void test_sleep(int ms) {
     nanosleep(&ts, NULL);
 }
 
-/* The live processes whose parent is `pid`, up to max; returns how many. */
-static int children_of(pid_t pid, pid_t *kids, int max) {
-    DIR *d = opendir("/proc");
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)) && n < max) {
-        int child = atoi(e->d_name);
-        if (child <= 0) continue;
-        char path[64], buf[512];
-        snprintf(path, sizeof path, "/proc/%d/stat", child);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        size_t len = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[len] = 0;
-        const char *close_paren = strrchr(buf, ')');
-        int ppid = 0;
-        char state = 0;
-        if (close_paren && sscanf(close_paren + 2, "%c %d", &state, &ppid) == 2 && ppid == pid &&
-            state != 'Z') /* a rank that already ended cannot be killed any more */
-            kids[n++] = child;
-    }
-    if (d) closedir(d);
-    return n;
-}
-
 /* Kill -9 of a random rank at a random moment under --max-restarts 3: the job finishes, the
  * restart resumes from the last checkpoint (at the same world size, or with the ranks left), and
  * the final parameters are the undisturbed run's. Nothing is left in /dev/shm. */

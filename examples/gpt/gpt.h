@@ -36,6 +36,8 @@ typedef struct {
     const char *split; /* NULL: balanced from measured time */
     int tp;            /* --tp: tensor-parallel ranks (0: TANDEM_TP, tandemrun --tp; else 1) */
     int sp;            /* --sequence-parallel */
+    int tp_shards;     /* --tp-shards: deterministic mode's fixed shards of every tensor-parallel
+                          layer (td_graph_params.tp_shards; 4 by default), 0 without */
     td_recompute_mode recompute; /* --recompute none|full|selective */
 } options;
 
@@ -45,6 +47,14 @@ size_t gpt_load_text(const options *o, td_corpus *text, size_t *n_train);
 
 /* The whole GPT for `batch` sequences into an empty graph, compiled, as a td_model. */
 void gpt_build(const options *o, td_graph *g, int64_t batch, td_model *m);
+
+/* The run's shape as checkpoint metadata: what a resumed run must share with it. */
+void gpt_run_meta(const options *o, char *out, size_t cap);
+
+/* Reads the checkpoint's step (and refuses a checkpoint of another run's shape, exiting): the
+ * --resume file, or with --resume auto the --checkpoint file if there is one; 0 when there is
+ * nothing to resume. *path gets the file resumed from. */
+long gpt_resume_step(const options *o, const char **path);
 
 /* The run's first line: the model, the world and the options. */
 void gpt_banner(const options *o, int world, const char *more);
@@ -63,7 +73,8 @@ double gpt_lr_at(const options *o, long step);
 void gpt_sample(const options *o, td_graph *eval, const td_model *m);
 
 /* The device mesh of a launched run: pp (the pipeline's stages, or 1) x dp x tp (--tp, or
- * TANDEM_TP), torchtitan's order; exits naming a layout that does not fit the world. */
+ * TANDEM_TP), torchtitan's order; exits naming a layout that does not fit the world. With
+ * --deterministic every layout trains to the same bits (docs/parallelism.md). */
 td_mesh *gpt_mesh(const options *o, td_comm *comm);
 
 /* The whole model on rank 0 built for one sequence (for the sample and the digest) from what

@@ -43,7 +43,7 @@ static const char usage[] =
     "           [--deterministic [--shards S]] [--checkpoint PATH [--checkpoint-every N]]\n"
     "           [--resume PATH|auto] [--stop-at-step STEP] [--sample N] [--prompt TEXT]\n"
     "           [--pipeline naive|gpipe|1f1b [--stages P] [--micro-batches M]\n"
-    "            [--split LAYERS|balanced]] [--tp N [--sequence-parallel]]\n"
+    "            [--split LAYERS|balanced]] [--tp N [--sequence-parallel]] [--tp-shards S]\n"
     "  --eval-every N       validation every N steps (0: at the end only)\n"
     "  --checkpoint-every N also write the checkpoint every N steps (0: at the end only)\n"
     "  --stop-at-step STEP  stop after step STEP, as an interrupted run would\n";
@@ -63,8 +63,9 @@ static options parse(int argc, char **argv) {
                  .shards = 4,
                  .device = "cpu",
                  .stages = 2,
-                 .micro = 4};
-    int ddp = 0;
+                 .micro = 4,
+                 .tp_shards = -1};
+    int ddp = 0, stages_given = 0;
     const char *resume = NULL, *split = NULL;
     td_args a;
     td_args_init(&a, "gpt", argc, argv);
@@ -93,7 +94,7 @@ static options parse(int argc, char **argv) {
         td_args_long(&a, "--sample", 0, LONG_MAX, &o.sample);
         td_args_long(&a, "--stop-at-step", 1, LONG_MAX, &o.stop_at);
         td_args_string(&a, "--prompt", &o.prompt);
-        td_args_int(&a, "--stages", 1, TD_PIPELINE_MAX_STAGES, &o.stages);
+        stages_given |= td_args_int(&a, "--stages", 1, TD_PIPELINE_MAX_STAGES, &o.stages);
         td_args_int(&a, "--micro-batches", 1, INT_MAX, &o.micro);
         td_args_string(&a, "--split", &split);
         if (td_args_string(&a, "--device", &o.device)) {
@@ -112,24 +113,51 @@ static options parse(int argc, char **argv) {
             o.recompute = (td_recompute_mode)recompute;
         td_args_int(&a, "--tp", 1, 1024, &o.tp);
         td_args_flag(&a, "--sequence-parallel", &o.sp);
+        td_args_int(&a, "--tp-shards", 0, 64, &o.tp_shards);
     }
     if (resume && !strcmp(resume, "auto"))
         o.resume_auto = 1;
     else
         o.resume = resume;
     o.split = split && strcmp(split, "balanced") ? split : NULL;
-    if (o.pipeline && (o.deterministic || o.zero || o.checkpoint || o.resume || o.resume_auto ||
-                       o.stop_at || strcmp(o.device, "cpu")))
-        td_args_error(&a, "--pipeline trains without --deterministic, --zero, --checkpoint, "
-                          "--resume, --stop-at-step and --device");
+    /* tandemrun --pp N: N stages (1F1B unless --pipeline names another schedule) */
+    int pp_env = getenv("TANDEM_PP") ? atoi(getenv("TANDEM_PP")) : 0;
+    if (!stages_given && pp_env >= 1) o.stages = pp_env;
+    if (!o.pipeline && !stages_given && pp_env > 1) o.pipeline = 1, o.schedule = TD_SCHEDULE_1F1B;
+    if (o.pipeline && (o.zero || strcmp(o.device, "cpu")))
+        td_args_error(&a, "--pipeline trains without --zero and --device");
     if (o.resume_auto && !o.checkpoint)
         td_args_error(&a, "--resume auto resumes from the --checkpoint file; give one");
     if (o.deterministic && o.batch % o.shards)
         td_args_error(&a, "--batch %d is not a multiple of --shards %d", o.batch, o.shards);
     if (!o.tp && getenv("TANDEM_TP")) o.tp = atoi(getenv("TANDEM_TP"));
-    if (o.tp > 1 && (o.deterministic || strcmp(o.device, "cpu")))
-        td_args_error(&a, "--tp %d: tensor parallelism trains on the CPU, without --deterministic",
+    if (o.tp_shards < 0) { /* 4, or the most of 2 and 1 the heads and the vocabulary divide into */
+        o.tp_shards = o.deterministic && !o.amp ? 4 : 0;
+        while (o.tp_shards > 1 && (o.model.heads % o.tp_shards || o.model.vocab % o.tp_shards))
+            o.tp_shards /= 2;
+    }
+    if (o.tp_shards && !o.deterministic)
+        td_args_error(&a,
+                      "--tp-shards %d: the fixed shards of every layer are deterministic "
+                      "mode's; give --deterministic",
+                      o.tp_shards);
+    if (o.deterministic && o.tp > 1 && o.amp)
+        td_args_error(&a,
+                      "--deterministic --tp %d: deterministic tensor parallelism computes in "
+                      "f32; leave out --amp",
                       o.tp);
+    if (o.deterministic && o.tp > 1 && !o.tp_shards)
+        td_args_error(&a,
+                      "--deterministic --tp %d: each layer's fixed shards (--tp-shards) make "
+                      "the sums the same at every tp; give them",
+                      o.tp);
+    if (o.tp > 1 && strcmp(o.device, "cpu"))
+        td_args_error(&a, "--tp %d: tensor parallelism trains on the CPU", o.tp);
+    if (o.tp_shards && o.amp)
+        td_args_error(&a,
+                      "--tp-shards %d: deterministic tensor parallelism computes in f32; "
+                      "leave out --amp or give --tp-shards 0",
+                      o.tp_shards);
     if (o.sp && o.tp < 2)
         td_args_error(&a, "--sequence-parallel splits the tokens among --tp ranks; give --tp");
     int rc = td_args_finish(&a, usage);
@@ -179,12 +207,13 @@ static td_param *checkpoint_tensors(trainer *t, size_t *n) {
     return all;
 }
 
-/* The run's shape as checkpoint metadata: what a resumed run must share with it. */
-static void shape_meta(const trainer *t, char *out, size_t cap) {
-    const td_gpt_params *m = &t->opt.model;
-    snprintf(out, cap, "layers %d heads %d width %lld context %lld batch %d shards %d", m->layers,
-             m->heads, (long long)m->width, (long long)m->context, t->opt.batch,
-             t->opt.deterministic ? t->opt.shards : 0);
+void gpt_run_meta(const options *o, char *out, size_t cap) {
+    const td_gpt_params *m = &o->model;
+    int at = snprintf(out, cap, "layers %d heads %d width %lld context %lld batch %d shards %d",
+                      m->layers, m->heads, (long long)m->width, (long long)m->context, o->batch,
+                      o->deterministic ? o->shards : 0);
+    if (o->tp_shards && at > 0 && (size_t)at < cap)
+        snprintf(out + at, cap - (size_t)at, " tp shards %d", o->tp_shards);
 }
 
 /* Rank 0 writes the whole run, or with --zero every rank its part; called on every rank. */
@@ -192,7 +221,7 @@ static void save(trainer *t, long step) {
     if (!t->opt.checkpoint || (!t->zero && !t->mesh && t->rank != 0)) return;
     char steps[32], shape[160];
     snprintf(steps, sizeof steps, "%ld", step);
-    shape_meta(t, shape, sizeof shape);
+    gpt_run_meta(&t->opt, shape, sizeof shape);
     td_checkpoint_meta meta[] = {{"model", "gpt"}, {"run", shape}, {"step", steps}};
     if (t->mesh && t->zero) { /* the whole model's checkpoint, gathered on rank 0 */
         CHECK(td_mesh_save_zero(t->mesh, t->zero, t->optim, t->opt.checkpoint, meta, 3));
@@ -211,22 +240,29 @@ static void save(trainer *t, long step) {
     fflush(stdout);
 }
 
-static void resume(trainer *t) {
-    const char *path = t->opt.resume ? t->opt.resume : t->opt.checkpoint;
-    if (!t->opt.resume && access(path, F_OK) != 0) return; /* --resume auto, nothing yet */
+long gpt_resume_step(const options *o, const char **path) {
+    *path = o->resume ? o->resume : o->checkpoint;
+    if (!o->resume && access(*path, F_OK) != 0) return -1; /* --resume auto, nothing yet */
     td_checkpoint *ck;
-    CHECK(td_checkpoint_open(&ck, path));
+    CHECK(td_checkpoint_open(&ck, *path));
     char shape[160];
-    shape_meta(t, shape, sizeof shape);
+    gpt_run_meta(o, shape, sizeof shape);
     const char *run = td_checkpoint_get_meta(ck, "run");
     if (!run || strcmp(run, shape)) {
-        fprintf(stderr, "gpt: %s was written by a run of %s; this run has %s\n", path,
+        fprintf(stderr, "gpt: %s was written by a run of %s; this run has %s\n", *path,
                 run ? run : "(unknown shape)", shape);
         exit(1);
     }
     int64_t step;
-    CHECK(td_checkpoint_get_meta_i64(ck, "step", 0, t->opt.steps, &step));
+    CHECK(td_checkpoint_get_meta_i64(ck, "step", 0, o->steps, &step));
     td_checkpoint_close(ck);
+    return (long)step;
+}
+
+static void resume(trainer *t) {
+    const char *path;
+    long step = gpt_resume_step(&t->opt, &path);
+    if (step < 0) return;
     if (t->mesh && t->zero) { /* every rank its slices of the whole tensors, sharded */
         CHECK(td_mesh_load_zero(t->mesh, t->zero, t->optim, path));
     } else if (t->mesh) { /* every rank its slices of the whole tensors */
@@ -236,24 +272,28 @@ static void resume(trainer *t) {
     } else {
         size_t n;
         td_param *all = checkpoint_tensors(t, &n);
+        td_checkpoint *ck;
         CHECK(td_checkpoint_open(&ck, path));
         CHECK(td_checkpoint_read(ck, all, n));
         td_checkpoint_close(ck);
         free(all);
     }
-    t->first_step = (long)step;
-    if (t->rank == 0)
-        printf("resuming from %s at step %lld, world size %d\n", path, (long long)step, t->world);
+    t->first_step = step;
+    if (t->rank == 0) printf("resuming from %s at step %ld, world size %d\n", path, step, t->world);
 }
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
 void gpt_banner(const options *o, int world, const char *more) {
+    char det[48] = "";
+    if (o->deterministic)
+        snprintf(det, sizeof det, ", deterministic (%d shards, tp shards %d)", o->shards,
+                 o->tp_shards);
     printf("gpt: %d layers, %d heads, width %lld, context %lld: %lld parameters; world %d, global "
            "batch %d%s%s%s%s\n",
            o->model.layers, o->model.heads, (long long)o->model.width, (long long)o->model.context,
            (long long)td_gpt_parameter_count(&o->model), world, o->batch,
-           o->amp ? ", amp bf16" : "", o->deterministic ? ", deterministic" : "",
+           o->amp ? ", amp bf16" : "", det,
            o->recompute == TD_RECOMPUTE_FULL        ? ", recompute full"
            : o->recompute == TD_RECOMPUTE_SELECTIVE ? ", recompute selective"
                                                     : "",
@@ -284,7 +324,7 @@ static void setup(trainer *t) {
     t->dp = t->comm;
     t->dp_rank = t->rank;
     t->dp_size = t->world;
-    if (o->tp > 1) {
+    if (o->tp > 1 || o->tp_shards) { /* tp shards: the tensor-parallel model at tp 1 too */
         t->mesh = gpt_mesh(o, t->comm);
         t->dp = td_mesh_group(t->mesh, "dp");
         t->dp_rank = td_mesh_coord(t->mesh, "dp");
@@ -320,6 +360,7 @@ static void setup(trainer *t) {
     gp.comm = t->mesh ? td_mesh_group(t->mesh, "tp") : NULL;
     if (o->amp) gp.amp.level = TD_AMP_O1;
     gp.threads = o->deterministic ? 1 : 0; /* no sum of the kernels depends on OMP_NUM_THREADS */
+    gp.tp_shards = o->tp_shards;           /* nor on the layout */
     gp.recompute = o->recompute;
     CHECK(td_graph_create(&t->train, &gp));
     const char *amp_note = td_graph_amp_fallback(t->train); /* no fast low-precision kernels */

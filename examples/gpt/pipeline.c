@@ -11,8 +11,10 @@
  * clipped over the whole model across the stages. With --tp N every stage is split over N ranks
  * too (the ranks a device mesh of stages x replicas x N, gpt_mesh). Validation runs through the
  * pipeline, each replica its share of the windows. At the end the whole model is gathered on
- * rank 0 for the sample and the digest (gpt_whole_model); checkpoints are not written in this
- * mode. */
+ * rank 0 for the sample and the digest (gpt_whole_model). Checkpoints are one process's file
+ * (td_mesh_save), as the data-parallel mode writes them, and resume in either mode at any
+ * layout. --deterministic makes each micro-batch one of the replica's --shards and every layer
+ * --tp-shards fixed shards, so the run ends on the bits of every other layout's. */
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
@@ -41,6 +43,7 @@ static td_comm *make_comm(const options *o) {
 
 typedef struct {
     const options *o;
+    long first_step; /* the step a resumed run starts at */
     td_comm *comm;
     td_mesh *mesh;                     /* pp (stages) x dp (replicas) x tp */
     int rank, world, D, replica, last; /* last: this rank is its replica's last stage */
@@ -58,6 +61,27 @@ typedef struct {
     int64_t *y;          /* (batch, T) */
 } trainer;
 
+/* The whole model's checkpoint, gathered by name on rank 0 (td_mesh_save): one process's file. */
+static void save(trainer *t, long step) {
+    char steps[32], shape[160];
+    snprintf(steps, sizeof steps, "%ld", step);
+    gpt_run_meta(t->o, shape, sizeof shape);
+    td_checkpoint_meta meta[] = {{"model", "gpt"}, {"run", shape}, {"step", steps}};
+    CHECK(td_mesh_save(t->mesh, t->params, t->n_params, t->optim, t->o->checkpoint, meta, 3));
+    if (t->rank == 0) printf("checkpoint at step %ld: %s\n", step, t->o->checkpoint);
+    fflush(stdout);
+}
+
+/* Every rank reads its stage's slices of the whole tensors (td_mesh_load). */
+static void resume(trainer *t) {
+    const char *path;
+    long step = gpt_resume_step(t->o, &path);
+    if (step < 0) return;
+    CHECK(td_mesh_load(t->mesh, t->params, t->n_params, t->optim, path));
+    t->first_step = step;
+    if (t->rank == 0) printf("resuming from %s at step %ld, world size %d\n", path, step, t->world);
+}
+
 static void setup(trainer *t, options *o) {
     t->o = o;
     t->comm = make_comm(o);
@@ -66,8 +90,16 @@ static void setup(trainer *t, options *o) {
     t->mesh = gpt_mesh(o, t->comm);
     t->D = td_mesh_size(t->mesh, "dp");
     t->replica = td_mesh_coord(t->mesh, "dp");
-    o->model.tensor_parallel = td_mesh_size(t->mesh, "tp") > 1;
+    o->model.tensor_parallel = td_mesh_size(t->mesh, "tp") > 1 || o->tp_shards;
     o->model.sequence_parallel = o->sp;
+    if (o->deterministic) { /* each micro-batch one of the replica's shards */
+        if (o->shards % t->D) {
+            fprintf(stderr, "gpt: --shards %d do not split among %d replicas\n", o->shards, t->D);
+            exit(2);
+        }
+        o->micro = o->shards / t->D;
+        if (o->micro > 1 && o->schedule == TD_SCHEDULE_NAIVE) o->schedule = TD_SCHEDULE_1F1B;
+    }
     int micro = o->schedule == TD_SCHEDULE_NAIVE ? 1 : o->micro;
     if (o->batch % t->D || (o->batch / t->D) % micro) {
         fprintf(stderr,
@@ -102,6 +134,10 @@ static void setup(trainer *t, options *o) {
     pp.mesh = t->mesh;
     if (o->amp) pp.graph.amp.level = TD_AMP_O1;
     pp.graph.recompute = o->recompute;
+    pp.graph.threads = o->deterministic ? 1 : 0;
+    pp.graph.tp_shards = o->tp_shards;
+    pp.ddp.deterministic = o->deterministic;
+    pp.ddp.shards = (size_t)o->shards;
     CHECK(td_pipeline_create(&t->pipe, t->comm, model, &pp));
     t->info = td_pipeline_get_info(t->pipe);
     t->last = t->info.stage + 1 == t->info.stages;
@@ -109,6 +145,7 @@ static void setup(trainer *t, options *o) {
     CHECK(td_pipeline_parameters(t->pipe, &t->params, &t->n_params));
     td_adamw_params ap = gpt_adamw(o);
     CHECK(td_optim_create_adamw(&t->optim, t->params, t->n_params, &ap));
+    if (o->resume || o->resume_auto) resume(t);
     if (t->rank == 0) {
         char more[256];
         int at = snprintf(more, sizeof more,
@@ -176,10 +213,17 @@ int gpt_pipeline_main(const options *given) {
                gpt_unigram_baseline(&t.text, t.n_train));
         fflush(stdout);
     }
+    if (t.first_step >= o->steps) {
+        if (t.rank == 0)
+            printf(
+                "nothing left to train: the checkpoint is at step %ld, the last of --steps %ld\n",
+                t.first_step, o->steps);
+        o->sample = 0;
+    }
     size_t per_epoch = td_sampler_batches(t.sampler);
     uint64_t t0 = td_time_ns();
     double tokens = 0, loss = NAN, val = NAN;
-    for (long step = 0; step < o->steps; step++) {
+    for (long step = t.first_step; step < o->steps; step++) {
         td_sampler_set_epoch(t.sampler, (uint64_t)step / per_epoch);
         fill_batch(&t, (size_t)step % per_epoch);
         td_optim_set_lr(t.optim, gpt_lr_at(o, step));
@@ -189,7 +233,7 @@ int gpt_pipeline_main(const options *given) {
         CHECK(td_pipeline_clip_grad_norm(t.pipe, 1.0, NULL));
         CHECK(td_optim_step(t.optim));
         tokens += (double)o->batch * (double)o->model.context;
-        int last = step + 1 == o->steps;
+        int last = step + 1 == o->steps || step + 1 == o->stop_at;
         if ((step + 1) % 50 == 0 || last) {
             loss = world_sum(&t, t.speaks ? (double)mine : 0) / t.D;
             double s = (double)(td_time_ns() - t0) / 1e9;
@@ -203,6 +247,10 @@ int gpt_pipeline_main(const options *given) {
             val = validate(&t);
             if (t.rank == 0) printf("step %ld: val loss %.4f\n", step + 1, val);
         }
+        if (o->checkpoint &&
+            ((o->checkpoint_every > 0 && (step + 1) % o->checkpoint_every == 0) || last))
+            save(&t, step + 1);
+        if (step + 1 == o->stop_at) break; /* as a job stopped here would */
     }
     if (t.rank == 0)
         printf("stage 0 activation memory: %.2f MiB per micro-batch\n",

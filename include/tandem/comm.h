@@ -227,6 +227,18 @@ td_status td_comm_scatter(td_comm *comm, const void *send, void *recv, size_t co
 td_status td_comm_reduce_scatter(td_comm *comm, const void *send, void *recv, size_t count,
                                  td_dtype dtype, td_reduce_op op);
 
+/* td_comm_allreduce's SUM of f32, its additions in one fixed order at any group size and on any
+ * backend: the aligned pairwise tree over the ranks in rank order, ((r0 + r1) + (r2 + r3)) + ...,
+ * the bits one process gets adding the ranks' buffers pairwise (deterministic mode's levels
+ * above the ranks). In place when send == recv. Other dtypes are TD_EDTYPE. */
+td_status td_comm_allreduce_tree(td_comm *comm, const void *send, void *recv, size_t count,
+                                 td_dtype dtype);
+
+/* td_comm_reduce_scatter's SUM of f32 in td_comm_allreduce_tree's order: rank i's recv (count)
+ * = the pairwise tree over the ranks of send[i * count ..]. */
+td_status td_comm_reduce_scatter_tree(td_comm *comm, const void *send, void *recv, size_t count,
+                                      td_dtype dtype);
+
 /* Rank i's recv[j * count ..] = rank j's send[i * count ..]; send == recv in place. */
 td_status td_comm_alltoall(td_comm *comm, const void *send, void *recv, size_t count,
                            td_dtype dtype);

@@ -149,13 +149,24 @@ typedef struct {
                                        (no collective runs twice); a word no node of the graph
                                        has fails td_graph_compile. Copied at create, as
                                        recompute_segments */
+    int tp_shards;                  /* 0: tensor-parallel ops sum over the group in its backend's
+                                       order; S: deterministic tensor parallelism
+                                       (docs/parallelism.md): the split dimension of every
+                                       tensor-parallel layer is S fixed shards, S / (the group's
+                                       size) on each rank (a power of two, at most 64), each
+                                       computed alone in one shape at any group size, and every
+                                       sum over shards (a row-parallel layer's output, a
+                                       column-parallel layer's input gradient, the vocabulary's
+                                       exponentials, the layer norms' gradients over the tokens)
+                                       added in the pairwise tree over the S shards: the same
+                                       bits at tp 1, 2, 4, ... S. f32 only (no mixed precision) */
     /* zeros: room for later options (core.h) */
-    unsigned char reserved[64];
+    unsigned char reserved[64 - sizeof(int)];
 } td_graph_params;
 
 /* grad_enabled = 1, seed = 0, default arena blocks, conv_winograd = 1, amp O0 bf16, no
  * process group, plain batch norm, the CPU, CUDA graphs on, TF32 off, the caller's thread
- * count, plain linear weights, no trace, no recompute. */
+ * count, plain linear weights, no trace, no recompute, no tp shards. */
 td_graph_params td_graph_default_params(void);
 
 /* Creates an empty graph in training mode; params may be NULL for the defaults. */
@@ -265,6 +276,25 @@ td_status td_graph_copy_to_tp_region(td_graph *g, td_tensor *x, td_tensor **y);
  * backward passes the gradient on unchanged (every rank's loss is the same). */
 td_status td_graph_reduce_from_tp_region(td_graph *g, td_tensor *x, td_tensor **y);
 
+/* Megatron's ColumnParallelLinear (without its gather): y = x w^T + b, x (N, K) the whole input,
+ * w (parts O, K) this rank's rows of each of `parts` equal blocks of the whole weight's rows
+ * (c_attn's q, k and v: 3), b (parts O) or NULL. Without tp_shards it is td_graph_linear and y
+ * is (N, parts O). With tp_shards (td_graph_params) the rank's L shards are computed one by one,
+ * y (N, parts O) as a linear lays it out, or with by_shard shard by shard, (L N, parts O / L):
+ * shard l's outputs of every row, then shard l + 1's (what a row-parallel linear, an attention
+ * over each shard's heads and element-wise ops take as they are); backward's input gradient is
+ * the pairwise tree over the shards, to be summed over the ranks by copy_to_tp_region. */
+td_status td_graph_column_parallel_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
+                                          int parts, int by_shard, td_tensor **y);
+
+/* Megatron's RowParallelLinear before its sum: this rank's partial y (N, O) = x w^T (+ b, which
+ * only one rank holds), w (O, K) the rank's columns of the whole weight. Without tp_shards it is
+ * td_graph_linear on x (N, K); with tp_shards x is shard by shard, (L N, K / L) (a by_shard
+ * column-parallel linear's), and y is the pairwise tree over the shards' products, the bias in
+ * the first's, to be summed over the ranks by reduce_from_tp_region or reduce_scatter. */
+td_status td_graph_row_parallel_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
+                                       td_tensor **y);
+
 /* Megatron's VocabParallelEmbedding lookup: weight (R, C) holds rows [rank R, (rank + 1) R) of
  * the whole (size R, C) table; a token id there is looked up, any other id of the vocabulary
  * gives zeros (and no gradient). The sum over ranks (td_graph_reduce_from_tp_region, or
@@ -331,6 +361,13 @@ td_status td_graph_position_embedding(td_graph *g, td_tensor *x, td_tensor *weig
  * every mixed-precision level, as autocast does. */
 td_status td_graph_layer_norm(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
                               float eps, td_tensor **y);
+
+/* td_graph_layer_norm over `shards` equal blocks of x's rows, each normalised by its own kernel
+ * call, the weight's and bias's gradients summed over the blocks in the pairwise tree (the same
+ * bits whichever rank holds how many blocks: deterministic tensor parallelism's fixed shards of
+ * the tokens; 1 is td_graph_layer_norm). */
+td_status td_graph_layer_norm_shards(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
+                                     float eps, int shards, td_tensor **y);
 
 /* Causal multi-head self-attention over the fused projection qkv (rows, 3C): T = seq_len rows
  * per sequence, one sequence after another (or qkv (B, T, 3C) and seq_len T or 0), each row
@@ -416,6 +453,11 @@ td_status td_graph_zero_input_grads(td_graph *g);
  * micro-batch graphs): the first backward of a step writes, the others add. */
 td_status td_graph_accumulate_param_grads(td_graph *g);
 
+/* td_graph_accumulate_param_grads for parameter i alone (after td_graph_zero_grad): the next
+ * backward adds its gradient to what it holds and writes the others (a deterministic pipeline
+ * stage whose tied weight's gradient a later stage began, as one process's backward would). */
+td_status td_graph_accumulate_param_grad(td_graph *g, size_t i);
+
 /* Training (1, the default) or eval (0) mode: dropout and batch norm behave accordingly. */
 void td_graph_set_training(td_graph *g, int training);
 
@@ -430,6 +472,9 @@ int td_graph_rank(const td_graph *g);
 
 /* Ranks in the graph's group, 1 without one. */
 int td_graph_world_size(const td_graph *g);
+
+/* The graph's td_graph_params.tp_shards (0: none). */
+int td_graph_tp_shards(const td_graph *g);
 
 /* The dropout RNG: save its two fields and restore them to replay masks bit for bit. */
 td_rng *td_graph_rng(td_graph *g);

@@ -153,4 +153,34 @@ void td__convert(void *dst, td_dtype dt, const void *src, td_dtype st, size_t n)
 /* dst += src over n elements of float dtype dt, each sum in f32 then rounded. */
 void td__accumulate(void *dst, const void *src, td_dtype dt, size_t n);
 
+/* ---- sums whose bits do not depend on the partition (fixed_sum.c) ------------------------ */
+
+/* x[0] = the aligned pairwise tree over the L buffers of n floats x[0 .. L) (stride 1, 2, 4,
+ * ..., the earlier buffer on the left), in place: the others are overwritten. */
+void td__pairwise_sum(float *const *x, size_t L, size_t n);
+
+/* The 32-bit digits of an exact sum of squares of f32 values, from 2^-298 up (in 64-bit words,
+ * so that td_comm's I64 SUM of up to 2^31 ranks' normalised accumulators cannot overflow). */
+#define TD__SUMSQ_DIGITS 20
+
+/* An exact sum of squares: d[0 .. DIGITS) the digits, d[DIGITS] the infinities and
+ * d[DIGITS + 1] the NaNs among the values. Add accumulators as TD__SUMSQ_WORDS int64s. */
+typedef struct {
+    uint64_t d[TD__SUMSQ_DIGITS + 2];
+} td__sumsq;
+
+#define TD__SUMSQ_WORDS (TD__SUMSQ_DIGITS + 2)
+
+/* An empty sum. */
+void td__sumsq_init(td__sumsq *s);
+
+/* Adds x[i]^2 for i < n, exactly; leaves s normalised. */
+void td__sumsq_add_f32(td__sumsq *s, const float *x, size_t n);
+
+/* Carries the digits back below 2^32 (after adding accumulators word by word). */
+void td__sumsq_normalize(td__sumsq *s);
+
+/* The sum as a double (the same bits for the same digits), NaN or infinity when a value was. */
+double td__sumsq_value(const td__sumsq *s);
+
 #endif

@@ -87,8 +87,10 @@ td_status td_graph_sync_batch_norm2d(td_graph *g, td_tensor *x, td_tensor *weigh
     return td__graph_add(g, &td__op_sync_batch_norm, "sync_batch_norm2d", ins, 5, &a, 0, y);
 }
 
+static int rank_shards(const td_graph *g);
+
 td_status td_graph_all_gather(td_graph *g, td_tensor *x, td_tensor **y) {
-    td__op_attr a = {.coll = {.world_size = g ? world_size(g) : 1}};
+    td__op_attr a = {.coll = {.world_size = g ? world_size(g) : 1, .tree = rank_shards(g) > 0}};
     return unary(g, &td__op_all_gather, "all_gather", x, &a, 0, y);
 }
 
@@ -99,8 +101,14 @@ td_status td_graph_all_reduce(td_graph *g, td_tensor *x, td_reduce_op op, td_ten
 
 /* ---- tensor parallelism ------------------------------------------------------------------ */
 
+/* Deterministic tensor parallelism's shards on each rank (td_graph_params.tp_shards), or 0. */
+static int rank_shards(const td_graph *g) {
+    return g && g->opt.tp_shards ? g->opt.tp_shards / world_size(g) : 0;
+}
+
 static td_status region(td_graph *g, td_tensor *x, int variant, const char *what, td_tensor **y) {
-    td__op_attr a = {.coll = {.world_size = g ? world_size(g) : 1, .op = TD_OP_SUM}};
+    td__op_attr a = {
+        .coll = {.world_size = g ? world_size(g) : 1, .op = TD_OP_SUM, .tree = rank_shards(g) > 0}};
     return unary(g, &td__op_tp_region, what, x, &a, variant, y);
 }
 
@@ -139,8 +147,27 @@ td_status td_graph_vocab_parallel_cross_entropy(td_graph *g, td_tensor *logits, 
     td_tensor *ins[2] = {logits, labels};
     int64_t cols = logits->shape.ndim == 2 ? logits->shape.dim[1] : 0;
     td__op_attr a = vocab_slice(g, cols, reduction);
+    a.vocab.shards = rank_shards(g);
     return td__graph_add(g, &td__op_vocab_parallel_cross_entropy, "vocab_parallel_cross_entropy",
                          ins, 2, &a, 0, loss);
+}
+
+td_status td_graph_column_parallel_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
+                                          int parts, int by_shard, td_tensor **y) {
+    if (!rank_shards(g)) return td_graph_linear(g, x, w, b, y);
+    td_tensor *ins[3] = {x, w, b};
+    td__op_attr a = {.plin = {.shards = rank_shards(g), .parts = parts, .by_shard = by_shard}};
+    return td__graph_add(g, &td__op_parallel_linear, "column_parallel_linear", ins, 3, &a,
+                         TD__PLIN_COLUMN, y);
+}
+
+td_status td_graph_row_parallel_linear(td_graph *g, td_tensor *x, td_tensor *w, td_tensor *b,
+                                       td_tensor **y) {
+    if (!rank_shards(g)) return td_graph_linear(g, x, w, b, y);
+    td_tensor *ins[3] = {x, w, b};
+    td__op_attr a = {.plin = {.shards = rank_shards(g), .parts = 1}};
+    return td__graph_add(g, &td__op_parallel_linear, "row_parallel_linear", ins, 3, &a,
+                         TD__PLIN_ROW, y);
 }
 
 td_status td_graph_normalize(td_graph *g, td_tensor *x, float eps, td_tensor **y) {
@@ -222,7 +249,14 @@ td_status td_graph_position_embedding(td_graph *g, td_tensor *x, td_tensor *weig
 td_status td_graph_layer_norm(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
                               float eps, td_tensor **y) {
     td_tensor *ins[3] = {x, weight, bias};
-    td__op_attr a = {.eps = eps};
+    td__op_attr a = {.ln = {.eps = eps}};
+    return td__graph_add(g, &td__op_layer_norm, "layer_norm", ins, 3, &a, 0, y);
+}
+
+td_status td_graph_layer_norm_shards(td_graph *g, td_tensor *x, td_tensor *weight, td_tensor *bias,
+                                     float eps, int shards, td_tensor **y) {
+    td_tensor *ins[3] = {x, weight, bias};
+    td__op_attr a = {.ln = {.eps = eps, .shards = shards}};
     return td__graph_add(g, &td__op_layer_norm, "layer_norm", ins, 3, &a, 0, y);
 }
 

@@ -27,7 +27,8 @@ td_graph_params td_graph_default_params(void) {
                          .trace = NULL,
                          .recompute = TD_RECOMPUTE_NONE,
                          .recompute_segments = NULL,
-                         .recompute_keep = NULL};
+                         .recompute_keep = NULL,
+                         .tp_shards = 0};
     return p;
 }
 
@@ -90,6 +91,22 @@ td_status td_graph_create(td_graph **out, const td_graph_params *params) {
                         "td_graph_create: amp level %d and dtype %s (levels O0 to O3, "
                         "dtypes bf16 or f16)",
                         (int)a.level, td_dtype_name(a.dtype));
+    }
+    int world = g->opt.comm ? td_comm_size(g->opt.comm) : 1, S = g->opt.tp_shards;
+    if (S < 0 || (S > 0 && (S % world || (S / world & (S / world - 1)) || S / world > 64))) {
+        free(g);
+        return td__fail(TD_EINVAL,
+                        "td_graph_create: tp_shards %d over a group of %d: each rank must hold "
+                        "the same power of two of the shards (1, 2, 4, ... up to 64)",
+                        S, world);
+    }
+    if (S > 0 && g->opt.amp.level != TD_AMP_O0) {
+        int level = (int)g->opt.amp.level;
+        free(g);
+        return td__fail(TD_EUNSUPPORTED,
+                        "td_graph_create: tp_shards %d with mixed precision O%d: deterministic "
+                        "tensor parallelism computes and sums its shards in f32",
+                        S, level);
     }
     td_rng_init(&g->rng, g->opt.seed);
     g->ctx.training = 1;
@@ -689,6 +706,8 @@ int td_graph_rank(const td_graph *g) { return g && g->opt.comm ? td_comm_rank(g-
 int td_graph_world_size(const td_graph *g) {
     return g && g->opt.comm ? td_comm_size(g->opt.comm) : 1;
 }
+
+int td_graph_tp_shards(const td_graph *g) { return g ? g->opt.tp_shards : 0; }
 
 td_rng *td_graph_rng(td_graph *g) { return g ? &g->rng : NULL; }
 

@@ -29,14 +29,22 @@ td_gpt_params td_gpt_default_params(void) {
     return p;
 }
 
-/* How a graph splits the model: over n ranks of its group (1: whole), this rank, and whether the
- * activations between the regions are split along the tokens too (sequence parallelism). */
+/* How a graph splits the model: over n ranks of its group (1: whole), this rank, whether the
+ * activations between the regions are split along the tokens too (sequence parallelism), and
+ * under deterministic tensor parallelism the graph's S fixed shards of every split dimension (L
+ * of them on this rank; 0: none). */
 typedef struct {
-    int n, rank, sp;
+    int n, rank, sp, S, L;
 } tp_split;
 
-/* What must divide among the ranks: heads, the vocabulary and (sequence parallel) the context. */
+/* What must divide among the ranks (or the shards): heads, the vocabulary and (sequence
+ * parallel) the context. */
 static td_status check_split(const tp_split *tp, const td_gpt_params *p) {
+    if (tp->S && (!p->tensor_parallel || p->heads % tp->S || p->vocab % tp->S))
+        return td__fail(TD_EINVAL,
+                        "gpt: the graph's %d tp shards need a tensor-parallel GPT (tensor_parallel "
+                        "%d) whose %d heads and vocabulary of %lld divide into them",
+                        tp->S, p->tensor_parallel, p->heads, (long long)p->vocab);
     if (p->heads % tp->n || p->vocab % tp->n)
         return td__fail(TD_EINVAL,
                         "gpt: %d heads and a vocabulary of %lld do not both split among %d "
@@ -51,12 +59,14 @@ static td_status check_split(const tp_split *tp, const td_gpt_params *p) {
 }
 
 static tp_split split_of(const td_graph *g, const td_gpt_params *p) {
-    tp_split t = {1, 0, 0};
+    tp_split t = {1, 0, 0, 0, 0};
     if (p->tensor_parallel && td_graph_world_size(g) > 1) {
         t.n = td_graph_world_size(g);
         t.rank = td_graph_rank(g);
         t.sp = p->sequence_parallel != 0;
     }
+    t.S = td_graph_tp_shards(g);
+    t.L = t.S / t.n;
     return t;
 }
 
@@ -156,7 +166,8 @@ static td_status region_out(td_graph *g, const tp_split *tp, td_tensor *x, td_te
 }
 
 /* nn.Linear(x's width, out) with GPT-2's initialisation (weight N(0, std), bias 0), or its
- * column-parallel slice: this rank's `out / n` outputs (of each of `parts` blocks). */
+ * column-parallel slice: this rank's `out / n` outputs (of each of `parts` blocks), under tp
+ * shards shard by shard (what the attention, the GELU and a row-parallel linear take). */
 static td_status column_linear(td_graph *g, const tp_split *tp, const char *prefix,
                                const char *what, td_tensor *x, int64_t out, int parts, float std,
                                td_rng *rng, td_tensor **y) {
@@ -167,7 +178,7 @@ static td_status column_linear(td_graph *g, const tp_split *tp, const char *pref
                         std, rng, &w));
     snprintf(name, sizeof name, "%s.bias", what);
     TD__TRY(param_slice(g, tp, prefix, name, td_shape_1d(out), 0, parts, 0.f, rng, &b));
-    return td_graph_linear(g, x, w, b, y);
+    return td_graph_column_parallel_linear(g, x, w, b, parts, 1, y);
 }
 
 /* nn.Linear(in, out) whose input x holds this rank's in / n features (row-parallel): its slice of
@@ -178,16 +189,18 @@ static td_status row_linear(td_graph *g, const tp_split *tp, const char *prefix,
     char name[64];
     snprintf(name, sizeof name, "%s.weight", what);
     td_tensor *w, *b, *t;
-    int64_t in = td_tensor_shape(x).dim[1] * tp->n;
+    int64_t in = td_tensor_shape(x).dim[1] * (tp->S ? tp->S : tp->n); /* x: a shard's inputs */
     TD__TRY(param_slice(g, tp, prefix, name, td_shape_2d(out, in), 1, 1, std, rng, &w));
     snprintf(name, sizeof name, "%s.bias", what);
     TD__TRY(param_on_first(g, tp, prefix, name, td_shape_1d(out), 0.f, rng, &b));
-    TD__TRY(td_graph_linear(g, x, w, b, &t));
+    TD__TRY(td_graph_row_parallel_linear(g, x, w, b, &t));
     return region_out(g, tp, t, y);
 }
 
 /* nn.LayerNorm(x's width). Under sequence parallelism each rank normalises its own rows, so the
- * weight and bias enter through copy_to_tp_region, whose backward sums the ranks' gradients. */
+ * weight and bias enter through copy_to_tp_region, whose backward sums the ranks' gradients.
+ * Under tp shards the tokens are S shards too (L on a rank under sequence parallelism), whose
+ * gradients of the weight and bias go up the pairwise tree. */
 static td_status layer_norm(td_graph *g, const tp_split *tp, const char *prefix, const char *what,
                             td_tensor *x, td_rng *rng, td_tensor **y) {
     char name[64];
@@ -201,7 +214,12 @@ static td_status layer_norm(td_graph *g, const tp_split *tp, const char *prefix,
         TD__TRY(td_graph_copy_to_tp_region(g, w, &w));
         TD__TRY(td_graph_copy_to_tp_region(g, b, &b));
     }
-    return td_graph_layer_norm(g, x, w, b, 1e-5f, y);
+    if (!tp->S) return td_graph_layer_norm(g, x, w, b, 1e-5f, y);
+    int shards = tp->sp ? tp->L : tp->S;
+    if (td_tensor_shape(x).dim[0] % shards)
+        return td__fail(TD_EINVAL, "gpt: %lld tokens do not split into %d tp shards",
+                        (long long)td_tensor_shape(x).dim[0] * (tp->sp ? tp->n : 1), tp->S);
+    return td_graph_layer_norm_shards(g, x, w, b, 1e-5f, shards, y);
 }
 
 /* Token ids (B, T) -> wte[ids] + wpe[t], (B, T, C); split, each rank looks up its rows of the
@@ -264,7 +282,8 @@ static td_status block(td_graph *g, const char *name, td_tensor *x, td_rng *rng,
     TD__TRY(layer_norm(g, &tp, prefix, "ln_1", x, rng, &t));
     TD__TRY(region_in(g, &tp, t, &t));
     TD__TRY(column_linear(g, &tp, prefix, "attn.c_attn", t, 3 * C, 3, std, rng, &t));
-    TD__TRY(td_graph_causal_attention(g, t, p->heads / tp.n, p->context, &t));
+    /* each shard's heads, the shards' rows one after another under tp shards */
+    TD__TRY(td_graph_causal_attention(g, t, p->heads / (tp.S ? tp.S : tp.n), p->context, &t));
     TD__TRY(row_linear(g, &tp, prefix, "attn.c_proj", t, C, proj_std, rng, &t));
     TD__TRY(td_graph_add(g, x, t, &r));
     TD__TRY(layer_norm(g, &tp, prefix, "ln_2", r, rng, &t));
@@ -307,7 +326,7 @@ static td_status head(td_graph *g, const char *name, td_tensor *x, td_rng *rng, 
                             &wte));
     }
     TD__TRY(region_in(g, &tp, t, &t));
-    return td_graph_linear(g, t, wte, NULL, y);
+    return td_graph_column_parallel_linear(g, t, wte, NULL, 1, 0, y);
 }
 
 static td_status check(const td_gpt_params *p) {

@@ -243,7 +243,9 @@ td_status td_model_build_sequential(td_graph *g, const td_sequential *s, int64_t
 td_status td_sequential_loss(const td_sequential *s, td_graph *g, td_tensor *logits,
                              td_tensor *labels, td_tensor **loss, td_tensor **output) {
     if (!s || !g || !loss) return td__fail(TD_EINVAL, "td_sequential_loss: NULL argument");
-    if (!s->split_logits || td_graph_world_size(g) == 1)
+    /* one rank holds every column: the plain loss, unless the graph's tp shards sum the
+     * vocabulary's shards in their tree */
+    if (!s->split_logits || (td_graph_world_size(g) == 1 && !td_graph_tp_shards(g)))
         return td_graph_cross_entropy(g, logits, labels, TD_REDUCTION_MEAN, loss, output);
     if (output) *output = logits;
     return td_graph_vocab_parallel_cross_entropy(g, logits, labels, TD_REDUCTION_MEAN, loss);

@@ -3,7 +3,8 @@
  * is a reduce-scatter: the gradient of the gathered tensor is summed over ranks (each rank's
  * loss may depend on every rank's rows) and each rank keeps the rows of its own x. Any float
  * dtype, moved as it is; plain layouts only (ranks on different CPUs may block differently).
- * In a group of one it is a copy. */
+ * In a group of one it is a copy. Under deterministic tensor parallelism (attr.coll.tree) the
+ * reduce-scatter adds in the fixed pairwise tree over the ranks. */
 #include "ops/backend.h"
 #include "ops/collective.h"
 
@@ -30,8 +31,12 @@ static td_status ag_backward(td__op_ctx *ctx, td__node *n) {
         st = ctx->backend->copy(ctx, dx, y->grad, x->bytes);
     } else {
         td__coll_tag(ctx, n, "reduce-scatter", "bwd");
-        st = td_comm_reduce_scatter(ctx->comm, y->grad, dx, (size_t)td_tensor_numel(x), x->dtype,
-                                    TD_OP_SUM);
+        if (n->attr.coll.tree) /* deterministic tensor parallelism's levels above the ranks */
+            st = td_comm_reduce_scatter_tree(ctx->comm, y->grad, dx, (size_t)td_tensor_numel(x),
+                                             x->dtype);
+        else
+            st = td_comm_reduce_scatter(ctx->comm, y->grad, dx, (size_t)td_tensor_numel(x),
+                                        x->dtype, TD_OP_SUM);
     }
     if (st != TD_OK) return td__coll_fail(n, "backward", st);
     return td__grad_end(ctx, x);

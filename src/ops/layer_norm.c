@@ -1,5 +1,7 @@
 /* The layer norm op (nn.LayerNorm over the last dim), in f32 at every mixed precision level as
- * autocast runs layer_norm. Kernels: cpu/layer_norm.c, cuda/layer_norm.cu. */
+ * autocast runs layer_norm; optionally over fixed shards of its rows (deterministic tensor
+ * parallelism: the weight's gradient summed over the shards in the pairwise tree). Kernels:
+ * cpu/layer_norm.c, cuda/layer_norm.cu (one shard). */
 #include "ops/op.h"
 
 static td_status ln_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
@@ -13,8 +15,13 @@ static td_status ln_infer(const td__node *n, td_shape *shape, td_dtype *dtype) {
             return td__fail(TD_ESHAPE, "layer_norm: %s '%s' must be f32 (%lld)",
                             i == 1 ? "weight" : "bias", t->name, (long long)C);
     }
-    if (!(n->attr.eps > 0.f))
-        return td__fail(TD_EINVAL, "layer_norm: eps %g must be > 0", (double)n->attr.eps);
+    if (!(n->attr.ln.eps > 0.f))
+        return td__fail(TD_EINVAL, "layer_norm: eps %g must be > 0", (double)n->attr.ln.eps);
+    int64_t rows = td_shape_numel(&x->shape) / C, shards = n->attr.ln.shards;
+    if (shards < 0 || shards > 64 || (shards > 1 && rows % shards))
+        return td__fail(TD_ESHAPE,
+                        "layer_norm: %lld rows of '%s' do not split into %lld shards (at most 64)",
+                        (long long)rows, x->name, (long long)shards);
     *shape = x->shape;
     *dtype = TD_F32;
     return TD_OK;

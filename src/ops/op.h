@@ -49,6 +49,7 @@ typedef enum {
     TD__OP_ATTENTION,
     TD__OP_TP_REGION,
     TD__OP_VOCAB_PARALLEL_CE,
+    TD__OP_PARALLEL_LINEAR,
     TD__OP_COUNT
 } td__op_id;
 
@@ -93,9 +94,17 @@ typedef union {
     struct {
         int world_size;  /* ranks of the group when the node was added */
         td_reduce_op op; /* all_reduce's reduction */
+        int tree;        /* tp_region: sums in the fixed pairwise tree over the ranks
+                            (td_comm_allreduce_tree), deterministic tensor parallelism's */
     } coll;              /* collective ops */
     float alpha;         /* scale's factor */
-    float eps;           /* normalize's lower bound on the norm; layer norm's epsilon */
+    float eps;           /* normalize's lower bound on the norm */
+    struct {
+        float eps;  /* added to the variance */
+        int shards; /* the rows are this many equal blocks, each normalised by its own kernel
+                       call, the weight's and bias's gradients summed over them in the pairwise
+                       tree (0 or 1: one block) */
+    } ln;           /* layer norm */
     struct {
         int heads;       /* attention heads; the width divides among them */
         int64_t seq_len; /* T: rows of the input are sequences of T positions, one after
@@ -105,7 +114,18 @@ typedef union {
         int world_size;         /* ranks of the group when the node was added */
         int64_t first;          /* the vocabulary id of this rank's first row or column */
         td_reduction reduction; /* the cross-entropy's */
-    } vocab;                    /* vocabulary-parallel embedding and cross-entropy */
+        int shards; /* cross-entropy: 0, or this rank's shards of the vocabulary (its columns
+                       cut in equal blocks), each summed alone and the sums added in the
+                       pairwise tree over every rank's shards (deterministic tensor parallelism) */
+    } vocab;        /* vocabulary-parallel embedding and cross-entropy */
+    struct {
+        int shards;   /* this rank's shards of the split dimension (td_graph_params.tp_shards /
+                         the group's size) */
+        int parts;    /* column: blocks of the whole weight's rows (c_attn's q, k, v), each cut
+                         into shards alike */
+        int by_shard; /* column: y shard by shard (shards x rows, parts x width), else (rows,
+                         parts x shards x width) as a linear gives it */
+    } plin;           /* column- and row-parallel linear in fixed shards */
 } td__op_attr;
 
 /* Variants of the ops that have more than one (td__node.variant). */
@@ -116,6 +136,7 @@ enum { TD__SOFTMAX = 0, TD__LOG_SOFTMAX = 1 };
 enum { TD__BN_PLAIN = 0, TD__BN_RELU = 1 }; /* TD__BN_RELU: a ReLU folded in */
 enum { TD__EMB_TOKEN = 0, TD__EMB_POSITION = 1, TD__EMB_VOCAB_SLICE = 2 };
 enum { TD__REGION_COPY = 0, TD__REGION_REDUCE = 1, TD__REGION_REDUCE_SCATTER = 2 };
+enum { TD__PLIN_COLUMN = 0, TD__PLIN_ROW = 1 };
 
 /* How an element-wise node relates to the storage of its input after the fusion pass. */
 typedef enum {
@@ -230,12 +251,12 @@ extern const td__op td__op_linear, td__op_conv2d, td__op_pool2d, td__op_eltwise,
 extern const td__op td__op_all_gather, td__op_all_reduce, td__op_sync_batch_norm, td__op_normalize,
     td__op_scale;
 extern const td__op td__op_embedding, td__op_layer_norm, td__op_attention;
-extern const td__op td__op_tp_region, td__op_vocab_parallel_cross_entropy;
+extern const td__op td__op_tp_region, td__op_vocab_parallel_cross_entropy, td__op_parallel_linear;
 extern const td__kernels td__cpu_linear, td__cpu_conv2d, td__cpu_pool2d, td__cpu_eltwise,
     td__cpu_dropout, td__cpu_batch_norm, td__cpu_reshape, td__cpu_add, td__cpu_concat,
     td__cpu_softmax, td__cpu_nll, td__cpu_cast, td__cpu_sync_batch_norm, td__cpu_normalize,
     td__cpu_scale;
 extern const td__kernels td__cpu_embedding, td__cpu_layer_norm, td__cpu_attention;
-extern const td__kernels td__cpu_vocab_parallel_cross_entropy;
+extern const td__kernels td__cpu_vocab_parallel_cross_entropy, td__cpu_parallel_linear;
 
 #endif

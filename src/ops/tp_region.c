@@ -16,9 +16,10 @@
  * only. In a group of one each is a copy.
  *
  * The sums are the group's all-reduce or reduce-scatter, whose order of addition depends on the
- * group's size. Each rank's partial covers a fixed range of the contraction dimension (its
- * slice of a row-parallel layer's inputs), so a layout-independent mode can sum fixed ranges in
- * one fixed tree, as the deterministic mode's shard tree sums fixed shards of the batch. */
+ * group's size; under deterministic tensor parallelism (attr.coll.tree) each rank's partial is
+ * its subtree of fixed shards (parallel_linear.c, layer_norm.c) and the sums are the levels of
+ * the pairwise tree above the ranks (td_comm_allreduce_tree, td_comm_reduce_scatter_tree), so
+ * the whole sum is the same bits at any group size. */
 #include "ops/backend.h"
 #include "ops/collective.h"
 
@@ -28,12 +29,14 @@ static td_status region_compile(td__op_ctx *ctx, td__node *n) {
 }
 
 /* The sum of the ranks' `from` (whole, count elements each) into `to`: all of it, or the rank's
- * rows when `scatter`. */
-static td_status sum(td__op_ctx *ctx, const void *from, void *to, size_t count, td_dtype dtype,
-                     int scatter) {
-    if (scatter)
-        return td_comm_reduce_scatter(ctx->comm, from, to, count / (size_t)td__coll_size(ctx),
-                                      dtype, TD_OP_SUM);
+ * rows when `scatter`; in the fixed pairwise tree over the ranks when the node asks for it. */
+static td_status sum(td__op_ctx *ctx, const td__node *n, const void *from, void *to, size_t count,
+                     td_dtype dtype, int scatter) {
+    size_t mine = count / (size_t)td__coll_size(ctx);
+    if (n->attr.coll.tree)
+        return scatter ? td_comm_reduce_scatter_tree(ctx->comm, from, to, mine, dtype)
+                       : td_comm_allreduce_tree(ctx->comm, from, to, count, dtype);
+    if (scatter) return td_comm_reduce_scatter(ctx->comm, from, to, mine, dtype, TD_OP_SUM);
     return td_comm_allreduce(ctx->comm, from, to, count, dtype, TD_OP_SUM);
 }
 
@@ -43,7 +46,7 @@ static td_status region_forward(td__op_ctx *ctx, td__node *n) {
         return ctx->backend->copy(ctx, y->data, x->data, y->bytes);
     int scatter = n->variant == TD__REGION_REDUCE_SCATTER;
     td__coll_tag(ctx, n, scatter ? "sp reduce-scatter" : "tp all-reduce", "fwd");
-    td_status st = sum(ctx, x->data, y->data, (size_t)td_tensor_numel(x), x->dtype, scatter);
+    td_status st = sum(ctx, n, x->data, y->data, (size_t)td_tensor_numel(x), x->dtype, scatter);
     return st == TD_OK ? TD_OK : td__coll_fail(n, "forward", st);
 }
 
@@ -56,7 +59,7 @@ static td_status region_backward(td__op_ctx *ctx, td__node *n) {
         st = ctx->backend->copy(ctx, dx, y->grad, x->bytes);
     } else if (n->variant == TD__REGION_COPY) {
         td__coll_tag(ctx, n, "tp all-reduce", "bwd");
-        st = sum(ctx, y->grad, dx, (size_t)td_tensor_numel(x), x->dtype, 0);
+        st = sum(ctx, n, y->grad, dx, (size_t)td_tensor_numel(x), x->dtype, 0);
     } else {
         td__coll_tag(ctx, n, "sp all-gather", "bwd");
         st = td_comm_allgather(ctx->comm, y->grad, dx, (size_t)td_tensor_numel(y), x->dtype);

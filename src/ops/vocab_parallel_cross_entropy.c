@@ -14,6 +14,11 @@ static td_status vce_infer(const td__node *n, td_shape *shape, td_dtype *dtype) 
         labels->shape.dim[0] != z->shape.dim[0])
         return td__fail(TD_ESHAPE, "%s: labels '%s' must be i64 (%lld)", n->what, labels->name,
                         (long long)z->shape.dim[0]);
+    int shards = n->attr.vocab.shards;
+    if (shards < 0 || shards > 64 || (shards && z->shape.dim[1] % shards))
+        return td__fail(TD_ESHAPE,
+                        "%s: %lld columns of '%s' do not split into %d shards (at most 64)",
+                        n->what, (long long)z->shape.dim[1], z->name, shards);
     if (n->attr.vocab.reduction != TD_REDUCTION_MEAN && n->attr.vocab.reduction != TD_REDUCTION_SUM)
         return td__fail(TD_EINVAL, "%s: unknown reduction %d", n->what,
                         (int)n->attr.vocab.reduction);

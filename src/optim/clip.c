@@ -1,10 +1,12 @@
 /* Gradient-norm clipping with torch.nn.utils.clip_grad_norm_'s rule (L2 over all gradients,
  * scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm).
  *
- * The norm is summed in double, so it can differ from PyTorch's float reduction in the last
- * bits. A non-finite norm is returned as is and leaves the gradients untouched. bf16 and f16
- * gradients (mixed precision) are read and scaled through f32. Gradients on a GPU are summed
- * and scaled there by two multi-tensor launches; reading the norm back is the one wait. The
+ * On the CPU the squares are summed exactly (core/fixed_sum.c) and rounded once to a double, so
+ * the norm is the same bits however the gradients are split among tensors, shards, stages or
+ * ranks, and can differ from PyTorch's float reduction in the last bits; on a GPU they are
+ * summed in double. A non-finite norm is returned as is and leaves the gradients untouched. bf16
+ * and f16 gradients (mixed precision) are read and scaled through f32. Gradients on a GPU are
+ * summed and scaled there by two multi-tensor launches; reading the norm back is the one wait. The
  * strategies whose gradients are spread over ranks or stages (ZeRO's shards, a pipeline's
  * stages) sum their parts of the squares and apply the same rule through td__grads_clip. */
 #include <math.h>
@@ -56,25 +58,24 @@ td_status td__grads_scale(td_param *params, size_t n, float c, const char *what)
     return TD_OK;
 }
 
-td_status td__grads_sumsq(td_param *params, size_t n, double *sum, const char *what) {
-    *sum = 0.0;
-    if (n && params[0].device.type != TD_DEVICE_CPU) {
-        td__mt_args a = {.op = TD__MT_SQUARES};
-        return grads_launch(params, n, &a, sum, what);
-    }
+td_status td__grads_sumsq(const td_param *params, size_t n, td__sumsq *acc, const char *what) {
+    float buf[1024];
     for (size_t i = 0; i < n; i++) {
         const void *g = params[i].grad;
         if (!g) continue;
-        double s = 0.0;
-        if (params[i].dtype == TD_F32)
-            for (size_t j = 0; j < params[i].count; j++)
-                s += (double)((const float *)g)[j] * ((const float *)g)[j];
-        else
-            for (size_t j = 0; j < params[i].count; j++) {
-                double v = td__load(g, params[i].dtype, j);
-                s += v * v;
-            }
-        *sum += s;
+        if (params[i].device.type != TD_DEVICE_CPU)
+            return td__fail(TD_EUNSUPPORTED, "%s: the gradient of %s is on a GPU", what,
+                            params[i].name ? params[i].name : "?");
+        if (params[i].dtype == TD_F32) {
+            td__sumsq_add_f32(acc, g, params[i].count);
+            continue;
+        }
+        for (size_t j = 0; j < params[i].count; j += 1024) {
+            size_t m = params[i].count - j < 1024 ? params[i].count - j : 1024;
+            td__convert(buf, TD_F32, (const char *)g + j * td_dtype_size(params[i].dtype),
+                        params[i].dtype, m);
+            td__sumsq_add_f32(acc, buf, m);
+        }
     }
     return TD_OK;
 }
@@ -97,7 +98,15 @@ td_status td_clip_grad_norm(td_param *params, size_t n, double max_norm, double 
             return td__fail(TD_EDTYPE,
                             "td_clip_grad_norm: gradient of %s is %s, expected f32, bf16 or f16",
                             params[i].name ? params[i].name : "?", td_dtype_name(params[i].dtype));
-    double sum;
-    TD__TRY(td__grads_sumsq(params, n, &sum, "td_clip_grad_norm"));
+    double sum = 0.0;
+    if (n && params[0].device.type != TD_DEVICE_CPU) {
+        td__mt_args a = {.op = TD__MT_SQUARES};
+        TD__TRY(grads_launch(params, n, &a, &sum, "td_clip_grad_norm"));
+    } else {
+        td__sumsq acc;
+        td__sumsq_init(&acc);
+        TD__TRY(td__grads_sumsq(params, n, &acc, "td_clip_grad_norm"));
+        sum = td__sumsq_value(&acc);
+    }
     return td__grads_clip(params, n, max_norm, sum, total_norm, "td_clip_grad_norm");
 }

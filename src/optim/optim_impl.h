@@ -4,14 +4,17 @@
 
 #include "tandem/param.h"
 
+#include "core/core_impl.h"
+
 /* Every gradient of params times c, where the gradients are: one multi-tensor launch on a GPU
  * (every parameter on params[0]'s), a loop through f32 on the CPU. `what` names the caller in
  * errors. */
 td_status td__grads_scale(td_param *params, size_t n, float c, const char *what);
 
-/* The sum of the squares of params' gradients, in double, where the gradients are (as
- * td__grads_scale): this rank's part of a norm that a strategy may sum further. */
-td_status td__grads_sumsq(td_param *params, size_t n, double *sum, const char *what);
+/* Adds the squares of params' gradients (on the CPU; TD_EUNSUPPORTED names one on a GPU) to acc,
+ * exactly: this rank's part of a norm that a strategy sums further over the ranks that hold the
+ * rest (adding accumulators), which gives the same bits however the model is split. */
+td_status td__grads_sumsq(const td_param *params, size_t n, td__sumsq *acc, const char *what);
 
 /* clip_grad_norm_'s rule once the whole model's sum of squares is known (over ranks, shards or
  * stages, as the caller's gradients are spread): *total_norm = sqrt(sumsq) when total_norm is

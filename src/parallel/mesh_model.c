@@ -16,6 +16,7 @@
 
 #include "core/core_impl.h"
 #include "optim/optim_impl.h"
+#include "parallel/grad_norm.h"
 
 #define GATHER_TAG 0x6d657368 /* "mesh" */
 
@@ -28,24 +29,19 @@ td_status td_mesh_clip_grad_norm(const td_mesh *mesh, td_param *params, size_t n
     if (!(max_norm > 0))
         return td__fail(TD_EINVAL, "td_mesh_clip_grad_norm: max_norm %g, expected > 0", max_norm);
     int tp_rank = td_mesh_coord(mesh, "tp");
-    double sum = 0.0;
+    td__sumsq acc;
+    td__sumsq_init(&acc);
     for (size_t i = 0; i < n; i++) {
         const td_param *p = &params[i];
         if (!p->grad || (p->split.ranks == 0 && tp_rank != 0)) continue; /* counted on rank 0 */
-        if (p->device.type != TD_DEVICE_CPU)
-            return td__fail(TD_EUNSUPPORTED, "td_mesh_clip_grad_norm: %s is on a GPU", p->name);
         if (!td__is_float(p->dtype))
             return td__fail(TD_EDTYPE, "td_mesh_clip_grad_norm: gradient of %s is %s", p->name,
                             td_dtype_name(p->dtype));
-        for (size_t j = 0; j < p->count; j++) {
-            double v = td__load(p->grad, p->dtype, j);
-            sum += v * v;
-        }
+        TD__TRY(td__grads_sumsq(p, 1, &acc, "td_mesh_clip_grad_norm"));
     }
     td_comm *groups[2] = {td_mesh_group(mesh, "tp"), dp_shards ? td_mesh_group(mesh, "dp") : NULL};
-    for (int k = 0; k < 2; k++)
-        if (groups[k] && td_comm_size(groups[k]) > 1)
-            TD__TRY(td_comm_allreduce(groups[k], &sum, &sum, 1, TD_F64, TD_OP_SUM));
+    TD__TRY(td__sumsq_allreduce(&acc, groups, 2));
+    double sum = td__sumsq_value(&acc);
     double norm = sqrt(sum);
     if (total_norm) *total_norm = norm;
     double coef = max_norm / (norm + 1e-6);

@@ -334,18 +334,39 @@ static td_status start_channels(td_pipeline *pp) {
     return TD_OK;
 }
 
+/* Deterministic mode's conditions, the same on every rank: each micro-batch one of the
+ * replica's shards of the shard tree, which averages no buffers across micro-batches run out of
+ * order. */
+static td_status check_deterministic(const td_pipeline *pp) {
+    size_t S = pp->opt.ddp.shards, D = (size_t)pp->D;
+    if (S % D || S / D != (size_t)pp->M)
+        return td__fail(TD_EINVAL,
+                        "pipeline: deterministic mode runs each of a replica's shards as one "
+                        "micro-batch: %zu shards over %d replica(s) is %zu each, not %d "
+                        "micro-batches",
+                        S, pp->D, S / D, pp->M);
+    if (pp->slots && pp->slots[0].n_buffers)
+        return td__fail(TD_EUNSUPPORTED,
+                        "pipeline: deterministic mode with buffers ('%s'): a stage runs the "
+                        "forwards of later micro-batches before the backwards of earlier ones",
+                        pp->slots[0].buffers[0].name);
+    return TD_OK;
+}
+
 static td_status create(td_pipeline *pp, td_comm *comm, const td_sequential *model) {
     TD__TRY(agree_on_options(pp, comm, model));
     pp->P = pp->opt.stages;
     pp->b = pp->opt.batch / pp->M;
+    pp->det = pp->opt.ddp.deterministic != 0;
     const td_mesh *mesh = pp->opt.mesh;
+    /* deterministic mode's shard tree runs over the replicas however many there are */
     if (mesh) { /* the mesh's groups: stages along pp, replicas along dp, each stage split on tp */
         pp->D = td_mesh_size(mesh, "dp");
         pp->stage = td_mesh_coord(mesh, "pp");
         pp->replica = td_mesh_coord(mesh, "dp");
         pp->mesh_groups = 1;
         pp->pipe = td_mesh_group(mesh, "pp");
-        pp->dp = pp->D > 1 ? td_mesh_group(mesh, "dp") : NULL;
+        pp->dp = pp->D > 1 || pp->det ? td_mesh_group(mesh, "dp") : NULL;
         pp->tp = td_mesh_group(mesh, "tp");
         pp->opt.graph.comm = pp->tp;
     } else {
@@ -353,7 +374,7 @@ static td_status create(td_pipeline *pp, td_comm *comm, const td_sequential *mod
         pp->stage = pp->rank % pp->P;
         pp->replica = pp->rank / pp->P;
         TD__TRY(td_comm_split(comm, pp->replica, pp->stage, &pp->pipe));
-        if (pp->D > 1) TD__TRY(td_comm_split(comm, pp->stage, pp->replica, &pp->dp));
+        if (pp->D > 1 || pp->det) TD__TRY(td_comm_split(comm, pp->stage, pp->replica, &pp->dp));
     }
     TD__TRY(td__pp_choose_split(comm, model, pp->opt.split, pp->P, pp->b, pp->opt.balance_reps,
                                 pp->stage_first));
@@ -361,7 +382,9 @@ static td_status create(td_pipeline *pp, td_comm *comm, const td_sequential *mod
     pp->stage_first[pp->P] = L;
     pp->first_layer = pp->stage_first[pp->stage];
     pp->last_layer = pp->stage_first[pp->stage + 1];
-    TD__TRY(agree_on_cuts(pp, comm, model, build_stage(pp, model)));
+    td_status built = build_stage(pp, model);
+    if (built == TD_OK && pp->det) built = check_deterministic(pp);
+    TD__TRY(agree_on_cuts(pp, comm, model, built));
     TD__TRY(td__pp_tie(pp));
     if (pp->dp && pp->opt.zero_stage >= 2 && !pp->opt.ddp.deterministic) {
         /* Sharded gradients are gone from params[i].grad before the stages could sum a tied
@@ -388,6 +411,10 @@ static td_status create(td_pipeline *pp, td_comm *comm, const td_sequential *mod
         for (int k = 0; k < pp->K; k++)
             TD__TRY(pp->replicas->attach(pp->replicas_impl, pp->slots[k].g, s0->g));
     }
+    TD__TRY(td__pp_chains_start(pp));
+    /* a tied gradient is handed down before the replicas' hook folds it into the tree */
+    for (int k = 0; pp->chains && k < pp->K; k++)
+        td_graph_set_grad_ready_hook(pp->slots[k].g, td__pp_chains_grad_ready, pp);
     return TD_OK;
 }
 
@@ -422,6 +449,7 @@ void td_pipeline_destroy(td_pipeline *pp) {
     td__pp_channel_stop(&pp->act_out);
     td__pp_channel_stop(&pp->grad_in);
     td__pp_channel_stop(&pp->grad_out);
+    td__pp_chains_stop(pp);
     if (pp->replicas_impl) pp->replicas->destroy(pp->replicas_impl);
     for (int k = 0; pp->slots && k < pp->K; k++) {
         pp_slot *sl = &pp->slots[k];

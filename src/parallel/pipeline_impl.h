@@ -14,9 +14,10 @@
 #define PP_MAGIC 0x74645050u /* "PPdt" */
 #define PP_TAG_ACT 101       /* activations, downstream */
 #define PP_TAG_GRAD 102      /* gradients, upstream */
+#define PP_TAG_TIED 103      /* deterministic mode: a micro-batch's tied gradients, downward */
 
 /* What a message carries. */
-typedef enum { PP_ACT = 1, PP_GRAD = 2, PP_EVAL = 3 } pp_kind;
+typedef enum { PP_ACT = 1, PP_GRAD = 2, PP_EVAL = 3, PP_TIED = 4 } pp_kind;
 
 /* The header in front of every payload: the receiver checks each field against what its own
  * schedule expects, so a stage out of step or of another shape is named, not misread. */
@@ -82,6 +83,23 @@ typedef struct {
     uint64_t key; /* its name's hash: the order every stage of the set reduces in */
 } pp_tied;
 
+/* Deterministic mode's hand-down of tied gradients in one set of stages that tie weights: one
+ * process's backward adds a tied weight's uses from the last layer back, so each micro-batch's
+ * gradient of it starts on the set's highest stage, goes down to the next stage holding it,
+ * which adds its own part to it as its backward runs, and so on to the lowest, whose shard tree
+ * sums the micro-batches' whole gradients; after the step the lowest stage's sum is every
+ * copy's. One message per micro-batch and step, of the set's tied parameters on this stage in
+ * pp->tied's order (the same on every stage of the set), through a channel each way. */
+typedef struct {
+    td_comm *group; /* the set's stages, rank = stage order (pp->tied_groups[k]), or NULL */
+    int up, down;   /* the ranks there of the next higher and lower holder, or -1 */
+    size_t floats;  /* of the set's tied parameters on this stage, packed */
+    pp_channel in, out;
+    unsigned char **buf_in, **buf_out; /* (K) PP_HDR + floats each: per slot */
+    pp_job *j_in, *j_out;              /* (K) */
+    int captured; /* tied gradients of the current micro-batch copied out so far */
+} pp_chain;
+
 /* One micro-batch graph of this stage and its transfer buffers. */
 typedef struct {
     td_graph *g;
@@ -119,9 +137,13 @@ struct td_pipeline {
     td_comm **tied_groups; /* (n_tied_groups) the stages of each set that shares parameters,
                               rank = stage order (owned; NULL where this stage is not in it) */
     int n_tied_groups;
-    td_param *counted;    /* (slot 0's n_params) scratch: the parameters a norm counts */
-    td_comm *group;       /* the group given to td_pipeline_create (not owned) */
-    int world;            /* its size */
+    int det;           /* deterministic mode (opt.ddp.deterministic): each micro-batch is one shard
+                          of the replicas' shard tree, its backward one shard's */
+    int cur_m;         /* the micro-batch whose backward runs */
+    pp_chain *chains;  /* det mode: (n_tied_groups) the hand-down of each set's tied gradients */
+    td_param *counted; /* (slot 0's n_params) scratch: the parameters a norm counts */
+    td_comm *group;    /* the group given to td_pipeline_create (not owned) */
+    int world;         /* its size */
     uint64_t step, evals; /* training steps and evaluations run: the headers' sequence numbers */
     struct pp_op *ops;    /* (2M) this stage's schedule */
     td_status failed;
@@ -160,6 +182,27 @@ td_status td__pp_tie(td_pipeline *pp);
 /* Sums each tied parameter's gradient over the stages that hold it, so that every copy steps
  * the same (the whole model's gradient of the one weight). Collective over the tied groups. */
 td_status td__pp_reduce_tied(td_pipeline *pp);
+
+/* Deterministic mode's tied gradients (pp_chain): start and stop the channels and buffers,
+ * post the receive of micro-batch m, begin m's backward with the gradients the higher stages
+ * handed down (the slot's graph adds its own to them), the grad-ready hook (ctx: the pipeline)
+ * that copies a tied gradient out before the replicas' hook takes it and hands the micro-batch's
+ * down once all are copied, wait for what is in flight, and after the step give every copy the
+ * lowest stage's sum (td__pp_reduce_tied in this mode). */
+td_status td__pp_chains_start(td_pipeline *pp);
+void td__pp_chains_stop(td_pipeline *pp);
+void td__pp_chains_post(td_pipeline *pp, int m);
+td_status td__pp_chains_seed(td_pipeline *pp, int m);
+void td__pp_chains_grad_ready(size_t param_index, void *pipeline);
+td_status td__pp_chains_drain(td_pipeline *pp);
+
+/* A message header for `kind` (its step: the training or evaluation count) of micro-batch m and
+ * a payload of `shape`, and the receiver's check that what arrived from stage `from` is what
+ * its schedule expects next (pipeline_schedule.c). */
+void td__pp_put_header(const td_pipeline *pp, unsigned char *buf, pp_kind kind, int m,
+                       const td_shape *shape);
+td_status td__pp_check_header(td_pipeline *pp, const unsigned char *buf, pp_kind kind, int m,
+                              int from, const td_shape *shape);
 
 /* Where each stage starts (pipeline_split.c): the split names, or balanced from layer times
  * measured at micro_batch on every rank of `comm` and averaged. Collective when balancing. */

@@ -43,10 +43,13 @@ static uint64_t mix(uint64_t x) {
 }
 
 static const char *kind_name(uint32_t kind) {
-    return kind == PP_ACT ? "activations" : kind == PP_GRAD ? "gradients" : "eval activations";
+    return kind == PP_ACT    ? "activations"
+           : kind == PP_GRAD ? "gradients"
+           : kind == PP_TIED ? "tied gradients"
+                             : "eval activations";
 }
 
-static void put_header(const td_pipeline *pp, unsigned char *buf, pp_kind kind, int m,
+void td__pp_put_header(const td_pipeline *pp, unsigned char *buf, pp_kind kind, int m,
                        const td_shape *shape) {
     pp_header h;
     memset(&h, 0, sizeof h);
@@ -61,8 +64,7 @@ static void put_header(const td_pipeline *pp, unsigned char *buf, pp_kind kind, 
     memcpy(buf, &h, sizeof h);
 }
 
-/* What arrived is what this stage's schedule expects next. */
-static td_status check_header(td_pipeline *pp, const unsigned char *buf, pp_kind kind, int m,
+td_status td__pp_check_header(td_pipeline *pp, const unsigned char *buf, pp_kind kind, int m,
                               int from, const td_shape *shape) {
     pp_header h;
     memcpy(&h, buf, sizeof h);
@@ -161,7 +163,7 @@ static td_status forward_one(td_pipeline *pp, int m, const float *xm, const int6
     } else {
         TD__TRY(
             wait_job(pp, &pp->act_in, &sl->j_act_in, "receiving activations", m, pp->stage - 1));
-        TD__TRY(check_header(pp, sl->act_in, kind, m, pp->stage - 1, &pp->in_shape));
+        TD__TRY(td__pp_check_header(pp, sl->act_in, kind, m, pp->stage - 1, &pp->in_shape));
         s = feed(pp, sl->input, sl->act_in + PP_HDR);
         if (s) return compute_failed(pp, s, "the input", m);
     }
@@ -189,7 +191,7 @@ static td_status forward_one(td_pipeline *pp, int m, const float *xm, const int6
         TD__TRY(wait_job(pp, &pp->act_out, &sl->j_act_out, "sending activations", m - pp->K,
                          pp->stage + 1));
         uint64_t t2 = td_time_ns();
-        put_header(pp, sl->act_out, kind, m, &pp->out_shape);
+        td__pp_put_header(pp, sl->act_out, kind, m, &pp->out_shape);
         s = td_tensor_read(sl->output, sl->act_out + PP_HDR);
         if (s) return compute_failed(pp, s, "reading the output", m);
         sl->j_act_out.micro_batch = m;
@@ -199,34 +201,50 @@ static td_status forward_one(td_pipeline *pp, int m, const float *xm, const int6
     return TD_OK;
 }
 
+/* Deterministic mode's start of micro-batch m's backward: the replicas' shard tree takes it
+ * as its next shard (the leaf its gradients go to, which every slot's graph writes), the graph
+ * writes them, and a tied weight's gradient starts from what the higher stages handed down. */
+static td_status begin_shard(td_pipeline *pp, pp_slot *sl, int m) {
+    pp_slot *s0 = &pp->slots[0];
+    TD__TRY(pp->replicas->prepare_forward(pp->replicas_impl));
+    for (size_t i = 0; i < s0->n_params; i++) sl->params[i].grad = s0->params[i].grad;
+    TD__TRY(td_graph_zero_grad(sl->g));
+    return td__pp_chains_seed(pp, m);
+}
+
 /* The backward of micro-batch m into the stage's shared gradients; the input gradient goes
- * upstream. `first`: the first backward of the step, which writes the gradients. */
+ * upstream. `first`: the first backward of the step, which writes the gradients. In
+ * deterministic mode every micro-batch is a shard of the replicas' tree: it writes its own
+ * leaf, which the tree folds in. */
 static td_status backward_one(td_pipeline *pp, int m, int first) {
     pp_slot *sl = &pp->slots[m % pp->K];
     int last = pp->stage + 1 == pp->P;
     if (!last) {
         TD__TRY(
             wait_job(pp, &pp->grad_in, &sl->j_grad_in, "receiving gradients", m, pp->stage + 1));
-        TD__TRY(check_header(pp, sl->grad_in, PP_GRAD, m, pp->stage + 1, &pp->out_shape));
+        TD__TRY(td__pp_check_header(pp, sl->grad_in, PP_GRAD, m, pp->stage + 1, &pp->out_shape));
     }
     td_status s;
-    if (first) {
+    if (pp->det) {
+        s = begin_shard(pp, sl, m);
+    } else if (first) {
         s = td_graph_zero_grad(sl->g);
     } else {
         s = td_graph_accumulate_param_grads(sl->g);
         if (!s) s = td_graph_zero_input_grads(sl->g);
     }
     /* The replicas reduce once, as the step's last backward makes each gradient final. */
-    if (!s && m == pp->M - 1 && pp->M > 1 && pp->replicas_impl)
+    if (!s && !pp->det && m == pp->M - 1 && pp->M > 1 && pp->replicas_impl)
         s = pp->replicas->set_sync(pp->replicas_impl, 1);
     if (s) return compute_failed(pp, s, "preparing the backward", m);
     uint64_t t0 = td_time_ns();
-    if (last) {
-        float scale = 1.0f / (float)pp->M;
+    if (last) { /* deterministic mode: each shard's mean, which the tree averages */
+        float scale = pp->det ? 1.0f : 1.0f / (float)pp->M;
         s = td_graph_backward_from(sl->g, sl->loss, &scale);
     } else {
         s = td_graph_backward_from(sl->g, sl->output, (const float *)(sl->grad_in + PP_HDR));
     }
+    if (!s && pp->det) s = pp->replicas->finish_backward(pp->replicas_impl);
     uint64_t t1 = td_time_ns();
     if (s) return compute_failed(pp, s, "the backward", m);
     pp->stats.busy_ns += t1 - t0;
@@ -235,7 +253,7 @@ static td_status backward_one(td_pipeline *pp, int m, int first) {
         TD__TRY(wait_job(pp, &pp->grad_out, &sl->j_grad_out, "sending gradients", m - pp->K,
                          pp->stage - 1));
         uint64_t t2 = td_time_ns();
-        put_header(pp, sl->grad_out, PP_GRAD, m, &pp->in_shape);
+        td__pp_put_header(pp, sl->grad_out, PP_GRAD, m, &pp->in_shape);
         s = td_tensor_read_grad(sl->input, (float *)(sl->grad_out + PP_HDR));
         if (s) return compute_failed(pp, s, "reading the input gradient", m);
         sl->j_grad_out.micro_batch = m;
@@ -271,7 +289,7 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
     for (int k = 1; k < pp->K; k++)
         for (size_t i = 0; i < s0->n_params; i++) pp->slots[k].params[i].grad = s0->params[i].grad;
     td_status s = TD_OK;
-    void *rep = pp->replicas_impl;
+    void *rep = pp->det ? NULL : pp->replicas_impl; /* deterministic: per micro-batch */
     if (rep) {
         s = pp->replicas->set_sync(rep, 1);
         if (!s) s = pp->replicas->prepare_forward(rep);
@@ -280,7 +298,10 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
     }
     pp_op *ops = pp->ops;
     int n = schedule_ops(pp, ops);
-    for (int m = 0; m < pp->K && m < pp->M; m++) post_receives(pp, m, 1);
+    for (int m = 0; m < pp->K && m < pp->M; m++) {
+        post_receives(pp, m, 1);
+        td__pp_chains_post(pp, m);
+    }
     size_t sample = (size_t)td_shape_numel(&pp->in_shape) / (size_t)pp->b;
     double loss_sum = 0;
     int in_flight = 0, peak = 0, backwards = 0;
@@ -298,6 +319,7 @@ td_status td__pp_run_step(td_pipeline *pp, const float *x, const int64_t *labels
         }
     }
     TD__TRY(drain_sends(pp));
+    TD__TRY(td__pp_chains_drain(pp));
     if (rep) {
         uint64_t t0 = td_time_ns();
         s = pp->replicas->finish_backward(rep);
@@ -332,13 +354,13 @@ static td_status split_rows(td_pipeline *pp, const pp_slot *sl, const float *z, 
         max[r] = z[r * classes];
         for (int64_t c = 1; c < classes; c++) max[r] = fmaxf(max[r], z[r * classes + c]);
     }
-    TD__TRY(td_comm_allreduce(pp->tp, max, max, (size_t)rows, TD_F32, TD_OP_MAX));
-    int64_t mine = 0, first = td_comm_rank(pp->tp) * classes;
+    if (pp->tp) TD__TRY(td_comm_allreduce(pp->tp, max, max, (size_t)rows, TD_F32, TD_OP_MAX));
+    int64_t mine = 0, first = pp->tp ? td_comm_rank(pp->tp) * classes : 0;
     for (int64_t r = 0; r < rows; r++) {
         int64_t c = y[r] - first;
         mine += c >= 0 && c < classes && z[r * classes + c] == max[r];
     }
-    TD__TRY(td_comm_allreduce(pp->tp, &mine, &mine, 1, TD_I64, TD_OP_SUM));
+    if (pp->tp) TD__TRY(td_comm_allreduce(pp->tp, &mine, &mine, 1, TD_I64, TD_OP_SUM));
     *hits += mine;
     *lsum += (double)*(const float *)td_tensor_data(sl->loss) * (double)rows;
     return TD_OK;
@@ -363,9 +385,10 @@ td_status td__pp_run_eval(td_pipeline *pp, const float *x, const int64_t *labels
         if ((pp->stage == 0 && !pad_x) || (last && !pad_y))
             s = td__pp_fail(pp, TD_ENOMEM, "evaluate: out of memory");
     }
-    /* A tensor-parallel last stage's logits are this rank's columns (td_sequential_loss). */
-    int split =
-        last && pp->tp && td_comm_size(pp->tp) > 1 && pp->slots[0].logp == pp->slots[0].output;
+    /* A tensor-parallel last stage's logits are this rank's columns (td_sequential_loss); so
+     * are one rank's under tp shards, all of them: the loss is the vocabulary-parallel one. */
+    int split = last && pp->slots[0].logp == pp->slots[0].output &&
+                ((pp->tp && td_comm_size(pp->tp) > 1) || pp->opt.graph.tp_shards);
     float *max = NULL;
     if (!s && last && !(logp = malloc((size_t)(mb_rows * classes) * sizeof *logp)))
         s = td__pp_fail(pp, TD_ENOMEM, "evaluate: out of memory");

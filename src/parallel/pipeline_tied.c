@@ -5,13 +5,16 @@
  * step's backward the stages that hold it sum their gradients of it: each copy then holds the
  * whole model's gradient and steps the same. Also the gradient norm of the whole model across
  * stages (torch's clip_grad_norm_ over every stage, Megatron's model-parallel clipping), which
- * counts a tied parameter once. Nothing here runs between micro-batches. */
+ * counts a tied parameter once. In deterministic mode each micro-batch's gradient of a tied
+ * weight is handed down the stages that hold it (pp_chain), as one process's backward adds its
+ * uses, so that the lowest stage's shard tree sums what one process's would. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core_impl.h"
 #include "optim/optim_impl.h"
+#include "parallel/grad_norm.h"
 #include "parallel/pipeline_impl.h"
 
 /* One parameter as the other stages see it. */
@@ -169,8 +172,11 @@ td_status td__pp_reduce_tied(td_pipeline *pp) {
     pp_slot *s0 = &pp->slots[0];
     for (int i = 0; i < pp->n_tied; i++) {
         const td_param *p = &s0->params[pp->tied[i].param];
-        td_status s = td_comm_allreduce(pp->tied_groups[pp->tied[i].group], p->grad, p->grad,
-                                        p->count, p->dtype, TD_OP_SUM);
+        td_comm *group = pp->tied_groups[pp->tied[i].group];
+        /* deterministic mode: the lowest stage's shard tree summed the whole gradients */
+        td_status s =
+            pp->det ? td_comm_broadcast(group, p->grad, p->count, p->dtype, 0)
+                    : td_comm_allreduce(group, p->grad, p->grad, p->count, p->dtype, TD_OP_SUM);
         if (s) {
             char msg[768];
             snprintf(msg, sizeof msg, "%s", td_last_error());
@@ -209,12 +215,13 @@ td_status td_pipeline_clip_grad_norm(td_pipeline *pp, double max_norm, double *t
         if ((shards || pp->owner[i] == pp->stage) && (from[i].split.ranks > 0 || tp_rank == 0))
             pp->counted[n++] = from[i];
     const char *what = "td_pipeline_clip_grad_norm";
-    double sum;
-    td_status s = td__grads_sumsq(pp->counted, n, &sum, what);
-    if (s == TD_OK && shards) s = td_comm_allreduce(pp->dp, &sum, &sum, 1, TD_F64, TD_OP_SUM);
-    if (s == TD_OK) s = td_comm_allreduce(pp->pipe, &sum, &sum, 1, TD_F64, TD_OP_SUM);
-    if (s == TD_OK && tp_size > 1) s = td_comm_allreduce(pp->tp, &sum, &sum, 1, TD_F64, TD_OP_SUM);
+    td__sumsq acc;
+    td__sumsq_init(&acc);
+    td_status s = td__grads_sumsq(pp->counted, n, &acc, what);
+    td_comm *groups[3] = {shards ? pp->dp : NULL, pp->pipe, tp_size > 1 ? pp->tp : NULL};
+    if (s == TD_OK) s = td__sumsq_allreduce(&acc, groups, 3);
     if (s) return pp_norm_failed(pp, s);
+    double sum = td__sumsq_value(&acc);
     /* The same coefficient on every stage, so the copies of a tied weight stay equal. */
     return shards ? td__grads_clip(shards, count, max_norm, sum, total_norm, what)
                   : td__grads_clip(s0->params, s0->n_params, max_norm, sum, total_norm, what);
@@ -223,4 +230,169 @@ td_status td_pipeline_clip_grad_norm(td_pipeline *pp, double max_norm, double *t
 int td_pipeline_param_owner(const td_pipeline *pp, size_t i) {
     if (!pp || !pp->owner || i >= pp->slots[0].n_params) return -1;
     return pp->owner[i];
+}
+
+/* ---- deterministic mode: each micro-batch's tied gradients handed down -------------------- */
+
+/* The stage number of each rank of a tied group (its ranks are the stages in order). */
+static td_status chain_stages(td_comm *group, int stage, int *stages) {
+    return td_comm_allgather(group, &stage, stages, 1, TD_I32);
+}
+
+static td_status chain_start(td_pipeline *pp, pp_chain *c, int k) {
+    c->group = pp->tied_groups[k];
+    c->up = c->down = -1;
+    if (!c->group) return TD_OK;
+    pp_slot *s0 = &pp->slots[0];
+    for (int i = 0; i < pp->n_tied; i++)
+        if (pp->tied[i].group == k) c->floats += s0->params[pp->tied[i].param].count;
+    int r = td_comm_rank(c->group), G = td_comm_size(c->group);
+    int stages[TD_PIPELINE_MAX_STAGES];
+    TD__TRY(chain_stages(c->group, pp->stage, stages));
+    if (r + 1 < G) c->up = r + 1;
+    if (r > 0) c->down = r - 1;
+    size_t bytes = PP_HDR + c->floats * sizeof(float);
+    c->buf_in = calloc((size_t)pp->K, sizeof *c->buf_in);
+    c->buf_out = calloc((size_t)pp->K, sizeof *c->buf_out);
+    c->j_in = calloc((size_t)pp->K, sizeof *c->j_in);
+    c->j_out = calloc((size_t)pp->K, sizeof *c->j_out);
+    if (!c->buf_in || !c->buf_out || !c->j_in || !c->j_out)
+        return td__fail(TD_ENOMEM, "pipeline: out of memory for tied gradients");
+    for (int s = 0; s < pp->K; s++) {
+        if (c->up >= 0 && !(c->buf_in[s] = aligned_alloc(64, (bytes + 63) / 64 * 64)))
+            return td__fail(TD_ENOMEM, "pipeline: out of memory for tied gradients");
+        if (c->down >= 0 && !(c->buf_out[s] = aligned_alloc(64, (bytes + 63) / 64 * 64)))
+            return td__fail(TD_ENOMEM, "pipeline: out of memory for tied gradients");
+        c->j_in[s] = (pp_job){.buf = c->buf_in[s], .bytes = bytes};
+        c->j_out[s] = (pp_job){.buf = c->buf_out[s], .bytes = bytes};
+    }
+    td_trace *tr = pp->opt.trace;
+    if (c->up >= 0)
+        TD__TRY(td__pp_channel_start(&c->in, c->group, c->up, PP_TAG_TIED, 0, "recv tied gradients",
+                                     tr, pp->opt.transfer_nice));
+    if (c->down >= 0)
+        TD__TRY(td__pp_channel_start(&c->out, c->group, c->down, PP_TAG_TIED, 1,
+                                     "send tied gradients", tr, pp->opt.transfer_nice));
+    c->up = c->up >= 0 ? stages[c->up] : -1; /* from now on: the neighbours' stages */
+    c->down = c->down >= 0 ? stages[c->down] : -1;
+    return TD_OK;
+}
+
+td_status td__pp_chains_start(td_pipeline *pp) {
+    if (!pp->det || !pp->n_tied_groups) return TD_OK;
+    pp->chains = calloc((size_t)pp->n_tied_groups, sizeof *pp->chains);
+    if (!pp->chains) return td__fail(TD_ENOMEM, "pipeline: out of memory for tied gradients");
+    for (int k = 0; k < pp->n_tied_groups; k++) TD__TRY(chain_start(pp, &pp->chains[k], k));
+    return TD_OK;
+}
+
+void td__pp_chains_stop(td_pipeline *pp) {
+    for (int k = 0; pp->chains && k < pp->n_tied_groups; k++) {
+        pp_chain *c = &pp->chains[k];
+        td__pp_channel_stop(&c->in);
+        td__pp_channel_stop(&c->out);
+        for (int s = 0; s < pp->K; s++) {
+            if (c->buf_in) free(c->buf_in[s]);
+            if (c->buf_out) free(c->buf_out[s]);
+        }
+        free(c->buf_in);
+        free(c->buf_out);
+        free(c->j_in);
+        free(c->j_out);
+    }
+    free(pp->chains);
+    pp->chains = NULL;
+}
+
+void td__pp_chains_post(td_pipeline *pp, int m) {
+    for (int k = 0; pp->chains && k < pp->n_tied_groups; k++) {
+        pp_chain *c = &pp->chains[k];
+        if (c->up < 0) continue;
+        c->j_in[m % pp->K].micro_batch = m;
+        td__pp_channel_submit(&c->in, &c->j_in[m % pp->K]);
+    }
+}
+
+/* Fails the pipeline with a tied transfer's error, naming the peer. */
+static td_status chain_failed(td_pipeline *pp, td_status s, const char *doing, int m, int peer) {
+    char msg[768];
+    snprintf(msg, sizeof msg, "%s", td_last_error());
+    return td__pp_fail(pp, s, "%s of micro-batch %d with stage %d: %s", doing, m, peer, msg);
+}
+
+td_status td__pp_chains_seed(td_pipeline *pp, int m) {
+    pp_slot *s0 = &pp->slots[0], *sl = &pp->slots[m % pp->K];
+    pp->cur_m = m;
+    for (int k = 0; pp->chains && k < pp->n_tied_groups; k++) {
+        pp_chain *c = &pp->chains[k];
+        c->captured = 0;
+        td_status s;
+        if (c->down >= 0 && (s = td__pp_job_wait(&c->out, &c->j_out[m % pp->K])))
+            return chain_failed(pp, s, "sending tied gradients", m - pp->K, c->down);
+        if (c->up < 0) continue;
+        pp_job *j = &c->j_in[m % pp->K];
+        if ((s = td__pp_job_wait(&c->in, j)))
+            return chain_failed(pp, s, "receiving tied gradients", m, c->up);
+        td_shape shape = td_shape_1d((int64_t)c->floats);
+        TD__TRY(td__pp_check_header(pp, j->buf, PP_TIED, m, c->up, &shape));
+        const float *from = (const float *)(j->buf + PP_HDR);
+        for (int i = 0; i < pp->n_tied; i++) {
+            if (pp->tied[i].group != k) continue;
+            size_t at = pp->tied[i].param;
+            const td_param *p = &s0->params[at];
+            memcpy(p->grad, from, p->count * sizeof(float));
+            from += p->count;
+            if ((s = td_graph_accumulate_param_grad(sl->g, at)))
+                return td__pp_fail(pp, s, "seeding the tied gradient of '%s'", p->name);
+        }
+        if (m + pp->K < pp->M) {
+            j->micro_batch = m + pp->K;
+            td__pp_channel_submit(&c->in, j);
+        }
+    }
+    return TD_OK;
+}
+
+void td__pp_chains_grad_ready(size_t param_index, void *pipeline) {
+    td_pipeline *pp = pipeline;
+    pp_slot *s0 = &pp->slots[0];
+    for (int i = 0; pp->chains && i < pp->n_tied; i++) {
+        if (pp->tied[i].param != param_index) continue;
+        int k = pp->tied[i].group;
+        pp_chain *c = &pp->chains[k];
+        if (c->down < 0) break;
+        /* its place in the message: after the set's tied parameters before it */
+        size_t at = 0;
+        int total = 0;
+        for (int t = 0; t < pp->n_tied; t++) {
+            if (pp->tied[t].group != k) continue;
+            total++;
+            if (t < i) at += s0->params[pp->tied[t].param].count;
+        }
+        int m = pp->cur_m;
+        unsigned char *buf = c->buf_out[m % pp->K];
+        const td_param *p = &s0->params[param_index];
+        memcpy((float *)(buf + PP_HDR) + at, p->grad, p->count * sizeof(float));
+        if (++c->captured == total) {
+            td_shape shape = td_shape_1d((int64_t)c->floats);
+            td__pp_put_header(pp, buf, PP_TIED, m, &shape);
+            c->j_out[m % pp->K].micro_batch = m;
+            td__pp_channel_submit(&c->out, &c->j_out[m % pp->K]);
+        }
+        break;
+    }
+    pp->replicas->grad_ready(param_index, pp->replicas_impl);
+}
+
+td_status td__pp_chains_drain(td_pipeline *pp) {
+    for (int k = 0; pp->chains && k < pp->n_tied_groups; k++) {
+        pp_chain *c = &pp->chains[k];
+        for (int s = 0; c->down >= 0 && s < pp->K; s++) {
+            td_status st = td__pp_job_wait(&c->out, &c->j_out[s]);
+            if (st)
+                return chain_failed(pp, st, "sending tied gradients", c->j_out[s].micro_batch,
+                                    c->down);
+        }
+    }
+    return TD_OK;
 }

@@ -19,6 +19,9 @@ typedef struct td__replicas_ops {
      * group needs it); where the group moved the parameters, g reads them where `first` (the
      * graph they were registered from) does now. */
     td_status (*attach)(void *impl, td_graph *g, td_graph *first);
+    /* The grad-ready hook attach installs (ctx: impl), for a caller that must see a gradient
+     * before the group takes it. */
+    td_grad_ready_fn grad_ready;
     /* no_sync off (1) or on (0) for the backwards that follow. */
     td_status (*set_sync)(void *impl, int sync);
     td_status (*prepare_forward)(void *impl);

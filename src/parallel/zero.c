@@ -11,6 +11,7 @@
 
 #include "core/core_impl.h"
 #include "optim/optim_impl.h"
+#include "parallel/grad_norm.h"
 #include "parallel/zero_impl.h"
 
 struct td_zero {
@@ -546,10 +547,11 @@ td_status td_zero_clip_grad_norm(td_zero *z, double max_norm, double *total_norm
         TD__TRY(gather_grads(z));
         return td_clip_grad_norm(z->params, z->n_params, max_norm, total_norm);
     }
-    double sum;
-    TD__TRY(td__grads_sumsq(z->views, z->lay.n_views, &sum, "td_zero_clip_grad_norm"));
-    TD__TRY(td_comm_allreduce(z->comm, &sum, &sum, 1, TD_F64, TD_OP_SUM));
-    return td__grads_clip(z->views, z->lay.n_views, max_norm, sum, total_norm,
+    td__sumsq acc;
+    td__sumsq_init(&acc);
+    TD__TRY(td__grads_sumsq(z->views, z->lay.n_views, &acc, "td_zero_clip_grad_norm"));
+    TD__TRY(td__sumsq_allreduce(&acc, &z->comm, 1));
+    return td__grads_clip(z->views, z->lay.n_views, max_norm, td__sumsq_value(&acc), total_norm,
                           "td_zero_clip_grad_norm");
 }
 

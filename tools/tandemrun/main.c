@@ -47,7 +47,9 @@ static const char usage_text[] =
     "  --max-restarts K     when a rank fails, stop the others and start the job again,\n"
     "                       up to K times (the program resumes from its checkpoint; one node)\n"
     "  --restart-nproc-per-node N|left  ranks of a restart (default: as before; 'left':\n"
-    "                       one fewer, without the rank that failed)\n"
+    "                       one fewer, without the rank that failed; with --tp and --pp,\n"
+    "                       the largest mesh that fits: tp, then pp, halved until tp x pp\n"
+    "                       ranks fit, data parallel over what is left)\n"
     "  --trace DIR          one Chrome/Perfetto trace of the job in DIR/trace.json: a row\n"
     "                       per rank, collectives linked across ranks (TANDEM_TRACE=DIR;\n"
     "                       docs/tracing.md)\n"
@@ -287,8 +289,18 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "tandemrun: not restarting: %s; exiting with status %d\n", why, rc);
             break;
         }
-        fprintf(stderr, "tandemrun: restart %d of %d after rank %d failed: starting %d rank%s\n",
-                restart.done, restart.max_restarts, failed, next, next == 1 ? "" : "s");
+        char layout[80] = "";
+        if ((opts.tp || opts.pp) && next != opts.nproc) { /* a mesh that fits the ranks */
+            int tp = opts.tp ? opts.tp : 1, pp = opts.pp ? opts.pp : 1;
+            next = tr_restart_layout(next, &tp, &pp);
+            snprintf(layout, sizeof layout, " as tp %d x pp %d x dp %d", tp, pp, next / (tp * pp));
+            if (opts.tp)
+                snprintf(size, sizeof size, "%d", opts.tp = tp), setenv("TANDEM_TP", size, 1);
+            if (opts.pp)
+                snprintf(size, sizeof size, "%d", opts.pp = pp), setenv("TANDEM_PP", size, 1);
+        }
+        fprintf(stderr, "tandemrun: restart %d of %d after rank %d failed: starting %d rank%s%s\n",
+                restart.done, restart.max_restarts, failed, next, next == 1 ? "" : "s", layout);
         opts.nproc = next;
         opts.attempt = restart.done;
     }

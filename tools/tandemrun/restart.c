@@ -3,7 +3,7 @@
  * again and with how many ranks, and when it does not, says why. A job that ended because the
  * launcher was interrupted or timed out never restarts (its own message said why it ended).
  * The restarted program resumes from its own checkpoint (a rank has no state the launcher could
- * carry over). */
+ * carry over). A job on a device mesh (--tp, --pp) restarts on a mesh that fits its ranks. */
 #include <stdio.h>
 
 #include "tandemrun.h"
@@ -30,4 +30,14 @@ int tr_restart_next(tr_restart *r, int failed_rank, int nproc, int *next_nproc, 
     r->done++;
     *next_nproc = n;
     return 1;
+}
+
+int tr_restart_layout(int ranks, int *tp, int *pp) {
+    while (*tp * *pp > ranks) {
+        if (*tp > 1)
+            *tp = *tp % 2 ? 1 : *tp / 2;
+        else
+            *pp = *pp % 2 ? 1 : *pp / 2;
+    }
+    return ranks / (*tp * *pp) * (*tp * *pp);
 }

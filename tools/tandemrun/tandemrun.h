@@ -61,6 +61,12 @@ typedef struct {
 int tr_restart_next(tr_restart *r, int failed_rank, int nproc, int *next_nproc, char *why,
                     size_t cap);
 
+/* The mesh a restart of at most `ranks` ranks runs on: tp and pp as they were when tp x pp
+ * ranks fit, else tp halved (an odd one to 1) until they do, then pp; the data-parallel
+ * replicas are what the ranks leave, whole ones only. Returns the ranks to start, the largest
+ * multiple of the new tp x pp that fits. */
+int tr_restart_layout(int ranks, int *tp, int *pp);
+
 /* One captured output stream of a rank (stdout or stderr). */
 typedef struct {
     int fd;     /* read end of the pipe, -1 once at EOF */

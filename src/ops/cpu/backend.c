@@ -178,6 +178,7 @@ const td__backend td__backend_cpu = {
             [TD__OP_LAYER_NORM] = &td__cpu_layer_norm,
             [TD__OP_ATTENTION] = &td__cpu_attention,
             [TD__OP_VOCAB_PARALLEL_CE] = &td__cpu_vocab_parallel_cross_entropy,
+            [TD__OP_PARALLEL_LINEAR] = &td__cpu_parallel_linear,
         },
     .init = cpu_init,
     .destroy = cpu_destroy,

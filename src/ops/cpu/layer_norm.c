@@ -2,15 +2,22 @@
  * each row of a plain (..., C) tensor is normalised with its own mean and biased variance, then
  * scaled and shifted by (C) weight and bias (either may be NULL: no affine part). The rows'
  * means and variances are kept for backward, 2 floats a row. It computes in f32 at every mixed
- * precision level, as autocast runs layer_norm. */
+ * precision level, as autocast runs layer_norm. With shards (attr.ln.shards > 1) the primitives
+ * are made for one shard of the rows and run on each in turn, and the shards' gradients of the
+ * weight and bias are added in the pairwise tree: every call has one shape whichever rank holds
+ * how many shards. */
 #include <stdlib.h>
 
+#include "core/core_impl.h"
 #include "ops/cpu/onednn.h"
 
 typedef struct {
     dnnl_primitive_t fwd, bwd;
     float *mean, *var; /* (rows) statistics of the last forward */
     unsigned flags;
+    int64_t shards, rows, C; /* rows: of one shard */
+    float *leaves;           /* (2, shards - 1, C) the weight's and bias's gradients of shards
+                                1.. before the tree adds them to shard 0's */
     td__mem x, y, scale, shift, mean_m, var_m, dy, dx, dscale, dshift;
 } ln_state;
 
@@ -19,7 +26,11 @@ static td_status ln_compile(td__op_ctx *ctx, td__node *n) {
     if (!s) return td__fail(TD_ENOMEM, "layer_norm: out of memory");
     n->state = s;
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
-    int64_t C = x->shape.dim[x->shape.ndim - 1], rows = td_shape_numel(&x->shape) / C;
+    int64_t C = x->shape.dim[x->shape.ndim - 1];
+    s->shards = n->attr.ln.shards > 1 ? n->attr.ln.shards : 1;
+    int64_t rows = td_shape_numel(&x->shape) / C / s->shards;
+    s->rows = rows;
+    s->C = C;
     /* oneDNN normalises over the last dim of its md: the rows as one dim keeps it 2-d. */
     td_shape xs = td_shape_2d(rows, C), rs = td_shape_1d(rows), cs = td_shape_1d(C);
     dnnl_memory_desc_t xmd, smd, cmd;
@@ -27,7 +38,7 @@ static td_status ln_compile(td__op_ctx *ctx, td__node *n) {
     td__md_plain(&smd, &rs, TD_F32);
     td__md_plain(&cmd, &cs, TD_F32);
     s->flags = (w ? dnnl_use_scale : 0) | (b ? dnnl_use_shift : 0);
-    float eps = n->attr.eps;
+    float eps = n->attr.ln.eps;
     dnnl_layer_normalization_desc_t d;
     dnnl_primitive_desc_t fpd = NULL, bpd = NULL;
     TD__DNNL(dnnl_layer_normalization_forward_desc_init(&d, dnnl_forward_training, &xmd, &smd, eps,
@@ -45,9 +56,13 @@ static td_status ln_compile(td__op_ctx *ctx, td__node *n) {
     }
     dnnl_primitive_desc_destroy(fpd);
     TD__TRY(st);
-    s->mean = td__op_alloc(ctx, (size_t)rows * sizeof(float));
-    s->var = td__op_alloc(ctx, (size_t)rows * sizeof(float));
+    s->mean = td__op_alloc(ctx, (size_t)(rows * s->shards) * sizeof(float));
+    s->var = td__op_alloc(ctx, (size_t)(rows * s->shards) * sizeof(float));
     if (!s->mean || !s->var) return td__fail(TD_ENOMEM, "layer_norm: out of memory");
+    if (s->shards > 1 && n->out->requires_grad && (w || b)) {
+        s->leaves = td__op_alloc(ctx, (size_t)(2 * (s->shards - 1) * C) * sizeof(float));
+        if (!s->leaves) return td__fail(TD_ENOMEM, "layer_norm: out of memory");
+    }
     td__mem *act[] = {&s->x, &s->y, &s->dy, &s->dx};
     for (size_t i = 0; i < sizeof act / sizeof *act; i++) TD__TRY(td__mem_init(ctx, act[i], &xmd));
     td__mem *vec[] = {&s->scale, &s->shift, &s->dscale, &s->dshift};
@@ -62,8 +77,6 @@ static td_status ln_compile(td__op_ctx *ctx, td__node *n) {
 static td_status ln_forward(td__op_ctx *ctx, td__node *n) {
     ln_state *s = n->state;
     td_tensor *w = n->in[1], *b = n->in[2];
-    td__mem_bind(&s->x, n->in[0]->data);
-    td__mem_bind(&s->y, n->out->data);
     dnnl_exec_arg_t a[6] = {{DNNL_ARG_SRC, s->x.mem},
                             {DNNL_ARG_DST, s->y.mem},
                             {DNNL_ARG_MEAN, s->mean_m.mem},
@@ -77,16 +90,23 @@ static td_status ln_forward(td__op_ctx *ctx, td__node *n) {
         td__mem_bind(&s->shift, b->data);
         a[na++] = (dnnl_exec_arg_t){DNNL_ARG_SHIFT, s->shift.mem};
     }
-    return td__exec(ctx, s->fwd, na, a, "layer_norm forward");
+    size_t block = (size_t)(s->rows * s->C);
+    for (int64_t k = 0; k < s->shards; k++) {
+        td__mem_bind(&s->x, (float *)n->in[0]->data + (size_t)k * block);
+        td__mem_bind(&s->y, (float *)n->out->data + (size_t)k * block);
+        td__mem_bind(&s->mean_m, s->mean + k * s->rows);
+        td__mem_bind(&s->var_m, s->var + k * s->rows);
+        TD__TRY(td__exec(ctx, s->fwd, na, a, "layer_norm forward"));
+    }
+    return TD_OK;
 }
 
 static td_status ln_backward(td__op_ctx *ctx, td__node *n) {
     ln_state *s = n->state;
     td_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
-    td__mem_bind(&s->x, x->data);
-    td__mem_bind(&s->dy, n->out->grad);
     /* oneDNN writes dx whether or not x takes a gradient: scratch slot 0 then. */
-    td__mem_bind(&s->dx, x->requires_grad ? td__grad_begin(ctx, x, 0) : ctx->scratch[0]);
+    float *dx = x->requires_grad ? td__grad_begin(ctx, x, 0) : ctx->scratch[0];
+    float *dw = w ? td__grad_begin(ctx, w, 1) : NULL, *db = b ? td__grad_begin(ctx, b, 2) : NULL;
     dnnl_exec_arg_t a[9] = {{DNNL_ARG_SRC, s->x.mem},
                             {DNNL_ARG_MEAN, s->mean_m.mem},
                             {DNNL_ARG_VARIANCE, s->var_m.mem},
@@ -95,17 +115,30 @@ static td_status ln_backward(td__op_ctx *ctx, td__node *n) {
     int na = 5;
     if (w) {
         td__mem_bind(&s->scale, w->data);
-        td__mem_bind(&s->dscale, td__grad_begin(ctx, w, 1));
         a[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCALE, s->scale.mem};
         a[na++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_SCALE, s->dscale.mem};
     }
     if (b) {
         td__mem_bind(&s->shift, b->data);
-        td__mem_bind(&s->dshift, td__grad_begin(ctx, b, 2));
         a[na++] = (dnnl_exec_arg_t){DNNL_ARG_SHIFT, s->shift.mem};
         a[na++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_SHIFT, s->dshift.mem};
     }
-    TD__TRY(td__exec(ctx, s->bwd, na, a, "layer_norm backward"));
+    size_t block = (size_t)(s->rows * s->C), C = (size_t)s->C, up = (size_t)(s->shards - 1);
+    float *wl[64], *bl[64]; /* each shard's gradients of the weight and the bias */
+    for (int64_t k = 0; k < s->shards; k++) {
+        wl[k % 64] = k == 0 ? dw : s->leaves + (size_t)(k - 1) * C;
+        bl[k % 64] = k == 0 ? db : s->leaves + (up + (size_t)(k - 1)) * C;
+        td__mem_bind(&s->x, (float *)x->data + (size_t)k * block);
+        td__mem_bind(&s->dy, (float *)n->out->grad + (size_t)k * block);
+        td__mem_bind(&s->dx, dx + (size_t)k * block);
+        td__mem_bind(&s->mean_m, s->mean + k * s->rows);
+        td__mem_bind(&s->var_m, s->var + k * s->rows);
+        if (w) td__mem_bind(&s->dscale, wl[k % 64]);
+        if (b) td__mem_bind(&s->dshift, bl[k % 64]);
+        TD__TRY(td__exec(ctx, s->bwd, na, a, "layer_norm backward"));
+    }
+    if (w) td__pairwise_sum(wl, (size_t)s->shards, C);
+    if (b) td__pairwise_sum(bl, (size_t)s->shards, C);
     if (w) td__grad_end(ctx, w);
     if (b) td__grad_end(ctx, b);
     if (x->requires_grad) td__grad_end(ctx, x);

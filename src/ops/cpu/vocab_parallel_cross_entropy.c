@@ -7,8 +7,10 @@
  * rank's columns from it: dz = (softmax(z) - onehot(label)) dloss / N.
  *
  * The sum over the vocabulary is where the group's order of addition enters (the maximum and
- * the label's logit are exact): a layout-independent mode would sum fixed slices of the
- * vocabulary in one fixed tree, as the deterministic mode sums fixed shards of the batch.
+ * the label's logit are exact): under deterministic tensor parallelism (attr.vocab.shards) each
+ * fixed shard of the vocabulary is summed alone and the shards' sums go up the pairwise tree,
+ * its levels above the ranks in td_comm_allreduce_tree, so the loss and its gradient are the
+ * same bits at any group size.
  * Computes in f32 (mixed precision casts the logits to it); CPU kernels. */
 #include <math.h>
 #include <string.h>
@@ -41,8 +43,28 @@ static int64_t label_column(const td__node *n, int64_t i, int64_t Vr) {
 static td_status all_reduce(td__op_ctx *ctx, td__node *n, float *buf, size_t count,
                             td_reduce_op op) {
     if (td__coll_size(ctx) == 1) return TD_OK;
-    td_status st = td_comm_allreduce(ctx->comm, buf, buf, count, TD_F32, op);
+    td_status st = op == TD_OP_SUM && n->attr.vocab.shards
+                       ? td_comm_allreduce_tree(ctx->comm, buf, buf, count, TD_F32)
+                       : td_comm_allreduce(ctx->comm, buf, buf, count, TD_F32, op);
     return st == TD_OK ? TD_OK : td__coll_fail(n, "forward", st);
+}
+
+/* sum_v exp(row[v] - max) over the rank's columns: in one pass, or with shards each shard's
+ * sum alone and the shards' sums added in the pairwise tree (whose levels above the rank the
+ * all-reduce adds). */
+static float sum_exp(const float *row, int64_t Vr, float max, int shards) {
+    float part[64];
+    int L = shards > 0 ? shards : 1;
+    int64_t width = Vr / L;
+    for (int l = 0; l < L; l++) {
+        float sum = 0.f;
+        for (int64_t v = (int64_t)l * width; v < (int64_t)(l + 1) * width; v++)
+            sum += expf(row[v] - max);
+        part[l] = sum;
+    }
+    for (int stride = 1; stride < L; stride *= 2)
+        for (int l = 0; l + stride < L; l += 2 * stride) part[l] = part[l] + part[l + stride];
+    return part[0];
 }
 
 static td_status vce_forward(td__op_ctx *ctx, td__node *n) {
@@ -63,10 +85,8 @@ static td_status vce_forward(td__op_ctx *ctx, td__node *n) {
     memcpy(s->lse, s->red, (size_t)N * sizeof(float)); /* the maxima, until the sums come */
     for (int64_t i = 0; i < N; i++) {
         const float *row = z + i * Vr;
-        float sum = 0.f;
-        for (int64_t v = 0; v < Vr; v++) sum += expf(row[v] - s->lse[i]);
         int64_t c = label_column(n, i, Vr);
-        s->red[i] = sum;
+        s->red[i] = sum_exp(row, Vr, s->lse[i], n->attr.vocab.shards);
         s->red[N + i] = c >= 0 ? row[c] : 0.f;
     }
     TD__TRY(all_reduce(ctx, n, s->red, (size_t)(2 * N), TD_OP_SUM));

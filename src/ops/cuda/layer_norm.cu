@@ -45,7 +45,7 @@ static td_status ln_forward(td__op_ctx *ctx, td__node *n) {
     td__launch_ln_forward(td__gpu_of(ctx)->stream, (float *)n->out->data, s->stats,
                           s->stats + s->rows, (const float *)n->in[0]->data,
                           w ? (const float *)w->data : NULL, b ? (const float *)b->data : NULL,
-                          s->rows, s->C, n->attr.eps);
+                          s->rows, s->C, n->attr.ln.eps);
     TD__LAUNCHED("layer_norm");
     return TD_OK;
 }
