@@ -143,7 +143,8 @@ static int compute(const char *path) {
         td__linear_shard_pack(packed + sh * each, x, dy, SN, SIN, SOUT);
         shard[sh] = packed + sh * each;
     }
-    if (!packed || td__linear_shard_grads(dw, db, shard, SHARDS, SN, SIN, SOUT) != 0) return 2;
+    if (!packed || td__linear_shard_grads(dw, db, shard, SHARDS, SN, SIN, SOUT, 0.125f, 0.125f) != 0)
+        return 2;
     same_nans(dw, TD_F32, SIN * SOUT);
     same_nans(db, TD_F32, SOUT);
     print_digest(out, "sharded linear weight gradient", dw, SIN * SOUT * sizeof(float));

@@ -125,10 +125,13 @@ typedef struct {
     int blocked_linear;       /* 1: linear layers compute from copies of their weights in the
                                  blocked layouts oneDNN's kernels prefer, made from the (OUT,
                                  IN) parameter at each forward unless td_graph_keep_weights
-                                 says they still hold: faster for small batches that run
-                                 several times per optimizer step (deterministic mode's
-                                 shards); f32 results differ from the plain layout's in the
-                                 last bits */
+                                 says they still hold, or laid out by the optimizer step that
+                                 wrote the weights (td_param.written: a step, td_tensor_write
+                                 or a checkpoint load; weights changed by other means before
+                                 the next forward must go through one of them): faster for
+                                 small batches that run several times per optimizer step
+                                 (deterministic mode's shards); f32 results differ from the
+                                 plain layout's in the last bits */
     td_trace *trace;          /* NULL, or where every node's forward and backward run is
                                  recorded as a span on the calling thread (the node's output
                                  name, "conv2d:3"; categories "forward" and "backward"), that

@@ -25,6 +25,13 @@ typedef struct {
     int parts; /* blocks along dim, each cut n ways (0 or 1: one) */
 } td_param_split;
 
+/* Called by whoever writes a parameter's data (an optimizer step, block by block in increasing
+ * order; a checkpoint load, td_tensor_write: once, the whole): elements [begin, end) of `data`
+ * hold their new values, and so do those before begin since the call with begin 0. A graph
+ * lays out its copies of the weight in its kernels' layouts there, while the values are in
+ * cache. */
+typedef void (*td_param_written_fn)(void *ctx, const void *data, size_t begin, size_t end);
+
 /* One parameter (grad != NULL) or buffer / plain tensor (grad == NULL). */
 typedef struct {
     const char *name; /* unique and stable: "conv1.weight" */
@@ -47,6 +54,14 @@ typedef struct {
                       written and reported ready once, at the step's last shard, as the sum
                       of every shard's gradient in deterministic mode's pairwise tree; 0: once
                       per backward */
+    float shard_sum_scale;       /* what a shard_sum gradient's producer may multiply the sum
+                                    by as it writes it (0: 1), set by the consumer that would
+                                    scale it next (deterministic DDP, on one rank) ... */
+    int shard_sum_scaled;        /* ... and 1 where the producer does (a graph's linear
+                                    layers): then no pass of its own reads the sum again */
+    td_param_written_fn written; /* NULL, or what a writer of data calls (a graph's, for the
+                                    weights its blocked linear layers keep copies of) */
+    void *written_ctx;           /* written's first argument */
 } td_param;
 
 /* The points of a sweep at which a parameter's values are about to be read, or were read for

@@ -251,9 +251,13 @@ td_status td_checkpoint_read(td_checkpoint *c, td_param *t, size_t n) {
         if (!t[i].data && e->count)
             return td__fail(TD_EINVAL, "%s: tensor %s has no data buffer", c->file.path, t[i].name);
     }
-    for (size_t i = 0; i < n; i++)
-        TD__TRY(t[i].split.ranks > 0 ? read_slice(c, find(c, t[i].name), &t[i])
-                                     : read_tensor(c, find(c, t[i].name), &t[i]));
+    for (size_t i = 0; i < n; i++) {
+        td_status st = t[i].split.ranks > 0 ? read_slice(c, find(c, t[i].name), &t[i])
+                                            : read_tensor(c, find(c, t[i].name), &t[i]);
+        /* a graph's copies of the weights follow (a failed read leaves them invalid) */
+        if (t[i].written) t[i].written(t[i].written_ctx, t[i].data, 0, st ? 0 : t[i].count);
+        TD__TRY(st);
+    }
     return TD_OK;
 }
 

@@ -146,6 +146,32 @@ static void plan_shard_sums(td_graph *g) {
     }
 }
 
+/* td_param.written of a parameter whose copy a node lays out itself. */
+static void param_written(void *ctx, const void *data, size_t begin, size_t end) {
+    td__param_writer *w = ctx;
+    td__op_ctx *c = &w->g->ctx;
+    td__kernels_of(c, w->node->op)->weights_written(c, w->node, data, begin, end);
+}
+
+/* The parameters some node keeps a copy of in a kernel's layout and lays out itself as they are
+ * written: their writers tell that node (the first such, where several read one parameter). */
+static td_status plan_weight_writes(td_graph *g) {
+    g->writers = calloc((size_t)g->nparams + 1, sizeof *g->writers);
+    if (!g->writers) return td__fail(TD_ENOMEM, "td_graph_compile: out of memory");
+    for (int k = 0; k < g->nnodes; k++) {
+        td__node *n = g->nodes[k];
+        const td__kernels *kern = td__kernels_of(&g->ctx, n->op);
+        int i = kern->lays_out_weights && kern->weights_written ? kern->lays_out_weights(&g->ctx, n)
+                                                                : -1;
+        td_tensor *t = i >= 0 && i < n->nin ? n->in[i] : NULL;
+        if (!t || t->kind != TD__PARAM || g->writers[t->index].node) continue;
+        g->writers[t->index] = (td__param_writer){g, n};
+        g->params[t->index].written = param_written;
+        g->params[t->index].written_ctx = &g->writers[t->index];
+    }
+    return TD_OK;
+}
+
 td_status td_graph_compile(td_graph *g) {
     if (!g) return td__fail(TD_EINVAL, "td_graph_compile: graph is NULL");
     if (g->compiled) return TD_OK; /* td_model_build compiles; a second call is harmless */
@@ -165,6 +191,7 @@ td_status td_graph_compile(td_graph *g) {
     TD__TRY(td__graph_allocate(g));
     TD__TRY(plan_grad_ready(g));
     plan_shard_sums(g);
+    TD__TRY(plan_weight_writes(g));
     for (int i = 0; i < g->nparams; i++) {
         g->params[i].data = g->param_t[i]->data;
         g->params[i].grad = g->param_t[i]->grad;

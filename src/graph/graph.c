@@ -183,6 +183,7 @@ void td_graph_destroy(td_graph *g) {
     free(g->casts);
     free(g->fired);
     free(g->shard_summed);
+    free(g->writers);
     free(g->used);
     td_arena_destroy(g->ctx.arena);
     td_arena_destroy(g->ctx.records);
@@ -551,7 +552,10 @@ td_status td_graph_set_shard(td_graph *g, size_t index, size_t count) {
                         index, count, count);
     g->ctx.shard_index = index;
     g->ctx.shard_count = count;
-    for (int i = 0; i < g->nparams; i++) g->params[i].shard_sum = count && g->shard_summed[i];
+    for (int i = 0; i < g->nparams; i++) {
+        g->params[i].shard_sum = g->params[i].shard_sum_scaled = count && g->shard_summed[i];
+        g->param_t[i]->sum_scale = g->params[i].shard_sum_scale;
+    }
     return TD_OK;
 }
 

@@ -61,6 +61,13 @@ typedef struct {
     int done;              /* the segment this backward ran forward again last, or -1 */
 } td__recompute;
 
+/* A parameter's writer hook context (td_param.written): the node whose kernels lay out a copy
+ * of it as it is written. */
+typedef struct {
+    td_graph *g;
+    td__node *node;
+} td__param_writer;
+
 struct td_graph {
     td__op_ctx ctx; /* first: an op's ctx pointer is the graph's address */
     td_graph_params opt;
@@ -81,6 +88,7 @@ struct td_graph {
     unsigned char *fired;  /* (nparams) hook already called in this sweep */
     unsigned char *used;   /* (nparams) the use hook's BEFORE_BACKWARD made in this sweep */
     unsigned char *shard_summed; /* (nparams) read by a node that sums a step's shards itself */
+    td__param_writer *writers;   /* (nparams) td_param.written's contexts */
     td_grad_ready_fn hook;
     void *hook_ctx;
     td_param_use_fn use_hook; /* td_graph_set_param_use_hook's */

@@ -68,8 +68,12 @@ td_status td_tensor_write(td_tensor *t, const void *src) {
     if (!t->data)
         return td__fail(TD_ESTATE, "td_tensor_write: '%s' has no storage before td_graph_compile",
                         t->name);
-    if (t->blocked) return copy_blocked(t, src, t->data, 0);
-    return move(t, t->data, src, (size_t)td_shape_numel(&t->shape) * td_dtype_size(t->dtype), 0);
+    size_t count = (size_t)td_shape_numel(&t->shape);
+    td_status st = t->blocked ? copy_blocked(t, src, t->data, 0)
+                              : move(t, t->data, src, count * td_dtype_size(t->dtype), 0);
+    const td_param *p = t->kind == TD__PARAM ? &t->g->params[t->index] : NULL;
+    if (p && p->written) p->written(p->written_ctx, t->data, 0, st ? 0 : count); /* its copies */
+    return st;
 }
 
 td_status td_tensor_copy_from(td_tensor *t, td_device from, const void *src) {

@@ -210,6 +210,14 @@ typedef struct td__kernels {
      * pairwise tree and reports them (ctx->params_ready); it does so for nodes the graph marks
      * sums_shards. */
     int (*sums_shards)(const td__op_ctx *ctx, const td__node *n);
+    /* Optional (NULL: never), asked after compile: the input whose copy in a kernel's layout
+     * the node lays out itself as the input's values are written (weights_written), or -1. */
+    int (*lays_out_weights)(const td__op_ctx *ctx, const td__node *n);
+    /* Elements [begin, end) of that input were written at `data` (td_param.written's call):
+     * lays out the parts of its copy that are complete, and once end reaches the last element,
+     * the next forward takes the copy instead of making one. */
+    void (*weights_written)(td__op_ctx *ctx, td__node *n, const void *data, size_t begin,
+                            size_t end);
 } td__kernels;
 
 struct td__node {

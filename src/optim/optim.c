@@ -11,6 +11,9 @@
  * Python floats) and cast to float where PyTorch passes them into a float kernel. It does
  * not handle sparse gradients, amsgrad, maximize or per-group hyperparameters.
  *
+ * A parameter whose writer hook is set (td_param.written: a graph laying out copies of its
+ * weights) hears of each block as it is written, while the block is in cache.
+ *
  * Parameters on a GPU (a graph placed there) keep their optimizer state on that GPU too, and
  * a step is one multi-tensor launch (src/device/multi_tensor.h) with the same arithmetic. */
 #include "tandem/optim.h"
@@ -355,6 +358,7 @@ static void sgd_update(const td_sgd_params *hp, double lr, const td_param *prm, 
         sgd_block(hp, lr, p, widen(g32, prm->grad, prm->dtype, j, len), b, len, first);
         narrow(prm->data, prm->dtype, j, p, len);
         if (b) narrow(buf, sd, j, b, len);
+        if (prm->written) prm->written(prm->written_ctx, prm->data, j, j + len);
     }
 }
 
@@ -392,6 +396,7 @@ static void adamw_step(td_optim *o, size_t i) {
         narrow(prm->data, prm->dtype, j, p, len);
         narrow(o->buf1[i], sd, j, m, len);
         narrow(o->buf2[i], sd, j, v, len);
+        if (prm->written) prm->written(prm->written_ctx, prm->data, j, j + len);
     }
 }
 

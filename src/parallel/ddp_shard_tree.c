@@ -112,6 +112,12 @@ static td_status tree_check(const td_ddp *d) {
     return TD_OK;
 }
 
+/* The factor a parameter's gradients are averaged by where the root is written: one rank alone
+ * writes the root itself; across ranks, the segments are averaged after the last additions. */
+static float root_factor(const td_ddp *d) {
+    return d->size == 1 && d->opt.average ? 1.0f / (float)d->opt.shards : 1.0f;
+}
+
 static td_status tree_create(td_ddp *d) {
     ddp_tree *t = calloc(1, sizeof *t);
     if (!t) return td__fail(TD_ENOMEM, "ddp rank %d: out of memory", d->rank);
@@ -159,8 +165,10 @@ static td_status tree_create(td_ddp *d) {
         TD__TRY(td__ddp_mem_alloc(d, t->flat * sizeof(float), (void **)&t->dev));
     for (size_t k = 0; k < d->n_buckets; k++) /* where the step's result lands */
         d->buckets[k].buf = (t->dev ? t->dev : t->buf[0]) + t->base[k];
-    for (size_t i = 0; i < d->n_params; i++)
+    for (size_t i = 0; i < d->n_params; i++) {
         td__ddp_move_gradient(d, i, shard_grads(t) + param_at(d, i));
+        d->params[i].shard_sum_scale = root_factor(d); /* a producer that sums may average */
+    }
     return TD_OK;
 }
 
@@ -177,6 +185,7 @@ static void tree_destroy(td_ddp *d) {
     ddp_tree *t = d->state;
     if (!t) return;
     tree_wait(d);
+    for (size_t i = 0; i < d->n_params; i++) d->params[i].shard_sum_scale = 0;
     free(t->base);
     free(t->seg);
     free(t->req);
@@ -340,18 +349,13 @@ static void tree_launch(td_ddp *d, size_t k) {
     }
 }
 
-/* The factor a parameter's gradients are averaged by where the root is written: one rank alone
- * writes the root itself; across ranks, the segments are averaged after the last additions. */
-static float root_factor(const td_ddp *d) {
-    return d->size == 1 && d->opt.average ? 1.0f / (float)d->opt.shards : 1.0f;
-}
-
 /* A gradient its producer summed over this rank's shards itself (td_param.shard_sum), reported
  * at the last shard: it is already this rank's node of the tree, in the last leaf's buffer; the
- * root's buffer gets it (averaged where one rank alone writes the root). */
-static void tree_place_sum(td_ddp *d, size_t at, size_t n) {
+ * root's buffer gets it, averaged where one rank alone writes the root (unless the producer
+ * multiplied it by shard_sum_scale, root_factor's, as it wrote it: the same bits). */
+static void tree_place_sum(td_ddp *d, size_t i, size_t at, size_t n) {
     ddp_tree *t = d->state;
-    float *leaf = shard_target(t) + at, by = root_factor(d);
+    float *leaf = shard_target(t) + at, by = d->params[i].shard_sum_scaled ? 1.0f : root_factor(d);
     if (power_of_two(t->local)) { /* the last leaf's buffer is the root's */
         if (by != 1.0f) scale(leaf, n, by);
         return;
@@ -377,7 +381,7 @@ static void tree_grad_ready(td_ddp *d, size_t i) {
         td__ddp_note_error(d, td_device_copy(td_device_cpu(), shard_target(t) + at, d->device,
                                              t->dev + at, n * sizeof(float)));
     if (d->params[i].shard_sum)
-        tree_place_sum(d, at, n);
+        tree_place_sum(d, i, at, n);
     else
         tree_fold(t, at, n, root_factor(d));
     if (t->shard + 1 < t->local) return;

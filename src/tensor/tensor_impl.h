@@ -30,6 +30,7 @@ struct td_tensor {
     int requires_grad; /* a gradient is computed and stored for it */
     int grad_zero;     /* nothing has been written to grad since it was last zeroed */
     int grad_scratch;  /* slot + 1 while td__grad_begin handed out scratch, else 0 */
+    float sum_scale;   /* td_param.shard_sum_scale at td_graph_set_shard (0: 1) */
     /* graph bookkeeping */
     struct td_graph *g;
     int id;              /* position in the graph's tensor list */

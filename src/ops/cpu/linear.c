@@ -16,12 +16,15 @@
  * product itself (and a row of 1024 floats, 4 KiB, maps every row to the same cache sets). The
  * copies are made at each forward, or once per step when the graph keeps its weights; the
  * weight gradient stays plain, where a blocked kernel is no faster and the td_param view needs
- * it. (Backward data as a forward kernel over a blocked W^T, which spares oneDNN's backward-data
- * kernel the transposition it makes of its copy at every call, measured no faster for the MLP:
- * a second copy per step costs what it saves.) */
+ * it. Where the forward kernel's layout is one linear_layout.c writes, an optimizer step lays the
+ * copy out as it writes the weights (td_param.written), and the next forward takes it. (Backward
+ * data as a forward kernel over a blocked W^T, which spares oneDNN's backward-data kernel the
+ * transposition it makes of its copy at every call, measured no faster for the MLP: a second copy
+ * per step costs what it saves.) */
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/cpu/linear_layout.h"
 #include "ops/cpu/linear_shards.h"
 #include "ops/cpu/onednn.h"
 
@@ -36,6 +39,9 @@ typedef struct {
     td__mem dyt, wbd, one; /* the matmul's dy^T view, backward-data weights and ones */
     float *kept;           /* (kept_count shards) each shard's x and dy, packed (linear_shards.h) */
     size_t kept_count;
+    int lays_out;          /* w_fwd's copy is laid out here as the weights are written */
+    td__linear_layout lay; /* its layout then */
+    int64_t laid;          /* its row groups laid out since the writing began */
 } linear_state;
 
 /* oneDNN 2.6's matmul takes a 2-d bias. */
@@ -134,6 +140,8 @@ static td_status linear_compile(td__op_ctx *ctx, td__node *n) {
     kwmd = td__pd_md(fpd, dnnl_query_weights_md);
     td_status st = td__prim_create(&s->fwd, fpd, "linear forward");
     if (st == TD_OK) st = td__adapt_init(ctx, &s->w_fwd, &wmd, &kwmd);
+    if (st == TD_OK)
+        s->lays_out = s->w_fwd.need && w->requires_grad && td__linear_layout_of(&s->lay, &kwmd);
     if (st == TD_OK && x->requires_grad) {
         if (dnnl_inner_product_backward_data_desc_init(&d, &xmd, &kwmd, &ymd) != dnnl_success)
             st = td__fail(TD_EBACKEND, "linear: backward-data descriptor");
@@ -233,7 +241,9 @@ static td_status shard_weights(td__op_ctx *ctx, td__node *n, linear_state *s) {
     for (size_t k = 0; k < count; k++) packed[k] = s->kept + k * each;
     float *dw = td__grad_begin(ctx, w, 1), *db = b ? td__grad_begin(ctx, b, 2) : NULL;
     td_status st = TD_OK;
-    if (td__linear_shard_grads(dw, db, packed, count, N, IN, OUT) != 0)
+    float by_w = w->sum_scale != 0 ? w->sum_scale : 1.0f;
+    float by_b = b && b->sum_scale != 0 ? b->sum_scale : 1.0f;
+    if (td__linear_shard_grads(dw, db, packed, count, N, IN, OUT, by_w, by_b) != 0)
         st = td__fail(TD_ENOMEM, "linear: out of memory summing %zu shards", count);
     if (st == TD_OK) st = td__grad_end(ctx, w);
     if (st == TD_OK && b) st = td__grad_end(ctx, b);
@@ -299,6 +309,31 @@ static int linear_sums_shards(const td__op_ctx *ctx, const td__node *n) {
     return s && !s->matmul && s->bwd_w;
 }
 
+static int linear_lays_out_weights(const td__op_ctx *ctx, const td__node *n) {
+    (void)ctx;
+    const linear_state *s = n->state;
+    return s && s->lays_out ? 1 : -1;
+}
+
+/* The row blocks of the forward's copy whose rows are all written, as the writes come. */
+static void linear_weights_written(td__op_ctx *ctx, td__node *n, const void *data, size_t begin,
+                                   size_t end) {
+    (void)ctx;
+    linear_state *s = n->state;
+    const td__linear_layout *l = &s->lay;
+    if (begin == 0) {
+        s->laid = 0;
+        td__adapt_made(&s->w_fwd, NULL);
+    }
+    if (data != n->in[1]->data) return;
+    int64_t group = td__linear_layout_group(l), rows = (int64_t)(end / (size_t)l->in);
+    int64_t groups = (l->out + l->rb - 1) / l->rb * (l->rb / group); /* padding included */
+    int64_t ready = rows >= l->out ? groups : rows / group;
+    if (ready > s->laid) td__linear_layout_rows(l, s->w_fwd.buf, data, s->laid, ready);
+    if (ready > s->laid) s->laid = ready;
+    if (s->laid == groups) td__adapt_made(&s->w_fwd, data);
+}
+
 /* The CPU backend's kernels. */
 const td__kernels td__cpu_linear = {
     .compile = linear_compile,
@@ -307,4 +342,6 @@ const td__kernels td__cpu_linear = {
     .destroy = linear_destroy,
     .supports = td__onednn_supports,
     .sums_shards = linear_sums_shards,
+    .lays_out_weights = linear_lays_out_weights,
+    .weights_written = linear_weights_written,
 };

@@ -19,6 +19,7 @@
  * The kernel is AVX-512's, AVX2's or plain C's, chosen at run time; all three give the same bits.
  * Single-threaded, as deterministic mode's kernels are. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__)
@@ -96,11 +97,14 @@ void td__linear_shard_pack(float *packed, const float *x, const float *dy, int64
 
 /* A tile's finish, shared by the instruction sets' kernels below: the tiles `node` [0, nadd)
  * added one after another to t (each node + the sum so far), then t stored at dst (rows ld
- * apart): the whole tile when dst is a waiting node's, else its first r rows and w columns. */
+ * apart): the whole tile when dst is a waiting node's, else, times `by` (the root), its first r
+ * rows and w columns. */
 static void tile_finish(float *restrict t, const float *const *node, int nadd, float *dst,
-                        int64_t ld, int whole, int r, int w) {
+                        int64_t ld, int whole, int r, int w, float by) {
     for (int k = 0; k < nadd; k++)
         for (int e = 0; e < TILE; e++) t[e] = node[k][e] + t[e];
+    if (!whole && by != 1.0f)
+        for (int e = 0; e < TILE; e++) t[e] = t[e] * by;
     for (int a = 0; a < (whole ? ROWS : r); a++)
         memcpy(dst + a * ld, t + a * COLS, (size_t)(whole ? COLS : w) * sizeof *t);
 }
@@ -109,10 +113,10 @@ static void tile_finish(float *restrict t, const float *const *node, int nadd, f
  * ROWS), finished as tile_finish says. Each instruction set's gives the same bits: every
  * product is one fused multiply-add, in sample order. */
 typedef void (*tile_fn)(const float *xb, const float *dyb, int64_t n, const float *const *node,
-                        int nadd, float *dst, int64_t ld, int whole, int r, int w);
+                        int nadd, float *dst, int64_t ld, int whole, int r, int w, float by);
 
 static void tile_plain(const float *xb, const float *dyb, int64_t n, const float *const *node,
-                       int nadd, float *dst, int64_t ld, int whole, int r, int w) {
+                       int nadd, float *dst, int64_t ld, int whole, int r, int w, float by) {
     _Alignas(64) float t[TILE];
     for (int a = 0; a < ROWS; a++)
         for (int c = 0; c < COLS; c++) {
@@ -120,7 +124,7 @@ static void tile_plain(const float *xb, const float *dyb, int64_t n, const float
             for (int64_t i = 0; i < n; i++) acc = fmaf(dyb[i * ROWS + a], xb[i * COLS + c], acc);
             t[a * COLS + c] = acc;
         }
-    tile_finish(t, node, nadd, dst, ld, whole, r, w);
+    tile_finish(t, node, nadd, dst, ld, whole, r, w, by);
 }
 
 #if defined(__x86_64__)
@@ -128,7 +132,7 @@ static void tile_plain(const float *xb, const float *dyb, int64_t n, const float
 __attribute__((target("avx2,fma"))) static void tile_avx2(const float *xb, const float *dyb,
                                                           int64_t n, const float *const *node,
                                                           int nadd, float *dst, int64_t ld,
-                                                          int whole, int r, int w) {
+                                                          int whole, int r, int w, float by) {
     _Alignas(64) float t[TILE];
     for (int q = 0; q < COLS; q += 16) {
         __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
@@ -150,14 +154,14 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(const float *xb, const
         _mm256_store_ps(t + 2 * COLS + q, a20), _mm256_store_ps(t + 2 * COLS + q + 8, a21);
         _mm256_store_ps(t + 3 * COLS + q, a30), _mm256_store_ps(t + 3 * COLS + q + 8, a31);
     }
-    tile_finish(t, node, nadd, dst, ld, whole, r, w);
+    tile_finish(t, node, nadd, dst, ld, whole, r, w, by);
 }
 
 /* AVX-512: the whole tile in sixteen registers, named so that they stay there. */
 __attribute__((target("avx512f"))) static void tile_avx512(const float *xb, const float *dyb,
                                                            int64_t n, const float *const *node,
                                                            int nadd, float *dst, int64_t ld,
-                                                           int whole, int r, int w) {
+                                                           int whole, int r, int w, float by) {
     __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
            a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00,
            a32 = a00, a33 = a00;
@@ -197,6 +201,23 @@ __attribute__((target("avx512f"))) static void tile_avx512(const float *xb, cons
 #undef PUT
         return;
     }
+    if (by != 1.0f) {
+        const __m512 f = _mm512_set1_ps(by);
+#define MUL(acc) acc = _mm512_mul_ps(acc, f)
+        MUL(a00), MUL(a01), MUL(a02), MUL(a03), MUL(a10), MUL(a11), MUL(a12), MUL(a13);
+        MUL(a20), MUL(a21), MUL(a22), MUL(a23), MUL(a30), MUL(a31), MUL(a32), MUL(a33);
+#undef MUL
+    }
+    /* the gradient streams past the caches: its next reader comes after a pass over the rest */
+    if (r == ROWS && w == COLS && ((uintptr_t)dst & 63) == 0 && (ld & 15) == 0) {
+#define PUT(acc, a, c) _mm512_stream_ps(dst + (a)*ld + 16 * (c), acc)
+        PUT(a00, 0, 0), PUT(a01, 0, 1), PUT(a02, 0, 2), PUT(a03, 0, 3);
+        PUT(a10, 1, 0), PUT(a11, 1, 1), PUT(a12, 1, 2), PUT(a13, 1, 3);
+        PUT(a20, 2, 0), PUT(a21, 2, 1), PUT(a22, 2, 2), PUT(a23, 2, 3);
+        PUT(a30, 3, 0), PUT(a31, 3, 1), PUT(a32, 3, 2), PUT(a33, 3, 3);
+#undef PUT
+        return;
+    }
     __mmask16 m[4];
     for (int c = 0; c < 4; c++) {
         int v = w - 16 * c;
@@ -222,7 +243,7 @@ static tile_fn tile_kernel(void) {
 }
 
 int td__linear_shard_grads(float *dw, float *db, const float *const *packed, size_t count,
-                           int64_t n, int64_t in, int64_t out) {
+                           int64_t n, int64_t in, int64_t out, float by_w, float by_b) {
     int levels = 0;
     for (size_t c = count; c > 1; c >>= 1) levels++;
     /* the waiting nodes' tiles by level, and the bias's block being summed */
@@ -250,9 +271,10 @@ int td__linear_shard_grads(float *dw, float *db, const float *const *packed, siz
                     const float *xb = packed[s] + kb * n * COLS,
                                 *dyb = packed[s] + dy_at + jb * n * ROWS;
                     if (wait >= 0)
-                        tile_of(xb, dyb, n, node, nadd, pend + (size_t)wait * TILE, COLS, 1, r, w);
+                        tile_of(xb, dyb, n, node, nadd, pend + (size_t)wait * TILE, COLS, 1, r, w,
+                                1.0f);
                     else
-                        tile_of(xb, dyb, n, node, nadd, dw + j0 * in + k0, in, 0, r, w);
+                        tile_of(xb, dyb, n, node, nadd, dw + j0 * in + k0, in, 0, r, w, by_w);
                 }
             }
         }
@@ -263,9 +285,14 @@ int td__linear_shard_grads(float *dw, float *db, const float *const *packed, siz
             int nadd = tree_plan(s, count, levels, add, &wait);
             for (int k = 0; k < nadd; k++)
                 for (int e = 0; e < w; e++) cur[e] = pend[add[k] * TILE + e] + cur[e];
+            if (wait < 0 && by_b != 1.0f)
+                for (int e = 0; e < w; e++) cur[e] = cur[e] * by_b;
             memcpy(wait >= 0 ? pend + (size_t)wait * TILE : db + j0, cur, (size_t)w * sizeof *cur);
         }
     }
     free(pend);
+#if defined(__x86_64__)
+    _mm_sfence();
+#endif
     return 0;
 }

@@ -17,9 +17,9 @@ void td__linear_shard_pack(float *packed, const float *x, const float *dy, int64
 
 /* dw (out, in) and db (out; NULL: none) = the sum over `count` shards, in deterministic mode's
  * pairwise tree, of shard s's dy^T x and of its dy's rows, from packed[s]; each shard's sums run
- * over its n samples in order, one fused multiply-add (one addition for db) each. Returns 0, or
- * -1 when out of memory. */
+ * over its n samples in order, one fused multiply-add (one addition for db) each; then times
+ * by_w and by_b (one multiplication, none for 1). Returns 0, or -1 when out of memory. */
 int td__linear_shard_grads(float *dw, float *db, const float *const *packed, size_t count,
-                           int64_t n, int64_t in, int64_t out);
+                           int64_t n, int64_t in, int64_t out, float by_w, float by_b);
 
 #endif

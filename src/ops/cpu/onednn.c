@@ -176,7 +176,7 @@ td_status td__adapt_init(td__op_ctx *ctx, td__adapt *a, const dnnl_memory_desc_t
 
 void *td__adapt_in(td__op_ctx *ctx, td__adapt *a, const void *src) {
     if (!a->need) return (void *)src;
-    a->src_now = NULL;
+    a->src_now = a->made_from = NULL;
     const void *from = src;
     if (a->stage) {
         for (size_t r = 0; r < a->rows; r++)
@@ -190,8 +190,17 @@ void *td__adapt_in(td__op_ctx *ctx, td__adapt *a, const void *src) {
 }
 
 void *td__adapt_weights(td__op_ctx *ctx, td__adapt *a, const void *w) {
-    if (a->need && ctx->keep_weights && a->src_now == w) return a->buf;
-    return td__adapt_in(ctx, a, w);
+    if (!a->need) return (void *)w;
+    if (!(w && a->made_from == w) && !(ctx->keep_weights && a->src_now == w))
+        return td__adapt_in(ctx, a, w);
+    a->src_now = w;
+    a->made_from = NULL;
+    return a->buf;
+}
+
+void td__adapt_made(td__adapt *a, const void *src) {
+    a->made_from = src;
+    if (!src) a->src_now = NULL;
 }
 
 void *td__adapt_out_ptr(td__adapt *a, void *dst) { return a->need ? a->buf : dst; }

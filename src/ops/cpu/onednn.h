@@ -103,7 +103,8 @@ typedef struct {
     int need;
     td__reorder r;
     void *buf;
-    const void *src_now; /* what buf was last reordered from */
+    const void *src_now;   /* what buf was last reordered from */
+    const void *made_from; /* what its owner wrote buf from since (td__adapt_made), or NULL */
     /* A plain matrix whose rows are a multiple of 4 KiB is copied into `stage`, rows padded,
      * before a reorder that gathers across its rows (see td__adapt_init). */
     char *stage;
@@ -117,6 +118,9 @@ void *td__adapt_in(td__op_ctx *ctx, td__adapt *a, const void *src);
 /* td__adapt_in for weights: the copy the last call made when the pass keeps its weights
  * (ctx->keep_weights) and w is where that copy came from. */
 void *td__adapt_weights(td__op_ctx *ctx, td__adapt *a, const void *w);
+/* Says that the adapter's owner wrote buf itself, in `to` layout, from src's values (NULL:
+ * buf is being rewritten and holds no copy): the next td__adapt_weights of src takes it. */
+void td__adapt_made(td__adapt *a, const void *src);
 /* Where a primitive should write a result that belongs at dst (in `to` layout)... */
 void *td__adapt_out_ptr(td__adapt *a, void *dst);
 /* ...and the reorder into dst afterwards (a no-op when the layouts match). */
