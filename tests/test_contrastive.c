@@ -5,7 +5,6 @@
  * (<= 1e-5), which local negatives do not, and the linear probe reports. TD_LONG=1 (make
  * check-long) trains the example's five epochs and wants the probe on the trained encoder 2
  * points above the one on the random encoder. */
-#include <libgen.h>
 #include <limits.h>
 
 #include "tandem/tandem.h"
@@ -178,13 +177,8 @@ static void probe_beats_the_random_encoder_after_five_epochs(void) {
 
 int main(int argc, char **argv) {
     (void)argc;
-    char self[PATH_MAX];
-    if (!realpath(argv[0], self)) return 1;
-    char *bin = dirname(dirname(self)); /* BUILD/tests/x -> BUILD */
-    snprintf(example, sizeof example, "%s/examples/contrastive", bin);
-    snprintf(launcher, sizeof launcher, "%s/bin/tandemrun", bin);
-    snprintf(dir, sizeof dir, "/tmp/tandem-contrastive-XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    if (program_test_start(argv[0], "contrastive", "contrastive", example, launcher, dir, NULL))
+        return 1;
     RUN(normalize_matches_pytorch);
     RUN(nt_xent_with_local_keys_matches_pytorch);
     RUN(nt_xent_with_gathered_keys_matches_pytorch);

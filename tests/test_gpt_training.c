@@ -7,7 +7,6 @@
  * sharded checkpoint resumed at world 4 continuing as the uninterrupted run; deterministic, DDP's
  * bits); DDP and every stage print one process's train loss. The few-minute run on Jane Austen
  * is docs/gpt.md's. */
-#include <libgen.h>
 #include <limits.h>
 #include <sys/stat.h>
 
@@ -345,15 +344,7 @@ static void tensor_parallel_equals_one_process(void) {
 
 int main(int argc, char **argv) {
     (void)argc;
-    char self[PATH_MAX];
-    if (!realpath(argv[0], self)) return 1;
-    char *bin = dirname(dirname(self)); /* BUILD/tests/x -> BUILD */
-    snprintf(example, sizeof example, "%s/examples/gpt", bin);
-    snprintf(launcher, sizeof launcher, "%s/bin/tandemrun", bin);
-    snprintf(dir, sizeof dir, "/tmp/tandem-gpt-XXXXXX");
-    if (!mkdtemp(dir)) return 1;
-    snprintf(text, sizeof text, "%s/text.txt", dir);
-    if (write_english_text(text)) return 1;
+    if (program_test_start(argv[0], "gpt", "gpt", example, launcher, dir, text)) return 1;
     RUN(ddp_at_worlds_2_and_4_equals_one_process);
     RUN(deterministic_same_bits_at_world_1_2_4);
     RUN(resume_continues_bit_for_bit);

@@ -9,7 +9,6 @@
  * within 1e-6 (default mode), and a killed rank under --restart-nproc-per-node left restarting
  * at a layout that fits the ranks left and ending on the undisturbed run's digest. */
 #include <fcntl.h>
-#include <libgen.h>
 #include <limits.h>
 #include <signal.h>
 #include <string.h>
@@ -20,6 +19,7 @@
 
 #include "test.h"
 #include "test_comm_util.h"
+#include "test_mesh_layout.h"
 #include "test_program.h" /* run, printed_sha256, checkpoint_distance, children_of */
 
 #define B 8      /* sequences per step (global) */
@@ -31,7 +31,6 @@
 
 static td_gpt_params tiny(void) {
     td_gpt_params p = {.layers = 2, .heads = 4, .width = 32, .context = T, .vocab = 64};
-    p.tensor_parallel = 1;
     return p;
 }
 
@@ -46,126 +45,61 @@ static void make_batch(int step, float *x, int64_t *y) {
 }
 
 typedef struct {
-    int tp, dp, pp, sp, zero;
-    td_recompute_mode recompute;
+    mesh_layout at;
     char *digest; /* shared with the ranks: rank 0 writes the whole model's SHA-256 */
 } layout;
 
+/* Trains the layout's rank: each of its dp replica's shards of the batch a micro-batch, the
+ * whole model's SHA-256 to rank 0's digest. */
 static void layout_rank(int rank, int size, int port, void *arg) {
     layout *L = arg;
-    td_comm *comm = NULL;
-    CHECK_OK(test_comm_create(&comm, rank, size, port, 60));
-    if (!comm) return;
-    td_mesh_params mp = {.ndims = 3, .names = {"pp", "dp", "tp"}, .sizes = {L->pp, L->dp, L->tp}};
-    td_mesh *mesh = NULL;
-    CHECK_OK(td_mesh_create(&mesh, comm, &mp));
-    if (!mesh) return;
-    td_gpt_params gp = tiny();
-    gp.sequence_parallel = L->sp;
-    td_sequential *s;
-    CHECK_OK(td_gpt_sequential(&gp, &s));
-    td_graph_params grp = td_graph_default_params();
-    grp.comm = td_mesh_group(mesh, "tp");
-    grp.tp_shards = SHARDS;
-    grp.threads = 1;
-    grp.recompute = L->recompute;
-    td_ddp_params dpp = td_ddp_default_params();
-    dpp.deterministic = 1;
-    dpp.shards = SHARDS;
-    int dp = td_mesh_size(mesh, "dp"), replica = td_mesh_coord(mesh, "dp");
-    size_t rows = B / SHARDS, first = (size_t)replica * (SHARDS / dp), count = SHARDS / dp;
-    td_graph *g = NULL;
-    td_pipeline *pipe = NULL;
-    td_model m;
-    td_param *p, *stepped;
-    size_t n, n_stepped;
-    td_ddp *ddp = NULL;
-    td_zero *zero = NULL;
-    if (L->pp > 1) { /* each micro-batch one of the replica's shards */
-        td_pipeline_params pp = td_pipeline_default_params();
-        pp.stages = L->pp;
-        pp.micro_batches = (int)count;
-        pp.batch = (int64_t)(count * rows);
-        pp.split = "h.1";
-        pp.seed = SEED;
-        pp.graph = grp;
-        pp.ddp = dpp;
-        pp.mesh = mesh;
-        CHECK_OK(td_pipeline_create(&pipe, comm, s, &pp));
-        if (!pipe) return;
-        CHECK_OK(td_pipeline_parameters(pipe, &p, &n));
-        stepped = p, n_stepped = n;
-    } else {
-        CHECK_OK(td_graph_create(&g, &grp));
-        CHECK_OK(td_model_build_sequential(g, s, (int64_t)rows, SEED, &m));
-        CHECK_OK(td_graph_parameters(g, &p, &n));
-        stepped = p, n_stepped = n;
-        if (L->zero) {
-            td_zero_params zp = td_zero_default_params();
-            zp.stage = L->zero;
-            zp.ddp = dpp;
-            CHECK_OK(td_zero_create(&zero, td_mesh_group(mesh, "dp"), p, n, NULL, 0, &zp));
-            CHECK_OK(td_zero_parameters(zero, &stepped, &n_stepped));
-            td_graph_set_grad_ready_hook(g, td_zero_grad_ready_hook, zero);
-            td_graph_set_param_use_hook(g, td_zero_param_use_hook, zero);
-        } else {
-            CHECK_OK(td_ddp_create(&ddp, td_mesh_group(mesh, "dp"), p, n, NULL, 0, &dpp));
-            td_graph_set_grad_ready_hook(g, td_ddp_grad_ready_hook, ddp);
-        }
-    }
+    size_t rows = B / SHARDS, count = SHARDS / (size_t)L->at.dp;
+    td_pipeline_params pp = td_pipeline_default_params(); /* at pp > 1 each micro-batch a shard */
+    pp.micro_batches = (int)count;
+    pp.batch = (int64_t)(count * rows);
+    pp.split = "h.1";
+    pp.seed = SEED;
+    pp.graph.tp_shards = SHARDS;
+    pp.graph.threads = 1;
+    pp.ddp.deterministic = 1;
+    pp.ddp.shards = SHARDS;
+    mesh_rank r;
+    if (mesh_rank_create(&r, rank, size, port, &L->at, tiny(), pp, (int64_t)rows)) return;
+    size_t first = (size_t)td_mesh_coord(r.mesh, "dp") * count;
     td_adamw_params ap = td_adamw_default_params();
     ap.lr = 1e-2;
     ap.weight_decay = 0.1;
     td_optim *opt;
-    CHECK_OK(td_optim_create_adamw(&opt, stepped, n_stepped, &ap));
-    float x[B * T];
+    CHECK_OK(td_optim_create_adamw(&opt, r.stepped, r.n_stepped, &ap));
+    float x[B * T], loss;
     int64_t y[B * T];
     for (int step = 0; step < STEPS; step++) {
         make_batch(step, x, y);
-        if (pipe) {
-            float loss;
-            CHECK_OK(td_pipeline_step(pipe, x + first * rows * T, y + first * rows * T, &loss));
-            CHECK_OK(td_pipeline_clip_grad_norm(pipe, MAX_NORM, NULL));
-        } else {
-            for (size_t j = 0; j < count; j++) {
-                if (zero) CHECK_OK(td_zero_prepare_forward(zero));
-                if (ddp) CHECK_OK(td_ddp_prepare_forward(ddp));
-                CHECK_OK(td_tensor_write(m.input, x + (first + j) * rows * T));
-                CHECK_OK(td_tensor_write(m.labels, y + (first + j) * rows * T));
-                CHECK_OK(td_graph_forward(g));
-                CHECK_OK(td_graph_zero_grad(g));
-                CHECK_OK(td_graph_backward(g, m.loss));
-                if (zero) CHECK_OK(td_zero_finish_backward(zero));
-                if (ddp) CHECK_OK(td_ddp_finish_backward(ddp));
-            }
-            CHECK_OK(
-                td_mesh_clip_grad_norm(mesh, stepped, n_stepped, zero != NULL, MAX_NORM, NULL));
-        }
+        if (r.pipe)
+            CHECK_OK(td_pipeline_step(r.pipe, x + first * rows * T, y + first * rows * T, &loss));
+        else
+            for (size_t j = 0; j < count; j++)
+                mesh_rank_forward_backward(&r, x + (first + j) * rows * T,
+                                           y + (first + j) * rows * T, &loss);
+        mesh_rank_clip_grad_norm(&r, MAX_NORM);
         CHECK_OK(td_optim_step(opt));
     }
-    if (zero) CHECK_OK(td_zero_full_params(zero, 1));
+    if (r.zero) CHECK_OK(td_zero_full_params(r.zero, 1));
     td_param *whole;
     size_t n_whole;
-    CHECK_OK(td_mesh_gather_model(mesh, p, n, &whole, &n_whole));
+    CHECK_OK(td_mesh_gather_model(r.mesh, r.p, r.n, &whole, &n_whole));
     if (whole) CHECK_OK(td_params_sha256(whole, n_whole, L->digest));
     td_mesh_model_free(whole, n_whole);
     td_optim_destroy(opt);
-    if (g) td_graph_set_grad_ready_hook(g, NULL, NULL);
-    if (g) td_graph_set_param_use_hook(g, NULL, NULL);
-    td_pipeline_destroy(pipe);
-    td_ddp_destroy(ddp);
-    td_zero_destroy(zero);
-    td_graph_destroy(g);
-    td_sequential_destroy(s);
-    td_mesh_destroy(mesh);
-    td_comm_destroy(comm);
+    mesh_rank_destroy(&r);
 }
 
 /* The layout's digest (64 hex digits) into out. */
-static void train(layout L, char out[65]) {
+static void train(mesh_layout at, char out[65]) {
+    layout L = {.at = at};
     L.digest = mmap(NULL, 65, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     memset(L.digest, 0, 65);
-    CHECK_EQ(test_run_ranks(L.tp * L.dp * L.pp, layout_rank, &L, 120, 0), 0);
+    CHECK_EQ(test_run_ranks(at.tp * at.dp * at.pp, layout_rank, &L, 120, 0), 0);
     memcpy(out, L.digest, 65);
     munmap(L.digest, 65);
 }
@@ -174,16 +108,16 @@ static void train(layout L, char out[65]) {
  * parallelism beside it: one digest. */
 static void tensor_parallel_same_bits_at_every_degree(void) {
     char want[65], got[65];
-    train((layout){.tp = 1, .dp = 1, .pp = 1}, want);
+    train((mesh_layout){.tp = 1, .dp = 1, .pp = 1}, want);
     CHECK(strlen(want) == 64);
-    layout ls[] = {{.tp = 2, .dp = 1, .pp = 1},
-                   {.tp = 4, .dp = 1, .pp = 1},
-                   {.tp = 2, .dp = 1, .pp = 1, .sp = 1},
-                   {.tp = 4, .dp = 1, .pp = 1, .sp = 1},
-                   {.tp = 2, .dp = 2, .pp = 1, .sp = 1},
-                   {.tp = 1, .dp = 4, .pp = 1},
-                   {.tp = 4, .dp = 1, .pp = 1, .sp = 1, .recompute = TD_RECOMPUTE_SELECTIVE},
-                   {.tp = 1, .dp = 1, .pp = 1, .recompute = TD_RECOMPUTE_FULL}};
+    mesh_layout ls[] = {{.tp = 2, .dp = 1, .pp = 1},
+                        {.tp = 4, .dp = 1, .pp = 1},
+                        {.tp = 2, .dp = 1, .pp = 1, .sp = 1},
+                        {.tp = 4, .dp = 1, .pp = 1, .sp = 1},
+                        {.tp = 2, .dp = 2, .pp = 1, .sp = 1},
+                        {.tp = 1, .dp = 4, .pp = 1},
+                        {.tp = 4, .dp = 1, .pp = 1, .sp = 1, .recompute = TD_RECOMPUTE_SELECTIVE},
+                        {.tp = 1, .dp = 1, .pp = 1, .recompute = TD_RECOMPUTE_FULL}};
     for (size_t i = 0; i < sizeof ls / sizeof *ls; i++) {
         train(ls[i], got);
         printf("    dp %d x tp %d%s%s: %.16s...\n", ls[i].dp, ls[i].tp,
@@ -202,11 +136,11 @@ static void tensor_parallel_same_bits_at_every_degree(void) {
  * process's digest. */
 static void pipelines_same_bits(void) {
     char want[65], got[65];
-    train((layout){.tp = 1, .dp = 1, .pp = 1}, want);
-    layout ls[] = {{.tp = 1, .dp = 1, .pp = 2},
-                   {.tp = 2, .dp = 1, .pp = 2, .sp = 1},
-                   {.tp = 1, .dp = 2, .pp = 2},
-                   {.tp = 2, .dp = 1, .pp = 2, .sp = 1, .recompute = TD_RECOMPUTE_FULL}};
+    train((mesh_layout){.tp = 1, .dp = 1, .pp = 1}, want);
+    mesh_layout ls[] = {{.tp = 1, .dp = 1, .pp = 2},
+                        {.tp = 2, .dp = 1, .pp = 2, .sp = 1},
+                        {.tp = 1, .dp = 2, .pp = 2},
+                        {.tp = 2, .dp = 1, .pp = 2, .sp = 1, .recompute = TD_RECOMPUTE_FULL}};
     for (size_t i = 0; i < sizeof ls / sizeof *ls; i++) {
         train(ls[i], got);
         printf("    dp %d x tp %d x pp %d%s: %.16s...\n", ls[i].dp, ls[i].tp, ls[i].pp,
@@ -220,10 +154,10 @@ static void pipelines_same_bits(void) {
 /* ZeRO 1, 2 and 3 over dp 4, and over dp 2 of tp 2: one process's digest. */
 static void zero_same_bits(void) {
     char want[65], got[65];
-    train((layout){.tp = 1, .dp = 1, .pp = 1}, want);
+    train((mesh_layout){.tp = 1, .dp = 1, .pp = 1}, want);
     for (int stage = 1; stage <= 3; stage++)
         for (int tp = 1; tp <= 2; tp++) {
-            layout l = {.tp = tp, .dp = 4 / tp, .pp = 1, .sp = tp > 1, .zero = stage};
+            mesh_layout l = {.tp = tp, .dp = 4 / tp, .pp = 1, .sp = tp > 1, .zero = stage};
             train(l, got);
             printf("    ZeRO %d over dp %d x tp %d: %.16s...\n", stage, l.dp, tp, got);
             if (strcmp(got, want))
@@ -434,15 +368,7 @@ static void killed_rank_restarts_at_a_layout_that_fits(void) {
 
 int main(int argc, char **argv) {
     (void)argc;
-    char self[PATH_MAX];
-    if (!realpath(argv[0], self)) return 1;
-    char *bin = dirname(dirname(self)); /* BUILD/tests/x -> BUILD */
-    snprintf(example, sizeof example, "%s/examples/gpt", bin);
-    snprintf(launcher, sizeof launcher, "%s/bin/tandemrun", bin);
-    snprintf(dir, sizeof dir, "/tmp/tandem-layouts-XXXXXX");
-    if (!mkdtemp(dir)) return 1;
-    snprintf(text, sizeof text, "%s/text.txt", dir);
-    if (write_english_text(text)) return 1;
+    if (program_test_start(argv[0], "gpt", "layouts", example, launcher, dir, text)) return 1;
     RUN(tensor_parallel_same_bits_at_every_degree);
     RUN(pipelines_same_bits);
     RUN(zero_same_bits);

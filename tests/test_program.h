@@ -6,6 +6,8 @@
 #define TANDEM_TEST_PROGRAM_H
 
 #include <dirent.h>
+#include <libgen.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +105,25 @@ static inline int write_english_text(const char *path) {
                 "good fortune, must be in want of a wife. (%d)\n",
                 i);
     return fclose(f);
+}
+
+/* The start of a test of examples/<name> at argv0 (BUILD/tests/x): the example's and tandemrun's
+ * paths (BUILD/examples/<name>, BUILD/bin/tandemrun), a new directory /tmp/tandem-<tag>-XXXXXX
+ * in dir and, unless text is NULL, 40 KB of English in dir/text.txt named in text; returns 0,
+ * or -1 when one cannot be found or made. */
+static inline int program_test_start(const char *argv0, const char *name, const char *tag,
+                                     char example[PATH_MAX], char launcher[PATH_MAX], char dir[64],
+                                     char text[128]) {
+    char self[PATH_MAX];
+    if (!realpath(argv0, self)) return -1;
+    char *bin = dirname(dirname(self)); /* BUILD/tests/x -> BUILD */
+    snprintf(example, PATH_MAX, "%s/examples/%s", bin, name);
+    snprintf(launcher, PATH_MAX, "%s/bin/tandemrun", bin);
+    snprintf(dir, 64, "/tmp/tandem-%s-XXXXXX", tag);
+    if (!mkdtemp(dir)) return -1;
+    if (!text) return 0;
+    snprintf(text, 128, "%s/text.txt", dir);
+    return write_english_text(text);
 }
 
 /* The number after `name` in the last run's output, or -1. */

@@ -15,6 +15,7 @@
 
 #include "test.h"
 #include "test_comm_util.h"
+#include "test_mesh_layout.h"
 
 #define B 8     /* sequences per step (global) */
 #define LONG 50 /* steps of the tensor-parallel runs */
@@ -157,116 +158,56 @@ static double model_distance(const td_param *whole, size_t n, const reference *r
 /* ---- a layout --------------------------------------------------------------------------- */
 
 typedef struct {
-    int tp, dp, pp, sp, zero, amp, steps;
-    td_recompute_mode recompute;
+    mesh_layout at;
+    int amp, steps;
     double *out;    /* NULL, or where the parent wants the result */
     double tol;     /* the bound on the whole model's distance */
     double *result; /* shared with the ranks: distance, worst, loss difference */
 } layout;
 
 /* Trains the layout's rank: its slice of each batch (rows of its dp replica), DDP or ZeRO over
- * dp, the norm over the mesh; returns the parameters it steps in *stepped. */
+ * dp, the norm over the mesh; checks the gathered model against one process's and its
+ * checkpoint against the gathered model. */
 static void layout_rank(int rank, int size, int port, void *arg) {
     layout *L = arg;
-    td_comm *comm = NULL;
-    CHECK_OK(test_comm_create(&comm, rank, size, port, 60));
-    if (!comm) return;
-    td_mesh_params mp = {.ndims = 3, .names = {"pp", "dp", "tp"}, .sizes = {L->pp, L->dp, L->tp}};
-    td_mesh *mesh = NULL;
-    CHECK_OK(td_mesh_create(&mesh, comm, &mp));
-    if (!mesh) return;
-    td_gpt_params gp = tiny();
-    gp.tensor_parallel = 1;
-    gp.sequence_parallel = L->sp;
-    td_sequential *s;
-    CHECK_OK(td_gpt_sequential(&gp, &s));
     const reference *ref = reference_of(L->steps, L->amp);
+    int rows = B / L->at.dp;
+    td_pipeline_params pp = td_pipeline_default_params(); /* at pp > 1 a 1F1B of 4 micro-batches */
+    pp.batch = rows;
+    pp.split = "h.1";
+    pp.seed = SEED;
+    pp.graph.amp.level = (td_amp_level)L->amp;
+    mesh_rank r;
+    if (mesh_rank_create(&r, rank, size, port, &L->at, tiny(), pp, rows)) return;
+    int dpr = td_mesh_coord(r.mesh, "dp");
+    td_adamw_params ap = adamw();
+    td_optim *opt;
+    CHECK_OK(td_optim_create_adamw(&opt, r.stepped, r.n_stepped, &ap));
     float x[B * 16];
     int64_t y[B * 16];
     double loss_diff = 0;
-    int rows = B / L->dp, dpr = td_mesh_coord(mesh, "dp");
-    td_graph_params grp = td_graph_default_params();
-    grp.comm = td_mesh_group(mesh, "tp");
-    grp.amp.level = (td_amp_level)L->amp;
-    grp.recompute = L->recompute;
-    td_graph *g = NULL;
-    td_pipeline *pipe = NULL;
-    td_model m;
-    td_param *p, *stepped;
-    size_t n, n_stepped;
-    td_ddp *ddp = NULL;
-    td_zero *zero = NULL;
-    if (L->pp > 1) { /* the stages of each replica along pp, each split over tp */
-        td_pipeline_params pp = td_pipeline_default_params();
-        pp.schedule = TD_SCHEDULE_1F1B;
-        pp.stages = L->pp;
-        pp.micro_batches = 4;
-        pp.batch = rows;
-        pp.split = "h.1";
-        pp.seed = SEED;
-        pp.graph = grp;
-        pp.mesh = mesh;
-        CHECK_OK(td_pipeline_create(&pipe, comm, s, &pp));
-        if (!pipe) return;
-        CHECK_OK(td_pipeline_parameters(pipe, &p, &n));
-        stepped = p, n_stepped = n;
-    } else {
-        CHECK_OK(td_graph_create(&g, &grp));
-        CHECK_OK(td_model_build_sequential(g, s, rows, SEED, &m));
-        CHECK_OK(td_graph_parameters(g, &p, &n));
-        td_ddp_params dpp = td_ddp_default_params();
-        if (L->zero) {
-            td_zero_params zp = td_zero_default_params();
-            zp.stage = L->zero;
-            CHECK_OK(td_zero_create(&zero, td_mesh_group(mesh, "dp"), p, n, NULL, 0, &zp));
-            CHECK_OK(td_zero_parameters(zero, &stepped, &n_stepped));
-            td_graph_set_grad_ready_hook(g, td_zero_grad_ready_hook, zero);
-            td_graph_set_param_use_hook(g, td_zero_param_use_hook, zero);
-        } else {
-            stepped = p, n_stepped = n;
-            if (L->dp > 1) {
-                CHECK_OK(td_ddp_create(&ddp, td_mesh_group(mesh, "dp"), p, n, NULL, 0, &dpp));
-                td_graph_set_grad_ready_hook(g, td_ddp_grad_ready_hook, ddp);
-            }
-        }
-    }
-    td_adamw_params ap = adamw();
-    td_optim *opt;
-    CHECK_OK(td_optim_create_adamw(&opt, stepped, n_stepped, &ap));
     for (int step = 0; step < L->steps; step++) {
         make_batch(step, x, y);
         const float *xs = x + dpr * rows * 16;
         const int64_t *ys = y + dpr * rows * 16;
         float loss = NAN;
-        if (pipe) {
-            CHECK_OK(td_pipeline_step(pipe, xs, ys, &loss));
-            CHECK_OK(td_pipeline_clip_grad_norm(pipe, MAX_NORM, NULL));
-        } else {
-            if (zero) CHECK_OK(td_zero_prepare_forward(zero));
-            if (ddp) CHECK_OK(td_ddp_prepare_forward(ddp));
-            CHECK_OK(td_tensor_write(m.input, xs));
-            CHECK_OK(td_tensor_write(m.labels, ys));
-            CHECK_OK(td_graph_forward(g));
-            loss = *(float *)td_tensor_data(m.loss);
-            CHECK_OK(td_graph_zero_grad(g));
-            CHECK_OK(td_graph_backward(g, m.loss));
-            if (zero) CHECK_OK(td_zero_finish_backward(zero));
-            if (ddp) CHECK_OK(td_ddp_finish_backward(ddp));
-            CHECK_OK(
-                td_mesh_clip_grad_norm(mesh, stepped, n_stepped, zero != NULL, MAX_NORM, NULL));
-        }
+        if (r.pipe)
+            CHECK_OK(td_pipeline_step(r.pipe, xs, ys, &loss));
+        else
+            mesh_rank_forward_backward(&r, xs, ys, &loss);
+        mesh_rank_clip_grad_norm(&r, MAX_NORM);
         CHECK_OK(td_optim_step(opt));
-        if (L->dp > 1)
+        if (L->at.dp > 1)
             CHECK_OK(
-                td_comm_allreduce(td_mesh_group(mesh, "dp"), &loss, &loss, 1, TD_F32, TD_OP_AVG));
+                td_comm_allreduce(td_mesh_group(r.mesh, "dp"), &loss, &loss, 1, TD_F32, TD_OP_AVG));
         double d = fabs((double)loss - ref->loss[step]) / ref->loss[step];
         if (d > loss_diff) loss_diff = d; /* NaN off the last stage: not counted */
     }
-    CHECK_OK(td_comm_allreduce(comm, &loss_diff, &loss_diff, 1, TD_F64, TD_OP_MAX));
-    if (zero) CHECK_OK(td_zero_full_params(zero, 1));
+    CHECK_OK(td_comm_allreduce(r.comm, &loss_diff, &loss_diff, 1, TD_F64, TD_OP_MAX));
+    if (r.zero) CHECK_OK(td_zero_full_params(r.zero, 1));
     td_param *whole;
     size_t n_whole;
-    CHECK_OK(td_mesh_gather_model(mesh, p, n, &whole, &n_whole));
+    CHECK_OK(td_mesh_gather_model(r.mesh, r.p, r.n, &whole, &n_whole));
     if (rank == 0) {
         double worst;
         const char *name = "";
@@ -281,11 +222,11 @@ static void layout_rank(int rank, int size, int port, void *arg) {
      * AdamW's state of each and one step count per parameter of the whole model. */
     char path[96];
     snprintf(path, sizeof path, "/tmp/tandem-tp-%d.st", (int)getppid());
-    CHECK_OK(td_mesh_save(mesh, p, n, zero ? NULL : opt, path, NULL, 0));
+    CHECK_OK(td_mesh_save(r.mesh, r.p, r.n, r.zero ? NULL : opt, path, NULL, 0));
     if (rank == 0) {
         td_checkpoint *ck = NULL;
         CHECK_OK(td_checkpoint_open(&ck, path));
-        CHECK_EQ(td_checkpoint_count(ck), ref->n + (zero ? 0 : ref->n_state));
+        CHECK_EQ(td_checkpoint_count(ck), ref->n + (r.zero ? 0 : ref->n_state));
         for (size_t i = 0; ck && i < n_whole; i++) {
             float *got = malloc(whole[i].count * td_dtype_size(whole[i].dtype));
             td_param one = whole[i];
@@ -295,7 +236,7 @@ static void layout_rank(int rank, int size, int port, void *arg) {
             free(got);
         }
         int64_t steps[64];
-        if (ck && !zero && ref->n <= 64) {
+        if (ck && !r.zero && ref->n <= 64) {
             td_param st = {.name = "optim.step",
                            .count = ref->n,
                            .dtype = TD_I64,
@@ -309,15 +250,7 @@ static void layout_rank(int rank, int size, int port, void *arg) {
     }
     td_mesh_model_free(whole, n_whole);
     td_optim_destroy(opt);
-    if (g) td_graph_set_grad_ready_hook(g, NULL, NULL);
-    if (g) td_graph_set_param_use_hook(g, NULL, NULL);
-    td_pipeline_destroy(pipe);
-    td_ddp_destroy(ddp);
-    td_zero_destroy(zero);
-    td_graph_destroy(g);
-    td_sequential_destroy(s);
-    td_mesh_destroy(mesh);
-    td_comm_destroy(comm);
+    mesh_rank_destroy(&r);
 }
 
 static void run_layout(layout L, const char *what, double tol) {
@@ -326,7 +259,7 @@ static void run_layout(layout L, const char *what, double tol) {
     L.result =
         mmap(NULL, 3 * sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     L.result[0] = -1;
-    int world = L.tp * L.dp * L.pp;
+    int world = L.at.tp * L.at.dp * L.at.pp;
     CHECK_EQ(test_run_ranks(world, layout_rank, &L, 120, 0), 0);
     CHECK(L.result[0] >= 0);
     printf("    %s, %d steps: whole model within %.2e of one process (worst tensor %.2e), "
@@ -337,44 +270,44 @@ static void run_layout(layout L, const char *what, double tol) {
 }
 
 static void tp2_equals_one_process(void) {
-    run_layout((layout){.tp = 2, .dp = 1, .pp = 1, .steps = LONG}, "tp 2", TOL);
+    run_layout((layout){.at = {.tp = 2, .dp = 1, .pp = 1}, .steps = LONG}, "tp 2", TOL);
 }
 static void tp4_equals_one_process(void) {
-    run_layout((layout){.tp = 4, .dp = 1, .pp = 1, .steps = LONG}, "tp 4", TOL);
+    run_layout((layout){.at = {.tp = 4, .dp = 1, .pp = 1}, .steps = LONG}, "tp 4", TOL);
 }
 static void tp2_sequence_parallel_equals_one_process(void) {
-    run_layout((layout){.tp = 2, .dp = 1, .pp = 1, .sp = 1, .steps = LONG},
+    run_layout((layout){.at = {.tp = 2, .dp = 1, .pp = 1, .sp = 1}, .steps = LONG},
                "tp 2, sequence parallel", TOL);
 }
 static void tp4_sequence_parallel_equals_one_process(void) {
-    run_layout((layout){.tp = 4, .dp = 1, .pp = 1, .sp = 1, .steps = LONG},
+    run_layout((layout){.at = {.tp = 4, .dp = 1, .pp = 1, .sp = 1}, .steps = LONG},
                "tp 4, sequence parallel", TOL);
 }
 /* Recompute runs each block's forward again in backward, its collectives too, on every rank of
  * the group alike. */
 static void tp_recompute_equals_one_process(void) {
+    run_layout((layout){.at = {.tp = 2, .dp = 1, .pp = 1, .sp = 1, .recompute = TD_RECOMPUTE_FULL},
+                        .steps = LONG},
+               "tp 2, sequence parallel, recompute full", TOL);
     run_layout(
-        (layout){.tp = 2, .dp = 1, .pp = 1, .sp = 1, .steps = LONG, .recompute = TD_RECOMPUTE_FULL},
-        "tp 2, sequence parallel, recompute full", TOL);
-    run_layout(
-        (layout){
-            .tp = 4, .dp = 1, .pp = 1, .sp = 1, .steps = LONG, .recompute = TD_RECOMPUTE_SELECTIVE},
+        (layout){.at = {.tp = 4, .dp = 1, .pp = 1, .sp = 1, .recompute = TD_RECOMPUTE_SELECTIVE},
+                 .steps = LONG},
         "tp 4, sequence parallel, recompute selective", TOL);
-    run_layout(
-        (layout){
-            .tp = 2, .dp = 1, .pp = 2, .sp = 1, .steps = SHORT, .recompute = TD_RECOMPUTE_FULL},
-        "tp 2 x 1f1b pp 2, sequence parallel, recompute full", TOL);
+    run_layout((layout){.at = {.tp = 2, .dp = 1, .pp = 2, .sp = 1, .recompute = TD_RECOMPUTE_FULL},
+                        .steps = SHORT},
+               "tp 2 x 1f1b pp 2, sequence parallel, recompute full", TOL);
 }
 
 static void tp2_ddp2_equals_one_process(void) {
-    run_layout((layout){.tp = 2, .dp = 2, .pp = 1, .sp = 1, .steps = SHORT},
+    run_layout((layout){.at = {.tp = 2, .dp = 2, .pp = 1, .sp = 1}, .steps = SHORT},
                "tp 2 x ddp 2, sequence parallel", TOL);
 }
 static void tp2_zero_equals_one_process(void) {
     for (int stage = 1; stage <= 3; stage++) {
         char what[64];
         snprintf(what, sizeof what, "tp 2 x zero-%d over dp 2", stage);
-        run_layout((layout){.tp = 2, .dp = 2, .pp = 1, .zero = stage, .steps = SHORT}, what, TOL);
+        run_layout((layout){.at = {.tp = 2, .dp = 2, .pp = 1, .zero = stage}, .steps = SHORT}, what,
+                   TOL);
     }
 }
 
@@ -384,10 +317,11 @@ static void tp2_zero_equals_one_process(void) {
  * parallelism over it, whose sums of bf16 partial products round once more, stays within three
  * times DDP's distance (a wrong gradient ends ten times further). */
 static void tp2_pipeline2_equals_one_process(void) {
-    run_layout((layout){.tp = 2, .dp = 1, .pp = 2, .steps = SHORT}, "tp 2 x 1f1b pp 2", TOL);
-    run_layout((layout){.tp = 2, .dp = 1, .pp = 2, .sp = 1, .steps = SHORT},
+    run_layout((layout){.at = {.tp = 2, .dp = 1, .pp = 2}, .steps = SHORT}, "tp 2 x 1f1b pp 2",
+               TOL);
+    run_layout((layout){.at = {.tp = 2, .dp = 1, .pp = 2, .sp = 1}, .steps = SHORT},
                "tp 2 x 1f1b pp 2, sequence parallel", TOL);
-    run_layout((layout){.tp = 2, .dp = 2, .pp = 2, .sp = 1, .steps = SHORT},
+    run_layout((layout){.at = {.tp = 2, .dp = 2, .pp = 2, .sp = 1}, .steps = SHORT},
                "tp 2 x 1f1b pp 2 x ddp 2, sequence parallel", TOL);
 }
 
@@ -396,12 +330,15 @@ static void tp2_ddp2_mixed_precision_as_close_as_ddp(void) {
         char what[64];
         snprintf(what, sizeof what, "ddp 2, amp O%d bf16", level);
         double ddp[3], tp[3];
-        run_layout((layout){.tp = 1, .dp = 2, .pp = 1, .amp = level, .steps = SHORT, .out = ddp},
-                   what, 1.0);
-        snprintf(what, sizeof what, "tp 2 x ddp 2, sequence parallel, amp O%d bf16", level);
         run_layout(
-            (layout){.tp = 2, .dp = 2, .pp = 1, .sp = 1, .amp = level, .steps = SHORT, .out = tp},
-            what, 3 * ddp[0]);
+            (layout){.at = {.tp = 1, .dp = 2, .pp = 1}, .amp = level, .steps = SHORT, .out = ddp},
+            what, 1.0);
+        snprintf(what, sizeof what, "tp 2 x ddp 2, sequence parallel, amp O%d bf16", level);
+        run_layout((layout){.at = {.tp = 2, .dp = 2, .pp = 1, .sp = 1},
+                            .amp = level,
+                            .steps = SHORT,
+                            .out = tp},
+                   what, 3 * ddp[0]);
         CHECK(tp[2] <= 3 * ddp[2]);
     }
 }

@@ -18,7 +18,6 @@
  * training images (--data), for epochs of a few steps. */
 #include <dirent.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -511,13 +510,7 @@ static void corrupt_checkpoint_is_refused_by_name(void) {
 
 int main(int argc, char **argv) {
     (void)argc;
-    char self[PATH_MAX];
-    if (!realpath(argv[0], self)) return 1;
-    char *bin = dirname(dirname(self)); /* BUILD/tests/x -> BUILD */
-    snprintf(example, sizeof example, "%s/examples/mnist", bin);
-    snprintf(launcher, sizeof launcher, "%s/bin/tandemrun", bin);
-    snprintf(dir, sizeof dir, "/tmp/tandem-training-XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    if (program_test_start(argv[0], "mnist", "training", example, launcher, dir, NULL)) return 1;
     snprintf(set_25x128, sizeof set_25x128, "%s/25x128", dir);
     snprintf(set_6x128, sizeof set_6x128, "%s/6x128", dir);
     snprintf(set_20x16, sizeof set_20x16, "%s/20x16", dir);
